@@ -1,0 +1,34 @@
+"""cuvil-pgc: profiling and profile-guided recompilation for PyTorch inference.
+
+Public API re-exports only. ``ProfileRegion`` and ``profile`` import nothing heavy; the rest
+(numpy, torch) loads on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuvil_pgc.errors import CuvilError
+from cuvil_pgc.instrument import ProfileRegion, Session, SessionConfig, profile
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "instrument_module": ("cuvil_pgc.instrument.module", "instrument_module"),
+    "load_trace": ("cuvil_pgc.trace", "load_trace"),
+    "Trace": ("cuvil_pgc.trace", "Trace"),
+}
+
+__all__ = ["CuvilError", "ProfileRegion", "Session", "SessionConfig", "profile", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'cuvil_pgc' has no attribute {name!r}") from None
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value
+    return value

@@ -1,0 +1,58 @@
+"""Resolve ``MODULE:FACTORY`` references to ``(model, example_inputs)``.
+
+MODULE is a dotted module name or a path to a .py file; FACTORY is a function in it returning
+``(model, example_inputs)`` where example_inputs is a tuple of positional arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any
+
+from cuvil_pgc.errors import ModelSpecError
+
+
+def load_model_spec(spec: str) -> tuple[Any, tuple[Any, ...]]:
+    """Import MODULE, call FACTORY() and check what it returns."""
+    module_ref, sep, factory_name = spec.rpartition(":")
+    if not sep or not module_ref or not factory_name:
+        raise ModelSpecError(f"model reference {spec!r} is not MODULE:FACTORY",
+                             fix="e.g. --model cuvil_pgc.zoo:mlp or --model ./my_model.py:build")
+    module = _import(module_ref)
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise ModelSpecError(f"{module_ref} has no function {factory_name!r}",
+                             fix=f"define def {factory_name}(): return model, (example_input,)")
+    result = factory()
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise ModelSpecError(f"{spec} returned {type(result).__name__}, not (model, example_inputs)",
+                             fix="return a 2-tuple: the module and a tuple of its positional inputs")
+    model, inputs = result
+    if not isinstance(inputs, tuple):
+        inputs = (inputs,)
+    if not callable(model):
+        raise ModelSpecError(f"{spec} returned a model of type {type(model).__name__} that is not callable")
+    return model, inputs
+
+
+def _import(module_ref: str):
+    if module_ref.endswith(".py") or os.sep in module_ref:
+        path = os.path.abspath(module_ref)
+        if not os.path.isfile(path):
+            raise ModelSpecError(f"model file {module_ref} does not exist", path=module_ref)
+        name = "_cuvil_model_" + os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ModelSpecError("cannot import this file as a Python module", path=module_ref)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(module_ref)
+    except ModuleNotFoundError as exc:
+        raise ModelSpecError(f"cannot import module {module_ref!r} ({exc})",
+                             fix="check the name, or pass a path to a .py file") from None

@@ -1,0 +1,166 @@
+"""ProfileRegion: a named, nestable span of the user's code.
+
+Contract:
+- ``with ProfileRegion("name", **attrs):``, ``@ProfileRegion("name")`` on sync and async
+  functions, and ``r = ProfileRegion("name").start(); ...; r.end()``.
+- Nesting is tracked with a ContextVar holding the active frame, so it is correct per thread and
+  per asyncio task. A frame is a small tuple, never state on the ProfileRegion itself, so one
+  instance may be entered from many threads, tasks or recursive calls at once.
+- With no session recording, enter/exit test one module global and return: no torch, CUPTI or
+  NVML is imported here, and nothing is allocated.
+- While a session records, exit appends one tuple to the calling thread's buffer
+  (``_recorder.append``). That path never raises into the user's code.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from cuvil_pgc.errors import RegionError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+MAX_NAME_CHARS = 65_536
+_ATTR_TYPES = (str, int, float, bool, type(None))
+
+# Frame layout (a tuple is the cheapest thing to build on the hot path):
+# (region, id, path, parent_frame, start_ns)
+_REGION, _ID, _PATH, _PARENT, _START = range(5)
+
+_current: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("cuvil_pgc_region", default=None)
+_ids = itertools.count(1)
+_now = time.perf_counter_ns
+
+
+class Recorder(Protocol):
+    """What a recording session offers regions: one call per completed region."""
+
+    def record(self, frame: tuple, end_ns: int) -> None: ...
+
+
+_recorder: Recorder | None = None
+
+
+def set_recorder(recorder: Recorder | None) -> None:
+    """Install (or remove, with None) the sink that receives completed regions."""
+    global _recorder
+    _recorder = recorder
+
+
+def current_frame() -> tuple | None:
+    """The innermost active region frame in this thread / task, or None."""
+    return _current.get()
+
+
+def current_path() -> str | None:
+    """Path of the innermost active region in this thread / task, or None."""
+    frame = _current.get()
+    return None if frame is None else frame[_PATH]
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise RegionError(f"region name must be a str, got {type(name).__name__}",
+                          fix="pass a short descriptive string such as 'decode'")
+    if not name:
+        raise RegionError("region name is empty", fix="pass a short descriptive string such as 'decode'")
+    if len(name) > MAX_NAME_CHARS:
+        raise RegionError(f"region name has {len(name)} characters, more than {MAX_NAME_CHARS}",
+                          fix="use a short name and put details into attributes")
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RegionError(f"region name {name!r} is not valid Unicode text ({exc.reason} at {exc.start})",
+                              fix="remove lone surrogates, e.g. name.encode('utf-8', 'replace').decode()") from None
+    return name
+
+
+def _check_attrs(attrs: dict[str, Any]) -> dict[str, Any] | None:
+    if not attrs:
+        return None
+    for key, value in attrs.items():
+        if key in ("path", "id", "parent"):
+            raise RegionError(f"region attribute {key!r} is reserved", fix="rename the attribute")
+        if not isinstance(value, _ATTR_TYPES):
+            raise RegionError(f"region attribute {key}={value!r} has type {type(value).__name__}",
+                              fix="attributes must be str, int, float, bool or None")
+        if isinstance(value, str):
+            _check_name(value) if value else None
+    return attrs
+
+
+class ProfileRegion:
+    """A named region of the user's program, recorded when a session is active.
+
+    Args:
+        name: short, low-cardinality name; nested regions form the path ``outer/inner``.
+        **attrs: static attributes (str, int, float, bool, None) stored in the event's ``args``.
+    """
+
+    __slots__ = ("name", "attrs", "_frame")
+
+    def __init__(self, name: str, **attrs: Any) -> None:
+        self.name = name if type(name) is str and name.isascii() and 0 < len(name) <= MAX_NAME_CHARS \
+            else _check_name(name)
+        self.attrs = _check_attrs(attrs) if attrs else None
+        self._frame: tuple | None = None
+
+    def __repr__(self) -> str:
+        return f"ProfileRegion({self.name!r})"
+
+    def __enter__(self) -> ProfileRegion:
+        if _recorder is None:
+            return self
+        parent = _current.get()
+        frame = (self, next(_ids), self.name if parent is None else f"{parent[_PATH]}/{self.name}",
+                 parent, _now())
+        _current.set(frame)
+        self._frame = frame
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        rec = _recorder
+        if rec is None and self._frame is None:
+            return
+        end = _now()
+        frame = _current.get()
+        if frame is None or frame[_REGION] is not self:
+            # Ended from another context (start()/end() across callbacks): use our own frame.
+            frame = self._frame
+            if frame is None:
+                return
+        else:
+            _current.set(frame[_PARENT])
+        self._frame = None
+        if rec is not None:
+            rec.record(frame, end)
+
+    def start(self) -> ProfileRegion:
+        """Begin the region now; pair with :meth:`end`. Returns self."""
+        return self.__enter__()
+
+    def end(self) -> None:
+        """End a region begun with :meth:`start`."""
+        self.__exit__(None, None, None)
+
+    def __call__(self, fn: F) -> F:
+        """Decorate a sync or async function: every call runs inside this region."""
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with self:
+                    return await fn(*args, **kwargs)
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]

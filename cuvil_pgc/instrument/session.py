@@ -1,0 +1,272 @@
+"""Recording sessions: ``with profile("run.trace.json") as session: ...``.
+
+A session installs the region recorder, starts the configured samplers and a writer thread that
+drains per-thread buffers into the partial trace file every ``flush_interval_s``. Stopping
+finishes the file atomically (trace.writer). One session records per process at a time.
+
+Nothing here raises into the user's program once recording has started: failures of samplers or
+of the disk are logged once, counted, and reported in the trace metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from cuvil_pgc.errors import SessionError
+from cuvil_pgc.instrument import region as _region
+from cuvil_pgc.instrument._buffers import RegionRecorder
+from cuvil_pgc.instrument.clock import SessionClock
+from cuvil_pgc.instrument.config import SessionConfig
+from cuvil_pgc.instrument.samplers import build_samplers
+from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
+from cuvil_pgc.trace import schema
+from cuvil_pgc.trace.writer import TraceWriter
+
+log = logging.getLogger("cuvil_pgc")
+
+_active: Session | None = None
+_active_lock = threading.Lock()
+
+
+def active_session() -> Session | None:
+    """The session recording in this process, if any."""
+    return _active
+
+
+class Session:
+    """One recording: regions, samplers and the trace file they stream into."""
+
+    def __init__(self, config: SessionConfig, samplers: list[Sampler] | None = None) -> None:
+        self.config = config
+        self.path = config.path
+        self.samplers = build_samplers(config) if samplers is None else samplers
+        self.clock: SessionClock | None = None
+        self.pid = os.getpid()
+        self.dropped: dict[str, int] = {}
+        self.sampler_status: dict[str, dict[str, Any]] = {}
+        self._recorder = RegionRecorder(config.buffer_events)
+        self._writer: TraceWriter | None = None
+        self._emitted: deque[list[dict[str, Any]]] = deque()
+        self._retain = any(getattr(s, "needs_regions", False) for s in self.samplers)
+        self._kept: tuple[list[int], list[float], list[float], list[str]] = ([], [], [], [])
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._io_lock = threading.Lock()
+        self._failed_io: str | None = None
+        self._logged: set[str] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> Session:
+        global _active
+        with _active_lock:
+            if _active is not None:
+                raise SessionError(f"a session is already recording to {_active.path}",
+                                   path=self.path, fix="stop it before starting another")
+            self.clock = SessionClock.now()
+            self._writer = TraceWriter(self.path, self._header())
+            _active = self
+        self._start_samplers()
+        _region.set_recorder(self._recorder)
+        self._thread = threading.Thread(target=self._flush_loop, name="cuvil-pgc-writer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> str | None:
+        """Finish the trace; returns its path (None if the disk failed; the partial stays)."""
+        global _active
+        if _active is not self:
+            return None
+        _region.set_recorder(None)
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._drain_regions()
+        for sampler in self.samplers:
+            self._guard(sampler, "stop", sampler.stop)
+        path = self._finish()
+        with _active_lock:
+            _active = None
+        return path
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- samplers --------------------------------------------------------------------------
+    def _start_samplers(self) -> None:
+        ctx = SamplerContext(clock=self.clock, config=self.config, emit=self._emit,
+                             count_dropped=self.count_dropped, region_index=self.region_index,
+                             pid=self.pid)
+        for sampler in self.samplers:
+            reason = self._call_quiet(sampler.unavailable)
+            if reason:
+                self.sampler_status[sampler.name] = {"status": schema.STATUS_UNAVAILABLE, "reason": reason}
+                sampler.status = self.sampler_status[sampler.name]
+                continue
+            self.sampler_status[sampler.name] = sampler.status
+            self._guard(sampler, "start", lambda s=sampler: s.start(ctx))
+
+    def _live_samplers(self) -> list[Sampler]:
+        return [s for s in self.samplers if self.sampler_status.get(s.name, {}).get("status") == schema.STATUS_OK]
+
+    def _guard(self, sampler: Sampler, what: str, call) -> None:
+        if self.sampler_status.get(sampler.name, {}).get("status") != schema.STATUS_OK:
+            return
+        try:
+            call()
+        except Exception as exc:  # a sampler must never take the user's program down
+            reason = f"{what} failed: {type(exc).__name__}: {exc}"
+            self._log_once(sampler.name, f"cuvil-pgc: sampler {sampler.name} disabled ({reason})")
+            self.sampler_status[sampler.name] = {"status": schema.STATUS_FAILED, "reason": reason}
+            sampler.status = self.sampler_status[sampler.name]
+
+    def _call_quiet(self, fn) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            return f"availability check failed: {type(exc).__name__}: {exc}"
+
+    def _emit(self, events: Iterable[dict[str, Any]]) -> None:
+        self._emitted.append(list(events))
+
+    def count_dropped(self, source: str, n: int) -> None:
+        """Record that ``n`` events from ``source`` were dropped (reported in the metadata)."""
+        if n:
+            self.dropped[source] = self.dropped.get(source, 0) + n
+
+    def region_index(self):
+        """An index over the regions completed so far, for attributing ops and kernels."""
+        from cuvil_pgc.trace.attribution import RegionIndex
+
+        tids, starts, ends, paths = self._kept
+        n = min(len(tids), len(starts), len(ends), len(paths))
+        return RegionIndex(tids[:n], starts[:n], ends[:n]), paths[:n]
+
+    # -- writing ---------------------------------------------------------------------------
+    def _flush_loop(self) -> None:
+        interval = self.config.flush_interval_s
+        while _active is self and not self._wake.is_set():
+            self._wake.wait(interval)
+            if self._wake.is_set():
+                break
+            self._drain_regions()
+            for sampler in self._live_samplers():
+                self._guard(sampler, "flush", sampler.flush)
+            self._write_emitted()
+            self._io(lambda w: w.flush())
+
+    def _drain_regions(self) -> None:
+        clock, pid = self.clock, self.pid
+        s0 = clock.start_mono_ns
+        keep = self._retain
+        tids, starts, ends, paths = self._kept
+        batch: list[dict[str, Any]] = []
+        for buf, items in self._recorder.drain():
+            tid = buf.tid
+            for frame, end in items:
+                region, rid, path, parent, start = frame
+                args = {"path": path, "id": rid, "parent": None if parent is None else parent[1]}
+                if region.attrs:
+                    args.update(region.attrs)
+                ts = (start - s0) / 1000.0
+                dur = (end - start) / 1000.0
+                batch.append({"ph": "X", "cat": schema.CAT_REGION, "name": region.name, "pid": pid,
+                              "tid": tid, "ts": ts, "dur": dur, "args": args})
+                if keep:
+                    tids.append(tid)
+                    starts.append(ts)
+                    ends.append(ts + dur)
+                    paths.append(path)
+        if batch:
+            self._io(lambda w: w.write_events(batch))
+
+    def _write_emitted(self) -> None:
+        while self._emitted:
+            events = self._emitted.popleft()
+            self._io(lambda w, ev=events: w.write_events(ev))
+
+    def _io(self, fn) -> None:
+        with self._io_lock:
+            if self._failed_io is not None or self._writer is None:
+                return
+            try:
+                fn(self._writer)
+            except Exception as exc:
+                self._failed_io = f"{type(exc).__name__}: {exc}"
+                self._log_once("io", f"cuvil-pgc: writing {self.path} failed ({self._failed_io}); "
+                                     f"events recorded so far stay in {self.path}{schema.PARTIAL_SUFFIX}")
+
+    def _finish(self) -> str | None:
+        self._write_emitted()
+        self.count_dropped("regions", self._recorder.dropped())
+        last = [{"ph": "M", "name": "thread_name", "pid": self.pid, "tid": b.tid,
+                 "args": {"name": b.thread_name}} for b in self._recorder.buffers]
+        last.append({"ph": "M", "name": "process_name", "pid": self.pid, "tid": 0,
+                     "args": {"name": f"cuvil-pgc {os.path.basename(sys.argv[0] or 'python')}"}})
+        result: list[str] = []
+        self._io(lambda w: result.append(w.close(last, self.metadata())))
+        if not result and self._writer is not None:
+            self._writer.abandon()
+        return result[0] if result else None
+
+    def _header(self) -> dict[str, Any]:
+        torch = sys.modules.get("torch")
+        rank, world = _rank_and_world()
+        return {
+            "schema_version": schema.SCHEMA_VERSION,
+            "host": socket.gethostname(),
+            "pid": self.pid,
+            "rank": rank,
+            "world_size": world,
+            "python": platform.python_version(),
+            "torch": getattr(torch, "__version__", None),
+            "platform": platform.platform(),
+            "devices": [],
+            "start_unix_ns": self.clock.start_unix_ns,
+            "start_monotonic_ns": self.clock.start_mono_ns,
+            "command": list(sys.argv),
+        }
+
+    def metadata(self) -> dict[str, Any]:
+        """The ``cuvil`` object of the finished trace."""
+        meta = self._header()
+        devices = [d for s in self.samplers for d in getattr(s, "devices", [])]
+        meta.update(devices=devices, dropped=dict(self.dropped),
+                    samplers={k: dict(v) for k, v in self.sampler_status.items()},
+                    config={"ops": self.config.ops, "gpu": self.config.gpu, "sample_hz": self.config.sample_hz,
+                            "flush_interval_s": self.config.flush_interval_s})
+        if self._failed_io:
+            meta["io_error"] = self._failed_io
+        return meta
+
+    def _log_once(self, key: str, message: str) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(message)
+
+
+def _rank_and_world() -> tuple[int, int]:
+    env = os.environ
+    try:
+        return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
+    except ValueError:
+        return 0, 1
+
+
+def profile(path: str | os.PathLike[str] = "cuvil.trace.json", **options: Any) -> Session:
+    """Start recording into ``path`` when entered: ``with profile("run.trace.json", ops=True):``.
+
+    Keyword options are the fields of :class:`SessionConfig` (``ops``, ``gpu``, ``sample_hz``,
+    ``compile``, ``flush_interval_s``, ...). Environment variables fill what is not given.
+    """
+    return Session(SessionConfig.from_env(path=os.fspath(path), **options))

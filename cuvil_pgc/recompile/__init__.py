@@ -1,0 +1,1 @@
+"""cuvil_pgc.recompile (see DESIGN.md for this stage's contract)."""

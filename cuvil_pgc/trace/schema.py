@@ -1,0 +1,83 @@
+"""The trace interchange format: event categories, counter names, metadata keys.
+
+Files are Chrome Trace Event JSON in object form (Perfetto, chrome://tracing and
+HolisticTraceAnalysis open them) with a top-level ``cuvil`` object; see DESIGN.md.
+Timestamps (``ts``) and durations (``dur``) are microseconds as floats. In our files ``ts`` counts
+from the session start; ``cuvil.start_unix_ns`` anchors it to wall-clock time.
+
+A file being written is ``<path>.partial``: one JSON value per line, each followed by a comma, so
+everything flushed before a crash can be recovered line by line (``trace.reader``). A finished
+file replaces the partial atomically and ends with the ``cuvil`` metadata.
+"""
+
+from __future__ import annotations
+
+import enum
+
+SCHEMA_VERSION = 1
+PARTIAL_SUFFIX = ".partial"
+
+# Event categories (`cat`) written by cuvil-pgc.
+CAT_REGION = "region"
+CAT_CPU_OP = "cpu_op"
+CAT_KERNEL = "kernel"
+CAT_RUNTIME = "cuda_runtime"
+CAT_MEMCPY = "gpu_memcpy"
+CAT_MEMSET = "gpu_memset"
+CAT_COMPILE = "compile"
+
+# Kineto categories understood when reading torch.profiler traces.
+KINETO_REGION_CATS = ("user_annotation",)
+KINETO_RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime")
+
+# Counter (`ph: "C"`) names.
+COUNTER_SM_UTIL = "sm_util"
+COUNTER_SM_OCCUPANCY = "sm_occupancy"
+COUNTER_MEM_BW_UTIL = "mem_bw_util"
+COUNTER_CPU_UTIL = "cpu_util"
+COUNTER_SM_CLOCK = "sm_clock_mhz"
+COUNTER_POWER = "power_w"
+COUNTER_MEM_USED = "mem_used_bytes"
+
+# Metadata event carrying the session header, written first so partial files can be recovered.
+META_SESSION_EVENT = "cuvil_session"
+
+
+class Kind(enum.IntEnum):
+    """Event kinds of the columnar Trace (one small integer per event)."""
+
+    REGION = 0
+    CPU_OP = 1
+    KERNEL = 2
+    RUNTIME = 3
+    MEMCPY = 4
+    MEMSET = 5
+    COMPILE = 6
+    OTHER = 7
+
+
+CAT_TO_KIND: dict[str, Kind] = {
+    CAT_REGION: Kind.REGION,
+    "user_annotation": Kind.REGION,
+    CAT_CPU_OP: Kind.CPU_OP,
+    "operator": Kind.CPU_OP,
+    CAT_KERNEL: Kind.KERNEL,
+    "cuda_runtime": Kind.RUNTIME,
+    "cuda_driver": Kind.RUNTIME,
+    "hip_runtime": Kind.RUNTIME,
+    CAT_MEMCPY: Kind.MEMCPY,
+    CAT_MEMSET: Kind.MEMSET,
+    CAT_COMPILE: Kind.COMPILE,
+}
+
+# Keys of the top-level `cuvil` metadata object.
+META_KEYS = (
+    "schema_version", "host", "pid", "rank", "world_size", "python", "torch", "devices",
+    "start_unix_ns", "start_monotonic_ns", "command", "dropped", "samplers",
+)
+
+# Sampler status values in `cuvil.samplers[name]["status"]`.
+STATUS_OK = "ok"
+STATUS_UNAVAILABLE = "unavailable"
+STATUS_FAILED = "failed"
+STATUS_DISABLED = "disabled"

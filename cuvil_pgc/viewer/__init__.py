@@ -1,0 +1,1 @@
+"""cuvil_pgc.viewer (see DESIGN.md for this stage's contract)."""
