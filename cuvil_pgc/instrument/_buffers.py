@@ -30,7 +30,7 @@ class RegionRecorder:
         self._tls = threading.local()
         self._lock = threading.Lock()
 
-    def record(self, frame: tuple, end_ns: int) -> None:
+    def record(self, frame: list, end_ns: int) -> None:
         try:
             buf = self._tls.buf
         except AttributeError:

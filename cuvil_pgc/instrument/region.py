@@ -4,12 +4,14 @@ Contract:
 - ``with ProfileRegion("name", **attrs):``, ``@ProfileRegion("name")`` on sync and async
   functions, and ``r = ProfileRegion("name").start(); ...; r.end()``.
 - Nesting is tracked with a ContextVar holding the active frame, so it is correct per thread and
-  per asyncio task. A frame is a small tuple, never state on the ProfileRegion itself, so one
-  instance may be entered from many threads, tasks or recursive calls at once.
+  per asyncio task. A frame is a small list, never state on the ProfileRegion itself, so one
+  instance may be entered from many threads, tasks or recursive calls at once. The hot path only
+  stores (region, parent frame, start); the writer thread fills in the id and the path
+  (:func:`identify`), so entering a region allocates one list and formats no string.
 - With no session recording, enter/exit test one module global and return: no torch, CUPTI or
   NVML is imported here, and nothing is allocated.
-- While a session records, exit appends one tuple to the calling thread's buffer
-  (``_recorder.append``). That path never raises into the user's code.
+- While a session records, exit hands ``(frame, end_ns)`` to the session's ``_record`` function,
+  which appends it to the calling thread's buffer. That path never raises into the user's code.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 MAX_NAME_CHARS = 65_536
 _ATTR_TYPES = (str, int, float, bool, type(None))
 
-# Frame layout (a tuple is the cheapest thing to build on the hot path):
-# (region, id, path, parent_frame, start_ns)
-_REGION, _ID, _PATH, _PARENT, _START = range(5)
+# Frame layout: [region, parent_frame, start_ns, id, path]; id and path are None until the
+# writer thread calls identify() on the frame.
+_REGION, _PARENT, _START, _ID, _PATH = range(5)
 
 _current: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("cuvil_pgc_region", default=None)
 _ids = itertools.count(1)
@@ -41,27 +43,54 @@ _now = time.perf_counter_ns
 class Recorder(Protocol):
     """What a recording session offers regions: one call per completed region."""
 
-    def record(self, frame: tuple, end_ns: int) -> None: ...
+    def record(self, frame: list, end_ns: int) -> None: ...
 
 
-_recorder: Recorder | None = None
+# The sink's bound ``record`` method while a session records, else None. Regions read this one
+# global on every enter/exit; instrument_module's hooks read it too.
+_recorder: Callable[[list, int], None] | None = None
 
 
 def set_recorder(recorder: Recorder | None) -> None:
     """Install (or remove, with None) the sink that receives completed regions."""
     global _recorder
-    _recorder = recorder
+    _recorder = None if recorder is None else recorder.record
 
 
-def current_frame() -> tuple | None:
+def current_frame() -> list | None:
     """The innermost active region frame in this thread / task, or None."""
     return _current.get()
+
+
+def frame_path(frame: list) -> str:
+    """The ``outer/inner`` path of a frame, computed without touching the frame."""
+    names = []
+    while frame is not None:
+        if frame[_PATH] is not None:
+            names.append(frame[_PATH])
+            break
+        names.append(frame[_REGION].name)
+        frame = frame[_PARENT]
+    return "/".join(reversed(names))
 
 
 def current_path() -> str | None:
     """Path of the innermost active region in this thread / task, or None."""
     frame = _current.get()
-    return None if frame is None else frame[_PATH]
+    return None if frame is None else frame_path(frame)
+
+
+def identify(frame: list) -> None:
+    """Assign id and path to a frame and its ancestors (writer thread only)."""
+    if frame[_ID] is not None:
+        return
+    parent = frame[_PARENT]
+    if parent is None:
+        frame[_PATH] = frame[_REGION].name
+    else:
+        identify(parent)
+        frame[_PATH] = f"{parent[_PATH]}/{frame[_REGION].name}"
+    frame[_ID] = next(_ids)
 
 
 def _check_name(name: object) -> str:
@@ -118,29 +147,27 @@ class ProfileRegion:
     def __enter__(self) -> ProfileRegion:
         if _recorder is None:
             return self
-        parent = _current.get()
-        frame = (self, next(_ids), self.name if parent is None else f"{parent[_PATH]}/{self.name}",
-                 parent, _now())
+        frame = [self, _current.get(), _now(), None, None]
         _current.set(frame)
         self._frame = frame
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        rec = _recorder
-        if rec is None and self._frame is None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        record = _recorder
+        if record is None and self._frame is None:
             return
         end = _now()
         frame = _current.get()
-        if frame is None or frame[_REGION] is not self:
+        if frame is None or frame[0] is not self:
             # Ended from another context (start()/end() across callbacks): use our own frame.
             frame = self._frame
             if frame is None:
                 return
         else:
-            _current.set(frame[_PARENT])
+            _current.set(frame[1])
         self._frame = None
-        if rec is not None:
-            rec.record(frame, end)
+        if record is not None:
+            record(frame, end)
 
     def start(self) -> ProfileRegion:
         """Begin the region now; pair with :meth:`end`. Returns self."""

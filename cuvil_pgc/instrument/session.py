@@ -23,6 +23,7 @@ from typing import Any
 from cuvil_pgc.errors import SessionError
 from cuvil_pgc.instrument import region as _region
 from cuvil_pgc.instrument._buffers import RegionRecorder
+from cuvil_pgc.instrument.region import identify
 from cuvil_pgc.instrument.clock import SessionClock
 from cuvil_pgc.instrument.config import SessionConfig
 from cuvil_pgc.instrument.samplers import build_samplers
@@ -174,8 +175,9 @@ class Session:
         for buf, items in self._recorder.drain():
             tid = buf.tid
             for frame, end in items:
-                region, rid, path, parent, start = frame
-                args = {"path": path, "id": rid, "parent": None if parent is None else parent[1]}
+                identify(frame)
+                region, parent, start, rid, path = frame
+                args = {"path": path, "id": rid, "parent": None if parent is None else parent[3]}
                 if region.attrs:
                     args.update(region.attrs)
                 ts = (start - s0) / 1000.0
