@@ -230,17 +230,19 @@ class VerifiedBuild:
 
     def extract(self, name: str, dest_dir: str | os.PathLike[str]) -> Path:
         """Write member ``name`` to ``dest_dir/name``; on any failure nothing is left behind."""
-        return _extract_member(self, name, Path(dest_dir))
+        return _extract_member(self, name, Path(dest_dir), [])
 
     def extract_all(self, dest_dir: str | os.PathLike[str]) -> dict[str, Path]:
-        """Extract every member; on failure the members already written are removed again."""
+        """Extract every member; on failure the files and directories it created are removed again."""
         done: dict[str, Path] = {}
+        created: list[Path] = []
         try:
             for name in self.members():
-                done[name] = self.extract(name, dest_dir)
+                done[name] = _extract_member(self, name, Path(dest_dir), created)
         except BaseException:
             for written in done.values():
                 written.unlink(missing_ok=True)
+            _remove_dirs(created)
             raise
         return done
 
@@ -257,17 +259,18 @@ class VerifiedBuild:
                              fix="something is rewriting the build file; copy it to private storage and retry")
 
 
-def _extract_member(build: VerifiedBuild, name: str, dest_dir: Path) -> Path:
+def _extract_member(build: VerifiedBuild, name: str, dest_dir: Path, created: list[Path]) -> Path:
+    """Extract one member, appending the directories it creates to ``created``."""
     digest = build._digest(name)
     root = dest_dir.resolve()
     target = root / name
-    created = _make_parents(root, target.parent)
-    if os.path.commonpath([root, target.parent.resolve()]) != str(root):
-        _remove_dirs(created)
-        raise BuildError(f"member {name!r} would be written outside {root}", path=build.path,
-                         fix=f"{target.parent} is a link out of the destination; extract elsewhere")
+    mine = _make_parents(root, target.parent)
+    created.extend(mine)
     tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.part"
     try:
+        if os.path.commonpath([root, target.parent.resolve()]) != str(root):
+            raise BuildError(f"member {name!r} would be written outside {root}", path=build.path,
+                             fix=f"{target.parent} is a link out of the destination; extract elsewhere")
         sha = hashlib.sha256()
         with open(tmp, "xb") as out:
             for chunk in _stream(build._zip, build._zip.getinfo(name), digest.size, build.path):
@@ -279,7 +282,7 @@ def _extract_member(build: VerifiedBuild, name: str, dest_dir: Path) -> Path:
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
-        _remove_dirs(created)
+        _remove_dirs(mine)
         raise
     return target
 
