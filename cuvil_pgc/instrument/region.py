@@ -133,13 +133,14 @@ class ProfileRegion:
         **attrs: static attributes (str, int, float, bool, None) stored in the event's ``args``.
     """
 
-    __slots__ = ("name", "attrs", "_frame")
+    __slots__ = ("name", "attrs", "_frame", "_json")
 
     def __init__(self, name: str, **attrs: Any) -> None:
         self.name = name if type(name) is str and name.isascii() and 0 < len(name) <= MAX_NAME_CHARS \
             else _check_name(name)
         self.attrs = _check_attrs(attrs) if attrs else None
-        self._frame: tuple | None = None
+        self._frame: list | None = None
+        self._json: tuple[str, str] | None = None   # (name, attrs) as JSON fragments; writer's cache
 
     def __repr__(self) -> str:
         return f"ProfileRegion({self.name!r})"

@@ -29,7 +29,7 @@ from cuvil_pgc.instrument.config import SessionConfig
 from cuvil_pgc.instrument.samplers import build_samplers
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
 from cuvil_pgc.trace import schema
-from cuvil_pgc.trace.writer import TraceWriter
+from cuvil_pgc.trace.writer import TraceWriter, dumps
 
 log = logging.getLogger("cuvil_pgc")
 
@@ -58,6 +58,7 @@ class Session:
         self._emitted: deque[list[dict[str, Any]]] = deque()
         self._retain = any(getattr(s, "needs_regions", False) for s in self.samplers)
         self._kept: tuple[list[int], list[float], list[float], list[str]] = ([], [], [], [])
+        self._paths_json: dict[str, str] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._io_lock = threading.Lock()
@@ -167,30 +168,34 @@ class Session:
             self._io(lambda w: w.flush())
 
     def _drain_regions(self) -> None:
-        clock, pid = self.clock, self.pid
-        s0 = clock.start_mono_ns
+        s0 = self.clock.start_mono_ns
         keep = self._retain
         tids, starts, ends, paths = self._kept
-        batch: list[dict[str, Any]] = []
+        paths_json = self._paths_json
+        lines: list[str] = []
         for buf, items in self._recorder.drain():
             tid = buf.tid
+            head = f'{{"ph":"X","cat":"region","pid":{self.pid},"tid":{tid},"name":'
             for frame, end in items:
                 identify(frame)
                 region, parent, start, rid, path = frame
-                args = {"path": path, "id": rid, "parent": None if parent is None else parent[3]}
-                if region.attrs:
-                    args.update(region.attrs)
+                name_json, attrs_json = region._json or _region_json(region)
+                path_json = paths_json.get(path)
+                if path_json is None:
+                    path_json = paths_json[path] = dumps(path).decode()
                 ts = (start - s0) / 1000.0
                 dur = (end - start) / 1000.0
-                batch.append({"ph": "X", "cat": schema.CAT_REGION, "name": region.name, "pid": pid,
-                              "tid": tid, "ts": ts, "dur": dur, "args": args})
+                parent_id = "null" if parent is None else parent[3]
+                lines.append(f'{head}{name_json},"ts":{ts},"dur":{dur},"args":{{"path":{path_json},'
+                             f'"id":{rid},"parent":{parent_id}{attrs_json}}}}},\n')
                 if keep:
                     tids.append(tid)
                     starts.append(ts)
                     ends.append(ts + dur)
                     paths.append(path)
-        if batch:
-            self._io(lambda w: w.write_events(batch))
+        if lines:
+            data = "".join(lines).encode("utf-8", "replace")
+            self._io(lambda w: w.write_raw(data, len(lines)))
 
     def _write_emitted(self) -> None:
         while self._emitted:
@@ -255,6 +260,13 @@ class Session:
         if key not in self._logged:
             self._logged.add(key)
             log.warning(message)
+
+
+def _region_json(region: _region.ProfileRegion) -> tuple[str, str]:
+    """A region's name and attributes as JSON fragments, cached on the region."""
+    attrs = dumps(region.attrs).decode()[1:-1] if region.attrs else ""
+    region._json = (dumps(region.name).decode(), "," + attrs if attrs else "")
+    return region._json
 
 
 def _rank_and_world() -> tuple[int, int]:

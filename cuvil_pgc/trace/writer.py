@@ -81,6 +81,11 @@ class TraceWriter:
             self.events_written += len(chunk)
         return len(chunk)
 
+    def write_raw(self, data: bytes, count: int) -> None:
+        """Append pre-serialised event lines (each ending in ``,\\n``)."""
+        self._out.write(data)
+        self.events_written += count
+
     def flush(self) -> None:
         """Make everything written so far survive a crash of this process."""
         if self._gz is not None:

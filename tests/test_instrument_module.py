@@ -1,0 +1,100 @@
+"""instrument_module: regions per submodule, depth, exact removal, no graph breaks when idle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cuvil_pgc import profile
+from cuvil_pgc.errors import ConfigError
+from cuvil_pgc.instrument.module import instrument_module
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.ReLU(),
+        torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh()),
+    ).eval()
+
+
+def _hooks(model):
+    return [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._forward_hooks_always_called))
+            for m in model.modules()]
+
+
+def _region_paths(path):
+    doc = json.loads(open(path, encoding="utf-8").read())
+    return [e["args"]["path"] for e in doc["traceEvents"] if e.get("cat") == "region"]
+
+
+def test_regions_named_by_module_path_and_nested(tmp_path):
+    model, x = _model(), torch.randn(2, 8)
+    handle = instrument_module(model)
+    with profile(tmp_path / "m.trace.json", ops=False, compile=False, sample_hz=0, gpu="off") as s:
+        model(x)
+    handle.remove()
+    paths = _region_paths(s.path)
+    assert sorted(paths) == sorted([
+        "model", "model/model.0", "model/model.1", "model/model.2",
+        "model/model.2/model.2.0", "model/model.2/model.2.1"])
+
+
+def test_depth_limits_regions(tmp_path):
+    model = _model()
+    with instrument_module(model, depth=1) as handle:
+        assert handle.paths == ["model", "model.0", "model.1", "model.2"]
+    with instrument_module(model, depth=0, prefix="net") as handle:
+        assert handle.paths == ["net"]
+
+
+def test_remove_restores_model_exactly():
+    model, x = _model(), torch.randn(2, 8)
+    before_hooks, before_out = _hooks(model), model(x)
+    handle = instrument_module(model)
+    assert _hooks(model) != before_hooks
+    handle.remove()
+    handle.remove()  # idempotent
+    assert _hooks(model) == before_hooks
+    assert torch.equal(model(x), before_out)
+
+
+def test_exception_inside_module_closes_region(tmp_path):
+    class Boom(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("boom")
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), Boom())
+    with instrument_module(model):
+        with profile(tmp_path / "b.trace.json", ops=False, compile=False, sample_hz=0, gpu="off") as s:
+            with pytest.raises(RuntimeError):
+                model(torch.randn(1, 2))
+    assert sorted(_region_paths(s.path)) == ["model", "model/model.0", "model/model.1"]
+
+
+def test_bad_arguments():
+    with pytest.raises(ConfigError):
+        instrument_module(object())
+    with pytest.raises(ConfigError):
+        instrument_module(_model(), depth=-1)
+
+
+@pytest.mark.slow
+def test_idle_instrumentation_causes_no_graph_break_or_recompile():
+    from torch._dynamo.utils import counters
+
+    model, x = _model(), torch.randn(2, 8)
+    handle = instrument_module(model)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="eager")
+    for _ in range(3):
+        compiled(x)
+    graph_breaks = sum(counters["graph_break"].values())
+    unique_graphs = counters["stats"]["unique_graphs"]
+    handle.remove()
+    torch._dynamo.reset()
+    assert graph_breaks == 0
+    assert unique_graphs == 1
