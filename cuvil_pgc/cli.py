@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     try:
-        app(args=args, standalone_mode=False)
+        # Without standalone mode click returns the code of typer.Exit instead of exiting.
+        code = app(args=args, standalone_mode=False)
     except CuvilError as exc:
         _fail(str(exc), debug)
     except KeyboardInterrupt:
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(exc, click.exceptions.Abort):
             _fail("aborted", debug, code=1)
         _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug and report it)", debug)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _fail(message: str, debug: bool, code: int = 1) -> None:

@@ -1,0 +1,76 @@
+"""`cuvil-pgc profile` and `cuvil-pgc summary` (and `doctor`, registered beside them)."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import typer
+
+from cuvil_pgc.errors import ConfigError
+
+
+def register(app: typer.Typer) -> None:
+    _register_profile(app)
+    _register_summary(app)
+
+
+def _register_profile(app: typer.Typer) -> None:
+    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def profile(
+        target: Optional[list[str]] = typer.Argument(None, metavar="SCRIPT [ARGS]...",
+                                                     help="Python script to run, then its arguments."),
+        output: Optional[str] = typer.Option(None, "-o", "--output", help="Trace file (.trace.json[.gz])."),
+        module: Optional[str] = typer.Option(None, "-m", help="Run a module like python -m."),
+        model: Optional[str] = typer.Option(None, "--model", help="MODULE:FACTORY returning (model, inputs)."),
+        iters: int = typer.Option(20, "--iters", help="Model iterations to record (--model)."),
+        warmup: int = typer.Option(3, "--warmup", help="Unrecorded warm-up iterations (--model)."),
+        depth: Optional[int] = typer.Option(None, "--depth", help="Instrument submodules down to this depth."),
+        ops: bool = typer.Option(True, "--ops/--no-ops", help="Capture aten operators."),
+        gpu: str = typer.Option("auto", "--gpu", help="auto | on | off: CUPTI kernels and NVML counters."),
+        sample_hz: float = typer.Option(20.0, "--sample-hz", help="Utilization sampling rate (0: off)."),
+    ) -> None:
+        """Run a script, a module or a model under a profiling session and write a trace."""
+        from cuvil_pgc.instrument import _runner
+        from cuvil_pgc.instrument.session import profile as make_session
+
+        chosen = [x for x in (target, module, model) if x]
+        if len(chosen) != 1:
+            raise ConfigError("give exactly one of SCRIPT, -m MODULE or --model MODULE:FACTORY",
+                              fix="e.g. cuvil-pgc profile --model cuvil_pgc.zoo:cnn")
+        path = output or _default_output(target, module, model)
+        session = make_session(path, ops=ops, gpu=gpu, sample_hz=sample_hz)
+        if model:
+            code = _runner.run_model(session, model, iters, warmup, depth)
+        elif module:
+            code = _runner.run_module(session, module, list(target or []))
+        else:
+            code = _runner.run_script(session, target[0], target[1:])
+        typer.echo(f"trace written to {path}", err=True)
+        if code:
+            raise typer.Exit(code)
+
+
+def _default_output(target: list[str] | None, module: str | None, model: str | None) -> str:
+    if model:
+        stem = model.rpartition(":")[2]
+    elif module:
+        stem = module.rpartition(".")[2]
+    else:
+        stem = os.path.splitext(os.path.basename(target[0]))[0]
+    return f"{stem}.trace.json"
+
+
+def _register_summary(app: typer.Typer) -> None:
+    @app.command()
+    def summary(
+        trace: list[str] = typer.Argument(..., help="Trace file(s): ours or torch.profiler's."),
+        top: int = typer.Option(15, "--top", help="How many regions to show."),
+    ) -> None:
+        """Print the top regions of a trace as a table."""
+        from rich.console import Console
+
+        from cuvil_pgc.trace import load_trace
+        from cuvil_pgc.viewer.console import render_summary
+
+        Console().print(render_summary(load_trace(*trace), top=top))
