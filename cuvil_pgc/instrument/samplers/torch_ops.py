@@ -1,0 +1,246 @@
+"""Operator capture: aten operators from torch.profiler as ``cpu_op`` events, attributed to regions.
+
+Contract (sampler name ``torch_ops``, DESIGN.md "Trace file"):
+
+- ``start`` enables the Kineto profiler with CPU activity only (CUDA activity belongs to the cupti
+  sampler, and two CUPTI subscribers cannot coexist), ``record_shapes`` from the session config,
+  and ``profile_all_threads`` where this torch has it, so threads that existed before the session
+  and threads started during it are both captured. All profiler start-up cost is paid here,
+  before the user's code runs. Ops become available only when the profiler stops, so nothing is
+  emitted by ``flush`` and a crash loses the ops (regions and counters are still streamed).
+- ``stop`` disables the profiler and reads ``kineto_results.events()`` directly (no
+  FunctionEvent / EventList building). Each ``cpu_op`` becomes an X event with
+  ``args: {"region", "shapes", "dtypes", "flops", "bytes", "depth"}`` and ``bytes_partial: true``
+  when the output size could not be inferred (see ``_opcost``). Profiler bookkeeping is skipped:
+  only Kineto activity type ``cpu_op`` is kept, so ``ProfilerStep#N``, ``record_function`` ranges
+  (``user_annotation``), ``[memory]`` instants and Python-function events never appear as ops.
+  Ops whose end was not recorded (still running on another thread at stop) are dropped and
+  counted under ``dropped["torch_ops"]``.
+- ``depth`` is the op's nesting depth on its thread: 0 for an op called from Python, 1 for the
+  ops it dispatches to (aten::linear → aten::addmm), and so on. FLOP and byte estimates cover an
+  op's whole call, so totals are sums over depth-0 ops.
+
+Clock alignment. ``_KinetoEvent.start_ns()`` is Unix-epoch wall time in ns: Kineto stamps events
+with its approximate (TSC) clock and converts them with its own (approximate, wall) pairs. Regions
+are stamped with ``time.perf_counter_ns()`` (CLOCK_MONOTONIC). The session stores one
+(monotonic, wall) pair, ``SessionClock``, taken with the wall read bracketed by two monotonic
+reads; regions convert with ``mono_to_us`` and ops with ``unix_to_us``, so both land on the trace
+clock (µs since the session start). Measured here (torch 2.13 CPU), an op converted this way starts
+0.5 µs or more after a ``perf_counter_ns()`` read taken just before calling it, and ends before
+one taken just after: the residual error is well under the Python-level gap between entering a
+region and the first op in it. Wall-clock steps during a session (NTP jumps) would shift ops
+against regions; slews do not matter at these time scales.
+
+Thread ids. ``start_thread_id()`` is a small per-profiler counter (1, 2, ...), not an OS id. For
+CPU ops ``device_resource_id()`` is Kineto's system thread id (``gettid()``), which equals
+``threading.get_native_id()`` of the recording thread, the id regions are recorded under; so
+``tid`` of an op is that value and ops line up with regions on the same thread row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from cuvil_pgc.instrument.samplers._opcost import estimate_cost, needs_concrete
+from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
+from cuvil_pgc.trace import schema
+
+log = logging.getLogger("cuvil_pgc")
+
+_OP_ACTIVITY = "cpu_op"
+
+
+class TorchOpSampler(Sampler):
+    """aten operators from torch.profiler (Kineto, CPU activity), attributed to regions."""
+
+    name = "torch_ops"
+    needs_regions = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ctx: SamplerContext | None = None
+        self._profiler: Any = None
+
+    def unavailable(self) -> str | None:
+        try:
+            import torch
+            import torch.autograd.profiler as autograd_profiler
+        except Exception as exc:
+            return f"torch is not importable ({type(exc).__name__}: {exc}); install torch to capture operators"
+        if not torch.autograd.kineto_available():
+            return "this torch build has no Kineto profiler; operator capture needs a build with USE_KINETO"
+        if getattr(autograd_profiler, "_is_profiler_enabled", False) or torch.autograd._profiler_enabled():
+            return ("torch.profiler is already recording in this process; stop it, or profile with "
+                    "ops=False and keep your own torch.profiler trace")
+        return None
+
+    def start(self, ctx: SamplerContext) -> None:
+        self._ctx = ctx
+        self._profiler, notes = _start_profiler(ctx.config.record_shapes)
+        if notes:
+            self.status["notes"] = notes
+
+    def stop(self) -> None:
+        profiler, self._profiler = self._profiler, None
+        ctx = self._ctx
+        if profiler is None or ctx is None:
+            return
+        t0 = time.perf_counter()
+        profiler.__exit__(None, None, None)
+        t1 = time.perf_counter()
+        ops, incomplete = read_ops(profiler.kineto_results.events(), ctx.config.record_shapes)
+        ctx.count_dropped(self.name, incomplete)
+        events = to_trace_events(ops, ctx)
+        ctx.emit(events)
+        self.status.update(ops=len(events), threads=len(set(ops.tids)),
+                           disable_ms=round((t1 - t0) * 1e3, 3),
+                           process_ms=round((time.perf_counter() - t1) * 1e3, 3))
+
+
+def _start_profiler(record_shapes: bool) -> tuple[Any, list[str]]:
+    """Enable the Kineto profiler (CPU activity); returns it and notes on degraded features."""
+    from torch.autograd.profiler import profile
+
+    notes: list[str] = []
+    # use_device stays None: CPU activity only, so CUPTI is left to the cupti sampler.
+    profiler = profile(use_kineto=True, use_cpu=True, record_shapes=record_shapes,
+                       experimental_config=_experimental_config(notes))
+    profiler.__enter__()
+    return profiler, notes
+
+
+def _experimental_config(notes: list[str]) -> Any:
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return _ExperimentalConfig(profile_all_threads=True)
+    except Exception:
+        notes.append("this torch has no profile_all_threads: only ops of the thread that started "
+                     "the session (and threads it spawns through torch) are captured")
+        return None
+
+
+class OpColumns:
+    """Kept ops as parallel lists (one entry per op, in Kineto's order)."""
+
+    __slots__ = ("names", "starts", "ends", "tids", "shapes", "dtypes", "concrete")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.tids: list[int] = []
+        self.shapes: list[list[list[int]]] = []
+        self.dtypes: list[list[str]] = []
+        self.concrete: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def read_ops(kineto_events: Any, with_shapes: bool = True) -> tuple[OpColumns, int]:
+    """The ``cpu_op`` events of a Kineto result as columns; returns (ops, incomplete count)."""
+    ops = OpColumns()
+    incomplete = 0
+    for ev in kineto_events:
+        if not _is_op(ev):
+            continue
+        start, dur = ev.start_ns(), ev.duration_ns()
+        if dur < 0:
+            incomplete += 1
+            continue
+        name = ev.name()
+        ops.names.append(name)
+        ops.starts.append(start)
+        ops.ends.append(start + dur)
+        ops.tids.append(ev.device_resource_id())
+        if with_shapes:
+            ops.shapes.append(ev.shapes())
+            ops.dtypes.append(ev.dtypes())
+            ops.concrete.append(ev.concrete_inputs() if needs_concrete(name) else None)
+    return ops, incomplete
+
+
+def _is_op(ev: Any) -> bool:
+    try:
+        return ev.activity_type() == _OP_ACTIVITY
+    except AttributeError:  # torch without activity_type(): drop annotations and bookkeeping by name
+        name = ev.name()
+        return not (ev.is_user_annotation() or name.startswith(("ProfilerStep#", "[")))
+
+
+def nesting_depths(tids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Depth of each interval among the intervals of its thread (0 = not inside another)."""
+    n = len(starts)
+    depth = np.zeros(n, dtype=np.int64)
+    if not n:
+        return depth
+    # Thread, start ascending, end descending: a parent sorts before its children; Kineto's own
+    # order (parent first) breaks exact ties.
+    order = np.lexsort((np.arange(n), -ends, starts, tids))
+    stack: list[int] = []
+    prev_tid = None
+    s_l, e_l, t_l = starts[order].tolist(), ends[order].tolist(), tids[order].tolist()
+    out = [0] * n
+    for i in range(n):
+        if t_l[i] != prev_tid:
+            stack.clear()
+            prev_tid = t_l[i]
+        while stack and stack[-1] <= s_l[i]:
+            stack.pop()
+        out[i] = len(stack)
+        stack.append(e_l[i])
+    depth[order] = out
+    return depth
+
+
+def to_trace_events(ops: OpColumns, ctx: SamplerContext) -> list[dict[str, Any]]:
+    """Chrome-trace X events on the trace clock, each with its region, shapes and cost estimate."""
+    if not len(ops):
+        return []
+    tids = np.asarray(ops.tids, dtype=np.int64)
+    starts_ns = np.asarray(ops.starts, dtype=np.int64)
+    ends_ns = np.asarray(ops.ends, dtype=np.int64)
+    ts = (starts_ns - ctx.clock.start_unix_ns) / 1000.0
+    dur = (ends_ns - starts_ns) / 1000.0
+    depth = nesting_depths(tids, starts_ns, ends_ns)
+    region_of = _regions(ctx, tids, ts)
+    with_shapes = bool(ops.shapes)
+    costs: dict[Any, Any] = {}
+    pid, cat = ctx.pid, schema.CAT_CPU_OP
+    events = []
+    for i, (name, tid, t, d, lvl, region) in enumerate(zip(
+            ops.names, tids.tolist(), ts.tolist(), dur.tolist(), depth.tolist(), region_of, strict=True)):
+        args: dict[str, Any] = {"region": region, "shapes": None, "dtypes": None, "flops": None,
+                                "bytes": None, "depth": lvl}
+        if with_shapes:
+            _add_cost(args, name, ops.shapes[i], ops.dtypes[i], ops.concrete[i], costs)
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": t, "dur": d,
+                       "args": args})
+    return events
+
+
+def _regions(ctx: SamplerContext, tids: np.ndarray, ts: np.ndarray) -> list[str | None]:
+    index, paths = ctx.region_index()
+    if not len(index):
+        return [None] * len(ts)
+    return [paths[j] if j >= 0 else None for j in index.innermost(tids, ts).tolist()]
+
+
+def _add_cost(args: dict[str, Any], name: str, shapes: list, dtypes: list, concrete: Any,
+              cache: dict[Any, Any]) -> None:
+    args["shapes"] = shapes
+    args["dtypes"] = dtypes
+    # Steady-state inference repeats the same calls every step: memoise by the recorded inputs.
+    key = (name, repr(shapes), repr(dtypes), None if concrete is None else repr(concrete))
+    cost = cache.get(key)
+    if cost is None:
+        cost = cache[key] = estimate_cost(name, shapes, dtypes, concrete)
+    args["flops"] = cost.flops
+    args["bytes"] = cost.bytes
+    if cost.partial:
+        args["bytes_partial"] = True
