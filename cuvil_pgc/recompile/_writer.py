@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import signing
+from cuvil_pgc.recompile._fsutil import fsync_dir
 from cuvil_pgc.recompile._zipsafety import MAX_COMPRESSION_RATIO
 from cuvil_pgc.recompile.manifest import (
     FORMAT_VERSION,
@@ -126,7 +127,7 @@ class BuildWriter:
             os.fsync(self._tmp.fileno())
             self._tmp.close()
             os.replace(self._tmp.name, self.path)
-            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         except msgspec.ValidationError as exc:
             self.abort()
             raise BuildError(f"build header is invalid: {exc}", path=self.path,
@@ -187,16 +188,3 @@ def _as_fingerprint(value: Fingerprint | Mapping[str, str]) -> Fingerprint:
         raise BuildError(f"fingerprint is invalid: {exc}",
                          fix="pass manifest.current_fingerprint() or a dict with torch, python, platform, "
                              "cpu_isa, device") from None
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass   # some filesystems (network mounts) cannot fsync a directory
-    finally:
-        os.close(fd)
