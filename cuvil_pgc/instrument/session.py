@@ -45,8 +45,11 @@ def active_session() -> Session | None:
 class Session:
     """One recording: regions, samplers and the trace file they stream into."""
 
-    def __init__(self, config: SessionConfig, samplers: list[Sampler] | None = None) -> None:
+    def __init__(self, config: SessionConfig, samplers: list[Sampler] | None = None,
+                 otel_exporter: Any = None) -> None:
         self.config = config
+        self._otel_exporter = otel_exporter
+        self._otel: Any = None
         self.path = config.path
         self.samplers = build_samplers(config) if samplers is None else samplers
         self.clock: SessionClock | None = None
@@ -76,6 +79,7 @@ class Session:
             self._writer = TraceWriter(self.path, self._header())
             _active = self
         self._start_samplers()
+        self._start_otel()
         _region.set_recorder(self._recorder)
         self._thread = threading.Thread(target=self._flush_loop, name="cuvil-pgc-writer", daemon=True)
         self._thread.start()
@@ -93,6 +97,7 @@ class Session:
         self._drain_regions()
         for sampler in self.samplers:
             self._guard(sampler, "stop", sampler.stop)
+        self._stop_otel()
         path = self._finish()
         with _active_lock:
             _active = None
@@ -117,6 +122,30 @@ class Session:
                 continue
             self.sampler_status[sampler.name] = sampler.status
             self._guard(sampler, "start", lambda s=sampler: s.start(ctx))
+
+    def _start_otel(self) -> None:
+        if not (self.config.otel or self._otel_exporter is not None):
+            return
+        try:
+            from cuvil_pgc.instrument.otel import OtelRegionExporter, exporter_from_env
+
+            exporter = self._otel_exporter or exporter_from_env()
+            if exporter is None:
+                self.sampler_status["otel"] = {"status": schema.STATUS_DISABLED, "reason": "OTEL_TRACES_EXPORTER=none"}
+                return
+            self._otel = OtelRegionExporter(exporter, rank=_rank_and_world()[0])
+            self.sampler_status["otel"] = {"status": schema.STATUS_OK}
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            self._log_once("otel", f"cuvil-pgc: OpenTelemetry export disabled ({reason})")
+            self.sampler_status["otel"] = {"status": schema.STATUS_UNAVAILABLE, "reason": reason}
+
+    def _stop_otel(self) -> None:
+        if self._otel is None:
+            return
+        self._otel.shutdown()
+        self.count_dropped("otel", self._otel.dropped)
+        self.sampler_status["otel"].update(exported=self._otel.exported, failed_batches=self._otel.failed_batches)
 
     def _live_samplers(self) -> list[Sampler]:
         return [s for s in self.samplers if self.sampler_status.get(s.name, {}).get("status") == schema.STATUS_OK]
@@ -173,6 +202,8 @@ class Session:
         tids, starts, ends, paths = self._kept
         paths_json = self._paths_json
         lines: list[str] = []
+        spans: list[tuple] | None = [] if self._otel is not None else None
+        unix0 = self.clock.start_unix_ns - s0
         for buf, items in self._recorder.drain():
             tid = buf.tid
             head = f'{{"ph":"X","cat":"region","pid":{self.pid},"tid":{tid},"name":'
@@ -188,6 +219,8 @@ class Session:
                 parent_id = "null" if parent is None else parent[3]
                 lines.append(f'{head}{name_json},"ts":{ts},"dur":{dur},"args":{{"path":{path_json},'
                              f'"id":{rid},"parent":{parent_id}{attrs_json}}}}},\n')
+                if spans is not None:
+                    spans.append(_span_row(frame, end, unix0, tid))
                 if keep:
                     tids.append(tid)
                     starts.append(ts)
@@ -196,6 +229,8 @@ class Session:
         if lines:
             data = "".join(lines).encode("utf-8", "replace")
             self._io(lambda w: w.write_raw(data, len(lines)))
+        if spans:
+            self._otel.submit(spans)
 
     def _write_emitted(self) -> None:
         while self._emitted:
@@ -269,6 +304,16 @@ def _region_json(region: _region.ProfileRegion) -> tuple[str, str]:
     return region._json
 
 
+def _span_row(frame: list, end: int, unix0: int, tid: int) -> tuple:
+    """One identified region frame as an OtelRegionExporter row (times in Unix ns)."""
+    region, parent, start, rid, path = frame
+    root = frame
+    while root[1] is not None:
+        root = root[1]
+    return (region.name, path, rid, None if parent is None else parent[3], root[3],
+            start + unix0, end + unix0, tid, region.attrs)
+
+
 def _rank_and_world() -> tuple[int, int]:
     env = os.environ
     try:
@@ -281,6 +326,8 @@ def profile(path: str | os.PathLike[str] = "cuvil.trace.json", **options: Any) -
     """Start recording into ``path`` when entered: ``with profile("run.trace.json", ops=True):``.
 
     Keyword options are the fields of :class:`SessionConfig` (``ops``, ``gpu``, ``sample_hz``,
-    ``compile``, ``flush_interval_s``, ...). Environment variables fill what is not given.
+    ``compile``, ``flush_interval_s``, ``otel``, ...). Environment variables fill what is not given.
+    ``otel_exporter=`` passes an OpenTelemetry SpanExporter instead of the one OTEL_* names.
     """
-    return Session(SessionConfig.from_env(path=os.fspath(path), **options))
+    otel_exporter = options.pop("otel_exporter", None)
+    return Session(SessionConfig.from_env(path=os.fspath(path), **options), otel_exporter=otel_exporter)
