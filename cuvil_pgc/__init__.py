@@ -17,6 +17,7 @@ _LAZY = {
     "instrument_module": ("cuvil_pgc.instrument.module", "instrument_module"),
     "load_trace": ("cuvil_pgc.trace", "load_trace"),
     "Trace": ("cuvil_pgc.trace", "Trace"),
+    "analyze": ("cuvil_pgc.analyze", "analyze"),
 }
 
 __all__ = ["CuvilError", "ProfileRegion", "Session", "SessionConfig", "profile", *_LAZY]

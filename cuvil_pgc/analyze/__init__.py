@@ -1,1 +1,30 @@
-"""cuvil_pgc.analyze (see DESIGN.md for this stage's contract)."""
+"""cuvil_pgc.analyze: hot regions, bottleneck attribution, fusion candidates, merge and diff.
+
+``analyze(trace, machine=None, filter=None) -> Analysis`` (see :mod:`.analyzer`); the trace diff is
+``cuvil_pgc.analyze.diff.diff(a, b) -> dict`` (not re-exported here: the name is its module's).
+Attributes load lazily so that importing the package (the CLI does, to register commands) stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "analyze": ("cuvil_pgc.analyze.analyzer", "analyze"),
+    "Analysis": ("cuvil_pgc.analyze.analysis", "Analysis"),
+    "merge_traces": ("cuvil_pgc.analyze.merge", "merge_traces"),
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'cuvil_pgc.analyze' has no attribute {name!r}") from None
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value
+    return value

@@ -1,0 +1,166 @@
+"""``analyze(trace, machine=None, filter=None) -> Analysis``: the analyzer's orchestration.
+
+The analysis is the editable list ``PASSES`` of plain functions ``pass_(prep, analysis) -> None``
+run in order over one :class:`~cuvil_pgc.analyze._prepare.Prepared` view of the trace (built once,
+vectorised with numpy). Each pass fills its part of the :class:`Analysis`; later passes may read
+what earlier ones wrote. Inputs: a Trace, a path, or a list of either (merged, each source keeping
+its rank and weight). The machine model is the given one, else ``default_machine(device)`` (a
+cached calibration or the documented fallback, in which case ``analysis.trace["warnings"]`` says so).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from cuvil_pgc.analyze._prepare import Prepared, prepare
+from cuvil_pgc.analyze._roofs import roofs_of
+from cuvil_pgc.analyze.analysis import Analysis
+from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
+from cuvil_pgc.analyze.fusion import mine_fusion
+from cuvil_pgc.analyze.hot_regions import region_stats, score_hotness
+from cuvil_pgc.analyze.merge import merge_traces, rank_skew
+from cuvil_pgc.analyze.timeline import build_timeline
+from cuvil_pgc.errors import AnalysisError, ConfigError
+from cuvil_pgc.trace.columns import Trace
+from cuvil_pgc.trace.schema import Kind
+
+Pass = Callable[[Prepared, Analysis], None]
+TraceInput = Trace | str | os.PathLike | Sequence[Trace | str | os.PathLike]
+
+
+def trace_facts(prep: Prepared, analysis: Analysis) -> None:
+    """Pass: what the trace is (sources, duration, event counts, drops, samplers, devices)."""
+    trace = prep.trace
+    kinds = np.bincount(trace.events["kind"], minlength=len(Kind))
+    dropped: dict[str, float] = {}
+    for s in trace.sources:
+        for k, v in (s.metadata.get("dropped") or {}).items() if isinstance(s.metadata, dict) else ():
+            if isinstance(v, (int, float)):
+                dropped[k] = dropped.get(k, 0) + v
+    meta = trace.metadata if isinstance(trace.metadata, dict) else {}
+    analysis.trace.update({
+        "sources": [{"path": s.path, "format": s.format, "rank": s.rank, "weight": s.weight,
+                     "recovered": s.recovered, "notes": list(s.notes)} for s in trace.sources],
+        "duration_us": float(trace.duration_us),
+        "events": int(len(trace)),
+        "counts": {k.name.lower(): int(kinds[k]) for k in Kind},
+        "top_level_ops": int(len(prep.op_rows)),
+        "dropped": dropped,
+        "samplers": meta.get("samplers", {}),
+        "devices": meta.get("devices", []),
+        "filter": prep.extras.get("filter"),
+    })
+    analysis.trace.setdefault("warnings", [])
+
+
+def compile_summary(prep: Prepared, analysis: Analysis) -> None:
+    """Pass: ``analysis.compile`` from ``cuvil_pgc.analyze.compile_summary`` when that module exists."""
+    try:
+        module = importlib.import_module("cuvil_pgc.analyze.compile_summary")
+    except ModuleNotFoundError:
+        analysis.compile = {}
+        return
+    analysis.compile = module.summarize_compile(prep.trace)
+
+
+PASSES: list[Pass] = [trace_facts, region_stats, attribute_bottlenecks, score_hotness, mine_fusion,
+                      rank_skew, build_timeline, compile_summary]
+
+
+def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,
+            passes: Sequence[Pass] | None = None) -> Analysis:
+    """Analyse one or several traces.
+
+    Args:
+        trace: a Trace, a trace file path, or a list of them (merged with their source weights).
+        machine: a MachineModel; default: ``default_machine`` for the trace's devices.
+        filter: a regular expression; only region paths it matches (``re.search``) are analysed.
+        passes: replaces ``PASSES`` (advanced use).
+    Returns: the Analysis, regions sorted by hotness.
+    """
+    merged = _as_trace(trace)
+    _check_usable(merged)
+    models, warnings = _machines(merged, machine)
+    prep = prepare(merged, roofs_of(*models), _compiled_filter(filter))
+    prep.extras["filter"] = filter
+    analysis = Analysis(regions=[], machine=_machine_json(models),
+                        trace={"warnings": warnings})
+    for p in (PASSES if passes is None else passes):
+        p(prep, analysis)
+    return analysis
+
+
+def _as_trace(trace: TraceInput) -> Trace:
+    items = [trace] if isinstance(trace, (Trace, str, os.PathLike)) else list(trace)
+    if not items:
+        raise AnalysisError("no trace given", fix="pass a Trace or a trace file path")
+    paths = [t for t in items if not isinstance(t, Trace)]
+    loaded = [t for t in items if isinstance(t, Trace)]
+    if paths:                          # one read: the reader aligns files on wall-clock time
+        from cuvil_pgc.trace.reader import load_trace
+
+        loaded.append(load_trace(*paths))
+    return merge_traces(loaded)
+
+
+def _check_usable(trace: Trace) -> None:
+    kind = trace.events["kind"]
+    useful = np.isin(kind, (Kind.REGION, Kind.CPU_OP, Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET))
+    if not useful.any():
+        paths = ", ".join(s.path for s in trace.sources) or "<trace>"
+        raise AnalysisError(f"{paths}: the trace has no regions, operators or kernels to analyse",
+                            fix="record with ProfileRegion around your code and/or ops=True "
+                                "(cuvil-pgc profile --ops), or pass a torch.profiler trace")
+
+
+def _compiled_filter(pattern: str | None) -> str | None:
+    if pattern is None:
+        return None
+    import re
+
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"--filter {pattern!r} is not a valid regular expression ({exc})",
+                          fix="quote it and escape special characters, e.g. 'decoder\\.layer'") from None
+    return pattern
+
+
+def _machines(trace: Trace, machine: Any) -> tuple[tuple[Any, Any], list[str]]:
+    """(cpu model, gpu model or None) and warnings about fallbacks."""
+    from cuvil_pgc.analyze.machine import default_machine
+
+    has_gpu = bool(np.isin(trace.events["kind"], (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)).any())
+    warnings: list[str] = []
+    models = []
+    for device in ("cpu", "cuda") if has_gpu else ("cpu",):
+        if machine is not None and _device_of(machine) == device:
+            models.append(machine)
+            continue
+        model = default_machine(device)
+        if _is_fallback(model):
+            warnings.append(f"no calibrated {device} machine model on this machine: using the documented "
+                            f"fallback figures (run `cuvil-pgc calibrate --device {device}`)")
+        models.append(model)
+    return (models[0], models[1] if has_gpu else None), warnings
+
+
+def _device_of(machine: Any) -> str:
+    return "cuda" if str(getattr(machine, "device", "cpu")).startswith("cuda") else "cpu"
+
+
+def _is_fallback(model: Any) -> bool:
+    return getattr(model, "source", "measured") == "fallback"
+
+
+def _machine_json(models: tuple[Any, Any]) -> dict[str, Any]:
+    cpu, gpu = models
+    doc = {"cpu": cpu.to_json()}
+    if gpu is not None:
+        doc["cuda"] = gpu.to_json()
+    return doc

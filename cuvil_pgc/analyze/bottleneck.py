@@ -1,0 +1,260 @@
+"""Bottleneck attribution: one primary class per region, with its evidence and a confidence.
+
+Evidence (per region, from the prepared per-path sums): op and kernel counts, median op/kernel
+duration, FLOPs and bytes, achieved FLOP/s and bytes/s and their fractions of the machine's
+peaks, arithmetic intensity vs the ridge point, the fraction of the region's self time not
+covered by ops (CPU) or kernels (GPU), and the dispatch / launch overhead estimate.
+
+The region's self time ``T`` is split into components, one per rule below; the primary class is
+the rule whose component (``explained_us``) is largest.
+
+CPU regions (no GPU work), with ``dispatch_us`` the machine's per-op dispatch cost:
+- ``launch_overhead``: ``L = fixed_cost + short_gaps``: the fixed per-op cost inside ops (an op no
+  longer than TINY_FACTOR dispatch costs whose roofline work is below one dispatch spends all its
+  time beyond that work on it; a larger op spends one ``dispatch_us``; see ``_prepare.fixed_cost``)
+  plus the gaps between back-to-back ops of a call up to GAP_FACTOR dispatch costs (issuing the
+  next eager op);
+- ``memory_bandwidth`` / ``compute``: the rest of the op time, ``W = op_time - fixed_cost``, goes to
+  the side of the roofline the ops sit on: arithmetic intensity below the ridge point → memory,
+  above → compute; without FLOPs and bytes, by op names (matmul/conv families → compute);
+- ``host_bound`` / ``idle``: the time not covered by ops nor short gaps, ``U``; it is ``idle`` in the
+  proportion the process was idle by the ``cpu_util`` counter over the region's calls,
+  ``host_bound`` (Python) otherwise, and all ``host_bound`` when there is no counter.
+
+GPU regions (kernels, memcpy or memset attributed to them): GPU busy time ``K`` goes to memory
+or compute as above (GPU roofs; kernel names when FLOPs are unknown); GPU gaps ``G = max(T - K, 0)``
+are ``launch_overhead`` up to ``max(n_kernels * launch_us, runtime_us)``, the rest is ``host_bound``
+in the proportion the CPU was busy in ops, else ``idle``.
+
+Confidence = (winning component / T) * quality, where quality is 1 for launch overhead and for
+host/idle with a utilization counter, 0.7 for host/idle without one, and for memory/compute the
+fraction of op (kernel) time whose FLOPs or bytes are known, at least 0.4 (name heuristics).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from cuvil_pgc.analyze._prepare import Prepared
+from cuvil_pgc.analyze.analysis import Analysis
+from cuvil_pgc.trace.schema import COUNTER_CPU_UTIL
+
+COMPUTE_NAMES = re.compile(r"(mm|matmul|linear|conv|gemm|bmm|einsum|attention|sdpa|xmma|cutlass|mma|sm\d+_)", re.I)
+NAME_ONLY_QUALITY = 0.4
+NO_COUNTER_QUALITY = 0.7
+
+
+class Rule:
+    """One bottleneck class: how much of the region's time it explains, and how sure we are."""
+
+    name = "rule"
+
+    def explained_us(self, ev: dict[str, Any]) -> float:
+        raise NotImplementedError
+
+    def match(self, ev: dict[str, Any]) -> bool:
+        return self.explained_us(ev) > 0.0
+
+    def quality(self, ev: dict[str, Any]) -> float:
+        return 1.0
+
+    def confidence(self, ev: dict[str, Any]) -> float:
+        t = ev["self_us"]
+        return float(np.clip(self.explained_us(ev) / t * self.quality(ev), 0.0, 1.0)) if t > 0 else 0.0
+
+
+class LaunchOverhead(Rule):
+    name = "launch_overhead"
+
+    def explained_us(self, ev):
+        return ev["_c"]["launch"]
+
+
+class _Work(Rule):
+    side = ""
+
+    def explained_us(self, ev):
+        return ev["_c"]["work"] if ev["_side"] == self.side else 0.0
+
+    def quality(self, ev):
+        return max(ev["_known_frac"], NAME_ONLY_QUALITY)
+
+
+class MemoryBandwidth(_Work):
+    name = side = "memory_bandwidth"
+
+
+class Compute(_Work):
+    name = side = "compute"
+
+
+class HostBound(Rule):
+    name = "host_bound"
+
+    def explained_us(self, ev):
+        return ev["_c"]["host"]
+
+    def quality(self, ev):
+        return 1.0 if ev.get("cpu_util") is not None else NO_COUNTER_QUALITY
+
+
+class Idle(HostBound):
+    name = "idle"
+
+    def explained_us(self, ev):
+        return ev["_c"]["idle"]
+
+
+RULES: list[Rule] = [LaunchOverhead(), MemoryBandwidth(), Compute(), HostBound(), Idle()]
+
+
+def attribute_bottlenecks(prep: Prepared, analysis: Analysis) -> None:
+    """Pass: set ``bottleneck``, ``confidence`` and ``evidence`` on every region."""
+    util = cpu_util_by_path(prep)
+    names = _dominant_names(prep)
+    for i, r in enumerate(analysis.regions):
+        u = None if util is None or np.isnan(util[i]) else float(util[i])
+        ev = region_evidence(prep, i, r.self_us, u, names[i])
+        scores = {rule.name: rule.explained_us(ev) for rule in RULES}
+        best = max(RULES, key=lambda rule: (scores[rule.name], -RULES.index(rule)))
+        if scores[best.name] <= 0:
+            best = RULES[-1]     # no time to explain at all: the region is empty
+        r.bottleneck = best.name
+        r.confidence = best.confidence(ev) if scores[best.name] > 0 else 0.0
+        ev["explained_us"] = {k: float(v) for k, v in scores.items()}
+        r.evidence = {k: v for k, v in ev.items() if not k.startswith("_")}
+
+
+def region_evidence(prep: Prepared, i: int, self_us: float, util: float | None, names: str) -> dict[str, Any]:
+    w, roofs = prep.work, prep.roofs
+    gpu = w.gpu_count[i] > 0
+    busy = float(w.gpu_time[i] if gpu else w.op_time[i])
+    flops = float(w.gpu_flops[i] if gpu else w.op_flops[i])
+    nbytes = float(w.gpu_bytes[i] if gpu else w.op_bytes[i])
+    peak = (roofs.gpu_peak_flops or roofs.peak_flops) if gpu else roofs.peak_flops
+    bw = (roofs.gpu_mem_bw or roofs.mem_bw) if gpu else roofs.mem_bw
+    f_time = float(w.gpu_time[i] if gpu else w.op_flops_time[i]) if flops > 0 else 0.0
+    b_time = float(w.gpu_time[i] if gpu else w.op_bytes_time[i]) if nbytes > 0 else 0.0
+    ach_f = flops / (f_time * 1e-6) if f_time > 0 else None
+    ach_b = nbytes / (b_time * 1e-6) if b_time > 0 else None
+    intensity = flops / nbytes if flops > 0 and nbytes > 0 else None
+    ev: dict[str, Any] = {
+        "device": "cuda" if gpu else "cpu",
+        "self_us": float(self_us),
+        "op_count": float(w.op_count[i]),
+        "kernel_count": float(w.gpu_count[i]),
+        "median_op_us": _opt(w.op_median[i]),
+        "median_kernel_us": _opt(w.gpu_median[i]),
+        "op_time_us": float(w.op_time[i]),
+        "kernel_time_us": float(w.gpu_time[i]),
+        "flops": flops, "bytes": nbytes,
+        "achieved_flops_s": ach_f, "achieved_bytes_s": ach_b,
+        "frac_peak_flops": None if ach_f is None else ach_f / peak,
+        "frac_peak_bw": None if ach_b is None else ach_b / bw,
+        "intensity": intensity, "ridge": peak / bw if bw > 0 else None,
+        "uncovered_frac": max(self_us - busy, 0.0) / self_us if self_us > 0 else 0.0,
+        "dispatch_overhead_us": float(w.op_count[i] * roofs.dispatch_us),
+        "fixed_cost_us": float(w.op_fixed_time[i]),
+        "short_gap_us": float(w.short_gap_time[i]),
+        "launch_overhead_us": float(w.gpu_count[i] * roofs.launch_us),
+        "runtime_us": float(w.runtime_time[i]),
+        "cpu_util": util,
+        "dominant_ops": names,
+    }
+    ev["_known_frac"] = min(max(f_time, b_time) / busy, 1.0) if busy > 0 else 0.0
+    ev["_side"] = _side(intensity, ev["ridge"], names)
+    ev["_c"] = _gpu_components(ev) if gpu else _cpu_components(ev)
+    return ev
+
+
+def _opt(x: float) -> float | None:
+    return None if np.isnan(x) else float(x)
+
+
+def _side(intensity: float | None, ridge: float | None, names: str) -> str:
+    if intensity is not None and ridge is not None:
+        return "compute" if intensity >= ridge else "memory_bandwidth"
+    return "compute" if COMPUTE_NAMES.search(names or "") else "memory_bandwidth"
+
+
+def _cpu_components(ev: dict[str, Any]) -> dict[str, float]:
+    t, ops = ev["self_us"], ev["op_time_us"]
+    launch = min(ev["fixed_cost_us"] + ev["short_gap_us"], t)
+    work = max(ops - ev["fixed_cost_us"], 0.0)
+    uncovered = max(t - ops - ev["short_gap_us"], 0.0)
+    idle_frac = _idle_frac(ev["cpu_util"])
+    return {"launch": launch, "work": work, "host": uncovered * (1 - idle_frac), "idle": uncovered * idle_frac}
+
+
+def _gpu_components(ev: dict[str, Any]) -> dict[str, float]:
+    t, busy = ev["self_us"], ev["kernel_time_us"]
+    gaps = max(t - busy, 0.0)
+    launch = min(max(ev["launch_overhead_us"], ev["runtime_us"]), gaps)
+    rest = gaps - launch
+    cpu_busy = min(ev["op_time_us"] / t, 1.0) if t > 0 else 0.0
+    if ev["cpu_util"] is not None:
+        cpu_busy = max(cpu_busy, 1.0 - _idle_frac(ev["cpu_util"]))
+    return {"launch": launch, "work": min(busy, t), "host": rest * cpu_busy, "idle": rest * (1 - cpu_busy)}
+
+
+def _idle_frac(util: float | None) -> float:
+    """Fraction of uncovered time the process was idle, from its CPU utilization (0..1 of one core)."""
+    if util is None:
+        return 0.0
+    return float(np.clip(1.0 - util, 0.0, 1.0))
+
+
+def _dominant_names(prep: Prepared) -> list[str]:
+    """Per path: the names of the ops/kernels holding most of its time (for the name heuristic)."""
+    out = []
+    for i, ops in enumerate(prep.extras.get("top_ops", [[]] * prep.n_paths)):
+        kind = "kernel" if prep.work.gpu_count[i] > 0 else "op"
+        out.append(" ".join([o["name"] for o in ops if o.get("kind", "op") == kind][:2]))
+    return out
+
+
+def cpu_util_by_path(prep: Prepared) -> np.ndarray | None:
+    """Per path: mean ``cpu_util`` (fraction of one core) over its calls, time-weighted; None without
+    the counter. Counter values above 1 are read as percent of one core."""
+    trace = prep.trace
+    cid = trace.strings.get(COUNTER_CPU_UTIL)
+    c = trace.counters
+    if cid < 0 or not len(c["ts"]) or not np.any(c["name"] == cid):
+        return None
+    ev, rr = trace.events, prep.region_rows
+    a, b = ev["ts"][rr], ev["ts"][rr] + ev["dur"][rr]
+    means = np.full(len(rr), np.nan)
+    src_r = ev["source"][rr]
+    for src in np.unique(src_r):
+        sel = (c["name"] == cid) & (c["source"] == src)
+        if not sel.any():
+            continue
+        vals = c["value"][sel]
+        vals = vals / 100.0 if np.nanmax(vals) > 1.0 else vals
+        on = src_r == src
+        means[on] = window_means(c["ts"][sel], vals, a[on], b[on])
+    ok = ~np.isnan(means)
+    if not ok.any():
+        return None
+    pos, dur = prep.path_pos[rr][ok], np.maximum(b - a, 1e-9)[ok]
+    num = np.bincount(pos, weights=means[ok] * dur, minlength=prep.n_paths)
+    den = np.bincount(pos, weights=dur, minlength=prep.n_paths)
+    return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+
+
+def window_means(ts: np.ndarray, values: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Mean of the step function (``values[k]`` from ``ts[k]`` on) over each window [a, b]."""
+    order = np.argsort(ts, kind="stable")
+    ts, values = ts[order], values[order]
+    cum = np.concatenate(([0.0], np.cumsum(values[:-1] * np.diff(ts))))
+
+    def integral(t: np.ndarray) -> np.ndarray:
+        k = np.clip(np.searchsorted(ts, t, side="right") - 1, 0, len(ts) - 1)
+        return cum[k] + values[k] * (t - ts[k])
+
+    width = b - a
+    point = values[np.clip(np.searchsorted(ts, a, side="right") - 1, 0, len(ts) - 1)]
+    return np.where(width > 0, (integral(b) - integral(a)) / np.where(width > 0, width, 1), point)

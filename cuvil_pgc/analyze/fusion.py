@@ -1,0 +1,123 @@
+"""Fusion candidates: frequent consecutive op (or kernel) sequences inside hot regions.
+
+Miner (vectorised n-grams): the top-level CPU ops of the ``HOT_REGIONS`` hottest regions, in time
+order per thread, are cut into segments at every change of thread or region call; every window of
+``MIN_LEN..MAX_LEN`` consecutive ops inside one segment is a sequence occurrence, keyed by
+(region path, op names). The same runs on GPU kernels per stream. A sequence is kept when it
+occurs at least ``MIN_SUPPORT`` times (occurrences that overlap themselves, as in ``add add add``,
+are counted greedily without overlap), and deduplicated: a sequence contained in a longer kept
+one that covers at least ``1 - DEDUP_TOL`` of its time is dropped (it occurs as often inside the
+longer one, or both cover the same run of a repeated op), so each pattern is reported once.
+
+For each candidate: ``total_us`` = the weighted time of all its ops over all occurrences;
+``bytes_saved`` = the intermediate tensors a fused kernel would not write and read back, per
+occurrence ``sum over the k-1 inner boundaries of 2 * min(bytes_j, bytes_j+1) / 3`` (an op's bytes
+count its inputs and output; for the common elementwise op, two inputs and one output of equal
+size, the intermediate is a third of its traffic) — an estimate, 0 when bytes are unknown;
+``est_saving_us`` = occurrences * (k-1) * per-op dispatch (or launch) cost + bytes_saved / bandwidth.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cuvil_pgc.analyze._prepare import Prepared
+from cuvil_pgc.analyze.analysis import Analysis, FusionCandidate
+from cuvil_pgc.trace.schema import Kind
+
+MIN_LEN, MAX_LEN = 2, 6
+MIN_SUPPORT = 3
+HOT_REGIONS = 10
+MAX_CANDIDATES = 50
+DEDUP_TOL = 0.1
+_PER_LENGTH = 200          # best sequences per length kept before deduplication
+
+
+def mine_fusion(prep: Prepared, analysis: Analysis) -> None:
+    """Pass: fill ``analysis.fusion_candidates`` (highest estimated saving first)."""
+    hot = [prep.paths.index(r.path) for r in analysis.regions[:HOT_REGIONS] if r.hotness > 0]
+    if not hot:
+        return
+    ev = prep.trace.events
+    cands: list[FusionCandidate] = []
+    ops = prep.op_rows[np.isin(prep.path_pos[prep.op_rows], hot)]
+    inst = prep.op_instance[np.isin(prep.path_pos[prep.op_rows], hot)]
+    cands += _mine(prep, ops, inst, prep.op_bytes[np.isin(prep.path_pos[prep.op_rows], hot)],
+                   prep.roofs.dispatch_us, prep.roofs.mem_bw)
+    g = prep.gpu_rows[(ev["kind"][prep.gpu_rows] == Kind.KERNEL) & np.isin(prep.path_pos[prep.gpu_rows], hot)]
+    cands += _mine(prep, g, np.full(len(g), -1), ev["bytes"][g], prep.roofs.launch_us,
+                   prep.roofs.gpu_mem_bw or prep.roofs.mem_bw)
+    cands.sort(key=lambda c: (-c.est_saving_us, -c.total_us, c.region, c.ops))
+    analysis.fusion_candidates = cands[:MAX_CANDIDATES]
+
+
+def _mine(prep: Prepared, rows: np.ndarray, inst: np.ndarray, nbytes: np.ndarray,
+          per_op_us: float, bw: float) -> list[FusionCandidate]:
+    if len(rows) < MIN_LEN:
+        return []
+    ev = prep.trace.events
+    lane, path = prep.lane[rows], prep.path_pos[rows]
+    order = np.lexsort((ev["ts"][rows], lane))
+    rows, inst, nbytes, lane, path = rows[order], inst[order], nbytes[order], lane[order], path[order]
+    seg = np.cumsum(np.concatenate(([True], (lane[1:] != lane[:-1]) | (inst[1:] != inst[:-1])
+                                    | (path[1:] != path[:-1]))))
+    names, dur, w = ev["name"][rows].astype(np.int64), ev["dur"][rows], prep.weight[rows]
+    found: dict[tuple, FusionCandidate] = {}
+    for k in range(MIN_LEN, MAX_LEN + 1):
+        if len(rows) < k:
+            break
+        m = len(rows) - k + 1
+        start = np.nonzero(seg[:m] == seg[k - 1:])[0]
+        if not len(start):
+            continue
+        grams = np.stack([path[start]] + [names[start + j] for j in range(k)], axis=1)
+        uniq, inv, counts = np.unique(grams, axis=0, return_inverse=True, return_counts=True)
+        inv = inv.reshape(-1)
+        frequent = np.nonzero(counts >= MIN_SUPPORT)[0]
+        if not len(frequent):
+            continue
+        t = sum(dur[start + j] for j in range(k)) * w[start]
+        inter = sum(2.0 * np.minimum(np.nan_to_num(nbytes[start + j]), np.nan_to_num(nbytes[start + j + 1])) / 3.0
+                    for j in range(k - 1)) * w[start]
+        t_sum, b_sum = np.bincount(inv, weights=t), np.bincount(inv, weights=inter)
+        best = frequent[np.argsort(-t_sum[frequent], kind="stable")][:_PER_LENGTH]
+        by_gram = start[np.argsort(inv, kind="stable")]          # occurrence starts grouped by gram, in order
+        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        for u in best:
+            occ = _non_overlapping(by_gram[first[u]:first[u] + counts[u]], k)
+            if occ < MIN_SUPPORT:
+                continue
+            scale = occ / counts[u]
+            key = tuple(int(x) for x in uniq[u])
+            b = float(b_sum[u] * scale)
+            found[key] = FusionCandidate(
+                region=prep.paths[key[0]], ops=[prep.trace.strings[x] for x in key[1:]], occurrences=int(occ),
+                total_us=float(t_sum[u] * scale), bytes_saved=b,
+                est_saving_us=float(occ * (k - 1) * per_op_us + (b / bw * 1e6 if bw > 0 else 0.0)))
+    return _closed(found)
+
+
+def _non_overlapping(starts: np.ndarray, k: int) -> int:
+    """Greedy count of occurrences that do not overlap an earlier counted one."""
+    if len(starts) < 2 or np.all(np.diff(starts) >= k):
+        return len(starts)
+    count, last = 0, -k
+    for s in starts.tolist():
+        if s >= last + k:
+            count, last = count + 1, s
+    return count
+
+
+def _closed(found: dict[tuple, FusionCandidate]) -> list[FusionCandidate]:
+    """Drop sequences contained in a longer kept sequence (same region) that accounts for at least
+    ``1 - DEDUP_TOL`` of their time (as often, or covering the same run of a repeated op)."""
+    dominated: set[tuple] = set()
+    for key, cand in found.items():
+        region, seq = key[0], key[1:]
+        for length in range(MIN_LEN, len(seq)):
+            for i in range(len(seq) - length + 1):
+                sub = (region, *seq[i:i + length])
+                other = found.get(sub)
+                if other is not None and cand.total_us >= (1.0 - DEDUP_TOL) * other.total_us:
+                    dominated.add(sub)
+    return [c for key, c in found.items() if key not in dominated]
