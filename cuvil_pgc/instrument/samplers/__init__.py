@@ -32,18 +32,14 @@ def _ops(config: SessionConfig) -> list[Sampler]:
     return [TorchOpSampler()]
 
 
-def _gpu(config: SessionConfig) -> list[Sampler]:
-    """CUPTI kernels and NVML counters: never with gpu="off", with "auto" only where CUDA is present."""
-    if config.gpu == "off":
+def _cpu(config: SessionConfig) -> list[Sampler]:
+    """CPU utilization whenever sampling is on (GPU machines too); the CPU stand-in for SM utilization."""
+    if config.sample_hz <= 0:
         return []
-    from cuvil_pgc.instrument.samplers import cupti_kernels, nvml
+    from cuvil_pgc.instrument.samplers.cpu import CpuUtilSampler
 
-    if config.gpu == "auto" and not nvml.cuda_present():
-        return []
-    return [cupti_kernels.CuptiKernelSampler(), nvml.NvmlSampler(config.sample_hz)]
+    return [CpuUtilSampler(config.sample_hz)]
 
 
 # The default list: (config) -> samplers. Sampler issues append their factories here.
-# _gpu starts first: torch.profiler (the op sampler) claims CUPTI on a CUDA build as soon as it starts,
-# and CUPTI 13.4 takes one subscriber only; Kineto then records CPU ops without CUPTI.
-_FACTORIES = [_gpu, _ops]
+_FACTORIES = [_ops, _cpu]
