@@ -41,5 +41,18 @@ def _cpu(config: SessionConfig) -> list[Sampler]:
     return [CpuUtilSampler(config.sample_hz)]
 
 
+def _gpu(config: SessionConfig) -> list[Sampler]:
+    """CUPTI kernels and NVML counters: never with gpu="off", with "auto" only where CUDA is present."""
+    if config.gpu == "off":
+        return []
+    from cuvil_pgc.instrument.samplers import cupti_kernels, nvml
+
+    if config.gpu == "auto" and not nvml.cuda_present():
+        return []
+    return [cupti_kernels.CuptiKernelSampler(), nvml.NvmlSampler(config.sample_hz)]
+
+
 # The default list: (config) -> samplers. Sampler issues append their factories here.
-_FACTORIES = [_ops, _cpu]
+# _gpu starts first: torch.profiler (the op sampler) claims CUPTI on a CUDA build as soon as it starts,
+# and CUPTI 13.4 takes one subscriber only; Kineto then records CPU ops without CUPTI.
+_FACTORIES = [_gpu, _ops, _cpu]
