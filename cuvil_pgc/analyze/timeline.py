@@ -3,7 +3,7 @@
 Spans: one row per region call, as columns ``path, lane, ts_us, dur_us, depth, bottleneck``; the
 lane names the rank and thread (``r0 pid 12 tid 34``). Above ``MAX_SPANS`` calls the shortest ones
 are dropped (the longest calls are what a timeline shows at report zoom), and the number dropped
-is recorded in ``spans["dropped"]``. Counters: per counter name (and rank when several), at most
+is recorded in ``analysis.trace["timeline_spans_dropped"]``. Counters: per counter name (and rank when several), at most
 ``MAX_POINTS`` points, longer series averaged into equal time buckets. Compile spans: the COMPILE
 rows with ``graph`` (compile id), ``phase``, ``cache`` and ``reason`` from their args.
 """
@@ -34,6 +34,7 @@ def _spans(prep: Prepared, analysis: Analysis) -> dict[str, list]:
     if len(rr) > MAX_SPANS:
         keep = np.sort(np.argsort(-ev["dur"][rr], kind="stable")[:MAX_SPANS])
         dropped = len(rr) - MAX_SPANS
+    analysis.trace["timeline_spans_dropped"] = dropped
     rows = rr[keep]
     lanes, lane_idx = np.unique(prep.lane[rows], return_inverse=True)
     names = [_lane_name(prep, int(k)) for k in lanes]
@@ -43,8 +44,7 @@ def _spans(prep: Prepared, analysis: Analysis) -> dict[str, list]:
             "lane": [names[i] for i in lane_idx.reshape(-1).tolist()],
             "ts_us": ev["ts"][rows].tolist(), "dur_us": ev["dur"][rows].tolist(),
             "depth": prep.region_depth[keep].tolist(),
-            "bottleneck": [verdict.get(prep.paths[i], "") for i in pos.tolist()],
-            "dropped": [dropped]}
+            "bottleneck": [verdict.get(prep.paths[i], "") for i in pos.tolist()]}
 
 
 def _lane_name(prep: Prepared, key: int) -> str:
