@@ -13,6 +13,7 @@ from cuvil_pgc.errors import ConfigError
 def register(app: typer.Typer) -> None:
     _register_profile(app)
     _register_summary(app)
+    _register_doctor(app)
 
 
 def _register_profile(app: typer.Typer) -> None:
@@ -74,3 +75,29 @@ def _register_summary(app: typer.Typer) -> None:
         from cuvil_pgc.viewer.console import render_summary
 
         Console().print(render_summary(load_trace(*trace), top=top))
+
+
+def _register_doctor(app: typer.Typer) -> None:
+    @app.command()
+    def doctor(
+        json_out: bool = typer.Option(False, "--json", help="Print the checks as one JSON document."),
+    ) -> None:
+        """Show which profiling backends work here and, for each that does not, why and what to do."""
+        from cuvil_pgc.instrument.doctor import run_checks
+
+        checks = run_checks()
+        if json_out:
+            from cuvil_pgc.cli import emit_json
+
+            emit_json({"ok": all(c.ok for c in checks), "checks": [c.to_dict() for c in checks]})
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="cuvil-pgc doctor", show_lines=False)
+        for column in ("Backend", "Status", "Found / why not", "What to do"):
+            table.add_column(column, overflow="fold")
+        for c in checks:
+            status = "[green]ok[/green]" if c.ok else "[yellow]unavailable[/yellow]"
+            table.add_row(c.name, status, c.detail if c.ok else (c.reason or ""), "" if c.ok else (c.fix or ""))
+        Console().print(table)

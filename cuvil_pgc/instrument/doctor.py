@@ -1,0 +1,230 @@
+"""Which profiling backends work on this machine, and for each that does not: why, and what to do.
+
+Each check is a plain function returning a :class:`BackendCheck`; :func:`run_checks` runs them all.
+They never raise (a check that crashes reports that as its reason) and import their backend only
+when run. ``cuvil-pgc doctor`` renders them; the viewer and README reuse the same data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cuvil_pgc.instrument.samplers import cupti_kernels, nvml
+
+GPU_EXTRA_FIX = "pip install 'cuvil-pgc[gpu]' (cupti-python and nvidia-ml-py)"
+NVIDIA_PARAMS = "/proc/driver/nvidia/params"
+PROFILING_PARAM = "RmProfilingAdminOnly"
+PROFILING_FIX = ("run as root, or set `options nvidia NVreg_RestrictProfilingToAdminUsers=0` in "
+                 "/etc/modprobe.d/ and reload the nvidia module")
+
+
+@dataclass(frozen=True)
+class BackendCheck:
+    """One backend: ``ok``, what was found (``detail``), and if not ok ``reason`` and ``fix``."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+    reason: str | None = None
+    fix: str | None = None
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.ok else "unavailable"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(asdict(self), status=self.status)
+
+
+def check_torch() -> BackendCheck:
+    try:
+        import torch
+    except ImportError as exc:
+        return BackendCheck("torch", False, reason=f"torch is not importable ({exc})",
+                            fix="pip install torch (2.6 to 2.14)")
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
+    return BackendCheck("torch", True, f"torch {torch.__version__} ({build})")
+
+
+def check_op_capture() -> BackendCheck:
+    """torch.profiler records aten operators on the CPU (the op sampler's backend)."""
+    name = "torch.profiler CPU op capture"
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError as exc:
+        return BackendCheck(name, False, reason=f"torch.profiler is not importable ({exc})", fix="install torch")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(4).add_(1)
+    names = {e.name for e in prof.events()}
+    if "aten::add_" not in names:
+        return BackendCheck(name, False, reason="torch.profiler recorded no aten::add_ for a tensor add",
+                            fix="check that no other profiler is active in this process")
+    return BackendCheck(name, True, f"{len(names)} operator names seen in a one-op probe")
+
+
+def check_compile() -> BackendCheck:
+    """torch.compile with Inductor needs a C/C++ compiler (CPU) and Triton (GPU)."""
+    name = "torch.compile (inductor)"
+    try:
+        import torch._inductor  # noqa: F401
+    except ImportError as exc:
+        return BackendCheck(name, False, reason=f"torch._inductor is not importable ({exc})",
+                            fix="install a torch build with Inductor (any 2.x wheel from pytorch.org)")
+    compiler = _find_compiler()
+    if compiler is None:
+        return BackendCheck(name, False, reason="no C/C++ compiler found (CXX, c++, g++, clang++)",
+                            fix="install one, e.g. `apt-get install g++`, or set CXX")
+    detail = f"C++ compiler {compiler}"
+    if _cuda_usable():
+        import importlib.util
+
+        if importlib.util.find_spec("triton") is None:
+            return BackendCheck(name, False, detail, reason="Triton is missing: Inductor cannot build GPU kernels",
+                                fix="pip install triton (matching your torch)")
+        detail += ", Triton present"
+    return BackendCheck(name, True, detail)
+
+
+def check_cuda() -> BackendCheck:
+    try:
+        import torch
+    except ImportError:
+        return BackendCheck("CUDA", False, reason="torch is not importable", fix="install torch")
+    if not torch.version.cuda:
+        return BackendCheck("CUDA", False, reason=f"torch {torch.__version__} is a CPU-only build",
+                            fix="install a CUDA build of torch (https://pytorch.org/get-started)")
+    if not torch.cuda.is_available():
+        return BackendCheck("CUDA", False, reason="no CUDA device or driver visible to torch",
+                            fix="check nvidia-smi, the driver install and CUDA_VISIBLE_DEVICES")
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return BackendCheck("CUDA", True, f"CUDA {torch.version.cuda}: " + ", ".join(names))
+
+
+def check_cupti() -> BackendCheck:
+    """cupti-python importable, libcupti and the driver loadable, and CUPTI not held by another tool."""
+    name = "CUPTI (kernels)"
+    try:
+        cupti = cupti_kernels._import_cupti()
+    except ImportError as exc:
+        return BackendCheck(name, False, reason=f"cupti-python is not importable ({exc})", fix=GPU_EXTRA_FIX)
+    try:
+        cupti.get_timestamp()
+    except Exception as exc:
+        return BackendCheck(name, False, reason=f"libcupti cannot run: {exc}",
+                            fix="install the NVIDIA driver and run on a GPU machine")
+    if cupti_kernels._active is not None:
+        return BackendCheck(name, True, "in use by this process's cuvil-pgc session")
+    try:
+        handle = cupti.subscribe(cupti_kernels._no_callbacks, None)
+    except Exception as exc:
+        status = cupti_kernels.cupti_status_name(exc)
+        if status in (cupti_kernels.MULTIPLE_SUBSCRIBERS, cupti_kernels.INSUFFICIENT_PRIVILEGES):
+            reason, _, fix = cupti_kernels._reason_for(status).partition("; ")
+            return BackendCheck(name, False, reason=reason, fix=fix)
+        return BackendCheck(name, False, reason=f"cuptiSubscribe failed: {exc}", fix="see the CUPTI documentation")
+    cupti.unsubscribe(handle)
+    return BackendCheck(name, True, "activity API ready (kernels, runtime, memcpy, memset)")
+
+
+def check_nvml() -> BackendCheck:
+    """NVML starts, sees GPUs, and whether each supports GPM (SM activity and occupancy)."""
+    name = "NVML (utilization)"
+    try:
+        lib = nvml._import_nvml()
+    except ImportError as exc:
+        return BackendCheck(name, False, reason=f"nvidia-ml-py is not importable ({exc})", fix=GPU_EXTRA_FIX)
+    try:
+        lib.nvmlInit()
+    except Exception as exc:
+        return BackendCheck(name, False, reason=f"NVML cannot start: {nvml.nvml_error_reason(lib, exc)}",
+                            fix="install the NVIDIA driver (libnvidia-ml.so.1) and run on a GPU machine")
+    try:
+        parts = [_describe_gpu(lib, i, h) for i, h in nvml.visible_devices(lib)]
+    finally:
+        nvml._quietly(lib.nvmlShutdown)
+    if not parts:
+        return BackendCheck(name, False, reason="NVML sees no GPU", fix="check nvidia-smi and CUDA_VISIBLE_DEVICES")
+    return BackendCheck(name, True, "; ".join(parts))
+
+
+def _describe_gpu(lib: Any, index: int, handle: Any) -> str:
+    label = f"gpu{index} {lib.nvmlDeviceGetName(handle)}"
+    try:
+        gpm = bool(lib.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+    except Exception:
+        gpm = False
+    return label + (": GPM (SM activity, occupancy)" if gpm else
+                    ": no GPM, sm_util is the coarse utilization rate and sm_occupancy is unavailable")
+
+
+def check_counter_permission(params_path: str = NVIDIA_PARAMS) -> BackendCheck:
+    """NVreg_RestrictProfilingToAdminUsers: may this user read GPU performance counters?"""
+    name = "GPU counters permission"
+    try:
+        with open(params_path) as fh:
+            params = dict(line.split(":", 1) for line in fh if ":" in line)
+    except OSError:
+        return BackendCheck(name, False, reason=f"no NVIDIA kernel driver ({params_path} is missing)",
+                            fix="install the NVIDIA driver")
+    restricted = params.get(PROFILING_PARAM, "").strip()
+    if restricted == "1" and os.geteuid() != 0:
+        return BackendCheck(name, False, reason="NVreg_RestrictProfilingToAdminUsers=1: performance counters "
+                                                "(CUPTI_ERROR_INSUFFICIENT_PRIVILEGES) are for admin users only",
+                            fix=PROFILING_FIX)
+    who = "root" if os.geteuid() == 0 else "all users"
+    return BackendCheck(name, True, f"counters readable ({PROFILING_PARAM}={restricted or '?'}, {who})")
+
+
+def check_cpu_util(proc: str = "/proc") -> BackendCheck:
+    """/proc/stat and /proc/self/stat readable: the CPU utilization timeline."""
+    name = "CPU utilization (/proc)"
+    try:
+        with open(os.path.join(proc, "stat")) as fh:
+            cores = sum(1 for line in fh if line.startswith("cpu") and line[3:4].isdigit())
+        with open(os.path.join(proc, "self", "stat")) as fh:
+            fh.read()
+    except OSError as exc:
+        return BackendCheck(name, False, reason=f"cannot read {proc}: {exc}",
+                            fix="run on Linux with /proc mounted (psutil is used elsewhere)")
+    return BackendCheck(name, True, f"{cores} cores, process and per-core times")
+
+
+CHECKS: list[Callable[[], BackendCheck]] = [
+    check_torch, check_op_capture, check_compile, check_cuda, check_cupti, check_nvml,
+    check_counter_permission, check_cpu_util,
+]
+
+
+def run_checks(checks: list[Callable[[], BackendCheck]] | None = None) -> list[BackendCheck]:
+    """Run every check (the editable default list ``CHECKS``); a crashing check reports its error."""
+    results = []
+    for check in CHECKS if checks is None else checks:
+        try:
+            results.append(check())
+        except Exception as exc:
+            label = (check.__doc__ or check.__name__).strip().splitlines()[0]
+            results.append(BackendCheck(check.__name__.removeprefix("check_"), False,
+                                        reason=f"check crashed: {type(exc).__name__}: {exc}",
+                                        fix=f"report this ({label})"))
+    return results
+
+
+def _find_compiler() -> str | None:
+    for candidate in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if candidate and shutil.which(candidate):
+            return shutil.which(candidate)
+    return None
+
+
+def _cuda_usable() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
