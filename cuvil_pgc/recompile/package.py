@@ -129,7 +129,7 @@ def _check_signature(key: Ed25519PublicKey | None, manifest_bytes: bytes, sig_by
         return None if sig_bytes is None else signing.decode_envelope(sig_bytes, path=path).key_id
     if sig_bytes is None:
         raise BuildError("the build is not signed, but a signature by the given key is required", path=path,
-                         fix="sign it (`cuvil-pgc recompile --sign KEY`) or use a signed build")
+                         fix="sign it with `cuvil-pgc recompile --sign KEY`, or use a signed build")
     return signing.verify_manifest_signature(key, manifest_bytes, sig_bytes, path=path)
 
 

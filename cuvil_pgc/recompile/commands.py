@@ -1,0 +1,225 @@
+"""Commands of the recompile stage: ``keygen``, ``verify`` and the ``builds`` group (the build store).
+
+``builds push|list|promote|tag|rollback|log|trust`` take ``--store DIR`` or $CUVIL_STORE. Every
+command prints a rich table or one line on stdout, or with ``--json`` exactly one JSON document
+(through :func:`cuvil_pgc.cli.emit_json`). Failures raise CuvilError subclasses, which the CLI
+prints as one line on stderr with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+_STORE_HELP = "Build store directory (default: $CUVIL_STORE)."
+
+
+def register(app: typer.Typer) -> None:
+    _register_keygen(app)
+    _register_verify(app)
+    builds = typer.Typer(name="builds", help="Versioned build store: push, promote, tag, roll back.",
+                         no_args_is_help=True)
+    _register_builds(builds)
+    app.add_typer(builds, name="builds")
+
+
+def _register_keygen(app: typer.Typer) -> None:
+    @app.command()
+    def keygen(output: str = typer.Option(..., "-o", "--output", help="Private key path; KEY.pub is written beside it.")
+               ) -> None:
+        """Create an Ed25519 key pair for signing builds (private key mode 0600)."""
+        from cuvil_pgc.recompile.signing import generate_keypair, key_id, load_public_key
+
+        private, public = generate_keypair(output)
+        typer.echo(f"private key {private} (keep it secret), public key {public}, "
+                   f"key id {key_id(load_public_key(public))}")
+
+
+def _register_verify(app: typer.Typer) -> None:
+    @app.command()
+    def verify(
+        build: str = typer.Argument(..., help="A .cuvilpkg file or a store://NAME[@VERSION|@TAG] reference."),
+        pubkey: str | None = typer.Option(None, "--pubkey", help="Signer's public key; requires a valid signature."),
+        store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    ) -> None:
+        """Verify a build (structure, member digests, signature) and print its manifest."""
+        from cuvil_pgc.recompile.store import open_any_build
+
+        with open_any_build(build, store=store, pubkey=pubkey, require_signature=pubkey is not None) as verified:
+            summary = _build_summary(verified)
+        if as_json:
+            _emit(summary)
+            return
+        _print(_verify_table(summary))
+        if not summary["signature"]["verified"]:
+            typer.echo("warning: signature not checked; pass --pubkey KEY.pub to require one", err=True)
+
+
+def _build_summary(build) -> dict[str, Any]:
+    import msgspec
+
+    m = build.manifest
+    return {"path": build.path, "ok": True, "name": m.name, "version": m.version,
+            "created": m.created.isoformat(), "format_version": m.format_version,
+            "fingerprint": msgspec.to_builtins(m.fingerprint), "model_hash": m.model_hash,
+            "trace_hashes": list(m.trace_hashes), "manifest_sha256": build.manifest_sha256,
+            "signature": {"present": build.signed, "verified": build.signature_verified, "key_id": build.key_id},
+            "members": {n: msgspec.to_builtins(d) for n, d in m.members.items()}}
+
+
+def _verify_table(summary: dict[str, Any]):
+    from rich.table import Table
+
+    sig = summary["signature"]
+    signature = ("verified, key " + sig["key_id"]) if sig["verified"] else \
+        (f"present (key {sig['key_id']}), NOT checked" if sig["present"] else "unsigned")
+    table = Table(title=f"{summary['name']} v{summary['version']}  ({summary['path']})", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [("signature", signature), ("created", summary["created"]),
+            ("format", str(summary["format_version"])), ("manifest sha256", summary["manifest_sha256"]),
+            *((k, v) for k, v in summary["fingerprint"].items()),
+            ("model hash", summary["model_hash"] or "-"), ("traces", str(len(summary["trace_hashes"])))]
+    for key, value in rows:
+        table.add_row(key, value)
+    for name, digest in sorted(summary["members"].items()):
+        table.add_row(f"  {name}", f"{digest['size']:,} B  sha256 {digest['sha256'][:16]}…")
+    return table
+
+
+def _register_builds(builds: typer.Typer) -> None:
+    @builds.command("push")
+    def push(build: str = typer.Argument(..., help="The .cuvilpkg to add."),
+             store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+             pubkey: str | None = typer.Option(None, "--pubkey",
+                                                  help="Require a signature by this key (the store's trusted.pub wins)."),
+             as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+        """Verify a build and add it to the store under its name and version."""
+        result = _store(store).push(build, pubkey)
+        _report(as_json, result, f"{'pushed' if result.added else 'already in the store:'} "
+                                 f"{result.name} v{result.version} -> {result.path}")
+
+    @builds.command("list")
+    def list_builds(name: str | None = typer.Argument(None, help="Only this build name."),
+                    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+                    as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+        """List stored versions and the pointers (current, tags) at each."""
+        entries = _store(store).entries(name)
+        if as_json:
+            _emit({"builds": [_builtins(e) for e in entries]})
+        else:
+            _print(_entries_table(entries))
+
+    @builds.command("promote")
+    def promote(name: str = typer.Argument(...), version: int = typer.Argument(...),
+                store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+                reason: str | None = typer.Option(None, "--reason", help="Recorded in the log."),
+                as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+        """Make VERSION current (refused below the high-water mark: use rollback)."""
+        _report_move(as_json, _store(store).promote(name, version, reason=reason))
+
+    @builds.command("tag")
+    def tag(name: str = typer.Argument(...), version: int = typer.Argument(...),
+            tag_name: str = typer.Argument(..., metavar="TAG", help="canary, stable, ..."),
+            store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+            reason: str | None = typer.Option(None, "--reason", help="Recorded in the log."),
+            as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+        """Point TAG at VERSION (tags follow the same anti-rollback rule as current)."""
+        _report_move(as_json, _store(store).tag(name, version, tag_name, reason=reason))
+
+    @builds.command("rollback")
+    def rollback(name: str = typer.Argument(...),
+                 to: int | None = typer.Option(None, "--to", help="Target version (default: the previous one)."),
+                 tag_name: str | None = typer.Option(None, "--tag", help="Roll back this tag instead of current."),
+                 reason: str | None = typer.Option(None, "--reason", help="Recorded in the log."),
+                 store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+                 as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+        """Move current (or --tag) back on purpose; recorded in the store log."""
+        _report_move(as_json, _store(store).rollback(name, to=to, tag=tag_name, reason=reason))
+
+    @builds.command("log")
+    def log(name: str = typer.Argument(...), store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+            as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+        """Show the append-only history of pushes, promotions, tags and rollbacks."""
+        entries = _store(store).log(name)
+        if as_json:
+            _emit({"log": [_builtins(e) for e in entries]})
+        else:
+            _print(_log_table(name, entries))
+
+    @builds.command("trust")
+    def trust(pubkey: str = typer.Argument(..., help="Public key whose signature every stored build must carry."),
+              store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+              replace: bool = typer.Option(False, "--replace", help="Replace a different trusted key.")) -> None:
+        """Make the store accept and serve only builds signed by this key (writes trusted.pub)."""
+        target = _store(store)
+        typer.echo(f"{target.root} now trusts key {target.trust(pubkey, replace=replace)}")
+
+
+def _store(store: str | None):
+    from cuvil_pgc.recompile.store import store_from_env
+
+    return store_from_env(store)
+
+
+def _report_move(as_json: bool, move) -> None:
+    if not move.changed:
+        text = f"{move.name} {move.pointer} is already v{move.version} (nothing changed)"
+    else:
+        text = f"{move.name} {move.pointer}: {'none' if move.previous is None else 'v' + str(move.previous)} -> v{move.version}"
+    _report(as_json, move, text)
+
+
+def _report(as_json: bool, obj: Any, text: str) -> None:
+    if as_json:
+        _emit(_builtins(obj))
+    else:
+        typer.echo(text)
+
+
+def _entries_table(entries):
+    from rich.table import Table
+
+    table = Table(title="builds")
+    for column in ("name", "version", "pointers", "created", "pushed", "by", "signed by key", "size"):
+        table.add_column(column, justify="right" if column in ("version", "size") else "left")
+    for e in entries:
+        table.add_row(e.name, str(e.version), ", ".join(e.pointers), _minutes(e.created), _minutes(e.pushed_at),
+                      e.pushed_by, e.key_id if e.signed else "unsigned", f"{e.size:,}")
+    return table
+
+
+def _minutes(iso: str) -> str:
+    return iso[:16].replace("T", " ")
+
+
+def _log_table(name: str, entries):
+    from rich.table import Table
+
+    table = Table(title=f"{name} history")
+    for column in ("time", "op", "pointer", "move", "by", "reason"):
+        table.add_column(column)
+    for e in entries:
+        move = f"v{e.version}" if e.previous is None else f"v{e.previous} -> v{e.version}"
+        table.add_row(e.time, e.op, e.pointer or "", move, f"{e.user}@{e.host}", e.reason or "")
+    return table
+
+
+def _builtins(obj: Any) -> Any:
+    import msgspec
+
+    return msgspec.to_builtins(obj)
+
+
+def _emit(obj: Any) -> None:
+    from cuvil_pgc.cli import emit_json
+
+    emit_json(obj)
+
+
+def _print(renderable) -> None:
+    from rich.console import Console
+
+    Console(soft_wrap=True).print(renderable)
