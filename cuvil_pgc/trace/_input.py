@@ -1,0 +1,170 @@
+"""Getting a trace file's bytes: path resolution, size limits, gzip, UTF-8.
+
+Contract:
+- ``resolve(path)`` returns the file to read: ``path`` itself, or ``path + ".partial"`` when only
+  the partial file of a crashed session exists. Missing files and directories raise TraceError.
+- ``read_bytes(path, partial)`` returns the decoded-ready bytes. Gzip is recognised by its magic
+  bytes, not the extension, and decompressed incrementally with a hard cap
+  (:data:`MAX_TRACE_BYTES`, env ``CUVIL_MAX_TRACE_BYTES``): the size a gzip header or trailer
+  claims is never trusted or preallocated. A partial ``.gz`` (sync-flushed, no trailer) is read up
+  to the last decodable byte; a corrupt or truncated finished ``.gz`` raises TraceError.
+- Bytes must be UTF-8 (a leading BOM is dropped); the first invalid byte is reported by offset.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+
+from cuvil_pgc.errors import TraceError
+from cuvil_pgc.trace.schema import PARTIAL_SUFFIX
+
+ENV_MAX_TRACE_BYTES = "CUVIL_MAX_TRACE_BYTES"
+#: Largest (decompressed) trace accepted, in bytes. Parsing needs about 2-3x this in memory.
+MAX_TRACE_BYTES = 8 << 30
+_CHUNK = 4 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_NOT_SPACE = re.compile(rb"\S")
+
+
+@dataclass
+class RawInput:
+    """The bytes of one trace file, ready for JSON decoding."""
+
+    path: str                 # the file actually read
+    data: bytes
+    partial: bool             # a `.partial` file of an unfinished session
+    notes: list[str] = field(default_factory=list)
+
+
+def max_trace_bytes() -> int:
+    """The decompressed size cap, from ``CUVIL_MAX_TRACE_BYTES`` when set."""
+    text = os.environ.get(ENV_MAX_TRACE_BYTES)
+    if not text:
+        return MAX_TRACE_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        raise TraceError(f"environment variable {ENV_MAX_TRACE_BYTES}={text!r} is not an integer",
+                         fix="set it to a byte count such as 17179869184") from None
+    if value <= 0:
+        raise TraceError(f"environment variable {ENV_MAX_TRACE_BYTES}={value} must be positive")
+    return value
+
+
+def resolve(path: str) -> tuple[str, bool]:
+    """The file to read for ``path`` and whether it is a partial file."""
+    if path.endswith(PARTIAL_SUFFIX):
+        _check_file(path)
+        return path, True
+    if os.path.exists(path):
+        _check_file(path)
+        return path, False
+    partial = path + PARTIAL_SUFFIX
+    if os.path.isfile(partial):
+        return partial, True
+    raise TraceError("no such file (and no partial file of an unfinished session next to it)", path=path,
+                     fix="check the path; traces are written where profile(path) was told")
+
+
+def _check_file(path: str) -> None:
+    if os.path.isdir(path):
+        raise TraceError("is a directory, not a trace file", path=path,
+                         fix="pass the .trace.json or .trace.json.gz file inside it")
+    if not os.path.exists(path):
+        raise TraceError("no such file", path=path)
+    if not os.path.isfile(path):
+        raise TraceError("is not a regular file", path=path)
+
+
+def read_bytes(path: str, partial: bool) -> RawInput:
+    """Read, decompress and UTF-8-check one trace file (see module docstring)."""
+    cap = max_trace_bytes()
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+            f.seek(0)
+            if head == _GZIP_MAGIC:
+                raw = RawInput(path, b"", partial)
+                raw.data = _gunzip(f, path, cap, partial, raw.notes)
+            else:
+                if os.fstat(f.fileno()).st_size > cap:
+                    raise _too_big(path, cap, "")
+                raw = RawInput(path, f.read(), partial)
+    except OSError as exc:
+        raise TraceError(f"cannot be read: {exc.strerror or exc}", path=path) from None
+    if not _NOT_SPACE.search(raw.data):
+        what = "decompresses to nothing" if head == _GZIP_MAGIC else "is empty"
+        raise TraceError(f"{what}: no trace events", path=path,
+                         fix="the session that wrote it may have been killed before its first flush")
+    if raw.data.startswith(codecs.BOM_UTF8):
+        raw.data = raw.data[len(codecs.BOM_UTF8):]
+    _check_utf8(raw.data, path)
+    return raw
+
+
+def _too_big(path: str, cap: int, what: str) -> TraceError:
+    return TraceError(f"{what}holds more than {cap:,} bytes, the limit for one trace", path=path,
+                      fix=f"set {ENV_MAX_TRACE_BYTES} to a larger byte count if this machine has the memory")
+
+
+def _gunzip(f, path: str, cap: int, partial: bool, notes: list[str]) -> bytes:
+    """Decompress all gzip members with a size cap; tolerate a cut-off stream only for partials."""
+    out: list[bytes] = []
+    total = 0
+    dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    while True:
+        chunk = dec.unconsumed_tail or f.read(_CHUNK)
+        try:
+            piece = dec.decompress(chunk, _CHUNK) if chunk else dec.flush()
+        except zlib.error as exc:
+            return _gzip_damage(path, partial, notes, out, f"corrupt gzip data ({exc})")
+        total += len(piece)
+        if total > cap:
+            raise _too_big(path, cap, "decompressed, it ")
+        out.append(piece)
+        if not chunk and not dec.eof:
+            break
+        if dec.eof:
+            rest = dec.unused_data
+            if not rest.lstrip(b"\0"):
+                rest = f.read(_CHUNK)
+                if not rest.lstrip(b"\0"):
+                    return b"".join(out)
+            if not rest.startswith(_GZIP_MAGIC):
+                return _gzip_damage(path, partial, notes, out, "unexpected bytes after the gzip stream")
+            dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            f.seek(f.tell() - len(rest))
+    if not dec.eof:
+        return _gzip_damage(path, partial, notes, out, "the gzip stream ends early (no trailer)")
+    return b"".join(out)
+
+
+def _gzip_damage(path: str, partial: bool, notes: list[str], out: list[bytes], problem: str) -> bytes:
+    if partial:
+        notes.append(f"{problem}; read the {sum(map(len, out)):,} bytes before it")
+        return b"".join(out)
+    raise TraceError(f"{problem}: the file looks truncated or damaged", path=path,
+                     fix="a finished trace is written atomically, so this file was cut or altered after "
+                         "writing; recover from its .partial file if the session crashed, or re-record")
+
+
+def _check_utf8(data: bytes, path: str) -> None:
+    if data.isascii():
+        return
+    start = 0
+    while start < len(data):
+        end = min(start + _CHUNK, len(data))
+        while end < len(data) and end > start and data[end] & 0xC0 == 0x80:
+            end -= 1        # never split a multi-byte character between chunks
+        try:
+            data[start:end].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            offset = start + exc.start
+            raise TraceError(f"is not UTF-8 text: invalid byte 0x{data[offset]:02x} at byte {offset:,}",
+                             path=path, fix="trace files are UTF-8 JSON; re-export it or check for corruption") \
+                from None
+        start = end

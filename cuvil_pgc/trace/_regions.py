@@ -1,0 +1,115 @@
+"""Region rows and attribution of every other row to a region, within one source.
+
+Contract (``resolve_regions(src, strings)``):
+- Region rows get ``region`` = their path, ``region_id`` and ``parent_id``. Our files give them in
+  args (``path``, ``id``, ``parent``) and those are kept; where a file gives none (Kineto
+  ``user_annotation`` ranges), the path is the nesting of regions on the same (pid, tid) joined
+  by ``/``, and ids are synthesised (unique in the source, above any id the file gave), with
+  ``parent_id`` the enclosing region's id.
+- Host rows (ops, runtime/driver calls, compile phases, other host events) without a region
+  named by the file get the innermost region enclosing their start on their (pid, tid).
+- GPU rows (kernels, memcpy, memset) without a named region get the region of the runtime call
+  with the same correlation id (from args or the ``ac2g`` flow), else of the host event with
+  the same External id; otherwise none (-1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cuvil_pgc.trace._build import SourceColumns
+from cuvil_pgc.trace.attribution import RegionIndex
+from cuvil_pgc.trace.columns import StringTable
+from cuvil_pgc.trace.schema import Kind
+
+_HOST = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.COMPILE, Kind.OTHER], dtype=np.uint8)
+_GPU = np.array([Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.uint8)
+
+
+def resolve_regions(src: SourceColumns, strings: StringTable) -> None:
+    """Fill region / region_id / parent_id of one source's rows (see module docstring)."""
+    cols = src.cols
+    lane = lanes(cols["pid"], cols["tid"])
+    cols["lane"] = lane
+    reg = np.nonzero(cols["kind"] == Kind.REGION)[0]
+    ts, end = cols["ts"], cols["ts"] + cols["dur"]
+    index = RegionIndex(lane[reg], ts[reg], end[reg])
+    if len(reg):
+        _region_rows(src, reg, index, strings)
+        _attribute_host(cols, lane, reg, index, src.region_given)
+    _attribute_gpu(cols, src.region_given)
+
+
+def lanes(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """A dense id per distinct (pid, tid) pair."""
+    if not len(pid):
+        return np.zeros(0, dtype=np.int64)
+    if (pid == pid[0]).all():
+        return tid.astype(np.int64, copy=True)
+    pids, pid_code = np.unique(pid, return_inverse=True)
+    tids, tid_code = np.unique(tid, return_inverse=True)
+    key = pid_code.reshape(-1).astype(np.int64) * len(tids) + tid_code.reshape(-1)
+    return np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def _region_rows(src: SourceColumns, reg: np.ndarray, index: RegionIndex, strings: StringTable) -> None:
+    cols = src.cols
+    given_ids = cols["region_id"][reg]
+    next_id = max(int(given_ids.max()) + 1, 1)
+    final_ids = given_ids.copy()
+    missing = np.nonzero(given_ids < 0)[0]
+    final_ids[missing] = next_id + np.arange(len(missing))
+    given_paths = src.region_path
+    names = cols["name"][reg].tolist()
+    reg_list = reg.tolist()
+    order, parent = index.order.tolist(), index.parent.tolist()
+    paths_sorted: list[str] = [""] * len(order)
+    region_col = cols["region"]
+    parent_ids = cols["parent_id"]
+    for j, i in enumerate(order):
+        p = parent[j]
+        row = reg_list[i]
+        path = given_paths[row] if given_paths is not None else None
+        if path is None:
+            name = strings[names[i]]
+            path = name if p < 0 else f"{paths_sorted[p]}/{name}"
+            if given_ids[i] < 0:
+                parent_ids[row] = -1 if p < 0 else final_ids[order[p]]
+        paths_sorted[j] = path
+        region_col[row] = strings.intern(path)
+    cols["region_id"][reg] = final_ids
+
+
+def _attribute_host(cols, lane: np.ndarray, reg: np.ndarray, index: RegionIndex, given: np.ndarray) -> None:
+    rows = np.nonzero(np.isin(cols["kind"], _HOST) & ~given)[0]
+    if not len(rows):
+        return
+    inner = index.innermost(lane[rows], cols["ts"][rows])
+    hit = inner >= 0
+    cols["region"][rows[hit]] = cols["region"][reg[inner[hit]]]
+
+
+def _attribute_gpu(cols, given: np.ndarray) -> None:
+    kind = cols["kind"]
+    gpu = np.nonzero(np.isin(kind, _GPU) & ~given)[0]
+    if not len(gpu):
+        return
+    rt = np.nonzero((kind == Kind.RUNTIME) & (cols["correlation"] >= 0))[0]
+    left = _copy_region_by_key(cols, gpu, rt, "correlation")
+    if len(left):
+        host = np.nonzero(np.isin(kind, _HOST) & (cols["external_id"] >= 0))[0]
+        _copy_region_by_key(cols, left, host, "external_id")
+
+
+def _copy_region_by_key(cols, targets: np.ndarray, sources: np.ndarray, key: str) -> np.ndarray:
+    """Give each target row the region of the source row with the same ``key``; return the misses."""
+    if not len(sources):
+        return targets
+    keys = cols[key][sources]
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    want = cols[key][targets]
+    pos = np.minimum(np.searchsorted(sorted_keys, want), len(sorted_keys) - 1)
+    hit = (sorted_keys[pos] == want) & (want >= 0)
+    cols["region"][targets[hit]] = cols["region"][sources[order[pos[hit]]]]
+    return targets[~hit]

@@ -1,0 +1,287 @@
+"""Reading trace files into the columnar Trace: ours, gzip, partial (crashed) and torch.profiler's.
+
+``load_trace(*paths, weights=None)`` reads each file into one :class:`Source` and merges them:
+
+- **Formats.** Our files (``cuvil`` metadata key or ``cuvil_session`` header event; format
+  ``"cuvil"``) and torch.profiler / Kineto Chrome traces, CPU and GPU (format ``"kineto"``), plain
+  or gzip (recognised by magic bytes). Kineto ``user_annotation`` ranges are regions (paths from
+  their nesting per thread), ``cpu_op``, ``kernel``, ``cuda_runtime``/``cuda_driver``,
+  ``gpu_memcpy``, ``gpu_memset`` map to their kinds, ``ac2g`` flows supply missing correlation
+  ids, other categories become ``Kind.OTHER`` rows with ``args = {"cat": ...}``.
+- **Crash recovery.** ``load_trace("x.trace.json")`` reads ``x.trace.json.partial`` when only that
+  exists (or pass the partial path): every complete line is recovered, ``Source.recovered`` is
+  True and ``Source.notes`` says what was dropped. The ``cuvil_session`` header gives metadata.
+- **Time.** ``ts`` is µs from the earliest event (rows and counters) of all sources. Sources are
+  aligned on absolute time: ours on ``cuvil.start_unix_ns``, Kineto on ``baseTimeNanoseconds``
+  (``ts`` is µs after it, as torch 2.x writes) or on absolute Unix µs (older exports). A source
+  whose absolute time cannot be known starts at 0, with a note. ``Source.metadata`` gains
+  ``start_unix_ns`` (Kineto: the earliest event's wall time) and ``ts_offset_us`` (trace ts =
+  file ts + offset).
+- **Attribution** (see ``_regions``): ops and runtime calls get the innermost enclosing region on
+  their thread, GPU rows the region of their launch (correlation id); a region our files already
+  name in ``args.region`` is kept.
+- **Columns.** EVENT_COLUMNS plus ``events["external_id"]`` (int64, Kineto ``External id``, -1
+  none), sorted by ``ts`` (longer first on ties, so parents precede children). ``Trace.args`` is
+  an :class:`~cuvil_pgc.trace._args.ArgsMap` (a lazily materialised ``dict[int, dict]``): region
+  user attributes, kernel launch configuration, op shapes/dtypes, compile details, with the key
+  names listed in ``_args``. Counters: one row per series, named as in ``_build``.
+- **Errors.** Unreadable input raises TraceError naming the file, the problem, the event index or
+  JSON path where one applies, and the fix. Limits: :data:`~cuvil_pgc.trace._input.MAX_TRACE_BYTES`
+  (``CUVIL_MAX_TRACE_BYTES``) decompressed bytes and :data:`MAX_TRACE_EVENTS`
+  (``CUVIL_MAX_TRACE_EVENTS``) events per file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cuvil_pgc.errors import ConfigError, CuvilError, TraceError
+from cuvil_pgc.trace import _decode, _input
+from cuvil_pgc.trace._args import ArgsMap
+from cuvil_pgc.trace._build import SourceColumns, build_source
+from cuvil_pgc.trace._regions import resolve_regions
+from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, Source, StringTable, Trace
+
+ENV_MAX_TRACE_EVENTS = "CUVIL_MAX_TRACE_EVENTS"
+#: Most events accepted in one file (each costs ~150 bytes while parsing).
+MAX_TRACE_EVENTS = 50_000_000
+EXTRA_COLUMNS = {"external_id": np.dtype(np.int64)}
+_UNIX_US_FLOOR = 1e14      # ts above this (1973 in Unix µs) is taken as absolute Unix µs
+
+
+@dataclass
+class _Loaded:
+    source: Source
+    columns: SourceColumns
+    origin_ns: int | None      # Unix ns of the file's ts = 0, if knowable
+
+
+def load_trace(*paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+               weights: Sequence[float] | None = None) -> Trace:
+    """Read trace files (ours, ``.gz``, ``.partial``, torch.profiler) into one columnar Trace.
+
+    Args:
+        *paths: trace files (a single list of paths is accepted too).
+        weights: one weight per file (repeated runs, ranks); default 1.0 each.
+
+    Returns:
+        Trace with one Source per file, rows sorted by ``ts`` (see the module docstring).
+
+    Raises:
+        TraceError: a file is missing, unreadable, or not a valid trace.
+        ConfigError: ``weights`` does not match ``paths``.
+    """
+    files = _flatten(paths)
+    if not files:
+        raise TraceError("no trace files given", fix="pass one or more .trace.json files")
+    if len(files) > np.iinfo(np.int16).max:
+        raise TraceError(f"{len(files)} files given; at most {np.iinfo(np.int16).max} can be merged")
+    ws = _weights(weights, len(files))
+    strings = StringTable()
+    loaded = [_load_guarded(f, strings, w) for f, w in zip(files, ws, strict=True)]
+    return _merge(loaded, strings)
+
+
+def _flatten(paths: Iterable[Any]) -> list[str]:
+    out: list[str] = []
+    for p in paths:
+        if isinstance(p, (list, tuple)):
+            out.extend(_flatten(p))
+        elif isinstance(p, (str, os.PathLike)):
+            out.append(os.fspath(p))
+        else:
+            raise TraceError(f"{p!r} is not a path", fix="pass file paths as str or pathlib.Path")
+    return out
+
+
+def _weights(weights: Sequence[float] | None, n: int) -> list[float]:
+    if weights is None:
+        return [1.0] * n
+    ws = list(weights)
+    if len(ws) != n:
+        raise ConfigError(f"{len(ws)} weights given for {n} trace files", fix="give one weight per file")
+    for w in ws:
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+            raise ConfigError(f"weight {w!r} must be a positive finite number")
+    return [float(w) for w in ws]
+
+
+def _load_guarded(path: str, strings: StringTable, weight: float) -> _Loaded:
+    try:
+        return _load_one(path, strings, weight)
+    except CuvilError:
+        raise
+    except MemoryError:
+        raise TraceError("does not fit in memory", path=path,
+                         fix="load fewer files at once or use a machine with more memory") from None
+    except Exception as exc:  # a reader bug must still name the file, not dump a traceback
+        raise TraceError(f"could not be read: the reader failed unexpectedly ({type(exc).__name__}: {exc})",
+                         path=path, fix="please report this with the file") from exc
+
+
+def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
+    file, partial = _input.resolve(path)
+    raw = _input.read_bytes(file, partial)
+    _check_event_count(raw)
+    notes = list(raw.notes)
+    if partial:
+        doc, more = _decode.recover_partial(raw)
+        notes += more
+    else:
+        doc = _decode.decode_document(raw)
+    header = _decode.session_header(doc)
+    fmt = "cuvil" if doc.cuvil is not None or header is not None else "kineto"
+    cols = build_source(doc, fmt, strings, file, lambda: _decode.decode_as_ours(raw).trace_events)
+    resolve_regions(cols, strings)
+    if fmt == "cuvil":
+        meta = dict(doc.cuvil if doc.cuvil is not None else header or {})
+        origin = _int_or_none(meta.get("start_unix_ns"))
+    else:
+        meta = _kineto_metadata(doc)
+        origin = _kineto_origin(doc, cols)
+    meta["thread_names"] = cols.thread_names
+    meta["process_names"] = cols.process_names
+    source = Source(path=file, format=fmt, metadata=meta, rank=_rank(meta), weight=weight,
+                    recovered=partial, notes=notes + cols.notes)
+    if partial:
+        source.notes.insert(0, f"recovered {len(cols.cols['ts'])} events from a partial file "
+                               "(the session did not finish)")
+    return _Loaded(source, cols, origin)
+
+
+def _check_event_count(raw: _input.RawInput) -> None:
+    limit = _max_events()
+    if len(raw.data) // 3 <= limit:      # every event takes at least 3 bytes: "{}" and a comma
+        return
+    upper = raw.data.count(b"{")
+    if upper > limit:
+        raise TraceError(f"holds up to {upper:,} JSON objects, more than the {limit:,} events one trace may "
+                         "have", path=raw.path,
+                         fix=f"set {ENV_MAX_TRACE_EVENTS} higher if this machine has the memory")
+
+
+def _max_events() -> int:
+    text = os.environ.get(ENV_MAX_TRACE_EVENTS)
+    if not text:
+        return MAX_TRACE_EVENTS
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"environment variable {ENV_MAX_TRACE_EVENTS}={text!r} is not an integer") from None
+    if value <= 0:
+        raise ConfigError(f"environment variable {ENV_MAX_TRACE_EVENTS}={value} must be positive")
+    return value
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def _rank(meta: dict[str, Any]) -> int:
+    rank = meta.get("rank")
+    return rank if type(rank) is int and 0 <= rank < 2**31 else 0
+
+
+def _kineto_metadata(doc: _decode.Document) -> dict[str, Any]:
+    """What a Kineto file says of itself, in the shape of our ``cuvil`` object where it can."""
+    dist = doc.distributed_info or {}
+    meta: dict[str, Any] = {
+        "host": doc.host_name,
+        "rank": dist.get("rank", 0),
+        "world_size": dist.get("world_size", 1),
+        "devices": list(doc.device_properties or []),
+    }
+    kineto = {k: v for k, v in (
+        ("schemaVersion", doc.schema_version), ("baseTimeNanoseconds", doc.base_time_ns),
+        ("displayTimeUnit", doc.display_time_unit), ("traceName", doc.trace_name), ("trace_id", doc.trace_id),
+        ("record_shapes", doc.record_shapes), ("distributedInfo", doc.distributed_info),
+        ("cuda_driver_version", doc.cuda_driver_version), ("cuda_runtime_version", doc.cuda_runtime_version),
+        ("cupti_version", doc.cupti_version), ("hip_runtime_version", doc.hip_runtime_version),
+        ("roctracer_version", doc.roctracer_version)) if v is not None}
+    meta["kineto"] = kineto
+    return meta
+
+
+def _kineto_origin(doc: _decode.Document, cols: SourceColumns) -> int | None:
+    if doc.base_time_ns is not None:
+        return doc.base_time_ns
+    first = _local_min(cols)
+    return 0 if first is not None and first > _UNIX_US_FLOOR else None
+
+
+def _local_min(cols: SourceColumns) -> float | None:
+    mins = [float(a.min()) for a in (cols.cols["ts"], cols.counters["ts"]) if len(a)]
+    return min(mins) if mins else None
+
+
+def _merge(loaded: list[_Loaded], strings: StringTable) -> Trace:
+    offsets = _align(loaded)
+    parts = [item.columns for item in loaded]
+    events = {col: np.concatenate([p.cols[col] for p in parts]).astype(dtype, copy=False)
+              for col, dtype in {**EVENT_COLUMNS, **EXTRA_COLUMNS}.items() if col != "source"}
+    events["source"] = np.concatenate([np.full(len(p.cols["ts"]), s, dtype=np.int16)
+                                       for s, p in enumerate(parts)])
+    events["ts"] = events["ts"] + np.concatenate([np.full(len(p.cols["ts"]), off)
+                                                  for p, off in zip(parts, offsets, strict=True)])
+    order = np.lexsort((-events["dur"], events["ts"]))
+    events = {col: arr[order] for col, arr in events.items()}
+    rank_of_row = np.empty(len(order), dtype=np.int64)
+    rank_of_row[order] = np.arange(len(order))
+    args = _merge_args(parts, rank_of_row)
+    counters = _merge_counters(parts, offsets)
+    return Trace(strings=strings, events=events, counters=counters, args=args,
+                 sources=[item.source for item in loaded])
+
+
+def _align(loaded: list[_Loaded]) -> list[float]:
+    """Per-source µs offsets putting every source on one clock starting at the earliest event."""
+    starts: list[int | None] = []
+    for item in loaded:
+        first = _local_min(item.columns)
+        if first is None:
+            first = 0.0
+        starts.append(None if item.origin_ns is None else item.origin_ns + round(first * 1000))
+        if item.source.format == "kineto" and item.origin_ns is not None:
+            item.source.metadata["start_unix_ns"] = starts[-1]
+    known = [s for s in starts if s is not None]
+    zero = min(known) if known else 0
+    offsets: list[float] = []
+    for item, start in zip(loaded, starts, strict=True):
+        first = _local_min(item.columns) or 0.0
+        if start is None:
+            offset = -first
+            if len(loaded) > 1:
+                item.source.notes.append("no absolute time anchor in this file; aligned to start at 0")
+        else:
+            offset = (item.origin_ns - zero) / 1000.0
+        item.source.metadata["ts_offset_us"] = offset
+        offsets.append(offset)
+    return offsets
+
+
+def _merge_args(parts: list[SourceColumns], rank_of_row: np.ndarray) -> ArgsMap:
+    merged: dict[int, Any] = {}
+    base = 0
+    for p in parts:
+        if p.args:
+            rows = np.fromiter(p.args.keys(), dtype=np.int64, count=len(p.args)) + base
+            merged.update(zip(rank_of_row[rows].tolist(), p.args.values(), strict=True))
+        base += len(p.cols["ts"])
+    return ArgsMap(merged)
+
+
+def _merge_counters(parts: list[SourceColumns], offsets: list[float]) -> dict[str, np.ndarray]:
+    counters = {col: np.concatenate([p.counters[col] for p in parts]).astype(dtype, copy=False)
+                for col, dtype in COUNTER_COLUMNS.items() if col != "source"}
+    counters["source"] = np.concatenate([np.full(len(p.counters["ts"]), s, dtype=np.int16)
+                                         for s, p in enumerate(parts)])
+    counters["ts"] = counters["ts"] + np.concatenate([np.full(len(p.counters["ts"]), off)
+                                                      for p, off in zip(parts, offsets, strict=True)])
+    order = np.argsort(counters["ts"], kind="stable")
+    return {col: arr[order] for col, arr in counters.items()}
