@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import os
 import stat
 import struct
 import zipfile
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,13 @@ from hypothesis import strategies as st
 
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import signing
-from cuvil_pgc.recompile.manifest import MANIFEST_NAME, SIGNATURE_NAME, decode_manifest
+from cuvil_pgc.recompile.manifest import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    check_member_name,
+    decode_manifest,
+    sha256_file,
+)
 from cuvil_pgc.recompile.package import BuildWriter, open_build
 from tests._buildkit import (
     FINGERPRINT,
@@ -149,11 +158,34 @@ def test_writer_exception_keeps_previous_file(tmp_path):
     assert files_under(tmp_path) == ["m.cuvilpkg"]
 
 
-def test_writer_refuses_malformed_hashes(tmp_path):
-    writer = BuildWriter(tmp_path / "x.cuvilpkg", "mlp", 1, fingerprint=FINGERPRINT, model_hash="XYZ")
+def test_writer_refuses_malformed_header_before_writing(tmp_path):
     with pytest.raises(BuildError, match="header is invalid"):
-        writer.close()
+        BuildWriter(tmp_path / "x.cuvilpkg", "mlp", 1, fingerprint=FINGERPRINT, model_hash="XYZ")
+    with pytest.raises(BuildError, match="header is invalid"):
+        BuildWriter(tmp_path / "x.cuvilpkg", "mlp", 1, fingerprint=FINGERPRINT, trace_hashes=["AB" * 32])
+    with pytest.raises(BuildError, match="timezone-aware"):
+        BuildWriter(tmp_path / "x.cuvilpkg", "mlp", 1, fingerprint=FINGERPRINT, created=datetime(2026, 1, 1))
+    with pytest.raises(BuildError, match="fingerprint is invalid"):
+        BuildWriter(tmp_path / "x.cuvilpkg", "mlp", 1, fingerprint={"torch": "2.13"})
     assert files_under(tmp_path) == []
+
+
+def test_sha256_file_matches_hashlib(tmp_path):
+    path = tmp_path / "run.trace.json"
+    path.write_bytes(b"{}" * 700_000)
+    assert sha256_file(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@settings(max_examples=300)
+@given(st.text(alphabet=st.sampled_from("ab./\\:-_+\x00 C~"), max_size=24) | st.text(max_size=12))
+def test_accepted_member_names_stay_inside_the_destination(name):
+    try:
+        check_member_name(name, path="p")
+    except BuildError:
+        return
+    root = Path("/srv/extract")
+    assert not os.path.isabs(name) and os.path.normpath(name) == name
+    assert os.path.normpath(root / name).startswith(str(root) + "/")
 
 
 # --- tampering: flipped bytes, member set, mix-and-match, keys ------------------------------------------
@@ -339,6 +371,21 @@ def test_truncated_zip_is_refused(signed, keys, keep):
     data = signed.read_bytes()
     signed.write_bytes(data[:keep] if keep >= 0 else data[:len(data) + keep])
     refused(signed, keys[1], match="zip|corrupt|truncated|damaged")
+
+
+def test_zip64_end_record_is_read_and_limited(tmp_path, keys, monkeypatch):
+    monkeypatch.setattr(zipfile, "ZIP_FILECOUNT_LIMIT", 1)   # makes zipfile write the zip64 end records
+    path = make_build(tmp_path / "z64.cuvilpkg", keys[0])
+    assert b"PK\x06\x06" in path.read_bytes()
+    with open_build(path, keys[1]) as build:
+        assert build.read_bytes("plan.json") == default_members()["plan.json"]
+    refused(path, keys[1], max_members=2, match="more than the limit of 2")
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.cuvilpkg"
+    os.mkfifo(fifo)
+    refused(fifo, match="not a regular file")
 
 
 def test_not_a_zip_is_refused(tmp_path, keys):

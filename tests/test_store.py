@@ -63,6 +63,11 @@ def test_push_lists_and_resolves(store, builds):
     assert files_under(store.root / ".incoming") == []
 
 
+def test_next_version(store, tmp_path):
+    assert store.next_version("mlp") == 6
+    assert store.next_version("bert") == 1
+
+
 def test_identical_repush_is_idempotent(store, builds):
     before = snapshot(store)
     result = store.push(builds[2])

@@ -58,9 +58,14 @@ class BuildWriter:
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise BuildError(f"build version {version!r} must be an integer >= 1", path=path)
         self.path = os.fspath(path)
-        self._header = dict(format_version=FORMAT_VERSION, name=name, version=version,
-                            created=created or utc_now(), fingerprint=_as_fingerprint(fingerprint),
-                            model_hash=model_hash, trace_hashes=list(trace_hashes))
+        created = created or utc_now()
+        if created.tzinfo is None:
+            raise BuildError("created must be a timezone-aware datetime", path=self.path,
+                             fix="pass datetime.now(timezone.utc)")
+        self._header = dict(format_version=FORMAT_VERSION, name=name, version=version, created=created,
+                            fingerprint=_as_fingerprint(fingerprint), model_hash=model_hash,
+                            trace_hashes=list(trace_hashes))
+        self._manifest({})   # refuse a malformed header now, not after the members were written
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise BuildError(f"directory {directory} does not exist", path=self.path,
@@ -114,8 +119,7 @@ class BuildWriter:
         if self._done:
             raise BuildError("this build was already closed", path=self.path)
         try:
-            manifest = msgspec.convert({**self._header, "members": dict(sorted(self._digests.items()))},
-                                       Manifest, from_attributes=True)
+            manifest = self._manifest(dict(sorted(self._digests.items())))
             manifest_bytes = encode_manifest(manifest)
             self._zip.writestr(_member_info(MANIFEST_NAME), manifest_bytes)
             if signing_key is not None:
@@ -128,10 +132,6 @@ class BuildWriter:
             self._tmp.close()
             os.replace(self._tmp.name, self.path)
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
-        except msgspec.ValidationError as exc:
-            self.abort()
-            raise BuildError(f"build header is invalid: {exc}", path=self.path,
-                             fix="model_hash and trace_hashes are lowercase sha256 hex digests") from None
         except BaseException:
             self.abort()
             raise
@@ -147,6 +147,13 @@ class BuildWriter:
             pass
         self._tmp.close()
         Path(self._tmp.name).unlink(missing_ok=True)
+
+    def _manifest(self, members: dict[str, MemberDigest]) -> Manifest:
+        try:
+            return msgspec.convert({**self._header, "members": members}, Manifest, from_attributes=True)
+        except msgspec.ValidationError as exc:
+            raise BuildError(f"build header is invalid: {exc}", path=self.path,
+                             fix="model_hash and trace_hashes are lowercase sha256 hex digests") from None
 
     def _new_member(self, name: str) -> zipfile.ZipInfo:
         if self._done:

@@ -14,6 +14,7 @@ backslash, drive letter, control character or hidden file can appear.
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import re
 import sys
@@ -149,6 +150,15 @@ def utc_now() -> datetime:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file, streamed (for trace_hashes and model files)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def current_fingerprint(device: str = "cpu") -> Fingerprint:

@@ -82,19 +82,17 @@ def open_build(path: str | os.PathLike[str], pubkey: PublicKeyArg = None, *, req
 
 def _open_regular_file(path: str) -> BinaryIO:
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):   # before open(): a FIFO would block it
+            raise BuildError("not a regular file", path=path, fix="pass the .cuvilpkg file itself")
         fh = open(path, "rb")  # noqa: SIM115 - owned by the VerifiedBuild
     except FileNotFoundError:
         raise BuildError("build file does not exist", path=path) from None
     except OSError as exc:
         raise BuildError(f"cannot open the build ({exc.strerror})", path=path) from None
-    if not os.path.isfile(path) or not _is_regular(fh):
+    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
         fh.close()
         raise BuildError("not a regular file", path=path, fix="pass the .cuvilpkg file itself")
     return fh
-
-
-def _is_regular(fh: BinaryIO) -> bool:
-    return stat.S_ISREG(os.fstat(fh.fileno()).st_mode)
 
 
 def _verify(fh: BinaryIO, path: str, key: Ed25519PublicKey | None, limits: BuildLimits,

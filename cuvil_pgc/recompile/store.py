@@ -212,6 +212,12 @@ class BuildStore:
                                        rec.signed, rec.key_id, rec.size, rec.manifest_sha256))
         return rows
 
+    def next_version(self, name: str) -> int:
+        """One above the highest version stored under ``name`` (1 for a new name)."""
+        if not (self.root / name / "state.json").is_file():
+            return 1
+        return max(self.state(name).versions, default=0) + 1
+
     def state(self, name: str) -> st.NameState:
         self._existing_name(name)
         return st.read_state(self.root / name / "state.json", name)
