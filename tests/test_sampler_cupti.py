@@ -225,6 +225,7 @@ def test_dropped_records_are_counted_in_the_metadata(tmp_path, fake):
 
     trace, _ = record(tmp_path, body)
     assert trace["cuvil"]["dropped"]["cupti"] == 7
+    assert trace["cuvil"]["samplers"]["cupti"]["dropped_records"] == 7
     assert len(by_cat(trace, schema.CAT_KERNEL)) == 2
 
 
@@ -233,6 +234,8 @@ def test_stop_releases_cupti(tmp_path, fake):
     assert fake.enabled == set() and fake.subscribers == {}
     assert fake.flushes[-1] == int(real_cupti.ActivityFlag.FLUSH_FORCED)
     assert trace["cuvil"]["samplers"]["cupti"]["status"] == schema.STATUS_OK
+    assert trace["cuvil"]["samplers"]["cupti"]["dropped_records"] == 0      # reported even when none
+    assert "cupti" not in trace["cuvil"]["dropped"]
     assert cupti_kernels._active is None
     assert abs(sampler.status["clock_drift_us"]) < 1000
 
@@ -323,3 +326,78 @@ def test_real_cupti_captures_a_matmul_inside_its_region(tmp_path):
     assert kernels and all(k["dur"] > 0 for k in kernels)
     assert any(k["args"]["region"] == "matmul" for k in kernels)
     assert "cupti" in trace["cuvil"]["dropped"] or sampler.status["kernels"] == len(kernels)
+
+
+def test_a_failing_dropped_query_is_reported_not_hidden(tmp_path, fake, monkeypatch):
+    def broken(context, stream_id, dropped):
+        raise real_cupti.cuptiError(real_cupti.Result.ERROR_INVALID_PARAMETER)
+
+    monkeypatch.setattr(fake, "activity_get_num_dropped_records", broken)
+    trace, _ = record(tmp_path, lambda: fake.sim_launch("k"))
+    status = trace["cuvil"]["samplers"]["cupti"]
+    assert status["dropped_records"] is None and "ERROR_INVALID_PARAMETER" in status["dropped_query_error"]
+    assert len(by_cat(trace, schema.CAT_KERNEL)) == 1
+
+
+# -- scripts/gpu_smoke.py's checks, fed by the fakes ---------------------------------------------------
+def _load_smoke():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_smoke.py"
+    spec = importlib.util.spec_from_file_location("gpu_smoke", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow   # a real session with torch.profiler op capture: a few seconds here
+def test_gpu_smoke_checks_pass_on_a_trace_shaped_like_the_smoke_run(tmp_path, fake, monkeypatch, capsys):
+    import torch
+
+    from cuvil_pgc.instrument.samplers import nvml
+    from tests.fakes.fake_nvml import FakeNvml
+
+    smoke = _load_smoke()
+    monkeypatch.setattr(nvml, "_import_nvml", lambda: FakeNvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    steps, path = 3, str(tmp_path / "smoke.trace.json")
+    x = torch.ones(8, 8)
+
+    def launch_in(name: str, kernels: int = 2) -> None:
+        with ProfileRegion(name):
+            for _ in range(kernels):
+                torch.mm(x, x)
+                fake.sim_launch(f"{name}_kernel")
+
+    def worker() -> None:
+        launch_in("worker", kernels=5)
+
+    with Session(SessionConfig(path=path, ops=True, gpu="on", sample_hz=100)):
+        for _ in range(steps):
+            with ProfileRegion("step"):
+                launch_in("preprocess")
+                with ProfileRegion("model"):
+                    launch_in("model.features")
+                    launch_in("model.head")
+                launch_in("postprocess")
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        time.sleep(0.1)         # a few NVML ticks
+    with open(path) as fh:
+        trace = json.load(fh)
+    trace["_smoke"] = {"steps": steps, "wall_s": 0.1}
+    checks = smoke.Checks()
+    smoke.check_kernels(trace, checks)
+    smoke.check_counters(trace, checks)
+    smoke.check_dropped_and_ops(trace, path, checks)
+    smoke.print_summary(trace)
+    assert checks.failures == [], capsys.readouterr().out
+    # and the checks do fail when kernels lose their regions
+    for event in trace["traceEvents"]:
+        if event.get("cat") == schema.CAT_KERNEL:
+            event["args"]["region"] = None
+    broken = smoke.Checks()
+    smoke.check_kernels(trace, broken)
+    assert any("unattributed" in f for f in broken.failures)

@@ -109,6 +109,7 @@ class CuptiKernelSampler(Sampler):
         self._dropped = 0
         self._reported_dropped = 0
         self._callback_errors = 0
+        self._dropped_error: str | None = None
         self._base_ns = 0          # CUPTI ns minus this = trace ns
         self._launches: dict[int, tuple[int, float]] = {}
         self._held_api: list[tuple] = []
@@ -176,7 +177,10 @@ class CuptiKernelSampler(Sampler):
         self._process(final=True)
         self._ctx.emit(self._metadata_events())
         self.status.update(self._counts, callback_errors=self._callback_errors,
-                           clock_drift_us=None if drift_ns is None else round(drift_ns / 1000.0, 3))
+                           clock_drift_us=None if drift_ns is None else round(drift_ns / 1000.0, 3),
+                           dropped_records=None if self._dropped_error else self._dropped)
+        if self._dropped_error:
+            self.status["dropped_query_error"] = self._dropped_error
 
     def _flush_cupti(self, forced: bool) -> None:
         cupti = self._cupti
@@ -256,9 +260,12 @@ class CuptiKernelSampler(Sampler):
                 elif tag == _MEMSET:
                     append((_MEMSET, a.start, a.end, a.correlation_id, a.device_id, a.stream_id, a.bytes,
                             a.memory_kind))
-            self._dropped += self._dropped_since_last()
         except Exception:
             self._callback_errors += 1
+        try:
+            self._dropped += self._dropped_since_last()
+        except Exception as exc:
+            self._dropped_error = f"{type(exc).__name__}: {exc}"
 
     def _dropped_since_last(self) -> int:
         box = self._dropped_box
