@@ -48,6 +48,7 @@ class Session:
     def __init__(self, config: SessionConfig, samplers: list[Sampler] | None = None,
                  otel_exporter: Any = None) -> None:
         self.config = config
+        self.rank, self.world_size = _rank_and_world()
         self._otel_exporter = otel_exporter
         self._otel: Any = None
         self.path = config.path
@@ -75,6 +76,9 @@ class Session:
             if _active is not None:
                 raise SessionError(f"a session is already recording to {_active.path}",
                                    path=self.path, fix="stop it before starting another")
+            self.rank, self.world_size = _rank_and_world()
+            if self.world_size > 1:
+                self.path = rank_path(self.config.path, self.rank)
             self.clock = SessionClock.now()
             self._writer = TraceWriter(self.path, self._header())
             _active = self
@@ -133,7 +137,7 @@ class Session:
             if exporter is None:
                 self.sampler_status["otel"] = {"status": schema.STATUS_DISABLED, "reason": "OTEL_TRACES_EXPORTER=none"}
                 return
-            self._otel = OtelRegionExporter(exporter, rank=_rank_and_world()[0])
+            self._otel = OtelRegionExporter(exporter, rank=self.rank)
             self.sampler_status["otel"] = {"status": schema.STATUS_OK}
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
@@ -263,7 +267,7 @@ class Session:
 
     def _header(self) -> dict[str, Any]:
         torch = sys.modules.get("torch")
-        rank, world = _rank_and_world()
+        rank, world = self.rank, self.world_size
         return {
             "schema_version": schema.SCHEMA_VERSION,
             "host": socket.gethostname(),
@@ -315,11 +319,27 @@ def _span_row(frame: list, end: int, unix0: int, tid: int) -> tuple:
 
 
 def _rank_and_world() -> tuple[int, int]:
+    """(rank, world size): torch.distributed when initialised, else torchrun's RANK / WORLD_SIZE."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
     env = os.environ
     try:
         return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
     except ValueError:
         return 0, 1
+
+
+def rank_path(path: str, rank: int) -> str:
+    """``run.trace.json`` -> ``run.rank3.trace.json`` (each rank of a job writes its own file)."""
+    directory, base = os.path.split(path)
+    for suffix in (".trace.json.gz", ".trace.json", ".json.gz", ".json"):
+        if base.endswith(suffix):
+            return os.path.join(directory, f"{base[:-len(suffix)]}.rank{rank}{suffix}")
+    return os.path.join(directory, f"{base}.rank{rank}")
 
 
 def profile(path: str | os.PathLike[str] = "cuvil.trace.json", **options: Any) -> Session:
