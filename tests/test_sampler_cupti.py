@@ -186,7 +186,6 @@ def test_events_stream_out_during_the_session_once_their_region_ended(tmp_path, 
             time.sleep(0.002)
             fake.sim_launch("streamed")
             time.sleep(0.002)
-        fake.sim_close_buffer()                 # CUPTI filled a buffer
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and b"streamed" not in partial.read_bytes():
             time.sleep(0.02)
@@ -232,12 +231,29 @@ def test_dropped_records_are_counted_in_the_metadata(tmp_path, fake):
 def test_stop_releases_cupti(tmp_path, fake):
     trace, sampler = record(tmp_path, lambda: fake.sim_launch("k"))
     assert fake.enabled == set() and fake.subscribers == {}
-    assert fake.flushes[-1] == int(real_cupti.ActivityFlag.FLUSH_FORCED)
+    forced = int(real_cupti.ActivityFlag.FLUSH_FORCED)
+    assert fake.flushes[-1] == forced and fake.flushes.count(forced) == 1   # forced only at stop
     assert trace["cuvil"]["samplers"]["cupti"]["status"] == schema.STATUS_OK
     assert trace["cuvil"]["samplers"]["cupti"]["dropped_records"] == 0      # reported even when none
     assert "cupti" not in trace["cuvil"]["dropped"]
     assert cupti_kernels._active is None
     assert abs(sampler.status["clock_drift_us"]) < 1000
+
+
+def test_in_flight_kernels_wait_for_completion_and_cut_ones_are_counted(tmp_path, fake):
+    partial = tmp_path / ("run.trace.json" + schema.PARTIAL_SUFFIX)
+
+    def body():
+        fake.sim_launch("slow", in_flight=True)
+        time.sleep(0.3)                       # several unforced flushes: the buffer is held back
+        held = b'"slow"' not in partial.read_bytes()
+        fake.sim_finish()
+        fake.sim_launch("cut", in_flight=True)
+        assert held
+
+    trace, _ = record(tmp_path, body, flush_interval_s=0.05)
+    assert [k["name"] for k in by_cat(trace, schema.CAT_KERNEL)] == ["slow"]
+    assert trace["cuvil"]["dropped"]["cupti_incomplete"] == 1
 
 
 # -- CUPTI not available ---------------------------------------------------------------------------

@@ -77,11 +77,19 @@ class FakeCupti:
         self.enabled.discard(int(kind))
 
     def activity_flush_all(self, flag) -> None:
+        """0: every buffer whose records are all complete; FLUSH_FORCED: all, in-flight ones cut."""
         self.flushes.append(int(flag))
-        if int(flag) & int(real.ActivityFlag.FLUSH_FORCED):
+        forced = bool(int(flag) & int(real.ActivityFlag.FLUSH_FORCED))
+        if forced:
+            for rec in self.open_buffer:
+                if getattr(rec, "in_flight", False):
+                    rec.end = 0
+        if forced or not any(getattr(rec, "in_flight", False) for rec in self.open_buffer):
             self.sim_close_buffer()
         buffers, self.closed_buffers = self.closed_buffers, []
         for records in buffers:
+            for rec in records:
+                rec.__dict__.pop("in_flight", None)
             size, _max_records = self.requested()
             assert size > 0
             self.completed(records)
@@ -100,8 +108,12 @@ class FakeCupti:
 
     def sim_launch(self, name: str, *, stream: int = 7, device: int = 0, grid=(4, 2, 1), block=(128, 1, 1),
                    registers: int = 32, static_smem: int = 1024, dynamic_smem: int = 512, queue_ns: int = 3_000,
-                   dur_ns: int = 20_000, driver: bool = False, kernel_first: bool = False) -> SimpleNamespace:
-        """A kernel launched now from this thread: one runtime (or driver) record and one kernel record."""
+                   dur_ns: int = 20_000, driver: bool = False, kernel_first: bool = False,
+                   in_flight: bool = False) -> SimpleNamespace:
+        """A kernel launched now from this thread: one runtime (or driver) record and one kernel record.
+
+        ``in_flight``: the kernel has not finished; its buffer is held back until ``sim_finish``.
+        """
         corr = next(self._ids)
         now = time.perf_counter_ns() + OFFSET_NS
         api = self._api_record(corr, now, "cuLaunchKernel" if driver else "cudaLaunchKernel_v7000", driver)
@@ -113,7 +125,14 @@ class FakeCupti:
             dynamic_shared_memory=dynamic_smem, name=name)
         for record in ((kernel, api) if kernel_first else (api, kernel)):
             self._record(record)
+        if in_flight:
+            kernel.in_flight = True     # a test-only marker, removed before delivery
         return kernel
+
+    def sim_finish(self) -> None:
+        """Every in-flight kernel completes."""
+        for rec in self.open_buffer:
+            rec.__dict__.pop("in_flight", None)
 
     def sim_memcpy(self, nbytes: int, *, copy_kind: str = "HTOD", stream: int = 7, device: int = 0) -> SimpleNamespace:
         corr = next(self._ids)

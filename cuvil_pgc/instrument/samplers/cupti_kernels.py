@@ -3,9 +3,13 @@
 Contract:
 - Activity kinds: CONCURRENT_KERNEL, RUNTIME, MEMCPY, MEMSET, and DRIVER (only the launch calls are
   kept: Triton, cuBLAS and cuDNN launch some kernels through the driver API, not the runtime).
-- CUPTI hands full buffers to ``buffer_completed`` on its own thread. That callback copies each record
+- CUPTI hands buffers to ``buffer_completed`` on its own thread. That callback copies each record
   into a plain tuple, asks CUPTI how many records it dropped (``activity_get_num_dropped_records``,
-  reported as ``cuvil.dropped["cupti"]``) and returns; all other work happens in ``flush``.
+  reported as ``cuvil.dropped["cupti"]`` and always as ``status["dropped_records"]``) and returns;
+  all other work happens in ``flush``. Each session flush calls ``activity_flush_all(0)``, which
+  returns every buffer whose records are all complete, full or not; the forced flush (which would
+  cut records still in flight) runs once, at stop, after ``torch.cuda.synchronize()``. Records
+  CUPTI could not complete are counted under ``dropped["cupti_incomplete"]``.
 - Clock: one paired reading (``get_timestamp()`` bracketed by ``time.perf_counter_ns()``) at start
   maps CUPTI timestamps onto the session's monotonic clock, hence onto trace microseconds. A second
   pairing at stop is recorded as ``clock_drift_us`` in the sampler status.
@@ -40,7 +44,6 @@ log = logging.getLogger("cuvil_pgc")
 BUFFER_BYTES = 8 << 20          # CUPTI recommends 1-10 MB activity buffers
 HOLD_RECORDS = 1 << 17          # records held back waiting for their region to end
 LAUNCH_MAP_MAX = 1 << 19        # correlation ids remembered for GPU records still to come
-FORCED_FLUSH_S = 1.0            # partially filled buffers reach the trace at least this often
 MULTIPLE_SUBSCRIBERS = "ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"
 INSUFFICIENT_PRIVILEGES = "ERROR_INSUFFICIENT_PRIVILEGES"
 
@@ -114,7 +117,6 @@ class CuptiKernelSampler(Sampler):
         self._launches: dict[int, tuple[int, float]] = {}
         self._held_api: list[tuple] = []
         self._held_gpu: list[tuple] = []
-        self._last_forced = 0.0
         self._streams: set[tuple[int, int]] = set()
         self._names: dict[tuple[int, int], str] = {}
         self._tags: dict[int, int] = {}
@@ -148,7 +150,6 @@ class CuptiKernelSampler(Sampler):
             for kind in self._tags:
                 cupti.activity_enable(kind)
                 self._enabled.append(kind)
-            self._last_forced = time.monotonic()
         except Exception as exc:
             self._release()
             name = cupti_status_name(exc)
@@ -158,11 +159,7 @@ class CuptiKernelSampler(Sampler):
             raise
 
     def flush(self) -> None:
-        now = time.monotonic()
-        forced = now - self._last_forced >= FORCED_FLUSH_S
-        if forced:
-            self._last_forced = now
-        self._flush_cupti(forced)
+        self._flush_cupti(forced=False)
         self._process(final=False)
 
     def stop(self) -> None:
@@ -293,8 +290,8 @@ class CuptiKernelSampler(Sampler):
                 held_api.append((rec, ts))
                 if any(w in self._api_name(rec[0], rec[5]) for w in _LAUNCH_WORDS):
                     launches[rec[3]] = (rec[4], ts)
-            elif rec[1] == 0 and rec[2] == 0:   # CUPTI could not time it
-                self._ctx.count_dropped("cupti_untimed", 1)
+            elif rec[2] == 0 or rec[2] < rec[1]:   # not timed, or cut by the final forced flush
+                self._ctx.count_dropped("cupti_incomplete", 1)
             else:
                 held_gpu.append(rec)
         if len(launches) > LAUNCH_MAP_MAX:
