@@ -6,8 +6,8 @@ import base64
 import hashlib
 import os
 import stat
-import struct
 import zipfile
+import zlib
 from datetime import datetime
 from pathlib import Path
 
@@ -340,12 +340,21 @@ def test_compression_bomb_is_refused(tmp_path, keys):
 
 
 def test_overlapping_entries_are_refused(tmp_path, keys):
-    path = craft(tmp_path / "o.cuvilpkg", [("a.bin", b"A" * 100), ("b.bin", b"B" * 100)], keys[0])
-    raw = bytearray(path.read_bytes())
-    entry = raw.index(b"PK\x01\x02", raw.index(b"PK\x01\x02") + 4)   # central directory entry of b.bin
-    struct.pack_into("<L", raw, entry + 42, 0)   # its local header offset now points at a.bin's
-    path.write_bytes(bytes(raw))
-    refused(path, keys[1], match="overlaps|corrupt|not a readable zip")
+    """Fifield-style overlap: b.bin's local header lies inside a.bin's data; names and CRCs all valid."""
+    data_b = b"B" * 100
+    inner = _info("b.bin")
+    inner.CRC, inner.compress_size, inner.file_size = zlib.crc32(data_b), len(data_b), len(data_b)
+    data_a = inner.FileHeader() + data_b
+    manifest = manifest_for({"a.bin": data_a, "b.bin": data_b})
+    path = tmp_path / "overlap.cuvilpkg"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(_info("a.bin"), data_a)
+        inner.header_offset = 30 + len("a.bin")
+        zf.filelist.append(inner)
+        zf.NameToInfo[inner.filename] = inner
+        zf.writestr(MANIFEST_NAME, manifest)
+        zf.writestr(SIGNATURE_NAME, signing.sign_manifest(keys[0], manifest))
+    refused(path, keys[1], match="'a.bin' overlaps the next entry")
 
 
 def test_unknown_format_version_is_refused(tmp_path, keys):
