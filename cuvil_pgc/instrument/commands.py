@@ -71,10 +71,16 @@ def _register_summary(app: typer.Typer) -> None:
         """Print the top regions of a trace as a table."""
         from rich.console import Console
 
+        from cuvil_pgc.analyze import analyze
         from cuvil_pgc.trace import load_trace
-        from cuvil_pgc.viewer.console import render_summary
+        from cuvil_pgc.viewer.console import render_hot_regions
 
-        Console().print(render_summary(load_trace(*trace), top=top))
+        analysis = analyze(load_trace(*trace))
+        console = Console()
+        facts = analysis.trace
+        console.print(f"[bold]{', '.join(trace)}[/]: {facts.get('events', 0)} events, "
+                      f"{facts.get('duration_us', 0.0) / 1000:.1f} ms")
+        render_hot_regions(analysis, console, top=top)
 
 
 def _register_doctor(app: typer.Typer) -> None:
