@@ -118,9 +118,12 @@ def _gunzip(f, path: str, cap: int, partial: bool, notes: list[str]) -> bytes:
     dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
     while True:
         chunk = dec.unconsumed_tail or f.read(_CHUNK)
+        saved = dec.copy() if partial else None
         try:
             piece = dec.decompress(chunk, _CHUNK) if chunk else dec.flush()
         except zlib.error as exc:
+            if saved is not None:
+                out.append(_up_to_damage(saved, chunk, cap - total, path))
             return _gzip_damage(path, partial, notes, out, f"corrupt gzip data ({exc})")
         total += len(piece)
         if total > cap:
@@ -141,6 +144,22 @@ def _gunzip(f, path: str, cap: int, partial: bool, notes: list[str]) -> bytes:
     if not dec.eof:
         return _gzip_damage(path, partial, notes, out, "the gzip stream ends early (no trailer)")
     return b"".join(out)
+
+
+def _up_to_damage(dec, chunk: bytes, room: int, path: str, step: int = 512) -> bytes:
+    """What ``chunk`` decompresses to before the byte where it is damaged (partial files only)."""
+    good: list[bytes] = []
+    size = 0
+    for start in range(0, len(chunk), step):
+        try:
+            piece = dec.decompress(chunk[start:start + step])
+        except zlib.error:
+            break
+        size += len(piece)
+        if size > room:
+            raise _too_big(path, max_trace_bytes(), "decompressed, it ")
+        good.append(piece)
+    return b"".join(good)
 
 
 def _gzip_damage(path: str, partial: bool, notes: list[str], out: list[bytes], problem: str) -> bytes:

@@ -117,6 +117,9 @@ def _load_guarded(path: str, strings: StringTable, weight: float) -> _Loaded:
         return _load_one(path, strings, weight)
     except CuvilError:
         raise
+    except RecursionError:
+        raise TraceError("holds JSON nested too deeply to read (more than ~1,000 levels)", path=path,
+                         fix="trace events nest a few levels at most; the file is damaged or hostile") from None
     except MemoryError:
         raise TraceError("does not fit in memory", path=path,
                          fix="load fewer files at once or use a machine with more memory") from None
