@@ -58,6 +58,11 @@ def test_table_names_each_backend_and_what_to_do(monkeypatch):
         assert text in result.stdout
 
 
+def test_cupti_is_probed_before_torch_profiler_claims_it():
+    order = [check.__name__ for check in doctor.CHECKS]
+    assert order.index("check_cupti") < order.index("check_op_capture")
+
+
 def test_a_crashing_check_is_reported_not_raised():
     def check_boom():
         """Boom backend."""

@@ -132,6 +132,15 @@ def test_each_visible_gpu_is_a_series_and_cuda_visible_devices_is_honoured(tmp_p
     assert [d["uuid"] for d in trace["cuvil"]["devices"]] == ["GPU-bbbb"]
 
 
+def test_no_visible_gpu_is_unavailable(tmp_path, monkeypatch):
+    fake = install(monkeypatch, FakeNvml())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    trace, _ = record(tmp_path, seconds=0.01)
+    status = trace["cuvil"]["samplers"]["nvml"]
+    assert status["status"] == schema.STATUS_UNAVAILABLE and "CUDA_VISIBLE_DEVICES" in status["reason"]
+    assert fake.inits == fake.shutdowns == 1
+
+
 def test_lag_is_recorded_and_the_thread_stops(tmp_path, monkeypatch):
     install(monkeypatch, FakeNvml())
     trace, sampler = record(tmp_path, hz=50.0)

@@ -194,9 +194,11 @@ def check_cpu_util(proc: str = "/proc") -> BackendCheck:
     return BackendCheck(name, True, f"{cores} cores, process and per-core times")
 
 
+# CUPTI is probed before torch.profiler runs: on a CUDA build, starting torch.profiler makes Kineto
+# subscribe to CUPTI, and the CUPTI check would then report this very process as the other tool.
 CHECKS: list[Callable[[], BackendCheck]] = [
-    check_torch, check_op_capture, check_compile, check_cuda, check_cupti, check_nvml,
-    check_counter_permission, check_cpu_util,
+    check_torch, check_cuda, check_cupti, check_nvml, check_counter_permission, check_op_capture,
+    check_compile, check_cpu_util,
 ]
 
 

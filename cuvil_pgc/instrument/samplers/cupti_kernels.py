@@ -18,7 +18,9 @@ Contract:
   ids are Linux tids (``set_thread_id_type(SYSTEM)``), the ids regions are recorded with.
   A region is known only once it has ended, and inner regions end before outer ones, so a record
   whose region is not found yet is held back (at most ``HOLD_RECORDS``) until a later flush or stop;
-  beyond that the oldest are written unattributed and counted in ``status["held_overflow"]``.
+  beyond that the oldest are written with ``region: null`` and counted in ``status["held_overflow"]``
+  (every event keeps its correlation id, so ``trace.reader`` still attributes them through their
+  launch when the file is loaded).
 - When another tool already holds CUPTI (torch.profiler with CUDA activities, Nsight Systems,
   compute-sanitizer: ``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``) the sampler warns once and
   records itself unavailable with that reason; the session continues (NVML still samples).

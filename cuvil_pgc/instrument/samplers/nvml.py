@@ -273,6 +273,11 @@ class NvmlSampler(Sampler):
         self._ctx = ctx
         nvml = self._nvml
         self._gpus = [_Device(nvml, i, h) for i, h in visible_devices(nvml)]
+        if not self._gpus:
+            self._shutdown()
+            self.status.update(status=schema.STATUS_UNAVAILABLE,
+                               reason="CUDA_VISIBLE_DEVICES hides every GPU NVML sees")
+            return
         for gpu in self._gpus:
             gpu.plan()
         self.devices = [gpu.info() for gpu in self._gpus]
