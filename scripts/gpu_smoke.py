@@ -29,6 +29,8 @@ import threading
 import time
 from collections import Counter, defaultdict
 
+MIN_STEPS, MAX_STEPS = 10, 600      # bounds the trace: ~40 events per step with ops and kernels
+MIN_SESSION_S = 0.5                 # NVML at 50 Hz: about 25 samples
 LEAF_REGIONS = ("step/preprocess", "step/model/model.features", "step/model/model.head", "step/postprocess")
 
 
@@ -67,14 +69,15 @@ def run(path: str, seconds: float) -> dict:
     steps = 0
     t0 = time.perf_counter()
     with cuvil_pgc.profile(path, gpu="on", ops=True, sample_hz=50), torch.inference_mode():
-        while steps < 10 or time.perf_counter() - t0 < seconds:
+        while steps < MIN_STEPS or (steps < MAX_STEPS and time.perf_counter() - t0 < seconds):
             with ProfileRegion("step"):
                 with ProfileRegion("preprocess"):
                     batch = (raw - 0.5) * 2.0
                 logits = model(batch)
                 with ProfileRegion("postprocess"):
-                    logits.softmax(-1).argmax(-1)
+                    logits.softmax(-1).argmax(-1).cpu()     # the result leaves the GPU: one sync per step
             steps += 1
+        time.sleep(max(0.0, MIN_SESSION_S - (time.perf_counter() - t0)))   # enough NVML ticks
         worker = threading.Thread(target=_worker, args=(torch, ProfileRegion), name="smoke-worker")
         worker.start()
         worker.join()
@@ -197,7 +200,7 @@ def print_summary(trace: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", default="gpu_smoke.trace.json")
-    parser.add_argument("--seconds", type=float, default=1.5, help="how long to run steps (NVML needs time)")
+    parser.add_argument("--seconds", type=float, default=1.5, help=f"run steps this long (at most {MAX_STEPS})")
     args = parser.parse_args(argv)
     import torch
 
