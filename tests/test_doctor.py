@@ -102,7 +102,7 @@ def test_nvml_with_gpm(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     check = doctor.check_nvml()
     assert check.ok
-    assert "gpu0 NVIDIA H200: GPM" in check.detail and "gpu1 NVIDIA A100: no GPM" in check.detail
+    assert check.detail.startswith("2 GPU(s)") and "gpu0 NVIDIA H200: GPM" in check.detail and "gpu1 NVIDIA A100: no GPM" in check.detail
     assert fake.inits == fake.shutdowns == 1
 
 

@@ -149,7 +149,7 @@ def check_nvml() -> BackendCheck:
         nvml._quietly(lib.nvmlShutdown)
     if not parts:
         return BackendCheck(name, False, reason="NVML sees no GPU", fix="check nvidia-smi and CUDA_VISIBLE_DEVICES")
-    return BackendCheck(name, True, "; ".join(parts))
+    return BackendCheck(name, True, f"{len(parts)} GPU(s): " + "; ".join(parts))
 
 
 def _describe_gpu(lib: Any, index: int, handle: Any) -> str:
