@@ -23,8 +23,9 @@ CPU regions (no GPU work), with ``dispatch_us`` the machine's per-op dispatch co
 
 GPU regions (kernels, memcpy or memset attributed to them): GPU busy time ``K`` goes to memory
 or compute as above (GPU roofs; kernel names when FLOPs are unknown); GPU gaps ``G = max(T - K, 0)``
-are ``launch_overhead`` up to ``max(n_kernels * launch_us, runtime_us)``, the rest is ``host_bound``
-in the proportion the CPU was busy in ops, else ``idle``.
+are ``launch_overhead`` up to ``max(n_kernels * launch_us, runtime_us)``; the rest is ``host_bound``
+in the proportion the CPU was busy (in ops, or by the ``cpu_util`` counter), else ``idle``; without
+a counter all of it is ``host_bound`` (the CPU is taken to run Python), as on the CPU path.
 
 Confidence = (winning component / T) * quality, where quality is 1 for launch overhead and for
 host/idle with a utilization counter, 0.7 for host/idle without one, and for memory/compute the
@@ -194,9 +195,10 @@ def _gpu_components(ev: dict[str, Any]) -> dict[str, float]:
     gaps = max(t - busy, 0.0)
     launch = min(max(ev["launch_overhead_us"], ev["runtime_us"]), gaps)
     rest = gaps - launch
-    cpu_busy = min(ev["op_time_us"] / t, 1.0) if t > 0 else 0.0
+    cpu_busy = 1.0           # without a counter, CPU time outside ops is taken as Python (host)
     if ev["cpu_util"] is not None:
-        cpu_busy = max(cpu_busy, 1.0 - _idle_frac(ev["cpu_util"]))
+        in_ops = min(ev["op_time_us"] / t, 1.0) if t > 0 else 0.0
+        cpu_busy = max(in_ops, 1.0 - _idle_frac(ev["cpu_util"]))
     return {"launch": launch, "work": min(busy, t), "host": rest * cpu_busy, "idle": rest * (1 - cpu_busy)}
 
 

@@ -63,23 +63,41 @@ def key_evidence(r: RegionStats) -> str:
     return f"{uncovered:.0%} of time outside {what}{tail}"
 
 
+WIDE = 140     # console columns from which the evidence sits in the table instead of below it
+
+
 def render_hot_regions(analysis: Analysis, console: Console, top: int = 20) -> None:
-    """The hot-region table: hotness order, bottleneck class, confidence and key evidence."""
+    """The hot-region table: hotness order, bottleneck class with confidence, and key evidence."""
+    wide = console.width >= WIDE
     table = Table(title="Hot regions (ranked by what recompiling could save)", title_justify="left")
-    for col, just in (("#", "right"), ("region", "left"), ("calls", "right"), ("total", "right"),
-                      ("self", "right"), ("p50", "right"), ("p99", "right"), ("share", "right"),
-                      ("saving", "right"), ("bottleneck", "left"), ("conf", "right"), ("evidence", "left")):
-        table.add_column(col, justify=just, overflow="fold")
-    for i, r in enumerate(analysis.regions[:top], 1):
-        indent = "  " * min(r.depth, 6)
-        table.add_row(str(i), Text(indent + r.path), str(r.calls), fmt_us(r.total_us), fmt_us(r.self_us),
-                      fmt_us(r.p50_us), fmt_us(r.p99_us), f"{r.share:.1%}", fmt_us(r.hotness),
-                      Text(r.bottleneck, style=_STYLE.get(r.bottleneck, "")), f"{r.confidence:.2f}",
-                      Text(key_evidence(r)))
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("region", overflow="fold")
+    cols = ("calls", "total", "self", "p50", "p99", "share", "saving") if wide else ("calls", "total", "p50", "saving")
+    for col in cols:
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("bottleneck", no_wrap=not wide, overflow="fold")
+    if wide:
+        table.add_column("evidence", overflow="fold")
+    regions = analysis.regions[:top]
+    for i, r in enumerate(regions, 1):
+        values = {"calls": str(r.calls), "total": fmt_us(r.total_us), "self": fmt_us(r.self_us),
+                  "p50": fmt_us(r.p50_us), "p99": fmt_us(r.p99_us), "share": f"{r.share:.1%}",
+                  "saving": fmt_us(r.hotness)}
+        verdict = Text(f"{r.bottleneck} {r.confidence:.2f}", style=_STYLE.get(r.bottleneck, ""))
+        extra = [Text(key_evidence(r), style="dim")] if wide else []
+        table.add_row(str(i), Text("  " * min(r.depth, 6) + r.path), *(values[c] for c in cols), verdict, *extra)
     console.print(table)
+    if not wide:
+        for i, r in enumerate(regions, 1):
+            console.print(Text(f"{i:>2}. {r.bottleneck}: {key_evidence(r)}", style="dim"), overflow="fold")
     hidden = len(analysis.regions) - top
     if hidden > 0:
         console.print(Text(f"... {hidden} more regions (--top N to show more)", style="dim"))
+
+
+def short_name(name: str, limit: int = 48) -> str:
+    """Long kernel names (templates) cut to ``limit`` characters."""
+    return name if len(name) <= limit else name[:limit - 1] + "…"
 
 
 def render_fusion(analysis: Analysis, console: Console, top: int = 10) -> None:
@@ -90,7 +108,7 @@ def render_fusion(analysis: Analysis, console: Console, top: int = 10) -> None:
     for col in ("region", "sequence", "times", "time", "bytes saved", "est. saving"):
         table.add_column(col, overflow="fold")
     for c in cands:
-        table.add_row(Text(c.region), Text(" → ".join(c.ops)), str(c.occurrences), fmt_us(c.total_us),
+        table.add_row(Text(c.region), Text(" → ".join(short_name(o) for o in c.ops)), str(c.occurrences), fmt_us(c.total_us),
                       fmt_rate(c.bytes_saved, "B"), fmt_us(c.est_saving_us))
     console.print(table)
 
@@ -118,31 +136,32 @@ def render_ranks(analysis: Analysis, console: Console, top: int = 10) -> None:
 
 
 def render_analysis(analysis: Analysis, console: Console, top: int = 20) -> None:
-    """Everything ``cuvil-pgc analyze`` prints without --json."""
+    """Everything ``cuvil-pgc analyze`` prints on stdout without --json (warnings go to stderr)."""
     render_machine(analysis, console)
     render_hot_regions(analysis, console, top)
     render_fusion(analysis, console)
     render_ranks(analysis, console)
-    for w in analysis.trace.get("warnings", []):
-        console.print(Text(f"warning: {w}", style="yellow"))
 
 
 def render_diff(doc: dict[str, Any], console: Console, top: int = 30) -> None:
     """The diff table: regions that got faster or slower, with ratio, CI and p-value."""
-    table = Table(title=f"Region diff (B vs A; significance: Mann-Whitney U, alpha {doc.get('alpha')})",
-                  title_justify="left")
-    for col in ("region", "calls A/B", "median A", "median B", "change", "ratio [95% CI]", "p", "verdict"):
-        table.add_column(col, overflow="fold")
+    table = Table(title=f"Region diff, B vs A (Mann-Whitney U, alpha {doc.get('alpha')})", title_justify="left")
+    table.add_column("region", overflow="fold", min_width=12)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("ratio [95% CI]", no_wrap=True, justify="right")
+    table.add_column("p", no_wrap=True, justify="right")
+    table.add_column("median A → B", justify="right")
+    table.add_column("calls A/B", justify="right")
     style = {"slower": "red", "faster": "green", "same": "dim", "insufficient": "dim"}
     for r in doc.get("regions", [])[:top]:
         ci = r.get("ratio_ci95")
-        ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.3f}"
+        ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.2f}"
         if ci and all(x is not None for x in ci):
-            ratio += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+            ratio += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
         p = r.get("p_value")
-        table.add_row(Text(r["path"]), f"{r['calls_a']}/{r['calls_b']}", fmt_us(r["median_a_us"]),
-                      fmt_us(r["median_b_us"]), fmt_us(r["change_us"]), ratio,
-                      "-" if p is None else f"{p:.2g}", Text(r["verdict"], style=style.get(r["verdict"], "")))
+        table.add_row(Text(r["path"]), Text(r["verdict"], style=style.get(r["verdict"], "")), ratio,
+                      "-" if p is None else f"{p:.2g}", f"{fmt_us(r['median_a_us'])} → {fmt_us(r['median_b_us'])}",
+                      f"{r['calls_a']}/{r['calls_b']}")
     console.print(table)
     for o in doc.get("only_one_side", []):
         console.print(Text(f"{o['verdict']}: {o['path']}", style="dim"))
