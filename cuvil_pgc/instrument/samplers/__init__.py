@@ -52,7 +52,16 @@ def _gpu(config: SessionConfig) -> list[Sampler]:
     return [cupti_kernels.CuptiKernelSampler(), nvml.NvmlSampler(config.sample_hz)]
 
 
+def _compile(config: SessionConfig) -> list[Sampler]:
+    """torch.compile phases, graph breaks, recompiles and cache hits; imports no torch until it compiles."""
+    if not config.compile:
+        return []
+    from cuvil_pgc.instrument.samplers.compile import CompileSampler
+
+    return [CompileSampler()]
+
+
 # The default list: (config) -> samplers. Sampler issues append their factories here.
 # _gpu starts first: torch.profiler (the op sampler) claims CUPTI on a CUDA build as soon as it starts,
 # and CUPTI 13.4 takes one subscriber only; Kineto then records CPU ops without CUPTI.
-_FACTORIES = [_gpu, _ops, _cpu]
+_FACTORIES = [_gpu, _ops, _cpu, _compile]
