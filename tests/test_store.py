@@ -12,6 +12,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st_h
 
 from cuvil_pgc.errors import BuildError, StoreError
 from cuvil_pgc.recompile import _store_state as st
@@ -349,3 +351,30 @@ def test_state_file_is_valid_json_schema(store):
     store.promote("mlp", 2)
     raw = (store.root / "mlp" / "state.json").read_bytes()
     assert msgspec.json.decode(raw, type=st.NameState).pointers["current"].version == 2
+
+
+_OPS = st_h.lists(st_h.tuples(st_h.sampled_from(["advance", "rollback", "rollback_to"]),
+                              st_h.sampled_from(["current", "stable"]), st_h.integers(1, 8)), max_size=40)
+
+
+@given(_OPS)
+def test_pointer_rules_hold_for_any_sequence_of_moves(moves):
+    """Pointers never go below their high-water mark except through rollback, and marks never drop."""
+    state = st.NameState(name="mlp", versions={v: None for v in range(1, 9)})
+    for op, pointer, version in moves:
+        before = state.pointers.get(pointer)
+        high_before = 0 if before is None else before.high_water
+        try:
+            if op == "advance":
+                move = st.advance_pointer(state, pointer, version, store="s")
+                assert version >= high_before or not move.changed
+            else:
+                move = st.rollback_pointer(state, pointer, version if op == "rollback_to" else None, store="s")
+                assert move.version < high_before
+        except StoreError:
+            assert state.pointers.get(pointer) == before        # a refusal changes nothing
+            continue
+        after = state.pointers[pointer]
+        assert after.version == move.version <= after.high_water
+        assert after.high_water == max(high_before, after.version)
+        assert after.history == sorted(set(after.history)) and all(h < after.version for h in after.history)
