@@ -1,0 +1,410 @@
+"""The machine model: the roofs that bottleneck attribution measures regions against.
+
+A :class:`MachineModel` holds, for one device, peak matmul FLOP/s per dtype, sustained memory
+bandwidth, and the fixed cost of one op: eager dispatch overhead on the CPU, kernel-launch cost on
+a GPU. :func:`calibrate` measures them with short microbenchmarks (``_microbench``; <= 30 s on a
+CPU, <= 5 s with ``quick``) and caches the result per machine fingerprint (CPU model and ISA
+flags or GPU name, core count, torch version, device) under :func:`cache_dir`.
+:func:`default_machine` returns the cached model for this machine, or, when none was cached, a
+documented fallback (``source="fallback"``) with a one-time warning telling the user to run
+``cuvil-pgc calibrate``.
+
+Files are JSON (``to_json`` / ``from_json``, ``save`` / ``load``); a file that is not a valid
+machine model raises :class:`~cuvil_pgc.errors.AnalysisError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuvil_pgc.errors import AnalysisError, ConfigError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+CACHE_DIR_ENV = "CUVIL_CACHE_DIR"        # overrides the cache folder (default ~/.cache/cuvil-pgc)
+DTYPES = ("fp32", "bf16", "fp16")
+SOURCES = ("measured", "fallback")
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+# ISA features that decide matmul speed per dtype; the fingerprint keeps only these.
+ISA_FLAGS = frozenset({
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+    "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_fp16", "amx_int8",
+    "asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm",          # aarch64 "Features"
+})
+
+
+@dataclass
+class MachineModel:
+    """Roofs of one device, measured by :func:`calibrate` or taken from the fallback.
+
+    Attributes:
+        device: ``"cpu"`` or ``"cuda:N"``.
+        name: human-readable device description.
+        fingerprint: identity of the machine the figures belong to (see :func:`machine_identity`).
+        peak_flops: FLOP/s of a large matmul per dtype (``fp32`` always; ``bf16``/``fp16`` where
+            the device runs them at all, even if slowly: see ``notes``).
+        mem_bw: sustained memory bandwidth, bytes/s, reads and writes counted.
+        dispatch_overhead_s: host cost of one eager op (CPU ops; on CUDA the enqueue cost).
+        launch_latency_s: per-kernel cost of a launch-bound chain of kernels (CUDA only).
+        threads: torch intra-op threads during calibration (None: unknown).
+        source: ``"measured"`` or ``"fallback"``.
+        measured_at: ISO 8601 UTC time of the calibration (None for the fallback).
+        torch_version: torch the figures were measured with.
+        notes: per-figure remarks, e.g. why a dtype is missing or slow.
+        details: the evidence behind each figure (sizes, samples, medians), free-form.
+    """
+
+    device: str
+    name: str
+    fingerprint: str
+    peak_flops: dict[str, float]
+    mem_bw: float
+    dispatch_overhead_s: float | None = None
+    launch_latency_s: float | None = None
+    threads: int | None = None
+    source: str = "measured"
+    measured_at: str | None = None
+    torch_version: str = ""
+    notes: dict[str, str] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def peak(self, dtype: str = "fp32") -> float:
+        """Peak FLOP/s for ``dtype`` (``fp32``, ``bf16``, ``fp16``; torch names are accepted)."""
+        key = normalize_dtype(dtype)
+        if key not in self.peak_flops:
+            raise AnalysisError(f"machine model of {self.name} has no {key} peak "
+                                f"({self.notes.get(key, 'not measured')})",
+                                fix=f"use one of {', '.join(self.peak_flops)}")
+        return self.peak_flops[key]
+
+    def ridge(self, dtype: str = "fp32") -> float:
+        """Ridge point: the arithmetic intensity (FLOP/byte) where memory-bound turns compute-bound."""
+        return self.peak(dtype) / self.mem_bw
+
+    def roof(self, intensity: float, dtype: str = "fp32") -> float:
+        """Attainable FLOP/s at ``intensity`` FLOP/byte: ``min(peak, mem_bw * intensity)``."""
+        return min(self.peak(dtype), self.mem_bw * intensity)
+
+    @property
+    def dispatch_us(self) -> float:
+        """Per-op host dispatch overhead in µs (0 when unknown)."""
+        return (self.dispatch_overhead_s or 0.0) * 1e6
+
+    @property
+    def launch_us(self) -> float:
+        """Per-kernel launch cost in µs (0 on a CPU model)."""
+        return (self.launch_latency_s or 0.0) * 1e6
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict; :meth:`from_json` reads it back."""
+        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str | os.PathLike[str] | None = None) -> MachineModel:
+        """Validate and build a model; AnalysisError names ``path`` and the bad field."""
+        return cls(**_validated(doc, path))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the model as JSON (atomically: a reader never sees half a file)."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> MachineModel:
+        """Read a file written by :meth:`save` or ``cuvil-pgc calibrate -o``."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise AnalysisError("machine file does not exist", path=path,
+                                fix="create it with `cuvil-pgc calibrate -o FILE`") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AnalysisError(f"cannot read machine file ({exc})", path=path) from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise AnalysisError(f"machine file is not JSON ({exc.msg} at line {exc.lineno})", path=path,
+                                fix="recreate it with `cuvil-pgc calibrate -o FILE`") from None
+        return cls.from_json(doc, path)
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """``torch.bfloat16`` / ``"bfloat16"`` / ``"bf16"`` -> ``"bf16"`` (unknown names pass through)."""
+    name = str(dtype).removeprefix("torch.")
+    return _DTYPE_ALIASES.get(name, name)
+
+
+# ---------------------------------------------------------------- validation of machine files
+
+def _bad(path: Any, field_name: str, problem: str) -> AnalysisError:
+    return AnalysisError(f"machine file field {field_name!r} {problem}", path=path,
+                         fix="recreate the file with `cuvil-pgc calibrate -o FILE`")
+
+
+def _positive(value: Any, path: Any, field_name: str, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(path, field_name, f"must be a number, got {type(value).__name__}")
+    number = float(value) if isinstance(value, float) or abs(value) < 2 ** 1000 else math.inf
+    if not math.isfinite(number) or number <= 0:
+        raise _bad(path, field_name, f"must be a positive finite number, got {value!r:.40}")
+    return number
+
+
+def _typed(doc: dict, key: str, kind: type | tuple, path: Any, optional: bool = False) -> Any:
+    if key not in doc:
+        if optional:
+            return None
+        raise _bad(path, key, "is missing")
+    value = doc[key]
+    if (value is None and optional) or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    raise _bad(path, key, f"has type {type(value).__name__}")
+
+
+def _validated(doc: Any, path: Any) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise AnalysisError(f"machine file holds a JSON {type(doc).__name__}, not an object", path=path,
+                            fix="recreate it with `cuvil-pgc calibrate -o FILE`")
+    version = _typed(doc, "schema_version", int, path)
+    if version < 1:
+        raise _bad(path, "schema_version", f"is {version}, not a version number")
+    if version > SCHEMA_VERSION:
+        raise _bad(path, "schema_version", f"is {version}, newer than this cuvil-pgc reads "
+                                           f"({SCHEMA_VERSION}); upgrade cuvil-pgc")
+    out: dict[str, Any] = {
+        "device": _device_field(_typed(doc, "device", str, path), path),
+        "name": _typed(doc, "name", str, path),
+        "fingerprint": _typed(doc, "fingerprint", str, path),
+    }
+    peaks = _typed(doc, "peak_flops", dict, path)
+    if "fp32" not in peaks:
+        raise _bad(path, "peak_flops.fp32", "is missing")
+    out["peak_flops"] = {str(k): _positive(v, path, f"peak_flops.{k}") for k, v in peaks.items()}
+    out["mem_bw"] = _positive(_typed(doc, "mem_bw", int | float, path), path, "mem_bw")
+    for key in ("dispatch_overhead_s", "launch_latency_s"):
+        out[key] = _positive(doc.get(key), path, key, optional=True)
+    if out["device"] == "cpu" and out["dispatch_overhead_s"] is None:
+        raise _bad(path, "dispatch_overhead_s", "is missing (a CPU model needs it)")
+    out["threads"] = _typed(doc, "threads", int, path, optional=True)
+    out["source"] = _typed(doc, "source", str, path)
+    if out["source"] not in SOURCES:
+        raise _bad(path, "source", f"is {out['source']!r}, not one of {', '.join(SOURCES)}")
+    out["measured_at"] = _typed(doc, "measured_at", str, path, optional=True)
+    out["torch_version"] = _typed(doc, "torch_version", str, path, optional=True) or ""
+    out["notes"] = _typed(doc, "notes", dict, path, optional=True) or {}
+    out["details"] = _typed(doc, "details", dict, path, optional=True) or {}
+    return out
+
+
+def _device_field(device: str, path: Any) -> str:
+    try:
+        return normalize_device(device)
+    except ConfigError:
+        raise _bad(path, "device", f"is {device!r}, not 'cpu' or 'cuda:N'") from None
+
+
+def normalize_device(device: str) -> str:
+    """``"cpu"`` -> ``"cpu"``; ``"cuda"`` -> ``"cuda:0"``; ``"cuda:N"`` kept; else ConfigError."""
+    text = str(device).strip().lower()
+    if text == "cpu":
+        return "cpu"
+    if text == "cuda":
+        return "cuda:0"
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return f"cuda:{int(text[5:])}"
+    raise ConfigError(f"device {device!r} is not cpu, cuda or cuda:N")
+
+
+# ---------------------------------------------------------------- identity and cache
+
+def _cpuinfo() -> dict[str, str]:
+    """First value of each field of /proc/cpuinfo ({} where there is none, e.g. macOS)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, sep, value = line.partition(":")
+                if sep:
+                    fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+def _torch_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")       # no torch import: default_machine stays cheap
+    except metadata.PackageNotFoundError:
+        import torch
+
+        return torch.__version__
+
+
+def machine_identity(device: str = "cpu") -> dict[str, Any]:
+    """What the figures depend on: CPU model and ISA flags or GPU, cores, torch version, device."""
+    device = normalize_device(device)
+    info = _cpuinfo()
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    identity: dict[str, Any] = {
+        "device": device,
+        "cpu": info.get("model name") or platform.processor() or platform.machine(),
+        "isa": sorted(flags & ISA_FLAGS),
+        "cores": os.cpu_count(),
+        "arch": platform.machine(),
+        "torch": _torch_version(),
+    }
+    if device.startswith("cuda"):
+        identity.update(_cuda_identity(device))
+    return identity
+
+
+def _cuda_identity(device: str) -> dict[str, Any]:
+    torch = require_cuda(device)
+    index = int(device.split(":")[1])
+    major, minor = torch.cuda.get_device_capability(index)
+    return {"gpu": torch.cuda.get_device_name(index), "capability": f"{major}.{minor}",
+            "cuda": torch.version.cuda}
+
+
+def require_cuda(device: str) -> Any:
+    """Import torch and check that ``device`` exists; ConfigError saying why not otherwise."""
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ConfigError(f"--device {device}: {why} (torch {torch.__version__})",
+                          fix="run on a machine with an NVIDIA GPU and a CUDA build of torch, "
+                              "or use --device cpu")
+    index = int(device.split(":")[1])
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here",
+                          fix="pick an index below the device count")
+    return torch
+
+
+def fingerprint_of(identity: dict[str, Any]) -> str:
+    """A short stable hash of :func:`machine_identity`."""
+    blob = json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def describe(identity: dict[str, Any]) -> str:
+    """Human-readable device name for tables and reports."""
+    if "gpu" in identity:
+        return f"{identity['gpu']} (sm_{identity['capability'].replace('.', '')}, CUDA {identity['cuda']})"
+    isa = ", ".join(f for f in identity["isa"] if f.startswith(("avx", "amx", "sve"))) or identity["arch"]
+    return f"{identity['cpu']} ({identity['cores']} cores, {isa})"
+
+
+def cache_dir() -> Path:
+    """``$CUVIL_CACHE_DIR``, else ``$XDG_CACHE_HOME/cuvil-pgc``, else ``~/.cache/cuvil-pgc``."""
+    explicit = os.environ.get(CACHE_DIR_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cuvil-pgc"
+
+
+def cache_path(fingerprint: str) -> Path:
+    """Where the calibrated model of the machine with ``fingerprint`` is cached."""
+    return cache_dir() / f"machine-{fingerprint}.json"
+
+
+# ---------------------------------------------------------------- fallback and default
+
+# Figures used when this machine was never calibrated, marked source="fallback".
+# CPU: what `cuvil-pgc calibrate` measured on a small 2-vCPU AVX2 cloud VM (AMD EPYC, torch
+# 2.13), rounded; most CPUs people profile on are at least this fast, so an uncalibrated analysis
+# errs towards calling regions compute- or bandwidth-bound rather than missing overhead. No bf16 /
+# fp16 peaks: whether a CPU has fast low-precision matmul varies too much to guess.
+FALLBACK_CPU = {"peak_flops": {"fp32": 100e9}, "mem_bw": 8e9, "dispatch_overhead_s": 4e-6}
+# CUDA: NVIDIA A100 SXM datasheet peaks (19.5 TFLOP/s fp32, 312 TFLOP/s dense bf16/fp16,
+# 1.555 TB/s HBM2); per-op host cost as the CPU fallback, launch cost 5 µs.
+FALLBACK_CUDA = {"peak_flops": {"fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12}, "mem_bw": 1.555e12,
+                 "dispatch_overhead_s": 4e-6, "launch_latency_s": 5e-6}
+_warned: set[str] = set()
+
+
+def fallback_machine(device: str = "cpu", identity: dict[str, Any] | None = None) -> MachineModel:
+    """The documented fallback model for ``device`` (source="fallback")."""
+    device = normalize_device(device)
+    figures = FALLBACK_CPU if device == "cpu" else FALLBACK_CUDA
+    identity = identity or _identity_or_generic(device)
+    return MachineModel(device=device, name=describe(identity), fingerprint=fingerprint_of(identity),
+                        source="fallback", torch_version=identity["torch"],
+                        notes={"source": "uncalibrated fallback figures; run `cuvil-pgc calibrate`"},
+                        **{k: (dict(v) if isinstance(v, dict) else v) for k, v in figures.items()})
+
+
+def _identity_or_generic(device: str) -> dict[str, Any]:
+    try:
+        return machine_identity(device)
+    except ConfigError:        # analysing a GPU trace on a machine without that GPU
+        identity = machine_identity("cpu")
+        return {**identity, "device": device, "gpu": "unknown GPU", "capability": "?", "cuda": "?"}
+
+
+def default_machine(device: str = "cpu") -> MachineModel:
+    """The cached calibration of this machine, else the fallback (warning once per device)."""
+    device = normalize_device(device)
+    identity = _identity_or_generic(device)
+    path = cache_path(fingerprint_of(identity))
+    if path.is_file():
+        try:
+            return MachineModel.load(path)
+        except AnalysisError as exc:
+            _warn_once(device, f"ignoring unusable cached machine model: {exc}")
+    _warn_once(device, f"no calibrated machine model for {device} ({describe(identity)}); using fallback "
+                       f"figures. Run `cuvil-pgc calibrate{'' if device == 'cpu' else ' --device cuda'}` "
+                       "once on this machine for accurate bottleneck attribution.")
+    return fallback_machine(device, identity)
+
+
+def _warn_once(device: str, message: str) -> None:
+    if device not in _warned:
+        _warned.add(device)
+        log.warning(message)
+
+
+# ---------------------------------------------------------------- calibration
+
+def calibrate(device: str = "cpu", quick: bool = False, cache: bool = True) -> MachineModel:
+    """Measure this machine's roofs for ``device`` and (with ``cache``) cache them.
+
+    CPU: <= 30 s (quick: <= 5 s) at torch's default thread count, which is recorded.
+    Raises ConfigError for an unknown device or a CUDA device that is not there.
+    """
+    from cuvil_pgc.analyze import _microbench
+
+    device = normalize_device(device)
+    identity = machine_identity(device)
+    started = time.perf_counter()
+    figures = _microbench.measure(device, quick)
+    model = MachineModel(device=device, name=describe(identity), fingerprint=fingerprint_of(identity),
+                         source="measured", torch_version=identity["torch"],
+                         measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                         **figures)
+    model.details["calibration_s"] = round(time.perf_counter() - started, 3)
+    model.details["quick"] = quick
+    if "contention" in model.notes:
+        log.warning("calibrate: %s", model.notes["contention"])
+    if cache:
+        model.save(cache_path(model.fingerprint))
+    return model
