@@ -159,7 +159,7 @@ def _check_times(ts: np.ndarray, dur: np.ndarray, evs: _Events, path: str) -> No
         bad = ~np.isfinite(col) | (col < 0)
         if bad.any():
             k = int(np.argmax(bad))
-            value = col[k]
+            value = float(col[k])
             problem = "missing" if math.isnan(value) and col is ts else f"{value!r}"
             ev = evs.xs[k]
             raise TraceError(f"event #{evs.file_index(k)} ({ev.cat or 'no cat'} {ev.name!r}) has {problem} "
@@ -178,8 +178,9 @@ def _decode_batch(decoder: msgspec.json.Decoder, xs: list[Event], rows: list[int
         k, tail = (int(where[1].split("]", 1)[0]), where[1].split("]", 1)[1].rstrip("`")) \
             if len(where) == 2 else (0, "")
         ev = xs[rows[k]]
-        raise TraceError(f"event #{evs.file_index(rows[k])} ({ev.cat} {ev.name!r}): wrong type in args"
-                         f"{tail}: {where[0]}", path=path,
+        index = evs.file_index(rows[k])
+        raise TraceError(f"event #{index} ({ev.cat} {ev.name!r}): wrong type at `$.traceEvents[{index}].args"
+                         f"{tail}`: {where[0]}", path=path,
                          fix="the file does not follow the Chrome/Kineto trace format") from None
 
 

@@ -141,7 +141,7 @@ def _validation_error(raw: RawInput, exc: msgspec.ValidationError) -> TraceError
     if "missing required field `traceEvents`" in text:
         return TraceError("is JSON but has no `traceEvents` list, so it is not a Chrome/Kineto trace",
                           path=raw.path, fix="pass a trace written by cuvil-pgc or torch.profiler")
-    if text.startswith("Expected `object`, got") and "$." not in text:
+    if text.startswith("Expected `object`, got") and " - at `" not in text:
         return TraceError(f"is JSON but not a trace object ({text.lower()})", path=raw.path,
                           fix="a trace is an object with a `traceEvents` list")
     return TraceError(f"wrong type in the trace: {text}", path=raw.path,
@@ -167,14 +167,14 @@ def _recovery_hint(raw: RawInput) -> str:
             "re-export or re-record it")
 
 
-def recover_partial(raw: RawInput) -> tuple[Document, list[str]]:
+def recover_partial(raw: RawInput) -> tuple[Document | KinetoDocument, list[str]]:
     """Events of every complete line of a partial file, and notes on what was skipped."""
     data = raw.data
     notes: list[str] = []
     try:
-        doc = _DECODERS["cuvil", False].decode(data)   # a session that crashed after writing its tail
+        doc = decode_document(raw)       # a session that crashed after writing its tail
         return doc, ["the partial file is complete JSON (the session ended before renaming it)"]
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except TraceError:
         pass
     if not data.startswith(_HEAD):
         raise TraceError("is a partial trace but does not start like one ({\"traceEvents\":[)", path=raw.path,

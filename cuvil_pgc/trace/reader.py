@@ -139,7 +139,7 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
     else:
         doc = _decode.decode_document(raw)
     header = _decode.session_header(doc)
-    fmt = "cuvil" if doc.cuvil is not None or header is not None else "kineto"
+    fmt = "cuvil" if isinstance(doc, _decode.Document) else "kineto"
     cols = build_source(doc, fmt, strings, file, lambda: _decode.decode_as_ours(raw).trace_events)
     resolve_regions(cols, strings)
     if fmt == "cuvil":
