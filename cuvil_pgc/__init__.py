@@ -18,6 +18,8 @@ _LAZY = {
     "load_trace": ("cuvil_pgc.trace", "load_trace"),
     "Trace": ("cuvil_pgc.trace", "Trace"),
     "analyze": ("cuvil_pgc.analyze", "analyze"),
+    "recompile": ("cuvil_pgc.recompile", "recompile"),
+    "load_build": ("cuvil_pgc.recompile", "load_build"),
 }
 
 __all__ = ["CuvilError", "ProfileRegion", "Session", "SessionConfig", "profile", *_LAZY]

@@ -22,6 +22,14 @@ def register(app: typer.Typer) -> None:
                          no_args_is_help=True)
     _register_builds(builds)
     app.add_typer(builds, name="builds")
+    _register_recompile(app)
+
+
+def _register_recompile(app: typer.Typer) -> None:
+    """``recompile`` and ``compare`` (implemented in :mod:`._cli`)."""
+    from cuvil_pgc.recompile._cli import register_recompile
+
+    register_recompile(app)
 
 
 def _register_keygen(app: typer.Typer) -> None:

@@ -1,0 +1,118 @@
+"""The accuracy guard: a candidate's outputs must match eager's on the example inputs.
+
+Outputs may be tensors, numbers, None, tuples/lists (namedtuples too), dicts, dataclasses and
+dataclass-like objects (anything with ``__dict__``, e.g. HuggingFace ``ModelOutput``); they are
+walked in parallel and every leaf is compared. Floating tensors are compared as
+``|out - ref| <= atol + rtol * |ref|`` in float64 with the tolerance of the *reference* dtype;
+integer and bool tensors must be equal; shapes and dtypes must match (a candidate that silently
+returns bf16 instead of fp32 is wrong). NaN is equal to NaN at the same place.
+
+Default tolerances (:data:`DEFAULT_TOLERANCES`, ``(rtol, atol)`` per reference dtype): float32
+allows 1e-4 so that Inductor's reordered reductions and fused math pass, while bf16/fp16 autocast
+of an fp32 model (errors around 1e-2) is rejected unless the caller widens ``rtol``/``atol``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-7),
+    "float32": (1e-4, 1e-4),
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (1.6e-2, 1e-3),
+}
+
+
+@dataclass
+class AccuracyResult:
+    ok: bool
+    reason: str = ""
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+
+
+def check_outputs(reference: Any, candidate: Any, *, rtol: float | None = None,
+                  atol: float | None = None) -> AccuracyResult:
+    """Compare ``candidate`` with ``reference``; ``rtol``/``atol`` override the per-dtype defaults."""
+    state = AccuracyResult(ok=True)
+    try:
+        _walk(reference, candidate, "output", state, rtol, atol)
+    except _Mismatch as exc:
+        state.ok = False
+        state.reason = str(exc)
+    return state
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _walk(ref: Any, out: Any, where: str, state: AccuracyResult, rtol: float | None, atol: float | None) -> None:
+    import torch
+
+    if isinstance(ref, torch.Tensor):
+        if not isinstance(out, torch.Tensor):
+            raise _Mismatch(f"{where}: expected a tensor, got {type(out).__name__}")
+        _compare_tensor(ref, out, where, state, rtol, atol)
+    elif ref is None or isinstance(ref, (bool, int, float, complex, str)):
+        _compare_scalar(ref, out, where, rtol, atol)
+    elif isinstance(ref, dict):
+        if not isinstance(out, dict) or set(ref) != set(out):
+            raise _Mismatch(f"{where}: dict keys differ")
+        for key in ref:
+            _walk(ref[key], out[key], f"{where}[{key!r}]", state, rtol, atol)
+    elif isinstance(ref, (tuple, list)):
+        if not isinstance(out, (tuple, list)) or len(ref) != len(out):
+            raise _Mismatch(f"{where}: expected a sequence of {len(ref)}, got {type(out).__name__}")
+        for i, (r, o) in enumerate(zip(ref, out, strict=True)):
+            _walk(r, o, f"{where}[{i}]", state, rtol, atol)
+    else:
+        _walk(_fields(ref, where), _fields(out, where), where, state, rtol, atol)
+
+
+def _fields(obj: Any, where: str) -> dict[str, Any]:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    if hasattr(obj, "__dict__"):
+        return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
+    raise _Mismatch(f"{where}: cannot compare outputs of type {type(obj).__name__}")
+
+
+def _compare_scalar(ref: Any, out: Any, where: str, rtol: float | None, atol: float | None) -> None:
+    if isinstance(ref, float) and isinstance(out, (int, float)):
+        r, a = DEFAULT_TOLERANCES["float64"]
+        if abs(out - ref) > (atol if atol is not None else a) + (rtol if rtol is not None else r) * abs(ref):
+            raise _Mismatch(f"{where}: {out!r} != {ref!r}")
+    elif out != ref:
+        raise _Mismatch(f"{where}: {out!r} != {ref!r}")
+
+
+def _compare_tensor(ref: Any, out: Any, where: str, state: AccuracyResult, rtol: float | None,
+                    atol: float | None) -> None:
+    import torch
+
+    if tuple(ref.shape) != tuple(out.shape):
+        raise _Mismatch(f"{where}: shape {tuple(out.shape)} != {tuple(ref.shape)}")
+    if ref.dtype != out.dtype:
+        raise _Mismatch(f"{where}: dtype {out.dtype} != {ref.dtype}")
+    ref64, out64 = ref.detach().cpu(), out.detach().cpu()
+    if not (ref.is_floating_point() or ref.is_complex()):
+        if not torch.equal(ref64, out64):
+            raise _Mismatch(f"{where}: integer/bool values differ")
+        return
+    default_rtol, default_atol = DEFAULT_TOLERANCES.get(str(ref.dtype).removeprefix("torch."), (1e-4, 1e-4))
+    rt = default_rtol if rtol is None else rtol
+    at = default_atol if atol is None else atol
+    ref64, out64 = ref64.double(), out64.double()
+    both_nan = torch.isnan(ref64) & torch.isnan(out64)
+    diff = torch.where(both_nan, torch.zeros_like(ref64), (out64 - ref64).abs())
+    if ref64.numel():
+        state.max_abs_err = max(state.max_abs_err, float(diff.max()))
+        state.max_rel_err = max(state.max_rel_err, float((diff / ref64.abs().clamp_min(1e-12)).max()))
+    bad = ~(diff <= at + rt * ref64.abs())
+    if bool(bad.any()):
+        raise _Mismatch(f"{where}: {int(bad.sum())} of {bad.numel()} values off by up to "
+                        f"{float(diff.max()):.3g} (rtol={rt:g}, atol={at:g})")

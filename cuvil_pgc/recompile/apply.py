@@ -1,0 +1,206 @@
+"""Plan → optimized model: turn candidates into runnable modules and splice them into the model.
+
+:func:`realize` builds one candidate for one scope: rewrites, layout and precision wrap a copy of
+the submodule, then the backend compiles it (``torch.compile`` with the mode's options plus
+freezing / cpp_wrapper, an AOTInductor package exported for the captured inputs and loaded with
+``aoti_load_package``, or CUDA graphs via ``reduce-overhead``). The result is a
+:class:`CompiledRegion`: it runs the compiled code for inputs of the captured signature and the
+original module for anything else (AOTInductor packages are shape-specialized), so a plan never
+breaks a call it was not built for. :func:`apply_plan` replaces the chosen submodules (or the
+whole model) in a copy of the model. AOTInductor packages live in an artifact cache keyed by
+module structure, configuration, input signature and machine, so a repeated search or build
+reuses them instead of compiling again.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.matching import input_signature, structural_hash
+from cuvil_pgc.recompile.records import cache_dir
+from cuvil_pgc.recompile.rewrites import apply_rewrites
+
+log = logging.getLogger(__name__)
+
+_LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class ScopeInputs:
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def signature(self) -> str:
+        return input_signature((self.args, self.kwargs))
+
+
+@dataclass
+class Realized:
+    module: nn.Module
+    artifact: str | None = None        # AOTInductor package path, when the backend made one
+    rewrites: list[str] = field(default_factory=list)
+
+
+def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
+                         scopes: list[str]) -> dict[str, ScopeInputs]:
+    """Inputs each scope receives during one forward of ``model`` (the first call of each)."""
+    modules = dict(model.named_modules())
+    captured: dict[str, ScopeInputs] = {"": ScopeInputs(tuple(example_inputs))}
+    hooks = []
+    for scope in scopes:
+        if scope and scope in modules:
+            def hook(_m, args, kwargs, scope=scope):
+                captured.setdefault(scope, ScopeInputs(tuple(args), dict(kwargs)))
+            hooks.append(modules[scope].register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(*example_inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return captured
+
+
+class CompiledRegion(nn.Module):
+    """Runs ``compiled`` for inputs matching ``signature``; the original module otherwise."""
+
+    def __init__(self, original: nn.Module, compiled: Any, signature: str | None, config: str) -> None:
+        super().__init__()
+        self.original = original
+        self._compiled = compiled          # not a submodule: an AOTI runner or an OptimizedModule
+        self.signature = signature
+        self.config = config
+        self.fallback_calls = 0
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.signature is None or input_signature((args, kwargs)) == self.signature:
+            return self._compiled(*args, **kwargs)
+        self.fallback_calls += 1
+        if self.fallback_calls == 1:
+            log.warning("cuvil-pgc: %s was built for other input shapes; running the original module", self.config)
+        return self.original(*args, **kwargs)
+
+
+class _Autocast(nn.Module):
+    def __init__(self, inner: nn.Module, dtype: torch.dtype, device_type: str) -> None:
+        super().__init__()
+        self.inner, self.dtype, self.device_type = inner, dtype, device_type
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            out = self.inner(*args, **kwargs)
+        return torch.utils._pytree.tree_map(
+            lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == self.dtype else t, out)
+
+
+class _ChannelsLast(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner.to(memory_format=torch.channels_last)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args = tuple(a.contiguous(memory_format=torch.channels_last)
+                     if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
+        out = self.inner(*args, **kwargs)
+        return torch.utils._pytree.tree_map(
+            lambda t: t.contiguous() if isinstance(t, torch.Tensor) and t.dim() == 4 else t, out)
+
+
+def prepare_module(module: nn.Module, cand: Candidate, device: str) -> tuple[nn.Module, list[str]]:
+    """The eager module a candidate compiles: rewritten, re-laid-out and autocast as configured."""
+    applied: list[str] = []
+    if cand.rewrite:
+        module, applied = apply_rewrites(module)
+    elif cand.channels_last or cand.precision != "fp32":
+        module = copy.deepcopy(module)
+    if cand.channels_last:
+        module = _ChannelsLast(module)
+    if cand.precision != "fp32":
+        module = _Autocast(module, _LOW[cand.precision], device.split(":")[0])
+    return module.eval(), applied
+
+
+def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, device: str = "cpu",
+            machine: str = "", artifact: str | None = None, signature: str | None = None) -> Realized:
+    """Build ``cand`` for ``module``; raises whatever the backend raises (the search records it).
+
+    ``artifact`` (with ``signature``) loads an existing AOTInductor package instead of compiling.
+    """
+    if cand.backend == "aoti" and artifact is not None:
+        runner = torch._inductor.aoti_load_package(artifact)
+        return Realized(CompiledRegion(module, runner, signature, cand.config), artifact)
+    if inputs is None:
+        raise ValueError(f"{cand.key} needs example inputs or an artifact")
+    prepared, applied = prepare_module(module, cand, device)
+    if cand.backend == "eager":
+        return Realized(prepared, rewrites=applied)
+    if cand.backend == "aoti":
+        path = str(_aoti_path(module, cand, inputs, machine))
+        if not os.path.exists(path):
+            _compile_aoti(prepared, cand, inputs, path)
+        runner = torch._inductor.aoti_load_package(path)
+        return Realized(CompiledRegion(module, runner, inputs.signature, cand.config), path, applied)
+    compiled = torch.compile(prepared, **_compile_kwargs(cand))
+    return Realized(CompiledRegion(module, compiled, None, cand.config), rewrites=applied)
+
+
+def _compile_kwargs(cand: Candidate) -> dict[str, Any]:
+    if cand.backend == "cudagraphs":
+        return {"mode": "reduce-overhead"}
+    options = dict(torch._inductor.list_mode_options(cand.mode)) if cand.mode != "default" else {}
+    if cand.freezing:
+        options["freezing"] = True
+    if cand.cpp_wrapper:
+        options["cpp_wrapper"] = True
+    return {"options": options} if options else {}
+
+
+def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, path: str) -> None:
+    configs: dict[str, Any] = {"freezing": cand.freezing}
+    if cand.mode != "default":
+        configs.update(torch._inductor.list_mode_options(cand.mode))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp.pt2"
+    with torch.no_grad():
+        exported = torch.export.export(prepared, inputs.args, inputs.kwargs or None)
+        torch._inductor.aoti_compile_and_package(exported, package_path=tmp, inductor_configs=configs)
+    os.replace(tmp, path)
+
+
+def _aoti_path(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str) -> Path:
+    key = "|".join([structural_hash(module), cand.config, inputs.signature, machine, torch.__version__])
+    return cache_dir() / "artifacts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt2"
+
+
+def apply_plan(model: nn.Module, realized: dict[str, Realized]) -> nn.Module:
+    """A copy of ``model`` with each scope ("" = whole model) replaced by its realized module."""
+    if "" in realized:
+        return realized[""].module
+    out = copy.copy(model)
+    out._modules = dict(model._modules)
+    for scope, item in sorted(realized.items()):
+        _replace(out, scope, item.module)
+    return out
+
+
+def _replace(root: nn.Module, qualname: str, new: nn.Module) -> None:
+    """Set ``root.<qualname>`` to ``new``, shallow-copying the modules on the way (others are shared)."""
+    parts = qualname.split(".")
+    parent = root
+    for name in parts[:-1]:
+        child = copy.copy(parent._modules[name])
+        child._modules = dict(child._modules)
+        parent._modules[name] = child
+        parent = child
+    parent._modules[parts[-1]] = new

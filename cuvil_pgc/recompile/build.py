@@ -1,0 +1,353 @@
+"""recompile() → Build → .cuvilpkg, and load_build(): verify, check compatibility, apply the plan.
+
+A :class:`Build` holds the optimized module, plan.json (see :mod:`.plan_doc`), the AOTInductor
+packages of the regions that chose them, and Inductor cache artifacts
+(``torch.compiler.save_cache_artifacts``) so ``torch.compile`` regions load warm. ``Build.save``
+writes them with the package helper's :class:`BuildWriter` (manifest with the environment
+fingerprint, the model's structural hash and the traces' sha256; optionally signed).
+
+:func:`load_build` opens the package through ``open_any_build`` — every member's digest and the
+signature are verified before anything is read — then refuses a build made for another torch,
+Python, platform, CPU ISA or device with a :class:`BuildError` that lists the differences
+(``fallback="eager"`` returns the plain model with a warning instead). Regions whose module
+changed since the build are skipped and listed. The returned module carries
+``cuvil_load_report`` (a :class:`LoadReport`): with ``example_inputs`` it runs one warm-up call
+and counts Inductor cache hits and misses, so a warm load is checkable and a miss is explained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuvil_pgc.errors import BuildError, RecompileError
+
+log = logging.getLogger(__name__)
+
+PLAN_MEMBER = "plan.json"
+CACHE_MEMBER = "inductor_cache.bin"
+FALLBACKS = ("error", "eager")
+
+
+@dataclass
+class LoadReport:
+    path: str
+    applied: list[str] = field(default_factory=list)      # "scope: config"
+    skipped: list[str] = field(default_factory=list)      # stale regions, with the reason
+    aoti_packages: int = 0
+    compiled_regions: int = 0
+    cache_artifacts: str = "none"     # none | loaded | unusable: reason
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+    warm: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Build:
+    module: Any
+    plan: dict[str, Any]
+    artifacts: dict[str, str]                 # member name -> local file (AOTInductor packages)
+    cache_artifacts: bytes | None
+    fingerprint: Any
+    model_hash: str
+    trace_hashes: list[str]
+    result: Any = None
+    path: str | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def save(self, path: str | os.PathLike[str], *, name: str = "model", version: int = 1,
+             signing_key: Any = None) -> str:
+        """Write the .cuvilpkg (signed when ``signing_key`` is a key or a key file path)."""
+        from cuvil_pgc.recompile.package import BuildWriter
+
+        writer = BuildWriter(path, name, version, fingerprint=self.fingerprint, model_hash=self.model_hash,
+                             trace_hashes=self.trace_hashes)
+        try:
+            writer.add_bytes(PLAN_MEMBER, json.dumps(self.plan, indent=2, sort_keys=True).encode())
+            for member, local in sorted(self.artifacts.items()):
+                writer.add_file(member, local)
+            if self.cache_artifacts:
+                writer.add_bytes(CACHE_MEMBER, self.cache_artifacts)
+            writer.close(signing_key)
+        except BaseException:
+            writer.abort()
+            raise
+        self.path = os.fspath(path)
+        return self.path
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``recompile --json`` document (DESIGN.md)."""
+        plan = self.plan
+        regions = [{k: r[k] for k in ("path", "chosen", "predicted_ms", "measured_ms", "baseline_ms",
+                                      "alternatives", "bottleneck", "scope")} for r in plan["regions"]]
+        return {"build": self.path, "regions": regions, "measured_candidates": plan["measured_candidates"],
+                "reused_records": plan["reused_records"], "space_size": plan["space_size"],
+                "speedup_vs_eager": plan["speedup_vs_eager"], "baseline_ms": plan["baseline_ms"],
+                "plan_ms": plan["plan_ms"], "stale": plan["stale"]}
+
+
+# ----------------------------------------------------------------------------- recompile
+
+def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *, analysis: Any = None,
+              budget: int | None = None, exhaustive: bool = False, rtol: float | None = None,
+              atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
+              progress: Any = None, rounds: int = 15) -> Build:
+    """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
+
+    Args:
+        traces: trace file paths (or an :class:`Analysis` via ``analysis=``).
+        budget: most candidates to measure (default: a fifth of the space, at least 3).
+        exhaustive: measure every candidate (for comparisons; slow).
+        rtol, atol: accuracy-guard tolerances (default: per dtype, see :mod:`.accuracy`).
+        records: a RecordDB, or False to neither read nor write records.
+    """
+    import torch
+
+    from cuvil_pgc.recompile.manifest import current_fingerprint
+    from cuvil_pgc.recompile.matching import structural_hash
+    from cuvil_pgc.recompile.plan_doc import plan_document
+    from cuvil_pgc.recompile.records import RecordDB, machine_key
+    from cuvil_pgc.recompile.search import SearchOptions, search
+
+    if not isinstance(model, torch.nn.Module):
+        raise RecompileError(f"recompile needs a torch.nn.Module, got {type(model).__name__}")
+    model = model.eval().to(device)
+    example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
+    paths = _trace_paths(traces)
+    if analysis is None and paths:
+        analysis = _analyze(paths, machine)
+    fingerprint = current_fingerprint(device)
+    db = None if records is False else (records or RecordDB())
+    options = SearchOptions(budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol, device=device,
+                            rounds=rounds, use_records=db is not None)
+    _clear_cache_artifacts()
+    result = search(model, example_inputs, analysis, options=options, records=db,
+                    machine_key=machine_key(fingerprint), progress=progress)
+    artifacts = {scope: f"aoti/{i}.pt2" for i, (scope, r) in enumerate(sorted(result.realized.items()))
+                 if r.artifact}
+    model_hash = structural_hash(model)
+    plan = plan_document(result, device=device, model_hash=model_hash, rtol=rtol, atol=atol, artifacts=artifacts)
+    cache = _save_cache_artifacts() if any(c.backend in ("compile", "cudagraphs") for c in result.choices.values()) \
+        else None
+    return Build(module=result.module, plan=plan,
+                 artifacts={member: result.realized[scope].artifact for scope, member in artifacts.items()},
+                 cache_artifacts=cache, fingerprint=fingerprint, model_hash=model_hash,
+                 trace_hashes=[_sha256_file(p) for p in paths], result=result)
+
+
+def _trace_paths(traces: Any) -> list[str]:
+    if traces is None:
+        return []
+    if isinstance(traces, (str, os.PathLike)):
+        traces = [traces]
+    out = [os.fspath(t) for t in traces]
+    for p in out:
+        if not os.path.isfile(p):
+            raise RecompileError("trace file does not exist", path=p, fix="pass the traces `cuvil-pgc profile` wrote")
+    return out
+
+
+def _analyze(paths: list[str], machine: Any) -> Any:
+    from cuvil_pgc import load_trace
+    from cuvil_pgc.analyze import analyze
+
+    return analyze(load_trace(*paths), machine)
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _clear_cache_artifacts() -> None:
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+
+        CacheArtifactManager.clear()
+    except (ImportError, AttributeError):
+        pass
+
+
+def _save_cache_artifacts() -> bytes | None:
+    import torch
+
+    save = getattr(torch.compiler, "save_cache_artifacts", None)
+    if save is None:
+        return None
+    saved = save()
+    return saved[0] if saved else None
+
+
+# ----------------------------------------------------------------------------- load_build
+
+def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str = "error", store: Any = None,
+               pubkey: Any = None, require_signature: bool = False,
+               example_inputs: tuple[Any, ...] | None = None) -> Any:
+    """Verify a build, check it fits this environment and ``model``, and return the optimized model.
+
+    Args:
+        path_or_ref: a .cuvilpkg path or ``store://NAME[@VERSION|@TAG]`` (with ``store=DIR``).
+        fallback: "error" raises BuildError on any problem; "eager" warns and returns ``model``.
+        pubkey: the signer's public key; a bad or missing signature is refused.
+        example_inputs: run one warm-up call and report compile-cache hits in ``cuvil_load_report``.
+    """
+    if fallback not in FALLBACKS:
+        raise BuildError(f"fallback={fallback!r} is not one of {FALLBACKS}")
+    try:
+        return _load(path_or_ref, model, store, pubkey, require_signature, example_inputs)
+    except BuildError as exc:
+        if fallback == "error":
+            raise
+        warnings.warn(f"cuvil-pgc: running the model in eager mode: {exc}", RuntimeWarning, stacklevel=2)
+        model.cuvil_load_report = LoadReport(path=os.fspath(path_or_ref), notes=[f"fell back to eager: {exc}"])
+        return model
+
+
+def _load(source: Any, model: Any, store: Any, pubkey: Any, require_signature: bool,
+          example_inputs: tuple[Any, ...] | None) -> Any:
+    from cuvil_pgc.recompile.store import open_any_build
+
+    with open_any_build(source, store=store, pubkey=pubkey, require_signature=require_signature) as vb:
+        path = vb.path
+        _check_environment(vb.manifest, path)
+        plan = _read_plan(vb, path)
+        report = LoadReport(path=path)
+        report.cache_artifacts = _load_cache_artifacts(vb) if CACHE_MEMBER in vb.members() else "none"
+        module = _apply_choices(vb, plan, model, report, path)
+    if example_inputs is not None:
+        _warm_up(module, example_inputs, report)
+    module.cuvil_load_report = report
+    return module
+
+
+def _check_environment(manifest: Any, path: str) -> None:
+    from cuvil_pgc.recompile.manifest import current_fingerprint
+
+    built = manifest.fingerprint
+    device = "cuda" if built.device.startswith("cuda") else built.device
+    here = current_fingerprint(device)
+    problems = built.mismatches(here)
+    if problems:
+        raise BuildError("build was made for another environment (" + "; ".join(problems) + ")", path=path,
+                         fix="rebuild it here with `cuvil-pgc recompile`, or load it with fallback='eager'")
+
+
+def _read_plan(vb: Any, path: str) -> dict[str, Any]:
+    try:
+        plan = json.loads(vb.read_bytes(PLAN_MEMBER))
+    except (KeyError, ValueError, BuildError) as exc:
+        raise BuildError(f"{PLAN_MEMBER} is missing or unreadable ({exc})", path=path,
+                         fix="rebuild the package with `cuvil-pgc recompile`") from None
+    if plan.get("format") != 1 or not isinstance(plan.get("choices"), list):
+        raise BuildError(f"{PLAN_MEMBER} has an unknown format {plan.get('format')!r}", path=path,
+                         fix="upgrade cuvil-pgc or rebuild the package")
+    return plan
+
+
+def _load_cache_artifacts(vb: Any) -> str:
+    import torch
+
+    loader = getattr(torch.compiler, "load_cache_artifacts", None)
+    if loader is None:
+        return "unusable: this torch has no torch.compiler.load_cache_artifacts"
+    try:   # only reached after the whole package (and its signature) was verified
+        info = loader(vb.read_bytes(CACHE_MEMBER))
+    except Exception as exc:
+        return f"unusable: {type(exc).__name__}: {exc}"
+    return "loaded" if info is not None else "unusable: torch could not deserialize them (other torch version?)"
+
+
+def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport, path: str) -> Any:
+    from cuvil_pgc.recompile.apply import apply_plan, realize
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.matching import structural_hash
+
+    model = model.eval().to(plan.get("device", "cpu"))
+    modules = dict(model.named_modules())
+    realized = {}
+    extract_dir = _extract_dir(vb)
+    for choice in plan["choices"]:
+        scope, cand = choice["scope"], Candidate.from_json(choice["candidate"])
+        module = modules.get(scope)
+        if module is None or structural_hash(module) != choice["structure"]:
+            report.skipped.append(f"{scope or '<model>'}: module {'missing' if module is None else 'changed'} "
+                                  "since the build; running it eagerly")
+            continue
+        if cand.backend == "aoti":
+            if not choice.get("artifact"):
+                raise BuildError(f"plan chooses AOTInductor for {scope or '<model>'} but names no package", path=path)
+            local = str(vb.extract(choice["artifact"], extract_dir))
+            realized[scope] = realize(module, cand, None, artifact=local, signature=choice["input_signature"])
+            report.aoti_packages += 1
+        else:
+            realized[scope] = _realize_lazy(module, cand, plan.get("device", "cpu"))
+            report.compiled_regions += cand.backend != "eager"
+        report.applied.append(f"{scope or '<model>'}: {cand.config}")
+    return apply_plan(model, realized) if realized else model
+
+
+def _realize_lazy(module: Any, cand: Any, device: str) -> Any:
+    """torch.compile candidates need no inputs to build: compilation happens on the first call."""
+    from cuvil_pgc.recompile.apply import Realized, prepare_module, realize
+
+    if cand.backend == "eager":
+        prepared, applied = prepare_module(module, cand, device)
+        return Realized(prepared, rewrites=applied)
+    return realize(module, cand, _NoInputs(), device=device)
+
+
+class _NoInputs:
+    """Stands in for captured inputs where a backend never looks at them (torch.compile)."""
+
+    signature = None
+    args: tuple = ()
+    kwargs: dict = {}
+
+
+def _extract_dir(vb: Any) -> Path:
+    from cuvil_pgc.recompile.records import cache_dir
+
+    digest = hashlib.sha256(json.dumps(sorted((k, v.sha256) for k, v in vb.manifest.members.items()))
+                            .encode()).hexdigest()[:24]
+    target = cache_dir() / "loaded" / digest
+    target.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=target))
+
+
+def _warm_up(module: Any, example_inputs: tuple[Any, ...], report: LoadReport) -> None:
+    import torch
+    from torch._dynamo.utils import counters
+
+    before = _cache_counts(counters)
+    with torch.no_grad():
+        module(*example_inputs)
+    after = _cache_counts(counters)
+    report.cache_hits = after[0] - before[0]
+    report.cache_misses = after[1] - before[1]
+    report.warm = report.cache_misses == 0
+    if report.cache_misses:
+        reason = ("the packaged cache artifacts were not usable: " + report.cache_artifacts
+                  if report.cache_artifacts.startswith("unusable") else
+                  "no cache artifacts for these graphs (inputs or environment differ from the build's)")
+        report.notes.append(f"{report.cache_misses} Inductor cache misses: {reason}")
+
+
+def _cache_counts(counters: Any) -> tuple[int, int]:
+    ind = counters.get("inductor", {})
+    return int(ind.get("fxgraph_cache_hit", 0)), int(ind.get("fxgraph_cache_miss", 0))

@@ -1,0 +1,139 @@
+"""The plan space: which configurations are worth trying for each region, steered by the profile.
+
+A :class:`Candidate` is one configuration of one *scope* — a submodule matched to a hot region
+(the region compiled alone) or the whole model (every region merged into one compile boundary).
+Configurations combine a backend (eager, torch.compile, AOTInductor package, CUDA graphs via
+``reduce-overhead``), its options (mode, Inductor freezing, ``cpp_wrapper``), module rewrites,
+memory layout (channels_last) and precision (bf16/fp16 autocast).
+
+:func:`generate_space` builds the candidates from the bottleneck labels the analyzer gave the
+regions: launch-overhead and host-bound regions get the options that remove per-op or per-call
+cost (rewrites, AOTInductor, cpp_wrapper, CUDA graphs); memory-bandwidth regions the fusing and
+layout options; compute-bound regions autotuning, freezing, layout and reduced precision; idle
+regions nothing. The cost models then rank them (see :mod:`.cost_models`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+BACKENDS = ("eager", "compile", "aoti", "cudagraphs")
+OVERHEAD_LABELS = ("launch_overhead", "host_bound")
+MAX_SUBSCOPES = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    scope: str                       # submodule qualname; "" = the whole model
+    backend: str = "eager"           # one of BACKENDS
+    mode: str = "default"            # torch.compile mode: default | max-autotune-no-cudagraphs | reduce-overhead
+    freezing: bool = False
+    cpp_wrapper: bool = False
+    rewrite: bool = False
+    channels_last: bool = False
+    precision: str = "fp32"          # fp32 | bf16 | fp16
+
+    @property
+    def config(self) -> str:
+        """The configuration without the scope, e.g. ``aoti+freezing+rewrite``."""
+        parts = [self.backend]
+        if self.backend == "compile" and self.mode != "default":
+            parts.append(self.mode)
+        parts += [name for name, on in (("freezing", self.freezing), ("cpp_wrapper", self.cpp_wrapper),
+                                        ("rewrite", self.rewrite), ("channels_last", self.channels_last)) if on]
+        if self.precision != "fp32":
+            parts.append(self.precision)
+        return "+".join(parts)
+
+    @property
+    def key(self) -> str:
+        return f"{self.scope or '<model>'}::{self.config}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Candidate:
+        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class ScopeFeatures:
+    """What the cost models know about one scope, from the Analysis and the model's structure."""
+
+    scope: str
+    path: str                        # region path in the profile ("" when not profiled)
+    bottleneck: str
+    eager_us: float                  # per forward of the whole model
+    calls: float = 1.0               # calls of this scope per forward of the model
+    ops: float = 0.0                 # aten ops per forward
+    pointwise_ops: float = 0.0
+    flops: float = 0.0
+    bytes: float = 0.0
+    has_conv: bool = False
+    rewrites: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)   # bottlenecks of the regions inside the scope
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def generate_space(scopes: list[ScopeFeatures], device: str = "cpu") -> list[Candidate]:
+    """All candidates for all scopes (eager of every scope included, deduplicated, stable order)."""
+    seen: dict[str, Candidate] = {}
+    for feats in scopes:
+        for cand in scope_candidates(feats, device):
+            seen.setdefault(cand.key, cand)
+    return list(seen.values())
+
+
+def scope_candidates(feats: ScopeFeatures, device: str = "cpu") -> list[Candidate]:
+    labels = set(feats.labels or [feats.bottleneck])
+    out = [Candidate(feats.scope)]
+    if labels <= {"idle"}:
+        return out
+    rewrites = [False, True] if feats.rewrites else [False]
+    for rw in rewrites:
+        out += _overhead_configs(feats.scope, rw, device) if labels & set(OVERHEAD_LABELS) else []
+        out += _fusion_configs(feats.scope, rw) if labels & {"memory_bandwidth", "compute"} else []
+    if labels & {"memory_bandwidth", "compute"}:
+        out += _layout_precision_configs(feats, device, labels)
+    if not labels & (set(OVERHEAD_LABELS) | {"memory_bandwidth", "compute"}):
+        out.append(Candidate(feats.scope, "compile"))
+    return out
+
+
+def _overhead_configs(scope: str, rw: bool, device: str) -> list[Candidate]:
+    out = [Candidate(scope, rewrite=True)] if rw else []
+    out += [Candidate(scope, "aoti", rewrite=rw), Candidate(scope, "aoti", freezing=True, rewrite=rw),
+            Candidate(scope, "compile", cpp_wrapper=True, rewrite=rw), Candidate(scope, "compile", rewrite=rw)]
+    if device.startswith("cuda"):
+        out.append(Candidate(scope, "cudagraphs", mode="reduce-overhead", rewrite=rw))
+    return out
+
+
+def _fusion_configs(scope: str, rw: bool) -> list[Candidate]:
+    mat = "max-autotune-no-cudagraphs"
+    return [Candidate(scope, "compile", rewrite=rw), Candidate(scope, "compile", mode=mat, rewrite=rw),
+            Candidate(scope, "compile", mode=mat, freezing=True, rewrite=rw),
+            Candidate(scope, "aoti", rewrite=rw), Candidate(scope, "aoti", freezing=True, rewrite=rw)]
+
+
+def _layout_precision_configs(feats: ScopeFeatures, device: str, labels: set[str]) -> list[Candidate]:
+    mat = "max-autotune-no-cudagraphs"
+    out = []
+    if feats.has_conv:
+        out += [Candidate(feats.scope, "compile", mode=mat, freezing=True, channels_last=True),
+                Candidate(feats.scope, "aoti", freezing=True, channels_last=True)]
+    low = "fp16" if device.startswith("cuda") else "bf16"
+    out += [Candidate(feats.scope, "aoti", freezing=True, precision=low)]
+    if "compute" in labels:
+        out.append(Candidate(feats.scope, "compile", mode=mat, freezing=True, precision=low))
+    return out
+
+
+def choose_scopes(matches: dict[str, Any], root_feats: ScopeFeatures, sub_feats: list[ScopeFeatures],
+                  max_subscopes: int = MAX_SUBSCOPES) -> list[ScopeFeatures]:
+    """The whole model plus the hottest non-idle submodule regions that hold real work."""
+    ranked = sorted((f for f in sub_feats if f.bottleneck != "idle"),
+                    key=lambda f: -float(f.evidence.get("hotness", f.eager_us)))
+    return [root_feats, *ranked[:max_subscopes]]

@@ -1,0 +1,85 @@
+"""A/B comparison of two ways to run one model: builds, store refs, ``eager`` or ``compile``.
+
+Both contenders are warmed up, then timed in interleaved rounds (ABAB…, order rotating every
+round; see :mod:`.measure`). The result follows DESIGN.md's ``compare --json`` shape:
+``{"a": {"name", "median_ms", "ci95_ms"}, "b": {...}, "speedup", "speedup_ci95": [lo, hi], "verdict"}``
+where ``speedup`` = median(A) / median(B) (above 1: B is faster) and ``verdict`` is ``faster``,
+``slower`` or ``same`` for B relative to A: ``same`` when the bootstrap 95 % CI of the ratio
+contains 1 (no significant difference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cuvil_pgc.recompile.measure import ratio_ci, time_interleaved, verdict
+
+DEFAULT_ROUNDS = 30
+KEYWORDS = ("eager", "compile")
+
+
+def resolve_contender(spec: str, model: Any, *, store: Any = None, pubkey: Any = None,
+                      example_inputs: tuple[Any, ...] | None = None) -> Callable[..., Any]:
+    """``eager`` → the model; ``compile`` → torch.compile(model); else a build path or store ref."""
+    if spec == "eager":
+        return model
+    if spec == "compile":
+        import torch
+
+        return torch.compile(model)
+    from cuvil_pgc.recompile.build import load_build
+
+    return load_build(spec, model, store=store, pubkey=pubkey, require_signature=pubkey is not None,
+                      example_inputs=example_inputs)
+
+
+def compare_runnables(a: Callable[..., Any], b: Callable[..., Any], example_inputs: tuple[Any, ...], *,
+                      names: tuple[str, str] = ("A", "B"), rounds: int = DEFAULT_ROUNDS,
+                      warmup: int = 5, seed: int = 0) -> dict[str, Any]:
+    """Time ``a`` and ``b`` interleaved on the same inputs; the compare --json document."""
+    import torch
+
+    with torch.no_grad():
+        samples = time_interleaved({"a": lambda: a(*example_inputs), "b": lambda: b(*example_inputs)},
+                                   rounds=rounds, warmup=warmup)
+    sa, sb = samples["a"], samples["b"]
+    lo, hi = ratio_ci(sa.seconds, sb.seconds, seed=seed)
+    return {
+        "a": _side(names[0], sa, seed),
+        "b": _side(names[1], sb, seed),
+        "speedup": round(sa.median_s / sb.median_s, 4),
+        "speedup_ci95": [round(lo, 4), round(hi, 4)],
+        "verdict": verdict((lo, hi)),
+        "rounds": rounds,
+    }
+
+
+def _side(name: str, samples: Any, seed: int) -> dict[str, Any]:
+    lo, hi = samples.ci95_s(seed=seed)
+    return {"name": name, "median_ms": round(samples.median_ms, 6), "ci95_ms": [round(lo * 1e3, 6), round(hi * 1e3, 6)]}
+
+
+def compare(model: Any, example_inputs: tuple[Any, ...], a: str, b: str, *, store: Any = None,
+            pubkey: Any = None, rounds: int = DEFAULT_ROUNDS) -> dict[str, Any]:
+    """Compare two contender specs (build path, ``store://`` ref, ``eager``, ``compile``) on ``model``."""
+    model = model.eval()
+    run_a = resolve_contender(a, model, store=store, pubkey=pubkey)
+    run_b = resolve_contender(b, model, store=store, pubkey=pubkey)
+    return compare_runnables(run_a, run_b, example_inputs, names=(a, b), rounds=rounds)
+
+
+def compare_table(result: dict[str, Any]) -> Any:
+    """A rich table of a compare result."""
+    from rich.table import Table
+
+    table = Table(title=f"compare: B is {result['verdict']} than A"
+                  if result["verdict"] != "same" else "compare: no significant difference")
+    for column in ("", "name", "median ms", "95% CI ms"):
+        table.add_column(column, justify="right" if "ms" in column else "left")
+    for side in ("a", "b"):
+        s = result[side]
+        table.add_row(side.upper(), s["name"], f"{s['median_ms']:.4f}", f"{s['ci95_ms'][0]:.4f} – {s['ci95_ms'][1]:.4f}")
+    lo, hi = result["speedup_ci95"]
+    table.caption = f"speedup A/B = {result['speedup']:.3f}x (95% CI {lo:.3f} – {hi:.3f}), {result['rounds']} interleaved rounds"
+    return table

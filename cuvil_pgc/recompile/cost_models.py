@@ -1,0 +1,228 @@
+"""Cost models: predict a candidate's time per forward from the profile and the machine model.
+
+Each model is a small class with one signature, ``predict(cand, feats) -> float`` (µs, or a
+factor for the multiplicative ones), and ``refit(samples)`` from measured records. The
+:class:`PlanCostModel` composes them:
+
+    t = overhead(backend) + ops_after × per_op(backend) + work × fusion × layout × precision
+
+where the eager time of a scope splits into dispatch (ops × the machine's per-op cost, at most
+80 %) and work. Starting figures (``PRIORS``) are per-call fixed costs measured on a 2-core
+CPU with torch 2.13 (tiny MLP at batch 1: eager 27 µs, AOTInductor 48 µs, torch.compile
+158 µs; cpp_wrapper halves torch.compile's wrapper cost, issue 7) and are replaced by the
+refit as soon as records of this machine exist. After the component refits, a per-configuration
+log-ratio correction (shrunk towards zero by the record count) absorbs what the models miss,
+as TVM MetaSchedule's measured records correct its cost model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from cuvil_pgc.recompile.candidates import OVERHEAD_LABELS, Candidate, ScopeFeatures
+from cuvil_pgc.recompile.measure import median
+
+#: µs per call of each backend variant on top of eager (measured, see module docstring)
+PRIORS = {
+    "fixed_us": {"eager": 0.0, "compile": 130.0, "compile+cpp_wrapper": 55.0, "aoti": 20.0,
+                 "cudagraphs": 15.0},
+    "per_op_us": {"eager": None, "compile": 1.0, "aoti": 0.5, "cudagraphs": 0.3},
+    "rnn_rewrite_saving": 0.8,          # share of an RNN op's time a cell rewrite removes (0.35 → 0.064 ms)
+    "rnn_op_us": 250.0,                 # nn.LSTM step cost when the profile has no top_ops
+}
+
+
+@dataclass
+class MachineFigures:
+    dispatch_us: float = 4.0
+    peak_flops: float = 100e9
+    peak_low_flops: float | None = None     # bf16/fp16 FLOP/s when measured
+    mem_bw: float = 8e9
+
+    @classmethod
+    def from_analysis_machine(cls, machine: dict[str, Any]) -> MachineFigures:
+        cpu = machine.get("cuda") or machine.get("cpu") or machine
+        peaks = cpu.get("peak_flops") or {}
+        low = peaks.get("bf16") or peaks.get("fp16")
+        dispatch = cpu.get("dispatch_overhead_s")
+        return cls(dispatch_us=(dispatch * 1e6) if dispatch else 4.0,
+                   peak_flops=float(peaks.get("fp32", 100e9)), peak_low_flops=float(low) if low else None,
+                   mem_bw=float(cpu.get("mem_bw", 8e9)))
+
+
+def backend_variant(cand: Candidate) -> str:
+    if cand.backend == "compile" and cand.cpp_wrapper:
+        return "compile+cpp_wrapper"
+    return cand.backend
+
+
+def split_eager(feats: ScopeFeatures, machine: MachineFigures) -> tuple[float, float]:
+    """(dispatch µs, work µs) of the scope's eager time per forward."""
+    dispatch = min(feats.ops * machine.dispatch_us, 0.8 * feats.eager_us)
+    return dispatch, max(feats.eager_us - dispatch, 0.0)
+
+
+@dataclass
+class BackendOverheadModel:
+    """Fixed cost per call of a backend variant (Python wrapper, package runner, graph replay)."""
+
+    fixed_us: dict[str, float] = field(default_factory=lambda: dict(PRIORS["fixed_us"]))
+
+    def predict(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        return self.fixed_us.get(backend_variant(cand), 0.0) * feats.calls
+
+    def refit(self, samples: list[tuple[Candidate, ScopeFeatures, float, float]]) -> None:
+        """samples: (candidate, features, measured µs, predicted µs without the fixed cost)."""
+        implied: dict[str, list[float]] = {}
+        for cand, feats, measured, variable in samples:
+            if cand.backend != "eager":
+                implied.setdefault(backend_variant(cand), []).append(max(measured - variable, 0.0) / feats.calls)
+        for variant, values in implied.items():
+            prior, n = self.fixed_us.get(variant, 0.0), len(values)
+            self.fixed_us[variant] = (prior + n * median(values)) / (n + 1)
+
+
+@dataclass
+class LaunchCostModel:
+    """Per-op cost after the backend: dispatch (eager) or kernel calls; rewrites remove RNN cost."""
+
+    machine: MachineFigures
+    per_op_us: dict[str, float] = field(default_factory=lambda: {k: v for k, v in PRIORS["per_op_us"].items()
+                                                                 if v is not None})
+    rnn_saving: float = PRIORS["rnn_rewrite_saving"]
+
+    def predict(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        if cand.backend == "eager":
+            return split_eager(feats, self.machine)[0]
+        kernels = max(feats.ops - feats.pointwise_ops * 0.8, 1.0)    # pointwise ops fuse into neighbours
+        return kernels * self.per_op_us.get(cand.backend, 1.0)
+
+    def rewrite_saving(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        if not cand.rewrite:
+            return 0.0
+        rnn_us = float(feats.evidence.get("rnn_us", 0.0)) or PRIORS["rnn_op_us"] * sum(
+            1 for r in feats.rewrites if r.startswith(("lstm", "gru"))) * feats.calls
+        return self.rnn_saving * min(rnn_us, feats.eager_us)
+
+
+@dataclass
+class FusionCostModel:
+    """Work factor from fusing observed op sequences (intermediate bytes not written and re-read)."""
+
+    machine: MachineFigures
+
+    def predict(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        if cand.backend == "eager":
+            return 1.0
+        memory_share = self.memory_share(feats)
+        saved = float(feats.evidence.get("fusion_bytes_saved", 0.0))
+        frac = min(saved / feats.bytes, 0.6) if feats.bytes > 0 and saved > 0 else 0.25
+        factor = 1.0 - memory_share * frac
+        if cand.freezing:
+            factor *= 0.9          # constant-folded weights, prepacked matmul/conv
+        if cand.mode == "max-autotune-no-cudagraphs":
+            factor *= 1.0 - 0.1 * (1.0 - memory_share)
+        return factor
+
+    def memory_share(self, feats: ScopeFeatures) -> float:
+        if feats.flops <= 0 or feats.bytes <= 0:
+            return {"memory_bandwidth": 0.8, "compute": 0.2}.get(feats.bottleneck, 0.5)
+        t_mem = feats.bytes / self.machine.mem_bw
+        t_cmp = feats.flops / self.machine.peak_flops
+        return t_mem / (t_mem + t_cmp)
+
+
+@dataclass
+class LayoutCostModel:
+    """channels_last: cheaper conv work, plus the NCHW↔NHWC conversion at the region's boundary."""
+
+    machine: MachineFigures
+    conv_factor: float = 0.85
+
+    def predict(self, cand: Candidate, feats: ScopeFeatures) -> tuple[float, float]:
+        """(work factor, added µs)."""
+        if not cand.channels_last or not feats.has_conv:
+            return 1.0, 0.0
+        boundary_bytes = float(feats.evidence.get("boundary_bytes", 0.0))
+        return self.conv_factor, 2 * boundary_bytes / self.machine.mem_bw * 1e6
+
+
+@dataclass
+class PrecisionCostModel:
+    """bf16/fp16: half the bytes; compute at the low-precision rate where the machine has one."""
+
+    machine: MachineFigures
+    memory: FusionCostModel
+
+    def predict(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        if cand.precision == "fp32":
+            return 1.0
+        share = self.memory.memory_share(feats)
+        low = self.machine.peak_low_flops
+        compute_factor = self.machine.peak_flops / low if low else 2.0   # no fast bf16 path: emulated
+        return share * 0.55 + (1.0 - share) * compute_factor + 0.05      # + casts
+
+
+class PlanCostModel:
+    """Composes the component models; ``predict(cand, feats)`` gives µs per forward."""
+
+    def __init__(self, machine: MachineFigures) -> None:
+        self.machine = machine
+        self.overhead = BackendOverheadModel()
+        self.launch = LaunchCostModel(machine)
+        self.fusion = FusionCostModel(machine)
+        self.layout = LayoutCostModel(machine)
+        self.precision = PrecisionCostModel(machine, self.fusion)
+        self.correction: dict[str, float] = {}     # config -> log(measured / predicted), shrunk
+        self.refit_count = 0
+
+    def variable_us(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        if cand.backend == "eager":
+            return max(feats.eager_us - self.launch.rewrite_saving(cand, feats), 0.05 * feats.eager_us)
+        _, work = split_eager(feats, self.machine)
+        if cand.rewrite:   # the RNN op's fixed cost sits in "work" (one aten op, many internal steps)
+            work = max(work - self.launch.rewrite_saving(cand, feats), 0.05 * work)
+        layout_factor, layout_us = self.layout.predict(cand, feats)
+        factor = self.fusion.predict(cand, feats) * layout_factor * self.precision.predict(cand, feats)
+        return self.launch.predict(cand, feats) + work * factor + layout_us
+
+    def predict_raw(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        return self.overhead.predict(cand, feats) + self.variable_us(cand, feats)
+
+    def predict(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        return self.predict_raw(cand, feats) * math.exp(self.correction.get(cand.config, 0.0))
+
+    def refit(self, samples: list[tuple[Candidate, ScopeFeatures, float]]) -> None:
+        """Refit from (candidate, features, measured µs per forward) of this machine."""
+        self.overhead = BackendOverheadModel()
+        self.overhead.refit([(c, f, m, self.variable_us(c, f)) for c, f, m in samples])
+        logs: dict[str, list[float]] = {}
+        for cand, feats, measured in samples:
+            predicted = self.predict_raw(cand, feats)
+            if measured > 0 and predicted > 0:
+                logs.setdefault(cand.config, []).append(math.log(measured / predicted))
+        self.correction = {cfg: median(v) * len(v) / (len(v) + 1) for cfg, v in logs.items()}
+        self.refit_count += 1
+
+    def rank(self, cands: list[Candidate], feats: dict[str, ScopeFeatures]) -> list[tuple[Candidate, float]]:
+        """Candidates with predicted µs, best predicted saving first (label-preferred on ties)."""
+        scored = []
+        for cand in cands:
+            f = feats[cand.scope]
+            predicted = self.predict(cand, f)
+            saving = f.eager_us - predicted
+            scored.append((cand, predicted, (-saving, _label_preference(cand, f))))
+        scored.sort(key=lambda t: t[2])
+        return [(c, p) for c, p, _ in scored]
+
+
+def _label_preference(cand: Candidate, feats: ScopeFeatures) -> int:
+    """0 when the candidate's main lever fits the scope's bottleneck label, 1 otherwise."""
+    labels = set(feats.labels or [feats.bottleneck])
+    if labels & set(OVERHEAD_LABELS):
+        return 0 if cand.backend in ("aoti", "cudagraphs") or cand.rewrite or cand.cpp_wrapper else 1
+    if "compute" in labels:
+        return 0 if cand.mode != "default" or cand.freezing or cand.precision != "fp32" else 1
+    return 0 if cand.backend != "eager" else 1

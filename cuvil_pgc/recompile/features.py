@@ -1,0 +1,91 @@
+"""What the cost models know about each scope: profile statistics plus the module's op census.
+
+The Analysis gives per-region time, calls, bottleneck label, top ops and fusion candidates; one
+forward of each scope under a dispatch-mode counter gives its aten op count, pointwise op count,
+FLOPs and bytes touched (the structure a profile of a CPU run does not always hold). The profile's
+times were taken under instrumentation, so they are rescaled by the measured eager time of the
+whole model before use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cuvil_pgc.recompile.candidates import ScopeFeatures
+from cuvil_pgc.recompile.matching import RegionMatch
+from cuvil_pgc.recompile.rewrites import rewrite_opportunities
+
+ALL_LABELS = ["launch_overhead", "memory_bandwidth", "compute"]
+
+
+class _OpCensus(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+        self.pointwise = 0
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        if torch.Tag.pointwise in getattr(func, "tags", ()):
+            self.pointwise += 1
+        for t in torch.utils._pytree.tree_leaves((args, kwargs, out)):
+            if isinstance(t, torch.Tensor):
+                self.bytes += t.numel() * t.element_size()
+        return out
+
+
+def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, float]:
+    """aten ops, pointwise ops, bytes touched and FLOPs of one call."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    census = _OpCensus()
+    flops = FlopCounterMode(display=False)
+    with torch.no_grad(), flops, census:
+        module(*args, **kwargs)
+    return {"ops": census.ops, "pointwise": census.pointwise, "bytes": census.bytes,
+            "flops": flops.get_total_flops()}
+
+
+def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | None, analysis: Any,
+                   root_calls: float, scale: float) -> ScopeFeatures:
+    """Features of one scope; ``scale`` converts profiled µs to measured µs (instrumentation)."""
+    census = op_census(module, inputs.args, inputs.kwargs)
+    stats = match.stats if match else None
+    calls = (stats.calls / root_calls) if stats and root_calls else 1.0
+    eager_us = (stats.total_us / root_calls * scale) if stats and root_calls else 0.0
+    evidence: dict[str, Any] = {"hotness": getattr(stats, "hotness", 0.0) if stats else 0.0}
+    if stats:
+        evidence.update(_profile_evidence(stats, analysis, root_calls, scale))
+    return ScopeFeatures(
+        scope=scope, path=stats.path if stats else "", bottleneck=stats.bottleneck if stats else "unknown",
+        eager_us=eager_us, calls=calls, ops=census["ops"] * calls, pointwise_ops=census["pointwise"] * calls,
+        flops=census["flops"] * calls, bytes=census["bytes"] * calls,
+        has_conv=any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) for m in module.modules()),
+        rewrites=rewrite_opportunities(module), labels=[stats.bottleneck] if stats else list(ALL_LABELS),
+        evidence=evidence)
+
+
+def _profile_evidence(stats: Any, analysis: Any, root_calls: float, scale: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"bottleneck_evidence": stats.evidence, "confidence": stats.confidence}
+    rnn_us = sum(float(op.get("total_us", 0.0)) for op in stats.top_ops or []
+                 if any(k in str(op.get("name", "")).lower() for k in ("lstm", "gru", "rnn")))
+    if rnn_us and root_calls:
+        out["rnn_us"] = rnn_us / root_calls * scale
+    saved = sum(f.bytes_saved for f in getattr(analysis, "fusion_candidates", [])
+                if f.region == stats.path or f.region.startswith(stats.path + "/"))
+    if saved:
+        out["fusion_bytes_saved"] = saved / max(root_calls, 1.0)
+    return out
+
+
+def root_labels(analysis: Any, matched: list[RegionMatch], top: int = 5) -> list[str]:
+    """Bottleneck labels the whole-model scope must address: the root's and the hottest regions'."""
+    if analysis is None or not matched:
+        return list(ALL_LABELS)
+    hottest = sorted(matched, key=lambda m: -m.stats.hotness)[:top]
+    return sorted({m.stats.bottleneck for m in hottest})

@@ -1,0 +1,144 @@
+"""Regions of a profile ↔ submodules of the model being recompiled.
+
+``instrument_module`` names each region by the module's qualified path with the root prefix
+(``model.layer1.0.conv1``; nested regions join names with "/", so the last component is the
+module's own name). :func:`match_regions` maps every region path to a submodule by that name and
+checks it with a structural hash (module type, parameter and buffer names/shapes/dtypes, the
+source of ``forward``, recursively over children) when the profile recorded one
+(``evidence["structure"]``) or at least the module class (``evidence["module"]``). A region whose
+module is gone, renamed or changed is *stale*: it is listed with the reason and not used, so a
+profile of a slightly different model version still steers the unchanged regions. Regions that
+are not modules (a user's ``ProfileRegion("preprocess")``) are listed as unmatched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RegionMatch:
+    path: str                 # region path in the profile
+    qualname: str             # submodule path in the model ("" = the root)
+    module_type: str
+    structure: str
+    stats: Any                # analyze.analysis.RegionStats
+
+
+@dataclass
+class StaleRegion:
+    path: str
+    reason: str
+
+
+@dataclass
+class MatchResult:
+    matched: list[RegionMatch] = field(default_factory=list)
+    stale: list[StaleRegion] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)   # regions that are not modules
+
+    def by_qualname(self) -> dict[str, RegionMatch]:
+        out: dict[str, RegionMatch] = {}
+        for m in self.matched:     # several regions (call sites) may map to one module: keep the hottest
+            if m.qualname not in out or m.stats.total_us > out[m.qualname].stats.total_us:
+                out[m.qualname] = m
+        return out
+
+
+def structural_hash(module: Any) -> str:
+    """sha256 of the module's structure: types, parameter/buffer shapes and dtypes, forward sources."""
+    h = hashlib.sha256()
+    for name, sub in module.named_modules(remove_duplicate=False):
+        cls = type(sub)
+        h.update(f"M {name} {cls.__module__}.{cls.__qualname__}\n".encode())
+        h.update(_forward_source(cls).encode())
+        for pname, p in sub.named_parameters(recurse=False):
+            h.update(f"P {pname} {tuple(p.shape)} {p.dtype}\n".encode())
+        for bname, b in sub.named_buffers(recurse=False):
+            h.update(f"B {bname} {tuple(b.shape)} {b.dtype}\n".encode())
+    return h.hexdigest()
+
+
+_SOURCES: dict[type, str] = {}
+
+
+def _forward_source(cls: type) -> str:
+    if cls not in _SOURCES:
+        try:
+            _SOURCES[cls] = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            _SOURCES[cls] = f"{cls.__module__}.{cls.__qualname__}.forward"
+    return _SOURCES[cls]
+
+
+def input_signature(args: Any) -> str:
+    """Shapes, dtypes, devices and layouts of the tensors in ``args`` (nested), as a short hash."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    leaves, spec = tree_flatten(args)
+    parts = [str(spec)]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            parts.append(f"T{tuple(leaf.shape)}{leaf.dtype}{leaf.device}{leaf.is_contiguous()}")
+        else:
+            parts.append(f"V{leaf!r}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def region_module_name(path: str) -> str:
+    """The last component of a region path: the region's own name."""
+    return path.rsplit("/", 1)[-1]
+
+
+def match_regions(analysis: Any, model: Any) -> MatchResult:
+    """Map the analysis' regions to ``model``'s submodules by module path and structure."""
+    modules = dict(model.named_modules())
+    roots = _root_prefixes(analysis)
+    result = MatchResult()
+    for stats in analysis.regions:
+        name = region_module_name(stats.path)
+        qualname = _qualname(name, roots)
+        if qualname is None:
+            result.unmatched.append(stats.path)
+            continue
+        module = modules.get(qualname)
+        if module is None:
+            result.stale.append(StaleRegion(stats.path, f"no submodule {qualname!r} in this model "
+                                                        "(renamed or removed since the profile)"))
+            continue
+        reason = _structure_mismatch(stats, module)
+        if reason:
+            result.stale.append(StaleRegion(stats.path, reason))
+            continue
+        result.matched.append(RegionMatch(stats.path, qualname, type(module).__name__,
+                                          structural_hash(module), stats))
+    return result
+
+
+def _root_prefixes(analysis: Any) -> set[str]:
+    """Names of root regions: dot-free names whose children are named ``name.child``."""
+    names = {region_module_name(r.path) for r in analysis.regions}
+    dotted = {n.split(".", 1)[0] for n in names if "." in n}
+    return {n for n in names if "." not in n and n in dotted} | dotted
+
+
+def _qualname(name: str, roots: set[str]) -> str | None:
+    head, _, rest = name.partition(".")
+    if head not in roots:
+        return None
+    return rest
+
+
+def _structure_mismatch(stats: Any, module: Any) -> str:
+    evidence = stats.evidence or {}
+    recorded = evidence.get("structure")
+    if recorded and recorded != structural_hash(module):
+        return "module structure changed since the profile (parameter shapes, type or forward code)"
+    module_type = evidence.get("module")
+    if module_type and module_type != type(module).__name__:
+        return f"module type changed: profiled {module_type}, now {type(module).__name__}"
+    return ""

@@ -1,0 +1,124 @@
+"""Timing shared by the search and ``cuvil-pgc compare``: interleaved runs, medians, bootstrap CIs.
+
+Contract: :func:`time_interleaved` warms every callable up, then runs rounds in which each callable
+takes one sample (a sample is the mean of ``inner`` back-to-back calls), rotating the order every
+round (ABAB…, BABA…), so slow drifts of a shared, noisy machine hit every contender alike.
+Statistics are medians; :func:`ratio_ci` bootstraps the ratio of two medians. Nothing here
+asserts on times: callers compare contenders measured in the same run.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: a sample should last at least this long so the timer's resolution does not matter
+MIN_SAMPLE_S = 0.002
+DEFAULT_ROUNDS = 15
+DEFAULT_BOOTSTRAP = 2000
+
+
+@dataclass
+class Samples:
+    """Per-call times of one contender in seconds, one entry per round."""
+
+    name: str
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def median_s(self) -> float:
+        return median(self.seconds)
+
+    @property
+    def median_ms(self) -> float:
+        return self.median_s * 1e3
+
+    def ci95_s(self, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
+        return bootstrap_ci(self.seconds, median, n_boot=n_boot, seed=seed)
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def bootstrap_ci(values: Sequence[float], stat: Callable[[Sequence[float]], float], *,
+                 n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of ``stat(values)``."""
+    rng = random.Random(seed)
+    n = len(values)
+    stats = sorted(stat([values[rng.randrange(n)] for _ in range(n)]) for _ in range(n_boot))
+    return _percentiles(stats, level)
+
+
+def ratio_ci(a: Sequence[float], b: Sequence[float], *, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0,
+             level: float = 0.95) -> tuple[float, float]:
+    """Bootstrap CI of median(a) / median(b), resampling rounds jointly (they were interleaved)."""
+    rng = random.Random(seed)
+    n = min(len(a), len(b))
+    ratios = []
+    for _ in range(n_boot):
+        idx = [rng.randrange(n) for _ in range(n)]
+        ratios.append(median([a[i] for i in idx]) / median([b[i] for i in idx]))
+    ratios.sort()
+    return _percentiles(ratios, level)
+
+
+def _percentiles(ordered: list[float], level: float) -> tuple[float, float]:
+    lo = ordered[int((1 - level) / 2 * (len(ordered) - 1))]
+    hi = ordered[int((1 + level) / 2 * (len(ordered) - 1))]
+    return lo, hi
+
+
+def verdict(speedup_ci: tuple[float, float]) -> str:
+    """B relative to A given the CI of A/B: ``faster`` if the CI is above 1, ``slower`` below, else ``same``."""
+    lo, hi = speedup_ci
+    if lo > 1.0:
+        return "faster"
+    if hi < 1.0:
+        return "slower"
+    return "same"
+
+
+def calibrate_inner(fn: Callable[[], Any], min_sample_s: float = MIN_SAMPLE_S, cap: int = 10_000) -> int:
+    """Calls per sample so that one sample lasts at least ``min_sample_s``."""
+    start = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - start, 1e-7)
+    return max(1, min(cap, math.ceil(min_sample_s / once)))
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = DEFAULT_ROUNDS, warmup: int = 5,
+                     inner: int | None = None, sync: Callable[[], None] | None = None) -> dict[str, Samples]:
+    """Time each zero-argument callable in rotating interleaved rounds; returns per-call samples."""
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    counts = {name: inner or calibrate_inner(fns[name]) for name in names}
+    if inner is None:   # one common count keeps every contender's sample equally long-lived
+        counts = dict.fromkeys(names, max(1, min(counts.values())))
+    out = {name: Samples(name) for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            out[name].seconds.append(_one_sample(fns[name], counts[name], sync))
+    return out
+
+
+def _one_sample(fn: Callable[[], Any], n: int, sync: Callable[[], None] | None) -> float:
+    if sync:
+        sync()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    if sync:
+        sync()
+    return (time.perf_counter() - start) / n

@@ -1,0 +1,106 @@
+"""Choosing the plan from the search's trials, and the final side-by-side check.
+
+Per scope the fastest accurate measured trial wins. Two plans then compete: the whole model as one
+compile boundary (its best trial) and the *composite* of the best sub-region choices (disjoint
+regions, each compiled alone, the rest eager, predicted from their measured savings). Both are
+rebuilt (AOTInductor packages come from the artifact cache), checked end to end with the accuracy
+guard, and timed interleaved with eager; the fastest wins, and eager itself wins when nothing beats
+it in that run (a plan is never slower than what it replaces, as far as the medians can tell).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from cuvil_pgc.recompile.accuracy import check_outputs
+from cuvil_pgc.recompile.apply import Realized, apply_plan, realize
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.measure import time_interleaved
+
+log = logging.getLogger(__name__)
+
+
+def best_per_scope(trials: dict[str, Any]) -> dict[str, Any]:
+    best: dict[str, Any] = {}
+    for t in trials.values():
+        if t.status == "ok" and t.measured_us is not None:
+            cur = best.get(t.candidate.scope)
+            if cur is None or t.measured_us < cur.measured_us:
+                best[t.candidate.scope] = t
+    return best
+
+
+def composite_choice(best: dict[str, Any], features: dict[str, Any]) -> tuple[dict[str, Candidate], float]:
+    """Disjoint sub-scopes with a measured saving, biggest first; returns choices and predicted µs."""
+    chosen: dict[str, Candidate] = {}
+    saving_total = 0.0
+    ranked = sorted((s for s in best if s), key=lambda s: -(features[s].eager_us - best[s].measured_us))
+    for scope in ranked:
+        saving = features[scope].eager_us - best[scope].measured_us
+        if saving <= 0 or _is_eager(best[scope].candidate) or any(_nested(scope, o) for o in chosen):
+            continue
+        chosen[scope] = best[scope].candidate
+        saving_total += saving
+    return chosen, features[""].eager_us - saving_total
+
+
+def _is_eager(cand: Candidate) -> bool:
+    return cand.backend == "eager" and not cand.rewrite
+
+
+def _nested(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def choose_plan(s: Any, result: Any) -> None:
+    """Fill ``result.choices/realized/module/baseline_us/plan_us`` (``s`` is the running search)."""
+    best = best_per_scope(s.trials)
+    plans: dict[str, dict[str, Candidate]] = {}
+    root = best.get("")
+    if root is not None and not _is_eager(root.candidate):
+        plans["model"] = {"": root.candidate}
+    composite, composite_us = composite_choice(best, s.features)
+    if composite and (root is None or composite_us < root.measured_us * 1.05):
+        plans["regions"] = composite
+        result.measured += 1
+    built = {name: _build_plan(s, choices) for name, choices in plans.items()}
+    built = {name: b for name, b in built.items() if b is not None}
+    _final_race(s, result, plans, built)
+
+
+def _build_plan(s: Any, choices: dict[str, Candidate]) -> tuple[dict[str, Realized], Any] | None:
+    try:
+        realized = {scope: realize(s._module(scope), cand, s.scope_inputs[scope], device=s.opt.device,
+                                   machine=s.machine_key) for scope, cand in choices.items()}
+        module = apply_plan(s.model, realized)
+        with torch.no_grad():
+            out = module(*s.inputs)
+    except Exception as exc:   # the plan could not be rebuilt: it loses the race
+        log.warning("cuvil-pgc: plan %s could not be rebuilt (%s)", list(choices.values()), exc)
+        return None
+    check = check_outputs(s.refs[""], out, rtol=s.opt.rtol, atol=s.opt.atol)
+    if not check.ok:
+        log.warning("cuvil-pgc: plan %s fails the accuracy guard end to end: %s", choices, check.reason)
+        return None
+    return realized, module
+
+
+def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], built: dict[str, Any]) -> None:
+    contenders = {"eager": s.model, **{name: module for name, (_, module) in built.items()}}
+    args = s.inputs
+    with torch.no_grad():
+        samples = time_interleaved({k: (lambda m=m: m(*args)) for k, m in contenders.items()},
+                                   rounds=max(s.opt.rounds, 15))
+    medians = {k: v.median_s * 1e6 for k, v in samples.items()}
+    winner = min(medians, key=medians.get)
+    result.baseline_us = medians["eager"]
+    result.plan_us = medians[winner]
+    result.final_medians_us = medians
+    if winner == "eager":
+        result.choices, result.realized, result.module = {}, {}, s.model
+    else:
+        result.choices = plans[winner]
+        result.realized, result.module = built[winner]

@@ -1,0 +1,84 @@
+"""plan.json: the human- and machine-readable record of what the search chose and why.
+
+Shape (``format`` 1)::
+
+    {"format": 1, "device", "machine", "model_hash", "tolerances": {"rtol", "atol"},
+     "choices": [{"scope", "candidate": {...}, "config", "structure", "input_signature",
+                  "artifact": member name | null}],
+     "regions": [{"path", "scope", "chosen", "bottleneck", "evidence", "predicted_ms", "measured_ms",
+                  "baseline_ms", "alternatives": [{"config", "scope", "predicted_ms", "measured_ms",
+                  "status", "reason", "reused_record"}]}],
+     "stale": [{"path", "reason"}], "unmatched": [...],
+     "measured_candidates", "reused_records", "space_size", "baseline_ms", "plan_ms", "speedup_vs_eager"}
+
+``regions`` has one entry per searched scope (the whole model first); "chosen" says what runs
+there, including ``merged into <model>: CONFIG`` when the whole model is one compile boundary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from cuvil_pgc.recompile.candidates import Candidate
+
+PLAN_FORMAT = 1
+
+
+def _ms(us: float | None) -> float | None:
+    return None if us is None or (isinstance(us, float) and math.isnan(us)) else round(us / 1e3, 6)
+
+
+def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | None, atol: float | None,
+                  artifacts: dict[str, str]) -> dict[str, Any]:
+    choices = [{"scope": scope, "candidate": cand.to_json(), "config": cand.config,
+                "structure": result.structures[scope], "input_signature": result.scope_inputs[scope].signature,
+                "artifact": artifacts.get(scope)} for scope, cand in sorted(result.choices.items())]
+    return {
+        "format": PLAN_FORMAT, "device": device, "machine": result.machine, "model_hash": model_hash,
+        "tolerances": {"rtol": rtol, "atol": atol}, "choices": choices,
+        "regions": [_region(result, scope) for scope in result.features],
+        "stale": [{"path": s.path, "reason": s.reason} for s in result.matches.stale],
+        "unmatched": list(result.matches.unmatched),
+        "measured_candidates": result.measured, "reused_records": result.reused, "space_size": result.space_size,
+        "baseline_ms": _ms(result.baseline_us), "plan_ms": _ms(result.plan_us),
+        "speedup_vs_eager": round(result.speedup, 4) if not math.isnan(result.speedup) else None,
+        "final_medians_ms": {k: _ms(v) for k, v in result.final_medians_us.items()},
+    }
+
+
+def _region(result: Any, scope: str) -> dict[str, Any]:
+    feats = result.features[scope]
+    trials = [t for t in result.trials.values() if t.candidate.scope == scope]
+    chosen_cand = result.choices.get(scope)
+    root = result.choices.get("")
+    if chosen_cand is not None:
+        chosen = chosen_cand.config
+    elif root is not None and scope:
+        chosen = f"merged into <model>: {root.config}"
+    else:
+        chosen = "eager"
+    chosen_trial = next((t for t in trials if chosen_cand is not None and t.candidate == chosen_cand), None)
+    eager = Candidate(scope)
+    eager_trial = next((t for t in trials if t.candidate == eager), None)
+    return {
+        "path": feats.path or (scope or "<model>"), "scope": scope or "<model>", "chosen": chosen,
+        "bottleneck": feats.bottleneck, "labels": feats.labels, "evidence": _evidence(feats),
+        "predicted_ms": _ms(chosen_trial.predicted_us) if chosen_trial else None,
+        "measured_ms": _ms(chosen_trial.measured_us) if chosen_trial else
+        (_ms(result.plan_us) if not scope else None),
+        "baseline_ms": _ms(eager_trial.measured_us if eager_trial and eager_trial.measured_us else feats.eager_us),
+        "alternatives": [t.to_json() for t in sorted(trials, key=_trial_order) if t.candidate != chosen_cand],
+    }
+
+
+def _trial_order(t: Any) -> tuple[int, float]:
+    return ({"ok": 0, "accuracy_error": 1, "compile_error": 2}.get(t.status, 3),
+            t.measured_us if t.measured_us is not None else t.predicted_us)
+
+
+def _evidence(feats: Any) -> dict[str, Any]:
+    return {"ops_per_forward": feats.ops, "pointwise_ops": feats.pointwise_ops, "flops": feats.flops,
+            "bytes": feats.bytes, "calls_per_forward": feats.calls, "rewrites": feats.rewrites,
+            **{k: v for k, v in feats.evidence.items() if k != "bottleneck_evidence"},
+            "profile": feats.evidence.get("bottleneck_evidence", {})}

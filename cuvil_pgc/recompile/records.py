@@ -1,0 +1,118 @@
+"""The record database: every measurement the search makes, kept for later searches.
+
+Records are JSON lines in ``$CUVIL_CACHE_DIR/records/records.jsonl`` (default
+``~/.cache/cuvil-pgc/records``), appended under an ``fcntl`` lock so parallel searches do not
+interleave lines. A record is keyed by the structural hash of the measured module, the candidate
+key, the machine fingerprint and the input signature: the same module, configuration, machine and
+shapes give the same key, so a second search reuses the measurement instead of repeating it.
+Records of other modules on the same machine feed the cost models' refit (TVM MetaSchedule style).
+Unreadable lines are skipped (a crash mid-write leaves at most one partial line).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CACHE_ENV = "CUVIL_CACHE_DIR"
+RECORDS_FILE = "records.jsonl"
+
+
+def cache_dir() -> Path:
+    """``$CUVIL_CACHE_DIR`` or ``~/.cache/cuvil-pgc``."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) if root else Path.home() / ".cache" / "cuvil-pgc"
+
+
+@dataclass
+class Record:
+    structure: str                 # structural hash of the measured module (scope)
+    candidate: str                 # Candidate.key
+    machine: str                   # machine fingerprint hash
+    inputs: str                    # input signature (shapes, dtypes)
+    status: str                    # "ok" | "compile_error" | "accuracy_error"
+    median_us: float | None = None
+    eager_us: float | None = None  # the scope's eager median measured in the same interleaved batch
+    predicted_us: float | None = None
+    reason: str = ""
+    features: dict[str, Any] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.structure, self.candidate, self.machine, self.inputs)
+
+
+class RecordDB:
+    """Append-only JSON-lines store of :class:`Record` with lookup by key."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else cache_dir() / "records"
+        self.path = self.directory / RECORDS_FILE
+        self._index: dict[tuple[str, str, str, str], Record] | None = None
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self._load().values())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+    def lookup(self, structure: str, candidate: str, machine: str, inputs: str) -> Record | None:
+        return self._load().get((structure, candidate, machine, inputs))
+
+    def for_machine(self, machine: str) -> list[Record]:
+        return [r for r in self._load().values() if r.machine == machine]
+
+    def add(self, record: Record) -> None:
+        import fcntl
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(asdict(record), sort_keys=True) + "\n"
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                fh.write(line)
+                fh.flush()
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        self._load()[record.key] = record
+
+    def _load(self) -> dict[tuple[str, str, str, str], Record]:
+        if self._index is None:
+            self._index = {}
+            if self.path.exists():
+                with open(self.path, encoding="utf-8") as fh:
+                    for line in fh:
+                        record = _parse(line)
+                        if record is not None:
+                            self._index[record.key] = record   # the latest measurement wins
+        return self._index
+
+
+def _parse(line: str) -> Record | None:
+    try:
+        doc = json.loads(line)
+        return Record(**{k: v for k, v in doc.items() if k in Record.__dataclass_fields__})
+    except (ValueError, TypeError):
+        return None
+
+
+def machine_key(fingerprint: Any) -> str:
+    """A short stable hash of a fingerprint (msgspec Struct, dataclass or dict)."""
+    if hasattr(fingerprint, "__struct_fields__"):
+        doc = {f: getattr(fingerprint, f) for f in fingerprint.__struct_fields__}
+    elif isinstance(fingerprint, dict):
+        doc = fingerprint
+    else:
+        doc = asdict(fingerprint)
+    # core and intra-op thread counts change timings even where the build fingerprint ignores them
+    import torch
+
+    doc = {**doc, "cpus": os.cpu_count(), "threads": torch.get_num_threads()}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]

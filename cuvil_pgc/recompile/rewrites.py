@@ -1,0 +1,241 @@
+"""Module rewrites for overhead-bound regions, numerically equivalent to the originals.
+
+- ``nn.LSTM`` / ``nn.GRU`` (any layers, batch_first, bidirectional; no proj_size) become
+  :class:`CellLSTM` / :class:`CellGRU`: per time step one ``addmm`` over ``[x, h]`` (LSTM; the
+  input and hidden weights concatenated once) plus pointwise gates. For single-step and short
+  sequences this removes most of cuDNN/oneDNN RNN's fixed per-call cost; compiled, the pointwise
+  gates fuse. Longer sequences (> :data:`MAX_UNROLLED_STEPS`) are left alone.
+- Conv + BatchNorm folding (eval mode): a ``Conv{1,2,3}d`` whose only user is a ``BatchNorm``
+  (found by tracing each parent with ``torch.fx``) gets the BN's scale and shift folded into its
+  weight and bias, and the BN becomes ``nn.Identity``. Inductor freezing does this too; the
+  rewrite serves eager and non-frozen candidates.
+
+:func:`apply_rewrites` works on a deep copy and returns it with the names of what it rewrote.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+MAX_UNROLLED_STEPS = 32
+
+
+class CellLSTM(nn.Module):
+    """nn.LSTM as explicit cell math (same inputs, outputs and parameters' values)."""
+
+    def __init__(self, lstm: nn.LSTM) -> None:
+        super().__init__()
+        if lstm.proj_size:
+            raise ValueError("LSTM with proj_size is not rewritten")
+        self.hidden_size, self.num_layers = lstm.hidden_size, lstm.num_layers
+        self.batch_first, self.directions = lstm.batch_first, 2 if lstm.bidirectional else 1
+        for layer in range(self.num_layers):
+            for d in range(self.directions):
+                sfx = f"_l{layer}" + ("_reverse" if d else "")
+                w = torch.cat([getattr(lstm, "weight_ih" + sfx), getattr(lstm, "weight_hh" + sfx)], 1)
+                b = _rnn_bias(lstm, sfx, w.shape[0], w)
+                self.register_buffer("w" + sfx, w.t().contiguous().detach().clone())
+                self.register_buffer("b" + sfx, (b[0] + b[1]).detach().clone())
+
+    def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
+        x, unbatched = _to_time_major(x, self.batch_first)
+        h0, c0 = _initial_state(x, hx, self.num_layers * self.directions, self.hidden_size, unbatched, 2)
+        hs, cs, layer_in = [], [], x
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(self.directions):
+                idx = layer * self.directions + d
+                out, h, c = self._run(layer_in, h0[idx], c0[idx], layer, d)
+                outs.append(out)
+                hs.append(h)
+                cs.append(c)
+            layer_in = outs[0] if self.directions == 1 else torch.cat(outs, -1)
+        return (_from_time_major(layer_in, self.batch_first, unbatched),
+                (_stack_state(hs, unbatched), _stack_state(cs, unbatched)))
+
+    def _run(self, seq: torch.Tensor, h: torch.Tensor, c: torch.Tensor, layer: int, d: int):
+        sfx = f"_l{layer}" + ("_reverse" if d else "")
+        w, b = getattr(self, "w" + sfx), getattr(self, "b" + sfx)
+        steps = range(seq.shape[0] - 1, -1, -1) if d else range(seq.shape[0])
+        outs: list[torch.Tensor] = []
+        for t in steps:
+            gates = torch.addmm(b, torch.cat([seq[t], h], 1), w)
+            i, f, g, o = gates.chunk(4, 1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outs.append(h)
+        if d:
+            outs.reverse()
+        return torch.stack(outs, 0), h, c
+
+
+class CellGRU(nn.Module):
+    """nn.GRU as explicit cell math."""
+
+    def __init__(self, gru: nn.GRU) -> None:
+        super().__init__()
+        self.hidden_size, self.num_layers = gru.hidden_size, gru.num_layers
+        self.batch_first, self.directions = gru.batch_first, 2 if gru.bidirectional else 1
+        for layer in range(self.num_layers):
+            for d in range(self.directions):
+                sfx = f"_l{layer}" + ("_reverse" if d else "")
+                w_ih, w_hh = getattr(gru, "weight_ih" + sfx), getattr(gru, "weight_hh" + sfx)
+                b_ih, b_hh = _rnn_bias(gru, sfx, w_ih.shape[0], w_ih)
+                self.register_buffer("wi" + sfx, w_ih.t().contiguous().detach().clone())
+                self.register_buffer("wh" + sfx, w_hh.t().contiguous().detach().clone())
+                self.register_buffer("bi" + sfx, b_ih.detach().clone())
+                self.register_buffer("bh" + sfx, b_hh.detach().clone())
+
+    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None):
+        x, unbatched = _to_time_major(x, self.batch_first)
+        (h0,) = _initial_state(x, None if hx is None else (hx,), self.num_layers * self.directions,
+                               self.hidden_size, unbatched, 1)
+        hs, layer_in = [], x
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(self.directions):
+                out, h = self._run(layer_in, h0[layer * self.directions + d], layer, d)
+                outs.append(out)
+                hs.append(h)
+            layer_in = outs[0] if self.directions == 1 else torch.cat(outs, -1)
+        return _from_time_major(layer_in, self.batch_first, unbatched), _stack_state(hs, unbatched)
+
+    def _run(self, seq: torch.Tensor, h: torch.Tensor, layer: int, d: int):
+        sfx = f"_l{layer}" + ("_reverse" if d else "")
+        wi, wh = getattr(self, "wi" + sfx), getattr(self, "wh" + sfx)
+        bi, bh = getattr(self, "bi" + sfx), getattr(self, "bh" + sfx)
+        gi_all = torch.addmm(bi, seq.reshape(-1, seq.shape[-1]), wi).view(seq.shape[0], seq.shape[1], -1)
+        steps = range(seq.shape[0] - 1, -1, -1) if d else range(seq.shape[0])
+        outs: list[torch.Tensor] = []
+        for t in steps:
+            gh = torch.addmm(bh, h, wh)
+            ir, iz, i_n = gi_all[t].chunk(3, 1)
+            hr, hz, hn = gh.chunk(3, 1)
+            r = torch.sigmoid(ir + hr)
+            z = torch.sigmoid(iz + hz)
+            n = torch.tanh(i_n + r * hn)
+            h = n + z * (h - n)
+            outs.append(h)
+        if d:
+            outs.reverse()
+        return torch.stack(outs, 0), h
+
+
+def _rnn_bias(rnn: nn.Module, sfx: str, rows: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if getattr(rnn, "bias", True):
+        return getattr(rnn, "bias_ih" + sfx), getattr(rnn, "bias_hh" + sfx)
+    zero = torch.zeros(rows, dtype=like.dtype, device=like.device)
+    return zero, zero
+
+
+def _to_time_major(x: torch.Tensor, batch_first: bool) -> tuple[torch.Tensor, bool]:
+    if x.dim() == 2:
+        return x.unsqueeze(1), True
+    return (x.transpose(0, 1) if batch_first else x), False
+
+
+def _from_time_major(y: torch.Tensor, batch_first: bool, unbatched: bool) -> torch.Tensor:
+    if unbatched:
+        return y.squeeze(1)
+    return y.transpose(0, 1) if batch_first else y
+
+
+def _initial_state(x: torch.Tensor, hx: Any, layers: int, hidden: int, unbatched: bool, parts: int):
+    if hx is None:
+        zero = x.new_zeros(layers, x.shape[1], hidden)
+        return (zero,) * parts
+    return tuple(h.unsqueeze(1) if unbatched else h for h in hx)
+
+
+def _stack_state(states: list[torch.Tensor], unbatched: bool) -> torch.Tensor:
+    out = torch.stack(states, 0)
+    return out.squeeze(1) if unbatched else out
+
+
+# ----------------------------------------------------------------------------- conv + batchnorm
+
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_BNS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def fold_conv_bn(conv: nn.Module, bn: nn.Module) -> None:
+    """Fold eval-mode ``bn`` into ``conv`` in place (weight and bias)."""
+    with torch.no_grad():
+        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps) if bn.affine else \
+            1.0 / torch.sqrt(bn.running_var + bn.eps)
+        shift = (bn.bias if bn.affine else 0.0) - bn.running_mean * scale
+        conv.weight.mul_(scale.reshape(-1, *([1] * (conv.weight.dim() - 1))))
+        bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
+        conv.bias = nn.Parameter(bias * scale + shift)
+
+
+def _conv_bn_pairs(parent: nn.Module) -> list[tuple[str, str]]:
+    """(conv_name, bn_name) children of ``parent`` where the conv's only user is the bn (via fx)."""
+    import torch.fx as fx
+
+    children = dict(parent.named_children())
+    if not any(isinstance(m, _CONVS) for m in children.values()) or \
+            not any(isinstance(m, _BNS) for m in children.values()):
+        return []
+    try:
+        graph = fx.Tracer().trace(parent)
+    except Exception:   # not symbolically traceable (data-dependent control flow): no folding here
+        return []
+    uses: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            uses[node.target] = uses.get(node.target, 0) + 1
+    pairs = []
+    for node in graph.nodes:
+        if node.op != "call_module" or not isinstance(children.get(node.target), _CONVS):
+            continue
+        users = list(node.users)
+        if len(users) == 1 and users[0].op == "call_module" and isinstance(children.get(users[0].target), _BNS) \
+                and uses.get(node.target) == 1 and uses.get(users[0].target) == 1:
+            pairs.append((node.target, users[0].target))
+    return pairs
+
+
+# ----------------------------------------------------------------------------- driver
+
+def rewrite_opportunities(module: nn.Module) -> list[str]:
+    """Names of the rewrites :func:`apply_rewrites` would make (without changing anything)."""
+    found = []
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.LSTM) and not sub.proj_size:
+            found.append(f"lstm_cell:{name}")
+        elif isinstance(sub, nn.GRU):
+            found.append(f"gru_cell:{name}")
+        found.extend(f"fold_conv_bn:{_join(name, c)}+{b}" for c, b in _conv_bn_pairs(sub))
+    return found
+
+
+def apply_rewrites(module: nn.Module, example_inputs: tuple[Any, ...] | None = None) -> tuple[nn.Module, list[str]]:
+    """Return a rewritten deep copy of ``module`` (eval mode) and the list of rewrites applied."""
+    out = copy.deepcopy(module).eval()
+    applied: list[str] = []
+    for name, sub in list(out.named_modules()):
+        for cname, child in list(sub.named_children()):
+            if isinstance(child, nn.LSTM) and not child.proj_size:
+                setattr(sub, cname, CellLSTM(child))
+                applied.append(f"lstm_cell:{_join(name, cname)}")
+            elif isinstance(child, nn.GRU):
+                setattr(sub, cname, CellGRU(child))
+                applied.append(f"gru_cell:{_join(name, cname)}")
+        for conv_name, bn_name in _conv_bn_pairs(sub):
+            fold_conv_bn(getattr(sub, conv_name), getattr(sub, bn_name))
+            setattr(sub, bn_name, nn.Identity())
+            applied.append(f"fold_conv_bn:{_join(name, conv_name)}+{bn_name}")
+    if isinstance(out, nn.LSTM) and not out.proj_size:
+        out, applied = CellLSTM(out), ["lstm_cell:"]
+    elif isinstance(out, nn.GRU):
+        out, applied = CellGRU(out), ["gru_cell:"]
+    return out, applied
+
+
+def _join(parent: str, child: str) -> str:
+    return f"{parent}.{child}" if parent else child

@@ -1,0 +1,310 @@
+"""Profile-guided plan search: rank candidates with the cost models, measure the best few.
+
+Contract of :func:`search`: it never crashes on a bad candidate. A candidate that fails to
+compile or export is rejected as ``compile_error``, one whose outputs differ from eager beyond
+the tolerances as ``accuracy_error``, each with its reason. Measurements are interleaved with the
+scope's eager module (same inputs, rotating order, medians; see :mod:`.measure`) and normalised by
+the first eager median of that scope, so batches measured minutes apart stay comparable. Every
+measurement goes to the record database; candidates already recorded for this module, machine
+and inputs are reused instead of measured, and the cost models are refitted from all of this
+machine's records before each batch. ``budget`` caps the new measurements (default: a fifth of
+the space, at least 3); ``exhaustive=True`` measures everything (for comparison benchmarks).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from cuvil_pgc.recompile.accuracy import check_outputs
+from cuvil_pgc.recompile.apply import Realized, ScopeInputs, capture_scope_inputs, realize
+from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
+from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
+from cuvil_pgc.recompile.features import root_labels, scope_features
+from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
+from cuvil_pgc.recompile.measure import median, time_interleaved
+from cuvil_pgc.recompile.records import Record, RecordDB
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]
+BATCH = 3
+
+
+@dataclass
+class SearchOptions:
+    budget: int | None = None
+    exhaustive: bool = False
+    rtol: float | None = None
+    atol: float | None = None
+    device: str = "cpu"
+    rounds: int = 15
+    max_subscopes: int = 3
+    use_records: bool = True
+
+
+@dataclass
+class Trial:
+    candidate: Candidate
+    predicted_us: float
+    status: str = "not_measured"        # ok | compile_error | accuracy_error | not_measured
+    measured_us: float | None = None    # per forward of the model
+    reason: str = ""
+    reused: bool = False
+    ratio: float | None = None          # median / the scope's eager median in the same interleaved run
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.candidate.config, "scope": self.candidate.scope,
+                "predicted_ms": _ms(self.predicted_us), "measured_ms": _ms(self.measured_us),
+                "status": self.status, "reason": self.reason, "reused_record": self.reused}
+
+
+@dataclass
+class SearchResult:
+    trials: dict[str, Trial]
+    features: dict[str, ScopeFeatures]
+    matches: MatchResult
+    scope_inputs: dict[str, ScopeInputs]
+    choices: dict[str, Candidate] = field(default_factory=dict)
+    structures: dict[str, str] = field(default_factory=dict)
+    measured: int = 0
+    reused: int = 0
+    space_size: int = 0
+    baseline_us: float = math.nan
+    plan_us: float = math.nan
+    machine: str = ""
+    realized: dict[str, Realized] = field(default_factory=dict)
+    module: Any = None
+    final_medians_us: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_us / self.plan_us if self.plan_us > 0 else math.nan
+
+
+def _ms(us: float | None) -> float | None:
+    return None if us is None or math.isnan(us) else round(us / 1e3, 6)
+
+
+class _Search:
+    def __init__(self, model: Any, example_inputs: tuple[Any, ...], analysis: Any, options: SearchOptions,
+                 records: RecordDB | None, machine_key: str, progress: Progress | None) -> None:
+        self.model, self.inputs, self.analysis, self.opt = model, example_inputs, analysis, options
+        self.records = records if options.use_records else None
+        self.machine_key, self.progress = machine_key, progress
+        figures = MachineFigures.from_analysis_machine(getattr(analysis, "machine", {}) or {})
+        self.cost = PlanCostModel(figures)
+        self.modules = dict(model.named_modules())
+        self.trials: dict[str, Trial] = {}
+        self.eager_runs: dict[str, list[float]] = {}   # scope -> eager medians (µs per call), one per run
+        self.measured = self.reused = 0
+
+    # ------------------------------------------------------------------ preparation
+    def prepare(self) -> list[Candidate]:
+        self.matches = match_regions(self.analysis, self.model) if self.analysis is not None else MatchResult()
+        by_q = self.matches.by_qualname()
+        subs = [q for q in by_q if q and q in self.modules]
+        self.scope_inputs = capture_scope_inputs(self.model, self.inputs, subs)
+        with torch.no_grad():
+            self.refs = {s: self._module(s)(*i.args, **i.kwargs) for s, i in self.scope_inputs.items()}
+        root_us = self._time_root_eager()
+        root_match = by_q.get("")
+        root_calls = float(root_match.stats.calls) if root_match else 1.0
+        profiled_root = root_match.stats.total_us / root_calls if root_match else 0.0
+        scale = root_us / profiled_root if profiled_root > 0 else 1.0
+        feats = {s: scope_features(s, self._module(s), self.scope_inputs[s], by_q.get(s), self.analysis,
+                                   root_calls, scale) for s in self.scope_inputs}
+        root = feats[""]
+        root.eager_us, root.calls = root_us, 1.0
+        root.labels = root_labels(self.analysis, self.matches.matched)
+        chosen = choose_scopes(by_q, root, [f for s, f in feats.items() if s and f.eager_us > 0],
+                               self.opt.max_subscopes)
+        self.features = {f.scope: f for f in chosen}
+        self.structures = {s: structural_hash(self._module(s)) for s in self.features}
+        return generate_space(chosen, self.opt.device)
+
+    def _module(self, scope: str) -> Any:
+        return self.modules[scope] if scope else self.model
+
+    def _time_root_eager(self) -> float:
+        args = self.scope_inputs[""].args
+        with torch.no_grad():
+            samples = time_interleaved({"eager": lambda: self.model(*args)}, rounds=self.opt.rounds)
+        self.eager_runs[""] = [samples["eager"].median_s * 1e6]
+        return self.eager_runs[""][0]
+
+    # ------------------------------------------------------------------ exploration
+    def explore(self, space: list[Candidate]) -> None:
+        self.space = space
+        for cand in space:
+            if cand.backend == "eager" and not cand.rewrite:
+                self._eager_trial(cand)
+        pending = [c for c in space if c.key not in self.trials]
+        pending = self._reuse_records(pending)
+        budget = len(space) if self.opt.exhaustive else (self.opt.budget or max(3, round(len(space) / 5)))
+        total = min(budget, len(pending))
+        while pending and self.measured < budget:
+            self._refit()
+            ranked = self.cost.rank(pending, self.features)
+            if not self.opt.exhaustive and self.measured >= 1 and ranked[0][1] >= self.features[ranked[0][0].scope].eager_us:
+                break    # nothing left is predicted to beat eager
+            scope = ranked[0][0].scope
+            batch = [(c, p) for c, p in ranked if c.scope == scope][:min(BATCH, budget - self.measured)]
+            self._measure_batch(scope, batch)
+            done = {c.key for c, _ in batch}
+            pending = [c for c in pending if c.key not in done]
+            if self.progress:
+                self.progress(min(self.measured, total), total, f"measured {batch[0][0].key}")
+        for cand in pending:
+            self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]),
+                                          reason="ranked below the measured candidates (budget)")
+
+    def _eager_trial(self, cand: Candidate) -> None:
+        feats = self.features[cand.scope]
+        measured = feats.eager_us if cand.scope == "" else None
+        self.trials[cand.key] = Trial(cand, feats.eager_us, "ok" if measured else "not_measured", measured)
+        if measured:
+            self.measured += 1
+
+    def _reuse_records(self, pending: list[Candidate]) -> list[Candidate]:
+        if self.records is None:
+            return pending
+        left = []
+        for cand in pending:
+            rec = self.records.lookup(self.structures[cand.scope], cand.config, self.machine_key,
+                                      self.scope_inputs[cand.scope].signature)
+            if rec is None:
+                left.append(cand)
+                continue
+            feats = self.features[cand.scope]
+            ratio = rec.median_us / rec.eager_us if rec.status == "ok" and rec.eager_us and rec.median_us else None
+            self.trials[cand.key] = Trial(cand, self.cost.predict(cand, feats), rec.status,
+                                          ratio * feats.eager_us if ratio else None, rec.reason, reused=True,
+                                          ratio=ratio)
+            self.reused += 1
+        return left
+
+    def _refit(self) -> None:
+        if self.records is None:
+            samples = []
+        else:
+            samples = [_sample(r) for r in self.records.for_machine(self.machine_key) if r.status == "ok"]
+            samples = [s for s in samples if s is not None]
+        samples += [(t.candidate, self.features[t.candidate.scope], t.measured_us) for t in self.trials.values()
+                    if t.status == "ok" and t.measured_us and not t.reused and t.candidate.backend != "eager"]
+        if samples:
+            self.cost.refit(samples)
+
+    def _measure_batch(self, scope: str, batch: list[tuple[Candidate, float]]) -> None:
+        module, inputs, feats = self._module(scope), self.scope_inputs[scope], self.features[scope]
+        torch._dynamo.reset()     # earlier batches' graphs are garbage; keep the recompile limit free
+        contenders: dict[str, Callable[[], Any]] = {"eager": lambda: module(*inputs.args, **inputs.kwargs)}
+        for cand, predicted in batch:
+            trial = Trial(cand, predicted)
+            self.trials[cand.key] = trial
+            self.measured += 1
+            fn = self._build_checked(cand, module, inputs, scope, trial)
+            if fn is not None:
+                contenders[cand.key] = fn
+            else:
+                self._record(trial, scope, None)
+        if len(contenders) == 1:
+            return
+        with torch.no_grad():
+            samples = time_interleaved(contenders, rounds=self.opt.rounds)
+        eager = samples["eager"].median_s * 1e6
+        first = scope not in self.eager_runs
+        self.eager_runs.setdefault(scope, []).append(eager)
+        feats.eager_us = median(self.eager_runs[scope]) * feats.calls
+        if first:
+            self._measure_scope_eager(scope)
+        for key, s in samples.items():
+            if key != "eager":
+                trial = self.trials[key]
+                trial.status, trial.ratio = "ok", s.median_s * 1e6 / eager
+                trial.measured_us = trial.ratio * feats.eager_us
+                self._record(trial, scope, eager * feats.calls)
+        self._rescale(scope)
+
+    def _rescale(self, scope: str) -> None:
+        """Express every measured trial of ``scope`` against the median of all its eager runs."""
+        eager_us = self.features[scope].eager_us
+        for t in self.trials.values():
+            if t.candidate.scope != scope or t.status != "ok":
+                continue
+            if t.ratio is not None:
+                t.measured_us = t.ratio * eager_us
+            elif t.candidate.backend == "eager" and not t.candidate.rewrite:
+                t.measured_us = eager_us
+
+    def _measure_scope_eager(self, scope: str) -> None:
+        trial = self.trials.get(Candidate(scope).key)
+        if trial is not None and trial.status == "not_measured":
+            trial.status, trial.measured_us = "ok", self.features[scope].eager_us
+            self.measured += 1
+
+    def _build_checked(self, cand: Candidate, module: Any, inputs: ScopeInputs, scope: str,
+                       trial: Trial) -> Callable[[], Any] | None:
+        try:
+            realized = realize(module, cand, inputs, device=self.opt.device, machine=self.machine_key)
+            with torch.no_grad():
+                out = realized.module(*inputs.args, **inputs.kwargs)
+        except Exception as exc:    # any backend failure rejects the candidate, never the search
+            trial.status, trial.reason = "compile_error", _reason(exc)
+            log.info("candidate %s rejected: %s", cand.key, trial.reason)
+            return None
+        check = check_outputs(self.refs[scope], out, rtol=self.opt.rtol, atol=self.opt.atol)
+        if not check.ok:
+            trial.status, trial.reason = "accuracy_error", check.reason
+            return None
+        fn = realized.module
+        return lambda: fn(*inputs.args, **inputs.kwargs)
+
+    def _record(self, trial: Trial, scope: str, eager_us: float | None) -> None:
+        if self.records is None:
+            return
+        self.records.add(Record(
+            structure=self.structures[scope], candidate=trial.candidate.config, machine=self.machine_key,
+            inputs=self.scope_inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
+            eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
+            features={"candidate": trial.candidate.to_json(), "scope": asdict(self.features[scope])}))
+
+
+def _sample(record: Record) -> tuple[Candidate, ScopeFeatures, float] | None:
+    try:
+        cand = Candidate.from_json(record.features["candidate"])
+        feats = ScopeFeatures(**record.features["scope"])
+    except (KeyError, TypeError):
+        return None
+    if not record.median_us or not record.eager_us:
+        return None
+    return cand, feats, record.median_us / record.eager_us * feats.eager_us
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((line for line in text if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+def search(model: Any, example_inputs: tuple[Any, ...], analysis: Any, *, options: SearchOptions | None = None,
+           records: RecordDB | None = None, machine_key: str = "", progress: Progress | None = None) -> SearchResult:
+    """Explore the plan space of ``model`` guided by ``analysis``; returns the trials and the choices."""
+    from cuvil_pgc.recompile.plan import choose_plan
+
+    opt = options or SearchOptions()
+    s = _Search(model, example_inputs, analysis, opt, records, machine_key, progress)
+    with torch._dynamo.config.patch(recompile_limit=64):
+        space = s.prepare()
+        s.explore(space)
+        result = SearchResult(trials=s.trials, features=s.features, matches=s.matches,
+                              scope_inputs=s.scope_inputs, structures=s.structures, measured=s.measured,
+                              reused=s.reused, space_size=len(space), machine=machine_key)
+        torch._dynamo.reset()
+        choose_plan(s, result)
+    return result
