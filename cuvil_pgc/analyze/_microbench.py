@@ -153,21 +153,30 @@ def matmul_rate(watch: Stopwatch, dtype: Any, sizes: tuple[int, ...], budget_s: 
     return best
 
 
-def stream_bandwidth(watch: Stopwatch, nbytes: int, slice_bytes: int, budget_s: float
+def stream_buffers(device: str, nbytes: int) -> tuple[Any, Any, Any]:
+    """Three float32 buffers of ``nbytes`` each, every page touched (so no page faults are timed)."""
+    import torch
+
+    elements = nbytes // 4
+    return (torch.ones(elements, device=device), torch.full((elements,), 2.0, device=device),
+            torch.zeros(elements, device=device))
+
+
+def stream_bandwidth(watch: Stopwatch, buffers: tuple[Any, Any, Any], slice_bytes: int, budget_s: float
                      ) -> dict[str, Measurement]:
     """Sustained bandwidth of ``copy`` (2 bytes moved per byte) and ``add`` (3 per byte).
 
-    The buffers are far larger than the last-level cache; each sample moves one slice, walking
-    through the buffers so every slice comes from memory, and all reads and writes are counted.
-    Slices stay large (tens of MiB): a multi-threaded kernel of a millisecond or less waits for
-    whichever of its threads the scheduler parked, and on a busy machine that swamps the figure.
+    The buffers (:func:`stream_buffers`) are far larger than the last-level cache; each sample
+    moves one slice, walking through the buffers so every slice comes from memory, and all reads
+    and writes are counted. Slices stay large (tens of MiB): a multi-threaded kernel of a
+    millisecond or less waits for whichever of its threads the scheduler parked, and on a busy
+    machine that swamps the figure.
     """
     import torch
 
-    elements, per_slice = nbytes // 4, max(1, slice_bytes // 4)
-    src = torch.ones(elements, device=watch.device)
-    other = torch.full((elements,), 2.0, device=watch.device)
-    dst = torch.zeros(elements, device=watch.device)       # every page touched before timing
+    src, other, dst = buffers
+    elements, per_slice = src.numel(), max(1, slice_bytes // 4)
+    nbytes = elements * 4
     slices = [slice(i, i + per_slice) for i in range(0, elements - per_slice + 1, per_slice)]
     kernels: dict[str, tuple[int, Callable[[slice], object]]] = {
         "copy": (2, lambda s: dst[s].copy_(src[s])),
@@ -232,7 +241,7 @@ class Plan:
 
 PLANS = {   # (device kind, quick) -> Plan; CPU totals stay under 30 s (quick: 5 s), one-thread
             # re-measurements on a busy machine (see _one_thread_floor) included
-    ("cpu", False): Plan((256, 512, 1024, 1536), 5.0, (128, 256, 512, 1024), 2.0,
+    ("cpu", False): Plan((256, 512, 1024, 1536), 4.0, (128, 256, 512, 1024), 1.5,
                          256 << 20, 32 << 20, 3.0, 100, 400),
     ("cpu", True): Plan((256, 512, 1024), 0.8, (128, 256), 0.3, 64 << 20, 16 << 20, 0.6, 100, 100),
     ("cuda", False): Plan((1024, 2048, 4096, 8192), 3.0, (1024, 2048, 4096, 8192), 3.0,
@@ -257,8 +266,7 @@ def measure(device: str, quick: bool) -> dict[str, Any]:
     with _phase(details, "matmul"):
         peaks = _peaks(watch, plan, notes, details)
     with _phase(details, "bandwidth"):
-        bandwidth = _one_thread_floor(watch, lambda w, share: stream_bandwidth(
-            w, plan.buffer_bytes, plan.slice_bytes, plan.bandwidth_budget_s * share))
+        bandwidth = _bandwidth(watch, plan)
     details["bandwidth"] = {name: m.to_json() for name, m in bandwidth.items()}
     with _phase(details, "dispatch"):
         dispatch = per_op_cost(device, plan.chain, plan.chain_samples, synchronize=False)
@@ -330,6 +338,15 @@ def _matmul_peak(watch: Stopwatch, dtype: Any, sizes: tuple[int, ...], budget_s:
         return {"mm": matmul_rate(stopwatch, dtype, sizes, budget_s * share)}
 
     return _one_thread_floor(watch, run)["mm"]
+
+
+def _bandwidth(watch: Stopwatch, plan: Plan) -> dict[str, Measurement]:
+    buffers = stream_buffers(watch.device, plan.buffer_bytes)      # shared by the one-thread rerun
+
+    def run(stopwatch: Stopwatch, share: float) -> dict[str, Measurement]:
+        return stream_bandwidth(stopwatch, buffers, plan.slice_bytes, plan.bandwidth_budget_s * share)
+
+    return _one_thread_floor(watch, run)
 
 
 def _one_thread_floor(watch: Stopwatch, run: Callable[[Stopwatch, float], dict[str, Measurement]]
