@@ -121,6 +121,7 @@ class CuptiKernelSampler(Sampler):
         self._held_gpu: list[tuple] = []
         self._streams: set[tuple[int, int]] = set()
         self._names: dict[tuple[int, int], str] = {}
+        self._is_launch: dict[tuple[int, int], bool] = {}
         self._tags: dict[int, int] = {}
         self._driver_launch: frozenset[int] = frozenset()
         self._counts = {"kernels": 0, "runtime_calls": 0, "memcpys": 0, "memsets": 0, "unattributed": 0}
@@ -285,12 +286,17 @@ class CuptiKernelSampler(Sampler):
     def _split_raw(self) -> None:
         raw, base = self._raw, self._base_ns
         launches, held_api, held_gpu = self._launches, self._held_api, self._held_gpu
+        is_launch = self._is_launch
         while raw:
             rec = raw.popleft()
             if rec[0] in (_RUNTIME, _DRIVER):
                 ts = (rec[1] - base) / 1000.0
                 held_api.append((rec, ts))
-                if any(w in self._api_name(rec[0], rec[5]) for w in _LAUNCH_WORDS):
+                launching = is_launch.get((rec[0], rec[5]))
+                if launching is None:
+                    name = self._api_name(rec[0], rec[5])
+                    launching = is_launch[rec[0], rec[5]] = any(w in name for w in _LAUNCH_WORDS)
+                if launching:
                     launches[rec[3]] = (rec[4], ts)
             elif rec[2] == 0 or rec[2] < rec[1]:   # not timed, or cut by the final forced flush
                 self._ctx.count_dropped("cupti_incomplete", 1)
@@ -340,28 +346,33 @@ class CuptiKernelSampler(Sampler):
                 "args": {"correlation": rec[3], "region": region}}
 
     def _gpu_event(self, rec: tuple, region: str | None) -> dict[str, Any]:
-        tag, start, end, corr, device, stream = rec[:6]
         if region is None:
             self._counts["unattributed"] += 1
-        self._streams.add((device, stream))
-        args: dict[str, Any] = {"region": region, "correlation": corr, "device": device, "stream": stream}
-        if tag == _KERNEL:
-            self._counts["kernels"] += 1
-            cat, name = schema.CAT_KERNEL, _demangle(rec[14] or "?")
-            args.update(grid=list(rec[6:9]), block=list(rec[9:12]), registers=rec[12], shared_memory=rec[13])
-        elif tag == _MEMCPY:
+        self._streams.add((rec[4], rec[5]))
+        return self._kernel_event(rec, region) if rec[0] == _KERNEL else self._copy_event(rec, region)
+
+    def _kernel_event(self, rec: tuple, region: str | None) -> dict[str, Any]:
+        _, start, end, corr, device, stream, gx, gy, gz, bx, by, bz, registers, shared, name = rec
+        self._counts["kernels"] += 1
+        return {"ph": "X", "cat": schema.CAT_KERNEL, "name": _demangle(name or "?"), "pid": device, "tid": stream,
+                "ts": (start - self._base_ns) / 1000.0, "dur": (end - start) / 1000.0,
+                "args": {"region": region, "correlation": corr, "grid": [gx, gy, gz], "block": [bx, by, bz],
+                         "registers": registers, "shared_memory": shared, "device": device, "stream": stream}}
+
+    def _copy_event(self, rec: tuple, region: str | None) -> dict[str, Any]:
+        tag, start, end, corr, device, stream, nbytes, kind_value = rec
+        if tag == _MEMCPY:
             self._counts["memcpys"] += 1
-            kind = self._enum_name("ActivityMemcpyKind", rec[7])
+            kind = self._enum_name("ActivityMemcpyKind", kind_value)
             cat, name = schema.CAT_MEMCPY, f"Memcpy {kind}"
-            args.update(bytes=rec[6], kind=kind)
         else:
             self._counts["memsets"] += 1
-            kind = self._enum_name("ActivityMemoryKind", rec[7])
+            kind = self._enum_name("ActivityMemoryKind", kind_value)
             cat, name = schema.CAT_MEMSET, f"Memset ({kind})"
-            args.update(bytes=rec[6], kind=kind)
-        base = self._base_ns
         return {"ph": "X", "cat": cat, "name": name, "pid": device, "tid": stream,
-                "ts": (start - base) / 1000.0, "dur": max(end - start, 0) / 1000.0, "args": args}
+                "ts": (start - self._base_ns) / 1000.0, "dur": (end - start) / 1000.0,
+                "args": {"region": region, "correlation": corr, "bytes": nbytes, "kind": kind,
+                         "device": device, "stream": stream}}
 
     def _metadata_events(self) -> list[dict[str, Any]]:
         events = []
