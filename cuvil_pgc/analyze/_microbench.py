@@ -188,7 +188,7 @@ def stream_bandwidth(watch: Stopwatch, buffers: tuple[Any, Any, Any], slice_byte
         deadline = time.perf_counter() + budget_s / len(kernels)
         taken: list[Sample] = []
         with _quiet_gc():
-            while len(taken) < 3 * len(slices) and (len(taken) < 3 or time.perf_counter() < deadline):
+            while len(taken) < max(10, 3 * len(slices)) and (len(taken) < 3 or time.perf_counter() < deadline):
                 s = slices[len(taken) % len(slices)]
                 taken.append(watch.sample(lambda s=s, kernel=kernel: kernel(s)))
         results[name] = summarize(taken, watch.threads, size, work=moved * per_slice * 4.0)
@@ -256,10 +256,15 @@ def measure(device: str, quick: bool) -> dict[str, Any]:
     """Run the plan for ``device`` and return MachineModel fields (figures, notes, details)."""
     import torch
 
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    plan = PLANS[(kind, quick)]
-    if kind == "cuda":
-        torch.cuda.set_device(device)
+    if not device.startswith("cuda"):
+        return _measure(device, PLANS[("cpu", quick)])
+    with torch.cuda.device(device):     # leaves the caller's current device alone
+        return _measure(device, PLANS[("cuda", quick)])
+
+
+def _measure(device: str, plan: Plan) -> dict[str, Any]:
+    import torch
+
     watch = Stopwatch(device)
     notes: dict[str, str] = {}
     details: dict[str, Any] = {"plan": _json_ready(asdict(plan)), "load_average": _load_average(), "phases_s": {}}
@@ -272,7 +277,7 @@ def measure(device: str, quick: bool) -> dict[str, Any]:
         dispatch = per_op_cost(device, plan.chain, plan.chain_samples, synchronize=False)
     details["dispatch"] = dispatch.to_json()
     launch = None
-    if kind == "cuda":
+    if watch.cuda:
         with _phase(details, "launch"):
             launch = per_op_cost(device, plan.chain, plan.chain_samples, synchronize=True)
         details["launch"] = launch.to_json()
@@ -341,7 +346,12 @@ def _matmul_peak(watch: Stopwatch, dtype: Any, sizes: tuple[int, ...], budget_s:
 
 
 def _bandwidth(watch: Stopwatch, plan: Plan) -> dict[str, Measurement]:
-    buffers = stream_buffers(watch.device, plan.buffer_bytes)      # shared by the one-thread rerun
+    nbytes = plan.buffer_bytes
+    if watch.cuda:      # three buffers: stay well inside small GPUs' memory
+        import torch
+
+        nbytes = min(nbytes, torch.cuda.get_device_properties(watch.device).total_memory // 16)
+    buffers = stream_buffers(watch.device, nbytes)      # shared by the one-thread rerun
 
     def run(stopwatch: Stopwatch, share: float) -> dict[str, Measurement]:
         return stream_bandwidth(stopwatch, buffers, plan.slice_bytes, plan.bandwidth_budget_s * share)
