@@ -370,7 +370,7 @@ def default_machine(device: str = "cpu") -> MachineModel:
         except AnalysisError as exc:
             _warn_once(device, f"ignoring unusable cached machine model: {exc}")
     _warn_once(device, f"no calibrated machine model for {device} ({describe(identity)}); using fallback "
-                       f"figures. Run `cuvil-pgc calibrate{'' if device == 'cpu' else ' --device cuda'}` "
+                       f"figures. Run `cuvil-pgc calibrate{'' if device == 'cpu' else ' --device ' + device}` "
                        "once on this machine for accurate bottleneck attribution.")
     return fallback_machine(device, identity)
 
@@ -386,6 +386,7 @@ def _warn_once(device: str, message: str) -> None:
 def calibrate(device: str = "cpu", quick: bool = False, cache: bool = True) -> MachineModel:
     """Measure this machine's roofs for ``device`` and (with ``cache``) cache them.
 
+    The latest calibration, quick or not, replaces the cached one for this fingerprint.
     CPU: <= 30 s (quick: <= 5 s), importing torch aside, at torch's default thread count, which
     is recorded.
     Raises ConfigError for an unknown device or a CUDA device that is not there.
