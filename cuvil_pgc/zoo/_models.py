@@ -146,17 +146,17 @@ class ConvFrontEnd(nn.Module):
 
 
 class ConvRecurrentNet(nn.Module):
-    """A CRNN-style model: conv front end, LSTM over the image columns, MLP head on the last step."""
+    """A CRNN-style model: conv front end, LSTM over the image columns, MLP classifier on the last step."""
 
     def __init__(self, width: int, rows: int, hidden: int, classes: int) -> None:
         super().__init__()
         self.frontend = ConvFrontEnd(3, width, rows)
         self.rnn = nn.LSTM(width * rows, hidden, batch_first=True)
-        self.head = MLP(hidden, hidden // 2, 1, classes)
+        self.classifier = MLP(hidden, hidden // 2, 1, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.rnn(self.frontend(x))
-        return self.head(out[:, -1])
+        return self.classifier(out[:, -1])
 
 
 class GRUTagger(nn.Module):
