@@ -100,12 +100,14 @@ def test_counters_at_about_the_rate_with_sane_values(tmp_path):
         assert 0.0 <= args["process_cores"] <= ncores + 0.5
     assert max(e["args"]["process"] for e in counters) > 0      # the spin shows up
     status = trace["cuvil"]["samplers"]["cpu_util"]
-    assert status["status"] == "ok" and status["samples"] == len(counters)
+    # the first interval starts when the sampler starts, which may precede the session's recording
+    # window by a hair (the session drops sampler events stamped before it)
+    assert status["status"] == "ok" and len(counters) <= status["samples"] <= len(counters) + 1
     assert set(status["lag_ms"]) == {"p50", "max"} and status["lag_ms"]["max"] >= status["lag_ms"]["p50"] >= 0
 
 
 class _FailingReader:
-    """Reads once (in start) and then raises, as a vanished /proc would."""
+    """Reads in start and for two ticks, then raises, as a vanished /proc would."""
 
     def __init__(self) -> None:
         self.real = PsutilReader()
@@ -113,7 +115,7 @@ class _FailingReader:
 
     def read(self) -> CpuTimes:
         self.calls += 1
-        if self.calls > 2:
+        if self.calls > 3:
             raise OSError("simulated read failure")
         return self.real.read()
 
@@ -126,7 +128,8 @@ def test_failure_in_the_sampling_thread_is_recorded_not_raised(tmp_path):
     assert status["status"] == "failed"
     assert "OSError: simulated read failure" in status["reason"]
     counters = [e for e in trace["traceEvents"] if e.get("ph") == "C"]
-    assert len(counters) == 1                                   # what was sampled before the failure stays
+    # what was sampled before the failure is kept (the first interval may precede the recording window)
+    assert 1 <= len(counters) <= 2
     assert not [t for t in threading.enumerate() if t.name == "cuvil-pgc-cpu"]
 
 

@@ -304,3 +304,23 @@ def test_ops_on_by_default_through_profile(tmp_path):
     with open(path) as f:
         trace = json.load(f)
     assert [e["args"]["region"] for e in _ops(trace, "aten::relu")] == ["step"]
+
+
+def test_load_trace_reads_ops_with_region_and_estimates(tmp_path):
+    from cuvil_pgc import load_trace
+    from cuvil_pgc.trace.schema import Kind
+
+    a, b = torch.randn(32, 48), torch.randn(48, 16)
+
+    def body():
+        with ProfileRegion("matmul"):
+            torch.mm(a, b)
+
+    _record(tmp_path, body)
+    trace = load_trace(tmp_path / "ops.trace.json")
+    rows = [i for i in trace.of_kind(Kind.CPU_OP).tolist() if trace.string(int(trace.name[i])) == "aten::mm"]
+    assert len(rows) == 1
+    (row,) = rows
+    assert trace.string(int(trace.region[row])) == "matmul"
+    assert trace.flops[row] == 2 * 32 * 48 * 16
+    assert trace.bytes[row] == (32 * 48 + 48 * 16 + 32 * 16) * 4

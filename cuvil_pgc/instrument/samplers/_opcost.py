@@ -62,6 +62,8 @@ _VIEWS = frozenset({
     "numpy_T", "mT", "empty", "empty_like", "empty_strided", "resize_", "as_strided_", "lift_fresh",
     "resolve_conj", "resolve_neg", "_nnpack_available",
 })
+# Full profiler names of the ops above, for callers that skip estimating them at all.
+VIEW_OPS = frozenset(f"aten::{op}" for op in _VIEWS)
 _MAYBE_COPY = frozenset({"reshape", "contiguous", "flatten", "to", "type_as"})
 _ELEMENTWISE = frozenset({
     "add", "sub", "mul", "div", "rsub", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "pow", "relu",
@@ -88,7 +90,7 @@ def base_name(name: str) -> str:
 
 def needs_concrete(name: str) -> bool:
     """Whether the estimate for this op needs its recorded scalar arguments."""
-    return base_name(name) in _GEOMETRY
+    return name in CONCRETE_OPS or base_name(name) in _GEOMETRY
 
 
 def element_size(dtype: str) -> int | None:
@@ -383,3 +385,4 @@ _RULES.update({op: _conv(op) for op in _CONVS})
 _RULES.update({op: _pool(op) for op in _POOLS})
 _RULES.update({op: _adaptive_pool for op in _ADAPTIVE})
 _GEOMETRY = frozenset(_CONVS + _POOLS + _ADAPTIVE)
+CONCRETE_OPS = frozenset(f"aten::{op}" for op in _GEOMETRY)

@@ -39,13 +39,14 @@ CPU ops ``device_resource_id()`` is Kineto's system thread id (``gettid()``), wh
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Any
 
 import numpy as np
 
-from cuvil_pgc.instrument.samplers._opcost import estimate_cost, needs_concrete
+from cuvil_pgc.instrument.samplers._opcost import CONCRETE_OPS, VIEW_OPS, estimate_cost
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
 from cuvil_pgc.trace import schema
 
@@ -92,9 +93,17 @@ class TorchOpSampler(Sampler):
         t0 = time.perf_counter()
         profiler.__exit__(None, None, None)
         t1 = time.perf_counter()
-        ops, incomplete = read_ops(profiler.kineto_results.events(), ctx.config.record_shapes)
-        ctx.count_dropped(self.name, incomplete)
-        events = to_trace_events(ops, ctx)
+        # Tens of thousands of small lists and dicts: without this, each pass of the cyclic GC over
+        # the heap torch built costs more than the conversion itself.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            ops, incomplete = read_ops(profiler.kineto_results.events(), ctx.config.record_shapes)
+            ctx.count_dropped(self.name, incomplete)
+            events = to_trace_events(ops, ctx)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         ctx.emit(events)
         self.status.update(ops=len(events), threads=len(set(ops.tids)),
                            disable_ms=round((t1 - t0) * 1e3, 3),
@@ -161,7 +170,7 @@ def read_ops(kineto_events: Any, with_shapes: bool = True) -> tuple[OpColumns, i
         if with_shapes:
             ops.shapes.append(ev.shapes())
             ops.dtypes.append(ev.dtypes())
-            ops.concrete.append(ev.concrete_inputs() if needs_concrete(name) else None)
+            ops.concrete.append(ev.concrete_inputs() if name in CONCRETE_OPS else None)
     return ops, incomplete
 
 
@@ -235,8 +244,11 @@ def _add_cost(args: dict[str, Any], name: str, shapes: list, dtypes: list, concr
               cache: dict[Any, Any]) -> None:
     args["shapes"] = shapes
     args["dtypes"] = dtypes
+    if name in VIEW_OPS:        # a third of a typical op stream: no data moved, nothing to compute
+        args["flops"] = args["bytes"] = 0
+        return
     # Steady-state inference repeats the same calls every step: memoise by the recorded inputs.
-    key = (name, repr(shapes), repr(dtypes), None if concrete is None else repr(concrete))
+    key = (name, tuple(map(tuple, shapes)), tuple(dtypes), None if concrete is None else repr(concrete))
     cost = cache.get(key)
     if cost is None:
         cost = cache[key] = estimate_cost(name, shapes, dtypes, concrete)
