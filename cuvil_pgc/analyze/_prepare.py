@@ -96,7 +96,9 @@ def prepare(trace: Trace, roofs: Roofs, pattern: str | None = None) -> Prepared:
     kind = ev["kind"]
     keep = path_pos >= 0
     region_rows = np.nonzero((kind == Kind.REGION) & keep)[0]
-    parent, depth = _region_nesting(lane[region_rows], ev["ts"][region_rows], ev["dur"][region_rows])
+    r_ts, r_dur = ev["ts"][region_rows], ev["dur"][region_rows]
+    index = RegionIndex(lane[region_rows], r_ts, r_ts + r_dur) if len(region_rows) else None
+    parent, depth = _region_nesting(index, len(region_rows))
     op_all = np.nonzero(kind == Kind.CPU_OP)[0]
     top, ancestor = top_level(lane[op_all], ev["ts"][op_all], ev["dur"][op_all])
     flops = _own_or_nested(ev["flops"][op_all], top, ancestor)
@@ -106,7 +108,7 @@ def prepare(trace: Trace, roofs: Roofs, pattern: str | None = None) -> Prepared:
     op_rows = top_rows[kept]
     prep = Prepared(trace=trace, roofs=roofs, lane=lane, weight=weights[src], paths=paths, path_pos=path_pos,
                     region_rows=region_rows, region_parent=parent, region_depth=depth, op_rows=op_rows,
-                    op_instance=_instances(lane, ev, region_rows, op_rows),
+                    op_instance=_instances(index, lane, ev, op_rows),
                     op_flops=flops[top][kept], op_bytes=nbytes[top][kept],
                     gpu_rows=np.nonzero(np.isin(kind, _GPU_KINDS) & keep)[0],
                     duration_us=trace.duration_us)
@@ -146,7 +148,7 @@ def top_level(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.nda
     n = len(ts)
     if not n:
         return np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)
-    order = np.lexsort((-dur, ts, lane))
+    order = _lane_time_order(lane, ts, dur)
     ln, s, e = lane[order], ts[order], ts[order] + np.maximum(dur[order], 0.0)
     first = np.ones(n, dtype=bool)
     first[1:] = ln[1:] != ln[:-1]
@@ -167,6 +169,16 @@ def top_level(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.nda
     return top, ancestor
 
 
+def _lane_time_order(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Order by lane, then start, longest first on ties. Rows of a Trace are already in time order
+    (the reader puts longer rows first on ties): then one stable sort by lane is enough."""
+    same_ts = ts[1:] == ts[:-1]
+    in_order = bool(np.all(ts[1:] >= ts[:-1])) and bool(np.all(dur[1:][same_ts] <= dur[:-1][same_ts]))
+    if in_order:
+        return np.argsort(lane, kind="stable")
+    return np.lexsort((-dur, ts, lane))
+
+
 def _own_or_nested(values: np.ndarray, top: np.ndarray, ancestor: np.ndarray) -> np.ndarray:
     """Per interval: its own value where known; for top-level ones, else the sum over nested ones."""
     known = ~np.isnan(values)
@@ -179,14 +191,14 @@ def _own_or_nested(values: np.ndarray, top: np.ndarray, ancestor: np.ndarray) ->
     return out
 
 
-def _region_nesting(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if not len(ts):
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    idx = RegionIndex(lane, ts, ts + dur)
-    parent = np.full(len(ts), -1, dtype=np.int64)
-    has = idx.parent >= 0
-    parent[idx.order[has]] = idx.order[idx.parent[has]]
-    depth = np.zeros(len(ts), dtype=np.int64)
+def _region_nesting(index: RegionIndex | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per region instance: the enclosing instance (-1 at the top) and the nesting depth."""
+    parent = np.full(n, -1, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int64)
+    if index is None:
+        return parent, depth
+    has = index.parent >= 0
+    parent[index.order[has]] = index.order[index.parent[has]]
     cur = parent.copy()
     while np.any(cur >= 0):          # bounded by the nesting depth
         live = cur >= 0
@@ -195,13 +207,12 @@ def _region_nesting(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[
     return parent, depth
 
 
-def _instances(lane: np.ndarray, ev: dict[str, np.ndarray], region_rows: np.ndarray,
+def _instances(index: RegionIndex | None, lane: np.ndarray, ev: dict[str, np.ndarray],
                op_rows: np.ndarray) -> np.ndarray:
-    if not len(region_rows) or not len(op_rows):
+    """Innermost region instance (index into region_rows) of each op, -1 outside every region."""
+    if index is None or not len(op_rows):
         return np.full(len(op_rows), -1, dtype=np.int64)
-    ts, dur = ev["ts"][region_rows], ev["dur"][region_rows]
-    idx = RegionIndex(lane[region_rows], ts, ts + dur)
-    return idx.innermost(lane[op_rows], ev["ts"][op_rows])
+    return index.innermost(lane[op_rows], ev["ts"][op_rows])
 
 
 def _path_work(prep: Prepared) -> PathWork:

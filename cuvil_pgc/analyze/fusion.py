@@ -61,7 +61,9 @@ def _mine(prep: Prepared, rows: np.ndarray, inst: np.ndarray, nbytes: np.ndarray
     rows, inst, nbytes, lane, path = rows[order], inst[order], nbytes[order], lane[order], path[order]
     seg = np.cumsum(np.concatenate(([True], (lane[1:] != lane[:-1]) | (inst[1:] != inst[:-1])
                                     | (path[1:] != path[:-1]))))
-    names, dur, w = ev["name"][rows].astype(np.int64), ev["dur"][rows], prep.weight[rows]
+    name_ids, names = np.unique(ev["name"][rows], return_inverse=True)     # dense codes 0..U-1
+    names = names.reshape(-1).astype(np.int64)
+    dur, w = ev["dur"][rows], prep.weight[rows]
     found: dict[tuple, FusionCandidate] = {}
     for k in range(MIN_LEN, MAX_LEN + 1):
         if len(rows) < k:
@@ -70,9 +72,8 @@ def _mine(prep: Prepared, rows: np.ndarray, inst: np.ndarray, nbytes: np.ndarray
         start = np.nonzero(seg[:m] == seg[k - 1:])[0]
         if not len(start):
             continue
-        grams = np.stack([path[start]] + [names[start + j] for j in range(k)], axis=1)
-        uniq, inv, counts = np.unique(grams, axis=0, return_inverse=True, return_counts=True)
-        inv = inv.reshape(-1)
+        uniq, inv, counts = _unique_grams(path[start], [names[start + j] for j in range(k)], len(name_ids),
+                                          prep.n_paths)
         frequent = np.nonzero(counts >= MIN_SUPPORT)[0]
         if not len(frequent):
             continue
@@ -88,13 +89,33 @@ def _mine(prep: Prepared, rows: np.ndarray, inst: np.ndarray, nbytes: np.ndarray
             if occ < MIN_SUPPORT:
                 continue
             scale = occ / counts[u]
-            key = tuple(int(x) for x in uniq[u])
+            key = (int(uniq[u][0]), *(int(name_ids[x]) for x in uniq[u][1:]))
             b = float(b_sum[u] * scale)
             found[key] = FusionCandidate(
                 region=prep.paths[key[0]], ops=[prep.trace.strings[x] for x in key[1:]], occurrences=int(occ),
                 total_us=float(t_sum[u] * scale), bytes_saved=b,
                 est_saving_us=float(occ * (k - 1) * per_op_us + (b / bw * 1e6 if bw > 0 else 0.0)))
     return _closed(found)
+
+
+def _unique_grams(path: np.ndarray, cols: list[np.ndarray], n_names: int, n_paths: int):
+    """np.unique over (path, name_1..name_k) rows: one int64 key per row when it fits (fast),
+    else row-wise unique. Returns (unique rows as an (m, k+1) array, inverse, counts)."""
+    k = len(cols)
+    if (n_paths + 1) * float(n_names + 1) ** k < 2.0 ** 62:
+        key = path.astype(np.int64)
+        for c in cols:
+            key = key * (n_names + 1) + c
+        uk, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
+        rows = np.empty((len(uk), k + 1), dtype=np.int64)
+        for j in range(k, 0, -1):
+            rows[:, j] = uk % (n_names + 1)
+            uk = uk // (n_names + 1)
+        rows[:, 0] = uk
+        return rows, inv.reshape(-1), counts
+    grams = np.stack([path, *cols], axis=1)
+    uniq, inv, counts = np.unique(grams, axis=0, return_inverse=True, return_counts=True)
+    return uniq, inv.reshape(-1), counts
 
 
 def _non_overlapping(starts: np.ndarray, k: int) -> int:

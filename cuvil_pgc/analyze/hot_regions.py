@@ -105,9 +105,10 @@ def _parent_paths(prep: Prepared) -> list[str | None]:
     rr, par = prep.region_rows, prep.region_parent
     has = np.nonzero(par >= 0)[0]
     pos = prep.path_pos[rr]
-    pairs = np.unique(np.stack([pos[has], pos[par[has]]], axis=1), axis=0) if len(has) else []
-    for child, parent in pairs:
-        inst_parent.setdefault(int(child), int(parent))
+    n = max(prep.n_paths, 1)
+    pairs = np.unique(pos[has] * n + pos[par[has]]) if len(has) else np.zeros(0, dtype=np.int64)
+    for child, parent in zip((pairs // n).tolist(), (pairs % n).tolist(), strict=True):
+        inst_parent.setdefault(child, parent)
     out: list[str | None] = []
     for i, p in enumerate(prep.paths):
         prefix = p.rsplit("/", 1)[0] if "/" in p else None
