@@ -27,6 +27,8 @@ def register_recompile(app: typer.Typer) -> None:
         rtol: float | None = typer.Option(None, "--rtol", help="Accuracy guard rtol (default per dtype)."),
         atol: float | None = typer.Option(None, "--atol", help="Accuracy guard atol (default per dtype)."),
         device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+        backends: str | None = typer.Option(None, "--backends",
+                                            help="Comma-separated subset of eager,compile,aoti,cudagraphs."),
         sign: str | None = typer.Option(None, "--sign", help="Ed25519 private key to sign the build."),
         name: str | None = typer.Option(None, "--name", help="Build name (default: the factory's name)."),
         version: int = typer.Option(1, "--version", min=1, help="Build version."),
@@ -39,10 +41,11 @@ def register_recompile(app: typer.Typer) -> None:
 
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
             raise ConfigError(f"--device {device!r} is not cpu or cuda")
+        chosen = _backends(backends)
         net, inputs = load_model_spec(model)
         with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
             build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol,
-                              device=device, progress=progress)
+                              device=device, progress=progress, backends=chosen)
         build.save(output, name=name or _build_name(model), version=version, signing_key=sign)
         if as_json:
             from cuvil_pgc.cli import emit_json
@@ -77,6 +80,19 @@ def register_recompile(app: typer.Typer) -> None:
         from rich.console import Console
 
         Console(soft_wrap=True).print(compare_table(result))
+
+
+def _backends(value: str | None) -> tuple[str, ...] | None:
+    from cuvil_pgc.errors import ConfigError
+    from cuvil_pgc.recompile.candidates import BACKENDS
+
+    if not value:
+        return None
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown:
+        raise ConfigError(f"--backends: unknown {', '.join(unknown)}", fix=f"choose from {', '.join(BACKENDS)}")
+    return names
 
 
 def _build_name(spec: str) -> str:

@@ -112,7 +112,7 @@ def _compare_tensor(ref: Any, out: Any, where: str, state: AccuracyResult, rtol:
     if ref64.numel():
         state.max_abs_err = max(state.max_abs_err, float(diff.max()))
         state.max_rel_err = max(state.max_rel_err, float((diff / ref64.abs().clamp_min(1e-12)).max()))
-    bad = ~(diff <= at + rt * ref64.abs())
+    bad = ~(diff <= at + rt * ref64.abs()) & ~both_nan
     if bool(bad.any()):
         raise _Mismatch(f"{where}: {int(bad.sum())} of {bad.numel()} values off by up to "
                         f"{float(diff.max()):.3g} (rtol={rt:g}, atol={at:g})")

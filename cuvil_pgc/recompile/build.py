@@ -104,7 +104,7 @@ class Build:
 def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *, analysis: Any = None,
               budget: int | None = None, exhaustive: bool = False, rtol: float | None = None,
               atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
-              progress: Any = None, rounds: int = 15) -> Build:
+              progress: Any = None, rounds: int = 15, backends: tuple[str, ...] | None = None) -> Build:
     """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
 
     Args:
@@ -113,6 +113,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
         exhaustive: measure every candidate (for comparisons; slow).
         rtol, atol: accuracy-guard tolerances (default: per dtype, see :mod:`.accuracy`).
         records: a RecordDB, or False to neither read nor write records.
+        backends: restrict the plan space to these backends (eager always stays).
     """
     import torch
 
@@ -132,7 +133,8 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     fingerprint = current_fingerprint(device)
     db = None if records is False else (records or RecordDB())
     options = SearchOptions(budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol, device=device,
-                            rounds=rounds, use_records=db is not None)
+                            rounds=rounds, use_records=db is not None,
+                            backends=tuple(backends) if backends else None)
     _clear_cache_artifacts()
     result = search(model, example_inputs, analysis, options=options, records=db,
                     machine_key=machine_key(fingerprint), progress=progress)

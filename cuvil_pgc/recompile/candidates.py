@@ -77,12 +77,17 @@ class ScopeFeatures:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-def generate_space(scopes: list[ScopeFeatures], device: str = "cpu") -> list[Candidate]:
-    """All candidates for all scopes (eager of every scope included, deduplicated, stable order)."""
+def generate_space(scopes: list[ScopeFeatures], device: str = "cpu",
+                   backends: tuple[str, ...] | None = None) -> list[Candidate]:
+    """All candidates for all scopes (eager of every scope included, deduplicated, stable order).
+
+    ``backends`` restricts the space to those backends (eager, and eager with rewrites, always stay).
+    """
     seen: dict[str, Candidate] = {}
     for feats in scopes:
         for cand in scope_candidates(feats, device):
-            seen.setdefault(cand.key, cand)
+            if backends is None or cand.backend == "eager" or cand.backend in backends:
+                seen.setdefault(cand.key, cand)
     return list(seen.values())
 
 
@@ -131,7 +136,7 @@ def _layout_precision_configs(feats: ScopeFeatures, device: str, labels: set[str
     return out
 
 
-def choose_scopes(matches: dict[str, Any], root_feats: ScopeFeatures, sub_feats: list[ScopeFeatures],
+def choose_scopes(root_feats: ScopeFeatures, sub_feats: list[ScopeFeatures],
                   max_subscopes: int = MAX_SUBSCOPES) -> list[ScopeFeatures]:
     """The whole model plus the hottest non-idle submodule regions that hold real work."""
     ranked = sorted((f for f in sub_feats if f.bottleneck != "idle"),

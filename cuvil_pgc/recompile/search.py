@@ -46,6 +46,7 @@ class SearchOptions:
     rounds: int = 15
     max_subscopes: int = 3
     use_records: bool = True
+    backends: tuple[str, ...] | None = None     # restrict the plan space (None: all of BACKENDS)
 
 
 @dataclass
@@ -122,11 +123,11 @@ class _Search:
         root = feats[""]
         root.eager_us, root.calls = root_us, 1.0
         root.labels = root_labels(self.analysis, self.matches.matched)
-        chosen = choose_scopes(by_q, root, [f for s, f in feats.items() if s and f.eager_us > 0],
+        chosen = choose_scopes(root, [f for s, f in feats.items() if s and f.eager_us > 0],
                                self.opt.max_subscopes)
         self.features = {f.scope: f for f in chosen}
         self.structures = {s: structural_hash(self._module(s)) for s in self.features}
-        return generate_space(chosen, self.opt.device)
+        return generate_space(chosen, self.opt.device, self.opt.backends)
 
     def _module(self, scope: str) -> Any:
         return self.modules[scope] if scope else self.model

@@ -1,0 +1,324 @@
+"""Recompiler units: plan space from labels, cost-model ranking and refit, record reuse, accuracy
+guard, rewrites, region matching. Fast: no candidate here compiles (eager-only spaces)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import namedtuple
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.analyze.analysis import Analysis, RegionStats
+from cuvil_pgc.recompile.accuracy import check_outputs
+from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, generate_space, scope_candidates
+from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
+from cuvil_pgc.recompile.matching import match_regions, structural_hash
+from cuvil_pgc.recompile.records import Record, RecordDB
+from cuvil_pgc.recompile.rewrites import CellGRU, CellLSTM, apply_rewrites
+from cuvil_pgc.recompile.search import SearchOptions, search
+
+# ----------------------------------------------------------------------------- models (also used via MODULE:FACTORY)
+
+class Chain(nn.Module):
+    """Many tiny ops: dispatch-bound at batch 1."""
+
+    def __init__(self, depth: int = 12, width: int = 16) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+class RNNStep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(32, 32, batch_first=True)
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1])
+
+
+def chain():
+    torch.manual_seed(0)
+    return Chain().eval(), (torch.randn(1, 16),)
+
+
+def rnn_step():
+    torch.manual_seed(0)
+    return RNNStep().eval(), (torch.randn(1, 1, 32),)
+
+
+def stats(path: str, label: str, mean_us: float = 100.0, calls: int = 10, module: str | None = None) -> RegionStats:
+    return RegionStats(path=path, calls=calls, total_us=mean_us * calls, self_us=mean_us * calls, mean_us=mean_us,
+                       p50_us=mean_us, p95_us=mean_us, p99_us=mean_us, share=0.5, hotness=mean_us * calls,
+                       bottleneck=label, confidence=0.9, evidence={"module": module} if module else {})
+
+
+def feats(label: str, **kw) -> ScopeFeatures:
+    base = dict(scope="", path="model", bottleneck=label, eager_us=500.0, ops=100, pointwise_ops=50,
+                flops=1e6, bytes=1e6, labels=[label])
+    base.update(kw)
+    return ScopeFeatures(**base)
+
+
+# ----------------------------------------------------------------------------- plan space
+
+def test_launch_overhead_label_generates_overhead_levers():
+    configs = {c.config for c in scope_candidates(feats("launch_overhead", rewrites=["lstm_cell:rnn"]))}
+    assert {"aoti", "aoti+freezing", "compile+cpp_wrapper", "eager+rewrite", "aoti+freezing+rewrite"} <= configs
+    assert not any("max-autotune" in c or "channels_last" in c or "bf16" in c for c in configs)
+
+
+def test_compute_label_with_conv_generates_layout_autotune_precision():
+    configs = {c.config for c in scope_candidates(feats("compute", has_conv=True))}
+    assert "compile+max-autotune-no-cudagraphs+freezing+channels_last" in configs
+    assert "aoti+freezing+bf16" in configs
+    assert not any("cpp_wrapper" in c or "rewrite" in c for c in configs)
+
+
+def test_idle_region_gets_only_eager_and_cuda_adds_graphs():
+    assert [c.config for c in scope_candidates(feats("idle"))] == ["eager"]
+    cuda = {c.config for c in scope_candidates(feats("launch_overhead"), device="cuda")}
+    assert "cudagraphs" in cuda and "aoti+freezing+fp16" not in cuda
+    assert any(c.precision == "fp16" for c in scope_candidates(feats("compute"), device="cuda"))
+
+
+def test_backends_restrict_the_space_but_keep_eager():
+    space = generate_space([feats("launch_overhead", rewrites=["lstm_cell:rnn"])], backends=("compile",))
+    assert {c.backend for c in space} == {"eager", "compile"}
+    assert Candidate("", rewrite=True) in space
+
+
+# ----------------------------------------------------------------------------- cost models
+
+def test_cost_model_ranks_overhead_levers_first_for_dispatch_bound_region():
+    model = PlanCostModel(MachineFigures(dispatch_us=4.0))
+    f = feats("launch_overhead", eager_us=400.0, ops=90, pointwise_ops=40)
+    ranked = model.rank(scope_candidates(f), {"": f})
+    assert ranked[0][0].backend == "aoti"                      # smallest fixed cost, fused kernels
+    by_config = dict((c.config, p) for c, p in ranked)
+    assert by_config["compile+cpp_wrapper"] < by_config["compile"] < by_config["eager"]
+
+
+def test_refit_from_records_changes_the_ranking():
+    model = PlanCostModel(MachineFigures(dispatch_us=4.0))
+    f = feats("launch_overhead", eager_us=400.0, ops=90, pointwise_ops=40)
+    cands = scope_candidates(f)
+    slow_aoti = [(c, f, 5000.0) for c in cands if c.backend == "aoti"]
+    fast_compile = [(c, f, 50.0) for c in cands if c.config == "compile+cpp_wrapper"]
+    model.refit(slow_aoti + fast_compile)
+    assert model.rank(cands, {"": f})[0][0].config == "compile+cpp_wrapper"
+    assert model.overhead.fixed_us["aoti"] > 1000       # implied fixed cost moved towards the measurements
+
+
+def test_rewrite_prediction_uses_profiled_rnn_time():
+    model = PlanCostModel(MachineFigures())
+    f = feats("launch_overhead", eager_us=400.0, ops=10, rewrites=["lstm_cell:rnn"], evidence={"rnn_us": 300.0})
+    assert model.predict(Candidate("", rewrite=True), f) < 0.5 * model.predict(Candidate(""), f)
+
+
+# ----------------------------------------------------------------------------- search, records, guard
+
+def _rnn_analysis() -> Analysis:
+    return Analysis(regions=[stats("model", "host_bound", 300.0, module="RNNStep"),
+                             stats("model/model.rnn", "launch_overhead", 250.0, module="LSTM")])
+
+
+@pytest.mark.slow
+def test_second_search_reuses_records_and_measures_less(tmp_path):
+    model, inputs = rnn_step()
+    db = RecordDB(tmp_path)
+    opts = SearchOptions(budget=10, backends=("eager",), rounds=5)
+    first = search(model, inputs, _rnn_analysis(), options=opts, records=db, machine_key="m")
+    second = search(model, inputs, _rnn_analysis(), options=opts, records=RecordDB(tmp_path), machine_key="m")
+    assert first.measured > second.measured
+    assert second.reused >= 1 and first.reused == 0
+    assert len(db) >= 1
+    assert any(t.status == "ok" and t.candidate.rewrite for t in second.trials.values())
+
+
+def test_guard_rejects_a_broken_rewrite_with_the_reason(tmp_path, monkeypatch):
+    import cuvil_pgc.recompile.apply as apply_mod
+
+    class Broken(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            return torch.utils._pytree.tree_map(lambda t: t + 1.0, self.inner(*args))
+
+    monkeypatch.setattr(apply_mod, "apply_rewrites", lambda m: (Broken(m), ["broken"]))
+    model, inputs = rnn_step()
+    result = search(model, inputs, _rnn_analysis(), options=SearchOptions(budget=10, backends=("eager",), rounds=5),
+                    records=None, machine_key="m")
+    rejected = [t for t in result.trials.values() if t.candidate.rewrite]
+    assert rejected and all(t.status == "accuracy_error" for t in rejected)
+    assert "values off by" in rejected[0].reason
+    assert not any(c.rewrite for c in result.choices.values())
+    with torch.no_grad():
+        assert torch.equal(result.module(*inputs), model(*inputs))
+
+
+def test_compile_failure_is_rejected_not_raised(monkeypatch):
+    import cuvil_pgc.recompile.search as search_mod
+
+    def explode(*a, **k):
+        raise RuntimeError("inductor exploded\nmore")
+
+    monkeypatch.setattr(search_mod, "realize", explode)
+    model, inputs = chain()
+    an = Analysis(regions=[stats("model", "launch_overhead", module="Chain")])
+    result = search(model, inputs, an, options=SearchOptions(budget=3, backends=("compile",), rounds=5),
+                    machine_key="m")
+    failed = [t for t in result.trials.values() if t.status == "compile_error"]
+    assert len(failed) == 2 and failed[0].reason == "RuntimeError: inductor exploded"
+    assert result.choices == {}
+
+
+def test_record_db_ignores_partial_lines(tmp_path):
+    db = RecordDB(tmp_path)
+    db.add(Record("s", "aoti", "m", "i", "ok", median_us=10.0, eager_us=20.0))
+    with open(db.path, "a") as fh:
+        fh.write('{"structure": "s", "cand')
+    again = RecordDB(tmp_path)
+    assert len(again) == 1 and again.lookup("s", "aoti", "m", "i").median_us == 10.0
+
+
+Out = namedtuple("Out", "logits aux")
+
+
+@dataclasses.dataclass
+class DOut:
+    logits: torch.Tensor
+    extra: dict
+
+
+def test_accuracy_guard_walks_structures_and_checks_dtypes():
+    t = torch.randn(4, 4)
+    ok = check_outputs(DOut(t, {"a": (t, 3)}), DOut(t + 1e-6, {"a": (t, 3)}))
+    assert ok.ok and ok.max_abs_err > 0
+    assert not check_outputs(Out(t, t), Out(t, t + 0.1)).ok
+    assert "dtype" in check_outputs(t, t.bfloat16()).reason
+    assert "shape" in check_outputs(t, t[:2]).reason
+    assert not check_outputs({"a": t}, {"b": t}).ok
+    nan = torch.tensor([float("nan"), 1.0])
+    assert check_outputs(nan, nan.clone()).ok
+    assert not check_outputs(torch.tensor([1.0, 1.0]), nan).ok
+    assert check_outputs(t, t + 0.05, rtol=0.0, atol=0.1).ok          # caller-widened tolerance
+    assert not check_outputs(torch.tensor([1, 2]), torch.tensor([1, 3])).ok
+
+
+def test_bf16_output_fails_default_fp32_tolerance():
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 64)
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        ref = lin(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = lin(x).float()
+    assert not check_outputs(ref, low).ok
+
+
+# ----------------------------------------------------------------------------- rewrites
+
+@pytest.mark.parametrize("kw", [dict(batch_first=True), dict(num_layers=2), dict(bidirectional=True, batch_first=True)])
+@pytest.mark.parametrize("steps", [1, 4])
+def test_rnn_cell_rewrites_match_torch(kw, steps):
+    torch.manual_seed(0)
+    x = torch.randn(2, steps, 24) if kw.get("batch_first") else torch.randn(steps, 2, 24)
+    for rnn, cell in ((nn.LSTM(24, 32, **kw).eval(), CellLSTM), (nn.GRU(24, 32, **kw).eval(), CellGRU)):
+        rewritten = cell(rnn)
+        with torch.no_grad():
+            ref, out = rnn(x), rewritten(x)
+        flat_ref, flat_out = torch.utils._pytree.tree_leaves(ref), torch.utils._pytree.tree_leaves(out)
+        assert len(flat_ref) == len(flat_out)
+        for a, b in zip(flat_ref, flat_out, strict=True):
+            assert a.shape == b.shape and (a - b).abs().max().item() < 1e-5
+
+
+def test_lstm_rewrite_with_state_and_in_a_model():
+    model, inputs = rnn_step()
+    rewritten, applied = apply_rewrites(model)
+    assert applied == ["lstm_cell:rnn"] and isinstance(rewritten.rnn, CellLSTM)
+    assert isinstance(model.rnn, nn.LSTM)                              # the original is untouched
+    h = torch.randn(1, 1, 32)
+    with torch.no_grad():
+        assert (model(*inputs) - rewritten(*inputs)).abs().max() < 1e-5
+        a, b = model.rnn(inputs[0], (h, h)), rewritten.rnn(inputs[0], (h, h))
+        assert (a[0] - b[0]).abs().max() < 1e-5 and (a[1][1] - b[1][1]).abs().max() < 1e-5
+
+
+class ConvBN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x)).relu()
+        return self.bn2(self.conv2(y)) + y
+
+
+def test_conv_bn_folding_is_equal():
+    torch.manual_seed(0)
+    model = ConvBN().eval()
+    for bn in (model.bn, model.bn2):     # non-trivial statistics
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 8, 8)
+    folded, applied = apply_rewrites(model)
+    assert sorted(applied) == ["fold_conv_bn:conv+bn", "fold_conv_bn:conv2+bn2"]
+    assert isinstance(folded.bn, nn.Identity) and folded.conv2.bias is not None
+    with torch.no_grad():
+        assert (model(x) - folded(x)).abs().max() < 1e-5
+
+
+# ----------------------------------------------------------------------------- matching
+
+class Small(nn.Module):
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, width)
+        self.fc2 = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x))
+
+
+def test_matching_by_path_lists_stale_and_unmatched_regions():
+    model = Small()
+    an = Analysis(regions=[
+        stats("model", "host_bound", module="Small"),
+        stats("model/model.fc1", "launch_overhead", module="Linear"),
+        stats("model/model.fc2", "launch_overhead", module="Conv2d"),     # type changed since the profile
+        stats("model/model.fc3", "launch_overhead", module="Linear"),     # removed since the profile
+        stats("preprocess", "host_bound"),                                # not a module
+    ])
+    result = match_regions(an, model)
+    assert {m.qualname for m in result.matched} == {"", "fc1"}
+    stale = {s.path: s.reason for s in result.stale}
+    assert set(stale) == {"model/model.fc2", "model/model.fc3"}
+    assert "Conv2d" in stale["model/model.fc2"] and "no submodule" in stale["model/model.fc3"]
+    assert result.unmatched == ["preprocess"]
+
+
+def test_structural_hash_sees_shapes_and_types_but_not_values():
+    a, b = Small(8), Small(8)
+    assert structural_hash(a) == structural_hash(b)
+    assert structural_hash(Small(8)) != structural_hash(Small(16))
+    an = Analysis(regions=[stats("model", "host_bound"),
+                           dataclasses.replace(stats("model/model.fc1", "compute"),
+                                               evidence={"structure": structural_hash(nn.Linear(4, 4))})])
+    result = match_regions(an, a)
+    assert [s.path for s in result.stale] == ["model/model.fc1"]
