@@ -9,14 +9,16 @@ same JSON-able dict (the ``compile`` key of ``analyze --json``)::
                  "cache_lookups": {"fx": {state: n}, "aot": {state: n}},
                  "cache_misses": [reason, ...], "recompiles": [reason, ...],
                  "graph_breaks": [{"reason", "location"}], "graph_ops", "fail_reason",
-                 "run_ms", "run_calls"}, ...],        # one per frame compile, by start time
+                 "worker_ms", "run_ms", "run_calls"}, ...],        # one per frame compile, by start time
      "totals": {"compile_ms", "run_ms", "compiles", "graphs", "recompiles", "graph_breaks",
                 "cache_hit_rate", "aot_cache_hit_rate", "fx_cache": {state: lookups}, "aot_cache": {...},
                 "unattributed_ms"},
      "phases": {phase: ms}}                            # over all graphs
 
 ``phases`` are exclusive (self) times: each instant of a compile counts for the innermost timed
-block running then, so a graph's phases add up to its ``total_ms``. ``cache`` states are
+block running then on the compiling thread, so a graph's phases add up to its ``total_ms``;
+``worker_ms`` is the time of its blocks on other threads (Inductor's parallel kernel compiles),
+which overlaps the compiling thread's waits. ``cache`` states are
 ``hit``/``miss``/``bypass`` or None when no lookup was recorded. ``run_ms`` (time spent running
 compiled code) is known only when the trace has torch.profiler's ``Torch-Compiled Region: <id>``
 ranges (sessions with ``ops=True``); it is None otherwise. Compile rows are the ones the
@@ -58,11 +60,12 @@ def summarize_compile_events(events: Iterable[dict[str, Any]]) -> dict[str, Any]
     """The compile summary of raw Chrome-trace events (``X`` events; others are ignored)."""
     graphs: dict[tuple[int, str | None], _Graph] = {}
     run: list[tuple[int, str, float, float, int]] = []
+    processes: dict[int, int] = {}      # pid -> index in order of appearance, like Trace sources
     for ev in events:
         if ev.get("ph", "X") != "X":
             continue
         name = str(ev.get("name", ""))
-        process = _int(ev.get("pid"))
+        process = processes.setdefault(_int(ev.get("pid")), len(processes))
         if ev.get("cat") == CAT_COMPILE:
             args = ev.get("args") or {}
             row = _Row(name, float(ev.get("ts", 0.0)), float(ev.get("dur", 0.0)), _int(ev.get("tid")), args)
@@ -127,7 +130,11 @@ def _graph_summary(g: _Graph, t0: float) -> dict[str, Any] | None:
     spans = [r for r in g.rows if r.args.get("phase") not in _ZERO_LENGTH]
     if not spans:
         return None
-    phases, total_us = _self_times(spans)
+    # Phases as the compiling thread lived them; worker threads (Inductor's parallel kernel
+    # compiles) overlap its waits and are reported apart, so phases add up to the total.
+    tid = frame.tid if frame else spans[0].tid
+    phases, total_us = _self_times([r for r in spans if r.tid == tid])
+    worker_us = _self_times([r for r in spans if r.tid != tid])[1]
     start = frame.ts if frame else min(r.ts for r in spans)
     args = frame.args if frame else {}
     lookups = [r for r in g.rows if r.args.get("phase") in _CACHE_KINDS]
@@ -145,6 +152,7 @@ def _graph_summary(g: _Graph, t0: float) -> dict[str, Any] | None:
         "graph_breaks": [{"reason": r.args.get("reason"), "location": r.args.get("location")}
                          for r in g.rows if r.args.get("phase") == "graph_break"],
         "graph_ops": args.get("graph_ops"), "fail_reason": args.get("reason") if frame else None,
+        "worker_ms": _ms(worker_us),
         "run_ms": _ms(_union(g.run)) if g.run else None, "run_calls": len(g.run),
     }
 

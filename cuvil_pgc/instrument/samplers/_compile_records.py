@@ -192,8 +192,8 @@ class CompileRecordProcessor:
         cid = args.get("compile_id")
         cid = None if cid in (None, "None") else str(cid)
         if ph == "B":
-            if cid is None and self._current.get(tid):
-                cid = self._current[tid][-1]
+            if cid is None:
+                cid = self._in_flight(tid)
             if name in _COMPILE_WRAPPERS:
                 self._current.setdefault(tid, []).append(cid)
                 self._compile(cid, tid, starting=True)
@@ -202,6 +202,14 @@ class CompileRecordProcessor:
             self._chromium_end(name, ts, cid, tid)
         elif ph == "i":
             self._instant(name, ts, args, cid, tid)
+
+    def _in_flight(self, tid: int) -> str | None:
+        """The compile a block without an id belongs to: the one running on this thread, else the
+        only one running in the process (Inductor compiles kernels on worker threads)."""
+        if self._current.get(tid):
+            return self._current[tid][-1]
+        running = {stack[-1] for stack in self._current.values() if stack}
+        return running.pop() if len(running) == 1 else None
 
     def _chromium_end(self, name: str, ts: float, cid: str | None, tid: int) -> None:
         stack = self._open.get((tid, name))
