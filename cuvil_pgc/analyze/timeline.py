@@ -5,7 +5,9 @@ lane names the rank and thread (``r0 pid 12 tid 34``). Above ``MAX_SPANS`` calls
 are dropped (the longest calls are what a timeline shows at report zoom), and the number dropped
 is recorded in ``analysis.trace["timeline_spans_dropped"]``. Counters: per counter name (and rank when several), at most
 ``MAX_POINTS`` points, longer series averaged into equal time buckets. Compile spans: the COMPILE
-rows with ``graph`` (compile id), ``phase``, ``cache`` and ``reason`` from their args.
+rows with ``graph`` (compile id), ``phase``, ``cache`` and ``reason`` from their args. The pass also
+sets ``analysis.trace["runs"]``: per source, the header facts that place the timeline (host,
+python and torch versions, platform, command, wall-clock start), see :func:`run_facts`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,21 @@ def build_timeline(prep: Prepared, analysis: Analysis) -> None:
     """Pass: fill ``analysis.timeline``."""
     analysis.timeline = Timeline(spans=_spans(prep, analysis), counters=_counters(prep),
                                  compile_spans=_compile_spans(prep))
+    analysis.trace["runs"] = run_facts(prep)
+
+
+RUN_KEYS = ("host", "pid", "rank", "world_size", "python", "torch", "platform", "start_unix_ns", "command")
+
+
+def run_facts(prep: Prepared) -> list[dict]:
+    """Per source: what ran where (host, versions, command, wall-clock start), from its header."""
+    runs = []
+    for s in prep.trace.sources:
+        meta = s.metadata if isinstance(s.metadata, dict) else {}
+        run = {"path": s.path, "format": s.format, "rank": s.rank}
+        run.update({k: meta[k] for k in RUN_KEYS if k in meta and k != "rank"})
+        runs.append(run)
+    return runs
 
 
 def _spans(prep: Prepared, analysis: Analysis) -> dict[str, list]:

@@ -1,0 +1,163 @@
+"""Markup of the compile and recompile-plan sections (their figures come from ``figures``).
+
+Input shapes: ``analysis.compile`` as ``analyze.compile_summary`` writes it, and a plan.json
+document (``recompile.plan_doc``) with optional build facts. Both are read defensively: a key
+that is missing shows as "-", never as an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuvil_pgc.viewer._sections import (
+    MAX_LIST_ITEMS,
+    MAX_TABLE_ROWS,
+    _ms,
+    _short,
+    badge,
+    cell,
+    facts,
+    note,
+    path_text,
+    plot,
+    section,
+    table,
+)
+from cuvil_pgc.viewer._template import text
+from cuvil_pgc.viewer.figures import _speedup
+
+NO_COMPILE = "No torch.compile activity recorded in this trace."
+
+
+# ------------------------------------------------------------------ compile
+
+def compile_section(compile_doc: dict[str, Any], samplers: dict[str, Any], has_figure: bool) -> str:
+    graphs = compile_doc.get("graphs") or []
+    if not graphs and not has_figure:
+        status = samplers.get("compile") if isinstance(samplers.get("compile"), dict) else {}
+        why = status.get("reason") or ""
+        extra = f" (compile sampler: {status.get('status')}{': ' + why if why else ''})" if status else ""
+        return section("compile", "Compile timeline", note(NO_COMPILE + extra))
+    body = facts(_compile_totals(compile_doc.get("totals") or {}))
+    phases = compile_doc.get("phases") or {}
+    if phases:
+        body += "<p>" + text("Phases (self time, all graphs): " + ", ".join(
+            f"{p} {_ms(ms)}" for p, ms in list(phases.items())[:12])) + "</p>"
+    body += plot("compile") if has_figure else note("No timed compile phases to draw.")
+    if graphs:
+        body += "<h3>Graphs</h3>" + _graph_table(graphs)
+    return section("compile", "Compile timeline", body)
+
+
+def _compile_totals(t: dict[str, Any]) -> list[tuple[str, str]]:
+    def rate(x: Any) -> str:
+        return "-" if not isinstance(x, (int, float)) else f"{x:.0%}"
+
+    return [("Compile time", text(_ms(t.get("compile_ms")))),
+            ("Compiled code ran", text(_ms(t.get("run_ms")))),
+            ("Compiles / graphs", text(f"{t.get('compiles', '-')} / {t.get('graphs', '-')}")),
+            ("Recompiles", text(t.get("recompiles", "-"))),
+            ("Graph breaks", text(t.get("graph_breaks", "-"))),
+            ("FX graph cache", text(f"hit rate {rate(t.get('cache_hit_rate'))} {_short(t.get('fx_cache') or {})}")),
+            ("AOTAutograd cache", text(f"hit rate {rate(t.get('aot_cache_hit_rate'))} {_short(t.get('aot_cache') or {})}")),
+            ("Outside any graph", text(_ms(t.get("unattributed_ms"))))]
+
+
+def _graph_table(graphs: list[dict[str, Any]]) -> str:
+    rows = []
+    for g in graphs[:MAX_TABLE_ROWS]:
+        where = f"{g.get('frame') or '?'}" + (f" ({g.get('file')}:{g.get('line')})" if g.get("file") else "")
+        phases = ", ".join(f"{p} {_ms(ms)}" for p, ms in list((g.get("phases") or {}).items())[:4])
+        cache = g.get("cache") or {}
+        rows.append("<tr>" + cell(text(g.get("compile_id")), g.get("compile_id")) + cell(path_text(where), where)
+                    + cell(text(_ms(g.get("start_ms"))), g.get("start_ms"), True)
+                    + cell(text(_ms(g.get("total_ms"))), g.get("total_ms"), True) + cell(text(phases))
+                    + cell(text(f"fx {cache.get('fx') or '-'}, aot {cache.get('aot') or '-'}"))
+                    + cell(_reasons(g.get("cache_misses"))) + cell(_reasons(g.get("recompiles")))
+                    + cell(_breaks(g.get("graph_breaks"))) + cell(text(g.get("fail_reason") or "")) + "</tr>")
+    return table(["graph", "frame", "start", "total", "top phases", "cache", "cache misses", "recompiles",
+                  "graph breaks", "failure"], rows, table_id="compile-table", sortable=True, num_cols=(2, 3))
+
+
+def _reasons(items: Any) -> str:
+    items = [str(x) for x in (items or [])]
+    if not items:
+        return "-"
+    lis = "".join(f"<li>{text(_short(x, 400))}</li>" for x in items[:MAX_LIST_ITEMS])
+    return f"<ul>{lis}</ul>" + (text(f"… {len(items) - MAX_LIST_ITEMS} more") if len(items) > MAX_LIST_ITEMS else "")
+
+
+def _breaks(items: Any) -> str:
+    out = []
+    for b in items or []:
+        b = b if isinstance(b, dict) else {"reason": b}
+        out.append(f"{b.get('reason') or '?'}" + (f" at {b['location']}" if b.get("location") else ""))
+    return _reasons(out)
+
+
+# ------------------------------------------------------------------ recompile plan
+
+def plan_section(plan: dict[str, Any] | None, build: dict[str, Any] | None, has_figure: bool) -> str:
+    title = "Recompile plan"
+    if plan is None:
+        return section("plan", title, note("No recompile plan: pass --build BUILD (a .cuvilpkg or store://NAME) "
+                                           "to show what `cuvil-pgc recompile` chose for each region."))
+    body = facts(_plan_facts(plan, build or {}))
+    body += plot("plan") if has_figure else note("No region has both a baseline and a predicted or measured time.")
+    regions = plan.get("regions") or []
+    body += _plan_table(regions) if regions else note("The plan lists no regions.")
+    stale = plan.get("stale") or []
+    if stale:
+        body += "<h3>Stale regions (changed since the build; skipped at load)</h3>" + _reasons(
+            [f"{s.get('path')}: {s.get('reason')}" if isinstance(s, dict) else s for s in stale])
+    if plan.get("unmatched"):
+        body += "<h3>Profiled regions not matched to a module</h3>" + _reasons(plan["unmatched"])
+    return section("plan", title, body)
+
+
+def _plan_facts(plan: dict[str, Any], build: dict[str, Any]) -> list[tuple[str, str]]:
+    pairs = []
+    if build:
+        signed = "signed, signature verified" if build.get("signature_verified") else (
+            "signed (no key given: integrity checked only)" if build.get("signed") else "unsigned (integrity checked)")
+        pairs += [("Build", path_text(build.get("path"))),
+                  ("Name / version", text(f"{build.get('name', '-')} v{build.get('version', '-')}, "
+                                          f"created {build.get('created', '-')}")),
+                  ("Signature", text(signed))]
+    speed = plan.get("speedup_vs_eager")
+    tol = plan.get("tolerances") or {}
+    pairs += [("Device", text(plan.get("device", "-"))),
+              ("Whole model", text(f"eager {_ms(plan.get('baseline_ms'))} → plan {_ms(plan.get('plan_ms'))}"
+                                   + (f", speedup {speed:.2f}×" if isinstance(speed, (int, float)) else ""))),
+              ("Search", text(f"{plan.get('measured_candidates', '-')} candidates measured of a space of "
+                              f"{plan.get('space_size', '-')}, {plan.get('reused_records', 0)} reused records")),
+              ("Accuracy tolerances", text(f"rtol {tol.get('rtol', '-')}, atol {tol.get('atol', '-')}"))]
+    return pairs
+
+
+def _plan_table(regions: list[dict[str, Any]]) -> str:
+    rows = []
+    for r in regions[:MAX_TABLE_ROWS]:
+        pred, meas = _speedup(r, "predicted_ms"), _speedup(r, "measured_ms")
+        rows.append("<tr>" + cell(path_text(r.get("path") or r.get("scope")), r.get("path") or "")
+                    + cell(text(r.get("chosen", "-")), r.get("chosen", "")) + cell(badge(str(r.get("bottleneck") or "")), r.get("bottleneck") or "")
+                    + "".join(cell(text(_ms(r.get(k))), r.get(k) if isinstance(r.get(k), (int, float)) else -1, True)
+                              for k in ("baseline_ms", "predicted_ms", "measured_ms"))
+                    + cell("-" if pred is None else f"{pred:.2f}×", pred if pred is not None else -1, True)
+                    + cell("-" if meas is None else f"{meas:.2f}×", meas if meas is not None else -1, True)
+                    + cell(_alternatives(r.get("alternatives") or []), len(r.get("alternatives") or [])) + "</tr>")
+    return table(["region", "chosen", "bottleneck", "eager", "predicted", "measured", "predicted speedup",
+                  "measured speedup", "alternatives"], rows, table_id="plan-table", sortable=True,
+                 num_cols=(3, 4, 5, 6, 7))
+
+
+def _alternatives(alts: list[Any]) -> str:
+    if not alts:
+        return "-"
+    items = []
+    for a in alts[:MAX_LIST_ITEMS]:
+        a = a if isinstance(a, dict) else {"config": a}
+        line = (f"{a.get('config', '?')}: {a.get('status', '?')}, predicted {_ms(a.get('predicted_ms'))}, "
+                f"measured {_ms(a.get('measured_ms'))}" + (f" — {_short(a['reason'], 200)}" if a.get("reason") else ""))
+        items.append(f"<li>{text(line)}</li>")
+    return f"<details><summary>{len(alts)} tried</summary><ul>{''.join(items)}</ul></details>"

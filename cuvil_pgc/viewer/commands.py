@@ -1,0 +1,92 @@
+"""Commands of the viewer stage: ``cuvil-pgc report TRACE... -o report.html``.
+
+The command loads and analyses the traces (``load_trace`` + ``analyze``), optionally reads a
+build's plan.json (``--build``: a ``.cuvilpkg`` path or ``store://NAME[@VERSION|@TAG]``, opened only
+through ``open_any_build``, which verifies every member before anything is read), renders the
+report and writes it atomically. A progress bar shows on interactive terminals only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import typer
+
+PLAN_MEMBER = "plan.json"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def report(
+        traces: list[str] = typer.Argument(..., metavar="TRACE...", help="Trace files (ours or torch.profiler)."),
+        output: str = typer.Option("report.html", "-o", "--output", help="The HTML file to write."),
+        build: str | None = typer.Option(None, "--build", help="Show this build's recompile plan "
+                                            "(.cuvilpkg or store://NAME[@VERSION|@TAG])."),
+        store: str | None = typer.Option(None, "--store", help="Build store for store:// refs (default $CUVIL_STORE)."),
+        pubkey: str | None = typer.Option(None, "--pubkey", help="Require the build to be signed by this key."),
+        plotly_js: str = typer.Option("inline", "--plotly-js", help="inline (self-contained, offline) or cdn."),
+        filter: str | None = typer.Option(None, "--filter", help="Only region paths matching this regex."),
+        machine: str | None = typer.Option(None, "--machine", help="Machine model file (calibrate -o)."),
+        title: str | None = typer.Option(None, "--title", help="Page title."),
+    ) -> None:
+        """Write a self-contained HTML report: hot regions, timelines, compile, roofline, plan."""
+        from cuvil_pgc.errors import ConfigError
+        from cuvil_pgc.viewer._template import PLOTLY_MODES
+
+        if plotly_js not in PLOTLY_MODES:
+            raise ConfigError(f"--plotly-js {plotly_js!r} is not one of {', '.join(PLOTLY_MODES)}")
+        written = make_report(traces, output, build=build, store=store, pubkey=pubkey, plotly_js=plotly_js,
+                              filter=filter, machine=machine, title=title)
+        size = os.path.getsize(written)
+        print(f"wrote {written} ({size / 1e6:.1f} MB){'' if plotly_js == 'cdn' else ', plotly.js inlined'}")
+
+
+def make_report(traces: list[str], output: str, *, build: str | None = None, store: str | None = None,
+                pubkey: str | None = None, plotly_js: str = "inline", filter: str | None = None,
+                machine: str | None = None, title: str | None = None) -> str:
+    """Load, analyse, render and write; returns the path written."""
+    from cuvil_pgc.analyze.analyzer import analyze
+    from cuvil_pgc.analyze.machine import MachineModel
+    from cuvil_pgc.trace.reader import load_trace
+    from cuvil_pgc.viewer.html import write_report
+    from cuvil_pgc.viewer.progress import stage_progress
+
+    model = MachineModel.load(machine) if machine else None
+    with stage_progress(4 if build else 3) as progress:
+        plan, facts = None, None
+        if build:
+            with progress.stage(f"verifying build {os.path.basename(build)}"):
+                plan, facts = read_build_plan(build, store=store, pubkey=pubkey)
+        with progress.stage(f"loading {len(traces)} trace file{'s' if len(traces) != 1 else ''}"):
+            trace = load_trace(*traces)
+        with progress.stage(f"analysing {len(trace):,} events"):
+            analysis = analyze(trace, machine=model, filter=filter)
+        with progress.stage("rendering the report"):
+            path = write_report(analysis, output, plan=plan, build=facts, plotly_js=plotly_js, title=title)
+    return str(path)
+
+
+def read_build_plan(source: str, *, store: str | None = None,
+                    pubkey: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """plan.json of a verified build and facts about the build (path, name, version, signature)."""
+    from cuvil_pgc.errors import BuildError
+    from cuvil_pgc.recompile.store import open_any_build
+
+    with open_any_build(source, store=store, pubkey=pubkey, require_signature=pubkey is not None) as vb:
+        if PLAN_MEMBER not in vb.members():
+            raise BuildError(f"the build has no {PLAN_MEMBER}", path=vb.path,
+                             fix="pass a build written by `cuvil-pgc recompile`")
+        try:
+            plan = json.loads(vb.read_bytes(PLAN_MEMBER))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BuildError(f"{PLAN_MEMBER} is not JSON ({exc})", path=vb.path,
+                             fix="rebuild the package with `cuvil-pgc recompile`") from None
+        if not isinstance(plan, dict):
+            raise BuildError(f"{PLAN_MEMBER} holds a JSON {type(plan).__name__}, not an object", path=vb.path,
+                             fix="rebuild the package with `cuvil-pgc recompile`")
+        m = vb.manifest
+        facts = {"path": vb.path, "name": m.name, "version": m.version, "created": m.created.isoformat(),
+                 "signed": vb.signed, "signature_verified": vb.signature_verified}
+    return plan, facts

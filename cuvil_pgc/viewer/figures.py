@@ -1,0 +1,361 @@
+"""Plotly figures of the HTML report, one builder per section.
+
+Each builder takes pure data (an Analysis, derived roofline data, a plan dict) and returns a
+plotly figure as a JSON-ready dict (``{"data": [...], "layout": {...}}``), or None when there is
+nothing to draw (the section then shows a note instead). Nothing here analyses: the figures draw
+what the Analysis holds. Every user string passes through :func:`_template.plot_text`, never into
+a ``hovertemplate`` (plotly would read ``%{...}`` in it).
+
+Big traces: the analysis already keeps at most ``timeline.MAX_SPANS`` region calls (the longest)
+and ``timeline.MAX_POINTS`` points per counter; the region timeline draws spans as WebGL
+(``scattergl``) line segments, one trace per hot path (``MAX_SPAN_TRACES``) and one for the rest,
+with x in ms rounded to 0.1 µs, so a timeline costs a few bytes per span.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from cuvil_pgc.viewer._template import plot_text
+
+BOTTLENECK_COLORS = {"launch_overhead": "#b5179e", "memory_bandwidth": "#0077b6", "compute": "#2a9d3f",
+                     "host_bound": "#c77d00", "idle": "#8a8a8a"}
+OTHER_COLOR = "#6c757d"
+PALETTE = ("#3558a8", "#e07b39", "#2a9d3f", "#b5179e", "#0096c7", "#c77d00", "#7b2cbf", "#d62828",
+           "#588157", "#8a8a8a", "#264653", "#e9c46a")
+MAX_SPAN_TRACES = 24
+MAX_DRAWN_SPANS = 50_000
+MAX_COMPILE_GRAPHS = 40
+HIST_REGIONS = 6
+SKEW_REGIONS = 12
+_FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
+
+
+def _layout(**kw: Any) -> dict[str, Any]:
+    base = {"template": "plotly_white", "font": _FONT, "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
+            "hovermode": "closest", "legend": {"orientation": "h", "y": -0.15}}
+    base.update(kw)
+    return base
+
+
+def _json(fig: go.Figure) -> dict[str, Any]:
+    return fig.to_plotly_json()
+
+
+# ------------------------------------------------------------------ region timeline + utilization
+
+def timeline_figure(analysis: Any) -> dict[str, Any] | None:
+    """Region spans per lane and depth above the SM (GPU) or CPU utilization, one shared x axis."""
+    spans = analysis.timeline.spans or {}
+    util = utilization_series(analysis.timeline.counters or {})
+    has_spans = bool(spans.get("ts_us"))
+    if not has_spans and not util:
+        return None
+    rows = (1 if has_spans else 0) + (1 if util else 0)
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.05,
+                        row_heights=[0.72, 0.28] if rows == 2 else [1.0])
+    n_rows = 0
+    if has_spans:
+        n_rows = _add_spans(fig, spans)
+    if util:
+        _add_utilization(fig, analysis.timeline.counters, util, row=rows)
+    span_px = max(220, min(26 * n_rows + 60, 900)) if has_spans else 0
+    fig.update_layout(_layout(height=span_px + (240 if util else 0) + 60,
+                              legend={"orientation": "h", "y": -0.12, "font": {"size": 11}}))
+    fig.update_xaxes(title_text="time since trace start (ms)", row=rows, col=1)
+    return _json(fig)
+
+
+def _span_rows(spans: dict[str, list]) -> tuple[np.ndarray, list[str]]:
+    """Row index of every span (lane-major, depth-minor) and one tick label per row."""
+    lanes = np.asarray(spans["lane"], dtype=object)
+    depth = np.asarray(spans.get("depth") or [0] * len(lanes), dtype=np.int64)
+    keys = sorted({(str(lane), int(d)) for lane, d in zip(lanes.tolist(), depth.tolist(), strict=False)})
+    index = {k: i for i, k in enumerate(keys)}
+    rows = np.fromiter((index[(str(lane), int(d))] for lane, d in zip(lanes.tolist(), depth.tolist(), strict=False)),
+                       dtype=np.int64, count=len(lanes))
+    labels = [plot_text(lane, 40) if d == 0 else f"  depth {d}" for lane, d in keys]
+    return rows, labels
+
+
+def _segments(ts: np.ndarray, dur: np.ndarray, row: np.ndarray) -> tuple[list, list]:
+    """x (ms) and y for line segments start→end, NaN-separated (drawn as gaps)."""
+    x = np.empty(3 * len(ts))
+    x[0::3] = ts / 1e3
+    x[1::3] = (ts + dur) / 1e3
+    x[2::3] = np.nan
+    y = np.repeat(row.astype(float), 3)
+    y[2::3] = np.nan
+    return np.round(x, 4).tolist(), y.tolist()
+
+
+def _add_spans(fig: go.Figure, spans: dict[str, list]) -> int:
+    ts = np.asarray(spans["ts_us"], dtype=float)
+    dur = np.asarray(spans["dur_us"], dtype=float)
+    paths = np.asarray(spans["path"], dtype=object)
+    verdicts = spans.get("bottleneck") or [""] * len(ts)
+    keep = np.arange(len(ts))
+    if len(ts) > MAX_DRAWN_SPANS:
+        keep = np.sort(np.argsort(-dur, kind="stable")[:MAX_DRAWN_SPANS])
+    rows, labels = _span_rows(spans)
+    ts, dur, paths, rows = ts[keep], dur[keep], paths[keep], rows[keep]
+    verdict_of = {p: v for p, v in zip(spans["path"], verdicts, strict=False)}
+    uniq, inv = np.unique(paths.astype(str), return_inverse=True)
+    totals = np.bincount(inv, weights=dur, minlength=len(uniq))
+    top = set(np.argsort(-totals, kind="stable")[:MAX_SPAN_TRACES].tolist())
+    for k in sorted(top, key=lambda k: -totals[k]):
+        sel = inv == k
+        x, y = _segments(ts[sel], dur[sel], rows[sel])
+        color = BOTTLENECK_COLORS.get(verdict_of.get(uniq[k], ""), OTHER_COLOR)
+        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", line={"width": 9, "color": color},
+                                   name=plot_text(uniq[k], 48), legendgroup="regions",
+                                   hovertemplate="%{fullData.name}<br>%{x:.3f} ms<extra></extra>"), row=1, col=1)
+    rest = ~np.isin(inv, list(top))
+    if rest.any():
+        x, y = _segments(ts[rest], dur[rest], rows[rest])
+        names = [plot_text(p, 80) for p in paths[rest].tolist()]
+        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", line={"width": 9, "color": OTHER_COLOR},
+                                   name="other regions", text=[n for n in names for _ in range(3)],
+                                   hovertemplate="%{text}<br>%{x:.3f} ms<extra></extra>"), row=1, col=1)
+    fig.update_yaxes(tickvals=list(range(len(labels))), ticktext=labels, autorange="reversed",
+                     showgrid=False, zeroline=False, row=1, col=1)
+    return len(labels)
+
+
+def utilization_series(counters: dict[str, dict[str, list]]) -> list[tuple[str, bool]]:
+    """Counter names to draw under the timeline with their default visibility: SM utilization
+    when the run has it (GPU), else CPU utilization; per-core and secondary series start hidden."""
+    def family(name: str) -> str:
+        return name.split(" ")[0].split(".")[0]
+
+    sm = [n for n in counters if family(n) == "sm_util"]
+    if sm:
+        extra = [n for n in counters if family(n) in ("sm_occupancy", "mem_bw_util")]
+        return [(n, True) for n in sorted(sm)] + [(n, False) for n in sorted(extra)]
+    cpu = [n for n in counters if family(n) == "cpu_util" and ".process_cores" not in n]
+    main = {"cpu_util", "cpu_util.process", "cpu_util.total"}
+    return sorted(((n, n.split(" ")[0] in main) for n in cpu), key=lambda t: (not t[1], t[0]))
+
+
+def _add_utilization(fig: go.Figure, counters: dict[str, dict[str, list]], series: list[tuple[str, bool]],
+                     row: int) -> None:
+    for i, (name, shown) in enumerate(series):
+        c = counters[name]
+        fig.add_trace(go.Scattergl(x=np.round(np.asarray(c.get("ts_us", []), dtype=float) / 1e3, 4).tolist(),
+                                   y=np.round(np.asarray(c.get("value", []), dtype=float), 3).tolist(),
+                                   name=plot_text(name, 40), mode="lines",
+                                   line={"width": 1.5, "color": PALETTE[i % len(PALETTE)]},
+                                   visible=True if shown else "legendonly", legendgroup="util",
+                                   hovertemplate="%{fullData.name}: %{y:.1f}%<br>%{x:.3f} ms<extra></extra>"),
+                      row=row, col=1)
+    kind = "SM" if series and series[0][0].startswith("sm_util") else "CPU"
+    fig.update_yaxes(title_text=f"{kind} util (%)", rangemode="tozero", row=row, col=1)
+
+
+# ------------------------------------------------------------------ compile timeline
+
+def compile_figure(analysis: Any) -> dict[str, Any] | None:
+    """Gantt of compile phases per graph (bars) with cache lookups, graph breaks and recompiles."""
+    cs = analysis.timeline.compile_spans or {}
+    if not cs.get("ts_us"):
+        return None
+    graphs = list(dict.fromkeys(str(g) for g in cs["graph"]))[:MAX_COMPILE_GRAPHS]
+    keep = [i for i, g in enumerate(cs["graph"]) if str(g) in set(graphs)]
+    bars = [i for i in keep if cs["dur_us"][i] > 0]
+    marks = [i for i in keep if cs["dur_us"][i] <= 0]
+    order = _row_order(cs, bars, marks)
+    fig = go.Figure()
+    phases = list(dict.fromkeys(str(cs["phase"][i]) for i in bars))
+    for j, phase in enumerate(phases):
+        sel = [i for i in bars if str(cs["phase"][i]) == phase]
+        fig.add_trace(go.Bar(orientation="h", y=[_compile_row(cs, i) for i in sel],
+                             base=[round(cs["ts_us"][i] / 1e3, 4) for i in sel],
+                             x=[round(cs["dur_us"][i] / 1e3, 4) for i in sel],
+                             name=plot_text(phase, 40), marker={"color": PALETTE[j % len(PALETTE)]},
+                             text=[_compile_hover(cs, i) for i in sel], textposition="none",
+                             hovertemplate="%{text}<extra></extra>"))
+    _add_compile_marks(fig, cs, marks)
+    fig.update_layout(_layout(barmode="overlay", height=max(260, 22 * len(order) + 120),
+                              yaxis={"categoryorder": "array", "categoryarray": order, "autorange": "reversed",
+                                     "automargin": True},
+                              xaxis={"title": {"text": "time since trace start (ms)"}}))
+    return _json(fig)
+
+
+def _graph_label(graph: Any) -> str:
+    return "(outside graphs)" if graph in (None, "", "None") else str(graph)
+
+
+def _compile_row(cs: dict[str, list], i: int) -> str:
+    return plot_text(f"{_graph_label(cs['graph'][i])} · {cs['phase'][i]}", 60)
+
+
+def _events_row(cs: dict[str, list], i: int) -> str:
+    return plot_text(f"{_graph_label(cs['graph'][i])} · events", 60)
+
+
+def _row_order(cs: dict[str, list], bars: list[int], marks: list[int]) -> list[str]:
+    rows: list[str] = []
+    for i in sorted(bars + marks, key=lambda i: (str(cs["graph"][i]), cs["ts_us"][i], -cs["dur_us"][i])):
+        row = _compile_row(cs, i) if i in set(bars) else _events_row(cs, i)
+        if row not in rows:
+            rows.append(row)
+    return rows
+
+
+def _compile_hover(cs: dict[str, list], i: int) -> str:
+    parts = [f"graph {plot_text(_graph_label(cs['graph'][i]))}", f"phase {plot_text(cs['phase'][i])}",
+             f"{cs['dur_us'][i] / 1e3:.3f} ms at {cs['ts_us'][i] / 1e3:.3f} ms"]
+    if cs["cache"][i]:
+        parts.append(f"cache {plot_text(cs['cache'][i])}")
+    if cs["reason"][i]:
+        parts.append("reason: " + plot_text(cs["reason"][i], 300))
+    return "<br>".join(parts)
+
+
+_MARK_STYLE = {"graph_break": ("x", "#d62828", "graph break"), "recompile": ("diamond", "#e07b39", "recompile"),
+               "hit": ("circle", "#2a9d3f", "cache hit"), "miss": ("circle-open", "#d62828", "cache miss"),
+               "bypass": ("square-open", "#8a8a8a", "cache bypass")}
+
+
+def _mark_kind(cs: dict[str, list], i: int) -> str:
+    phase = str(cs["phase"][i])
+    if phase in ("graph_break", "recompile"):
+        return phase
+    return str(cs["cache"][i]) if cs["cache"][i] in ("hit", "miss", "bypass") else "other"
+
+
+def _add_compile_marks(fig: go.Figure, cs: dict[str, list], marks: list[int]) -> None:
+    kinds: dict[str, list[int]] = {}
+    for i in marks:
+        kinds.setdefault(_mark_kind(cs, i), []).append(i)
+    for kind, rows in kinds.items():
+        symbol, color, label = _MARK_STYLE.get(kind, ("circle-dot", OTHER_COLOR, "event"))
+        fig.add_trace(go.Scatter(x=[round(cs["ts_us"][i] / 1e3, 4) for i in rows],
+                                 y=[_events_row(cs, i) for i in rows], mode="markers", name=label,
+                                 marker={"symbol": symbol, "size": 11, "color": color, "line": {"width": 2}},
+                                 text=[_compile_hover(cs, i) for i in rows], hovertemplate="%{text}<extra></extra>"))
+
+
+# ------------------------------------------------------------------ latency histograms
+
+def histogram_figure(analysis: Any, top: int = HIST_REGIONS) -> dict[str, Any] | None:
+    """Call-latency histograms (log-spaced bins) of the hottest regions, small multiples."""
+    drawable = [r for r in analysis.regions if (r.histogram or {}).get("counts")]
+    regions = ([r for r in drawable if r.calls > 1] or drawable)[:top]
+    if not regions:
+        return None
+    cols = 2 if len(regions) > 1 else 1
+    rows = math.ceil(len(regions) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[plot_text(r.path, 60) for r in regions],
+                        horizontal_spacing=0.08, vertical_spacing=min(0.12, 0.5 / rows))
+    for k, r in enumerate(regions):
+        edges = [e / 1e3 for e in r.histogram["edges_us"]]
+        counts = list(r.histogram["counts"])
+        color = BOTTLENECK_COLORS.get(r.bottleneck, OTHER_COLOR)
+        fig.add_trace(go.Scatter(x=edges, y=counts + counts[-1:], mode="lines", line={"shape": "hv", "color": color},
+                                 fill="tozeroy", name=plot_text(r.path, 48), showlegend=False,
+                                 hovertemplate="≥ %{x:.4g} ms: %{y} calls<extra></extra>"),
+                      row=k // cols + 1, col=k % cols + 1)
+    fig.update_xaxes(type="log", title_text="call latency (ms)")
+    fig.update_yaxes(title_text="calls", rangemode="tozero")
+    fig.update_layout(_layout(height=230 * rows + 60, margin={"l": 60, "r": 20, "t": 40, "b": 40}))
+    return _json(fig)
+
+
+# ------------------------------------------------------------------ roofline
+
+def roofline_figure(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Regions (and ops) by arithmetic intensity vs achieved FLOP/s under the machine's roofs."""
+    roofs, regions, ops = data.get("roofs") or [], data.get("regions") or [], data.get("ops") or []
+    if not roofs and not regions:
+        return None
+    xs = [p["intensity"] for p in regions + ops] + [r["ridge"] for r in roofs]
+    lo, hi = min(xs + [1.0]) / 4, max(xs + [1.0]) * 8
+    fig = go.Figure()
+    for j, roof in enumerate(roofs):
+        x = [lo, roof["ridge"], hi]
+        y = [roof["mem_bw"] * lo, roof["peak_flops"], roof["peak_flops"]]
+        label = (f"{roof['device']} {roof['dtype']} roof: {_si(roof['peak_flops'])}FLOP/s, "
+                 f"{_si(roof['mem_bw'])}B/s" + (" (fallback)" if roof.get("source") == "fallback" else ""))
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=plot_text(label),
+                                 line={"color": PALETTE[j % len(PALETTE)], "dash": "solid" if j == 0 else "dot"},
+                                 hovertemplate="%{fullData.name}<extra></extra>"))
+    _add_points(fig, regions, ops)
+    fig.update_layout(_layout(height=520, xaxis={"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
+                              yaxis={"type": "log", "title": {"text": "achieved FLOP/s"}}))
+    return _json(fig)
+
+
+def _add_points(fig: go.Figure, regions: list[dict], ops: list[dict]) -> None:
+    biggest = max([p["total_us"] for p in regions] + [1.0])
+    for verdict in dict.fromkeys(p["bottleneck"] for p in regions):
+        pts = [p for p in regions if p["bottleneck"] == verdict]
+        fig.add_trace(go.Scatter(
+            x=[p["intensity"] for p in pts], y=[p["flops_s"] for p in pts], mode="markers",
+            name=f"regions: {plot_text(verdict)}",
+            marker={"color": BOTTLENECK_COLORS.get(verdict, OTHER_COLOR), "line": {"width": 1, "color": "#fff"},
+                    "size": [8 + 22 * math.sqrt(p["total_us"] / biggest) for p in pts]},
+            text=[f"{plot_text(p['path'], 120)}<br>{p['device']}, {_si(p['flops_s'])}FLOP/s, "
+                  f"AI {p['intensity']:.3g}, total {p['total_us'] / 1e3:.3g} ms" for p in pts],
+            hovertemplate="%{text}<extra></extra>"))
+    if ops:
+        fig.add_trace(go.Scatter(
+            x=[p["intensity"] for p in ops], y=[p["flops_s"] for p in ops], mode="markers", name="ops / kernels",
+            marker={"symbol": "x-thin", "size": 7, "line": {"width": 1.5, "color": "#444"}},
+            text=[f"{plot_text(p['name'], 80)} in {plot_text(p['region'], 80)}<br>{_si(p['flops_s'])}FLOP/s, "
+                  f"AI {p['intensity']:.3g}, {p['calls']:.0f} calls" for p in ops],
+            hovertemplate="%{text}<extra></extra>"))
+
+
+def _si(x: float) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}"
+    return f"{x:.3g} "
+
+
+# ------------------------------------------------------------------ cross-rank skew
+
+def ranks_figure(ranks: dict[str, Any], top: int = SKEW_REGIONS) -> dict[str, Any] | None:
+    """Per-rank total time of the regions with the largest cross-rank skew (grouped bars)."""
+    regions = sorted(ranks.get("regions") or [], key=lambda d: -(d.get("skew_us") or 0.0))[:top]
+    rank_ids = [str(r) for r in ranks.get("ranks") or []]
+    if len(rank_ids) < 2 or not regions:
+        return None
+    fig = go.Figure()
+    labels = [plot_text(d["path"], 40) for d in regions]
+    for j, rank in enumerate(rank_ids):
+        fig.add_trace(go.Bar(x=labels, y=[(d.get("per_rank_us") or {}).get(rank, 0.0) / 1e3 for d in regions],
+                             name=f"rank {plot_text(rank)}", marker={"color": PALETTE[j % len(PALETTE)]},
+                             hovertemplate="%{x}<br>%{fullData.name}: %{y:.3f} ms<extra></extra>"))
+    fig.update_layout(_layout(barmode="group", height=380, yaxis={"title": {"text": "total time (ms)"}}))
+    return _json(fig)
+
+
+# ------------------------------------------------------------------ recompile plan
+
+def plan_figure(plan: dict[str, Any]) -> dict[str, Any] | None:
+    """Predicted vs measured speedup over eager per planned region."""
+    rows = [r for r in plan.get("regions") or [] if _speedup(r, "predicted_ms") or _speedup(r, "measured_ms")]
+    if not rows:
+        return None
+    labels = [plot_text(r.get("path") or r.get("scope") or "?", 40) for r in rows]
+    fig = go.Figure()
+    for key, name, color in (("predicted_ms", "predicted", "#9bb1de"), ("measured_ms", "measured", "#3558a8")):
+        fig.add_trace(go.Bar(x=labels, y=[_speedup(r, key) for r in rows], name=name, marker={"color": color},
+                             hovertemplate="%{x}<br>" + name + " speedup %{y:.2f}×<extra></extra>"))
+    fig.add_hline(y=1.0, line={"dash": "dot", "color": "#888"})
+    fig.update_layout(_layout(barmode="group", height=360, yaxis={"title": {"text": "speedup over eager (×)"}}))
+    return _json(fig)
+
+
+def _speedup(region: dict[str, Any], key: str) -> float | None:
+    base, t = region.get("baseline_ms"), region.get(key)
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in (base, t))
+    return base / t if ok else None

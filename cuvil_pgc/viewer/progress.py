@@ -1,0 +1,70 @@
+"""Progress of long CLI work (loading big traces, analysing, rendering): a rich progress bar on
+interactive terminals only.
+
+``stage_progress(stages)`` yields a :class:`StageProgress`; ``with progress.stage("loading"):``
+wraps each step. On a terminal (stderr) it shows one bar over the steps with the current step's
+description and elapsed time, removed when done; anywhere else (pipes, files, CI logs, ``--json``
+runs) it prints nothing at all. Nothing is ever written to stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+
+class StageProgress:
+    """Steps of one command; a no-op unless a rich ``Progress`` is attached."""
+
+    def __init__(self, progress: Any = None, total: int = 0) -> None:
+        self._progress = progress
+        self._task = progress.add_task("starting", total=total) if progress is not None else None
+
+    @property
+    def shown(self) -> bool:
+        return self._progress is not None
+
+    @contextlib.contextmanager
+    def stage(self, description: str) -> Iterator[None]:
+        """Show ``description`` while the block runs, then advance the bar by one step."""
+        if self._progress is not None:
+            self._progress.update(self._task, description=description)
+        yield
+        if self._progress is not None:
+            self._progress.advance(self._task)
+
+
+def interactive(console: Any) -> bool:
+    """Whether ``console`` writes to a terminal a person is looking at."""
+    return bool(console.is_terminal and not console.is_dumb_terminal)
+
+
+@contextlib.contextmanager
+def stage_progress(total: int, *, console: Any = None, enabled: bool | None = None) -> Iterator[StageProgress]:
+    """A progress display over ``total`` steps, on stderr, shown only on interactive terminals.
+
+    Args:
+        total: number of ``stage`` blocks the command will run.
+        console: a rich Console (default: one on stderr).
+        enabled: force on or off (default: :func:`interactive`).
+    """
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    if not (interactive(console) if enabled is None else enabled):
+        yield StageProgress()
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        yield StageProgress(progress, total)
