@@ -330,3 +330,14 @@ def test_gzip_detected_by_content_not_name(tmp_path: Path) -> None:
     path = tmp_path / "plain-name.json"
     path.write_bytes(gzip.compress(KINETO_CPU.read_bytes()))
     assert len(load_trace(path)) == len(load_trace(KINETO_CPU))
+
+
+def test_kineto_flops_and_bytes_args_fill_columns(tmp_path: Path) -> None:
+    events = [x("cpu_op", "aten::mm", 1.0, 2.0, **{"External id": 7, "flops": 524288, "Input Dims": [[64, 64]]}),
+              x("gpu_memset", "Memset (Device)", 2.0, 1.0, pid=0, tid=7, bytes=4096, correlation=3)]
+    trace = load_trace(write_json(tmp_path / "k.json", kineto(events)))
+    mm = rows(trace, Kind.CPU_OP, "aten::mm")[0]
+    assert trace.flops[mm] == 524288 and np.isnan(trace.bytes[mm])
+    assert trace.events["external_id"][mm] == 7 and trace.args[mm] == {"shapes": [[64, 64]]}
+    memset = rows(trace, Kind.MEMSET)[0]
+    assert trace.bytes[memset] == 4096 and trace.correlation[memset] == 3

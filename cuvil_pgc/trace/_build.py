@@ -39,6 +39,7 @@ _OURS_KIND = dict(CAT_TO_KIND)
 _OURS_KIND.pop("user_annotation")                # our files' regions are cat "region"
 _DICTS = msgspec.json.Decoder(list[dict[str, Any]])
 _COLUMN_KEYS = ("correlation", "flops", "bytes", "external_id")
+_SHAPES = attrgetter("shapes")
 
 
 @dataclass
@@ -195,7 +196,7 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
         args.update((r, xs[r].args) for r in rows)
     ops = np.nonzero(kinds == Kind.CPU_OP)[0].tolist()
     op_args = [xs[r].args for r in ops]
-    args.update(compress(zip(ops, op_args, strict=True), map(_has_op_args, op_args)))
+    args.update(compress(zip(ops, op_args, strict=True), map(_SHAPES, op_args)))   # record_shapes rows
     others = np.nonzero(kinds == Kind.OTHER)[0].tolist()
     if others:
         by_cat: dict[str, A.CatArgs] = {}
@@ -203,10 +204,6 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
             cat = xs[r].cat
             args[r] = by_cat.get(cat) or by_cat.setdefault(cat, A.CatArgs(cat))
     return args
-
-
-def _has_op_args(a: A.KinetoArgs) -> bool:
-    return bool(a.shapes) or bool(a.dtypes)
 
 
 def _our_args(xs: list[Event], cols: dict[str, np.ndarray], evs: _Events, path: str,
