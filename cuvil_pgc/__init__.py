@@ -15,12 +15,17 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "instrument_module": ("cuvil_pgc.instrument.module", "instrument_module"),
+    "schedule": ("cuvil_pgc.instrument.schedule", "schedule"),
     "load_trace": ("cuvil_pgc.trace", "load_trace"),
     "Trace": ("cuvil_pgc.trace", "Trace"),
     "analyze": ("cuvil_pgc.analyze", "analyze"),
     "recompile": ("cuvil_pgc.recompile", "recompile"),
     "load_build": ("cuvil_pgc.recompile", "load_build"),
 }
+
+from cuvil_pgc.instrument.on_demand import start_from_env as _start_on_demand
+
+_start_on_demand()   # CUVIL_PGC_ON_DEMAND=1: always-on aggregates, capture windows on request
 
 __all__ = ["CuvilError", "ProfileRegion", "Session", "SessionConfig", "profile", *_LAZY]
 

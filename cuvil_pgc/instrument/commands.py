@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import typer
 
@@ -13,20 +12,21 @@ from cuvil_pgc.errors import ConfigError
 def register(app: typer.Typer) -> None:
     _register_profile(app)
     _register_summary(app)
+    _register_capture(app)
     _register_doctor(app)
 
 
 def _register_profile(app: typer.Typer) -> None:
     @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def profile(
-        target: Optional[list[str]] = typer.Argument(None, metavar="SCRIPT [ARGS]...",
+        target: list[str] | None = typer.Argument(None, metavar="SCRIPT [ARGS]...",
                                                      help="Python script to run, then its arguments."),
-        output: Optional[str] = typer.Option(None, "-o", "--output", help="Trace file (.trace.json[.gz])."),
-        module: Optional[str] = typer.Option(None, "-m", help="Run a module like python -m."),
-        model: Optional[str] = typer.Option(None, "--model", help="MODULE:FACTORY returning (model, inputs)."),
+        output: str | None = typer.Option(None, "-o", "--output", help="Trace file (.trace.json[.gz])."),
+        module: str | None = typer.Option(None, "-m", help="Run a module like python -m."),
+        model: str | None = typer.Option(None, "--model", help="MODULE:FACTORY returning (model, inputs)."),
         iters: int = typer.Option(20, "--iters", help="Model iterations to record (--model)."),
         warmup: int = typer.Option(3, "--warmup", help="Unrecorded warm-up iterations (--model)."),
-        depth: Optional[int] = typer.Option(None, "--depth", help="Instrument submodules down to this depth."),
+        depth: int | None = typer.Option(None, "--depth", help="Instrument submodules down to this depth."),
         ops: bool = typer.Option(True, "--ops/--no-ops", help="Capture aten operators."),
         gpu: str = typer.Option("auto", "--gpu", help="auto | on | off: CUPTI kernels and NVML counters."),
         sample_hz: float = typer.Option(20.0, "--sample-hz", help="Utilization sampling rate (0: off)."),
@@ -81,6 +81,21 @@ def _register_summary(app: typer.Typer) -> None:
         console.print(f"[bold]{', '.join(trace)}[/]: {facts.get('events', 0)} events, "
                       f"{facts.get('duration_us', 0.0) / 1000:.1f} ms")
         render_hot_regions(analysis, console, top=top)
+
+
+def _register_capture(app: typer.Typer) -> None:
+    @app.command()
+    def capture(
+        pid: int = typer.Option(..., "--pid", help="Process running with CUVIL_PGC_ON_DEMAND=1."),
+        seconds: float = typer.Option(10.0, "--seconds", help="Length of the capture window."),
+        steps: int | None = typer.Option(None, "--steps", help="Capture this many step() calls instead."),
+        directory: str | None = typer.Option(None, "--dir", help="Control directory (CUVIL_PGC_CONTROL_DIR)."),
+        timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait beyond the window."),
+    ) -> None:
+        """Ask a running process for a detailed capture window and print its trace path."""
+        from cuvil_pgc.instrument.capture import request_capture
+
+        typer.echo(request_capture(pid, seconds=seconds, steps=steps, directory=directory, timeout=timeout))
 
 
 def _register_doctor(app: typer.Typer) -> None:

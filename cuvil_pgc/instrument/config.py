@@ -29,6 +29,10 @@ class SessionConfig:
         flush_interval_s: how often buffered events reach the partial file (crash safety bound).
         buffer_events: per-thread region buffer capacity; beyond it events are dropped and counted.
         otel: also export completed regions as OpenTelemetry spans.
+        sample_every: record one root-region call in N per region name (its subtree follows).
+        sample_rate: record each root-region call with probability p (its subtree follows).
+        filter: a regular expression; only regions whose path matches, and ops / kernels whose
+            name or region path matches, are written (``re.search``).
     """
 
     path: str = "cuvil.trace.json"
@@ -40,6 +44,9 @@ class SessionConfig:
     flush_interval_s: float = 0.25
     buffer_events: int = 1 << 18
     otel: bool = False
+    sample_every: int | None = None
+    sample_rate: float | None = None
+    filter: str | None = None
 
     def __post_init__(self) -> None:
         self.path = os.fspath(self.path)
@@ -52,6 +59,45 @@ class SessionConfig:
             raise ConfigError(f"buffer_events={self.buffer_events} must be positive")
         if self.sample_hz < 0 or self.sample_hz > 10_000:
             raise ConfigError(f"sample_hz={self.sample_hz} must be between 0 and 10000")
+        if self.sample_every is not None and self.sample_rate is not None:
+            raise ConfigError("give sample_every or sample_rate, not both")
+        if self.sample_every is not None and (not isinstance(self.sample_every, int) or self.sample_every < 1):
+            raise ConfigError(f"sample_every={self.sample_every!r} must be an int >= 1")
+        if self.sample_rate is not None and not 0 < self.sample_rate <= 1:
+            raise ConfigError(f"sample_rate={self.sample_rate!r} must be in (0, 1]")
+        if self.filter is not None:
+            import re
+
+            try:
+                re.compile(self.filter)
+            except re.error as exc:
+                raise ConfigError(f"filter {self.filter!r} is not a valid regular expression ({exc})") from None
+
+    @property
+    def sampling_scale(self) -> float:
+        """What one recorded root-region call stands for (1.0 without sampling)."""
+        if self.sample_every:
+            return float(self.sample_every)
+        if self.sample_rate:
+            return 1.0 / self.sample_rate
+        return 1.0
+
+    def sampling_policy(self):
+        """The root-region sampling function for region.set_sampling, or None."""
+        if self.sample_every and self.sample_every > 1:
+            every, counts = self.sample_every, {}
+
+            def keep_every(region) -> bool:
+                seen = counts.get(region.name, 0)
+                counts[region.name] = seen + 1
+                return seen % every == 0
+            return keep_every
+        if self.sample_rate is not None and self.sample_rate < 1:
+            import random
+
+            rate, draw = self.sample_rate, random.random
+            return lambda region: draw() < rate
+        return None
 
     @classmethod
     def from_env(cls, **overrides: object) -> SessionConfig:

@@ -32,7 +32,7 @@ MAX_NAME_CHARS = 65_536
 _ATTR_TYPES = (str, int, float, bool, type(None))
 
 # Frame layout: [region, parent_frame, start_ns, id, path]; id and path are None until the
-# writer thread calls identify() on the frame.
+# writer thread calls identify() on the frame; start_ns is -1 for a sampled-out region.
 _REGION, _PARENT, _START, _ID, _PATH = range(5)
 
 _current: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("cuvil_pgc_region", default=None)
@@ -46,15 +46,57 @@ class Recorder(Protocol):
     def record(self, frame: list, end_ns: int) -> None: ...
 
 
-# The sink's bound ``record`` method while a session records, else None. Regions read this one
-# global on every enter/exit; instrument_module's hooks read it too.
+# What regions call on exit while anything records: the one sink's bound ``record`` method, a
+# function calling several sinks (a capture window during always-on aggregation), or None.
+# Regions read this one global on every enter/exit; instrument_module's hooks read it too.
 _recorder: Callable[[list, int], None] | None = None
+_sinks: list[Recorder] = []
+
+# Sampling of root regions while a session samples (None: record every region). The decision is
+# taken when a root region starts; its whole subtree follows it, so sampled trees stay whole.
+_sample: Callable[[ProfileRegion], bool] | None = None
+
+
+def attach(recorder: Recorder) -> None:
+    """Add a sink that receives every completed region."""
+    _sinks.append(recorder)
+    _rebuild()
+
+
+def detach(recorder: Recorder) -> None:
+    """Remove a sink added with :func:`attach` (no error if it is not attached)."""
+    if recorder in _sinks:
+        _sinks.remove(recorder)
+    _rebuild()
 
 
 def set_recorder(recorder: Recorder | None) -> None:
-    """Install (or remove, with None) the sink that receives completed regions."""
+    """Replace all sinks with ``recorder`` (None: record nothing)."""
+    _sinks.clear()
+    if recorder is not None:
+        _sinks.append(recorder)
+    _rebuild()
+
+
+def set_sampling(policy: Callable[[ProfileRegion], bool] | None) -> None:
+    """Install a root-region sampling policy (region -> keep?), or None to keep every region."""
+    global _sample
+    _sample = policy
+
+
+def _rebuild() -> None:
     global _recorder
-    _recorder = None if recorder is None else recorder.record
+    if not _sinks:
+        _recorder = None
+    elif len(_sinks) == 1:
+        _recorder = _sinks[0].record
+    else:
+        calls = tuple(sink.record for sink in _sinks)
+
+        def tee(frame: list, end_ns: int) -> None:
+            for call in calls:
+                call(frame, end_ns)
+        _recorder = tee
 
 
 def current_frame() -> list | None:
@@ -148,7 +190,13 @@ class ProfileRegion:
     def __enter__(self) -> ProfileRegion:
         if _recorder is None:
             return self
-        frame = [self, _current.get(), _now(), None, None]
+        parent = _current.get()
+        if _sample is None:
+            frame = [self, parent, _now(), None, None]
+        elif parent is None:
+            frame = [self, None, _now() if _sample(self) else -1, None, None]
+        else:   # a sampled-out root's subtree is sampled out too (start -1)
+            frame = [self, parent, -1 if parent[2] < 0 else _now(), None, None]
         _current.set(frame)
         self._frame = frame
         return self
@@ -167,7 +215,7 @@ class ProfileRegion:
         else:
             _current.set(frame[1])
         self._frame = None
-        if record is not None:
+        if record is not None and frame[2] >= 0:
             record(frame, end)
 
     def start(self) -> ProfileRegion:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import re
 import socket
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -23,9 +25,9 @@ from typing import Any
 from cuvil_pgc.errors import SessionError
 from cuvil_pgc.instrument import region as _region
 from cuvil_pgc.instrument._buffers import RegionRecorder
-from cuvil_pgc.instrument.region import identify
 from cuvil_pgc.instrument.clock import SessionClock
 from cuvil_pgc.instrument.config import SessionConfig
+from cuvil_pgc.instrument.region import identify
 from cuvil_pgc.instrument.samplers import build_samplers
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
 from cuvil_pgc.trace import schema
@@ -68,9 +70,15 @@ class Session:
         self._io_lock = threading.Lock()
         self._failed_io: str | None = None
         self._logged: set[str] = set()
+        self._recording = False
+        self.steps = 0
+        self._keep_from_us = 0.0
+        self._filter = re.compile(config.filter).search if config.filter else None
 
     # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> Session:
+    def start(self, record_regions: bool = True) -> Session:
+        """Open the trace and start the samplers; with ``record_regions=False`` (a warm-up) regions
+        are not recorded and nothing is kept until :meth:`begin_recording`."""
         global _active
         with _active_lock:
             if _active is not None:
@@ -84,17 +92,31 @@ class Session:
             _active = self
         self._start_samplers()
         self._start_otel()
-        _region.set_recorder(self._recorder)
+        if record_regions:
+            self.begin_recording()
+        else:
+            self._keep_from_us = float("inf")
         self._thread = threading.Thread(target=self._flush_loop, name="cuvil-pgc-writer", daemon=True)
         self._thread.start()
         return self
+
+    def begin_recording(self) -> None:
+        """Start recording regions (and keeping sampler events) from now on."""
+        if self._recording:
+            return
+        self._keep_from_us = self.clock.mono_to_us(time.perf_counter_ns())
+        _region.set_sampling(self.config.sampling_policy())
+        _region.attach(self._recorder)
+        self._recording = True
 
     def stop(self) -> str | None:
         """Finish the trace; returns its path (None if the disk failed; the partial stays)."""
         global _active
         if _active is not self:
             return None
-        _region.set_recorder(None)
+        if self._recording:
+            _region.detach(self._recorder)
+            _region.set_sampling(None)
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
@@ -106,6 +128,10 @@ class Session:
         with _active_lock:
             _active = None
         return path
+
+    def step(self) -> None:
+        """Mark the end of one step of the user's loop (counted; schedules act on it)."""
+        self.steps += 1
 
     def __enter__(self) -> Session:
         return self.start()
@@ -208,12 +234,15 @@ class Session:
         lines: list[str] = []
         spans: list[tuple] | None = [] if self._otel is not None else None
         unix0 = self.clock.start_unix_ns - s0
+        match = self._filter
         for buf, items in self._recorder.drain():
             tid = buf.tid
             head = f'{{"ph":"X","cat":"region","pid":{self.pid},"tid":{tid},"name":'
             for frame, end in items:
                 identify(frame)
                 region, parent, start, rid, path = frame
+                if match is not None and not match(path):
+                    continue
                 name_json, attrs_json = region._json or _region_json(region)
                 path_json = paths_json.get(path)
                 if path_json is None:
@@ -238,8 +267,18 @@ class Session:
 
     def _write_emitted(self) -> None:
         while self._emitted:
-            events = self._emitted.popleft()
+            events = self._kept_events(self._emitted.popleft())
             self._io(lambda w, ev=events: w.write_events(ev))
+
+    def _kept_events(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Drop sampler events from before recording began (warm-up) and those the filter rejects."""
+        cutoff, match = self._keep_from_us, self._filter
+        if cutoff > float("-inf"):
+            events = [e for e in events if e.get("ph") == "M" or e.get("ts", cutoff) >= cutoff]
+        if match is not None:
+            events = [e for e in events if e.get("ph") in ("M", "C") or match(e.get("name", ""))
+                      or match((e.get("args") or {}).get("region") or "\x00")]
+        return events
 
     def _io(self, fn) -> None:
         with self._io_lock:
@@ -290,7 +329,11 @@ class Session:
         meta.update(devices=devices, dropped=dict(self.dropped),
                     samplers={k: dict(v) for k, v in self.sampler_status.items()},
                     config={"ops": self.config.ops, "gpu": self.config.gpu, "sample_hz": self.config.sample_hz,
-                            "flush_interval_s": self.config.flush_interval_s})
+                            "flush_interval_s": self.config.flush_interval_s, "filter": self.config.filter})
+        if self.config.sampling_scale != 1.0:
+            meta["sampling"] = {"every": self.config.sample_every, "rate": self.config.sample_rate,
+                                "scale": self.config.sampling_scale,
+                                "note": "root regions sampled; their subtrees follow; ops and kernels not sampled"}
         if self._failed_io:
             meta["io_error"] = self._failed_io
         return meta
@@ -333,21 +376,56 @@ def _rank_and_world() -> tuple[int, int]:
         return 0, 1
 
 
+def split_trace_path(path: str) -> tuple[str, str]:
+    """``out/run.trace.json.gz`` -> (``out/run``, ``.trace.json.gz``)."""
+    for suffix in (".trace.json.gz", ".trace.json", ".json.gz", ".json"):
+        if path.endswith(suffix) and len(path) > len(suffix):
+            return path[:-len(suffix)], suffix
+    return path, ""
+
+
 def rank_path(path: str, rank: int) -> str:
     """``run.trace.json`` -> ``run.rank3.trace.json`` (each rank of a job writes its own file)."""
-    directory, base = os.path.split(path)
-    for suffix in (".trace.json.gz", ".trace.json", ".json.gz", ".json"):
-        if base.endswith(suffix):
-            return os.path.join(directory, f"{base[:-len(suffix)]}.rank{rank}{suffix}")
-    return os.path.join(directory, f"{base}.rank{rank}")
+    stem, suffix = split_trace_path(path)
+    return f"{stem}.rank{rank}{suffix}"
 
 
-def profile(path: str | os.PathLike[str] = "cuvil.trace.json", **options: Any) -> Session:
+def profile(path: str | os.PathLike[str] = "cuvil.trace.json", **options: Any) -> Any:
     """Start recording into ``path`` when entered: ``with profile("run.trace.json", ops=True):``.
 
     Keyword options are the fields of :class:`SessionConfig` (``ops``, ``gpu``, ``sample_hz``,
     ``compile``, ``flush_interval_s``, ``otel``, ...). Environment variables fill what is not given.
     ``otel_exporter=`` passes an OpenTelemetry SpanExporter instead of the one OTEL_* names.
+    ``schedule=cuvil_pgc.schedule(...)`` (with ``on_trace_ready``, ``max_files``, ``max_bytes``)
+    returns a :class:`~cuvil_pgc.instrument.windows.ScheduledSession` writing one file per window;
+    ``mode="aggregate"`` an :class:`~cuvil_pgc.instrument.aggregate.AggregateSession` (histograms
+    in ``path``, options ``flush_s``, ``max_paths``); ``on_demand=True`` an
+    :class:`~cuvil_pgc.instrument.on_demand.OnDemandController` (aggregates, windows on request,
+    written beside ``path``).
     """
     otel_exporter = options.pop("otel_exporter", None)
-    return Session(SessionConfig.from_env(path=os.fspath(path), **options), otel_exporter=otel_exporter)
+    mode = options.pop("mode", "events")
+    if options.pop("on_demand", False):
+        from cuvil_pgc.instrument.on_demand import OnDemandController
+
+        return OnDemandController(os.path.dirname(os.path.abspath(os.fspath(path))), **options)
+    if mode == "aggregate":
+        from cuvil_pgc.instrument.aggregate import AggregateSession
+
+        return AggregateSession(os.fspath(path), **options)
+    if mode != "events":
+        from cuvil_pgc.errors import ConfigError
+
+        raise ConfigError(f"mode={mode!r} is not 'events' or 'aggregate'")
+    window_options = {k: options.pop(k) for k in ("schedule", "on_trace_ready", "max_files", "max_bytes")
+                      if k in options}
+    config = SessionConfig.from_env(path=os.fspath(path), **options)
+    if window_options.get("schedule") is not None:
+        from cuvil_pgc.instrument.windows import ScheduledSession
+
+        return ScheduledSession(config, otel_exporter=otel_exporter, **window_options)
+    if window_options:
+        from cuvil_pgc.errors import ConfigError
+
+        raise ConfigError(f"{', '.join(window_options)} need schedule=cuvil_pgc.schedule(...)")
+    return Session(config, otel_exporter=otel_exporter)
