@@ -170,6 +170,19 @@ def test_processor_never_raises_on_malformed_records(raw):
     assert all(e["cat"] == "compile" and e["dur"] >= 0 for e in events)
 
 
+def test_phase_names_across_releases():
+    from cuvil_pgc.instrument.samplers._compile_phases import phase_of
+
+    assert phase_of("entire_frame_compile") == phase_of("_compile.compile_inner") == "frame"
+    assert phase_of("dynamo") is None                    # wrapper of the frame span
+    assert phase_of("compile_attempt_3") == "dynamo"
+    assert phase_of("GraphLowering.run") == "inductor_lowering"
+    assert phase_of("AlgorithmSelectorCache.benchmark_example_value") == "autotuning"
+    assert phase_of("autotune_select_algorithm") == "autotuning"
+    assert phase_of("fx_graph_cache_hit") == "fx_graph_cache"
+    assert phase_of("something_new_in_2_14") == "other"
+
+
 # -- explanations ----------------------------------------------------------------------------------
 def test_component_diff_names_inputs_config_and_version():
     meta = "TensorMetadata(dtype=torch.float32, shape=torch.Size([{}]), stride=({}), device=device(type='cpu'))"

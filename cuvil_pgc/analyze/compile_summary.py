@@ -18,7 +18,8 @@ same JSON-able dict (the ``compile`` key of ``analyze --json``)::
 ``phases`` are exclusive (self) times: each instant of a compile counts for the innermost timed
 block running then on the compiling thread, so a graph's phases add up to its ``total_ms``;
 ``worker_ms`` is the time of its blocks on other threads (Inductor's parallel kernel compiles),
-which overlaps the compiling thread's waits. ``cache`` states are
+which overlaps the compiling thread's waits. ``run_ms`` excludes compiles nested in a run range
+(the first call of a frame compiles the graphs after its graph break inside its own range). ``cache`` states are
 ``hit``/``miss``/``bypass`` or None when no lookup was recorded. ``run_ms`` (time spent running
 compiled code) is known only when the trace has torch.profiler's ``Torch-Compiled Region: <id>``
 ranges (sessions with ``ops=True``); it is None otherwise. Compile rows are the ones the
@@ -117,15 +118,18 @@ def _summarize(graphs: dict[tuple[int, str | None], _Graph], run: list[tuple]) -
         if (process, cid) in graphs:
             graphs[(process, cid)].run.append((ts, dur))
     t0 = min((r.ts for g in graphs.values() for r in g.rows), default=0.0)
-    per_graph = [_graph_summary(g, t0) for key, g in graphs.items() if key[1] is not None]
+    compiling: dict[int, list[tuple[float, float]]] = defaultdict(list)   # process -> frame spans
+    for g in graphs.values():
+        compiling[g.process] += [(r.ts, r.dur) for r in g.rows if r.args.get("phase") == "frame"]
+    per_graph = [_graph_summary(g, t0, compiling[g.process]) for key, g in graphs.items() if key[1] is not None]
     per_graph = [g for g in per_graph if g is not None]
     per_graph.sort(key=lambda g: (g["start_ms"], g["compile_id"]))
     unattributed_ms = sum(_self_times(g.rows)[1] for (_p, cid), g in graphs.items() if cid is None)
-    return {"graphs": per_graph, "totals": _totals(per_graph, run, unattributed_ms),
+    return {"graphs": per_graph, "totals": _totals(per_graph, run, compiling, unattributed_ms),
             "phases": _sum_phases(g["phases"] for g in per_graph)}
 
 
-def _graph_summary(g: _Graph, t0: float) -> dict[str, Any] | None:
+def _graph_summary(g: _Graph, t0: float, compiling: list[tuple[float, float]]) -> dict[str, Any] | None:
     frame = next((r for r in g.rows if r.args.get("phase") == "frame"), None)
     spans = [r for r in g.rows if r.args.get("phase") not in _ZERO_LENGTH]
     if not spans:
@@ -153,7 +157,7 @@ def _graph_summary(g: _Graph, t0: float) -> dict[str, Any] | None:
                          for r in g.rows if r.args.get("phase") == "graph_break"],
         "graph_ops": args.get("graph_ops"), "fail_reason": args.get("reason") if frame else None,
         "worker_ms": _ms(worker_us),
-        "run_ms": _ms(_union(g.run)) if g.run else None, "run_calls": len(g.run),
+        "run_ms": _ms(_running(g.run, compiling)) if g.run else None, "run_calls": len(g.run),
     }
 
 
@@ -187,14 +191,16 @@ def _phase(row: _Row) -> str:
     return "other" if phase == "frame" else phase
 
 
-def _totals(graphs: list[dict[str, Any]], run: list[tuple], unattributed_ms: float) -> dict[str, Any]:
+def _totals(graphs: list[dict[str, Any]], run: list[tuple], compiling: dict[int, list[tuple[float, float]]],
+            unattributed_ms: float) -> dict[str, Any]:
     fx, aot = (_add(g["cache_lookups"][kind] for g in graphs) for kind in ("fx", "aot"))
     runs_by_thread: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     for process, _cid, ts, dur, tid in run:
         runs_by_thread[(process, tid)].append((ts, dur))
+    run_us = sum(_running(spans, compiling.get(process, [])) for (process, _t), spans in runs_by_thread.items())
     return {
         "compile_ms": round(sum(g["total_ms"] for g in graphs), 3),
-        "run_ms": _ms(sum(_union(v) for v in runs_by_thread.values())) if run else None,
+        "run_ms": _ms(run_us) if run else None,
         "compiles": len(graphs),
         "graphs": sum(1 for g in graphs if g["graph_ops"] is None or g["graph_ops"] > 0),
         "recompiles": sum(len(g["recompiles"]) for g in graphs),
@@ -212,15 +218,32 @@ def _sum_phases(phase_maps: Iterable[dict[str, float]]) -> dict[str, float]:
     return {p: round(ms, 3) for p, ms in sorted(total.items(), key=lambda kv: -kv[1])}
 
 
-def _union(spans: list[tuple[float, float]]) -> float:
-    """Wall µs covered by (ts, dur) spans, nested or overlapping ones counted once."""
-    covered, end = 0.0, float("-inf")
+def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(ts, dur) spans as disjoint (start, end) intervals."""
+    merged: list[list[float]] = []
     for ts, dur in sorted(spans):
-        stop = ts + dur
-        if stop > end:
-            covered += stop - max(ts, end)
-            end = stop
-    return covered
+        if merged and ts <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], ts + dur)
+        else:
+            merged.append([ts, ts + dur])
+    return [(a, b) for a, b in merged]
+
+
+def _running(runs: list[tuple[float, float]], compiling: list[tuple[float, float]]) -> float:
+    """µs covered by compiled-region ranges, less the compiles nested in them (a compiled frame
+    that calls a not-yet-compiled graph compiles it inside its own range on the first call)."""
+    covered = _merge(runs)
+    total = sum(b - a for a, b in covered)
+    holes = _merge(compiling)
+    i = 0
+    for a, b in covered:
+        while i < len(holes) and holes[i][1] <= a:
+            i += 1
+        j = i
+        while j < len(holes) and holes[j][0] < b:
+            total -= min(b, holes[j][1]) - max(a, holes[j][0])
+            j += 1
+    return max(0.0, total)
 
 
 def _combined(states: list[Any]) -> str | None:
