@@ -341,3 +341,18 @@ def test_kineto_flops_and_bytes_args_fill_columns(tmp_path: Path) -> None:
     assert trace.events["external_id"][mm] == 7 and trace.args[mm] == {"shapes": [[64, 64]]}
     memset = rows(trace, Kind.MEMSET)[0]
     assert trace.bytes[memset] == 4096 and trace.correlation[memset] == 3
+
+
+def test_region_attributes_named_like_columns_stay_user_attributes(tmp_path: Path) -> None:
+    path = tmp_path / "attrs.trace.json"
+    with profile(str(path), ops=False, gpu="off", sample_hz=0, compile=False):
+        with ProfileRegion("load", bytes="big", correlation="x", region="r"):
+            pass
+        with ProfileRegion("matmul", flops=2e9, bytes=4096):
+            pass
+    trace = load_trace(path)
+    load, matmul = rows(trace, Kind.REGION, "load")[0], rows(trace, Kind.REGION, "matmul")[0]
+    assert trace.args[load] == {"bytes": "big", "correlation": "x", "region": "r"}
+    assert region_of(trace, load) == "load" and np.isnan(trace.bytes[load])
+    assert trace.flops[matmul] == 2e9 and trace.bytes[matmul] == 4096
+    assert trace.args[matmul] == {"flops": 2e9, "bytes": 4096}

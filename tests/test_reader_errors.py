@@ -104,7 +104,7 @@ def test_wrong_types_inside_args(tmp_path: Path) -> None:
     _fails(_write(tmp_path, "o.trace.json", json.dumps(ours)), "event #1", "args.id")
     ours["traceEvents"][1]["args"] = {"path": 5}
     _fails(_write(tmp_path, "p.trace.json", json.dumps(ours)), "args.path must be a string")
-    ours["traceEvents"][1]["args"] = {"path": "r", "flops": -3}
+    ours["traceEvents"][1] = {"ph": "X", "cat": "cpu_op", "name": "mm", "ts": 1, "dur": 1, "args": {"flops": -3}}
     _fails(_write(tmp_path, "q.trace.json", json.dumps(ours)), "args.flops")
     ours["cuvil"] = ["not", "an", "object"]
     _fails(_write(tmp_path, "r.trace.json", json.dumps(ours)), "wrong type", "cuvil")
@@ -215,3 +215,13 @@ def test_event_count_cap_and_lying_counts(tmp_path: Path, monkeypatch: pytest.Mo
 def test_not_a_path_argument() -> None:
     with pytest.raises(TraceError, match="is not a path"):
         load_trace(42)  # type: ignore[arg-type]
+
+
+def test_absurd_timestamps_and_anchors(tmp_path: Path) -> None:
+    doc = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1e300, "dur": 1}]}
+    _fails(_write(tmp_path, "far.json", json.dumps(doc)), "1e+300 timestamp")
+    ours = {"traceEvents": [{"ph": "X", "cat": "region", "name": "r", "ts": 1, "dur": 1, "args": {"path": "r"}}],
+            "cuvil": {"start_unix_ns": 10**40}}
+    far = _write(tmp_path, "far.trace.json", json.dumps(ours))
+    trace = load_trace(far, OURS)
+    assert any("no absolute time anchor" in n for n in trace.sources[0].notes)

@@ -30,7 +30,7 @@ from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace import _args as A
 from cuvil_pgc.trace._decode import Document, Event, KinetoDocument, KinetoEvent
 from cuvil_pgc.trace.columns import StringTable
-from cuvil_pgc.trace.schema import CAT_TO_KIND, META_SESSION_EVENT, Kind
+from cuvil_pgc.trace.schema import CAT_TO_KIND, Kind
 
 _EMPTY = msgspec.Raw(b"{}")
 _KINETO_KIND = dict(CAT_TO_KIND)
@@ -40,6 +40,8 @@ _OURS_KIND.pop("user_annotation")                # our files' regions are cat "r
 _DICTS = msgspec.json.Decoder(list[dict[str, Any]])
 _COLUMN_KEYS = ("correlation", "flops", "bytes", "external_id")
 _SHAPES = attrgetter("shapes")
+#: Largest ts / dur accepted (µs; about year 5100 as Unix time): beyond it a file is damaged.
+MAX_TIME_US = 1e17
 
 
 @dataclass
@@ -57,7 +59,7 @@ class SourceColumns:
 
 
 class _Events:
-    """Events of a document split by phase, remembering the file index of each X event."""
+    """Events of a document split by phase (``X`` rows, counters, metadata, flows, the rest counted)."""
 
     def __init__(self, events: list[Event] | list[KinetoEvent]) -> None:
         self.all = events
@@ -157,14 +159,14 @@ def _ids(values: list[Any], strings: StringTable) -> np.ndarray:
 
 def _check_times(ts: np.ndarray, dur: np.ndarray, evs: _Events, path: str) -> None:
     for col, what in ((ts, "timestamp (ts)"), (dur, "duration (dur)")):
-        bad = ~np.isfinite(col) | (col < 0)
+        bad = ~np.isfinite(col) | (col < 0) | (col > MAX_TIME_US)
         if bad.any():
             k = int(np.argmax(bad))
             value = float(col[k])
             problem = "missing" if math.isnan(value) and col is ts else f"{value!r}"
             ev = evs.xs[k]
             raise TraceError(f"event #{evs.file_index(k)} ({ev.cat or 'no cat'} {ev.name!r}) has {problem} "
-                             f"{what}; it must be a finite, non-negative number of microseconds",
+                             f"{what}; it must be a number of microseconds in [0, {MAX_TIME_US:.0e}]",
                              path=path, fix="the file is damaged or was not written by a trace exporter")
 
 
@@ -224,12 +226,13 @@ def _our_args(xs: list[Event], cols: dict[str, np.ndarray], evs: _Events, path: 
         try:
             if kind == region_kind:
                 _our_region(d, r, cols, paths)
-            elif "region" in d:
-                region = d.pop("region")
-                if region is not None:
-                    cols["region"][r] = strings.intern(_str(region, "region"))
-                    given[r] = True
-            _our_columns(d, r, cols)
+            else:
+                if "region" in d:
+                    region = d.pop("region")
+                    if region is not None:
+                        cols["region"][r] = strings.intern(_str(region, "region"))
+                        given[r] = True
+                _our_columns(d, r, cols)
         except (TypeError, ValueError) as exc:
             raise TraceError(f"event #{evs.file_index(r)} ({xs[r].cat} {xs[r].name!r}): {exc}", path=path,
                              fix="the file does not follow the cuvil-pgc trace schema (DESIGN.md)") from None
@@ -249,6 +252,10 @@ def _our_region(d: dict[str, Any], r: int, cols: dict[str, np.ndarray], paths: l
         cols["region_id"][r] = _int(rid, "id")
     if parent is not None:
         cols["parent_id"][r] = _int(parent, "parent")
+    for key in ("flops", "bytes"):     # user attributes; numeric ones also fill the column
+        value = d.get(key)
+        if type(value) in (int, float) and math.isfinite(value) and value >= 0:
+            cols[key][r] = value
 
 
 def _our_columns(d: dict[str, Any], r: int, cols: dict[str, np.ndarray]) -> None:
@@ -313,9 +320,9 @@ def _counters(evs: _Events, strings: StringTable, path: str) -> dict[str, np.nda
         raise TraceError(f"a counter event's args are not an object ({exc})", path=path,
                          fix='counter events carry {"series": number, ...} in args') from None
     for k, (e, d) in enumerate(zip(evs.counters, dicts, strict=True)):
-        if not math.isfinite(e.ts) or e.ts < 0:
+        if not 0 <= e.ts <= MAX_TIME_US:
             raise TraceError(f"counter event #{evs.file_index(k, 'C')} ({e.name!r}) has timestamp {e.ts!r}; "
-                             "it must be a finite, non-negative number of microseconds", path=path)
+                             f"it must be a number of microseconds in [0, {MAX_TIME_US:.0e}]", path=path)
         for key, value in d.items():
             if type(value) not in (int, float) or not math.isfinite(value):
                 continue
@@ -347,7 +354,3 @@ def _names(evs: _Events, src: SourceColumns, strings: StringTable) -> None:
             src.thread_names.append([pid, int(_ids([e.tid], strings)[0]), label])
         else:
             src.process_names.append([pid, label])
-
-
-def is_session_header(e: Event) -> bool:
-    return e.ph == "M" and e.name == META_SESSION_EVENT

@@ -183,7 +183,7 @@ def _max_events() -> int:
 
 
 def _int_or_none(value: Any) -> int | None:
-    return value if type(value) is int else None
+    return value if type(value) is int and -(2**63) <= value < 2**63 else None
 
 
 def _rank(meta: dict[str, Any]) -> int:
