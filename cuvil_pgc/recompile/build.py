@@ -104,7 +104,8 @@ class Build:
 def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *, analysis: Any = None,
               budget: int | None = None, exhaustive: bool = False, rtol: float | None = None,
               atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
-              progress: Any = None, rounds: int = 15, backends: tuple[str, ...] | None = None) -> Build:
+              progress: Any = None, rounds: int = 15, backends: tuple[str, ...] | None = None,
+              plan: Any = None) -> Build:
     """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
 
     Args:
@@ -114,6 +115,8 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
         rtol, atol: accuracy-guard tolerances (default: per dtype, see :mod:`.accuracy`).
         records: a RecordDB, or False to neither read nor write records.
         backends: restrict the plan space to these backends (eager always stays).
+        plan: pin a plan instead of searching: ``{scope: Candidate}`` or a plan.json document
+            (e.g. to rebuild a known plan on a new machine).
     """
     import torch
 
@@ -134,7 +137,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     db = None if records is False else (records or RecordDB())
     options = SearchOptions(budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol, device=device,
                             rounds=rounds, use_records=db is not None,
-                            backends=tuple(backends) if backends else None)
+                            backends=tuple(backends) if backends else None, fixed=_pinned(plan))
     _clear_cache_artifacts()
     result = search(model, example_inputs, analysis, options=options, records=db,
                     machine_key=machine_key(fingerprint), progress=progress)
@@ -148,6 +151,16 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
                  artifacts={member: result.realized[scope].artifact for scope, member in artifacts.items()},
                  cache_artifacts=cache, fingerprint=fingerprint, model_hash=model_hash,
                  trace_hashes=[_sha256_file(p) for p in paths], result=result)
+
+
+def _pinned(plan: Any) -> dict[str, Any] | None:
+    from cuvil_pgc.recompile.candidates import Candidate
+
+    if plan is None:
+        return None
+    if isinstance(plan, dict) and "choices" in plan:
+        return {c["scope"]: Candidate.from_json(c["candidate"]) for c in plan["choices"]}
+    return {scope: c if isinstance(c, Candidate) else Candidate.from_json(c) for scope, c in plan.items()}
 
 
 def _trace_paths(traces: Any) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import Realized, apply_plan, realize
 from cuvil_pgc.recompile.candidates import Candidate
@@ -57,6 +58,14 @@ def _nested(a: str, b: str) -> bool:
 
 def choose_plan(s: Any, result: Any) -> None:
     """Fill ``result.choices/realized/module/baseline_us/plan_us`` (``s`` is the running search)."""
+    if s.opt.fixed is not None:       # a pinned plan: build and time it, no race against eager
+        built = _build_plan(s, dict(s.opt.fixed))
+        if built is None:
+            raise RecompileError(f"the pinned plan {[c.key for c in s.opt.fixed.values()]} cannot be built "
+                                 "or fails the accuracy guard (see the warning above)",
+                                 fix="pin another configuration or run the search")
+        _final_race(s, result, {"pinned": dict(s.opt.fixed)}, {"pinned": built}, allow_eager=False)
+        return
     best = best_per_scope(s.trials)
     plans: dict[str, dict[str, Candidate]] = {}
     root = best.get("")
@@ -88,14 +97,15 @@ def _build_plan(s: Any, choices: dict[str, Candidate]) -> tuple[dict[str, Realiz
     return realized, module
 
 
-def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], built: dict[str, Any]) -> None:
+def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], built: dict[str, Any],
+                allow_eager: bool = True) -> None:
     contenders = {"eager": s.model, **{name: module for name, (_, module) in built.items()}}
     args = s.inputs
     with torch.no_grad():
         samples = time_interleaved({k: (lambda m=m: m(*args)) for k, m in contenders.items()},
                                    rounds=max(s.opt.rounds, 15))
     medians = {k: v.median_s * 1e6 for k, v in samples.items()}
-    winner = min(medians, key=medians.get)
+    winner = min((k for k in medians if allow_eager or k != "eager"), key=medians.get)
     result.baseline_us = medians["eager"]
     result.plan_us = medians[winner]
     result.final_medians_us = medians

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import Realized, ScopeInputs, capture_scope_inputs, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
@@ -47,6 +48,7 @@ class SearchOptions:
     max_subscopes: int = 3
     use_records: bool = True
     backends: tuple[str, ...] | None = None     # restrict the plan space (None: all of BACKENDS)
+    fixed: dict[str, Candidate] | None = None   # a pinned plan: skip the search, build and time this
 
 
 @dataclass
@@ -287,6 +289,21 @@ def _sample(record: Record) -> tuple[Candidate, ScopeFeatures, float] | None:
     return cand, feats, record.median_us / record.eager_us * feats.eager_us
 
 
+def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, ScopeFeatures]:
+    """Features (and structures) for pinned scopes the profile did not single out."""
+    from cuvil_pgc.recompile.features import scope_features
+
+    out = {}
+    for scope in fixed:
+        if scope not in s.features:
+            if scope not in s.modules:
+                raise RecompileError(f"pinned plan names {scope!r}, which is not a submodule of the model")
+            s.scope_inputs.update(capture_scope_inputs(s.model, s.inputs, [scope]))
+            out[scope] = scope_features(scope, s._module(scope), s.scope_inputs[scope], None, None, 1.0, 1.0)
+            s.structures[scope] = structural_hash(s._module(scope))
+    return out
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = next((line for line in text if line.strip()), "")
@@ -302,7 +319,10 @@ def search(model: Any, example_inputs: tuple[Any, ...], analysis: Any, *, option
     s = _Search(model, example_inputs, analysis, opt, records, machine_key, progress)
     with torch._dynamo.config.patch(recompile_limit=64):
         space = s.prepare()
-        s.explore(space)
+        if opt.fixed is None:
+            s.explore(space)
+        else:
+            s.features.update(_pinned_features(s, opt.fixed))
         result = SearchResult(trials=s.trials, features=s.features, matches=s.matches,
                               scope_inputs=s.scope_inputs, structures=s.structures, measured=s.measured,
                               reused=s.reused, space_size=len(space), machine=machine_key)

@@ -1,0 +1,147 @@
+"""Builds end to end: recompile → save → load_build, compatibility refusal, eager fallback, warm loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.analyze.analysis import Analysis, RegionStats
+from cuvil_pgc.errors import BuildError
+from cuvil_pgc.recompile import load_build, recompile
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.manifest import Fingerprint, current_fingerprint
+from cuvil_pgc.recompile.matching import structural_hash
+from cuvil_pgc.recompile.package import BuildWriter, open_build
+from cuvil_pgc.recompile.records import RecordDB
+from cuvil_pgc.recompile.signing import generate_keypair
+
+
+class HostBound(nn.Module):
+    """Python work around a few ops: an exported package drops it, eager pays it every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = 0
+        for i in range(3000):     # host-side work with no tensor ops
+            total += i
+        return self.fc2(torch.relu(self.fc1(x))) + (total * 0)
+
+
+def host_bound():
+    torch.manual_seed(0)
+    return HostBound().eval(), (torch.randn(2, 16),)
+
+
+def _analysis() -> Analysis:
+    def rs(path, label, module):
+        return RegionStats(path=path, calls=10, total_us=2000.0, self_us=1500.0, mean_us=200.0, p50_us=200.0,
+                           p95_us=200.0, p99_us=200.0, share=0.9, hotness=1500.0, bottleneck=label, confidence=0.9,
+                           evidence={"module": module})
+    return Analysis(regions=[rs("model", "host_bound", "HostBound"), rs("model/model.fc1", "launch_overhead", "Linear")])
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _write_build(path, model, *, fingerprint: Fingerprint, choices=()) -> None:
+    plan = {"format": 1, "device": "cpu", "choices": list(choices), "regions": []}
+    with BuildWriter(path, "m", 1, fingerprint=fingerprint, model_hash=structural_hash(model)) as w:
+        w.add_bytes("plan.json", json.dumps(plan).encode())
+
+
+def test_load_build_refuses_another_environment_and_falls_back_to_eager(tmp_path):
+    model, inputs = host_bound()
+    fp = current_fingerprint("cpu")
+    other = Fingerprint(torch="1.13.0", python=fp.python, platform=fp.platform, cpu_isa="AVX512", device=fp.device)
+    path = tmp_path / "old.cuvilpkg"
+    _write_build(path, model, fingerprint=other)
+    with pytest.raises(BuildError) as err:
+        load_build(path, model)
+    message = str(err.value)
+    assert "torch: built '1.13.0'" in message and "cpu_isa" in message and "fallback='eager'" in message
+    with pytest.warns(RuntimeWarning, match="eager"):
+        same = load_build(path, model, fallback="eager")
+    assert same is model and "fell back" in same.cuvil_load_report.notes[0]
+
+
+def test_load_build_verifies_before_reading(tmp_path):
+    model, _ = host_bound()
+    path = tmp_path / "b.cuvilpkg"
+    _write_build(path, model, fingerprint=current_fingerprint("cpu"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x01               # one flipped byte, inside a member's data
+    path.write_bytes(bytes(data))
+    with pytest.raises(BuildError):
+        load_build(path, model)
+
+
+@pytest.mark.slow
+def test_round_trip_eager_space_and_changed_region_is_skipped(tmp_path):
+    model, inputs = host_bound()
+    build = recompile(model, inputs, analysis=_analysis(), backends=("eager",), rounds=5,
+                      records=RecordDB(tmp_path / "rec"), plan={"fc1": Candidate("fc1", rewrite=True)})
+    out = build.save(tmp_path / "e.cuvilpkg", name="hb", version=3)
+    with open_build(out) as vb:
+        plan = json.loads(vb.read_bytes("plan.json"))
+        assert vb.manifest.name == "hb" and vb.manifest.version == 3
+        assert vb.manifest.model_hash == structural_hash(model)
+    assert [c["config"] for c in plan["choices"]] == ["eager+rewrite"]
+    fast = load_build(out, model)
+    assert fast.cuvil_load_report.applied == ["fc1: eager+rewrite"]
+    with torch.no_grad():
+        assert torch.allclose(fast(*inputs), model(*inputs), atol=1e-6)
+    changed = HostBound().eval()
+    changed.fc1 = nn.Linear(16, 32, bias=False)
+    stale = load_build(out, changed)
+    assert stale.cuvil_load_report.applied == [] and "changed" in stale.cuvil_load_report.skipped[0]
+
+
+@pytest.mark.slow
+def test_recompile_aoti_round_trip_signed(tmp_path):
+    model, inputs = host_bound()
+    key, pub = generate_keypair(tmp_path / "k")
+    build = recompile(model, inputs, analysis=_analysis(), backends=("aoti",), budget=2, rounds=5,
+                      records=RecordDB(tmp_path / "rec"))
+    doc = build.to_json()
+    assert doc["space_size"] >= 3 and doc["measured_candidates"] <= 3
+    assert {"path", "chosen", "predicted_ms", "measured_ms", "baseline_ms", "alternatives"} <= set(doc["regions"][0])
+    aoti_trials = [t for t in build.result.trials.values() if t.candidate.backend == "aoti" and t.status == "ok"]
+    assert aoti_trials, "an AOTInductor candidate must compile and pass the guard"
+    path = build.save(tmp_path / "a.cuvilpkg", signing_key=key)
+    with open_build(path, pub, require_signature=True) as vb:
+        members = vb.members()
+        chosen = json.loads(vb.read_bytes("plan.json"))["choices"]
+    n_aoti = sum(c["candidate"]["backend"] == "aoti" for c in chosen)
+    assert sum(m.endswith(".pt2") for m in members) == n_aoti
+    fresh, _ = host_bound()
+    fast = load_build(path, fresh, pubkey=pub, require_signature=True)
+    assert fast.cuvil_load_report.aoti_packages == n_aoti
+    with torch.no_grad():
+        assert torch.allclose(fast(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_pinned_compile_plan_ships_cache_artifacts_and_second_load_is_warm(tmp_path):
+    model, inputs = host_bound()
+    build = recompile(model, inputs, plan={"fc1": Candidate("fc1", "compile")}, rounds=5,
+                      records=RecordDB(tmp_path / "rec"))
+    path = build.save(tmp_path / "c.cuvilpkg")
+    with open_build(path) as vb:
+        assert "inductor_cache.bin" in vb.members()
+    torch._dynamo.reset()
+    first = load_build(path, host_bound()[0], example_inputs=inputs)
+    torch._dynamo.reset()
+    second = load_build(path, host_bound()[0], example_inputs=inputs)
+    report = second.cuvil_load_report
+    assert first.cuvil_load_report.cache_artifacts == "loaded"
+    assert report.compiled_regions == 1 and report.cache_hits >= 1 and report.cache_misses == 0 and report.warm
+    with torch.no_grad():
+        assert torch.allclose(second(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
