@@ -175,3 +175,13 @@ def test_timeline_counters_are_decimated(monkeypatch):
     a = analyze(build_trace(_tiny_chain("r", 0), counters=counters), machine=CPU)
     series = a.timeline.counters["cpu_util"]
     assert len(series["ts_us"]) == 10 and all(abs(v - 50.0) < 1.0 for v in series["value"])
+
+
+def test_compile_summary_is_included_when_available():
+    summary = pytest.importorskip("cuvil_pgc.analyze.compile_summary")
+    evs = _tiny_chain("r", 0) + [{"kind": "compile", "name": "dynamo", "ts": 5000, "dur": 300,
+                                  "args": {"compile_id": "0/0", "phase": "dynamo"}}]
+    trace = build_trace(evs)
+    a = analyze(trace, machine=CPU)
+    assert a.compile == summary.summarize_compile(trace) and a.compile
+    assert a.timeline.compile_spans["graph"] == ["0/0"]
