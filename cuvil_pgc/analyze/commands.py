@@ -1,4 +1,4 @@
-"""Commands of the analyze stage: ``cuvil-pgc calibrate`` (machine model).
+"""Commands of the analyze stage: ``cuvil-pgc calibrate`` (machine model), ``analyze`` and ``diff``.
 
 Each command is registered by a small ``_register_<name>(app)`` function called from
 :func:`register`; heavy imports (torch, the analyzer) happen inside the command bodies so
@@ -14,6 +14,7 @@ import typer
 
 def register(app: typer.Typer) -> None:
     _register_calibrate(app)
+    _register_analyze(app)
 
 
 def _register_calibrate(app: typer.Typer) -> None:
@@ -68,3 +69,88 @@ def machine_table(model: Any) -> Any:
     table.add_row("threads", str(model.threads), "torch intra-op threads")
     table.add_row("fingerprint", model.fingerprint, f"torch {model.torch_version}")
     return table
+
+
+def _register_analyze(app: typer.Typer) -> None:
+    @app.command()
+    def analyze(
+        traces: list[str] = typer.Argument(..., metavar="TRACE...", help="Trace files (ours or torch.profiler)."),
+        json_out: bool = typer.Option(False, "--json", help="Print the analysis as one JSON document."),
+        top: int | None = typer.Option(None, "--top", min=1,
+                                       help="Hot regions to show (table default 20; JSON default all)."),
+        machine: str | None = typer.Option(None, "--machine", help="Machine model file (calibrate -o)."),
+        filter: str | None = typer.Option(None, "--filter", help="Only region paths matching this regex."),
+    ) -> None:
+        """Rank hot regions, attribute each bottleneck, and list fusion candidates."""
+        from rich.console import Console
+
+        from cuvil_pgc.analyze.analyzer import analyze as run_analysis
+        from cuvil_pgc.analyze.machine import MachineModel
+        from cuvil_pgc.trace.reader import load_trace
+        from cuvil_pgc.viewer.progress import stage_progress
+
+        model = MachineModel.load(machine) if machine else None
+        with stage_progress(2) as progress:          # a bar on interactive terminals only (stderr)
+            with progress.stage(f"loading {len(traces)} trace(s)"):
+                trace = load_trace(*traces)
+            with progress.stage("analysing"):
+                result = run_analysis(trace, machine=model, filter=filter)
+        _warn(result.trace.get("warnings", []))
+        if json_out:
+            from cuvil_pgc.cli import emit_json
+
+            doc = result.to_json()
+            if top:
+                doc["regions"] = doc["regions"][:top]
+            emit_json(doc)
+            return
+        _print_analysis(result, Console(), top or 20)
+
+    @app.command()
+    def diff(
+        trace_a: str = typer.Argument(..., metavar="TRACE_A", help="Before."),
+        trace_b: str = typer.Argument(..., metavar="TRACE_B", help="After."),
+        json_out: bool = typer.Option(False, "--json", help="Print the diff as one JSON document."),
+        filter: str | None = typer.Option(None, "--filter", help="Only region paths matching this regex."),
+    ) -> None:
+        """Regions that got faster or slower from TRACE_A to TRACE_B, with significance."""
+        from cuvil_pgc.analyze.diff import diff as run_diff
+
+        doc = run_diff(trace_a, trace_b, filter=filter)
+        if json_out:
+            from cuvil_pgc.cli import emit_json
+
+            emit_json(doc)
+            return
+        from rich.console import Console
+
+        from cuvil_pgc.viewer.console import render_diff
+
+        render_diff(doc, Console())
+
+
+def _warn(warnings: list[str]) -> None:
+    """Analysis warnings (e.g. the fallback machine model) on stderr, never on stdout."""
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    for warning in warnings:
+        err.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
+
+
+def _print_analysis(result: Any, console: Any, top: int) -> None:
+    """Hot regions, fusion candidates, rank skew and (when its renderer exists) the compile summary."""
+    import importlib
+
+    from cuvil_pgc.viewer.console import render_analysis
+
+    render_analysis(result, console, top)
+    if not result.compile:
+        return
+    try:
+        compile_view = importlib.import_module("cuvil_pgc.viewer.console_compile")
+    except ModuleNotFoundError:
+        return
+    shown = compile_view.render_compile_summary(result.compile)
+    if shown is not None:
+        console.print(shown)
