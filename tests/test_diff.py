@@ -21,10 +21,11 @@ def _trace(durations: dict[str, np.ndarray]):
 
 
 def test_mann_whitney_matches_hand_computation():
-    p, prob = mann_whitney(np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0]))
-    # U_b = 9, mu = 4.5, var = 3*3/12*7 = 5.25, z = (4.5 - 0.5) / sqrt(5.25)
-    assert p == pytest.approx(math.erfc(4.0 / math.sqrt(5.25) / math.sqrt(2.0)))
-    assert prob == 1.0
+    # with a tie (normal approximation): ranks 1, 2, 3.5 | 3.5, 5, 6 -> U_b = 8.5, mu = 4.5,
+    # tie term 6 / 30 = 0.2, var = 9/12 * (7 - 0.2) = 5.1, z = (4 - 0.5) / sqrt(5.1)
+    p, prob = mann_whitney(np.array([1.0, 2.0, 3.0]), np.array([3.0, 4.0, 5.0]))
+    assert p == pytest.approx(math.erfc(3.5 / math.sqrt(5.1) / math.sqrt(2.0)))
+    assert prob == pytest.approx(8.5 / 9)
     p_tied, prob_tied = mann_whitney(np.array([2.0, 2.0, 2.0]), np.array([2.0, 2.0]))
     assert p_tied == 1.0 and prob_tied == 0.5
 
@@ -55,3 +56,11 @@ def test_diff_finds_slower_faster_and_unchanged_regions():
 def test_too_few_calls_is_insufficient():
     doc = diff(_trace({"r": np.array([10.0, 11.0])}), _trace({"r": np.array([20.0, 21.0])}))
     assert doc["regions"][0]["verdict"] == "insufficient" and doc["regions"][0]["p_value"] is None
+
+
+def test_exact_p_value_for_small_samples_without_ties():
+    # 5 vs 5, fully separated: 2 of the C(10, 5) = 252 orderings are this extreme
+    p, _ = mann_whitney(np.arange(5.0), np.arange(5.0) + 10)
+    assert p == pytest.approx(2 / 252)
+    p, _ = mann_whitney(np.array([1.0, 5, 7, 9]), np.array([2.0, 3, 4, 6, 8]))
+    assert p == pytest.approx(92 / 126)          # brute force over the 126 splits of 9 values

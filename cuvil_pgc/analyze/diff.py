@@ -4,8 +4,9 @@ For every region path present in both, from the per-call durations of each side:
 - ``median_a_us`` / ``median_b_us``, ``change_us`` (B - A) and ``ratio`` (B / A: above 1 is slower);
 - ``ratio_ci95``: a percentile-bootstrap 95 % interval of the median ratio (``BOOTSTRAP`` resamples,
   each side subsampled to at most ``BOOTSTRAP_MAX`` calls, fixed seed: reproducible);
-- ``p_value``: two-sided Mann-Whitney U test (normal approximation with tie and continuity
-  correction, numpy only), and ``prob_b_slower`` = P(a B call is slower than an A call);
+- ``p_value``: two-sided Mann-Whitney U test (exact for small samples without ties, else the normal
+  approximation with tie and continuity correction; numpy only), and ``prob_b_slower`` = P(a B call
+  is slower than an A call);
 - ``verdict``: ``slower`` / ``faster`` when p < ``ALPHA``, the CI excludes 1 and the median moved by at
   least ``MIN_CHANGE`` (relative); else ``same``; ``insufficient`` below ``MIN_CALLS`` calls a side.
 Regions only in A are ``removed``, only in B ``added``. Rows are sorted by the absolute change of
@@ -24,6 +25,7 @@ from cuvil_pgc.trace.columns import Trace
 from cuvil_pgc.trace.schema import Kind
 
 ALPHA = 0.01
+EXACT_MAX = 25
 MIN_CHANGE = 0.02
 MIN_CALLS = 3
 BOOTSTRAP = 1000
@@ -105,23 +107,45 @@ def _verdict(ratio: float, p: float, lo: float, hi: float) -> str:
 
 
 def mann_whitney(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """Two-sided Mann-Whitney U p-value (normal approximation, tie and continuity corrected) and
-    P(b > a) + P(b == a) / 2."""
+    """Two-sided Mann-Whitney U p-value and P(b > a) + P(b == a) / 2.
+
+    Exact (the U distribution under the null) for small samples without ties, both sides at most
+    ``EXACT_MAX``; otherwise the normal approximation with tie and continuity correction.
+    """
     na, nb = len(a), len(b)
     both = np.concatenate([a, b])
     uniq, inv, counts = np.unique(both, return_inverse=True, return_counts=True)
     avg_rank = np.cumsum(counts) - (counts - 1) / 2.0          # average 1-based rank of each value
     ranks = avg_rank[inv.reshape(-1)]
     u_b = float(ranks[na:].sum()) - nb * (nb + 1) / 2.0
+    prob = u_b / (na * nb)
+    if max(na, nb) <= EXACT_MAX and len(uniq) == na + nb:
+        return exact_u_p_value(int(round(u_b)), na, nb), prob
     n = na + nb
     mu = na * nb / 2.0
     tie = float(np.sum(counts.astype(np.float64) ** 3 - counts)) / (n * (n - 1)) if n > 1 else 0.0
     var = na * nb / 12.0 * ((n + 1) - tie)
-    prob = u_b / (na * nb)
     if var <= 0:
         return 1.0, prob
     z = (abs(u_b - mu) - 0.5) / math.sqrt(var)
     return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0)))), prob
+
+
+def exact_u_p_value(u: int, na: int, nb: int) -> float:
+    """Two-sided exact p-value of U = ``u`` for samples of ``na`` and ``nb`` distinct values.
+
+    The number of orderings with each U is a coefficient of the Gaussian binomial
+    ``[na + nb choose na]_q = prod_i (1 - q^(nb + i)) / (1 - q^i)``, i = 1..na.
+    """
+    poly = np.zeros(na * nb + 1)
+    poly[0] = 1.0
+    for i in range(1, na + 1):
+        poly[nb + i:] -= poly[:len(poly) - nb - i].copy()       # * (1 - q^(nb+i))
+        for r in range(i):                                       # / (1 - q^i): running sums, stride i
+            poly[r::i] = np.cumsum(poly[r::i])
+    dist = poly / poly.sum()
+    lower, upper = dist[:u + 1].sum(), dist[u:].sum()
+    return float(min(1.0, 2.0 * min(lower, upper)))
 
 
 def bootstrap_ratio_ci(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> tuple[float, float]:
