@@ -1,0 +1,89 @@
+"""compare: interleaved A/B timing, bootstrap CI of the ratio, verdict (asserted on known speed gaps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile.compare import compare_runnables, compare_table
+from cuvil_pgc.recompile.measure import bootstrap_ci, median, ratio_ci, time_interleaved, verdict
+
+
+class Tiny(nn.Module):
+    def __init__(self, extra_sleep_s: float = 0.0) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.extra_sleep_s = extra_sleep_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.extra_sleep_s:
+            time.sleep(self.extra_sleep_s)      # known extra cost per call
+        return self.fc(x)
+
+
+def tiny():
+    torch.manual_seed(0)
+    return Tiny().eval(), (torch.randn(1, 8),)
+
+
+def test_verdict_follows_the_ci():
+    assert verdict((1.1, 1.3)) == "faster"
+    assert verdict((0.7, 0.95)) == "slower"
+    assert verdict((0.9, 1.1)) == "same"
+
+
+def test_ratio_ci_and_bootstrap_on_known_samples():
+    a = [2.0 + 0.01 * (i % 5) for i in range(30)]
+    b = [1.0 + 0.01 * (i % 3) for i in range(30)]
+    lo, hi = ratio_ci(a, b, n_boot=500)
+    assert 1.9 < lo <= median(a) / median(b) <= hi < 2.1
+    lo, hi = bootstrap_ci(b, median, n_boot=500)
+    assert 1.0 <= lo <= hi <= 1.02
+
+
+def test_interleaving_rotates_the_order():
+    calls = []
+    time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=4, warmup=0, inner=1)
+    rounds = ["".join(calls[i:i + 2]) for i in range(0, 8, 2)]
+    assert rounds == ["ab", "ba", "ab", "ba"]
+
+
+def test_compare_verdict_on_models_of_known_different_speed():
+    fast, inputs = tiny()
+    slow = Tiny(extra_sleep_s=0.002).eval()
+    slow.load_state_dict(fast.state_dict())
+    result = compare_runnables(fast, slow, inputs, names=("fast", "slow"), rounds=12, warmup=2)
+    assert result["verdict"] == "slower" and result["speedup"] < 1
+    assert set(result) >= {"a", "b", "speedup", "speedup_ci95", "verdict"}
+    assert set(result["a"]) == {"name", "median_ms", "ci95_ms"} and result["a"]["name"] == "fast"
+    reverse = compare_runnables(slow, fast, inputs, names=("slow", "fast"), rounds=12, warmup=2)
+    assert reverse["verdict"] == "faster" and reverse["speedup"] > 1
+    assert "faster" in compare_table(reverse).title
+
+
+@pytest.mark.slow
+def test_compare_cli_build_vs_eager_json(tmp_path, capsys, monkeypatch):
+    from cuvil_pgc.cli import main
+    from cuvil_pgc.recompile import recompile
+    from cuvil_pgc.recompile.candidates import Candidate
+
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+    model, inputs = tiny()
+    build = recompile(model, inputs, plan={"": Candidate("", rewrite=True)}, rounds=5, records=False)
+    path = build.save(tmp_path / "t.cuvilpkg")
+    spec = f"{os.path.abspath(__file__)}:tiny"
+    with pytest.raises(SystemExit) as done:
+        main(["compare", "--model", spec, "eager", path, "--rounds", "6", "--json"])
+    assert done.value.code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["a"]["name"] == "eager" and doc["b"]["name"] == path
+    assert doc["verdict"] in ("faster", "slower", "same") and len(doc["speedup_ci95"]) == 2
+    with pytest.raises(SystemExit) as done:
+        main(["compare", "--model", spec, "eager", str(tmp_path / "missing.cuvilpkg")])
+    assert done.value.code == 1
+    assert "missing.cuvilpkg" in capsys.readouterr().err
