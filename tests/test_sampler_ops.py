@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from cuvil_pgc.instrument import ProfileRegion, Session, SessionConfig
 from cuvil_pgc.instrument.samplers import _opcost
 from cuvil_pgc.instrument.samplers._opcost import estimate_cost
-from cuvil_pgc.instrument.samplers.torch_ops import TorchOpSampler, nesting_depths
+from cuvil_pgc.instrument.samplers.torch_ops import TorchOpSampler, nesting_depths, read_ops
 
 F4 = "float"
 
@@ -324,3 +324,41 @@ def test_load_trace_reads_ops_with_region_and_estimates(tmp_path):
     assert trace.string(int(trace.region[row])) == "matmul"
     assert trace.flops[row] == 2 * 32 * 48 * 16
     assert trace.bytes[row] == (32 * 48 + 48 * 16 + 32 * 16) * 4
+
+
+class _FakeKinetoEvent:
+    """Mirrors the _KinetoEvent accessors read_ops uses."""
+
+    def __init__(self, name, start, dur, tid, activity="cpu_op", shapes=(), dtypes=(), concrete=None):
+        self._v = (name, start, dur, tid, activity, list(shapes), list(dtypes), concrete)
+        self.concrete_calls = 0
+
+    def name(self): return self._v[0]
+    def start_ns(self): return self._v[1]
+    def duration_ns(self): return self._v[2]
+    def device_resource_id(self): return self._v[3]
+    def activity_type(self): return self._v[4]
+    def shapes(self): return self._v[5]
+    def dtypes(self): return self._v[6]
+
+    def concrete_inputs(self):
+        self.concrete_calls += 1
+        return self._v[7]
+
+
+def test_read_ops_keeps_cpu_ops_and_counts_unfinished_ones():
+    conv = _FakeKinetoEvent("aten::conv2d", 100, 50, 7, shapes=CONV2D_SHAPES, dtypes=CONV2D_DTYPES,
+                            concrete=[None] * 3 + [[2, 2], [1, 1], [1, 1], 1])
+    mm = _FakeKinetoEvent("aten::mm", 200, 10, 8, shapes=[[2, 3], [3, 4]], dtypes=[F4, F4])
+    events = [
+        _FakeKinetoEvent("ProfilerStep#3", 0, 1000, 7, activity="user_annotation"),
+        _FakeKinetoEvent("[memory]", 5, 0, 7, activity="cpu_instant_event"),
+        conv, mm,
+        _FakeKinetoEvent("aten::add", 300, -1, 7),            # still running when the profiler stopped
+    ]
+    ops, incomplete = read_ops(events)
+    assert incomplete == 1
+    assert ops.names == ["aten::conv2d", "aten::mm"]
+    assert ops.tids == [7, 8] and ops.starts == [100, 200] and ops.ends == [150, 210]
+    assert ops.concrete == [[None] * 3 + [[2, 2], [1, 1], [1, 1], 1], None]
+    assert conv.concrete_calls == 1 and mm.concrete_calls == 0   # scalars fetched only where needed
