@@ -100,13 +100,13 @@ def _swap_in(draw, event: dict) -> None:
 
 @pytest.mark.slow
 @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=mutated_trace())
-def test_mutated_traces_load_or_raise_trace_error(case: tuple[str, bytes]) -> None:
+@given(case=mutated_trace(), with_valid=st.booleans())
+def test_mutated_traces_load_or_raise_trace_error(case: tuple[str, bytes], with_valid: bool) -> None:
     suffix, data = case
     path = _DIR / f"fuzz{suffix}"
     path.write_bytes(data)
     try:
-        trace = load_trace(path)
+        trace = load_trace(path, DATA / "ours" / "regions.trace.json") if with_valid else load_trace(path)
     except TraceError as exc:
         message = str(exc)
         assert str(path) in message

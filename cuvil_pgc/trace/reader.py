@@ -244,22 +244,20 @@ def _merge(loaded: list[_Loaded], strings: StringTable) -> Trace:
 
 def _align(loaded: list[_Loaded]) -> list[float]:
     """Per-source µs offsets putting every source on one clock starting at the earliest event."""
+    firsts = [_local_min(item.columns) for item in loaded]
     starts: list[int | None] = []
-    for item in loaded:
-        first = _local_min(item.columns)
-        if first is None:
-            first = 0.0
-        starts.append(None if item.origin_ns is None else item.origin_ns + round(first * 1000))
-        if item.source.format == "kineto" and item.origin_ns is not None:
+    for item, first in zip(loaded, firsts, strict=True):
+        known = item.origin_ns is not None and first is not None
+        starts.append(item.origin_ns + round(first * 1000) if known else None)
+        if known and item.source.format == "kineto":
             item.source.metadata["start_unix_ns"] = starts[-1]
-    known = [s for s in starts if s is not None]
-    zero = min(known) if known else 0
+    anchored = [s for s in starts if s is not None]
+    zero = min(anchored) if anchored else 0
     offsets: list[float] = []
-    for item, start in zip(loaded, starts, strict=True):
-        first = _local_min(item.columns) or 0.0
+    for item, first, start in zip(loaded, firsts, starts, strict=True):
         if start is None:
-            offset = -first
-            if len(loaded) > 1:
+            offset = -(first or 0.0)
+            if first is not None and len(loaded) > 1:
                 item.source.notes.append("no absolute time anchor in this file; aligned to start at 0")
         else:
             offset = (item.origin_ns - zero) / 1000.0
