@@ -19,6 +19,8 @@ size, the intermediate is a third of its traffic) — an estimate, 0 when bytes 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from cuvil_pgc.analyze._prepare import Prepared
@@ -51,51 +53,67 @@ def mine_fusion(prep: Prepared, analysis: Analysis) -> None:
     analysis.fusion_candidates = cands[:MAX_CANDIDATES]
 
 
+@dataclass
+class _Stream:
+    """Ops (or kernels) of the hot regions in lane/time order, cut into segments."""
+
+    seg: np.ndarray          # segment id: changes at every new thread, region call or path
+    path: np.ndarray
+    names: np.ndarray        # dense name codes 0..U-1
+    name_ids: np.ndarray     # code -> string id
+    dur: np.ndarray          # weighted durations
+    nbytes: np.ndarray       # weighted bytes (0 where unknown)
+
+
+def _stream(prep: Prepared, rows: np.ndarray, inst: np.ndarray, nbytes: np.ndarray) -> _Stream:
+    ev = prep.trace.events
+    order = np.lexsort((ev["ts"][rows], prep.lane[rows]))
+    rows, inst, nbytes = rows[order], inst[order], nbytes[order]
+    lane, path = prep.lane[rows], prep.path_pos[rows]
+    cut = (lane[1:] != lane[:-1]) | (inst[1:] != inst[:-1]) | (path[1:] != path[:-1])
+    name_ids, names = np.unique(ev["name"][rows], return_inverse=True)
+    w = prep.weight[rows]
+    return _Stream(seg=np.cumsum(np.concatenate(([True], cut))), path=path,
+                   names=names.reshape(-1).astype(np.int64), name_ids=name_ids,
+                   dur=ev["dur"][rows] * w, nbytes=np.nan_to_num(nbytes) * w)
+
+
 def _mine(prep: Prepared, rows: np.ndarray, inst: np.ndarray, nbytes: np.ndarray,
           per_op_us: float, bw: float) -> list[FusionCandidate]:
     if len(rows) < MIN_LEN:
         return []
-    ev = prep.trace.events
-    lane, path = prep.lane[rows], prep.path_pos[rows]
-    order = np.lexsort((ev["ts"][rows], lane))
-    rows, inst, nbytes, lane, path = rows[order], inst[order], nbytes[order], lane[order], path[order]
-    seg = np.cumsum(np.concatenate(([True], (lane[1:] != lane[:-1]) | (inst[1:] != inst[:-1])
-                                    | (path[1:] != path[:-1]))))
-    name_ids, names = np.unique(ev["name"][rows], return_inverse=True)     # dense codes 0..U-1
-    names = names.reshape(-1).astype(np.int64)
-    dur, w = ev["dur"][rows], prep.weight[rows]
+    st = _stream(prep, rows, inst, nbytes)
     found: dict[tuple, FusionCandidate] = {}
-    for k in range(MIN_LEN, MAX_LEN + 1):
-        if len(rows) < k:
-            break
-        m = len(rows) - k + 1
-        start = np.nonzero(seg[:m] == seg[k - 1:])[0]
-        if not len(start):
-            continue
-        uniq, inv, counts = _unique_grams(path[start], [names[start + j] for j in range(k)], len(name_ids),
-                                          prep.n_paths)
-        frequent = np.nonzero(counts >= MIN_SUPPORT)[0]
-        if not len(frequent):
-            continue
-        t = sum(dur[start + j] for j in range(k)) * w[start]
-        inter = sum(2.0 * np.minimum(np.nan_to_num(nbytes[start + j]), np.nan_to_num(nbytes[start + j + 1])) / 3.0
-                    for j in range(k - 1)) * w[start]
-        t_sum, b_sum = np.bincount(inv, weights=t), np.bincount(inv, weights=inter)
-        best = frequent[np.argsort(-t_sum[frequent], kind="stable")][:_PER_LENGTH]
-        by_gram = start[np.argsort(inv, kind="stable")]          # occurrence starts grouped by gram, in order
-        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        for u in best:
-            occ = _non_overlapping(by_gram[first[u]:first[u] + counts[u]], k)
-            if occ < MIN_SUPPORT:
-                continue
-            scale = occ / counts[u]
-            key = (int(uniq[u][0]), *(int(name_ids[x]) for x in uniq[u][1:]))
-            b = float(b_sum[u] * scale)
+    for k in range(MIN_LEN, min(MAX_LEN, len(rows)) + 1):
+        for key, occ, t_us, b in _frequent_of_length(st, k, prep.n_paths):
             found[key] = FusionCandidate(
-                region=prep.paths[key[0]], ops=[prep.trace.strings[x] for x in key[1:]], occurrences=int(occ),
-                total_us=float(t_sum[u] * scale), bytes_saved=b,
+                region=prep.paths[key[0]], ops=[prep.trace.strings[x] for x in key[1:]], occurrences=occ,
+                total_us=t_us, bytes_saved=b,
                 est_saving_us=float(occ * (k - 1) * per_op_us + (b / bw * 1e6 if bw > 0 else 0.0)))
     return _closed(found)
+
+
+def _frequent_of_length(st: _Stream, k: int, n_paths: int):
+    """Yield (key, non-overlapping occurrences, total µs, intermediate bytes) of the frequent k-grams."""
+    start = np.nonzero(st.seg[:len(st.seg) - k + 1] == st.seg[k - 1:])[0]
+    if not len(start):
+        return
+    uniq, inv, counts = _unique_grams(st.path[start], [st.names[start + j] for j in range(k)],
+                                      len(st.name_ids), n_paths)
+    frequent = np.nonzero(counts >= MIN_SUPPORT)[0]
+    if not len(frequent):
+        return
+    t_sum = np.bincount(inv, weights=sum(st.dur[start + j] for j in range(k)))
+    inter = sum(2.0 * np.minimum(st.nbytes[start + j], st.nbytes[start + j + 1]) / 3.0 for j in range(k - 1))
+    b_sum = np.bincount(inv, weights=inter)
+    by_gram = start[np.argsort(inv, kind="stable")]          # occurrence starts grouped by gram, in order
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    for u in frequent[np.argsort(-t_sum[frequent], kind="stable")][:_PER_LENGTH]:
+        occ = _non_overlapping(by_gram[first[u]:first[u] + counts[u]], k)
+        if occ >= MIN_SUPPORT:
+            scale = occ / counts[u]
+            key = (int(uniq[u][0]), *(int(st.name_ids[x]) for x in uniq[u][1:]))
+            yield key, int(occ), float(t_sum[u] * scale), float(b_sum[u] * scale)
 
 
 def _unique_grams(path: np.ndarray, cols: list[np.ndarray], n_names: int, n_paths: int):
