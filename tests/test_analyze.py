@@ -185,3 +185,15 @@ def test_compile_summary_is_included_when_available():
     a = analyze(trace, machine=CPU)
     assert a.compile == summary.summarize_compile(trace) and a.compile
     assert a.timeline.compile_spans["graph"] == ["0/0"]
+
+
+def test_public_analyze_is_callable_whatever_the_import_order():
+    import subprocess
+    import sys
+
+    code = ("import cuvil_pgc.analyze.machine\n"          # package imported first: it shadows the function
+            "from cuvil_pgc import analyze\n"
+            "from tests._tracebuild import build_trace, op_chain\n"
+            "print(analyze(build_trace(op_chain(['aten::add'] * 3, 0, 1, 1))).regions[0].path)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == OUTSIDE

@@ -3,10 +3,17 @@
 ``analyze(trace, machine=None, filter=None) -> Analysis`` (see :mod:`.analyzer`); the trace diff is
 ``cuvil_pgc.analyze.diff.diff(a, b) -> dict`` (not re-exported here: the name is its module's).
 Attributes load lazily so that importing the package (the CLI does, to register commands) stays cheap.
+
+``cuvil_pgc.analyze`` names both this package and the public function (``from cuvil_pgc import
+analyze``). Whichever of the two Python's import system leaves on ``cuvil_pgc`` (the package, once
+a submodule was imported first), ``analyze(trace, ...)`` works: the package is callable and calls
+the function.
 """
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 _LAZY = {
@@ -28,3 +35,15 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module_name), attr)
     globals()[name] = value
     return value
+
+
+class _CallablePackage(types.ModuleType):
+    """This package, callable as :func:`cuvil_pgc.analyze.analyzer.analyze`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from cuvil_pgc.analyze.analyzer import analyze as run
+
+        return run(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
