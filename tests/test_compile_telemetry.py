@@ -252,6 +252,45 @@ def test_hooks_install_dynamo_callbacks_and_remove_everything():
     assert hooks.registered() == [] and _our_callbacks() == [] and _trace_handlers() == []
 
 
+def test_missing_dynamo_hooks_degrade_to_notes(monkeypatch):
+    import collections
+
+    import torch._dynamo  # noqa: F401
+
+    from cuvil_pgc.instrument.samplers import _compile_hooks
+
+    monkeypatch.setattr(_compile_hooks, "_dynamo_attr", lambda module, name: None)   # an older torch
+    hooks = CompileHooks(collections.deque(), 10)
+    hooks.install()
+    try:
+        assert hooks.used == [HOOK_STRUCTURED]
+        assert any("callback_handler not found" in n for n in hooks.notes)
+        assert any("counters not found" in n for n in hooks.notes)
+        assert hooks.counter_deltas() == {} and hooks.compilation_metrics_since(0.0) == []
+    finally:
+        hooks.remove()
+    assert _trace_handlers() == []
+
+
+def test_frames_known_only_from_compilation_metrics_still_appear():
+    processor = CompileRecordProcessor(lambda us: us - 1_000_000.0, pid=1)
+    metrics = {"compile_id": "2/0", "co_name": "forward", "start_time": 1.0, "entire_frame_compile_time_s": 0.5,
+               "graph_op_count": 3}
+    events = processor.feed([(0, 1, {"compilation_metrics": metrics}, None)]) + processor.finish()
+    frame = _of(events, "frame")[0]
+    assert (frame["name"], frame["ts"], frame["dur"], frame["args"]["graph_ops"]) == ("forward", 0.0, 500_000.0, 3)
+
+
+def test_session_in_a_program_that_never_imports_torch_costs_no_import(tmp_path):
+    code = ("import sys\nfrom cuvil_pgc import profile\n"
+            f"with profile({str(tmp_path / 't.trace.json')!r}, ops=False, gpu='off', sample_hz=0, compile=True):\n"
+            "    sum(range(1000))\n"
+            "assert 'torch' not in sys.modules, 'the compile sampler imported torch'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    status = json.loads((tmp_path / "t.trace.json").read_text())["cuvil"]["samplers"]["compile"]
+    assert status["status"] == "ok" and status["compiles"] == 0 and status["hooks"] == [HOOK_STRUCTURED]
+
+
 # -- real torch.compile on CPU ---------------------------------------------------------------------
 def _break_then_continue(x):
     y = x.sin() + 1

@@ -51,7 +51,8 @@ _CACHE_LABEL = {FX_CACHE: "FX graph", AOT_CACHE: "AOTAutograd"}
 _TRIGGER_PHASE = {"LAZY_BACKWARD": "lazy_backward", "TRITON_AUTOTUNING": "autotuning",
                   "CUDAGRAPH_RECORDING": "cudagraph_recording"}
 _METRIC_KEYS = ("graph_op_count", "guard_count", "is_forward", "fail_type", "cache_size",
-                "start_time_us", "duration_us", "recompile_reason", "co_name", "co_filename", "co_firstlineno")
+                "start_time_us", "duration_us", "start_time", "entire_frame_compile_time_s",
+                "recompile_reason", "co_name", "co_filename", "co_firstlineno")
 
 
 @dataclass
@@ -313,10 +314,7 @@ class CompileRecordProcessor:
             self._emit_lookup(c, lookup, previous)
 
     def _emit_frame(self, c: _Compile) -> None:
-        span = c.span
-        if span is None and "start_time_us" in c.metrics and "duration_us" in c.metrics:
-            start = float(c.metrics["start_time_us"])
-            span = (start, start + float(c.metrics["duration_us"]))
+        span = c.span or _metrics_span(c.metrics)
         if span is None:
             self.counts["frame_without_span"] += 1
             return
@@ -377,6 +375,17 @@ class CompileRecordProcessor:
             if stack:
                 start, begin_cid = stack.pop()
                 self._span(name, phase, start, t_us, cid or begin_cid, tid)
+
+
+def _metrics_span(m: dict[str, Any]) -> tuple[float, float] | None:
+    """A frame's wall span (µs) from compilation metrics: µs fields (torch >= 2.6) or seconds."""
+    if "start_time_us" in m and "duration_us" in m:
+        start = float(m["start_time_us"])
+        return start, start + float(m["duration_us"])
+    if "start_time" in m and "entire_frame_compile_time_s" in m:
+        start = float(m["start_time"]) * 1e6
+        return start, start + float(m["entire_frame_compile_time_s"]) * 1e6
+    return None
 
 
 def _compile_id(md: dict) -> str | None:

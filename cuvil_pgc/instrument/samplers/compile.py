@@ -126,6 +126,8 @@ class CompileSampler(Sampler):
                          "during the session; compile events may be offset by up to that")
         if hooks.handler.errors:
             notes.append(f"{hooks.handler.errors} structured records could not be captured")
+        if processor.compiles and not processor.counts.get("chromium_event"):
+            notes.append("this torch logged no chromium events: frames without a phase breakdown")
         unparsed = sum(n for k, n in processor.counts.items() if k.startswith("unparsed:"))
         if unparsed:
             notes.append(f"{unparsed} structured records could not be read")
