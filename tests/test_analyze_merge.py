@@ -46,6 +46,7 @@ def test_weights_scale_totals():
     two = analyze(_rank(0, 1000, weight=2.0), machine=CPU).region("step/attn")
     assert two.total_us == pytest.approx(2 * one.total_us) and two.calls == one.calls
     assert two.mean_us == pytest.approx(one.mean_us)
+    assert two.hotness == pytest.approx(2 * one.hotness) and one.hotness > 0
 
 
 def test_rank_skew_names_the_straggler():

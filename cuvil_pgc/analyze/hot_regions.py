@@ -66,6 +66,7 @@ def region_stats(prep: Prepared, analysis: Analysis) -> None:
                     confidence=0.0, parent=parents[i], depth=depth[i], histogram=hists[i], top_ops=top_ops[i])
         for i, p in enumerate(prep.paths)]
     prep.extras["run_us"] = run
+    prep.extras["weighted_calls"] = wsum
 
 
 def _f(x: float) -> float:
@@ -182,7 +183,9 @@ def _top_ops(prep: Prepared) -> list[list[dict]]:
 
 def score_hotness(prep: Prepared, analysis: Analysis) -> None:
     """Set ``hotness`` (see module docstring) and sort regions hottest first."""
-    calls = np.array([r.calls for r in analysis.regions], dtype=np.float64)   # still in path order
+    calls = prep.extras.get("weighted_calls")           # per path, weighted by source weight
+    if calls is None:
+        calls = np.array([r.calls for r in analysis.regions], dtype=np.float64)
     bound = roofline_bound(prep, calls)
     no_data = not len(prep.op_rows) and not len(prep.gpu_rows)
     for i, r in enumerate(analysis.regions):
