@@ -136,6 +136,8 @@ def test_filter_keeps_matching_paths():
     assert a.trace["filter"] == r"^dec"
     with pytest.raises(ConfigError, match="regular expression"):
         analyze(build_trace(evs), machine=CPU, filter="(")
+    with pytest.raises(AnalysisError, match="no region path matches.*dec/b"):
+        analyze(build_trace(evs), machine=CPU, filter="nothing")
 
 
 def test_empty_trace_is_a_clear_error():

@@ -88,6 +88,9 @@ def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,
     models, warnings = _machines(merged, machine)
     prep = prepare(merged, roofs_of(*models), _compiled_filter(filter))
     prep.extras["filter"] = filter
+    if filter is not None and not prep.paths:
+        raise AnalysisError(f"no region path matches --filter {filter!r}",
+                            fix=f"region paths in this trace include: {_some_paths(merged)}")
     analysis = Analysis(regions=[], machine=_machine_json(models),
                         trace={"warnings": warnings})
     for p in (PASSES if passes is None else passes):
@@ -116,6 +119,12 @@ def _check_usable(trace: Trace) -> None:
         raise AnalysisError(f"{paths}: the trace has no regions, operators or kernels to analyse",
                             fix="record with ProfileRegion around your code and/or ops=True "
                                 "(cuvil-pgc profile --ops), or pass a torch.profiler trace")
+
+
+def _some_paths(trace: Trace, limit: int = 8) -> str:
+    ids = np.unique(trace.events["region"][trace.events["kind"] == Kind.REGION])
+    names = sorted(trace.strings[int(i)] for i in ids if i >= 0)
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "") if names else "(none)"
 
 
 def _compiled_filter(pattern: str | None) -> str | None:
