@@ -152,6 +152,23 @@ def test_dynamo_reset_does_not_compare_with_compiles_before_it():
     assert len(_of(events, "frame")) == 2 and not _of(events, "recompile")
 
 
+def test_cache_bypass_and_disabled_lookups():
+    md = {"frame_id": 0, "frame_compile_id": 0}
+    bypass = json.dumps({"cache_state": "bypass", "cache_bypass_reason": "Can't cache torchbind objects"})
+    processor = CompileRecordProcessor(lambda us: us, pid=1)
+    events = processor.feed([
+        _chromium("entire_frame_compile", "B", 0.0),
+        (1000, 7, {"artifact": {"name": "fx_graph_cache_bypass", "encoding": "json"}, **md}, bypass),
+        _chromium("autograd_cache_disabled", "i", 2.0),
+        _chromium("entire_frame_compile", "E", 5.0),
+        (6000, 7, {"compilation_metrics": {"compile_id": "0/0", "co_name": "g"}}, None),
+    ]) + processor.finish()
+    fx, aot = _of(events, "fx_graph_cache")[0]["args"], _of(events, "aot_autograd_cache")[0]["args"]
+    assert fx["cache"] == "bypass" and fx["reason"] == "FX graph cache bypassed for g (0/0): Can't cache torchbind objects"
+    assert aot["cache"] is None and aot["reason"] == "AOTAutograd cache disabled for g (0/0)"
+    assert _of(events, "frame")[0]["args"]["aot_cache"] is None
+
+
 _KINDS = st.sampled_from(["chromium_event", "artifact", "str", "dynamo_start", "describe_tensor",
                           "describe_source", "compilation_metrics", "cuvil_callback", "other"])
 _VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),

@@ -48,6 +48,7 @@ CALLBACK_RECORD = "cuvil_callback"
 _COMPILE_WRAPPERS = FRAME_EVENTS | {"dynamo"}
 _CACHE_ARTIFACTS = {"fx_graph_cache": FX_CACHE, "aotautograd_cache": AOT_CACHE}
 _CACHE_LABEL = {FX_CACHE: "FX graph", AOT_CACHE: "AOTAutograd"}
+_CACHE_STATES = ("hit", "miss", "bypass")     # others (torch logs "disabled") are recorded with cache None
 _TRIGGER_PHASE = {"LAZY_BACKWARD": "lazy_backward", "TRITON_AUTOTUNING": "autotuning",
                   "CUDAGRAPH_RECORDING": "cudagraph_recording"}
 _METRIC_KEYS = ("graph_op_count", "guard_count", "is_forward", "fail_type", "cache_size",
@@ -264,7 +265,7 @@ class CompileRecordProcessor:
         else:
             base, _, state = name.rpartition("_")
             kind = _CACHE_ARTIFACTS.get(base)
-            if kind is not None and state in ("hit", "miss", "bypass"):
+            if kind is not None and state:
                 info = orjson.loads(payload) if isinstance(payload, (str, bytes)) and payload else {}
                 self._lookup(c, kind, state, info if isinstance(info, dict) else {}, t_us, tid)
 
@@ -275,7 +276,8 @@ class CompileRecordProcessor:
                 seen["ts"] = min(seen["ts"], t_us)      # the chromium instant marks the lookup itself
                 seen["components"] = seen["components"] or explain.parse_components(info.get("components"))
                 return
-        lookup = {"kind": kind, "state": state, "key": key, "ts": t_us, "tid": tid,
+        lookup = {"kind": kind, "state": state if state in _CACHE_STATES else None, "raw_state": state,
+                  "key": key, "ts": t_us, "tid": tid,
                   "status": info.get("cache_status_detailed"),
                   "bypass": info.get("cache_bypass_reason") or info.get("reason"),
                   "components": explain.parse_components(info.get("components"))}
@@ -334,7 +336,9 @@ class CompileRecordProcessor:
             reason = self._miss_reason(c, lookup, previous)
         elif state == "bypass":
             reason = f"{_CACHE_LABEL[kind]} cache bypassed for {c.label}: {lookup['bypass'] or 'no reason given'}"
-        self._span(f"{kind} {state}", kind, lookup["ts"], lookup["ts"], c.compile_id, lookup["tid"],
+        elif state is None:
+            reason = f"{_CACHE_LABEL[kind]} cache {lookup['raw_state']} for {c.label}"
+        self._span(f"{kind} {lookup['raw_state']}", kind, lookup["ts"], lookup["ts"], c.compile_id, lookup["tid"],
                    cache=state, reason=reason, key=lookup["key"], status=lookup["status"])
 
     def _miss_reason(self, c: _Compile, lookup: dict, previous: _Compile | None) -> str:
@@ -396,11 +400,9 @@ def _compile_id(md: dict) -> str | None:
     return f"{frame}/{attempt_id}" if ca is None else f"!{ca}/{frame}/{attempt_id}"
 
 
-def _combined(states: list[str]) -> str | None:
+def _combined(states: list[str | None]) -> str | None:
     """One cache state for a compile with several lookups: any miss/bypass wins over hits."""
-    if not states:
-        return None
-    for state in ("miss", "bypass"):
+    for state in ("miss", "bypass", "hit"):
         if state in states:
             return state
-    return "hit"
+    return None
