@@ -66,6 +66,7 @@ def region_stats(prep: Prepared, analysis: Analysis) -> None:
                     confidence=0.0, parent=parents[i], depth=depth[i], histogram=hists[i], top_ops=top_ops[i])
         for i, p in enumerate(prep.paths)]
     prep.extras["run_us"] = run
+    analysis.trace["run_duration_us"] = run            # the denominator of every region's share
     prep.extras["weighted_calls"] = wsum
 
 
