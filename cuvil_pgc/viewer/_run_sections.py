@@ -65,11 +65,13 @@ def _compile_totals(t: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _graph_table(graphs: list[dict[str, Any]]) -> str:
     rows = []
+    several = len({g.get("process") for g in graphs}) > 1
     for g in graphs[:MAX_TABLE_ROWS]:
+        graph = f"{g.get('compile_id')}" + (f" (source {g.get('process')})" if several else "")
         where = f"{g.get('frame') or '?'}" + (f" ({g.get('file')}:{g.get('line')})" if g.get("file") else "")
         phases = ", ".join(f"{p} {_ms(ms)}" for p, ms in list((g.get("phases") or {}).items())[:4])
         cache = g.get("cache") or {}
-        rows.append("<tr>" + cell(text(g.get("compile_id")), g.get("compile_id")) + cell(path_text(where), where)
+        rows.append("<tr>" + cell(text(graph), graph) + cell(path_text(where), where)
                     + cell(text(_ms(g.get("start_ms"))), g.get("start_ms"), True)
                     + cell(text(_ms(g.get("total_ms"))), g.get("total_ms"), True) + cell(text(phases))
                     + cell(text(f"fx {cache.get('fx') or '-'}, aot {cache.get('aot') or '-'}"))

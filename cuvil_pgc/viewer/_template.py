@@ -44,10 +44,11 @@ def text(value: Any) -> str:
 
 
 def plot_text(value: Any, limit: int | None = None) -> str:
-    """A user string for plotly text (legend names, hover text, titles), shown literally."""
+    """A user string for plotly text (legend names, hover text, titles), shown literally; cut to
+    ``limit`` characters keeping the end (region paths differ most in their last components)."""
     s = visible(value)
     if limit is not None and len(s) > limit:
-        s = s[: limit - 1] + "…"
+        s = "…" + s[len(s) - limit + 1:]
     return html.escape(s, quote=False)
 
 

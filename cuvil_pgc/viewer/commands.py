@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         traces: list[str] = typer.Argument(..., metavar="TRACE...", help="Trace files (ours or torch.profiler)."),
         output: str = typer.Option("report.html", "-o", "--output", help="The HTML file to write."),
         build: str | None = typer.Option(None, "--build", help="Show this build's recompile plan "
-                                            "(.cuvilpkg or store://NAME[@VERSION|@TAG])."),
+                                            "(a .cuvilpkg path, or store://NAME with an optional @VERSION or @TAG)."),
         store: str | None = typer.Option(None, "--store", help="Build store for store:// refs (default $CUVIL_STORE)."),
         pubkey: str | None = typer.Option(None, "--pubkey", help="Require the build to be signed by this key."),
         plotly_js: str = typer.Option("inline", "--plotly-js", help="inline (self-contained, offline) or cdn."),

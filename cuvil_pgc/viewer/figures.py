@@ -28,17 +28,25 @@ BOTTLENECK_COLORS = {"launch_overhead": "#b5179e", "memory_bandwidth": "#0077b6"
 OTHER_COLOR = "#6c757d"
 PALETTE = ("#3558a8", "#e07b39", "#2a9d3f", "#b5179e", "#0096c7", "#c77d00", "#7b2cbf", "#d62828",
            "#588157", "#8a8a8a", "#264653", "#e9c46a")
-MAX_SPAN_TRACES = 24
+MAX_SPAN_TRACES = 40
 MAX_DRAWN_SPANS = 50_000
 MAX_COMPILE_GRAPHS = 40
 HIST_REGIONS = 6
 SKEW_REGIONS = 12
+TEMPLATE = "plotly_white"
 _FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
 
 
+def template() -> dict[str, Any]:
+    """The plotly template every figure uses, sent once per page (the page script applies it)."""
+    import plotly.io as pio
+
+    return pio.templates[TEMPLATE].to_plotly_json()
+
+
 def _layout(**kw: Any) -> dict[str, Any]:
-    base = {"template": "plotly_white", "font": _FONT, "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
-            "hovermode": "closest", "legend": {"orientation": "h", "y": -0.15}}
+    base = {"font": _FONT, "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
+            "hovermode": "closest", "legend": {"x": 1.01, "y": 1.0, "xanchor": "left", "yanchor": "top"}}
     base.update(kw)
     return base
 
@@ -59,16 +67,18 @@ def timeline_figure(analysis: Any) -> dict[str, Any] | None:
     rows = (1 if has_spans else 0) + (1 if util else 0)
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.05,
                         row_heights=[0.72, 0.28] if rows == 2 else [1.0])
-    n_rows = 0
+    n_rows, arrays = 0, []
     if has_spans:
-        n_rows = _add_spans(fig, spans)
+        n_rows, arrays = _add_spans(fig, spans)
     if util:
         _add_utilization(fig, analysis.timeline.counters, util, row=rows)
     span_px = max(220, min(26 * n_rows + 60, 900)) if has_spans else 0
-    fig.update_layout(_layout(height=span_px + (240 if util else 0) + 60,
-                              legend={"orientation": "h", "y": -0.12, "font": {"size": 11}}))
+    fig.update_layout(_layout(height=span_px + (240 if util else 0) + 60))
     fig.update_xaxes(title_text="time since trace start (ms)", row=rows, col=1)
-    return _json(fig)
+    out = _json(fig)
+    for i, data in enumerate(arrays):      # set after plotly's validation, which costs seconds on big lists
+        out["data"][i].update(data)
+    return out
 
 
 def _span_rows(spans: dict[str, list]) -> tuple[np.ndarray, list[str]]:
@@ -89,12 +99,14 @@ def _segments(ts: np.ndarray, dur: np.ndarray, row: np.ndarray) -> tuple[list, l
     x[0::3] = ts / 1e3
     x[1::3] = (ts + dur) / 1e3
     x[2::3] = np.nan
-    y = np.repeat(row.astype(float), 3)
-    y[2::3] = np.nan
+    y = np.repeat(row, 3).astype(object)
+    y[2::3] = None
     return np.round(x, 4).tolist(), y.tolist()
 
 
-def _add_spans(fig: go.Figure, spans: dict[str, list]) -> int:
+def _add_spans(fig: go.Figure, spans: dict[str, list]) -> tuple[int, list[dict[str, list]]]:
+    """Add one trace per hot path and one for the rest (first traces of ``fig``); returns the
+    number of rows and, per trace, the x/y/text arrays to put in after validation."""
     ts = np.asarray(spans["ts_us"], dtype=float)
     dur = np.asarray(spans["dur_us"], dtype=float)
     paths = np.asarray(spans["path"], dtype=object)
@@ -107,24 +119,28 @@ def _add_spans(fig: go.Figure, spans: dict[str, list]) -> int:
     verdict_of = {p: v for p, v in zip(spans["path"], verdicts, strict=False)}
     uniq, inv = np.unique(paths.astype(str), return_inverse=True)
     totals = np.bincount(inv, weights=dur, minlength=len(uniq))
-    top = set(np.argsort(-totals, kind="stable")[:MAX_SPAN_TRACES].tolist())
-    for k in sorted(top, key=lambda k: -totals[k]):
+    top = np.argsort(-totals, kind="stable")[:MAX_SPAN_TRACES].tolist()
+    arrays = []
+    for k in top:
         sel = inv == k
         x, y = _segments(ts[sel], dur[sel], rows[sel])
+        arrays.append({"x": x, "y": y})
         color = BOTTLENECK_COLORS.get(verdict_of.get(uniq[k], ""), OTHER_COLOR)
-        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", line={"width": 9, "color": color},
-                                   name=plot_text(uniq[k], 48), legendgroup="regions",
+        fig.add_trace(go.Scattergl(mode="lines", line={"width": 9, "color": color}, name=plot_text(uniq[k], 48),
+                                   legendgroup="regions",
                                    hovertemplate="%{fullData.name}<br>%{x:.3f} ms<extra></extra>"), row=1, col=1)
-    rest = ~np.isin(inv, list(top))
+    rest = ~np.isin(inv, top)
     if rest.any():
         x, y = _segments(ts[rest], dur[rest], rows[rest])
-        names = [plot_text(p, 80) for p in paths[rest].tolist()]
-        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", line={"width": 9, "color": OTHER_COLOR},
-                                   name="other regions", text=[n for n in names for _ in range(3)],
-                                   hovertemplate="%{text}<br>%{x:.3f} ms<extra></extra>"), row=1, col=1)
+        text = np.full(len(x), "", dtype=object)      # the name once per span, at its start
+        text[0::3] = [plot_text(p, 80) for p in paths[rest].tolist()]
+        arrays.append({"x": x, "y": y, "text": text.tolist()})
+        fig.add_trace(go.Scattergl(mode="lines", line={"width": 9, "color": OTHER_COLOR}, name="other regions",
+                                   legendgroup="regions", hovertemplate="%{text}<br>%{x:.3f} ms<extra></extra>"),
+                      row=1, col=1)
     fig.update_yaxes(tickvals=list(range(len(labels))), ticktext=labels, autorange="reversed",
                      showgrid=False, zeroline=False, row=1, col=1)
-    return len(labels)
+    return len(labels), arrays
 
 
 def utilization_series(counters: dict[str, dict[str, list]]) -> list[tuple[str, bool]]:
@@ -288,7 +304,7 @@ def roofline_figure(data: dict[str, Any]) -> dict[str, Any] | None:
                                  hovertemplate="%{fullData.name}<extra></extra>"))
     _add_points(fig, regions, ops)
     fig.update_layout(_layout(height=520, xaxis={"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
-                              yaxis={"type": "log", "title": {"text": "achieved FLOP/s"}}))
+                              yaxis={"type": "log", "title": {"text": "achieved FLOP/s"}, "exponentformat": "SI"}))
     return _json(fig)
 
 
@@ -329,12 +345,14 @@ def ranks_figure(ranks: dict[str, Any], top: int = SKEW_REGIONS) -> dict[str, An
     if len(rank_ids) < 2 or not regions:
         return None
     fig = go.Figure()
-    labels = [plot_text(d["path"], 40) for d in regions]
+    names = [plot_text(d["path"], 200) for d in regions]
     for j, rank in enumerate(rank_ids):
-        fig.add_trace(go.Bar(x=labels, y=[(d.get("per_rank_us") or {}).get(rank, 0.0) / 1e3 for d in regions],
+        fig.add_trace(go.Bar(x=list(range(len(regions))), text=names, textposition="none",
+                             y=[(d.get("per_rank_us") or {}).get(rank, 0.0) / 1e3 for d in regions],
                              name=f"rank {plot_text(rank)}", marker={"color": PALETTE[j % len(PALETTE)]},
-                             hovertemplate="%{x}<br>%{fullData.name}: %{y:.3f} ms<extra></extra>"))
-    fig.update_layout(_layout(barmode="group", height=380, yaxis={"title": {"text": "total time (ms)"}}))
+                             hovertemplate="%{text}<br>%{fullData.name}: %{y:.3f} ms<extra></extra>"))
+    fig.update_layout(_layout(barmode="group", height=400, yaxis={"title": {"text": "total time (ms)"}},
+                              xaxis=_category_axis([d["path"] for d in regions])))
     return _json(fig)
 
 
@@ -345,14 +363,22 @@ def plan_figure(plan: dict[str, Any]) -> dict[str, Any] | None:
     rows = [r for r in plan.get("regions") or [] if _speedup(r, "predicted_ms") or _speedup(r, "measured_ms")]
     if not rows:
         return None
-    labels = [plot_text(r.get("path") or r.get("scope") or "?", 40) for r in rows]
+    paths = [r.get("path") or r.get("scope") or "?" for r in rows]
+    names = [plot_text(p, 200) for p in paths]
     fig = go.Figure()
     for key, name, color in (("predicted_ms", "predicted", "#9bb1de"), ("measured_ms", "measured", "#3558a8")):
-        fig.add_trace(go.Bar(x=labels, y=[_speedup(r, key) for r in rows], name=name, marker={"color": color},
-                             hovertemplate="%{x}<br>" + name + " speedup %{y:.2f}×<extra></extra>"))
+        fig.add_trace(go.Bar(x=list(range(len(rows))), y=[_speedup(r, key) for r in rows], name=name,
+                             marker={"color": color}, text=names, textposition="none",
+                             hovertemplate="%{text}<br>" + name + " speedup %{y:.2f}×<extra></extra>"))
     fig.add_hline(y=1.0, line={"dash": "dot", "color": "#888"})
-    fig.update_layout(_layout(barmode="group", height=360, yaxis={"title": {"text": "speedup over eager (×)"}}))
+    fig.update_layout(_layout(barmode="group", height=400, xaxis=_category_axis(paths),
+                              yaxis={"title": {"text": "speedup over eager (×)"}, "rangemode": "tozero"}))
     return _json(fig)
+
+
+def _category_axis(paths: list[str]) -> dict[str, Any]:
+    """Bars at 0..n-1 labelled by (shortened) paths: equal labels never merge two bars."""
+    return {"tickvals": list(range(len(paths))), "ticktext": [plot_text(p, 36) for p in paths], "tickangle": 30}
 
 
 def _speedup(region: dict[str, Any], key: str) -> float | None:

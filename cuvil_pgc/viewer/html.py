@@ -24,6 +24,7 @@ from cuvil_pgc.viewer import _sections as sec
 from cuvil_pgc.viewer import figures as figs
 from cuvil_pgc.viewer._template import PLOTLY_MODES, page, text
 
+TEMPLATE_KEY = "_template"     # not a figure: the plotly template all figures share
 SECTIONS = (("summary", "Summary"), ("hot-regions", "Hot regions"), ("timeline", "Timeline"),
             ("compile", "Compile"), ("histograms", "Latency"), ("roofline", "Roofline"),
             ("fusion", "Fusion"), ("ranks", "Ranks"), ("plan", "Recompile plan"))
@@ -57,7 +58,10 @@ def build_figures(analysis: Any, plan: dict[str, Any] | None) -> dict[str, Any]:
              "histograms": figs.histogram_figure(analysis), "roofline": figs.roofline_figure(roofline_data(analysis)),
              "ranks": figs.ranks_figure(analysis.ranks or {}),
              "plan": figs.plan_figure(plan) if plan else None}
-    return {k: v for k, v in built.items() if v is not None}
+    figures = {k: v for k, v in built.items() if v is not None}
+    if figures:
+        figures[TEMPLATE_KEY] = figs.template()
+    return figures
 
 
 def default_title(analysis: Any) -> str:

@@ -34,6 +34,8 @@
         return;
       }
       var config = { responsive: true, displaylogo: false, scrollZoom: false };
+      if (figures._template && fig.layout && !fig.layout.template) { fig.layout.template = figures._template; }
+      if (fig.layout && fig.layout.height) { div.style.height = fig.layout.height + "px"; }
       pending.push(window.Plotly.newPlot(div, fig.data, fig.layout, config).then(function () {
         state.rendered += 1;
       }));
