@@ -103,11 +103,31 @@ class CatArgs:
         return {"cat": self.cat}
 
 
+#: Keys of our files' args that became columns (dropped from Trace.args).
+OUR_COLUMN_KEYS = ("region", "flops", "bytes", "correlation", "external_id")
+
+
+def raw_args(raw: msgspec.Raw) -> dict[str, Any]:
+    """The args dict of one of our events from its raw JSON, minus the keys that became columns."""
+    try:
+        out = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):   # checked at load; kept total for safety
+        return {}
+    if not isinstance(out, dict):
+        return {}
+    for key in OUR_COLUMN_KEYS:
+        out.pop(key, None)
+    for theirs in out.keys() & KEY_NAMES.keys():
+        out[KEY_NAMES[theirs]] = out.pop(theirs)
+    return out
+
+
 class ArgsMap(MutableMapping):
     """``Trace.args``: row → dict, materialising typed args structs on first access.
 
     Behaves as a ``dict[int, dict]`` for reading and writing (``get``, ``[]``, ``in``, ``items``,
-    assignment); values stored as structs are converted with ``to_args()`` when first read.
+    assignment); values stored as raw JSON (our files) or typed structs (Kineto) are converted
+    to dicts when first read.
     """
 
     __slots__ = ("_data",)
@@ -117,8 +137,8 @@ class ArgsMap(MutableMapping):
 
     def __getitem__(self, row: int) -> dict[str, Any]:
         value = self._data[row]
-        if not isinstance(value, dict):
-            value = self._data[row] = value.to_args()
+        if type(value) is not dict:
+            value = self._data[row] = _materialize(value)
         return value
 
     def __setitem__(self, row: int, value: dict[str, Any]) -> None:
@@ -143,6 +163,10 @@ class ArgsMap(MutableMapping):
         """Convert every entry to a dict now (releases the file bytes raw args point into)."""
         data = self._data
         for row, value in data.items():
-            if not isinstance(value, dict):
-                data[row] = value.to_args()
+            if type(value) is not dict:
+                data[row] = _materialize(value)
         return self
+
+
+def _materialize(value: Any) -> dict[str, Any]:
+    return raw_args(value) if type(value) is msgspec.Raw else value.to_args()

@@ -28,6 +28,7 @@ import numpy as np
 
 from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace import _args as A
+from cuvil_pgc.trace import _ours
 from cuvil_pgc.trace._decode import Document, Event, KinetoDocument, KinetoEvent
 from cuvil_pgc.trace.columns import StringTable
 from cuvil_pgc.trace.schema import CAT_TO_KIND, Kind
@@ -210,82 +211,15 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
 
 def _our_args(xs: list[Event], cols: dict[str, np.ndarray], evs: _Events, path: str,
               strings: StringTable) -> tuple[dict[int, Any], np.ndarray, list[str | None]]:
-    """Our files: args are free-form dicts; pull the column keys out, keep the rest sparse."""
-    n = len(xs)
-    dicts = _decode_batch(_DICTS, xs, list(range(n)), evs, path)
-    kinds = cols["kind"]
-    given = np.zeros(n, dtype=bool)
-    paths: list[str | None] = [None] * n
-    args: dict[int, Any] = {}
-    region_kind, other_kind = int(Kind.REGION), int(Kind.OTHER)
-    for r, d in enumerate(dicts):
-        if d:
-            for theirs in d.keys() & A.KEY_NAMES.keys():
-                d[A.KEY_NAMES[theirs]] = d.pop(theirs)
-        kind = kinds[r]
-        try:
-            if kind == region_kind:
-                _our_region(d, r, cols, paths)
-            else:
-                if "region" in d:
-                    region = d.pop("region")
-                    if region is not None:
-                        cols["region"][r] = strings.intern(_str(region, "region"))
-                        given[r] = True
-                _our_columns(d, r, cols)
-        except (TypeError, ValueError) as exc:
-            raise TraceError(f"event #{evs.file_index(r)} ({xs[r].cat} {xs[r].name!r}): {exc}", path=path,
-                             fix="the file does not follow the cuvil-pgc trace schema (DESIGN.md)") from None
-        if kind == other_kind:
-            d.setdefault("cat", xs[r].cat)
-        if d:
-            args[r] = d
-    return args, given, paths
+    """Our files: column keys in one typed pass (see ``_ours``), the rest raw until read."""
+    rows = list(range(len(xs)))
+    parsed = _decode_batch(_ours.DECODER, xs, rows, evs, path)
 
+    def fail(r: int, problem: str) -> TraceError:
+        return TraceError(f"event #{evs.file_index(r)} ({xs[r].cat} {xs[r].name!r}): {problem}", path=path,
+                          fix="the file does not follow the cuvil-pgc trace schema (DESIGN.md)")
 
-def _our_region(d: dict[str, Any], r: int, cols: dict[str, np.ndarray], paths: list[str | None]) -> None:
-    p = d.pop("path", None)
-    paths[r] = None if p is None else _str(p, "path")
-    rid = d.pop("id", None)
-    parent = d.pop("parent", None)
-    if rid is not None:
-        cols["region_id"][r] = _int(rid, "id")
-    if parent is not None:
-        cols["parent_id"][r] = _int(parent, "parent")
-    for key in ("flops", "bytes"):     # user attributes; numeric ones also fill the column
-        value = d.get(key)
-        if type(value) in (int, float) and math.isfinite(value) and value >= 0:
-            cols[key][r] = value
-
-
-def _our_columns(d: dict[str, Any], r: int, cols: dict[str, np.ndarray]) -> None:
-    for key in _COLUMN_KEYS:
-        if key in d:
-            value = d.pop(key)
-            if value is None:
-                continue
-            if key in ("flops", "bytes"):
-                cols[key][r] = _number(value, key)
-            else:
-                cols[key][r] = _int(value, key)
-
-
-def _str(value: Any, key: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"args.{key} must be a string, got {type(value).__name__}")
-    return value
-
-
-def _int(value: Any, key: str) -> int:
-    if type(value) is not int or not -(2**63) <= value < 2**63:
-        raise TypeError(f"args.{key} must be a 64-bit integer, got {value!r:.40}")
-    return value
-
-
-def _number(value: Any, key: str) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"args.{key} must be a finite non-negative number, got {value!r:.40}")
-    return float(value)
+    return _ours.fill_columns(parsed, [e.args for e in xs], cols, strings, [e.cat for e in xs], fail)
 
 
 def _flow_correlations(cols: dict[str, np.ndarray], evs: _Events) -> None:
