@@ -356,3 +356,17 @@ def test_region_attributes_named_like_columns_stay_user_attributes(tmp_path: Pat
     assert region_of(trace, load) == "load" and np.isnan(trace.bytes[load])
     assert trace.flops[matmul] == 2e9 and trace.bytes[matmul] == 4096
     assert trace.args[matmul] == {"flops": 2e9, "bytes": 4096}
+
+
+def test_our_op_and_unknown_category_args(tmp_path: Path) -> None:
+    events = [
+        x("cpu_op", "aten::add", 1.0, 1.0) | {"args": {"region": None, "shapes": [[2], [2]], "dtypes": ["float"],
+                                                       "flops": None, "bytes": None, "depth": 0}},
+        x("python_function", "f", 2.0, 1.0) | {"args": {"Python id": 3, "region": "p"}},
+        x("cpu_op", "aten::relu", 3.0, 1.0) | {"args": {}},
+    ]
+    trace = load_trace(write_json(tmp_path / "o.trace.json", ours(events)))
+    add, f, relu = (rows(trace, name=n)[0] for n in ("aten::add", "f", "aten::relu"))
+    assert trace.args[add] == {"shapes": [[2], [2]], "dtypes": ["float"], "depth": 0}
+    assert trace.args[f] == {"Python id": 3, "cat": "python_function"} and region_of(trace, f) == "p"
+    assert relu not in trace.args

@@ -103,6 +103,7 @@ _DECODERS = {
 _event_decoder = msgspec.json.Decoder(Event)
 _OURS_MARK = re.compile(rb'"name"\s*:\s*"cuvil_session"')
 _FIRST_CHAR = re.compile(rb"\S")
+_CUVIL_KEY = re.compile(rb'"cuvil"\s*:')
 _HEAD = b'{"traceEvents":['
 
 
@@ -112,8 +113,13 @@ def decode_document(raw: RawInput) -> Document | KinetoDocument:
     first = _FIRST_CHAR.search(data)
     array = first is not None and first.group() == b"["
     fmt = "cuvil" if _OURS_MARK.search(data, 0, 4096) else "kineto"
-    doc = _decode(raw, fmt, array)
-    if fmt == "kineto" and doc.cuvil is not None:   # ours without its header event
+    try:
+        doc = _decode(raw, fmt, array)
+    except TraceError:
+        if fmt == "kineto" and not array and _CUVIL_KEY.search(data):   # ours without its header event
+            return _decode(raw, "cuvil", array)
+        raise
+    if fmt == "kineto" and doc.cuvil is not None:
         doc = _decode(raw, "cuvil", array)
     return doc
 
