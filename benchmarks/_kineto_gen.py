@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+import msgspec
+
 CACHE_DIR = Path(os.environ.get("CUVIL_BENCH_CACHE", "/tmp/cuvil_bench"))
 _EVENTS_PER_STEP_GUESS = 72      # refined after a probe run; only decides how long to profile
 
@@ -34,15 +36,14 @@ def kineto_trace(min_events: int = 300_000, *, cache_dir: Path = CACHE_DIR) -> P
         steps = int(steps * min_events / max(n, 1) * 1.05) + 1
 
 
+class _EventsOnly(msgspec.Struct):
+    traceEvents: list[msgspec.Raw]  # noqa: N815 - the JSON key
+
+
 def count_events(path: Path) -> int:
     """Events in a Chrome trace (decoded as raw slices: cheap in time and memory)."""
-    import msgspec
-
-    class _Doc(msgspec.Struct):
-        traceEvents: list[msgspec.Raw]  # noqa: N815 - the JSON key
-
     with open(path, "rb") as f:
-        return len(msgspec.json.decode(f.read(), type=_Doc).traceEvents)
+        return len(msgspec.json.decode(f.read(), type=_EventsOnly).traceEvents)
 
 
 def _profile(steps: int, out: Path) -> None:

@@ -177,11 +177,12 @@ def recover_partial(raw: RawInput) -> tuple[Document | KinetoDocument, list[str]
     """Events of every complete line of a partial file, and notes on what was skipped."""
     data = raw.data
     notes: list[str] = []
-    try:
-        doc = decode_document(raw)       # a session that crashed after writing its tail
-        return doc, ["the partial file is complete JSON (the session ended before renaming it)"]
-    except TraceError:
-        pass
+    if data.rstrip().endswith(b"}"):     # a session that crashed after writing its tail?
+        try:
+            return decode_document(raw), ["the partial file is complete JSON (the session ended before "
+                                          "renaming it)"]
+        except TraceError:
+            pass
     if not data.startswith(_HEAD):
         raise TraceError("is a partial trace but does not start like one ({\"traceEvents\":[)", path=raw.path,
                          fix="it was not written by cuvil-pgc, or it is damaged beyond recovery")

@@ -21,10 +21,14 @@
   their thread, GPU rows the region of their launch (correlation id); a region our files already
   name in ``args.region`` is kept.
 - **Columns.** EVENT_COLUMNS plus ``events["external_id"]`` (int64, Kineto ``External id``, -1
-  none), sorted by ``ts`` (longer first on ties, so parents precede children). ``Trace.args`` is
-  an :class:`~cuvil_pgc.trace._args.ArgsMap` (a lazily materialised ``dict[int, dict]``): region
-  user attributes, kernel launch configuration, op shapes/dtypes, compile details, with the key
-  names listed in ``_args``. Counters: one row per series, named as in ``_build``.
+  none), sorted by ``ts`` (longer first on ties, so parents precede children). ``region_id`` is
+  unique within a source (``(source, region_id)`` across files). String pids/tids (Kineto's
+  ``"Spans"``) are negative: ``trace.strings[-2 - pid]``. ``Trace.args`` is an
+  :class:`~cuvil_pgc.trace._args.ArgsMap`, a ``dict[int, dict]`` whose rows are decoded when first
+  read (until then they point into the file's bytes; ``trace.args.materialize()`` decodes all and
+  lets them go): region user attributes, kernel launch configuration, op shapes/dtypes, compile
+  details, with the key names listed in ``_args``. Counters: one row per series, named as in
+  ``_build`` (``sm_util.gpu0``, ``cpu_util.total``, or the plain name for ``value`` keys).
 - **Errors.** Unreadable input raises TraceError naming the file, the problem, the event index or
   JSON path where one applies, and the fix. Limits: :data:`~cuvil_pgc.trace._input.MAX_TRACE_BYTES`
   (``CUVIL_MAX_TRACE_BYTES``) decompressed bytes and :data:`MAX_TRACE_EVENTS`
