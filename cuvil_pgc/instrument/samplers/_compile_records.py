@@ -10,13 +10,17 @@ Output (DESIGN.md): ``ph: "X"`` events, ``ts``/``dur`` in trace µs, ``args`` = 
 "phase", "cache", "reason", "frame", ...}``:
 
 - one ``frame`` event per frame compile (``name`` = the frame's function; ``file``, ``line``,
-  ``graph_ops``, ``guards``, ``fx_cache``, ``aot_cache``, ``fail_reason``), emitted when torch logs
+  ``graph_ops``, ``guard_count``, ``fx_cache``, ``aot_cache``, ``is_forward``, ``fail_type``;
+  ``reason`` = why the compile failed, if it did), emitted when torch logs
   the compile's ``compilation_metrics`` (or at ``finish``);
 - one event per timed block of the compiler (phases in ``_compile_phases``);
-- zero-length events for graph breaks (``reason``, ``location`` "file:line"), recompiles (guard
-  failure and changed inputs in one line), and each FX-graph / AOTAutograd cache lookup
-  (``cache`` hit/miss/bypass, ``key``, and for a miss the components that differ from the
-  previous compile of the same frame).
+- zero-length events for graph breaks (``reason``, ``location`` "file:line", ``detail``),
+  recompiles (``reason``: guard failure and changed inputs in one line; ``guards``: the raw guard
+  failures), automatic-dynamic decisions (``dynamic_shapes``), and each FX-graph / AOTAutograd
+  cache lookup (``cache`` hit/miss/bypass or None for "disabled", ``key``, ``status``; for a miss
+  ``reason`` names the key components that differ from the previous compile of the same frame).
+- compile windows of non-Dynamo triggers (lazy backward, runtime autotuning, cudagraph recording)
+  from the callback handler.
 
 Timestamps: torch's chromium events and the captured ``wall_ns`` are ``time.time_ns()`` readings;
 ``to_trace_us`` (the session clock's ``unix_to_us``) puts them on the trace clock.
@@ -314,6 +318,16 @@ class CompileRecordProcessor:
                        reason=explain.explain_recompile(c.label, guards, changes), guards=guards[:4])
         for lookup in c.lookups:
             self._emit_lookup(c, lookup, previous)
+        self._forget_older_than(c)
+
+    def _forget_older_than(self, c: _Compile) -> None:
+        """Drop the bulky comparison data of compiles no later compile will be compared with."""
+        c.tensors.clear()
+        for other in self._frames.get(c.frame_key, []):
+            if other is not c and other.finalized and other is not self._previous(c):
+                for lookup in other.lookups:
+                    lookup["components"] = {}
+                other.tensors.clear()
 
     def _emit_frame(self, c: _Compile) -> None:
         span = c.span or _metrics_span(c.metrics)
@@ -326,7 +340,7 @@ class CompileRecordProcessor:
         self._span(c.frame or "compile", FRAME, span[0], span[1], c.compile_id, c.tid,
                    cache=states[FX_CACHE], reason=c.fail_reason, file=c.file, line=c.line,
                    fx_cache=states[FX_CACHE], aot_cache=states[AOT_CACHE],
-                   graph_ops=m.get("graph_op_count"), guards=m.get("guard_count"),
+                   graph_ops=m.get("graph_op_count"), guard_count=m.get("guard_count"),
                    is_forward=m.get("is_forward"), fail_type=m.get("fail_type"))
 
     def _emit_lookup(self, c: _Compile, lookup: dict, previous: _Compile | None) -> None:
