@@ -152,6 +152,26 @@ def test_dynamo_reset_does_not_compare_with_compiles_before_it():
     assert len(_of(events, "frame")) == 2 and not _of(events, "recompile")
 
 
+def test_compiled_module_frames_name_the_user_call_site():
+    md = {"frame_id": 0, "frame_compile_id": 1}
+    stack = [{"line": 8, "name": "<module>", "filename": 0, "loc": "model(x)"},
+             {"line": 67, "name": "inner", "filename": 1}]
+    processor = CompileRecordProcessor(lambda us: us, pid=1)
+    events = processor.feed([
+        (0, 7, {"str": ["/app/serve.py", 0]}, None),
+        (0, 7, {"str": ["/venv/site-packages/torch/_dynamo/external_utils.py", 1]}, None),
+        (1000, 7, {"artifact": {"name": "recompile_reasons", "encoding": "json"}, **md}, "0/0: ___check_type_id"),
+        (1000, 7, {"dynamo_start": {"stack": stack}, **md}, None),
+        _chromium("entire_frame_compile", "B", 1.0, "0/1"),
+        _chromium("entire_frame_compile", "E", 9.0, "0/1"),
+        (9000, 7, {"compilation_metrics": {"compile_id": "0/1", "co_name": "inner"}}, None),
+    ]) + processor.finish()
+    frame = _of(events, "frame")[0]["args"]
+    assert (frame["frame"], frame["caller"]) == ("inner", "/app/serve.py:8")
+    assert _of(events, "recompile")[0]["args"]["reason"] == (
+        "recompile of inner (0/1, called at serve.py:8): guard failed: ___check_type_id")
+
+
 def test_cache_bypass_and_disabled_lookups():
     md = {"frame_id": 0, "frame_compile_id": 0}
     bypass = json.dumps({"cache_state": "bypass", "cache_bypass_reason": "Can't cache torchbind objects"})

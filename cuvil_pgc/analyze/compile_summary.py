@@ -4,7 +4,7 @@
 raw Chrome-trace event dicts (the same events, e.g. a file's ``traceEvents``). Both return the
 same JSON-able dict (the ``compile`` key of ``analyze --json``)::
 
-    {"graphs": [{"compile_id", "frame", "file", "line", "process", "start_ms", "total_ms",
+    {"graphs": [{"compile_id", "frame", "file", "line", "caller", "process", "start_ms", "total_ms",
                  "phases": {phase: ms}, "cache": {"fx": state, "aot": state},
                  "cache_lookups": {"fx": {state: n}, "aot": {state: n}},
                  "cache_misses": [reason, ...], "recompiles": [reason, ...],
@@ -144,7 +144,7 @@ def _graph_summary(g: _Graph, t0: float, compiling: list[tuple[float, float]]) -
     lookups = [r for r in g.rows if r.args.get("phase") in _CACHE_KINDS]
     return {
         "compile_id": g.compile_id, "frame": args.get("frame") or (frame.name if frame else None),
-        "file": args.get("file"), "line": args.get("line"), "process": g.process,
+        "file": args.get("file"), "line": args.get("line"), "caller": args.get("caller"), "process": g.process,
         "start_ms": _ms(start - t0), "total_ms": _ms(frame.dur if frame else total_us),
         "phases": {p: _ms(us) for p, us in sorted(phases.items(), key=lambda kv: -kv[1])},
         "cache": {short: _combined([r.args.get("cache") for r in lookups if r.args.get("phase") == kind])

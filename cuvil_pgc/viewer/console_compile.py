@@ -77,6 +77,8 @@ def _listing(title: str, lines: list[str]) -> Text:
 
 def _frame(g: dict[str, Any]) -> str:
     name = g.get("frame") or "?"
+    if g.get("caller"):          # torch's wrapper frame (compiled modules): show the user's call
+        return f"{name} (called at {_where(g['caller'])})"
     if g.get("file"):
         return f"{name} ({os.path.basename(str(g['file']))}:{g.get('line')})"
     return name

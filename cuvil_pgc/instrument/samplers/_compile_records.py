@@ -10,6 +10,7 @@ Output (DESIGN.md): ``ph: "X"`` events, ``ts``/``dur`` in trace µs, ``args`` = 
 "phase", "cache", "reason", "frame", ...}``:
 
 - one ``frame`` event per frame compile (``name`` = the frame's function; ``file``, ``line``,
+  ``caller`` (the user's call site when the frame is torch's own wrapper, as for modules),
   ``graph_ops``, ``guard_count``, ``fx_cache``, ``aot_cache``, ``is_forward``, ``fail_type``;
   ``reason`` = why the compile failed, if it did), emitted when torch logs
   the compile's ``compilation_metrics`` (or at ``finish``);
@@ -28,6 +29,7 @@ Timestamps: torch's chromium events and the captured ``wall_ns`` are ``time.time
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -77,10 +79,13 @@ class _Compile:
     span: tuple[float, float] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     fail_reason: str | None = None
+    caller: str | None = None     # user call site "file:line" when the frame is torch's own wrapper
     finalized: bool = False
 
     @property
     def label(self) -> str:
+        if self.caller:
+            return f"{self.frame or 'frame'} ({self.compile_id}, called at {os.path.basename(self.caller)})"
         return f"{self.frame or 'frame'} ({self.compile_id})"
 
     @property
@@ -183,13 +188,21 @@ class CompileRecordProcessor:
         return c
 
     def _dynamo_start(self, c: _Compile, body: dict) -> None:
-        stack = body.get("stack") or []
-        if stack:
-            last = stack[-1]
-            c.frame = last.get("name") or c.frame
-            filename = last.get("filename")
-            c.file = self._strings.get(filename, filename if isinstance(filename, str) else None)
-            c.line = last.get("line")
+        stack = [(entry, self._filename(entry)) for entry in body.get("stack") or [] if isinstance(entry, dict)]
+        if not stack:
+            return
+        last, c.file = stack[-1]
+        c.frame = last.get("name") or c.frame
+        c.line = last.get("line")
+        if _is_torch_file(c.file):
+            # torch.compile(module) compiles torch's own wrapper (``inner``): name the user's call.
+            user = [(entry, name) for entry, name in stack if name and not _is_torch_file(name)]
+            if user:
+                c.caller = f"{user[-1][1]}:{user[-1][0].get('line')}"
+
+    def _filename(self, entry: dict) -> str | None:
+        filename = entry.get("filename")
+        return self._strings.get(filename, filename if isinstance(filename, str) else None)
 
     # -- chromium events ---------------------------------------------------------------------
     def _chromium(self, event: dict, tid: int) -> None:
@@ -338,7 +351,7 @@ class CompileRecordProcessor:
                   for kind in (FX_CACHE, AOT_CACHE)}
         m = c.metrics
         self._span(c.frame or "compile", FRAME, span[0], span[1], c.compile_id, c.tid,
-                   cache=states[FX_CACHE], reason=c.fail_reason, file=c.file, line=c.line,
+                   cache=states[FX_CACHE], reason=c.fail_reason, file=c.file, line=c.line, caller=c.caller,
                    fx_cache=states[FX_CACHE], aot_cache=states[AOT_CACHE],
                    graph_ops=m.get("graph_op_count"), guard_count=m.get("guard_count"),
                    is_forward=m.get("is_forward"), fail_type=m.get("fail_type"))
@@ -393,6 +406,10 @@ class CompileRecordProcessor:
             if stack:
                 start, begin_cid = stack.pop()
                 self._span(name, phase, start, t_us, cid or begin_cid, tid)
+
+
+def _is_torch_file(path: str | None) -> bool:
+    return bool(path) and f"{os.sep}torch{os.sep}" in str(path)
 
 
 def _metrics_span(m: dict[str, Any]) -> tuple[float, float] | None:
