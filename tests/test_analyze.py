@@ -55,6 +55,8 @@ def test_hotness_ranks_by_saving_not_by_time():
      "compute"),
     ([region("r", 0, 40_000)] + op_chain(["aten::mm"] * 2, 10, 19_000, 5), "compute"),       # by name
     ([region("r", 0, 10_000), op("aten::add", 10, 50)], "host_bound"),
+    # tiny ops stretched by a loaded machine (20 µs each) stay overhead: their work is 64 bytes
+    ([region("r", 0, 10_000)] + op_chain(["aten::add"] * 400, 10, 20.0, 4.0, bytes=64, flops=16), "launch_overhead"),
 ])
 def test_cpu_bottleneck_classes(events, expected):
     r = analyze(build_trace(events), machine=CPU).region("r")

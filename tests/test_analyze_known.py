@@ -48,7 +48,10 @@ def cpu_workloads(tmp_path_factory):
         with ProfileRegion("matmul"):
             for _ in range(3):
                 torch.mm(ma, mb)
-    return analyze(load_trace(str(path)), machine=CPU)
+    trace = load_trace(str(path))
+    analysis = analyze(trace, machine=CPU)
+    analysis.trace["_loaded"] = trace          # kept for the nesting check below (not serialised)
+    return analysis
 
 
 @pytest.mark.slow
@@ -114,3 +117,17 @@ def test_gpu_fixture_from_the_reader(tmp_path):
     assert {"decode", "decode/attention", "preprocess"} <= {r.path for r in a.regions}
     assert all(r.bottleneck in ("launch_overhead", "memory_bandwidth", "compute", "host_bound", "idle")
                for r in a.regions)
+
+
+@pytest.mark.slow
+def test_derived_nesting_matches_the_samplers_depth(cpu_workloads):
+    import numpy as np
+
+    from cuvil_pgc.analyze._prepare import lane_keys, top_level
+    from cuvil_pgc.trace.schema import Kind
+
+    trace = cpu_workloads.trace["_loaded"]
+    ops = trace.of_kind(Kind.CPU_OP)
+    depth = np.array([trace.args[int(r)]["depth"] for r in ops])
+    top, _ = top_level(lane_keys(trace)[ops], trace.events["ts"][ops], trace.events["dur"][ops])
+    assert len(ops) > 400 and np.array_equal(top, depth == 0)

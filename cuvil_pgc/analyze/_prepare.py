@@ -28,7 +28,7 @@ from cuvil_pgc.trace.columns import Trace
 from cuvil_pgc.trace.schema import Kind
 
 OUTSIDE = "(outside regions)"
-TINY_FACTOR = 4.0     # an op lasting at most this many dispatch costs, with less roofline work than one
+TINY_FACTOR = 4.0     # an op of unknown work lasting at most this many dispatch costs is all fixed cost
 GAP_FACTOR = 4.0      # a gap between consecutive ops up to this many dispatch costs is issue overhead
 _GPU_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
 
@@ -241,15 +241,16 @@ def _path_work(prep: Prepared) -> PathWork:
 def fixed_cost(flops: np.ndarray, nbytes: np.ndarray, dur: np.ndarray, roofs: Roofs) -> np.ndarray:
     """Per op: the part of its time that is fixed per-op cost (dispatch, allocation, bookkeeping).
 
-    A tiny op (at most TINY_FACTOR dispatch costs long, and less roofline work than one dispatch,
-    or unknown work) spends all its time beyond its roofline work on fixed cost; a larger op
-    spends one dispatch cost on it.
+    A tiny op spends all its time beyond its roofline work on fixed cost; any other op spends one
+    dispatch cost on it. Tiny: when the op's FLOPs or bytes are known, its roofline work is less
+    than one dispatch cost (however long it took: on a loaded machine small ops stretch, and that
+    is overhead too); when they are unknown, it lasted at most TINY_FACTOR dispatch costs.
     """
     disp = roofs.dispatch_us
     known = ~np.isnan(flops) | ~np.isnan(nbytes)
     roof = np.where(known, np.maximum(np.nan_to_num(flops) / roofs.peak_flops,
                                       np.nan_to_num(nbytes) / roofs.mem_bw) * 1e6, 0.0)
-    tiny = (dur <= TINY_FACTOR * disp) & ~(known & (roof >= disp))
+    tiny = np.where(known, roof < disp, dur <= TINY_FACTOR * disp)
     return np.where(tiny, np.maximum(dur - roof, 0.0), np.minimum(dur, disp))
 
 

@@ -9,9 +9,10 @@ The region's self time ``T`` is split into components, one per rule below; the p
 the rule whose component (``explained_us``) is largest.
 
 CPU regions (no GPU work), with ``dispatch_us`` the machine's per-op dispatch cost:
-- ``launch_overhead``: ``L = fixed_cost + short_gaps``: the fixed per-op cost inside ops (an op no
-  longer than TINY_FACTOR dispatch costs whose roofline work is below one dispatch spends all its
-  time beyond that work on it; a larger op spends one ``dispatch_us``; see ``_prepare.fixed_cost``)
+- ``launch_overhead``: ``L = fixed_cost + short_gaps``: the fixed per-op cost inside ops (an op whose
+  roofline work is below one dispatch cost, or of unknown work and no longer than TINY_FACTOR
+  dispatch costs, spends all its time beyond that work on it; any other op one ``dispatch_us``;
+  see ``_prepare.fixed_cost``)
   plus the gaps between back-to-back ops of a call up to GAP_FACTOR dispatch costs (issuing the
   next eager op);
 - ``memory_bandwidth`` / ``compute``: the rest of the op time, ``W = op_time - fixed_cost``, goes to
