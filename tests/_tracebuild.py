@@ -4,7 +4,8 @@
 "compile" or a Kind), ``name``, ``ts``, ``dur`` and optionally ``tid``, ``pid``, ``path`` (regions),
 ``region`` (ops/kernels; derived from enclosing regions on the same thread when absent),
 ``flops``, ``bytes``, ``correlation``, ``source``, ``args``. Rows come out sorted by ``ts`` as the
-reader produces them. ``merge_sources`` lists of events per source with rank/weight.
+reader produces them. ``sources`` gives the Source list (rank, weight, metadata); ``counters``
+takes dicts with ``name``, ``ts``, ``value`` (and ``pid``, ``source``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ def build_trace(events: list[dict[str, Any]], *, sources: list[Source] | None = 
     cols["flops"][:] = np.nan
     cols["bytes"][:] = np.nan
     args: dict[int, dict[str, Any]] = {}
-    ids: dict[tuple[int, str], int] = {}
     for i, e in enumerate(events):
         kind = e["kind"]
         kind = _KINDS[kind] if isinstance(kind, str) else Kind(kind)
@@ -50,7 +50,7 @@ def build_trace(events: list[dict[str, Any]], *, sources: list[Source] | None = 
         if kind == Kind.REGION:
             path = e.get("path", e["name"])
             cols["region"][i] = strings.intern(path)
-            cols["region_id"][i] = ids.setdefault((cols["source"][i], f"{i}"), len(ids) + 1)
+            cols["region_id"][i] = i + 1
         elif e.get("region") is not None:
             cols["region"][i] = strings.intern(e["region"])
         if e.get("args"):
