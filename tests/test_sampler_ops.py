@@ -362,3 +362,18 @@ def test_read_ops_keeps_cpu_ops_and_counts_unfinished_ones():
     assert ops.tids == [7, 8] and ops.starts == [100, 200] and ops.ends == [150, 210]
     assert ops.concrete == [[None] * 3 + [[2, 2], [1, 1], [1, 1], 1], None]
     assert conv.concrete_calls == 1 and mm.concrete_calls == 0   # scalars fetched only where needed
+
+
+def test_failure_while_converting_is_recorded_and_the_profiler_is_released(tmp_path, monkeypatch):
+    from cuvil_pgc.instrument.samplers import torch_ops
+
+    def broken(ops, ctx):
+        raise ValueError("conversion exploded")
+
+    monkeypatch.setattr(torch_ops, "to_trace_events", broken)
+    trace = _record(tmp_path, lambda: torch.neg(torch.ones(3)))
+    status = trace["cuvil"]["samplers"]["torch_ops"]
+    assert status["status"] == "failed"
+    assert status["reason"] == "stop failed: ValueError: conversion exploded"
+    assert not torch.autograd._profiler_enabled()     # a later session (or the user) can profile again
+    assert not _ops(trace)
