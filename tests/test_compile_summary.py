@@ -115,7 +115,18 @@ def test_renderer_shows_times_breaks_recompiles_and_misses():
     assert "Cache misses (8)" in text and "kernel_compile" in text
 
 
-def _render(summary: dict) -> str:
-    console = Console(record=True, width=240)
+def test_renderer_keeps_every_column_on_an_80_column_terminal():
+    summary = summarize_compile_events(_golden_events("cold")[0])
+    text = _render(summary, width=80)
+    header = next(line for line in text.splitlines() if "frame" in line and "compile" in line)
+    assert header.rstrip().endswith("breaks") and "fx/aot cache" in header
+    rows = [line for line in text.splitlines() if line.strip().split(" ")[0] in ("0/0", "1/0", "0/1", "1/1")]
+    assert len(rows) == 4 and all(len(line.rstrip()) <= 80 for line in rows)
+    for g, row in zip(summary["graphs"], rows, strict=True):     # times are never cut, names may be
+        assert f"{g['total_ms'] / 1000:.2f} s" in row
+
+
+def _render(summary: dict, width: int = 240) -> str:
+    console = Console(record=True, width=width)
     console.print(render_compile_summary(summary))
     return console.export_text()

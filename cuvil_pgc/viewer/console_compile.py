@@ -1,9 +1,10 @@
 """Console rendering of the compile summary (``cuvil_pgc.analyze.compile_summary``) with rich.
 
 ``render_compile_summary(summary)`` returns a renderable for ``cuvil-pgc analyze``: a headline
-(compile vs run time, cache hit rate, counts), one table row per compiled graph (time, the
-phases that took it, cache results), then the graph breaks, recompiles and cache misses with
-their reasons. It only formats what the summary holds; it computes nothing new.
+(compile vs run time, cache hit rate, counts), where compile time went by phase, one table row
+per compiled graph (compile and run time, cache results, counts), then the graph breaks,
+recompiles and cache misses with their reasons (per-graph phases are in ``--json`` and the
+HTML report). It only formats what the summary holds; it computes nothing new.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
 MAX_LISTED = 12   # reasons listed per section; the rest are counted
-TOP_PHASES = 3
+TOP_PHASES = 4
 
 
 def render_compile_summary(summary: dict[str, Any]) -> RenderableType:
@@ -24,7 +26,10 @@ def render_compile_summary(summary: dict[str, Any]) -> RenderableType:
     graphs = summary.get("graphs") or []
     if not graphs:
         return Text("torch.compile: no compilation recorded in this trace", style="dim")
-    parts: list[RenderableType] = [_headline(summary.get("totals") or {}), _graph_table(graphs)]
+    parts: list[RenderableType] = [_headline(summary.get("totals") or {})]
+    if summary.get("phases"):
+        parts.append(_phase_line(summary["phases"]))
+    parts.append(_GraphTable(graphs))
     breaks = [f"{_label(g)} at {_where(b.get('location'))}: {b.get('reason')}" for g in graphs
               for b in g.get("graph_breaks", [])]
     recompiles = [r for g in graphs for r in g.get("recompiles", [])]
@@ -47,23 +52,43 @@ def _headline(totals: dict[str, Any]) -> Text:
     return text
 
 
-def _graph_table(graphs: list[dict[str, Any]]) -> Table:
-    table = Table(title="Compiled graphs", title_justify="left", expand=False)
-    for header, justify in (("id", "left"), ("frame", "left"), ("compile", "right"), ("where the time went", "left"),
-                            ("FX cache", "center"), ("AOT cache", "center"), ("run", "right"),
-                            ("recompiles", "right"), ("breaks", "right")):
-        table.add_column(header, justify=justify, no_wrap=header in ("id", "compile", "run"))
-    for g in graphs:
-        phases = list((g.get("phases") or {}).items())[:TOP_PHASES]
-        cache = g.get("cache") or {}
-        table.add_row(
-            str(g.get("compile_id")), _frame(g), _ms(g.get("total_ms")),
-            ", ".join(f"{p} {_ms(ms)}" for p, ms in phases),
-            _cache(cache.get("fx")), _cache(cache.get("aot")),
-            _ms(g["run_ms"]) if g.get("run_ms") is not None else "-",
-            str(len(g.get("recompiles", []))), str(len(g.get("graph_breaks", []))),
-        )
-    return table
+class _GraphTable:
+    """The per-graph table, sized to the console: numbers keep their width, frame names shrink."""
+
+    NUMBERS_WIDTH = 60      # id, compile, run, cache, counts, with padding and rules
+
+    def __init__(self, graphs: list[dict[str, Any]]) -> None:
+        self.graphs = graphs
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        frame_width = max(12, min(48, options.max_width - self.NUMBERS_WIDTH))
+        table = Table(title="Compiled graphs", title_justify="left", box=box.SIMPLE_HEAD, expand=False)
+        table.add_column("id", no_wrap=True)
+        table.add_column("frame", overflow="ellipsis", max_width=frame_width, no_wrap=True)
+        for header in ("compile", "run"):
+            table.add_column(header, justify="right", no_wrap=True)
+        table.add_column("fx/aot cache", justify="center", no_wrap=True)
+        for header in ("recomp.", "breaks"):
+            table.add_column(header, justify="right", no_wrap=True)
+        for g in self.graphs:
+            cache = g.get("cache") or {}
+            table.add_row(
+                str(g.get("compile_id")), _frame(g), _ms(g.get("total_ms")),
+                _ms(g["run_ms"]) if g.get("run_ms") is not None else "-",
+                Text.assemble(_cache(cache.get("fx")), "/", _cache(cache.get("aot"))),
+                str(len(g.get("recompiles", []))), str(len(g.get("graph_breaks", []))),
+            )
+        yield table
+
+
+def _phase_line(phases: dict[str, float]) -> Text:
+    """Where compile time went over all graphs (self time per phase, largest first)."""
+    total = sum(phases.values()) or 1.0
+    text = Text("Compile time by phase: ", style="bold")
+    text.append(", ".join(f"{p} {_ms(ms)} ({ms / total:.0%})" for p, ms in list(phases.items())[:TOP_PHASES]))
+    if len(phases) > TOP_PHASES:
+        text.append(f", {len(phases) - TOP_PHASES} more", style="dim")
+    return text
 
 
 def _listing(title: str, lines: list[str]) -> Text:
