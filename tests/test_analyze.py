@@ -82,6 +82,10 @@ def test_idle_needs_low_cpu_utilization():
     assert busy.region("r").bottleneck == "host_bound" and busy.region("r").evidence["cpu_util"] == 1.0
     assert idle.region("r").bottleneck == "idle" and idle.region("r").evidence["cpu_util"] == pytest.approx(0.02)
     assert idle.region("r").hotness < busy.region("r").hotness / 10   # waiting: nothing to recompile away
+    # the CPU sampler's series as the reader names it: cores this process kept busy
+    sampled = analyze(build_trace(evs, counters=[{"name": "cpu_util.process_cores", "ts": 0, "value": 0.05},
+                                                 {"name": "cpu_util.total", "ts": 0, "value": 90.0}]), machine=CPU)
+    assert sampled.region("r").bottleneck == "idle" and sampled.region("r").evidence["cpu_util"] == 0.05
 
 
 def test_nested_ops_counted_once_with_childs_flops():

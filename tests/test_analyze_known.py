@@ -131,3 +131,25 @@ def test_derived_nesting_matches_the_samplers_depth(cpu_workloads):
     depth = np.array([trace.args[int(r)]["depth"] for r in ops])
     top, _ = top_level(lane_keys(trace)[ops], trace.events["ts"][ops], trace.events["dur"][ops])
     assert len(ops) > 400 and np.array_equal(top, depth == 0)
+
+
+@pytest.mark.slow
+def test_sleeping_is_idle_and_python_spinning_is_host_bound(tmp_path):
+    """A real session with the CPU utilization sampler: a region that sleeps vs one that runs Python."""
+    import time
+
+    import cuvil_pgc
+    from cuvil_pgc import ProfileRegion
+
+    path = tmp_path / "idle.trace.json"
+    with cuvil_pgc.profile(str(path), ops=False, gpu="off", sample_hz=100):
+        with ProfileRegion("sleep"):
+            time.sleep(0.3)
+        with ProfileRegion("python"):
+            t0, x = time.perf_counter(), 0
+            while time.perf_counter() - t0 < 0.3:
+                x += 1
+    a = analyze(load_trace(str(path)), machine=CPU)
+    assert a.region("sleep").bottleneck == "idle", a.region("sleep").evidence
+    assert a.region("python").bottleneck == "host_bound", a.region("python").evidence
+    assert a.regions[0].path == "python"          # idle time is no saving

@@ -18,9 +18,10 @@ CPU regions (no GPU work), with ``dispatch_us`` the machine's per-op dispatch co
 - ``memory_bandwidth`` / ``compute``: the rest of the op time, ``W = op_time - fixed_cost``, goes to
   the side of the roofline the ops sit on: arithmetic intensity below the ridge point → memory,
   above → compute; without FLOPs and bytes, by op names (matmul/conv families → compute);
-- ``host_bound`` / ``idle``: the time not covered by ops nor short gaps, ``U``; it is ``idle`` in the
-  proportion the process was idle by the ``cpu_util`` counter over the region's calls,
-  ``host_bound`` (Python) otherwise, and all ``host_bound`` when there is no counter.
+- ``host_bound`` / ``idle``: the time not covered by ops nor short gaps, ``U``; split by the process's
+  CPU utilization over the region's calls (``cpu_util`` counter, cores busy): all ``idle`` at
+  IDLE_UTIL or below, all ``host_bound`` (Python) at BUSY_UTIL or above, linear in between; all
+  ``host_bound`` when there is no counter.
 
 GPU regions (kernels, memcpy or memset attributed to them): GPU busy time ``K`` goes to memory
 or compute as above (GPU roofs; kernel names when FLOPs are unknown); GPU gaps ``G = max(T - K, 0)``
@@ -46,6 +47,8 @@ from cuvil_pgc.trace.schema import COUNTER_CPU_UTIL
 
 COMPUTE_NAMES = re.compile(r"(mm|matmul|linear|conv|gemm|bmm|einsum|attention|sdpa|xmma|cutlass|mma|sm\d+_)", re.I)
 NAME_ONLY_QUALITY = 0.4
+IDLE_UTIL = 0.05       # process busy on at most this many cores during uncovered time: idle
+BUSY_UTIL = 0.15       # ... at least this many: busy (host_bound); linear in between
 NO_COUNTER_QUALITY = 0.7
 
 
@@ -204,10 +207,12 @@ def _gpu_components(ev: dict[str, Any]) -> dict[str, float]:
 
 
 def _idle_frac(util: float | None) -> float:
-    """Fraction of uncovered time the process was idle, from its CPU utilization (0..1 of one core)."""
+    """Share of uncovered time taken as idle, from the process's CPU utilization (cores busy):
+    0 at BUSY_UTIL or more (on a shared machine a runnable thread may get only part of a core),
+    1 at IDLE_UTIL or less, linear in between."""
     if util is None:
         return 0.0
-    return float(np.clip(1.0 - util, 0.0, 1.0))
+    return float(np.clip((BUSY_UTIL - util) / (BUSY_UTIL - IDLE_UTIL), 0.0, 1.0))
 
 
 def _dominant_names(prep: Prepared) -> list[str]:
@@ -219,14 +224,22 @@ def _dominant_names(prep: Prepared) -> list[str]:
     return out
 
 
+# Counters read as "how busy was this process", in order of preference: the CPU sampler's
+# ``process_cores`` series (cores kept busy), else a plain ``cpu_util`` series (values above 1 are
+# percent of one core).
+UTIL_COUNTERS = (f"{COUNTER_CPU_UTIL}.process_cores", COUNTER_CPU_UTIL)
+
+
 def cpu_util_by_path(prep: Prepared) -> np.ndarray | None:
-    """Per path: mean ``cpu_util`` (fraction of one core) over its calls, time-weighted; None without
-    the counter. Counter values above 1 are read as percent of one core."""
+    """Per path: mean process CPU utilization (fraction of one core, at most 1) over its calls,
+    time-weighted; None without a utilization counter (see UTIL_COUNTERS)."""
     trace = prep.trace
-    cid = trace.strings.get(COUNTER_CPU_UTIL)
     c = trace.counters
-    if cid < 0 or not len(c["ts"]) or not np.any(c["name"] == cid):
+    ids = [trace.strings.get(name) for name in UTIL_COUNTERS]
+    cid = next((i for i in ids if i >= 0 and len(c["ts"]) and np.any(c["name"] == i)), -1)
+    if cid < 0:
         return None
+    in_cores = cid == ids[0]
     ev, rr = trace.events, prep.region_rows
     a, b = ev["ts"][rr], ev["ts"][rr] + ev["dur"][rr]
     means = np.full(len(rr), np.nan)
@@ -236,7 +249,9 @@ def cpu_util_by_path(prep: Prepared) -> np.ndarray | None:
         if not sel.any():
             continue
         vals = c["value"][sel]
-        vals = vals / 100.0 if np.nanmax(vals) > 1.0 else vals
+        if not in_cores and np.nanmax(vals) > 1.0:
+            vals = vals / 100.0
+        vals = np.clip(vals, 0.0, 1.0)
         on = src_r == src
         means[on] = window_means(c["ts"][sel], vals, a[on], b[on])
     ok = ~np.isnan(means)
