@@ -45,14 +45,17 @@ def template() -> dict[str, Any]:
 
 
 def _layout(**kw: Any) -> dict[str, Any]:
-    base = {"font": _FONT, "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
+    base = {"template": "none", "font": _FONT, "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
             "hovermode": "closest", "legend": {"x": 1.01, "y": 1.0, "xanchor": "left", "yanchor": "top"}}
     base.update(kw)
     return base
 
 
 def _json(fig: go.Figure) -> dict[str, Any]:
-    return fig.to_plotly_json()
+    """The figure's JSON without a template: the page applies the shared one (``template()``)."""
+    out = fig.to_plotly_json()
+    out.get("layout", {}).pop("template", None)
+    return out
 
 
 # ------------------------------------------------------------------ region timeline + utilization
