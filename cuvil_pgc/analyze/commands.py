@@ -145,8 +145,9 @@ def _print_analysis(result: Any, console: Any, top: int) -> None:
     from cuvil_pgc.viewer.console import render_analysis
 
     render_analysis(result, console, top)
-    if not result.compile:
-        return
+    totals = result.compile.get("totals") or {}
+    if not (result.compile.get("graphs") or totals.get("compile_ms")):
+        return                                   # nothing was compiled: no section
     try:
         compile_view = importlib.import_module("cuvil_pgc.viewer.console_compile")
     except ModuleNotFoundError:

@@ -46,8 +46,9 @@ def key_evidence(r: RegionStats) -> str:
     what = "kernels" if ev.get("device") == "cuda" else "ops"
     med = ev.get("median_kernel_us") if ev.get("device") == "cuda" else ev.get("median_op_us")
     if r.bottleneck == "launch_overhead":
-        cost = ev.get("launch_overhead_us") if ev.get("device") == "cuda" else ev.get("dispatch_overhead_us")
-        return f"{n:.0f} {what}, median {fmt_us(med)}; overhead ≈ {fmt_us(cost)}"
+        fixed = (ev.get("explained_us") or {}).get("launch_overhead")
+        how = "launch gaps" if ev.get("device") == "cuda" else "per-op fixed cost + issue gaps"
+        return f"{n:.0f} {what}, median {fmt_us(med)}; {how} ≈ {fmt_us(fixed)}"
     if r.bottleneck in ("memory_bandwidth", "compute"):
         parts = [f"{n:.0f} {what}"]
         if ev.get("frac_peak_bw") is not None:
