@@ -125,7 +125,7 @@ def test_pooling_elementwise_views_and_unknowns():
 _shape = st.lists(st.integers(min_value=-2, max_value=64), max_size=5)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(name=st.sampled_from(sorted(_opcost._RULES) + ["aten::add", "aten::sum", "aten::copy_", "x"]),
        shapes=st.lists(_shape, max_size=8),
        dtypes=st.lists(st.sampled_from([F4, "c10::Half", "Scalar", "TensorList", "", "weird"]), max_size=8),
@@ -273,7 +273,7 @@ def test_profiler_bookkeeping_is_not_reported_as_ops(tmp_path):
     x = torch.randn(4)
 
     def body():
-        with torch.profiler.record_function("user_range"):
+        with torch.autograd.profiler.record_function("user_range"):
             torch.neg(x)
 
     trace = _record(tmp_path, body, record_shapes=False)
@@ -285,7 +285,8 @@ def test_profiler_bookkeeping_is_not_reported_as_ops(tmp_path):
 
 
 def test_unavailable_while_torch_profiler_records(tmp_path):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+    # the autograd profiler is what torch.profiler.profile runs underneath (and starts in ms, not s)
+    with torch.autograd.profiler.profile(use_kineto=True):
         reason = TorchOpSampler().unavailable()
         trace = _record(tmp_path, lambda: torch.neg(torch.ones(2)))
     assert reason and "already recording" in reason
