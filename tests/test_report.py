@@ -273,6 +273,8 @@ def test_report_command_with_build_and_errors(tmp_path, capsys, monkeypatch):
     assert code == 1 and "missing.json" in err
     code, _out, err = _cli(["report", str(trace), "-o", str(tmp_path / "no" / "dir" / "r.html")], capsys)
     assert code == 1 and "does not exist" in err
+    code, _out, err = _cli(["report", str(trace), "-o", str(tmp_path)], capsys)
+    assert code == 1 and "cannot write the report" in err
 
 
 def test_progress_only_on_interactive_terminals():

@@ -69,16 +69,22 @@ def _graph_table(graphs: list[dict[str, Any]]) -> str:
     for g in graphs[:MAX_TABLE_ROWS]:
         graph = f"{g.get('compile_id')}" + (f" (source {g.get('process')})" if several else "")
         where = f"{g.get('frame') or '?'}" + (f" ({g.get('file')}:{g.get('line')})" if g.get("file") else "")
+        if g.get("caller"):
+            where += f", called from {g['caller']}"
+        ran = "-" if g.get("run_ms") is None else f"{_ms(g.get('run_ms'))} in {g.get('run_calls', 0)} calls"
         phases = ", ".join(f"{p} {_ms(ms)}" for p, ms in list((g.get("phases") or {}).items())[:4])
         cache = g.get("cache") or {}
         rows.append("<tr>" + cell(text(graph), graph) + cell(path_text(where), where)
                     + cell(text(_ms(g.get("start_ms"))), g.get("start_ms"), True)
-                    + cell(text(_ms(g.get("total_ms"))), g.get("total_ms"), True) + cell(text(phases))
+                    + cell(text(_ms(g.get("total_ms"))), g.get("total_ms"), True)
+                    + cell(text(_ms(g.get("worker_ms"))), g.get("worker_ms") or 0.0, True) + cell(text(phases))
+                    + cell(text(ran), g.get("run_ms") or 0.0, True)
                     + cell(text(f"fx {cache.get('fx') or '-'}, aot {cache.get('aot') or '-'}"))
                     + cell(_reasons(g.get("cache_misses"))) + cell(_reasons(g.get("recompiles")))
                     + cell(_breaks(g.get("graph_breaks"))) + cell(text(g.get("fail_reason") or "")) + "</tr>")
-    return table(["graph", "frame", "start", "total", "top phases", "cache", "cache misses", "recompiles",
-                  "graph breaks", "failure"], rows, table_id="compile-table", sortable=True, num_cols=(2, 3))
+    return table(["graph", "frame", "start", "total", "worker threads", "top phases", "compiled code ran", "cache",
+                  "cache misses", "recompiles", "graph breaks", "failure"], rows, table_id="compile-table",
+                 sortable=True, num_cols=(2, 3, 4, 6))
 
 
 def _reasons(items: Any) -> str:

@@ -171,12 +171,20 @@ def write_report(analysis: Any, path: str | os.PathLike[str], **options: Any) ->
     if not directory.is_dir():
         raise ConfigError(f"cannot write the report: folder {directory} does not exist", path=target,
                           fix="create the folder or pick another -o path")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the report ({exc.strerror})", path=target,
+                          fix="pick a folder you can write to with -o") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(document)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ConfigError(f"cannot write the report ({exc.strerror or exc})", path=target,
+                          fix="check the free space and that -o names a file, not a folder") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
