@@ -104,7 +104,7 @@ class Build:
 def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *, analysis: Any = None,
               budget: int | None = None, exhaustive: bool = False, rtol: float | None = None,
               atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
-              progress: Any = None, rounds: int = 15, backends: tuple[str, ...] | None = None,
+              progress: Any = None, rounds: int = 25, backends: tuple[str, ...] | None = None,
               plan: Any = None) -> Build:
     """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
 
@@ -134,7 +134,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     if analysis is None and paths:
         analysis = _analyze(paths, machine)
     fingerprint = current_fingerprint(device)
-    db = None if records is False else (records or RecordDB())
+    db = None if records is False else (records if records is not None else RecordDB())
     options = SearchOptions(budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol, device=device,
                             rounds=rounds, use_records=db is not None,
                             backends=tuple(backends) if backends else None, fixed=_pinned(plan))

@@ -21,6 +21,7 @@ from typing import Any
 BACKENDS = ("eager", "compile", "aoti", "cudagraphs")
 OVERHEAD_LABELS = ("launch_overhead", "host_bound")
 MAX_SUBSCOPES = 3
+MIN_SCOPE_SHARE = 0.3
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,13 @@ def _layout_precision_configs(feats: ScopeFeatures, device: str, labels: set[str
 
 def choose_scopes(root_feats: ScopeFeatures, sub_feats: list[ScopeFeatures],
                   max_subscopes: int = MAX_SUBSCOPES) -> list[ScopeFeatures]:
-    """The whole model plus the hottest non-idle submodule regions that hold real work."""
-    ranked = sorted((f for f in sub_feats if f.bottleneck != "idle"),
+    """The whole model plus the hottest non-idle submodule regions that hold real work.
+
+    A region becomes a scope of its own only when it takes at least ``MIN_SCOPE_SHARE`` of the
+    model's time: compiling a small region alone pays a backend's fixed cost for little work, and
+    the whole-model scope already covers it.
+    """
+    floor = MIN_SCOPE_SHARE * root_feats.eager_us
+    ranked = sorted((f for f in sub_feats if f.bottleneck != "idle" and f.eager_us >= floor),
                     key=lambda f: -float(f.evidence.get("hotness", f.eager_us)))
     return [root_feats, *ranked[:max_subscopes]]

@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-#: a sample should last at least this long so the timer's resolution does not matter
-MIN_SAMPLE_S = 0.002
-DEFAULT_ROUNDS = 15
+#: a sample should last at least this long so the timer's resolution does not matter, and not much
+#: longer: on a shared machine a short sample is less likely to contain a preemption
+MIN_SAMPLE_S = 0.0005
+DEFAULT_ROUNDS = 25
 DEFAULT_BOOTSTRAP = 2000
 
 

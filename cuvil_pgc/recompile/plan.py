@@ -103,7 +103,7 @@ def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], bui
     args = s.inputs
     with torch.no_grad():
         samples = time_interleaved({k: (lambda m=m: m(*args)) for k, m in contenders.items()},
-                                   rounds=max(s.opt.rounds, 15))
+                                   rounds=max(s.opt.rounds, 25))
     medians = {k: v.median_s * 1e6 for k, v in samples.items()}
     winner = min((k for k in medians if allow_eager or k != "eager"), key=medians.get)
     result.baseline_us = medians["eager"]

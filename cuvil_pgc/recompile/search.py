@@ -34,7 +34,9 @@ from cuvil_pgc.recompile.records import Record, RecordDB
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, str], None]
-BATCH = 3
+BATCH = 2
+MIN_EXPLORE = 3      # measurements made before the cost model may stop the search
+MIN_GAIN = 0.02      # a candidate must be predicted this much faster than the best measured to be tried
 
 
 @dataclass
@@ -44,7 +46,7 @@ class SearchOptions:
     rtol: float | None = None
     atol: float | None = None
     device: str = "cpu"
-    rounds: int = 15
+    rounds: int = 25
     max_subscopes: int = 3
     use_records: bool = True
     backends: tuple[str, ...] | None = None     # restrict the plan space (None: all of BACKENDS)
@@ -128,6 +130,7 @@ class _Search:
         chosen = choose_scopes(root, [f for s, f in feats.items() if s and f.eager_us > 0],
                                self.opt.max_subscopes)
         self.features = {f.scope: f for f in chosen}
+        _add_rnn_time(self.features, feats, self.modules)
         self.structures = {s: structural_hash(self._module(s)) for s in self.features}
         return generate_space(chosen, self.opt.device, self.opt.backends)
 
@@ -154,8 +157,10 @@ class _Search:
         while pending and self.measured < budget:
             self._refit()
             ranked = self.cost.rank(pending, self.features)
-            if not self.opt.exhaustive and self.measured >= 1 and ranked[0][1] >= self.features[ranked[0][0].scope].eager_us:
-                break    # nothing left is predicted to beat eager
+            if not self.opt.exhaustive and self.measured >= MIN_EXPLORE:
+                ranked = [(c, p) for c, p in ranked if p < self._best_in_scope(c.scope) * (1 - MIN_GAIN)]
+                if not ranked:
+                    break    # nothing left is predicted to beat what was measured
             scope = ranked[0][0].scope
             batch = [(c, p) for c, p in ranked if c.scope == scope][:min(BATCH, budget - self.measured)]
             self._measure_batch(scope, batch)
@@ -166,6 +171,11 @@ class _Search:
         for cand in pending:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]),
                                           reason="ranked below the measured candidates (budget)")
+
+    def _best_in_scope(self, scope: str) -> float:
+        times = [t.measured_us for t in self.trials.values()
+                 if t.candidate.scope == scope and t.status == "ok" and t.measured_us is not None]
+        return min([self.features[scope].eager_us, *times])
 
     def _eager_trial(self, cand: Candidate) -> None:
         feats = self.features[cand.scope]
@@ -276,6 +286,19 @@ class _Search:
             inputs=self.scope_inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
             eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
             features={"candidate": trial.candidate.to_json(), "scope": asdict(self.features[scope])}))
+
+
+def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFeatures],
+                  modules: dict[str, Any]) -> None:
+    """A scope's RNN time (what a cell rewrite can remove) includes its profiled RNN submodules'."""
+    rnn_types = (torch.nn.LSTM, torch.nn.GRU)
+    for scope, feats in scopes.items():
+        if "rnn_us" in feats.evidence:
+            continue
+        inner = sum(f.eager_us for q, f in all_feats.items()
+                    if q and isinstance(modules.get(q), rnn_types) and (not scope or q == scope or q.startswith(scope + ".")))
+        if inner:
+            feats.evidence["rnn_us"] = inner
 
 
 def _sample(record: Record) -> tuple[Candidate, ScopeFeatures, float] | None:
