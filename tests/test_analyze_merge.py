@@ -44,7 +44,8 @@ def test_merge_aligns_sources_on_wall_clock():
 def test_weights_scale_totals():
     one = analyze(_rank(0, 1000), machine=CPU).region("step/attn")
     two = analyze(_rank(0, 1000, weight=2.0), machine=CPU).region("step/attn")
-    assert two.total_us == pytest.approx(2 * one.total_us) and two.calls == one.calls
+    # A weight says what one recorded call stands for (repeated runs, 1-in-N sampling): calls scale too.
+    assert two.total_us == pytest.approx(2 * one.total_us) and two.calls == 2 * one.calls
     assert two.mean_us == pytest.approx(one.mean_us)
     assert two.hotness == pytest.approx(2 * one.hotness) and one.hotness > 0
 

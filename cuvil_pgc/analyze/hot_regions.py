@@ -1,7 +1,8 @@
 """Hot regions: per-path statistics, the call tree, and the hotness score that ranks them.
 
 Statistics (pass :func:`region_stats`), per region path over all its calls and merged sources:
-``calls`` is the number of calls; ``total_us`` / ``self_us`` are sums weighted by the source weight
+``calls`` is the number of calls weighted by the source weight (a source sampled 1-in-N stands for N
+times its recorded calls); ``total_us`` / ``self_us`` are sums weighted by the source weight
 (self = the call's duration minus the calls of regions nested directly in it on the same thread);
 ``mean_us`` and ``p50/p95/p99_us`` are weighted over calls (inverted-CDF quantiles);
 ``share = total_us / run duration``, where the run duration is the weighted sum of each source's
@@ -46,10 +47,11 @@ def region_stats(prep: Prepared, analysis: Analysis) -> None:
     child = prep.region_parent >= 0
     child_sum = np.bincount(prep.region_parent[child], weights=dur[child], minlength=len(rr))
     self_each = np.maximum(dur - child_sum, 0.0)
-    calls = np.bincount(pos, minlength=n).astype(np.float64)
+    # Calls are weighted like times: a source sampled 1-in-N (weight N) stands for N times its calls.
     total = np.bincount(pos, weights=w * dur, minlength=n)
     self_ = np.bincount(pos, weights=w * self_each, minlength=n)
     wsum = np.bincount(pos, weights=w, minlength=n)
+    calls = np.round(wsum)
     q = group_quantiles(pos, dur, n, (0.5, 0.95, 0.99), weights=w)
     _fill_outside(prep, calls, total, self_, wsum, q)
     run = run_duration(prep)
