@@ -191,6 +191,15 @@ def test_table_sorts_filters_and_timeline_zoom_is_shared(browser, hostile_page):
     visible = browser.js("Array.from(document.querySelectorAll('#hot-table tbody tr')).filter(r => !r.hidden).length")
     assert visible == 1
     assert browser.js("document.getElementById('hot-count').textContent") == "1 of 10 shown"
+    hovered = None
+    for _ in range(30):                                # plotly throttles hover events
+        hovered = browser.js("""(function () { var d = document.getElementById('plot-timeline');
+            Plotly.Fx.hover(d, {xval: 1.5, yval: 0}, 'xy');
+            return d._hoverdata && d._hoverdata.length ? d._hoverdata[0].data.name : null; })()""")
+        if hovered:
+            break
+        time.sleep(0.1)
+    assert hovered == "step"                           # WebGL picking works under the CSP (no eval)
     zoomed = browser.js("""Plotly.relayout(document.getElementById('plot-timeline'), {'xaxis2.range': [1, 2]})
         .then(function (d) { return [d._fullLayout.xaxis.range, d._fullLayout.xaxis2.range]; })""")
     assert zoomed[0] == zoomed[1] == [1, 2]            # the region panel follows the utilization panel
