@@ -297,3 +297,73 @@ def test_progress_only_on_interactive_terminals():
             assert progress.shown
             console.file.flush()
     assert "loading traces" in tty.getvalue()
+
+
+def test_roofline_data_places_regions_and_ops_under_the_roofs(gpu_two_ranks):
+    from cuvil_pgc.analyze.roofline import roofline_data
+
+    cpu_only = Analysis(regions=[
+        RegionStats(path="mm", calls=2, total_us=10, self_us=10, mean_us=5, p50_us=5, p95_us=5, p99_us=5, share=0.5,
+                    hotness=1, bottleneck="compute", confidence=0.9,
+                    evidence={"device": "cpu", "intensity": 20.0, "achieved_flops_s": 5e10},
+                    top_ops=[{"name": "aten::mm", "kind": "op", "calls": 2, "total_us": 8.0, "flops": 4e5, "bytes": 2e4},
+                             {"name": "aten::view", "kind": "op", "calls": 2, "total_us": 1.0, "flops": 0.0, "bytes": 0.0}]),
+        RegionStats(path="py", calls=1, total_us=5, self_us=5, mean_us=5, p50_us=5, p95_us=5, p99_us=5, share=0.2,
+                    hotness=1, bottleneck="host_bound", confidence=0.7, evidence={"device": "cpu", "intensity": None})],
+        machine={"cpu": MACHINE.to_json()})
+    data = roofline_data(cpu_only)
+    assert data["roofs"] == [{"device": "cpu", "dtype": "fp32", "peak_flops": 100e9, "mem_bw": 10e9, "ridge": 10.0,
+                              "source": "measured", "name": "test cpu"}]
+    assert [p["path"] for p in data["regions"]] == ["mm"]
+    assert data["ops"] == [{"name": "aten::mm", "region": "mm", "device": "cpu", "intensity": 20.0,
+                            "flops_s": 4e5 / 8e-6, "total_us": 8.0, "calls": 2.0}]
+    from cuvil_pgc.viewer.figures import roofline_figure
+
+    fig = roofline_figure(data)
+    assert fig["layout"]["xaxis"]["type"] == fig["layout"]["yaxis"]["type"] == "log"
+    roof = fig["data"][0]
+    assert roof["y"][1] == 100e9 and roof["x"][1] == 10.0          # the ridge point
+    gpu = roofline_data(gpu_two_ranks)
+    assert {(r["device"], r["dtype"]) for r in gpu["roofs"]} >= {("cpu", "fp32"), ("cuda", "fp32"), ("cuda", "bf16")}
+
+
+def test_compile_figure_marks_breaks_misses_and_recompiles_with_reasons(gpu_two_ranks):
+    from cuvil_pgc.viewer.figures import compile_figure
+
+    fig = compile_figure(gpu_two_ranks)
+    bars = {t["name"] for t in fig["data"] if t["type"] == "bar"}
+    marks = {t["name"]: t for t in fig["data"] if t["type"] == "scatter"}
+    assert {"frame", "dynamo", "inductor"} <= bars
+    assert set(marks) == {"graph break", "cache miss", "recompile"}
+    assert "guard failed" in marks["recompile"]["text"][0]
+    assert "&lt;img src=x onerror=alert(8)&gt;" in marks["graph break"]["text"][0]
+    assert compile_figure(Analysis(regions=[])) is None
+
+
+def test_histograms_prefer_regions_with_several_calls_and_plan_speedups():
+    from cuvil_pgc.viewer.figures import histogram_figure, plan_figure
+
+    def region(path, calls):
+        return RegionStats(path=path, calls=calls, total_us=1, self_us=1, mean_us=1, p50_us=1, p95_us=1, p99_us=1,
+                           share=0, hotness=0, bottleneck="idle", confidence=0,
+                           histogram={"edges_us": [1.0, 2.0, 4.0], "counts": [calls - 1.0, 1.0]})
+
+    fig = histogram_figure(Analysis(regions=[region("once", 1), region("many", 5)]))
+    assert [t["name"] for t in fig["data"]] == ["many"]
+    assert fig["data"][0]["y"] == [4.0, 1.0, 1.0] and fig["layout"]["xaxis"]["type"] == "log"
+    plan = {"regions": [{"path": "a", "baseline_ms": 2.0, "predicted_ms": 1.0, "measured_ms": 0.8},
+                        {"path": "b", "baseline_ms": None, "predicted_ms": 1.0}]}
+    fig = plan_figure(plan)
+    assert [t["y"] for t in fig["data"]] == [[2.0], [2.5]]
+    assert plan_figure({"regions": []}) is None
+
+
+def test_partial_plan_and_kineto_gpu_trace_render():
+    page = parse(render_html(analyze("tests/data/kineto_gpu/gpu_two_regions.json", machine=MACHINE),
+                             plan={"format": 1}))
+    text = " ".join(page.text)
+    assert "The plan lists no regions." in text and "NVIDIA H100" in text
+    assert "No torch.compile activity recorded in this trace." in text
+    assert "timeline" in _figures(page)
+    assert "Region timeline and SM utilization" in page.sections["timeline"][0]
+    assert "No SM utilization samples" in text

@@ -98,14 +98,18 @@ def _hot(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
 
 def _timeline(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
     util = figs.utilization_series(analysis.timeline.counters or {})
-    kind = "SM" if util and util[0][0].startswith("sm_util") else "CPU"
+    counts = (analysis.trace or {}).get("counts") or {}
+    gpu_run = bool(counts.get("kernel") or (analysis.trace or {}).get("devices"))
+    kind = "SM" if (util and util[0][0].startswith("sm_util")) or (gpu_run and not util) else "CPU"
     title = f"Region timeline and {kind} utilization"
     if "timeline" not in figures:
         return sec.section("timeline", title, sec.note("No region calls or utilization samples to draw."))
     notes = []
     if not util:
-        notes.append("No utilization samples in this trace (profile with sample_hz > 0 to record "
-                     "CPU or SM utilization).")
+        notes.append(f"No {kind} utilization samples in this trace (profile with sample_hz > 0"
+                     + (" and the gpu extra for NVML)." if kind == "SM" else ")."))
+    elif gpu_run and kind == "CPU":
+        notes.append("No SM utilization samples in this GPU run (NVML unavailable?): CPU utilization is shown.")
     dropped = (analysis.trace or {}).get("timeline_spans_dropped") or 0
     if dropped:
         notes.append(f"{dropped:,} shortest region calls are not drawn (the longest are kept; all calls are in the statistics).")
