@@ -194,7 +194,8 @@ def _big_analysis(n_spans: int) -> Analysis:
     spans = {"path": paths, "lane": [f"r0 pid 1 tid {i % 3}" for i in range(n_spans)], "ts_us": ts.tolist(),
              "dur_us": rng.uniform(1, 50, n_spans).tolist(), "depth": [i % 4 for i in range(n_spans)],
              "bottleneck": ["launch_overhead"] * n_spans}
-    counters = {"cpu_util.process": {"ts_us": np.linspace(0, 5e6, 2000).tolist(), "value": [50.0] * 2000}}
+    series = {"ts_us": np.linspace(0, 5e6, 2000).tolist(), "value": [50.0] * 2000}
+    counters = {"cpu_util.process": series, **{f"cpu_util.cpu{i}": series for i in range(40)}}
     return Analysis(regions=[], timeline=Timeline(spans=spans, counters=counters))
 
 
@@ -209,7 +210,10 @@ def test_large_timeline_is_decimated_and_compact():
     assert len(span_traces) == figures.MAX_SPAN_TRACES + 1           # hot paths + "other regions"
     from cuvil_pgc.viewer._template import script_json
 
-    assert len(script_json(fig)) / drawn < 60                        # bytes per drawn span
+    util = [t for t in fig["data"] if t.get("legendgroup") == "util"]
+    assert len(util) == figures.MAX_UTIL_SERIES and util[0]["name"] == "cpu_util.process"
+    assert util[0].get("visible", True) is True and util[1]["visible"] == "legendonly"
+    assert (len(script_json(fig)) - len(script_json(util))) / drawn < 60   # bytes per drawn span
 
 
 def test_write_report_is_atomic(tmp_path, gpu_two_ranks, monkeypatch):

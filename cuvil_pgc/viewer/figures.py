@@ -31,6 +31,7 @@ PALETTE = ("#3558a8", "#e07b39", "#2a9d3f", "#b5179e", "#0096c7", "#c77d00", "#7
 MAX_SPAN_TRACES = 40
 MAX_DRAWN_SPANS = 50_000
 MAX_COMPILE_GRAPHS = 40
+MAX_UTIL_SERIES = 16
 HIST_REGIONS = 6
 SKEW_REGIONS = 12
 TEMPLATE = "plotly_white"
@@ -155,10 +156,12 @@ def utilization_series(counters: dict[str, dict[str, list]]) -> list[tuple[str, 
     sm = [n for n in counters if family(n) == "sm_util"]
     if sm:
         extra = [n for n in counters if family(n) in ("sm_occupancy", "mem_bw_util")]
-        return [(n, True) for n in sorted(sm)] + [(n, False) for n in sorted(extra)]
-    cpu = [n for n in counters if family(n) == "cpu_util" and ".process_cores" not in n]
-    main = {"cpu_util", "cpu_util.process", "cpu_util.total"}
-    return sorted(((n, n.split(" ")[0] in main) for n in cpu), key=lambda t: (not t[1], t[0]))
+        series = [(n, True) for n in sorted(sm)] + [(n, False) for n in sorted(extra)]
+    else:
+        cpu = [n for n in counters if family(n) == "cpu_util" and ".process_cores" not in n]
+        main = {"cpu_util", "cpu_util.process", "cpu_util.total"}
+        series = sorted(((n, n.split(" ")[0] in main) for n in cpu), key=lambda t: (not t[1], t[0]))
+    return series[:MAX_UTIL_SERIES]      # per-core series of many ranks would dominate the file
 
 
 def _add_utilization(fig: go.Figure, counters: dict[str, dict[str, list]], series: list[tuple[str, bool]],
