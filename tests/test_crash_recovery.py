@@ -46,7 +46,6 @@ def _visible_regions(partial: Path) -> int:
     return complete.count(b'"cat":"region"')
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["run.trace.json", "run.trace.json.gz"])
 def test_sigkill_keeps_every_flushed_region(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
