@@ -139,8 +139,12 @@ def _plan_facts(plan: dict[str, Any], build: dict[str, Any]) -> list[tuple[str, 
                                    + (f", speedup {speed:.2f}×" if isinstance(speed, (int, float)) else ""))),
               ("Search", text(f"{plan.get('measured_candidates', '-')} candidates measured of a space of "
                               f"{plan.get('space_size', '-')}, {plan.get('reused_records', 0)} reused records")),
-              ("Accuracy tolerances", text(f"rtol {tol.get('rtol', '-')}, atol {tol.get('atol', '-')}"))]
+              ("Accuracy tolerances", text(f"rtol {_or_dash(tol.get('rtol'))}, atol {_or_dash(tol.get('atol'))}"))]
     return pairs
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def _plan_table(regions: list[dict[str, Any]]) -> str:
