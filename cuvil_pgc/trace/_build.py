@@ -41,6 +41,12 @@ _OURS_KIND.pop("user_annotation")                # our files' regions are cat "r
 _DICTS = msgspec.json.Decoder(list[dict[str, Any]])
 _COLUMN_KEYS = ("correlation", "flops", "bytes", "external_id")
 _SHAPES = attrgetter("shapes")
+_KINETO_COLUMN_KINDS = {
+    "external_id": None,
+    "flops": np.array([Kind.CPU_OP], dtype=np.uint8),
+    "bytes": np.array([Kind.MEMCPY, Kind.MEMSET], dtype=np.uint8),
+    "correlation": np.array([Kind.RUNTIME, Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.uint8),
+}
 #: Largest ts / dur accepted (µs; about year 5100 as Unix time): beyond it a file is damaged.
 MAX_TIME_US = 1e17
 
@@ -123,8 +129,10 @@ def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> dict[str,
     n = len(xs)
     kinds_of = _KINETO_KIND if fmt == "kineto" else _OURS_KIND
     other = int(Kind.OTHER)
+    cats = [e.cat for e in xs]
+    cat_kind = {c: kinds_of.get(c, other) for c in dict.fromkeys(cats)}
     cols = {
-        "kind": np.array([kinds_of.get(e.cat, other) for e in xs], dtype=np.uint8),
+        "kind": np.array(list(map(cat_kind.__getitem__, cats)), dtype=np.uint8),
         "name": np.array(_interned([e.name for e in xs], strings), dtype=np.int32),
         "ts": np.array([e.ts for e in xs], dtype=np.float64),
         "dur": np.array([e.dur for e in xs], dtype=np.float64),
@@ -140,7 +148,7 @@ def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> dict[str,
 
 def _interned(values: list[str], strings: StringTable) -> list[int]:
     table = {s: strings.intern(s) for s in dict.fromkeys(values)}
-    return [table[s] for s in values]
+    return list(map(table.__getitem__, values))
 
 
 def _ids(values: list[Any], strings: StringTable) -> np.ndarray:
@@ -190,9 +198,15 @@ def _decode_batch(decoder: msgspec.json.Decoder, xs: list[Event], rows: list[int
 
 def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int, Any]:
     """Columns from the inline-decoded args; the sparse args entries (materialised lazily)."""
-    for col in _COLUMN_KEYS:
-        cols[col][:] = list(map(attrgetter("args." + col), xs))
     kinds = cols["kind"]
+    for col, only in _KINETO_COLUMN_KINDS.items():   # each column from the categories Kineto writes it for
+        getter = attrgetter("args." + col)
+        if only is None:
+            cols[col][:] = list(map(getter, xs))
+            continue
+        rows = np.nonzero(np.isin(kinds, only))[0]
+        if len(rows):
+            cols[col][rows] = list(map(getter, map(xs.__getitem__, rows.tolist())))
     args: dict[int, Any] = {}
     for kind in (Kind.KERNEL, Kind.RUNTIME, Kind.MEMCPY, Kind.MEMSET):
         rows = np.nonzero(kinds == kind)[0].tolist()
