@@ -202,6 +202,13 @@ def test_kineto_gpu_kernels_memcpy_memset_get_the_region_of_their_launch() -> No
     assert trace.strings[-2 - int(trace.pid[spans])] == "Spans"
 
 
+def test_string_pids_and_tids(tmp_path: Path) -> None:
+    events = [x("cpu_op", "a", 1.0, 1.0) | {"pid": "²", "tid": "42"}, x("cpu_op", "b", 2.0, 1.0) | {"pid": "Spans"}]
+    trace = load_trace(write_json(tmp_path / "s.json", kineto(events)))
+    assert trace.tid[0] == 42
+    assert [trace.strings[-2 - int(p)] for p in trace.pid] == ["²", "Spans"]
+
+
 def _gpu_events() -> dict:
     return json.loads(KINETO_GPU.read_text())
 

@@ -162,7 +162,7 @@ def _ids(values: list[Any], strings: StringTable) -> np.ndarray:
         if type(v) is int:
             table[v] = v
         else:
-            table[v] = int(v) if v.isdigit() and len(v) < 19 else -2 - strings.intern(v)
+            table[v] = int(v) if v.isascii() and v.isdigit() and len(v) < 19 else -2 - strings.intern(v)
     return np.array([table[v] for v in values], dtype=np.int64)
 
 
