@@ -377,3 +377,15 @@ def test_our_op_and_unknown_category_args(tmp_path: Path) -> None:
     assert trace.args[add] == {"shapes": [[2], [2]], "dtypes": ["float"], "depth": 0}
     assert trace.args[f] == {"Python id": 3, "cat": "python_function"} and region_of(trace, f) == "p"
     assert relu not in trace.args
+
+
+def test_synthesised_region_ids_avoid_the_ids_a_file_gives(tmp_path: Path) -> None:
+    events = [x("region", "a", 1.0, 10.0) | {"args": {"path": "a", "id": 2**63 - 1}},
+              x("region", "b", 2.0, 1.0) | {"args": {"path": "a/b", "id": 1}},
+              x("region", "c", 3.0, 1.0) | {"args": {}},
+              x("region", "d", 5.0, 1.0) | {"args": {}}]
+    trace = load_trace(write_json(tmp_path / "ids.trace.json", ours(events)))
+    ids = {trace.strings[trace.name[r]]: int(trace.region_id[r]) for r in range(len(trace))}
+    assert ids == {"a": 2**63 - 1, "b": 1, "c": 2, "d": 3}
+    c = rows(trace, Kind.REGION, "c")[0]
+    assert region_of(trace, c) == "a/c" and trace.parent_id[c] == 2**63 - 1

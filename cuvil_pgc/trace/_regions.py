@@ -4,7 +4,7 @@ Contract (``resolve_regions(src, strings)``):
 - Region rows get ``region`` = their path, ``region_id`` and ``parent_id``. Our files give them in
   args (``path``, ``id``, ``parent``) and those are kept; where a file gives none (Kineto
   ``user_annotation`` ranges), the path is the nesting of regions on the same (pid, tid) joined
-  by ``/``, and ids are synthesised (unique in the source, above any id the file gave), with
+  by ``/``, and ids are synthesised (the smallest positive ids the file does not use), with
   ``parent_id`` the enclosing region's id.
 - Host rows (ops, runtime/driver calls, compile phases, other host events) without a region
   named by the file get the innermost region enclosing their start on their (pid, tid).
@@ -55,10 +55,11 @@ def lanes(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 def _region_rows(src: SourceColumns, reg: np.ndarray, index: RegionIndex, strings: StringTable) -> None:
     cols = src.cols
     given_ids = cols["region_id"][reg]
-    next_id = max(int(given_ids.max()) + 1, 1)
     final_ids = given_ids.copy()
     missing = np.nonzero(given_ids < 0)[0]
-    final_ids[missing] = next_id + np.arange(len(missing))
+    if len(missing):    # the smallest positive ids the file does not use
+        free = np.setdiff1d(np.arange(1, len(reg) + len(missing) + 2, dtype=np.int64), given_ids)
+        final_ids[missing] = free[: len(missing)]
     given_paths = src.region_path
     names = cols["name"][reg].tolist()
     reg_list = reg.tolist()
