@@ -20,9 +20,8 @@ def _model():
     ).eval()
 
 
-def _hooks(model):
-    return [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._forward_hooks_always_called))
-            for m in model.modules()]
+def _state(model):
+    return [(dict(m.__dict__), len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]
 
 
 def _region_paths(path):
@@ -52,13 +51,29 @@ def test_depth_limits_regions(tmp_path):
 
 def test_remove_restores_model_exactly():
     model, x = _model(), torch.randn(2, 8)
-    before_hooks, before_out = _hooks(model), model(x)
+    before_state, before_out = _state(model), model(x)
     handle = instrument_module(model)
-    assert _hooks(model) != before_hooks
+    assert _state(model) != before_state
     handle.remove()
     handle.remove()  # idempotent
-    assert _hooks(model) == before_hooks
+    assert _state(model) == before_state
     assert torch.equal(model(x), before_out)
+
+
+def test_user_instance_forward_is_wrapped_and_put_back(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    calls = []
+
+    def custom_forward(x):
+        calls.append(1)
+        return x * 2
+
+    model.forward = custom_forward
+    with instrument_module(model):
+        with profile(tmp_path / "c.trace.json", ops=False, compile=False, sample_hz=0, gpu="off") as s:
+            out = model(torch.ones(1, 2))
+    assert model.forward is custom_forward and torch.equal(out, torch.full((1, 2), 2.0))
+    assert calls == [1] and _region_paths(s.path) == ["model"]
 
 
 def test_exception_inside_module_closes_region(tmp_path):

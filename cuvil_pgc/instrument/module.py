@@ -2,17 +2,21 @@
 
 Each module gets a region named by its qualified path (``model.layer1.0.conv1``; the root is
 named ``prefix``) with the module's class in ``args.module``. Nested calls nest, so region paths
-join those names with "/". Regions are entered and left by forward pre-hooks and forward hooks
-(``always_call=True``: exceptions still close the region). ``handle.remove()`` removes every hook
-and leaves the model exactly as it was.
+join those names with "/".
 
-With no session recording, each hook tests one global and returns; Dynamo traces them without a
-graph break, so a later ``torch.compile`` of the instrumented model neither breaks nor recompiles
-(tested with ``torch._dynamo`` counters).
+The region wraps the module's ``forward`` through an instance attribute rather than forward hooks:
+a module with any hook takes ``nn.Module``'s slow call path, which cost more than the region itself
+(measured in benchmarks/profile_overhead.py). ``handle.remove()`` deletes those attributes (or puts
+back an instance ``forward`` the user had set) and leaves the model exactly as it was.
+
+With no session recording, each wrapper tests one global and calls the original forward; Dynamo
+traces it without a graph break, so a later ``torch.compile`` of the instrumented model neither
+breaks nor recompiles (tested with ``torch._dynamo`` counters).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from cuvil_pgc.instrument import region as _region
@@ -22,10 +26,10 @@ from cuvil_pgc.instrument.region import ProfileRegion
 class InstrumentHandle:
     """Returned by :func:`instrument_module`; ``remove()`` undoes it."""
 
-    def __init__(self, model: Any, regions: dict[str, ProfileRegion], hooks: list[Any]) -> None:
+    def __init__(self, model: Any, regions: dict[str, ProfileRegion], patched: list[tuple[Any, Any]]) -> None:
         self.model = model
         self.regions = regions
-        self._hooks = hooks
+        self._patched = patched     # (module, the instance forward it had before, or _ABSENT)
 
     @property
     def paths(self) -> list[str]:
@@ -33,10 +37,13 @@ class InstrumentHandle:
         return list(self.regions)
 
     def remove(self) -> None:
-        """Remove every hook this handle added (idempotent)."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks.clear()
+        """Restore every module's forward (idempotent)."""
+        for module, previous in reversed(self._patched):
+            if previous is _ABSENT:
+                module.__dict__.pop("forward", None)
+            else:
+                module.__dict__["forward"] = previous
+        self._patched.clear()
 
     def __enter__(self) -> InstrumentHandle:
         return self
@@ -67,27 +74,26 @@ def instrument_module(model: Any, depth: int | None = None, prefix: str = "model
 
         raise ConfigError(f"depth={depth} must be >= 0 or None")
     regions: dict[str, ProfileRegion] = {}
-    hooks: list[Any] = []
+    patched: list[tuple[Any, Any]] = []
     for qualname, module in model.named_modules(prefix=prefix, remove_duplicate=True):
         level = qualname.count(".") - prefix.count(".")
         if depth is not None and level > depth:
             continue
         region = ProfileRegion(qualname, module=type(module).__name__)
         regions[qualname] = region
-        hooks.append(module.register_forward_pre_hook(_pre_hook(region)))
-        hooks.append(module.register_forward_hook(_post_hook(region), always_call=True))
-    return InstrumentHandle(model, regions, hooks)
+        patched.append((module, module.__dict__.get("forward", _ABSENT)))
+        module.__dict__["forward"] = _wrap(module.forward, region)
+    return InstrumentHandle(model, regions, patched)
 
 
-def _pre_hook(region: ProfileRegion):
-    def pre(module: Any, args: Any) -> None:
-        if _region._recorder is not None:
-            region.__enter__()
-    return pre
+_ABSENT = object()
 
 
-def _post_hook(region: ProfileRegion):
-    def post(module: Any, args: Any, output: Any) -> None:
-        if _region._recorder is not None or region._frame is not None:
-            region.__exit__(None, None, None)
-    return post
+def _wrap(forward: Any, region: ProfileRegion):
+    @functools.wraps(forward)
+    def forward_in_region(*args: Any, **kwargs: Any) -> Any:
+        if _region._recorder is None:
+            return forward(*args, **kwargs)
+        with region:
+            return forward(*args, **kwargs)
+    return forward_in_region
