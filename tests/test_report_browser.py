@@ -34,8 +34,15 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          # WebGL (plotly's scattergl) on the software rasterizer, without the deprecation warning
          "--enable-unsafe-swiftshader", "--window-size=1400,1000"]
-HOOK = """window.__alerts = [];
-window.alert = window.confirm = window.prompt = function (m) { window.__alerts.push(String(m)); };"""
+HOOK = """window.__alerts = []; window.__csp = [];
+window.alert = window.confirm = window.prompt = function (m) { window.__alerts.push(String(m)); };
+document.addEventListener('securitypolicyviolation', function (e) {
+  window.__csp.push(e.violatedDirective + ' ' + e.blockedURI);
+});"""
+# plotly draws this instead of a WebGL figure when regl cannot run (no WebGL, or eval refused)
+NO_WEBGL = "WebGL is not supported"
+GL_READY = """(function () { var gl = document.getElementById('plot-timeline')._fullLayout._glcanvas;
+  return !!gl && gl.data().some(function (c) { return !!c.regl; }); })()"""
 
 
 class Browser:
@@ -173,6 +180,8 @@ def test_report_renders_without_errors_and_no_payload_runs(browser, hostile_page
     assert set(drawn) == {"timeline", "compile", "histograms", "roofline", "ranks", "plan"}
     assert all(svg for svg, _ in drawn.values()), drawn
     assert drawn["timeline"][1] > 0                    # WebGL canvas of the scattergl traces
+    assert browser.js("document.querySelector('main').textContent").find(NO_WEBGL) < 0 and browser.js(GL_READY)
+    assert browser.js("window.__csp") == []             # nothing needed the CSP to stop it
     assert browser.js("window.__alerts") == []
     assert browser.js("typeof window.__pwned") == "undefined"
     titles = browser.js("Array.from(document.querySelectorAll('section h2')).map(h => h.textContent)")
@@ -199,7 +208,7 @@ def test_table_sorts_filters_and_timeline_zoom_is_shared(browser, hostile_page):
         if hovered:
             break
         time.sleep(0.1)
-    assert hovered == "step"                           # WebGL picking works under the CSP (no eval)
+    assert hovered == "step"                           # hover finds the span under the cursor
     zoomed = browser.js("""Plotly.relayout(document.getElementById('plot-timeline'), {'xaxis2.range': [1, 2]})
         .then(function (d) { return [d._fullLayout.xaxis.range, d._fullLayout.xaxis2.range]; })""")
     assert zoomed[0] == zoomed[1] == [1, 2]            # the region panel follows the utilization panel
@@ -216,4 +225,6 @@ def test_cpu_only_report_draws_cpu_utilization(browser, tmp_path):
     names = browser.js("document.getElementById('plot-timeline').data.filter(t => t.visible === true || "
                        "t.visible === undefined).map(t => t.name)")
     assert any(n.startswith("cpu_util") for n in names)
+    assert browser.js("document.querySelector('main').textContent").find(NO_WEBGL) < 0 and browser.js(GL_READY)
+    assert browser.js("window.__csp") == []
     assert browser.js("window.cuvilReport.rendered") == browser.js("window.cuvilReport.expected") >= 4

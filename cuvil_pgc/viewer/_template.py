@@ -11,9 +11,10 @@ through one of three doors, and only them:
 
 :func:`page` assembles the document: plotly.js once (inline, or the CDN with an SRI hash), the
 figures as one JSON block, and one script of ours that calls ``Plotly.newPlot`` for each figure
-div. The CSP admits exactly those scripts by their sha256 (no inline handlers, no other source,
-no ``eval``: plotly.js 3+ draws WebGL traces without generating code), so even a string that
-escaped the escaping could not run.
+div. The CSP admits exactly those scripts by their sha256 (no inline handlers, no other source),
+so even a string that escaped the escaping could not run. ``'unsafe-eval'`` stays: plotly's WebGL
+traces (regl) build their draw commands with ``Function``; without it ``scattergl`` silently shows
+"WebGL is not supported". No data reaches ``eval``: the figures are read with ``JSON.parse``.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def plotly_tags(mode: str) -> tuple[str, list[str]]:
 
 
 def csp(script_sources: list[str]) -> str:
-    return ("default-src 'none'; script-src " + " ".join(script_sources) + "; "
+    return ("default-src 'none'; script-src " + " ".join(script_sources) + " 'unsafe-eval'; "
             "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src 'none'; "
             "worker-src blob:; base-uri 'none'; form-action 'none'; object-src 'none'")
 
