@@ -341,6 +341,8 @@ def test_compile_figure_marks_breaks_misses_and_recompiles_with_reasons(gpu_two_
     assert set(marks) == {"graph break", "cache miss", "recompile"}
     assert "guard failed" in marks["recompile"]["text"][0]
     assert "&lt;img src=x onerror=alert(8)&gt;" in marks["graph break"]["text"][0]
+    rows = set(fig["layout"]["yaxis"]["categoryarray"])
+    assert {"r0 0/0 · frame", "r1 0/0 · frame", "r0 0/0 · events"} <= rows      # two ranks: rows per rank
     assert compile_figure(Analysis(regions=[])) is None
 
 

@@ -5,7 +5,8 @@ lane names the rank and thread (``r0 pid 12 tid 34``). Above ``MAX_SPANS`` calls
 are dropped (the longest calls are what a timeline shows at report zoom), and the number dropped
 is recorded in ``analysis.trace["timeline_spans_dropped"]``. Counters: per counter name (and rank when several), at most
 ``MAX_POINTS`` points, longer series averaged into equal time buckets. Compile spans: the COMPILE
-rows with ``graph`` (compile id), ``phase``, ``cache`` and ``reason`` from their args. The pass also
+rows with ``graph`` (compile id), ``phase``, ``cache`` and ``reason`` from their args, and the ``rank``
+of the file they came from. The pass also
 sets ``analysis.trace["runs"]``: per source, the header facts that place the timeline (host,
 python and torch versions, platform, command, wall-clock start), see :func:`run_facts`.
 """
@@ -103,9 +104,11 @@ def _decimate(ts: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _compile_spans(prep: Prepared) -> dict[str, list]:
     trace = prep.trace
     rows = trace.of_kind(Kind.COMPILE)
-    cols: dict[str, list] = {k: [] for k in ("graph", "phase", "ts_us", "dur_us", "cache", "reason")}
+    cols: dict[str, list] = {k: [] for k in ("graph", "phase", "ts_us", "dur_us", "cache", "reason", "rank")}
+    ranks = [s.rank for s in trace.sources] or [0]
     for row in rows.tolist():
         a = trace.args.get(row, {})
+        cols["rank"].append(int(ranks[min(int(trace.events["source"][row]), len(ranks) - 1)]))
         cols["graph"].append(str(a.get("compile_id", "")))
         cols["phase"].append(str(a.get("phase") or trace.strings[int(trace.events["name"][row])]))
         cols["ts_us"].append(float(trace.events["ts"][row]))

@@ -186,8 +186,9 @@ def compile_figure(analysis: Any) -> dict[str, Any] | None:
     cs = analysis.timeline.compile_spans or {}
     if not cs.get("ts_us"):
         return None
-    graphs = list(dict.fromkeys(str(g) for g in cs["graph"]))[:MAX_COMPILE_GRAPHS]
-    keep = [i for i, g in enumerate(cs["graph"]) if str(g) in set(graphs)]
+    labels = [_graph_label(cs, i) for i in range(len(cs["ts_us"]))]
+    graphs = set(list(dict.fromkeys(labels))[:MAX_COMPILE_GRAPHS])
+    keep = [i for i, g in enumerate(labels) if g in graphs]
     bars = [i for i in keep if cs["dur_us"][i] > 0]
     marks = [i for i in keep if cs["dur_us"][i] <= 0]
     order = _row_order(cs, bars, marks)
@@ -209,29 +210,33 @@ def compile_figure(analysis: Any) -> dict[str, Any] | None:
     return _json(fig)
 
 
-def _graph_label(graph: Any) -> str:
-    return "(outside graphs)" if graph in (None, "", "None") else str(graph)
+def _graph_label(cs: dict[str, list], i: int) -> str:
+    graph = cs["graph"][i]
+    label = "(outside graphs)" if graph in (None, "", "None") else str(graph)
+    ranks = cs.get("rank") or []
+    return f"r{ranks[i]} {label}" if len(set(ranks)) > 1 else label
 
 
 def _compile_row(cs: dict[str, list], i: int) -> str:
-    return plot_text(f"{_graph_label(cs['graph'][i])} · {cs['phase'][i]}", 60)
+    return plot_text(f"{_graph_label(cs, i)} · {cs['phase'][i]}", 60)
 
 
 def _events_row(cs: dict[str, list], i: int) -> str:
-    return plot_text(f"{_graph_label(cs['graph'][i])} · events", 60)
+    return plot_text(f"{_graph_label(cs, i)} · events", 60)
 
 
 def _row_order(cs: dict[str, list], bars: list[int], marks: list[int]) -> list[str]:
     rows: list[str] = []
-    for i in sorted(bars + marks, key=lambda i: (str(cs["graph"][i]), cs["ts_us"][i], -cs["dur_us"][i])):
-        row = _compile_row(cs, i) if i in set(bars) else _events_row(cs, i)
+    is_bar = set(bars)
+    for i in sorted(bars + marks, key=lambda i: (_graph_label(cs, i), cs["ts_us"][i], -cs["dur_us"][i])):
+        row = _compile_row(cs, i) if i in is_bar else _events_row(cs, i)
         if row not in rows:
             rows.append(row)
     return rows
 
 
 def _compile_hover(cs: dict[str, list], i: int) -> str:
-    parts = [f"graph {plot_text(_graph_label(cs['graph'][i]))}", f"phase {plot_text(cs['phase'][i])}",
+    parts = [f"graph {plot_text(_graph_label(cs, i))}", f"phase {plot_text(cs['phase'][i])}",
              f"{cs['dur_us'][i] / 1e3:.3f} ms at {cs['ts_us'][i] / 1e3:.3f} ms"]
     if cs["cache"][i]:
         parts.append(f"cache {plot_text(cs['cache'][i])}")
