@@ -1,0 +1,184 @@
+"""``cuvil-pgc demo``: the whole loop on the bundled zoo, offline, on the CPU.
+
+For each model: profile with every submodule instrumented and operators captured -> analyze (the
+hot-region table) -> recompile guided by that profile (progress bar) -> sign and save the build ->
+HTML report with the plan -> compare eager, torch.compile (default) and the build, interleaved.
+It ends with where every artifact is. ``--quick`` runs one model with a small search budget.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import typer
+
+QUICK_MODELS = ("lstm_step",)
+FULL_MODELS = ("lstm_step", "mlp", "cnn", "transformer", "mixed")
+PROFILE_ITERS = 20
+QUICK_BUDGET, FULL_BUDGET = 3, 6
+
+
+@dataclass
+class ModelResult:
+    name: str
+    trace: str
+    report: str
+    build: str
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    speedup_vs_eager: float = 0.0
+    speedup_vs_compile: float = 0.0
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def demo(
+        output: str = typer.Option("cuvil-demo", "-o", "--output", help="Directory for every artifact."),
+        quick: bool = typer.Option(False, "--quick", help="One model, small search budget (~3 min)."),
+    ) -> None:
+        """Run the whole loop on the bundled zoo: profile, analyze, report, recompile, compare."""
+        run_demo(output, quick=quick)
+
+
+def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | None = None) -> list[ModelResult]:
+    """Run the demo into ``out_dir``; returns what each model produced."""
+    from rich.console import Console
+
+    from cuvil_pgc.recompile.signing import generate_keypair
+
+    console = Console(stderr=False)
+    os.makedirs(out_dir, exist_ok=True)
+    key = os.path.join(out_dir, "demo-signing.key")
+    if not os.path.exists(key):
+        generate_keypair(key)
+    started = time.perf_counter()
+    results = []
+    for name in models or (QUICK_MODELS if quick else FULL_MODELS):
+        console.rule(f"[bold]{name}")
+        results.append(_one_model(console, name, out_dir, key, QUICK_BUDGET if quick else FULL_BUDGET))
+    _print_summary(console, results, key, time.perf_counter() - started)
+    return results
+
+
+def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int) -> ModelResult:
+    import torch
+
+    from cuvil_pgc import zoo
+    from cuvil_pgc.analyze import analyze
+    from cuvil_pgc.trace import load_trace
+    from cuvil_pgc.viewer.console import render_hot_regions
+
+    model, inputs = zoo.get(name)()
+    trace = os.path.join(out_dir, f"{name}.trace.json")
+    with _step(console, f"profiling {name} ({PROFILE_ITERS} iterations, regions + operators)"):
+        _profile(model, inputs, trace)
+    with _step(console, "analyzing"):
+        analysis = analyze(load_trace(trace))
+    render_hot_regions(analysis, console, top=8)
+    build_path = os.path.join(out_dir, f"{name}.cuvilpkg")
+    with _step(console, f"recompiling (budget {budget} measured candidates)"):
+        build = _recompile(model, inputs, trace, analysis, budget)
+        build.save(build_path, name=name, version=1, signing_key=key)
+    report = os.path.join(out_dir, f"{name}.report.html")
+    with _step(console, "writing the HTML report"):
+        _report(analysis, build, report)
+    with _step(console, "comparing eager, torch.compile and the build (interleaved)"):
+        timings = _compare(model, inputs, build_path, key)
+    result = ModelResult(name, trace, report, build_path, timings,
+                         speedup_vs_eager=timings["eager"] / timings["build"],
+                         speedup_vs_compile=timings["torch.compile"] / timings["build"])
+    _print_compare(console, result)
+    del torch
+    return result
+
+
+def _step(console: Any, what: str):
+    return console.status(what, spinner="dots") if console.is_terminal else _Announce(console, what)
+
+
+class _Announce:
+    def __init__(self, console: Any, what: str) -> None:
+        self.console, self.what = console, what
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.console.print(f"[dim]{self.what} ...[/]")
+
+    def __exit__(self, *exc: object) -> None:
+        self.console.print(f"[dim]  done in {time.perf_counter() - self.t0:.1f} s[/]")
+
+
+def _profile(model: Any, inputs: tuple[Any, ...], trace: str) -> None:
+    import torch
+
+    from cuvil_pgc import profile
+    from cuvil_pgc.instrument.module import instrument_module
+
+    with torch.inference_mode():
+        for _ in range(3):
+            model(*inputs)
+        with instrument_module(model):
+            with profile(trace, ops=True, gpu="off", compile=False):
+                for _ in range(PROFILE_ITERS):
+                    model(*inputs)
+
+
+def _recompile(model: Any, inputs: tuple[Any, ...], trace: str, analysis: Any, budget: int) -> Any:
+    from rich.progress import Progress
+
+    from cuvil_pgc.recompile import recompile
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("searching", total=budget)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=what[:60])
+        return recompile(model, inputs, [trace], analysis=analysis, budget=budget, progress=progress)
+
+
+def _report(analysis: Any, build: Any, path: str) -> None:
+    from cuvil_pgc.viewer import write_report
+
+    write_report(analysis, path, plan=build.plan, title=f"cuvil-pgc demo: {os.path.basename(path)}",
+                 build={"path": build.path, "signed": True})
+
+
+def _compare(model: Any, inputs: tuple[Any, ...], build_path: str, key: str) -> dict[str, float]:
+    import torch
+
+    from cuvil_pgc.recompile.build import load_build
+    from cuvil_pgc.recompile.measure import time_interleaved
+
+    fast = load_build(build_path, model, pubkey=key + ".pub", require_signature=True, example_inputs=inputs)
+    compiled = torch.compile(model)
+    runs = {"eager": model, "torch.compile": compiled, "build": fast}
+    with torch.inference_mode():
+        samples = time_interleaved({k: (lambda f=f: f(*inputs)) for k, f in runs.items()}, rounds=15, warmup=3)
+    return {k: s.median_ms for k, s in samples.items()}
+
+
+def _print_compare(console: Any, r: ModelResult) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{r.name}: median per call, interleaved runs", title_justify="left")
+    table.add_column("runs")
+    table.add_column("median", justify="right")
+    table.add_column("build speedup", justify="right")
+    for k, ms in r.timings_ms.items():
+        table.add_row(k, f"{ms:.3f} ms", f"{ms / r.timings_ms['build']:.2f}x")
+    console.print(table)
+
+
+def _print_summary(console: Any, results: list[ModelResult], key: str, seconds: float) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"cuvil-pgc demo finished in {seconds:.0f} s", title_justify="left")
+    for col in ("model", "vs eager", "vs torch.compile", "trace", "report", "build"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        table.add_row(r.name, f"{r.speedup_vs_eager:.2f}x", f"{r.speedup_vs_compile:.2f}x", r.trace, r.report, r.build)
+    console.print(table)
+    console.print(f"signing key: {key} (public key {key}.pub); verify a build with "
+                  f"`cuvil-pgc verify BUILD --pubkey {key}.pub`")
