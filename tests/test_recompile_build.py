@@ -145,3 +145,18 @@ def test_pinned_compile_plan_ships_cache_artifacts_and_second_load_is_warm(tmp_p
     assert report.compiled_regions == 1 and report.cache_hits >= 1 and report.cache_misses == 0 and report.warm
     with torch.no_grad():
         assert torch.allclose(second(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_plan_round_trip(tmp_path):
+    model, inputs = host_bound()
+    build = recompile(model, inputs, device="cuda", plan={"": Candidate("", "cudagraphs", mode="reduce-overhead")},
+                      rounds=5, records=False)
+    path = build.save(tmp_path / "g.cuvilpkg")
+    fast = load_build(path, host_bound()[0])
+    x = inputs[0].cuda()
+    with torch.no_grad():
+        for _ in range(3):
+            out = fast(x)
+        assert torch.allclose(out, model.cuda()(x), rtol=1e-4, atol=1e-5)

@@ -44,6 +44,13 @@ class ScopeInputs:
     def signature(self) -> str:
         return input_signature((self.args, self.kwargs))
 
+    @property
+    def spec(self) -> list[list[Any]] | None:
+        """JSON-able [shape, dtype, device] per positional tensor; None when inputs are not plain tensors."""
+        if self.kwargs or not all(isinstance(a, torch.Tensor) for a in self.args):
+            return None
+        return [[list(a.shape), str(a.dtype).removeprefix("torch."), str(a.device)] for a in self.args]
+
 
 @dataclass
 class Realized:
@@ -73,23 +80,40 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
 
 
 class CompiledRegion(nn.Module):
-    """Runs ``compiled`` for inputs matching ``signature``; the original module otherwise."""
+    """Runs ``compiled`` for inputs matching the captured ones; the original module otherwise.
 
-    def __init__(self, original: nn.Module, compiled: Any, signature: str | None, config: str) -> None:
+    ``spec`` (a list of [shape, dtype, device] per positional tensor) makes the per-call check a
+    few attribute comparisons; without it the slower hashed ``signature`` is compared.
+    """
+
+    def __init__(self, original: nn.Module, compiled: Any, signature: str | None, config: str,
+                 spec: list[list[Any]] | None = None) -> None:
         super().__init__()
         self.original = original
         self._compiled = compiled          # not a submodule: an AOTI runner or an OptimizedModule
         self.signature = signature
         self.config = config
+        self._spec = None if spec is None else [(torch.Size(shape), getattr(torch, dtype), torch.device(dev))
+                                                for shape, dtype, dev in spec]
         self.fallback_calls = 0
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.signature is None or input_signature((args, kwargs)) == self.signature:
+        if self.signature is None or self._matches(args, kwargs):
             return self._compiled(*args, **kwargs)
         self.fallback_calls += 1
         if self.fallback_calls == 1:
             log.warning("cuvil-pgc: %s was built for other input shapes; running the original module", self.config)
         return self.original(*args, **kwargs)
+
+    def _matches(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        spec = self._spec
+        if spec is None or kwargs or len(args) != len(spec):
+            return input_signature((args, kwargs)) == self.signature
+        for a, (shape, dtype, device) in zip(args, spec, strict=True):
+            if not isinstance(a, torch.Tensor) or a.shape != shape or a.dtype != dtype or a.device != device \
+                    or not a.is_contiguous():
+                return False
+        return True
 
 
 class _Autocast(nn.Module):
@@ -132,14 +156,15 @@ def prepare_module(module: nn.Module, cand: Candidate, device: str) -> tuple[nn.
 
 
 def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, device: str = "cpu",
-            machine: str = "", artifact: str | None = None, signature: str | None = None) -> Realized:
+            machine: str = "", artifact: str | None = None, signature: str | None = None,
+            spec: list[list[Any]] | None = None) -> Realized:
     """Build ``cand`` for ``module``; raises whatever the backend raises (the search records it).
 
     ``artifact`` (with ``signature``) loads an existing AOTInductor package instead of compiling.
     """
     if cand.backend == "aoti" and artifact is not None:
         runner = torch._inductor.aoti_load_package(artifact)
-        return Realized(CompiledRegion(module, runner, signature, cand.config), artifact)
+        return Realized(CompiledRegion(module, runner, signature, cand.config, spec), artifact)
     if inputs is None:
         raise ValueError(f"{cand.key} needs example inputs or an artifact")
     prepared, applied = prepare_module(module, cand, device)
@@ -150,7 +175,7 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
         if not os.path.exists(path):
             _compile_aoti(prepared, cand, inputs, path)
         runner = torch._inductor.aoti_load_package(path)
-        return Realized(CompiledRegion(module, runner, inputs.signature, cand.config), path, applied)
+        return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), path, applied)
     compiled = torch.compile(prepared, **_compile_kwargs(cand))
     return Realized(CompiledRegion(module, compiled, None, cand.config), rewrites=applied)
 

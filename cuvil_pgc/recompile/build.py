@@ -105,7 +105,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
               budget: int | None = None, exhaustive: bool = False, rtol: float | None = None,
               atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
               progress: Any = None, rounds: int = 25, backends: tuple[str, ...] | None = None,
-              plan: Any = None) -> Build:
+              plan: Any = None, calibrate: bool = True) -> Build:
     """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
 
     Args:
@@ -117,6 +117,8 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
         backends: restrict the plan space to these backends (eager always stays).
         plan: pin a plan instead of searching: ``{scope: Candidate}`` or a plan.json document
             (e.g. to rebuild a known plan on a new machine).
+        calibrate: measure the backends' fixed costs once per machine into the record database
+            (see :mod:`.calibrate`) before the first search there.
     """
     import torch
 
@@ -138,6 +140,10 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     options = SearchOptions(budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol, device=device,
                             rounds=rounds, use_records=db is not None,
                             backends=tuple(backends) if backends else None, fixed=_pinned(plan))
+    if calibrate and db is not None and plan is None:
+        from cuvil_pgc.recompile.calibrate import calibrate_backends
+
+        calibrate_backends(db, machine_key(fingerprint), device)
     _clear_cache_artifacts()
     result = search(model, example_inputs, analysis, options=options, records=db,
                     machine_key=machine_key(fingerprint), progress=progress)
@@ -308,7 +314,8 @@ def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport
             if not choice.get("artifact"):
                 raise BuildError(f"plan chooses AOTInductor for {scope or '<model>'} but names no package", path=path)
             local = str(vb.extract(choice["artifact"], extract_dir))
-            realized[scope] = realize(module, cand, None, artifact=local, signature=choice["input_signature"])
+            realized[scope] = realize(module, cand, None, artifact=local, signature=choice["input_signature"],
+                                      spec=choice.get("input_spec"))
             report.aoti_packages += 1
         else:
             realized[scope] = _realize_lazy(module, cand, plan.get("device", "cpu"))

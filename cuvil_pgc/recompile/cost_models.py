@@ -7,12 +7,13 @@ factor for the multiplicative ones), and ``refit(samples)`` from measured record
     t = overhead(backend) + ops_after × per_op(backend) + work × fusion × layout × precision
 
 where the eager time of a scope splits into dispatch (ops × the machine's per-op cost, at most
-80 %) and work. Starting figures (``PRIORS``) are per-call fixed costs measured on a 2-core
-CPU with torch 2.13 (tiny MLP at batch 1: eager 27 µs, AOTInductor 48 µs, torch.compile
-158 µs; cpp_wrapper halves torch.compile's wrapper cost, issue 7) and are replaced by the
-refit as soon as records of this machine exist. After the component refits, a per-configuration
-log-ratio correction (shrunk towards zero by the record count) absorbs what the models miss,
-as TVM MetaSchedule's measured records correct its cost model.
+80 %) and work. The starting figures (``PRIORS``) are fixed costs above eager measured with the
+calibration probe (:mod:`.calibrate`) on a loaded 2-core CPU with torch 2.13 and one thread
+(eager 44 µs, torch.compile 114, cpp_wrapper 106, AOTInductor 121 before the per-call signature
+check was made cheap); CUDA graphs' 15 µs is a placeholder until the probe runs on a GPU. The
+refit replaces them with this machine's records (the probe is measured once per machine). After
+the component refits, a per-configuration log-ratio correction (shrunk towards zero by the record
+count) absorbs what the models miss, as TVM MetaSchedule's measured records correct its cost model.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from cuvil_pgc.recompile.measure import median
 
 #: µs per call of each backend variant on top of eager (measured, see module docstring)
 PRIORS = {
-    "fixed_us": {"eager": 0.0, "compile": 130.0, "compile+cpp_wrapper": 55.0, "aoti": 20.0,
+    "fixed_us": {"eager": 0.0, "compile": 70.0, "compile+cpp_wrapper": 62.0, "aoti": 60.0,
                  "cudagraphs": 15.0},
     "per_op_us": {"eager": None, "compile": 1.0, "aoti": 0.5, "cudagraphs": 0.3},
     "rnn_rewrite_saving": 0.8,          # share of an RNN op's time a cell rewrite removes (0.35 → 0.064 ms)
@@ -120,8 +121,8 @@ class FusionCostModel:
         saved = float(feats.evidence.get("fusion_bytes_saved", 0.0))
         frac = min(saved / feats.bytes, 0.6) if feats.bytes > 0 and saved > 0 else 0.25
         factor = 1.0 - memory_share * frac
-        if cand.freezing:
-            factor *= 0.9          # constant-folded weights, prepacked matmul/conv
+        if cand.freezing and feats.has_conv:
+            factor *= 0.85         # constant-folded weights, prepacked convolutions
         if cand.mode == "max-autotune-no-cudagraphs":
             factor *= 1.0 - 0.1 * (1.0 - memory_share)
         return factor

@@ -2,7 +2,8 @@
 
 Contract: :func:`time_interleaved` warms every callable up, then runs rounds in which each callable
 takes one sample (a sample is the mean of ``inner`` back-to-back calls), rotating the order every
-round (ABAB…, BABA…), so slow drifts of a shared, noisy machine hit every contender alike.
+round (ABAB…, BABA…), so slow drifts of a shared, noisy machine hit every contender alike. When
+CUDA is initialized in the process, every sample is bracketed by ``torch.cuda.synchronize``.
 Statistics are medians; :func:`ratio_ci` bootstraps the ratio of two medians. Nothing here
 asserts on times: callers compare contenders measured in the same run.
 """
@@ -100,6 +101,7 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = DEFA
                      inner: int | None = None, sync: Callable[[], None] | None = None) -> dict[str, Samples]:
     """Time each zero-argument callable in rotating interleaved rounds; returns per-call samples."""
     names = list(fns)
+    sync = sync or _cuda_sync()
     for name in names:
         for _ in range(warmup):
             fns[name]()
@@ -112,6 +114,16 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = DEFA
         for name in names[shift:] + names[:shift]:
             out[name].seconds.append(_one_sample(fns[name], counts[name], sync))
     return out
+
+
+def _cuda_sync() -> Callable[[], None] | None:
+    """torch.cuda.synchronize when CUDA is in use in this process (GPU work is asynchronous)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.synchronize
+    return None
 
 
 def _one_sample(fn: Callable[[], Any], n: int, sync: Callable[[], None] | None) -> float:

@@ -72,8 +72,9 @@ def choose_plan(s: Any, result: Any) -> None:
     if root is not None and not _is_eager(root.candidate):
         plans["model"] = {"": root.candidate}
     composite, composite_us = composite_choice(best, s.features)
-    if composite and (root is None or composite_us < root.measured_us * 1.05):
-        plans["regions"] = composite
+    room = getattr(s, "budget", result.measured + 1) > result.measured
+    if composite and room and (root is None or composite_us < root.measured_us * 1.05):
+        plans["regions"] = composite     # a new candidate, measured in the final race
         result.measured += 1
     built = {name: _build_plan(s, choices) for name, choices in plans.items()}
     built = {name: b for name, b in built.items() if b is not None}

@@ -7,8 +7,9 @@ scope's eager module (same inputs, rotating order, medians; see :mod:`.measure`)
 the first eager median of that scope, so batches measured minutes apart stay comparable. Every
 measurement goes to the record database; candidates already recorded for this module, machine
 and inputs are reused instead of measured, and the cost models are refitted from all of this
-machine's records before each batch. ``budget`` caps the new measurements (default: a fifth of
-the space, at least 3); ``exhaustive=True`` measures everything (for comparison benchmarks).
+machine's records before each batch. ``budget`` caps the new measurements, eager references and
+the composite plan included (default: a quarter of the space, at least 3); ``exhaustive=True``
+measures everything (for comparison benchmarks).
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ def _ms(us: float | None) -> float | None:
     return None if us is None or math.isnan(us) else round(us / 1e3, 6)
 
 
+def default_budget(space_size: int) -> int:
+    """A quarter of the space, at least 3 measurements."""
+    return max(3, space_size // 4)
+
+
 class _Search:
     def __init__(self, model: Any, example_inputs: tuple[Any, ...], analysis: Any, options: SearchOptions,
                  records: RecordDB | None, machine_key: str, progress: Progress | None) -> None:
@@ -152,8 +158,9 @@ class _Search:
                 self._eager_trial(cand)
         pending = [c for c in space if c.key not in self.trials]
         pending = self._reuse_records(pending)
-        budget = len(space) if self.opt.exhaustive else (self.opt.budget or max(3, round(len(space) / 5)))
-        total = min(budget, len(pending))
+        budget = 10**9 if self.opt.exhaustive else (self.opt.budget or default_budget(len(space)))
+        self.budget = budget
+        total = min(budget, len(pending) + self.measured)   # for the progress bar
         while pending and self.measured < budget:
             self._refit()
             ranked = self.cost.rank(pending, self.features)
@@ -162,7 +169,11 @@ class _Search:
                 if not ranked:
                     break    # nothing left is predicted to beat what was measured
             scope = ranked[0][0].scope
-            batch = [(c, p) for c, p in ranked if c.scope == scope][:min(BATCH, budget - self.measured)]
+            room = budget - self.measured - (scope not in self.eager_runs)   # the scope's eager reference
+            if room < 1:
+                pending = [c for c in pending if c.scope != scope]
+                continue
+            batch = [(c, p) for c, p in ranked if c.scope == scope][:min(BATCH, room)]
             self._measure_batch(scope, batch)
             done = {c.key for c, _ in batch}
             pending = [c for c in pending if c.key not in done]

@@ -1,0 +1,68 @@
+"""Per-machine calibration of the backends' fixed per-call cost (the BackendOverheadModel's data).
+
+A probe module with two pointwise ops is measured once per machine (and thread count) in every
+backend variant — eager, torch.compile, torch.compile with cpp_wrapper, an AOTInductor package,
+CUDA graphs on CUDA — interleaved, like any candidate. The measurements go to the record database
+as ordinary records of the probe, so the cost models' refit sees them with every other record of
+this machine: the fixed costs are measured here, not assumed. Runs only when the database holds no
+probe records for this machine; costs one AOTInductor compile (~30 s on a small CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile.apply import ScopeInputs, realize
+from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
+from cuvil_pgc.recompile.matching import structural_hash
+from cuvil_pgc.recompile.measure import time_interleaved
+from cuvil_pgc.recompile.records import Record, RecordDB
+
+log = logging.getLogger(__name__)
+
+PROBE_CONFIGS = (Candidate(""), Candidate("", "compile"), Candidate("", "compile", cpp_wrapper=True),
+                 Candidate("", "aoti"))
+
+
+class OverheadProbe(nn.Module):
+    """Two pointwise ops on a tiny tensor: the time is the backend's fixed cost."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * 2.0 + 1.0)
+
+
+def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", rounds: int = 25) -> int:
+    """Measure the probe in every backend variant unless already recorded; returns records added."""
+    probe = OverheadProbe().eval()
+    inputs = ScopeInputs((torch.randn(1, 8, device=device),))
+    structure = structural_hash(probe)
+    configs = list(PROBE_CONFIGS) + ([Candidate("", "cudagraphs", mode="reduce-overhead")]
+                                     if device.startswith("cuda") else [])
+    todo = [c for c in configs if db.lookup(structure, c.config, machine_key, inputs.signature) is None]
+    if not todo:
+        return 0
+    fns = {}
+    for cand in todo:
+        try:
+            module = realize(probe, cand, inputs, device=device, machine=machine_key).module
+            with torch.no_grad():
+                module(*inputs.args)
+            fns[cand.config] = (cand, module)
+        except Exception as exc:   # a backend that does not work here is simply not calibrated
+            log.info("calibration of %s failed: %s", cand.config, exc)
+    with torch.no_grad():
+        samples = time_interleaved({"eager": lambda: probe(*inputs.args),
+                                    **{k: (lambda m=m: m(*inputs.args)) for k, (_, m) in fns.items()}},
+                                   rounds=rounds)
+    eager_us = samples["eager"].median_s * 1e6
+    feats = ScopeFeatures(scope="", path="", bottleneck="launch_overhead", eager_us=eager_us, ops=3,
+                          pointwise_ops=3, flops=32, bytes=128, labels=["launch_overhead"])
+    for key, (cand, _) in {"eager": (Candidate(""), None), **fns}.items():
+        db.add(Record(structure=structure, candidate=cand.config, machine=machine_key, inputs=inputs.signature,
+                      status="ok", median_us=samples[key].median_s * 1e6, eager_us=eager_us,
+                      features={"candidate": cand.to_json(), "scope": asdict(feats), "probe": True}))
+    return len(fns) + 1
