@@ -98,6 +98,13 @@ def test_round_trip_eager_space_and_changed_region_is_skipped(tmp_path):
     assert fast.cuvil_load_report.applied == ["fc1: eager+rewrite"]
     with torch.no_grad():
         assert torch.allclose(fast(*inputs), model(*inputs), atol=1e-6)
+    from cuvil_pgc.recompile.store import BuildStore
+
+    store = BuildStore(tmp_path / "store")
+    store.push(out)
+    store.tag("hb", 3, "stable")
+    via_store = load_build("store://hb@stable", model, store=tmp_path / "store")
+    assert via_store.cuvil_load_report.applied == ["fc1: eager+rewrite"]
     changed = HostBound().eval()
     changed.fc1 = nn.Linear(16, 32, bias=False)
     stale = load_build(out, changed)
@@ -113,6 +120,7 @@ def test_recompile_aoti_round_trip_signed(tmp_path):
     doc = build.to_json()
     assert doc["space_size"] >= 3 and doc["measured_candidates"] <= 3
     assert {"path", "chosen", "predicted_ms", "measured_ms", "baseline_ms", "alternatives"} <= set(doc["regions"][0])
+    assert any(r.features.get("probe") for r in RecordDB(tmp_path / "rec"))     # backends calibrated first
     aoti_trials = [t for t in build.result.trials.values() if t.candidate.backend == "aoti" and t.status == "ok"]
     assert aoti_trials, "an AOTInductor candidate must compile and pass the guard"
     path = build.save(tmp_path / "a.cuvilpkg", signing_key=key)
