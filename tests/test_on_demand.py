@@ -128,3 +128,63 @@ def test_capture_refuses_a_missing_process(tmp_path):
     result = subprocess.run([sys.executable, "-m", "cuvil_pgc", "capture", "--pid", "999999",
                              "--dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "no process with pid 999999" in result.stderr
+
+
+def _summary(tmp_path, name, seconds_per_call):
+    path = tmp_path / name
+    with profile(path, mode="aggregate"):
+        for _ in range(200):
+            with ProfileRegion("serve"):
+                with ProfileRegion("decode"):
+                    t = time.perf_counter()
+                    while time.perf_counter() - t < seconds_per_call:
+                        pass
+    return path
+
+
+def test_analyze_report_and_diff_read_summaries(tmp_path):
+    from cuvil_pgc.analyze import analyze
+    from cuvil_pgc.analyze.diff import diff
+    from cuvil_pgc.trace import load_trace
+    from cuvil_pgc.viewer import render_html
+
+    fast = _summary(tmp_path, "fast.summary.json", 0.0002)
+    slow = _summary(tmp_path, "slow.summary.json", 0.0008)
+    trace = load_trace(fast)
+    assert trace.sources[0].format == "summary" and len(trace) == 0
+    analysis = analyze(trace)
+    serve, decode = analysis.region("serve"), analysis.region("serve/decode")
+    assert serve.calls == 200 and decode.parent == "serve" and decode.depth == 1
+    assert serve.self_us == pytest.approx(serve.total_us - decode.total_us)
+    assert 150 <= decode.p50_us <= 400 and decode.p50_us <= decode.p99_us
+    merged = analyze([fast, slow])
+    assert merged.region("serve").calls == 400
+    html = render_html(analysis)
+    assert "serve/decode" in html
+    result = diff(fast, slow)
+    row = next(r for r in result["regions"] if r["path"] == "serve/decode")
+    assert row["verdict"] == "slower" and row["ratio"] > 2
+
+
+def test_summary_and_events_cannot_mix(tmp_path):
+    from cuvil_pgc.analyze import analyze
+    from cuvil_pgc.errors import AnalysisError
+
+    summary = _summary(tmp_path, "s.summary.json", 0.0)
+    with profile(tmp_path / "e.trace.json", ops=False, compile=False, sample_hz=0, gpu="off"):
+        with ProfileRegion("serve"):
+            pass
+    with pytest.raises(AnalysisError, match="separately"):
+        analyze([str(summary), str(tmp_path / "e.trace.json")])
+
+
+def test_damaged_summary_is_a_clear_error(tmp_path):
+    from cuvil_pgc.errors import TraceError
+    from cuvil_pgc.trace import load_trace
+
+    path = _summary(tmp_path, "d.summary.json", 0.0)
+    doc = json.loads(path.read_text())
+    doc["cuvil_summary"]["regions"][0]["count"] = -5
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match="'count' must be a non-negative integer"):
+        load_trace(path)

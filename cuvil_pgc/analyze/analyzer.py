@@ -84,6 +84,8 @@ def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,
     Returns: the Analysis, regions sorted by hotness.
     """
     merged = _as_trace(trace)
+    if any(s.format == "summary" for s in merged.sources):
+        return _analyze_summaries(merged, filter)
     _check_usable(merged)
     models, warnings = _machines(merged, machine)
     prep = prepare(merged, roofs_of(*models), _compiled_filter(filter))
@@ -96,6 +98,15 @@ def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,
     for p in (PASSES if passes is None else passes):
         p(prep, analysis)
     return analysis
+
+
+def _analyze_summaries(trace: Trace, filter: str | None) -> Analysis:
+    from cuvil_pgc.analyze.summary import analyze_summary, is_summary
+
+    if not is_summary(trace):
+        raise AnalysisError("aggregate summaries and event traces cannot be analysed together",
+                            fix="analyse the .summary.json files and the .trace.json files separately")
+    return analyze_summary(trace, _compiled_filter(filter))
 
 
 def _as_trace(trace: TraceInput) -> Trace:

@@ -36,9 +36,7 @@ SEED = 20240607
 def diff(a: TraceInput, b: TraceInput, filter: str | None = None) -> dict[str, Any]:
     """Compare region timings of ``a`` (before) and ``b`` (after); see the module docstring."""
     ta, tb = _as_trace(a), _as_trace(b)
-    _check_usable(ta)
-    _check_usable(tb)
-    calls_a, calls_b = region_calls(ta, filter), region_calls(tb, filter)
+    calls_a, calls_b = _calls(ta, filter), _calls(tb, filter)
     rows = [compare_calls(p, calls_a[p], calls_b[p]) for p in sorted(calls_a.keys() & calls_b.keys())]
     rows.sort(key=lambda r: -abs(r["change_us"] * r["calls_b"]))
     only = [{"path": p, "verdict": "removed", "calls_a": len(calls_a[p]), "total_a_us": float(calls_a[p].sum())}
@@ -49,6 +47,18 @@ def diff(a: TraceInput, b: TraceInput, filter: str | None = None) -> dict[str, A
     return {"a": _facts(ta), "b": _facts(tb), "alpha": ALPHA, "min_change": MIN_CHANGE,
             "regions": rows, "only_one_side": only,
             "summary": {v: verdicts.count(v) for v in ("slower", "faster", "same", "insufficient")}}
+
+
+def _calls(trace: Trace, pattern: str | None) -> dict[str, np.ndarray]:
+    """Per-call durations: from region events, or from the histograms of aggregate summaries."""
+    from cuvil_pgc.analyze.summary import is_summary, summary_samples
+
+    if is_summary(trace):
+        import re
+
+        return {p: v for p, v in summary_samples(trace).items() if pattern is None or re.search(pattern, p)}
+    _check_usable(trace)
+    return region_calls(trace, pattern)
 
 
 def _facts(trace: Trace) -> dict[str, Any]:

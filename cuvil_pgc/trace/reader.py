@@ -8,6 +8,10 @@
   their nesting per thread), ``cpu_op``, ``kernel``, ``cuda_runtime``/``cuda_driver``,
   ``gpu_memcpy``, ``gpu_memset`` map to their kinds, ``ac2g`` flows supply missing correlation
   ids, other categories become ``Kind.OTHER`` rows with ``args = {"cat": ...}``.
+- **Aggregate summaries** (``{"cuvil_summary": ...}``, instrument.aggregate) load as a source of
+  format ``"summary"`` with no rows; their histograms are in ``metadata["summary_regions"]``.
+- **Sampling.** A session that sampled root regions (``cuvil.sampling.scale`` = N) loads with its
+  weight multiplied by N, so counts and totals stand for the whole run.
 - **Crash recovery.** ``load_trace("x.trace.json")`` reads ``x.trace.json.partial`` when only that
   exists (or pass the partial path): every complete line is recovered, ``Source.recovered`` is
   True and ``Source.notes`` says what was dropped. The ``cuvil_session`` header gives metadata.
@@ -47,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from cuvil_pgc.errors import ConfigError, CuvilError, TraceError
-from cuvil_pgc.trace import _decode, _input
+from cuvil_pgc.trace import _decode, _input, _summary
 from cuvil_pgc.trace._args import ArgsMap
 from cuvil_pgc.trace._build import SourceColumns, build_source
 from cuvil_pgc.trace._regions import resolve_regions
@@ -144,6 +148,8 @@ def _load_guarded(path: str, strings: StringTable, weight: float) -> _Loaded:
 def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
     file, partial = _input.resolve(path)
     raw = _input.read_bytes(file, partial)
+    if not partial and _summary.looks_like_summary(raw.data):
+        return _Loaded(_summary.summary_source(raw.data, file, weight), _summary.no_rows(), None)
     _check_event_count(raw)
     notes = list(raw.notes)
     if partial:
@@ -163,12 +169,22 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
         origin = _kineto_origin(doc, cols)
     meta["thread_names"] = cols.thread_names
     meta["process_names"] = cols.process_names
+    weight *= _sampling_scale(meta)
     source = Source(path=file, format=fmt, metadata=meta, rank=_rank(meta), weight=weight,
                     recovered=partial, notes=notes + cols.notes)
     if partial:
         source.notes.insert(0, f"recovered {len(cols.cols['ts'])} events from a partial file "
                                "(the session did not finish)")
     return _Loaded(source, cols, origin)
+
+
+def _sampling_scale(meta: dict[str, Any]) -> float:
+    """What one recorded root-region call stands for in a sampled session (1.0 when not sampled)."""
+    sampling = meta.get("sampling")
+    scale = sampling.get("scale") if isinstance(sampling, dict) else None
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale >= 1:
+        return float(scale)
+    return 1.0
 
 
 def _check_event_count(raw: _input.RawInput) -> None:
