@@ -30,6 +30,8 @@ def _register_profile(app: typer.Typer) -> None:
         ops: bool = typer.Option(True, "--ops/--no-ops", help="Capture aten operators."),
         gpu: str = typer.Option("auto", "--gpu", help="auto | on | off: CUPTI kernels and NVML counters."),
         sample_hz: float = typer.Option(20.0, "--sample-hz", help="Utilization sampling rate (0: off)."),
+        filter: str | None = typer.Option(None, "--filter",
+                                             help="Record only regions / ops / kernels matching this regex."),
     ) -> None:
         """Run a script, a module or a model under a profiling session and write a trace."""
         from cuvil_pgc.instrument import _runner
@@ -40,7 +42,7 @@ def _register_profile(app: typer.Typer) -> None:
             raise ConfigError("give exactly one of SCRIPT, -m MODULE or --model MODULE:FACTORY",
                               fix="e.g. cuvil-pgc profile --model cuvil_pgc.zoo:cnn")
         path = output or _default_output(target, module, model)
-        session = make_session(path, ops=ops, gpu=gpu, sample_hz=sample_hz)
+        session = make_session(path, ops=ops, gpu=gpu, sample_hz=sample_hz, filter=filter)
         if model:
             code = _runner.run_model(session, model, iters, warmup, depth)
         elif module:
