@@ -1,0 +1,26 @@
+"""The README: its two set-up commands and a CLI reference that matches the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cuvil_pgc._cli_reference import END, START, reference
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_cli_reference_is_in_sync():
+    text = README.read_text(encoding="utf-8")
+    assert START in text and END in text, "README lacks the cli-reference markers"
+    current = text[text.index(START):text.index(END) + len(END)]
+    assert current == reference(), "README's CLI reference is stale: run `python -m cuvil_pgc._cli_reference`" \
+                                   " and paste its output between the markers"
+
+
+def test_readme_opens_with_the_two_setup_commands():
+    lines = [line for line in README.read_text(encoding="utf-8").splitlines() if line.strip()]
+    block = lines[lines.index("```bash") + 1:lines.index("```bash") + 3]
+    assert "cuvil-pgc demo" in block[0] and "pip install" in block[0]
+    assert "pytest" in block[1]
+    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
+    assert "python -m pytest -q" in ci and "python -m pytest -q" in block[1]
