@@ -134,23 +134,37 @@ def _int_column(parsed, key: str, region_rows, cols, fail: Fail) -> None:
 
 def _region_rows(parsed, raws, region_rows: list[int], cols, paths: list[str | None], args: dict[int, Any],
                  fail: Fail) -> None:
-    for r in region_rows:
-        a = parsed[r]
-        if a.path is not None and type(a.path) is not str:
-            raise fail(r, f"args.path must be a string, got {type(a.path).__name__}")
-        paths[r] = a.path
-        for key, col in (("id", "region_id"), ("parent", "parent_id")):
-            value = getattr(a, key)
-            if value is not None:
-                if type(value) is not int or not -(2**63) <= value < 2**63:
-                    raise fail(r, f"args.{key} must be a 64-bit integer, got {value!r:.40}")
-                cols[col][r] = value
-        for key in ("flops", "bytes"):
-            value = getattr(a, key)
-            if type(value) in (int, float) and math.isfinite(value) and value >= 0:
+    """Region rows: path, id, parent, flops/bytes and user attributes, column by column."""
+    if not region_rows:
+        return
+    rows = np.asarray(region_rows, dtype=np.int64)
+    sel = [parsed[r] for r in region_rows]
+    region_paths = list(map(attrgetter("path"), sel))
+    if not set(map(type, region_paths)) <= {str, _NONE}:
+        k = _first_bad(region_paths, (str, _NONE))
+        raise fail(region_rows[k], f"args.path must be a string, got {type(region_paths[k]).__name__}")
+    for r, path in zip(region_rows, region_paths, strict=True):
+        paths[r] = path
+    for key, col in (("id", "region_id"), ("parent", "parent_id")):
+        values = list(map(attrgetter(key), sel))
+        if not set(map(type, values)) <= {int, _NONE}:
+            k = _first_bad(values, (int, _NONE))
+            raise fail(region_rows[k], f"args.{key} must be a 64-bit integer, got {values[k]!r:.40}")
+        try:
+            given = np.array([-2**63 if v is None else v for v in values], dtype=np.int64)
+        except OverflowError:
+            k = next(i for i, v in enumerate(values) if v is not None and not -(2**63) <= v < 2**63)
+            raise fail(region_rows[k], f"args.{key} must be a 64-bit integer, got {values[k]!r:.40}") from None
+        known = given != -2**63
+        cols[col][rows[known]] = given[known]
+    for key in ("flops", "bytes"):
+        for r, value in zip(region_rows, map(attrgetter(key), sel), strict=True):
+            if value is not None and type(value) in (int, float) and math.isfinite(value) and value >= 0:
                 cols[key][r] = value
-        if _has_keys(raws[r]):
-            attrs = msgspec.json.decode(raws[r])
+    # User attributes: every region's args decoded in one call, kept where more than path/id/parent.
+    decoded = msgspec.json.decode(b"[" + b",".join(raws[r] or b"{}" for r in region_rows) + b"]")
+    for r, attrs in zip(region_rows, decoded, strict=True):
+        if len(attrs) > 3 or not attrs.keys() <= {"path", "id", "parent"}:
             for key in ("path", "id", "parent"):
                 attrs.pop(key, None)
             if attrs:
