@@ -26,8 +26,21 @@ def test_two_gloo_ranks_write_one_trace_each(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            worker, str(tmp_path)]
     subprocess.run(cmd, check=True, env=env, timeout=240, capture_output=True)
-    for rank in (0, 1):
-        doc = json.loads((tmp_path / f"job.rank{rank}.trace.json").read_text())
+    files = [tmp_path / f"job.rank{rank}.trace.json" for rank in (0, 1)]
+    for rank, path in enumerate(files):
+        doc = json.loads(path.read_text())
         assert doc["cuvil"]["rank"] == rank and doc["cuvil"]["world_size"] == 2
         names = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "region"]
         assert names.count("step") == 5 and names.count("allreduce") == 5
+
+    # analyze and report on the set merge the ranks and name the straggler (rank 1 computes 5x longer)
+    from cuvil_pgc.analyze import analyze
+    from cuvil_pgc.viewer import render_html
+
+    analysis = analyze([str(f) for f in files])
+    compute = next(r for r in analysis.ranks["regions"] if r["path"] == "step/compute")
+    assert compute["slowest_rank"] == 1 and compute["skew_us"] > 0
+    assert analysis.ranks["stragglers"][0]["path"] in ("step/compute", "step", "step/allreduce")
+    assert analysis.region("step/compute").calls == 10
+    html = render_html(analysis)
+    assert 'id="ranks"' in html
