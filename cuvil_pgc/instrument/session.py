@@ -72,7 +72,7 @@ class Session:
         self._logged: set[str] = set()
         self._recording = False
         self.steps = 0
-        self._keep_from_us = 0.0
+        self._keep_from_us = float("-inf")
         self._filter = re.compile(config.filter).search if config.filter else None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -94,8 +94,9 @@ class Session:
         self._start_otel()
         if record_regions:
             self.begin_recording()
+            self._keep_from_us = float("-inf")     # everything the samplers saw since start is kept
         else:
-            self._keep_from_us = float("inf")
+            self._keep_from_us = float("inf")      # warm-up: nothing is kept until begin_recording
         self._thread = threading.Thread(target=self._flush_loop, name="cuvil-pgc-writer", daemon=True)
         self._thread.start()
         return self
