@@ -6,10 +6,10 @@ Public API re-exports only. ``ProfileRegion`` and ``profile`` import nothing hea
 
 from __future__ import annotations
 
-from typing import Any
-
+from cuvil_pgc._lazy import lazy_getattr
 from cuvil_pgc.errors import CuvilError
 from cuvil_pgc.instrument import ProfileRegion, Session, SessionConfig, profile
+from cuvil_pgc.instrument.on_demand import start_from_env as _start_on_demand
 
 __version__ = "0.1.0"
 
@@ -23,20 +23,9 @@ _LAZY = {
     "load_build": ("cuvil_pgc.recompile", "load_build"),
 }
 
-from cuvil_pgc.instrument.on_demand import start_from_env as _start_on_demand
-
 _start_on_demand()   # CUVIL_PGC_ON_DEMAND=1: always-on aggregates, capture windows on request
 
 __all__ = ["CuvilError", "ProfileRegion", "Session", "SessionConfig", "profile", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'cuvil_pgc' has no attribute {name!r}") from None
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), attr)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -16,6 +16,8 @@ import sys
 import types
 from typing import Any
 
+from cuvil_pgc._lazy import lazy_getattr
+
 _LAZY = {
     "analyze": ("cuvil_pgc.analyze.analyzer", "analyze"),
     "Analysis": ("cuvil_pgc.analyze.analysis", "Analysis"),
@@ -25,16 +27,7 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'cuvil_pgc.analyze' has no attribute {name!r}") from None
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), attr)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 class _CallablePackage(types.ModuleType):

@@ -200,15 +200,12 @@ class AggregateSession:
     def flush(self) -> None:
         """Rewrite the summary file atomically. Never raises into the host program."""
         try:
+            from pathlib import Path
+
+            from cuvil_pgc._fsutil import write_atomic
             from cuvil_pgc.trace.writer import dumps
 
-            data = dumps(self.document())
-            tmp = f"{self.path}.tmp{os.getpid()}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            write_atomic(Path(self.path), dumps(self.document()))
             self.flushes += 1
         except Exception as exc:
             log.warning("cuvil-pgc: writing the aggregate summary %s failed: %s", self.path, exc)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from pathlib import Path
 
 import orjson
 
+from cuvil_pgc._fsutil import write_atomic
 from cuvil_pgc.errors import ConfigError, CuvilError
 from cuvil_pgc.instrument.on_demand import control_dir, done_path, request_path
 
@@ -31,10 +33,7 @@ def request_capture(pid: int, seconds: float = 10.0, steps: int | None = None, d
     directory = directory or control_dir()
     request_id = uuid.uuid4().hex[:12]
     target = request_path(pid, directory)
-    tmp = f"{target}.{request_id}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps({"id": request_id, "seconds": seconds, "steps": steps}))
-    os.replace(tmp, target)
+    write_atomic(Path(target), orjson.dumps({"id": request_id, "seconds": seconds, "steps": steps}))
     answer = done_path(pid, request_id, directory)
     deadline = time.monotonic() + (0 if steps else seconds) + timeout
     while time.monotonic() < deadline:

@@ -191,10 +191,11 @@ class OnDemandController:
 
 
 def _write_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(obj))
-    os.replace(tmp, path)
+    from pathlib import Path
+
+    from cuvil_pgc._fsutil import write_atomic
+
+    write_atomic(Path(path), orjson.dumps(obj))
 
 
 _auto: OnDemandController | None = None

@@ -7,7 +7,7 @@ lazily so that importing the package (the CLI does, to register commands) stays 
 
 from __future__ import annotations
 
-from typing import Any
+from cuvil_pgc._lazy import lazy_getattr
 
 _LAZY = {
     "recompile": ("cuvil_pgc.recompile.build", "recompile"),
@@ -20,13 +20,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'cuvil_pgc.recompile' has no attribute {name!r}") from None
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), attr)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)

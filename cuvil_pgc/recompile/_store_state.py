@@ -28,8 +28,8 @@ from typing import Annotated
 
 import msgspec
 
+from cuvil_pgc._fsutil import write_atomic
 from cuvil_pgc.errors import StoreError
-from cuvil_pgc.recompile._fsutil import write_atomic
 
 STATE_SCHEMA = 1
 CURRENT = "current"

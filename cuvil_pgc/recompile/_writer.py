@@ -19,9 +19,9 @@ from pathlib import Path
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cuvil_pgc._fsutil import fsync_dir
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import signing
-from cuvil_pgc.recompile._fsutil import fsync_dir
 from cuvil_pgc.recompile._zipsafety import MAX_COMPRESSION_RATIO
 from cuvil_pgc.recompile.manifest import (
     FORMAT_VERSION,

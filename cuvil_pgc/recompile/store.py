@@ -30,10 +30,10 @@ from pathlib import Path
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from cuvil_pgc._fsutil import fsync_dir, write_atomic
 from cuvil_pgc.errors import BuildError, StoreError
 from cuvil_pgc.recompile import _store_state as st
 from cuvil_pgc.recompile import signing
-from cuvil_pgc.recompile._fsutil import fsync_dir, write_atomic
 from cuvil_pgc.recompile.manifest import BUILD_NAME_RE, BUILD_SUFFIX
 from cuvil_pgc.recompile.package import VerifiedBuild, open_build
 

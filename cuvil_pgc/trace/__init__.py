@@ -5,7 +5,7 @@ Attributes load lazily: the recording path (schema, writer) must not import nump
 
 from __future__ import annotations
 
-from typing import Any
+from cuvil_pgc._lazy import lazy_getattr
 
 _LAZY = {
     "Source": ("cuvil_pgc.trace.columns", "Source"),
@@ -17,13 +17,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'cuvil_pgc.trace' has no attribute {name!r}") from None
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), attr)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)

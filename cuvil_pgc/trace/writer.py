@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from cuvil_pgc._fsutil import fsync_dir
 from cuvil_pgc.errors import SessionError
 from cuvil_pgc.trace.schema import META_SESSION_EVENT, PARTIAL_SUFFIX
 
@@ -106,7 +107,7 @@ class TraceWriter:
         os.fsync(self._raw.fileno())
         self._raw.close()
         os.replace(self.partial_path, self.path)
-        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         return self.path
 
     def abandon(self) -> None:
@@ -117,16 +118,3 @@ class TraceWriter:
             self._raw.close()
         except OSError:
             pass
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -1,4 +1,4 @@
-"""Durable file writes shared by the build writer and the build store."""
+"""Durable file writes: trace files, summaries, builds and the build store all go through here."""
 
 from __future__ import annotations
 
