@@ -46,10 +46,11 @@ class ScopeInputs:
 
     @property
     def spec(self) -> list[list[Any]] | None:
-        """JSON-able [shape, dtype, device] per positional tensor; None when inputs are not plain tensors."""
+        """JSON-able [shape, dtype, device, strides] per positional tensor; None unless all are tensors."""
         if self.kwargs or not all(isinstance(a, torch.Tensor) for a in self.args):
             return None
-        return [[list(a.shape), str(a.dtype).removeprefix("torch."), str(a.device)] for a in self.args]
+        return [[list(a.shape), str(a.dtype).removeprefix("torch."), str(a.device), list(a.stride())]
+                for a in self.args]
 
 
 @dataclass
@@ -82,7 +83,7 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
 class CompiledRegion(nn.Module):
     """Runs ``compiled`` for inputs matching the captured ones; the original module otherwise.
 
-    ``spec`` (a list of [shape, dtype, device] per positional tensor) makes the per-call check a
+    ``spec`` ([shape, dtype, device, strides] per positional tensor) makes the per-call check a
     few attribute comparisons; without it the slower hashed ``signature`` is compared.
     """
 
@@ -93,12 +94,17 @@ class CompiledRegion(nn.Module):
         self._compiled = compiled          # not a submodule: an AOTI runner or an OptimizedModule
         self.signature = signature
         self.config = config
-        self._spec = None if spec is None else [(torch.Size(shape), getattr(torch, dtype), torch.device(dev))
-                                                for shape, dtype, dev in spec]
+        self._spec = None if spec is None else [(torch.Size(shape), getattr(torch, dtype), torch.device(dev),
+                                                 tuple(strides)) for shape, dtype, dev, strides in spec]
+        self._fast = _FastAOTI(compiled) if self._spec is not None and hasattr(compiled, "loader") else None
         self.fallback_calls = 0
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.signature is None or self._matches(args, kwargs):
+        if self.signature is None:
+            return self._compiled(*args, **kwargs)
+        if self._matches(args, kwargs):
+            if self._fast is not None and not kwargs:
+                return self._fast(args)
             return self._compiled(*args, **kwargs)
         self.fallback_calls += 1
         if self.fallback_calls == 1:
@@ -109,11 +115,28 @@ class CompiledRegion(nn.Module):
         spec = self._spec
         if spec is None or kwargs or len(args) != len(spec):
             return input_signature((args, kwargs)) == self.signature
-        for a, (shape, dtype, device) in zip(args, spec, strict=True):
+        for a, (shape, dtype, device, strides) in zip(args, spec, strict=True):
             if not isinstance(a, torch.Tensor) or a.shape != shape or a.dtype != dtype or a.device != device \
-                    or not a.is_contiguous():
+                    or a.stride() != strides:
                 return False
         return True
+
+
+class _FastAOTI:
+    """Calls an AOTInductor runner with positional tensors without re-parsing its call spec each time.
+
+    ``AOTICompiledModel.__call__`` deserializes both tree specs on every call (tens of µs); for
+    inputs that are exactly the captured positional tensors, the flat input list is the args.
+    """
+
+    def __init__(self, compiled: Any) -> None:
+        self.loader = compiled.loader
+        self.out_spec = torch.utils._pytree.treespec_loads(self.loader.get_call_spec()[1])
+        self.single = self.out_spec.is_leaf()
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        out = self.loader.boxed_run(list(args))
+        return out[0] if self.single else torch.utils._pytree.tree_unflatten(out, self.out_spec)
 
 
 class _Autocast(nn.Module):

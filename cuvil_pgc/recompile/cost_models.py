@@ -8,10 +8,11 @@ factor for the multiplicative ones), and ``refit(samples)`` from measured record
 
 where the eager time of a scope splits into dispatch (ops × the machine's per-op cost, at most
 80 %) and work. The starting figures (``PRIORS``) are fixed costs above eager measured with the
-calibration probe (:mod:`.calibrate`) on a loaded 2-core CPU with torch 2.13 and one thread
-(eager 44 µs, torch.compile 114, cpp_wrapper 106, AOTInductor 121 before the per-call signature
-check was made cheap); CUDA graphs' 15 µs is a placeholder until the probe runs on a GPU. The
-refit replaces them with this machine's records (the probe is measured once per machine). After
+calibration probe (:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one thread (eager
+16.7 µs, torch.compile 58, cpp_wrapper 50, AOTInductor 8.9 through the direct runner call of
+:class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs'
+15 µs is a placeholder until the probe runs on a GPU. The refit replaces them with this machine's
+records (the probe is measured once per machine). After
 the component refits, a per-configuration log-ratio correction (shrunk towards zero by the record
 count) absorbs what the models miss, as TVM MetaSchedule's measured records correct its cost model.
 """
@@ -27,7 +28,7 @@ from cuvil_pgc.recompile.measure import median
 
 #: µs per call of each backend variant on top of eager (measured, see module docstring)
 PRIORS = {
-    "fixed_us": {"eager": 0.0, "compile": 70.0, "compile+cpp_wrapper": 62.0, "aoti": 60.0,
+    "fixed_us": {"eager": 0.0, "compile": 53.0, "compile+cpp_wrapper": 45.0, "aoti": 5.0,
                  "cudagraphs": 15.0},
     "per_op_us": {"eager": None, "compile": 1.0, "aoti": 0.5, "cudagraphs": 0.3},
     "rnn_rewrite_saving": 0.8,          # share of an RNN op's time a cell rewrite removes (0.35 → 0.064 ms)
