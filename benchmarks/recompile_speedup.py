@@ -33,7 +33,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--models", default="mlp,cnn,lstm_step,transformer,mixed",
                    help="zoo models (comma-separated; 'all' for every zoo factory)")
     p.add_argument("--budget", type=int, default=None, help="search budget (default: the search's own)")
-    p.add_argument("--exhaustive-models", default="lstm_step",
+    p.add_argument("--exhaustive-models", default="lstm_step,mlp",
                    help="models to also search exhaustively (slow: every candidate is compiled)")
     p.add_argument("--rounds", type=int, default=30, help="interleaved timing rounds")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")

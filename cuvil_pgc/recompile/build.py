@@ -108,6 +108,9 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
               plan: Any = None, calibrate: bool = True) -> Build:
     """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
 
+    ``model`` is put in eval mode and moved to ``device`` in place; its weights are shared with the
+    returned build's module (AOTInductor packages hold their own copy).
+
     Args:
         traces: trace file paths (or an :class:`Analysis` via ``analysis=``).
         budget: most candidates to measure (default: a fifth of the space, at least 3).
