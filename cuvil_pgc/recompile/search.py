@@ -8,7 +8,7 @@ the first eager median of that scope, so batches measured minutes apart stay com
 measurement goes to the record database; candidates already recorded for this module, machine
 and inputs are reused instead of measured, and the cost models are refitted from all of this
 machine's records before each batch. ``budget`` caps the new measurements, eager references and
-the composite plan included (default: a quarter of the space, at least 3); ``exhaustive=True``
+the composite plan included (default: a quarter of the space, at least 2); ``exhaustive=True``
 measures everything (for comparison benchmarks).
 """
 
@@ -98,8 +98,8 @@ def _ms(us: float | None) -> float | None:
 
 
 def default_budget(space_size: int) -> int:
-    """A quarter of the space, at least 3 measurements."""
-    return max(3, space_size // 4)
+    """A quarter of the space, at least 2 measurements (eager and the top-ranked candidate)."""
+    return max(2, space_size // 4)
 
 
 class _Search:
