@@ -3,11 +3,13 @@
 Contract of :func:`search`: it never crashes on a bad candidate. A candidate that fails to
 compile or export is rejected as ``compile_error``, one whose outputs differ from eager beyond
 the tolerances as ``accuracy_error``, each with its reason. Measurements are interleaved with the
-scope's eager module (same inputs, rotating order, medians; see :mod:`.measure`) and normalised by
-the first eager median of that scope, so batches measured minutes apart stay comparable. Every
+scope's eager module (same inputs, rotating order, medians; see :mod:`.measure`); each candidate
+keeps its ratio to the eager median of its own run and is expressed against the median of all of
+that scope's eager runs, so batches measured minutes apart stay comparable. Every
 measurement goes to the record database; candidates already recorded for this module, machine
 and inputs are reused instead of measured, and the cost models are refitted from all of this
-machine's records before each batch. ``budget`` caps the new measurements, eager references and
+machine's records before each batch; once a few measurements are in, only candidates predicted to
+beat the best measured time of their scope by 2 % are tried. ``budget`` caps the new measurements, eager references and
 the composite plan included (default: a quarter of the space, at least 2); ``exhaustive=True``
 measures everything (for comparison benchmarks).
 """
