@@ -78,7 +78,8 @@ def test_calibration_keeps_its_evidence_and_stays_within_budget(calibrated) -> N
         assert figure["estimator"] in ("median", "best") and figure["samples"] >= 3
         assert figure["best_s"] <= figure["time_s"] <= max(figure["median_s"], figure["time_s"])
     assert model.details["quick"] is True
-    assert sum(model.details["phases_s"].values()) <= model.details["calibration_s"]
+    # phases and the total are each rounded to the ms: allow that rounding
+    assert sum(model.details["phases_s"].values()) <= model.details["calibration_s"] + 0.002
     # the figure that came from the bandwidth kernels is the best of them
     assert model.mem_bw == max(f["value"] for f in model.details["bandwidth"].values())
 
