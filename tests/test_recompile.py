@@ -322,3 +322,15 @@ def test_structural_hash_sees_shapes_and_types_but_not_values():
                                                evidence={"structure": structural_hash(nn.Linear(4, 4))})])
     result = match_regions(an, a)
     assert [s.path for s in result.stale] == ["model/model.fc1"]
+
+
+def test_budget_default_is_a_quarter_and_exhaustive_measures_everything():
+    from cuvil_pgc.recompile.search import default_budget
+
+    assert default_budget(10) == 2 and default_budget(40) == 10
+    model, inputs = rnn_step()
+    full = search(model, inputs, _rnn_analysis(), options=SearchOptions(exhaustive=True, backends=("eager",), rounds=5),
+                  machine_key="m")
+    assert full.space_size >= 4
+    assert all(t.status == "ok" for t in full.trials.values())
+    assert full.measured >= full.space_size
