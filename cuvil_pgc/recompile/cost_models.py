@@ -12,9 +12,10 @@ calibration probe (:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one th
 16.7 µs, torch.compile 58, cpp_wrapper 50, AOTInductor 8.9 through the direct runner call of
 :class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs'
 15 µs is a placeholder until the probe runs on a GPU. The refit replaces them with this machine's
-records (the probe is measured once per machine). After
-the component refits, a per-configuration log-ratio correction (shrunk towards zero by the record
-count) absorbs what the models miss, as TVM MetaSchedule's measured records correct its cost model.
+records (the probe is measured once per machine). After the component refits, a log-ratio
+correction per configuration and op family (recurrent / conv / dense; shrunk towards zero by the
+record count) absorbs what the models miss, as TVM MetaSchedule's measured records correct its
+cost model.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class PlanCostModel:
         self.fusion = FusionCostModel(machine)
         self.layout = LayoutCostModel(machine)
         self.precision = PrecisionCostModel(machine, self.fusion)
-        self.correction: dict[str, float] = {}     # config -> log(measured / predicted), shrunk
+        self.correction: dict[tuple[str, str], float] = {}   # (config, op family) -> shrunk log(measured / predicted)
         self.refit_count = 0
 
     def variable_us(self, cand: Candidate, feats: ScopeFeatures) -> float:
@@ -194,17 +195,17 @@ class PlanCostModel:
         return self.overhead.predict(cand, feats) + self.variable_us(cand, feats)
 
     def predict(self, cand: Candidate, feats: ScopeFeatures) -> float:
-        return self.predict_raw(cand, feats) * math.exp(self.correction.get(cand.config, 0.0))
+        return self.predict_raw(cand, feats) * math.exp(self.correction.get((cand.config, op_family(feats)), 0.0))
 
     def refit(self, samples: list[tuple[Candidate, ScopeFeatures, float]]) -> None:
         """Refit from (candidate, features, measured µs per forward) of this machine."""
         self.overhead = BackendOverheadModel()
         self.overhead.refit([(c, f, m, self.variable_us(c, f)) for c, f, m in samples])
-        logs: dict[str, list[float]] = {}
+        logs: dict[tuple[str, str], list[float]] = {}
         for cand, feats, measured in samples:
             predicted = self.predict_raw(cand, feats)
             if measured > 0 and predicted > 0:
-                logs.setdefault(cand.config, []).append(math.log(measured / predicted))
+                logs.setdefault((cand.config, op_family(feats)), []).append(math.log(measured / predicted))
         self.correction = {cfg: median(v) * len(v) / (len(v) + 1) for cfg, v in logs.items()}
         self.refit_count += 1
 
@@ -218,6 +219,14 @@ class PlanCostModel:
             scored.append((cand, predicted, (-saving, _label_preference(cand, f))))
         scored.sort(key=lambda t: t[2])
         return [(c, p) for c, p, _ in scored]
+
+
+def op_family(feats: ScopeFeatures) -> str:
+    """Coarse kind of work in a scope: backends handle recurrent, convolutional and dense ops differently,
+    so a configuration's measured error on one family does not correct predictions for another."""
+    if any(r.startswith(("lstm", "gru")) for r in feats.rewrites):
+        return "recurrent"
+    return "conv" if feats.has_conv else "dense"
 
 
 def _label_preference(cand: Candidate, feats: ScopeFeatures) -> int:
