@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, str], None]
 BATCH = 2
-MIN_EXPLORE = 3      # measurements made before the cost model may stop the search
+MIN_EXPLORE = 3      # measurements (new or from records) before the cost model may stop the search
 MIN_GAIN = 0.02      # a candidate must be predicted this much faster than the best measured to be tried
 
 
@@ -166,7 +166,7 @@ class _Search:
         while pending and self.measured < budget:
             self._refit()
             ranked = self.cost.rank(pending, self.features)
-            if not self.opt.exhaustive and self.measured >= MIN_EXPLORE:
+            if not self.opt.exhaustive and self.measured + self.reused >= MIN_EXPLORE:
                 ranked = [(c, p) for c, p in ranked if p < self._best_in_scope(c.scope) * (1 - MIN_GAIN)]
                 if not ranked:
                     break    # nothing left is predicted to beat what was measured
