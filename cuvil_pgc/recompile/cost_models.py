@@ -13,8 +13,8 @@ calibration probe (:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one th
 :class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs'
 15 µs is a placeholder until the probe runs on a GPU. The refit replaces them with this machine's
 records (the probe is measured once per machine). After the component refits, a log-ratio
-correction per configuration and op family (recurrent / conv / dense; shrunk towards zero by the
-record count) absorbs what the models miss, as TVM MetaSchedule's measured records correct its
+correction per configuration and op family (recurrent / conv / dense; an unmeasured
+configuration borrows its backend's; shrunk towards zero by the record count) absorbs what the models miss, as TVM MetaSchedule's measured records correct its
 cost model.
 """
 
@@ -178,7 +178,8 @@ class PlanCostModel:
         self.fusion = FusionCostModel(machine)
         self.layout = LayoutCostModel(machine)
         self.precision = PrecisionCostModel(machine, self.fusion)
-        self.correction: dict[tuple[str, str], float] = {}   # (config, op family) -> shrunk log(measured / predicted)
+        # (config or backend, op family or "") -> shrunk median log(measured / predicted)
+        self.correction: dict[tuple[str, str], float] = {}
         self.refit_count = 0
 
     def variable_us(self, cand: Candidate, feats: ScopeFeatures) -> float:
@@ -195,7 +196,15 @@ class PlanCostModel:
         return self.overhead.predict(cand, feats) + self.variable_us(cand, feats)
 
     def predict(self, cand: Candidate, feats: ScopeFeatures) -> float:
-        return self.predict_raw(cand, feats) * math.exp(self.correction.get((cand.config, op_family(feats)), 0.0))
+        return self.predict_raw(cand, feats) * math.exp(self._correction(cand, feats))
+
+    def _correction(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        """The most specific learned correction: (config, family), else (backend, family), else backend."""
+        family = op_family(feats)
+        for key in ((cand.config, family), (cand.backend, family), (cand.backend, "")):
+            if key in self.correction:
+                return self.correction[key]
+        return 0.0
 
     def refit(self, samples: list[tuple[Candidate, ScopeFeatures, float]]) -> None:
         """Refit from (candidate, features, measured µs per forward) of this machine."""
@@ -204,9 +213,11 @@ class PlanCostModel:
         logs: dict[tuple[str, str], list[float]] = {}
         for cand, feats, measured in samples:
             predicted = self.predict_raw(cand, feats)
-            if measured > 0 and predicted > 0:
-                logs.setdefault((cand.config, op_family(feats)), []).append(math.log(measured / predicted))
-        self.correction = {cfg: median(v) * len(v) / (len(v) + 1) for cfg, v in logs.items()}
+            if measured > 0 and predicted > 0 and cand.backend != "eager":
+                family, err = op_family(feats), math.log(measured / predicted)
+                for key in ((cand.config, family), (cand.backend, family), (cand.backend, "")):
+                    logs.setdefault(key, []).append(err)
+        self.correction = {key: median(v) * len(v) / (len(v) + 1) for key, v in logs.items()}
         self.refit_count += 1
 
     def rank(self, cands: list[Candidate], feats: dict[str, ScopeFeatures]) -> list[tuple[Candidate, float]]:
