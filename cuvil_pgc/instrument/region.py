@@ -182,7 +182,7 @@ class ProfileRegion:
             else _check_name(name)
         self.attrs = _check_attrs(attrs) if attrs else None
         self._frame: list | None = None
-        self._json: tuple[str, str] | None = None   # (name, attrs) as JSON fragments; writer's cache
+        self._json: tuple[bytes, bytes] | None = None   # (name, attrs) as JSON fragments; writer's cache
 
     def __repr__(self) -> str:
         return f"ProfileRegion({self.name!r})"

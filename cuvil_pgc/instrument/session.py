@@ -64,7 +64,7 @@ class Session:
         self._emitted: deque[list[dict[str, Any]]] = deque()
         self._retain = any(getattr(s, "needs_regions", False) for s in self.samplers)
         self._kept: tuple[list[int], list[float], list[float], list[str]] = ([], [], [], [])
-        self._paths_json: dict[str, str] = {}
+        self._paths_json: dict[str, bytes] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._io_lock = threading.Lock()
@@ -228,43 +228,45 @@ class Session:
             self._io(lambda w: w.flush())
 
     def _drain_regions(self) -> None:
-        s0 = self.clock.start_mono_ns
-        keep = self._retain
-        tids, starts, ends, paths = self._kept
-        paths_json = self._paths_json
-        lines: list[str] = []
-        spans: list[tuple] | None = [] if self._otel is not None else None
-        unix0 = self.clock.start_unix_ns - s0
-        match = self._filter
         for buf, items in self._recorder.drain():
-            tid = buf.tid
-            head = f'{{"ph":"X","cat":"region","pid":{self.pid},"tid":{tid},"name":'
-            for frame, end in items:
-                identify(frame)
-                region, parent, start, rid, path = frame
-                if match is not None and not match(path):
-                    continue
-                name_json, attrs_json = region._json or _region_json(region)
-                path_json = paths_json.get(path)
-                if path_json is None:
-                    path_json = paths_json[path] = dumps(path).decode()
-                ts = (start - s0) / 1000.0
-                dur = (end - start) / 1000.0
-                parent_id = "null" if parent is None else parent[3]
-                lines.append(f'{head}{name_json},"ts":{ts},"dur":{dur},"args":{{"path":{path_json},'
-                             f'"id":{rid},"parent":{parent_id}{attrs_json}}}}},\n')
-                if spans is not None:
-                    spans.append(_span_row(frame, end, unix0, tid))
-                if keep:
-                    tids.append(tid)
-                    starts.append(ts)
-                    ends.append(ts + dur)
-                    paths.append(path)
-        if lines:
-            data = "".join(lines).encode("utf-8", "replace")
-            self._io(lambda w: w.write_raw(data, len(lines)))
-        if spans:
-            self._otel.submit(spans)
+            self._write_regions(buf.tid, items)
+
+    def _write_regions(self, tid: int, items: list[tuple[list, int]]) -> None:
+        """Serialise one thread's completed regions as Chrome ``X`` event lines.
+
+        This is most of what recording costs (the writer holds the GIL meanwhile), so the numbers
+        are formatted in bulk by orjson and each line is one bytes %-format of cached pieces.
+        """
+        for frame, _ in items:
+            identify(frame)
+        if self._filter is not None:
+            items = [(f, e) for f, e in items if self._filter(f[4])]
+            if not items:
+                return
+        s0 = self.clock.start_mono_ns
+        ts = [(f[2] - s0) / 1000.0 for f, _ in items]
+        dur = [(e - f[2]) / 1000.0 for f, e in items]
+        head = b'{"ph":"X","cat":"region","pid":%d,"tid":%d,"name":' % (self.pid, tid)
+        paths_json = self._paths_json
+        lines = []
+        for (frame, _), t, d in zip(items, _json_numbers(ts), _json_numbers(dur), strict=True):
+            region, parent, _, rid, path = frame
+            name_json, attrs_json = region._json or _region_json(region)
+            path_json = paths_json.get(path) or paths_json.setdefault(path, dumps(path))
+            lines.append(b'%s%s,"ts":%s,"dur":%s,"args":{"path":%s,"id":%d,"parent":%s%s}},\n' % (
+                head, name_json, t, d, path_json, rid, b"null" if parent is None else b"%d" % parent[3],
+                attrs_json))
+        data = b"".join(lines)
+        self._io(lambda w: w.write_raw(data, len(lines)))
+        if self._otel is not None:
+            unix0 = self.clock.start_unix_ns - s0
+            self._otel.submit([_span_row(f, e, unix0, tid) for f, e in items])
+        if self._retain:
+            tids, starts, ends, paths = self._kept
+            tids.extend([tid] * len(items))
+            starts.extend(ts)
+            ends.extend(a + b for a, b in zip(ts, dur, strict=True))
+            paths.extend(f[4] for f, _ in items)
 
     def _write_emitted(self) -> None:
         while self._emitted:
@@ -345,11 +347,17 @@ class Session:
             log.warning(message)
 
 
-def _region_json(region: _region.ProfileRegion) -> tuple[str, str]:
+def _region_json(region: _region.ProfileRegion) -> tuple[bytes, bytes]:
     """A region's name and attributes as JSON fragments, cached on the region."""
-    attrs = dumps(region.attrs).decode()[1:-1] if region.attrs else ""
-    region._json = (dumps(region.name).decode(), "," + attrs if attrs else "")
+    attrs = dumps(region.attrs)[1:-1] if region.attrs else b""
+    region._json = (dumps(region.name), b"," + attrs if attrs else b"")
     return region._json
+
+
+def _json_numbers(values: list[float]) -> list[bytes]:
+    """Each float as JSON text, formatted by orjson in one call (Python's float repr is the
+    costliest step of writing an event)."""
+    return dumps(values)[1:-1].split(b",") if values else []
 
 
 def _span_row(frame: list, end: int, unix0: int, tid: int) -> tuple:
