@@ -9,8 +9,9 @@ telemetry, so only what the mode names is measured:
   regions          a recording session and instrument_module regions down to ``--depth`` (2: the
                    model, stem and its layers, each residual stage, pool, head)
   regions+ops      the same plus operator capture (torch_ops: torch.profiler CPU ops with shapes)
-  wrap-regions     the same regions entered by a wrapped ``forward`` instead of module hooks, to
-                   separate what ProfileRegion costs from what nn.Module's hook path costs
+  wrap-regions     the same regions entered by this script's own ``forward`` wrapper (a reference:
+                   instrument_module wraps ``forward`` too since it stopped using module hooks,
+                   whose slow nn.Module call path cost more than the regions)
   wrap+ops         wrap-regions plus operator capture
   ops-only         operator capture with shapes, no regions (the torch.profiler share)
   ops-noshape      operator capture with record_shapes=False, no regions
