@@ -68,7 +68,26 @@ def compile_summary(prep: Prepared, analysis: Analysis) -> None:
     analysis.compile = module.summarize_compile(prep.trace)
 
 
-PASSES: list[Pass] = [trace_facts, region_stats, attribute_bottlenecks, score_hotness, mine_fusion,
+def region_identity(prep: Prepared, analysis: Analysis) -> None:
+    """Pass: the module class and structural hash instrument_module recorded on a region go into its
+    evidence (``module``, ``structure``), so the recompiler can tell a stale profile region."""
+    rows = prep.region_rows
+    if not len(rows):
+        return
+    pos = prep.path_pos[rows]
+    order = np.argsort(pos, kind="stable")
+    first = np.searchsorted(pos[order], np.arange(prep.n_paths))
+    by_path = {r.path: r for r in analysis.regions}
+    for i, path in enumerate(prep.paths):
+        if first[i] >= len(order) or pos[order[first[i]]] != i or path not in by_path:
+            continue
+        args = prep.trace.args.get(int(rows[order[first[i]]])) or {}
+        for key in ("module", "structure"):
+            if isinstance(args.get(key), str):
+                by_path[path].evidence.setdefault(key, args[key])
+
+
+PASSES: list[Pass] = [trace_facts, region_stats, attribute_bottlenecks, score_hotness, region_identity, mine_fusion,
                       rank_skew, build_timeline, compile_summary]
 
 

@@ -1,7 +1,8 @@
 """instrument_module: a ProfileRegion around every submodule's forward, down to a depth.
 
 Each module gets a region named by its qualified path (``model.layer1.0.conv1``; the root is
-named ``prefix``) with the module's class in ``args.module``. Nested calls nest, so region paths
+named ``prefix``) with the module's class in ``args.module`` and a prefix of its structural hash
+in ``args.structure`` (cuvil_pgc._structure), which the recompiler uses to tell stale regions. Nested calls nest, so region paths
 join those names with "/".
 
 The region wraps the module's ``forward`` through an instance attribute rather than forward hooks:
@@ -19,6 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from cuvil_pgc._structure import SHORT, structural_hash
 from cuvil_pgc.instrument import region as _region
 from cuvil_pgc.instrument.region import ProfileRegion
 
@@ -79,7 +81,8 @@ def instrument_module(model: Any, depth: int | None = None, prefix: str = "model
         level = qualname.count(".") - prefix.count(".")
         if depth is not None and level > depth:
             continue
-        region = ProfileRegion(qualname, module=type(module).__name__)
+        region = ProfileRegion(qualname, module=type(module).__name__,
+                               structure=structural_hash(module)[:SHORT])
         regions[qualname] = region
         patched.append((module, module.__dict__.get("forward", _ABSENT)))
         module.__dict__["forward"] = _wrap(module.forward, region)

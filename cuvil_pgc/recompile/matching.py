@@ -14,9 +14,10 @@ are not modules (a user's ``ProfileRegion("preprocess")``) are listed as unmatch
 from __future__ import annotations
 
 import hashlib
-import inspect
 from dataclasses import dataclass, field
 from typing import Any
+
+from cuvil_pgc._structure import structural_hash  # noqa: F401  (re-exported: recompile's name for it)
 
 
 @dataclass
@@ -48,30 +49,6 @@ class MatchResult:
         return out
 
 
-def structural_hash(module: Any) -> str:
-    """sha256 of the module's structure: types, parameter/buffer shapes and dtypes, forward sources."""
-    h = hashlib.sha256()
-    for name, sub in module.named_modules(remove_duplicate=False):
-        cls = type(sub)
-        h.update(f"M {name} {cls.__module__}.{cls.__qualname__}\n".encode())
-        h.update(_forward_source(cls).encode())
-        for pname, p in sub.named_parameters(recurse=False):
-            h.update(f"P {pname} {tuple(p.shape)} {p.dtype}\n".encode())
-        for bname, b in sub.named_buffers(recurse=False):
-            h.update(f"B {bname} {tuple(b.shape)} {b.dtype}\n".encode())
-    return h.hexdigest()
-
-
-_SOURCES: dict[type, str] = {}
-
-
-def _forward_source(cls: type) -> str:
-    if cls not in _SOURCES:
-        try:
-            _SOURCES[cls] = inspect.getsource(cls.forward)
-        except (OSError, TypeError):
-            _SOURCES[cls] = f"{cls.__module__}.{cls.__qualname__}.forward"
-    return _SOURCES[cls]
 
 
 def input_signature(args: Any) -> str:
@@ -136,7 +113,7 @@ def _qualname(name: str, roots: set[str]) -> str | None:
 def _structure_mismatch(stats: Any, module: Any) -> str:
     evidence = stats.evidence or {}
     recorded = evidence.get("structure")
-    if recorded and recorded != structural_hash(module):
+    if recorded and not structural_hash(module).startswith(recorded):
         return "module structure changed since the profile (parameter shapes, type or forward code)"
     module_type = evidence.get("module")
     if module_type and module_type != type(module).__name__:

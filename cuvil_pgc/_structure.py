@@ -1,0 +1,41 @@
+"""Structural hash of an nn.Module: what a profile region and a model must share to match.
+
+Recorded by ``instrument_module`` on every region (a 16-hex-digit prefix, ``args.structure``),
+copied into the analysis evidence, and compared by the recompiler (recompile.matching) so that a
+profile of a slightly different model version applies to the unchanged regions only. It lives
+here, outside both stages, because instrument (upstream) and recompile (downstream) both need it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from typing import Any
+
+SHORT = 16      # hex digits recorded per region: 64 bits, enough to tell module versions apart
+
+
+def structural_hash(module: Any) -> str:
+    """sha256 of the module's structure: types, parameter/buffer shapes and dtypes, forward sources."""
+    h = hashlib.sha256()
+    for name, sub in module.named_modules(remove_duplicate=False):
+        cls = type(sub)
+        h.update(f"M {name} {cls.__module__}.{cls.__qualname__}\n".encode())
+        h.update(_forward_source(cls).encode())
+        for pname, p in sub.named_parameters(recurse=False):
+            h.update(f"P {pname} {tuple(p.shape)} {p.dtype}\n".encode())
+        for bname, b in sub.named_buffers(recurse=False):
+            h.update(f"B {bname} {tuple(b.shape)} {b.dtype}\n".encode())
+    return h.hexdigest()
+
+
+_SOURCES: dict[type, str] = {}
+
+
+def _forward_source(cls: type) -> str:
+    if cls not in _SOURCES:
+        try:
+            _SOURCES[cls] = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            _SOURCES[cls] = f"{cls.__module__}.{cls.__qualname__}.forward"
+    return _SOURCES[cls]
