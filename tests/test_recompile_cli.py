@@ -55,7 +55,9 @@ def test_recompile_cli_json_and_table(trace, tmp_path, capsys):
     assert doc["build"] == out and os.path.isfile(out)
     assert set(doc) >= {"build", "regions", "measured_candidates", "space_size", "speedup_vs_eager"}
     paths = [r["path"] for r in doc["regions"]]
-    assert paths[0] == "model" and "model/model.rnn" in paths       # profile regions matched to submodules
+    # profile regions matched to submodules; the whole model is "model", or "<model>" when the search
+    # merged it into one compile boundary (which wins depends on the measurements)
+    assert paths[0] in ("model", "<model>") and "model/model.rnn" in paths
     assert all(set(r) >= {"path", "chosen", "predicted_ms", "measured_ms", "baseline_ms", "alternatives"}
                for r in doc["regions"])
     assert any(a["config"] == "eager+rewrite" for r in doc["regions"] for a in r["alternatives"]) or \

@@ -128,7 +128,10 @@ def utilization(prev: CpuTimes, cur: CpuTimes, wall_s: float) -> dict[str, float
     """Counter ``args`` for the interval between two readings ``wall_s`` seconds apart."""
     args = {"total": _busy_pct(prev.total, cur.total)}
     ncores = max(len(cur.cores), 1)
+    # Process CPU time advances in clock ticks (10 ms), so a short interval can read more busy time
+    # than its cores could hold: the figure is clamped to the core count.
     cores_busy = max(cur.process_s - prev.process_s, 0.0) / wall_s if wall_s > 0 else 0.0
+    cores_busy = min(cores_busy, float(ncores))
     args["process"] = round(min(100.0 * cores_busy / ncores, 100.0), 2)
     args["process_cores"] = round(cores_busy, 3)
     for name, now in cur.cores.items():
