@@ -24,3 +24,4 @@ def test_readme_opens_with_the_two_setup_commands():
     assert "pytest" in block[1]
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
     assert "python -m pytest -q" in ci and "python -m pytest -q" in block[1]
+

@@ -86,7 +86,8 @@ def render_hot_regions(analysis: Analysis, console: Console, top: int = 20) -> N
                   "saving": fmt_us(r.hotness)}
         verdict = Text(f"{r.bottleneck} {r.confidence:.2f}", style=_STYLE.get(r.bottleneck, ""))
         extra = [Text(key_evidence(r), style="dim")] if wide else []
-        table.add_row(str(i), Text("  " * min(r.depth, 6) + r.path), *(values[c] for c in cols), verdict, *extra)
+        table.add_row(str(i), Text("  " * min(r.depth, 6) + display_path(r.path)), *(values[c] for c in cols),
+                      verdict, *extra)
     console.print(table)
     if not wide:
         for i, r in enumerate(regions, 1):
@@ -94,6 +95,15 @@ def render_hot_regions(analysis: Analysis, console: Console, top: int = 20) -> N
     hidden = len(analysis.regions) - top
     if hidden > 0:
         console.print(Text(f"... {hidden} more regions (--top N to show more)", style="dim"))
+
+
+def display_path(path: str) -> str:
+    """A region path without the ancestors its own name repeats: instrument_module names regions by
+    qualified module path, so ``model/model.layer1/model.layer1.0`` reads ``model.layer1.0``;
+    ``serve/model/model.fc`` reads ``serve/model.fc``."""
+    parts = path.split("/")
+    kept = [p for p, nxt in zip(parts, parts[1:] + [""], strict=True) if not nxt.startswith(p + ".")]
+    return "/".join(kept)
 
 
 def short_name(name: str, limit: int = 48) -> str:
