@@ -76,8 +76,13 @@ def _register_summary(app: typer.Typer) -> None:
         from cuvil_pgc.analyze import analyze
         from cuvil_pgc.trace import load_trace
         from cuvil_pgc.viewer.console import render_hot_regions
+        from cuvil_pgc.viewer.progress import stage_progress
 
-        analysis = analyze(load_trace(*trace))
+        with stage_progress(2) as progress:          # a bar on interactive terminals only (stderr)
+            with progress.stage(f"loading {len(trace)} trace(s)"):
+                loaded = load_trace(*trace)
+            with progress.stage("analysing"):
+                analysis = analyze(loaded)
         console = Console()
         facts = analysis.trace
         console.print(f"[bold]{', '.join(trace)}[/]: {facts.get('events', 0)} events, "
