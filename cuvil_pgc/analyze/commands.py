@@ -7,6 +7,7 @@ Each command is registered by a small ``_register_<name>(app)`` function called 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import typer
@@ -90,6 +91,9 @@ def _register_analyze(app: typer.Typer) -> None:
         from cuvil_pgc.viewer.progress import stage_progress
 
         model = MachineModel.load(machine) if machine else None
+        # The fallback-machine warning comes back in result.trace["warnings"] and is printed below:
+        # keep the module's own log line from printing it a second time.
+        logging.getLogger("cuvil_pgc.analyze.machine").setLevel(logging.ERROR)
         with stage_progress(2) as progress:          # a bar on interactive terminals only (stderr)
             with progress.stage(f"loading {len(traces)} trace(s)"):
                 trace = load_trace(*traces)
