@@ -1,4 +1,5 @@
-"""Shared fixtures: no test may leave a session or sampler thread running."""
+"""Shared fixtures: no test may leave a session or sampler thread running; tests marked ``cuda``
+are skipped where torch sees no CUDA device."""
 
 from __future__ import annotations
 
@@ -8,6 +9,23 @@ import pytest
 
 from cuvil_pgc.instrument import region as _region
 from cuvil_pgc.instrument import session as _session
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The ``cuda`` marker alone is enough: without CUDA those tests are skipped with the reason."""
+    cuda_tests = [item for item in items if item.get_closest_marker("cuda")]
+    if cuda_tests and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in cuda_tests:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -106,7 +106,6 @@ def test_quick_calibration_runs_without_touching_the_cache(cache: Path, monkeypa
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_calibration(cache: Path) -> None:
     model = mm.calibrate("cuda", quick=True)
     assert model.device == "cuda:0" and model.source == "measured"

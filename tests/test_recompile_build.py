@@ -156,7 +156,6 @@ def test_pinned_compile_plan_ships_cache_artifacts_and_second_load_is_warm(tmp_p
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graphs_plan_round_trip(tmp_path):
     model, inputs = host_bound()
     build = recompile(model, inputs, device="cuda", plan={"": Candidate("", "cudagraphs", mode="reduce-overhead")},
