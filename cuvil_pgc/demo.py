@@ -63,8 +63,6 @@ def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | Non
 
 
 def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int) -> ModelResult:
-    import torch
-
     from cuvil_pgc import zoo
     from cuvil_pgc.analyze import analyze
     from cuvil_pgc.trace import load_trace
@@ -90,7 +88,6 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int) -> 
                          speedup_vs_eager=timings["eager"] / timings["build"],
                          speedup_vs_compile=timings["torch.compile"] / timings["build"])
     _print_compare(console, result)
-    del torch
     return result
 
 

@@ -35,7 +35,8 @@ def request_capture(pid: int, seconds: float = 10.0, steps: int | None = None, d
     target = request_path(pid, directory)
     write_atomic(Path(target), orjson.dumps({"id": request_id, "seconds": seconds, "steps": steps}))
     answer = done_path(pid, request_id, directory)
-    deadline = time.monotonic() + (0 if steps else seconds) + timeout
+    wait_s = (0 if steps else seconds) + timeout
+    deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if os.path.exists(answer):
             with open(answer, "rb") as f:
@@ -47,6 +48,6 @@ def request_capture(pid: int, seconds: float = 10.0, steps: int | None = None, d
         time.sleep(0.05)
     if os.path.exists(target):
         os.remove(target)
-    raise CuvilError(f"process {pid} did not answer within {deadline - time.monotonic() + timeout:.0f} s",
+    raise CuvilError(f"process {pid} did not answer within {wait_s:.1f} s",
                      path=target, fix=f"start it with CUVIL_PGC_ON_DEMAND=1 and the same {directory} "
                      "(CUVIL_PGC_CONTROL_DIR)")
