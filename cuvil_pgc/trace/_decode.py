@@ -29,8 +29,8 @@ _NO_RAW = msgspec.Raw(b"")
 _NAN = float("nan")
 
 
-class Event(msgspec.Struct, gc=False):
-    """One event of our files: the fields the reader uses; ``args`` decoded later, in a batch."""
+class _EventFields(msgspec.Struct, gc=False):
+    """The fields of a Chrome trace event the reader uses (both kinds of file)."""
 
     ph: str = ""
     cat: str = ""
@@ -40,20 +40,17 @@ class Event(msgspec.Struct, gc=False):
     ts: float = _NAN
     dur: float = 0.0
     id: Int64 | str | None = None
+
+
+class Event(_EventFields, gc=False):
+    """One event of our files; ``args`` decoded later, in a batch."""
+
     args: msgspec.Raw = _NO_RAW
 
 
-class KinetoEvent(msgspec.Struct, gc=False):
+class KinetoEvent(_EventFields, gc=False):
     """One event of a torch.profiler / Chrome trace, with its args decoded inline."""
 
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    pid: Int64 | str = 0
-    tid: Int64 | str = 0
-    ts: float = _NAN
-    dur: float = 0.0
-    id: Int64 | str | None = None
     args: KinetoArgs = NO_ARGS
 
 
