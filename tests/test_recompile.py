@@ -73,7 +73,9 @@ def feats(label: str, **kw) -> ScopeFeatures:
 def test_launch_overhead_label_generates_overhead_levers():
     configs = {c.config for c in scope_candidates(feats("launch_overhead", rewrites=["lstm_cell:rnn"]))}
     assert {"aoti", "aoti+freezing", "compile+cpp_wrapper", "eager+rewrite", "aoti+freezing+rewrite"} <= configs
-    assert not any("max-autotune" in c or "channels_last" in c or "bf16" in c for c in configs)
+    # autotuned GEMM templates fuse epilogues: an AOTInductor package lever, not torch.compile's
+    assert {"aoti+max-autotune-no-cudagraphs", "aoti+max-autotune-no-cudagraphs+rewrite"} <= configs
+    assert not any(c.startswith("compile+max-autotune") or "channels_last" in c or "bf16" in c for c in configs)
 
 
 def test_compute_label_with_conv_generates_layout_autotune_precision():
@@ -122,6 +124,42 @@ def test_rewrite_prediction_uses_profiled_rnn_time():
     model = PlanCostModel(MachineFigures())
     f = feats("launch_overhead", eager_us=400.0, ops=10, rewrites=["lstm_cell:rnn"], evidence={"rnn_us": 300.0})
     assert model.predict(Candidate("", rewrite=True), f) < 0.5 * model.predict(Candidate(""), f)
+
+
+def test_rewrite_of_a_long_sequence_is_charged_per_unrolled_step():
+    model = PlanCostModel(MachineFigures(dispatch_us=4.0))
+    one = feats("launch_overhead", eager_us=400.0, ops=10, rewrites=["lstm_cell:rnn"],
+                evidence={"rnn_us": 300.0, "rnn_steps": 1, "rnn_calls": 1})
+    long = dataclasses.replace(one, evidence={"rnn_us": 300.0, "rnn_steps": 32, "rnn_calls": 1})
+    eager, eager_rw = Candidate(""), Candidate("", rewrite=True)
+    assert model.predict(eager_rw, one) < model.predict(eager, one)
+    # 31 more steps of a dozen dispatched ops each cost more than the RNN op's fixed cost saves
+    assert model.predict(eager_rw, long) > model.predict(eager, long)
+    # compiled, a step is two kernels: the rewrite still pays, but less than for one step
+    aoti, aoti_rw = Candidate("", "aoti"), Candidate("", "aoti", rewrite=True)
+    assert model.predict(aoti_rw, one) < model.predict(aoti_rw, long) < model.predict(aoti, long)
+
+
+def test_census_counts_unrolled_rnn_steps():
+    from cuvil_pgc.recompile.features import op_census
+
+    rnn = nn.GRU(8, 8, num_layers=2, bidirectional=True, batch_first=True).eval()
+    census = op_census(rnn, (torch.randn(1, 5, 8),), {})
+    assert census["rnn_steps"] == 5 * 2 * 2 and census["rnn_calls"] == 1
+    model, inputs = rnn_step()
+    assert op_census(model, inputs, {})["rnn_steps"] == 1
+
+
+def test_a_measured_rewrite_does_not_correct_the_original_program():
+    model = PlanCostModel(MachineFigures(dispatch_us=4.0))
+    f = feats("launch_overhead", eager_us=400.0, ops=90, pointwise_ops=40, rewrites=["lstm_cell:rnn"],
+              evidence={"rnn_us": 200.0})
+    plain, rewritten = Candidate("", "aoti", freezing=True), Candidate("", "aoti", freezing=True, rewrite=True)
+    before, sibling = model.predict(Candidate("", "aoti"), f), model.predict(Candidate("", "aoti", rewrite=True), f)
+    model.refit([(rewritten, f, 5000.0)])                   # the unrolled program measured very slow
+    assert model.predict(Candidate("", "aoti", rewrite=True), f) > 3 * sibling     # its siblings learn from it
+    assert model.predict(Candidate("", "aoti"), f) == pytest.approx(before, rel=0.35)
+    assert model.predict(plain, f) < model.predict(rewritten, f)
 
 
 # ----------------------------------------------------------------------------- search, records, guard
@@ -244,6 +282,27 @@ def test_rnn_cell_rewrites_match_torch(kw, steps):
             assert a.shape == b.shape and (a - b).abs().max().item() < 1e-5
 
 
+def test_lstm_rewrite_projects_all_inputs_in_one_gemm():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: dict[str, int] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            self.ops[name] = self.ops.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    cell = CellLSTM(nn.LSTM(24, 32, batch_first=True).eval())
+    counts = Count()
+    with torch.no_grad(), counts:
+        cell(torch.randn(1, 6, 24))
+    # per step only h @ W_hh: 1 input GEMM + 6 step GEMMs, no per-step concatenation of [x, h]
+    assert counts.ops["addmm"] == 7 and "cat" not in counts.ops
+
+
 def test_lstm_rewrite_with_state_and_in_a_model():
     model, inputs = rnn_step()
     rewritten, applied = apply_rewrites(model)
@@ -254,6 +313,18 @@ def test_lstm_rewrite_with_state_and_in_a_model():
         assert (model(*inputs) - rewritten(*inputs)).abs().max() < 1e-5
         a, b = model.rnn(inputs[0], (h, h)), rewritten.rnn(inputs[0], (h, h))
         assert (a[0] - b[0]).abs().max() < 1e-5 and (a[1][1] - b[1][1]).abs().max() < 1e-5
+
+
+def test_cached_packages_of_rewritten_modules_are_keyed_by_the_rewrite_version(monkeypatch):
+    from cuvil_pgc.recompile import apply
+
+    model, inputs = rnn_step()
+    scope_inputs = apply.ScopeInputs(inputs)
+    plain, rewritten = Candidate("", "aoti"), Candidate("", "aoti", rewrite=True)
+    before = {c.config: apply._aoti_path(model, c, scope_inputs, "m") for c in (plain, rewritten)}
+    monkeypatch.setattr(apply, "REWRITES_VERSION", apply.REWRITES_VERSION + 1)
+    assert apply._aoti_path(model, rewritten, scope_inputs, "m") != before["aoti+rewrite"]
+    assert apply._aoti_path(model, plain, scope_inputs, "m") == before["aoti"]
 
 
 class ConvBN(nn.Module):

@@ -28,7 +28,7 @@ from torch import nn
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.records import cache_dir
-from cuvil_pgc.recompile.rewrites import apply_rewrites
+from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,10 @@ def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, pat
 
 
 def _aoti_path(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str) -> Path:
-    key = "|".join([structural_hash(module), cand.config, inputs.signature, machine, torch.__version__])
+    parts = [structural_hash(module), cand.config, inputs.signature, machine, torch.__version__]
+    if cand.rewrite:      # a changed rewrite is a different program
+        parts.append(f"rewrites-v{REWRITES_VERSION}")
+    key = "|".join(parts)
     return cache_dir() / "artifacts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt2"
 
 

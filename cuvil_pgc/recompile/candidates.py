@@ -3,7 +3,8 @@
 A :class:`Candidate` is one configuration of one *scope* — a submodule matched to a hot region
 (the region compiled alone) or the whole model (every region merged into one compile boundary).
 Configurations combine a backend (eager, torch.compile, AOTInductor package, CUDA graphs via
-``reduce-overhead``), its options (mode, Inductor freezing, ``cpp_wrapper``), module rewrites,
+``reduce-overhead``), its options (mode — also max-autotune for AOTInductor packages —, Inductor
+freezing, ``cpp_wrapper``), module rewrites,
 memory layout (channels_last) and precision (bf16/fp16 autocast).
 
 :func:`generate_space` builds the candidates from the bottleneck labels the analyzer gave the
@@ -39,7 +40,7 @@ class Candidate:
     def config(self) -> str:
         """The configuration without the scope, e.g. ``aoti+freezing+rewrite``."""
         parts = [self.backend]
-        if self.backend == "compile" and self.mode != "default":
+        if self.backend in ("compile", "aoti") and self.mode != "default":
             parts.append(self.mode)
         parts += [name for name, on in (("freezing", self.freezing), ("cpp_wrapper", self.cpp_wrapper),
                                         ("rewrite", self.rewrite), ("channels_last", self.channels_last)) if on]
@@ -111,6 +112,7 @@ def scope_candidates(feats: ScopeFeatures, device: str = "cpu") -> list[Candidat
 def _overhead_configs(scope: str, rw: bool, device: str) -> list[Candidate]:
     out = [Candidate(scope, rewrite=True)] if rw else []
     out += [Candidate(scope, "aoti", rewrite=rw), Candidate(scope, "aoti", freezing=True, rewrite=rw),
+            *_aoti_autotune_configs(scope, rw),
             Candidate(scope, "compile", cpp_wrapper=True, rewrite=rw), Candidate(scope, "compile", rewrite=rw)]
     if device.startswith("cuda"):
         out.append(Candidate(scope, "cudagraphs", mode="reduce-overhead", rewrite=rw))
@@ -121,7 +123,16 @@ def _fusion_configs(scope: str, rw: bool) -> list[Candidate]:
     mat = "max-autotune-no-cudagraphs"
     return [Candidate(scope, "compile", rewrite=rw), Candidate(scope, "compile", mode=mat, rewrite=rw),
             Candidate(scope, "compile", mode=mat, freezing=True, rewrite=rw),
-            Candidate(scope, "aoti", rewrite=rw), Candidate(scope, "aoti", freezing=True, rewrite=rw)]
+            Candidate(scope, "aoti", rewrite=rw), Candidate(scope, "aoti", freezing=True, rewrite=rw),
+            *_aoti_autotune_configs(scope, rw)]
+
+
+def _aoti_autotune_configs(scope: str, rw: bool) -> list[Candidate]:
+    """AOTInductor with max-autotune: GEMMs benchmarked against Inductor's own templates, which
+    fuse their epilogues (bias, activation) — fewer kernels per call and faster small GEMMs, with
+    the package's low per-call cost; with and without freezing (prepacked weights)."""
+    mat = "max-autotune-no-cudagraphs"
+    return [Candidate(scope, "aoti", mode=mat, rewrite=rw), Candidate(scope, "aoti", mode=mat, freezing=True, rewrite=rw)]
 
 
 def _layout_precision_configs(feats: ScopeFeatures, device: str, labels: set[str]) -> list[Candidate]:

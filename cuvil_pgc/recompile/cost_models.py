@@ -12,10 +12,12 @@ calibration probe (:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one th
 16.7 µs, torch.compile 58, cpp_wrapper 50, AOTInductor 8.9 through the direct runner call of
 :class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs'
 15 µs is a placeholder until the probe runs on a GPU. The refit replaces them with this machine's
-records (the probe is measured once per machine). After the component refits, a log-ratio
-correction per configuration and op family (recurrent / conv / dense; an unmeasured
-configuration borrows its backend's; shrunk towards zero by the record count) absorbs what the models miss, as TVM MetaSchedule's measured records correct its
-cost model.
+records (the probe is measured once per machine). A cell rewrite removes the RNN op's fixed cost
+but unrolls every step, each step costing its ops (eager) or kernels (compiled). After the
+component refits, a log-ratio correction per configuration and op family (recurrent / conv /
+dense; an unmeasured configuration borrows that of its program kind — backend, rewritten or not;
+shrunk towards zero by the record count) absorbs what the models miss, as TVM MetaSchedule's
+measured records correct its cost model.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ PRIORS = {
     "per_op_us": {"eager": None, "compile": 1.0, "aoti": 0.5, "cudagraphs": 0.3},
     "rnn_rewrite_saving": 0.8,          # share of an RNN op's time a cell rewrite removes (0.35 → 0.064 ms)
     "rnn_op_us": 250.0,                 # nn.LSTM step cost when the profile has no top_ops
+    "cell_step_ops": 12.0,              # aten ops of one rewritten LSTM/GRU step (addmm, chunk, gates)
+    "cell_step_kernels": 2.0,           # compiled: the step's GEMM and its fused pointwise gates
 }
 
 
@@ -77,10 +81,13 @@ class BackendOverheadModel:
         return self.fixed_us.get(backend_variant(cand), 0.0) * feats.calls
 
     def refit(self, samples: list[tuple[Candidate, ScopeFeatures, float, float]]) -> None:
-        """samples: (candidate, features, measured µs, predicted µs without the fixed cost)."""
+        """samples: (candidate, features, measured µs, predicted µs without the fixed cost).
+
+        Rewritten programs are left out: their variable part is the least certain prediction (the
+        unrolled steps), and their errors belong to the rewrite, not to the backend's fixed cost."""
         implied: dict[str, list[float]] = {}
         for cand, feats, measured, variable in samples:
-            if cand.backend != "eager":
+            if cand.backend != "eager" and not cand.rewrite:
                 implied.setdefault(backend_variant(cand), []).append(max(measured - variable, 0.0) / feats.calls)
         for variant, values in implied.items():
             prior, n = self.fixed_us.get(variant, 0.0), len(values)
@@ -103,11 +110,22 @@ class LaunchCostModel:
         return kernels * self.per_op_us.get(cand.backend, 1.0)
 
     def rewrite_saving(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        """µs a cell rewrite removes (negative: it adds): the RNN op's fixed cost, less the cost of
+        the steps it unrolls beyond the first of each call (ops per step x this backend's per-op cost)."""
         if not cand.rewrite:
             return 0.0
         rnn_us = float(feats.evidence.get("rnn_us", 0.0)) or PRIORS["rnn_op_us"] * sum(
             1 for r in feats.rewrites if r.startswith(("lstm", "gru"))) * feats.calls
-        return self.rnn_saving * min(rnn_us, feats.eager_us)
+        extra_steps = max(float(feats.evidence.get("rnn_steps", 0.0)) - float(feats.evidence.get("rnn_calls", 0.0)),
+                          0.0)
+        return self.rnn_saving * min(rnn_us, feats.eager_us) - extra_steps * self.step_us(cand)
+
+    def step_us(self, cand: Candidate) -> float:
+        """Fixed cost of one unrolled cell step: its ops dispatched one by one (eager), or its
+        kernels (compiled: the GEMM and one fused pointwise kernel)."""
+        if cand.backend == "eager":
+            return PRIORS["cell_step_ops"] * self.machine.dispatch_us
+        return PRIORS["cell_step_kernels"] * self.per_op_us.get(cand.backend, 1.0)
 
 
 @dataclass
@@ -199,9 +217,8 @@ class PlanCostModel:
         return self.predict_raw(cand, feats) * math.exp(self._correction(cand, feats))
 
     def _correction(self, cand: Candidate, feats: ScopeFeatures) -> float:
-        """The most specific learned correction: (config, family), else (backend, family), else backend."""
-        family = op_family(feats)
-        for key in ((cand.config, family), (cand.backend, family), (cand.backend, "")):
+        """The most specific learned correction: (config, family), else (program, family), else program."""
+        for key in correction_keys(cand, feats):
             if key in self.correction:
                 return self.correction[key]
         return 0.0
@@ -214,8 +231,8 @@ class PlanCostModel:
         for cand, feats, measured in samples:
             predicted = self.predict_raw(cand, feats)
             if measured > 0 and predicted > 0 and cand.backend != "eager":
-                family, err = op_family(feats), math.log(measured / predicted)
-                for key in ((cand.config, family), (cand.backend, family), (cand.backend, "")):
+                err = math.log(measured / predicted)
+                for key in correction_keys(cand, feats):
                     logs.setdefault(key, []).append(err)
         self.correction = {key: median(v) * len(v) / (len(v) + 1) for key, v in logs.items()}
         self.refit_count += 1
@@ -230,6 +247,14 @@ class PlanCostModel:
             scored.append((cand, predicted, (-saving, _label_preference(cand, f))))
         scored.sort(key=lambda t: t[2])
         return [(c, p) for c, p, _ in scored]
+
+
+def correction_keys(cand: Candidate, feats: ScopeFeatures) -> tuple[tuple[str, str], ...]:
+    """Keys of the learned corrections, most specific first: the configuration and op family, the
+    program kind (backend, plus ``+rewrite``: a rewritten module is another program, so a rewrite's
+    measured error says nothing about the original's) and family, the program kind alone."""
+    family, program = op_family(feats), cand.backend + ("+rewrite" if cand.rewrite else "")
+    return (cand.config, family), (program, family), (program, "")
 
 
 def op_family(feats: ScopeFeatures) -> str:

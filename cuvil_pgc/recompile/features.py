@@ -40,15 +40,37 @@ class _OpCensus(TorchDispatchMode):
 
 
 def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, float]:
-    """aten ops, pointwise ops, bytes touched and FLOPs of one call."""
+    """aten ops, pointwise ops, bytes touched, FLOPs and recurrent cell steps of one call."""
     from torch.utils.flop_counter import FlopCounterMode
 
     census = _OpCensus()
     flops = FlopCounterMode(display=False)
-    with torch.no_grad(), flops, census:
-        module(*args, **kwargs)
+    steps: list[int] = []
+    hooks = [m.register_forward_pre_hook(lambda m, a: steps.append(rnn_cell_steps(m, a)))
+             for m in module.modules() if isinstance(m, torch.nn.RNNBase)]
+    try:
+        with torch.no_grad(), flops, census:
+            module(*args, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
     return {"ops": census.ops, "pointwise": census.pointwise, "bytes": census.bytes,
-            "flops": flops.get_total_flops()}
+            "flops": flops.get_total_flops(), "rnn_steps": sum(steps), "rnn_calls": len(steps)}
+
+
+def rnn_cell_steps(rnn: torch.nn.RNNBase, args: tuple[Any, ...]) -> int:
+    """Cell steps one call of ``rnn`` runs: sequence length x layers x directions.
+
+    A cell rewrite unrolls every one of them into the graph, so its cost grows with this count.
+    """
+    x = args[0] if args else None
+    if isinstance(x, torch.nn.utils.rnn.PackedSequence):
+        length = len(x.batch_sizes)
+    elif isinstance(x, torch.Tensor):
+        length = x.shape[0] if x.dim() == 2 or not rnn.batch_first else x.shape[1]
+    else:
+        length = 1
+    return int(length) * rnn.num_layers * (2 if rnn.bidirectional else 1)
 
 
 def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | None, analysis: Any,
@@ -59,6 +81,9 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     calls = (stats.calls / root_calls) if stats and root_calls else 1.0
     eager_us = (stats.total_us / root_calls * scale) if stats and root_calls else 0.0
     evidence: dict[str, Any] = {"hotness": getattr(stats, "hotness", 0.0) if stats else 0.0}
+    if census["rnn_steps"]:
+        evidence["rnn_steps"] = census["rnn_steps"] * calls
+        evidence["rnn_calls"] = census["rnn_calls"] * calls
     if stats:
         evidence.update(_profile_evidence(stats, analysis, root_calls, scale))
     return ScopeFeatures(

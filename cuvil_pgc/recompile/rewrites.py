@@ -1,10 +1,12 @@
 """Module rewrites for overhead-bound regions, numerically equivalent to the originals.
 
 - ``nn.LSTM`` / ``nn.GRU`` (any layers, batch_first, bidirectional; no proj_size) become
-  :class:`CellLSTM` / :class:`CellGRU`: per time step one ``addmm`` over ``[x, h]`` (LSTM; the
-  input and hidden weights concatenated once) plus pointwise gates. For single-step and short
-  sequences this removes most of cuDNN/oneDNN RNN's fixed per-call cost; compiled, the pointwise
-  gates fuse. Longer sequences (> :data:`MAX_UNROLLED_STEPS`) are left alone.
+  :class:`CellLSTM` / :class:`CellGRU`: the input projection of every step in one GEMM (a single
+  step of an LSTM instead takes one ``addmm`` over ``[x, h]``, the weights concatenated once),
+  then per step one ``addmm`` with the hidden weights plus pointwise gates. For single-step and
+  short sequences this removes most of cuDNN/oneDNN RNN's fixed per-call cost; compiled, the
+  pointwise gates fuse. Each step unrolls into the graph, so the cost models charge the rewrite
+  per step (see :mod:`.cost_models`). Longer sequences (> :data:`MAX_UNROLLED_STEPS`) are left alone.
 - Conv + BatchNorm folding (eval mode): a ``Conv{1,2,3}d`` whose only user is a ``BatchNorm``
   (found by tracing each parent with ``torch.fx``) gets the BN's scale and shift folded into its
   weight and bias, and the BN becomes ``nn.Identity``. Inductor freezing does this too; the
@@ -22,6 +24,9 @@ import torch
 from torch import nn
 
 MAX_UNROLLED_STEPS = 32
+#: bump when a rewrite's generated program changes: cached AOTInductor packages of rewritten
+#: modules are keyed by it
+REWRITES_VERSION = 2
 
 
 class CellLSTM(nn.Module):
@@ -61,9 +66,15 @@ class CellLSTM(nn.Module):
         sfx = f"_l{layer}" + ("_reverse" if d else "")
         w, b = getattr(self, "w" + sfx), getattr(self, "b" + sfx)
         steps = range(seq.shape[0] - 1, -1, -1) if d else range(seq.shape[0])
+        if seq.shape[0] > 1:   # one GEMM projects every step's input; each step then adds h @ W_hh
+            n_in = seq.shape[-1]
+            gx = torch.addmm(b, seq.reshape(-1, n_in), w[:n_in]).view(seq.shape[0], seq.shape[1], -1)
         outs: list[torch.Tensor] = []
         for t in steps:
-            gates = torch.addmm(b, torch.cat([seq[t], h], 1), w)
+            if seq.shape[0] > 1:
+                gates = torch.addmm(gx[t], h, w[seq.shape[-1]:])
+            else:
+                gates = torch.addmm(b, torch.cat([seq[t], h], 1), w)
             i, f, g, o = gates.chunk(4, 1)
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
