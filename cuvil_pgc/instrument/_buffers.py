@@ -1,24 +1,29 @@
 """Per-thread region buffers between the user's threads and the trace writer.
 
-Each recording thread appends ``(frame, end_ns)`` to its own deque; the writer thread pops from
-the left. ``deque.append`` and ``deque.popleft`` are atomic, so nothing is lost between the two
-sides and the user's thread never takes a lock. A full buffer drops the event and counts it.
+Each recording thread appends its ended region frames to its own list; the writer thread takes what a
+list holds and deletes that prefix. Under the GIL an append and a prefix deletion are each atomic,
+so nothing is lost between the two sides and the user's thread never takes a lock. A full buffer
+drops the event and counts it. The C regions (``_fastregion.c``) append to the same lists: they
+call ``_register`` once per thread and per recorder (told apart by ``serial``).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections import deque
 
 
 class ThreadBuffer:
     __slots__ = ("events", "dropped", "tid", "thread_name")
 
     def __init__(self, tid: int, thread_name: str) -> None:
-        self.events: deque = deque()
+        self.events: list = []
         self.dropped = 0
         self.tid = tid
         self.thread_name = thread_name
+
+
+_serials = itertools.count(1)
 
 
 class RegionRecorder:
@@ -26,6 +31,7 @@ class RegionRecorder:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
+        self.serial = next(_serials)
         self.buffers: list[ThreadBuffer] = []
         self._tls = threading.local()
         self._lock = threading.Lock()
@@ -37,7 +43,7 @@ class RegionRecorder:
             buf = self._register()
         events = buf.events
         if len(events) < self.capacity:
-            events.append((frame, end_ns))
+            events.append(frame)
         else:
             buf.dropped += 1
 
@@ -55,10 +61,12 @@ class RegionRecorder:
             buffers = list(self.buffers)
         out = []
         for buf in buffers:
-            n = len(buf.events) if limit is None else min(limit, len(buf.events))
+            events = buf.events
+            n = len(events) if limit is None else min(limit, len(events))
             if n:
-                pop = buf.events.popleft
-                out.append((buf, [pop() for _ in range(n)]))
+                taken = events[:n]
+                del events[:n]
+                out.append((buf, taken))
         return out
 
     def dropped(self) -> int:

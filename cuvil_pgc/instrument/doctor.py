@@ -194,11 +194,30 @@ def check_cpu_util(proc: str = "/proc") -> BackendCheck:
     return BackendCheck(name, True, f"{cores} cores, process and per-core times")
 
 
+def check_region_accel() -> BackendCheck:
+    """The C accelerator of ProfileRegion (built at install when a C compiler is present)."""
+    import importlib.util
+
+    from cuvil_pgc.instrument import region
+
+    name = "region accelerator (C)"
+    if region.ACCELERATED:
+        return BackendCheck(name, True, "regions and the trace writer run in C")
+    if os.environ.get("CUVIL_PGC_PURE_PYTHON"):
+        return BackendCheck(name, False, reason="CUVIL_PGC_PURE_PYTHON is set: pure-Python regions",
+                            fix="unset CUVIL_PGC_PURE_PYTHON")
+    built = importlib.util.find_spec("cuvil_pgc.instrument._fastregion") is not None
+    return BackendCheck(name, False, reason="the extension is built but does not load" if built else
+                        "the extension was not built at install: regions run in pure Python (~10x the cost)",
+                        fix="install a C compiler and the Python headers (e.g. apt-get install gcc python3-dev), "
+                            "then reinstall cuvil-pgc")
+
+
 # CUPTI is probed before torch.profiler runs: on a CUDA build, starting torch.profiler makes Kineto
 # subscribe to CUPTI, and the CUPTI check would then report this very process as the other tool.
 CHECKS: list[Callable[[], BackendCheck]] = [
     check_torch, check_cuda, check_cupti, check_nvml, check_counter_permission, check_op_capture,
-    check_compile, check_cpu_util,
+    check_compile, check_cpu_util, check_region_accel,
 ]
 
 

@@ -10,8 +10,12 @@ Contract:
   (:func:`identify`), so entering a region allocates one list and formats no string.
 - With no session recording, enter/exit test one module global and return: no torch, CUPTI or
   NVML is imported here, and nothing is allocated.
-- While a session records, exit hands ``(frame, end_ns)`` to the session's ``_record`` function,
-  which appends it to the calling thread's buffer. That path never raises into the user's code.
+- While a session records, exit hands ``(frame, end_ns)`` to the sinks (:func:`attach`); the
+  session's RegionRecorder appends it to the calling thread's buffer. That path never raises into
+  the user's code.
+- Enter/exit and :func:`identify` run in C when the optional accelerator (``_fastregion.c``) is
+  built, else in the pure-Python versions below; both behave the same (tests run both), and
+  ``CUVIL_PGC_PURE_PYTHON=1`` forces the Python ones.
 """
 
 from __future__ import annotations
@@ -20,20 +24,32 @@ import contextvars
 import functools
 import inspect
 import itertools
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from cuvil_pgc.errors import RegionError
 
+try:
+    if os.environ.get("CUVIL_PGC_PURE_PYTHON"):
+        raise ImportError("CUVIL_PGC_PURE_PYTHON is set")
+    from cuvil_pgc.instrument import _fastregion as _accel
+except ImportError:
+    _accel = None
+
+ACCELERATED = _accel is not None
+"""Whether regions run the C accelerator (False: pure Python, e.g. no compiler at install)."""
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_NAME_CHARS = 65_536
 _ATTR_TYPES = (str, int, float, bool, type(None))
 
-# Frame layout: [region, parent_frame, start_ns, id, path]; id and path are None until the
-# writer thread calls identify() on the frame; start_ns is -1 for a sampled-out region.
-_REGION, _PARENT, _START, _ID, _PATH = range(5)
+# Frame layout: [region, parent_frame, start_ns, id, path, end_ns]; id and path are None until the
+# writer thread calls identify() on the frame, end_ns None until the region ends; start_ns is -1
+# for a sampled-out region. The C accelerator's Frame objects index the same way.
+_REGION, _PARENT, _START, _ID, _PATH, _END = range(6)
 
 _current: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("cuvil_pgc_region", default=None)
 _ids = itertools.count(1)
@@ -43,7 +59,8 @@ _now = time.perf_counter_ns
 class Recorder(Protocol):
     """What a recording session offers regions: one call per completed region."""
 
-    def record(self, frame: list, end_ns: int) -> None: ...
+    def record(self, frame: list, end_ns: int) -> None:
+        """``frame`` has ended at ``end_ns`` (also in ``frame[5]``)."""
 
 
 # What regions call on exit while anything records: the one sink's bound ``record`` method, a
@@ -82,6 +99,7 @@ def set_sampling(policy: Callable[[ProfileRegion], bool] | None) -> None:
     """Install a root-region sampling policy (region -> keep?), or None to keep every region."""
     global _sample
     _sample = policy
+    _configure_accel()
 
 
 def _rebuild() -> None:
@@ -97,6 +115,17 @@ def _rebuild() -> None:
             for call in calls:
                 call(frame, end_ns)
         _recorder = tee
+    _configure_accel()
+
+
+def _configure_accel() -> None:
+    """Hand the C regions what the Python ones read from this module's globals. A lone sink that
+    offers per-thread list buffers (``_register``, see _buffers.RegionRecorder) is appended to
+    directly from C; any other sink is called. A replaced ``_now`` (tests) replaces C's clock."""
+    if _accel is None:
+        return
+    sink = _sinks[0] if len(_sinks) == 1 and hasattr(_sinks[0], "_register") else None
+    _accel.configure(_recorder, sink, _sample, _current, None if _now is time.perf_counter_ns else _now)
 
 
 def current_frame() -> list | None:
@@ -122,7 +151,7 @@ def current_path() -> str | None:
     return None if frame is None else frame_path(frame)
 
 
-def identify(frame: list) -> None:
+def _identify(frame: list) -> None:
     """Assign id and path to a frame and its ancestors (writer thread only)."""
     if frame[_ID] is not None:
         return
@@ -130,9 +159,12 @@ def identify(frame: list) -> None:
     if parent is None:
         frame[_PATH] = frame[_REGION].name
     else:
-        identify(parent)
+        _identify(parent)
         frame[_PATH] = f"{parent[_PATH]}/{frame[_REGION].name}"
     frame[_ID] = next(_ids)
+
+
+identify: Callable[[list], None] = _accel.identify if _accel is not None else _identify
 
 
 def _check_name(name: object) -> str:
@@ -167,36 +199,33 @@ def _check_attrs(attrs: dict[str, Any]) -> dict[str, Any] | None:
     return attrs
 
 
-class ProfileRegion:
-    """A named region of the user's program, recorded when a session is active.
+def _checked(name: str, **attrs: Any) -> tuple[str, dict[str, Any] | None]:
+    """A region's (name, attrs), validated (RegionError on bad input)."""
+    name = name if type(name) is str and name.isascii() and 0 < len(name) <= MAX_NAME_CHARS \
+        else _check_name(name)
+    return name, _check_attrs(attrs) if attrs else None
 
-    Args:
-        name: short, low-cardinality name; nested regions form the path ``outer/inner``.
-        **attrs: static attributes (str, int, float, bool, None) stored in the event's ``args``.
-    """
 
-    __slots__ = ("name", "attrs", "_frame", "_json")
+class _PyRegionBase:
+    """Construction, enter and exit in pure Python (the C accelerator's RegionBase does the same)."""
+
+    __slots__ = ("name", "attrs", "_json", "_frame")
 
     def __init__(self, name: str, **attrs: Any) -> None:
-        self.name = name if type(name) is str and name.isascii() and 0 < len(name) <= MAX_NAME_CHARS \
-            else _check_name(name)
-        self.attrs = _check_attrs(attrs) if attrs else None
-        self._frame: list | None = None
+        self.name, self.attrs = _checked(name, **attrs)
         self._json: tuple[bytes, bytes] | None = None   # (name, attrs) as JSON fragments; writer's cache
+        self._frame = None
 
-    def __repr__(self) -> str:
-        return f"ProfileRegion({self.name!r})"
-
-    def __enter__(self) -> ProfileRegion:
+    def __enter__(self) -> Any:
         if _recorder is None:
             return self
         parent = _current.get()
         if _sample is None:
-            frame = [self, parent, _now(), None, None]
+            frame = [self, parent, _now(), None, None, None]
         elif parent is None:
-            frame = [self, None, _now() if _sample(self) else -1, None, None]
+            frame = [self, None, _now() if _keep_root(self) else -1, None, None, None]
         else:   # a sampled-out root's subtree is sampled out too (start -1)
-            frame = [self, parent, -1 if parent[2] < 0 else _now(), None, None]
+            frame = [self, parent, -1 if parent[2] < 0 else _now(), None, None, None]
         _current.set(frame)
         self._frame = frame
         return self
@@ -215,8 +244,36 @@ class ProfileRegion:
         else:
             _current.set(frame[1])
         self._frame = None
-        if record is not None and frame[2] >= 0:
-            record(frame, end)
+        if frame[5] is None:
+            frame[5] = end
+            if record is not None and frame[2] >= 0:
+                record(frame, end)
+
+
+def _keep_root(region: Any) -> bool:
+    try:
+        return bool(_sample(region))
+    except Exception:   # a failing policy keeps the region rather than raise into the user's code
+        return True
+
+
+if _accel is not None:
+    _accel.set_checks(_checked)
+_RegionBase: type = _accel.RegionBase if _accel is not None else _PyRegionBase
+
+
+class ProfileRegion(_RegionBase):
+    """A named region of the user's program, recorded when a session is active.
+
+    Args:
+        name: short, low-cardinality name; nested regions form the path ``outer/inner``.
+        **attrs: static attributes (str, int, float, bool, None) stored in the event's ``args``.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"ProfileRegion({self.name!r})"
 
     def start(self) -> ProfileRegion:
         """Begin the region now; pair with :meth:`end`. Returns self."""

@@ -25,6 +25,7 @@ from typing import Any
 from cuvil_pgc.errors import SessionError
 from cuvil_pgc.instrument import region as _region
 from cuvil_pgc.instrument._buffers import RegionRecorder
+from cuvil_pgc.instrument._eventlines import format_regions
 from cuvil_pgc.instrument.clock import SessionClock
 from cuvil_pgc.instrument.config import SessionConfig
 from cuvil_pgc.instrument.region import identify
@@ -228,45 +229,30 @@ class Session:
             self._io(lambda w: w.flush())
 
     def _drain_regions(self) -> None:
-        for buf, items in self._recorder.drain():
-            self._write_regions(buf.tid, items)
+        for buf, frames in self._recorder.drain():
+            self._write_regions(buf.tid, frames)
 
-    def _write_regions(self, tid: int, items: list[tuple[list, int]]) -> None:
-        """Serialise one thread's completed regions as Chrome ``X`` event lines.
-
-        This is most of what recording costs (the writer holds the GIL meanwhile), so the numbers
-        are formatted in bulk by orjson and each line is one bytes %-format of cached pieces.
-        """
-        for frame, _ in items:
-            identify(frame)
+    def _write_regions(self, tid: int, frames: list) -> None:
+        """Serialise one thread's ended region frames as Chrome ``X`` event lines (_eventlines)."""
         if self._filter is not None:
-            items = [(f, e) for f, e in items if self._filter(f[4])]
-            if not items:
+            for frame in frames:
+                identify(frame)
+            frames = [f for f in frames if self._filter(f[4])]
+            if not frames:
                 return
         s0 = self.clock.start_mono_ns
-        ts = [(f[2] - s0) / 1000.0 for f, _ in items]
-        dur = [(e - f[2]) / 1000.0 for f, e in items]
         head = b'{"ph":"X","cat":"region","pid":%d,"tid":%d,"name":' % (self.pid, tid)
-        paths_json = self._paths_json
-        lines = []
-        for (frame, _), t, d in zip(items, _json_numbers(ts), _json_numbers(dur), strict=True):
-            region, parent, _, rid, path = frame
-            name_json, attrs_json = region._json or _region_json(region)
-            path_json = paths_json.get(path) or paths_json.setdefault(path, dumps(path))
-            lines.append(b'%s%s,"ts":%s,"dur":%s,"args":{"path":%s,"id":%d,"parent":%s%s}},\n' % (
-                head, name_json, t, d, path_json, rid, b"null" if parent is None else b"%d" % parent[3],
-                attrs_json))
-        data = b"".join(lines)
-        self._io(lambda w: w.write_raw(data, len(lines)))
+        data = format_regions(frames, head, s0, self._paths_json, _region_json, dumps)
+        self._io(lambda w: w.write_raw(data, len(frames)))
         if self._otel is not None:
             unix0 = self.clock.start_unix_ns - s0
-            self._otel.submit([_span_row(f, e, unix0, tid) for f, e in items])
+            self._otel.submit([_span_row(f, unix0, tid) for f in frames])
         if self._retain:
             tids, starts, ends, paths = self._kept
-            tids.extend([tid] * len(items))
-            starts.extend(ts)
-            ends.extend(a + b for a, b in zip(ts, dur, strict=True))
-            paths.extend(f[4] for f, _ in items)
+            tids.extend([tid] * len(frames))
+            starts.extend([(f[2] - s0) / 1000.0 for f in frames])
+            ends.extend([(f[5] - s0) / 1000.0 for f in frames])
+            paths.extend(f[4] for f in frames)
 
     def _write_emitted(self) -> None:
         while self._emitted:
@@ -354,15 +340,9 @@ def _region_json(region: _region.ProfileRegion) -> tuple[bytes, bytes]:
     return region._json
 
 
-def _json_numbers(values: list[float]) -> list[bytes]:
-    """Each float as JSON text, formatted by orjson in one call (Python's float repr is the
-    costliest step of writing an event)."""
-    return dumps(values)[1:-1].split(b",") if values else []
-
-
-def _span_row(frame: list, end: int, unix0: int, tid: int) -> tuple:
-    """One identified region frame as an OtelRegionExporter row (times in Unix ns)."""
-    region, parent, start, rid, path = frame
+def _span_row(frame: list, unix0: int, tid: int) -> tuple:
+    """One identified, ended region frame as an OtelRegionExporter row (times in Unix ns)."""
+    region, parent, start, rid, path, end = (frame[i] for i in range(6))
     root = frame
     while root[1] is not None:
         root = root[1]
