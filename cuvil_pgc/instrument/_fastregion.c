@@ -12,6 +12,8 @@
  *                   the root-sampling policy (or None), the ContextVar of the active frame and
  *                   a replacement clock (None: perf_counter_ns's clock; tests use one).
  *   identify(frame) assign id and path to a frame and its ancestors (writer thread).
+ *   fold_index(frames, index, max_paths)
+ *                   path numbers and durations of ended frames, for the aggregate histograms.
  *   format_regions(frames, head, s0, paths_json, region_json, dumps)
  *                   Chrome "X" event lines for ended frames, as _eventlines.format_regions_py.
  *
@@ -544,6 +546,75 @@ identify(PyObject *module, PyObject *frame)
     Py_RETURN_NONE;
 }
 
+/* ---- fold_index -------------------------------------------------------------------------- */
+
+/* A frame's path (cached on the frame), without assigning an id. */
+static PyObject *
+path_of(Frame *frame)
+{
+    if (frame->path == NULL) {
+        PyObject *parent_path = frame->parent ? path_of(frame->parent) : NULL;
+        if (frame->parent != NULL && parent_path == NULL)
+            return NULL;
+        frame->path = child_path(frame->region, parent_path);
+    }
+    return frame->path;
+}
+
+/* fold_index(frames, index, max_paths) -> (indices, durations): two native int64 arrays as bytes.
+ * indices[i] is frames[i]'s path's number in `index` (path -> int, grown here while it has fewer
+ * than max_paths entries; -1 for a path that did not fit), durations[i] its end - start in ns. */
+static PyObject *
+fold_index(PyObject *module, PyObject *args)
+{
+    PyObject *frames, *index;
+    Py_ssize_t max_paths;
+    if (!PyArg_ParseTuple(args, "O!O!n:fold_index", &PyList_Type, &frames, &PyDict_Type, &index, &max_paths))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(frames);
+    PyObject *indices = PyBytes_FromStringAndSize(NULL, n * 8);
+    PyObject *durations = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (indices == NULL || durations == NULL)
+        goto fail;
+    long long *idx = (long long *)PyBytes_AS_STRING(indices), *dur = (long long *)PyBytes_AS_STRING(durations);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *obj = PyList_GET_ITEM(frames, i);
+        if (!is_frame(obj) || ((Frame *)obj)->end < 0) {
+            PyErr_SetString(PyExc_TypeError, "fold_index() takes ended region frames");
+            goto fail;
+        }
+        Frame *frame = (Frame *)obj;
+        PyObject *path = path_of(frame);
+        if (path == NULL)
+            goto fail;
+        PyObject *number = PyDict_GetItemWithError(index, path);
+        if (number != NULL) {
+            idx[i] = PyLong_AsLongLong(number);
+        }
+        else if (PyErr_Occurred()) {
+            goto fail;
+        }
+        else if (PyDict_GET_SIZE(index) < max_paths) {
+            idx[i] = PyDict_GET_SIZE(index);
+            number = PyLong_FromLongLong(idx[i]);
+            if (number == NULL || PyDict_SetItem(index, path, number) < 0) {
+                Py_XDECREF(number);
+                goto fail;
+            }
+            Py_DECREF(number);
+        }
+        else {
+            idx[i] = -1;
+        }
+        dur[i] = frame->end - frame->start;
+    }
+    return Py_BuildValue("(NN)", indices, durations);
+fail:
+    Py_XDECREF(indices);
+    Py_XDECREF(durations);
+    return NULL;
+}
+
 /* ---- format_regions ---------------------------------------------------------------------- */
 
 /* The output: a bytes object written in place and shrunk at the end (no copy of the text). */
@@ -729,6 +800,8 @@ format_regions(PyObject *module, PyObject *args)
 static PyMethodDef module_methods[] = {
     {"configure", configure, METH_VARARGS, "configure(recorder, sink, sample, current, clock): what regions read."},
     {"set_checks", set_checks, METH_O, "set_checks(fn): (name, **attrs) -> (name, attrs), raising on bad input."},
+    {"fold_index", fold_index, METH_VARARGS,
+     "fold_index(frames, index, max_paths) -> (int64 path numbers, int64 durations) as bytes."},
     {"identify", identify, METH_O, "Assign id and path to a frame and its ancestors (writer thread only)."},
     {"format_regions", format_regions, METH_VARARGS,
      "format_regions(frames, head, s0, paths_json, region_json, dumps) -> bytes of Chrome X event lines."},

@@ -1,7 +1,8 @@
 """Always-on aggregates: regions folded into per-path latency histograms instead of events.
 
 For servers that run for weeks: memory stays bounded (at most ``max_paths`` paths per thread,
-each a fixed log-bucketed histogram), nothing is written per call, and the summary file is
+each a fixed log-bucketed histogram, and per-thread buffers of ended regions folded off the
+user's threads every ``FOLD_INTERVAL_S``), nothing is written per call, and the summary file is
 rewritten atomically every ``flush_s`` seconds. ``analyze``, ``report`` and ``diff`` read a
 summary like a trace (no timeline; calls, totals, means and percentiles per path).
 
@@ -27,6 +28,7 @@ import time
 from typing import Any
 
 from cuvil_pgc.instrument import region as _region
+from cuvil_pgc.instrument._buffers import RegionRecorder
 from cuvil_pgc.instrument.region import frame_path
 
 log = logging.getLogger("cuvil_pgc")
@@ -34,6 +36,7 @@ log = logging.getLogger("cuvil_pgc")
 PER_OCTAVE = 8
 SUMMARY_KEY = "cuvil_summary"
 SUMMARY_SCHEMA_VERSION = 1
+FOLD_INTERVAL_S = 0.1   # buffers are folded this often; with 2**18 slots per thread: 2.6M regions/s
 _frexp = math.frexp
 
 
@@ -72,6 +75,13 @@ class PathStats:
         b = bucket_of(ns)
         self.buckets[b] = self.buckets.get(b, 0) + 1
 
+    def add_many(self, count: int, sum_ns: int, min_ns: int, max_ns: int) -> None:
+        """Fold in ``count`` durations with that sum, minimum and maximum (buckets apart)."""
+        self.count += count
+        self.sum_ns += sum_ns
+        self.min_ns = min(self.min_ns, min_ns)
+        self.max_ns = max(self.max_ns, max_ns)
+
     def merge(self, other: PathStats) -> None:
         self.count += other.count
         self.sum_ns += other.sum_ns
@@ -93,41 +103,103 @@ class PathStats:
         return stats
 
 
-class AggregateRecorder:
-    """A region sink (see region.Recorder) folding completed regions into per-thread histograms."""
+class AggregateRecorder(RegionRecorder):
+    """A region sink folding completed regions into per-thread, per-path histograms.
 
-    def __init__(self, max_paths: int = 10_000) -> None:
+    Regions are appended to per-thread buffers exactly as for a trace (in C where the accelerator
+    is built), and :meth:`fold` — called by the aggregate thread every ``FOLD_INTERVAL_S`` and
+    before every snapshot — turns a batch into histogram counts with numpy, off the user's
+    threads. At most ``max_paths`` paths per thread; further paths are dropped and counted
+    (``dropped_paths``), as are regions that found a buffer full (``dropped()``).
+    """
+
+    def __init__(self, max_paths: int = 10_000, capacity: int = 1 << 18) -> None:
+        super().__init__(capacity)
         self.max_paths = max_paths
-        self.dropped = 0
-        self._tls = threading.local()
-        self._tables: list[dict[str, PathStats]] = []
-        self._lock = threading.Lock()
+        self.dropped_paths = 0
+        self._tables: dict[int, _ThreadTable] = {}      # id(ThreadBuffer) -> its table
+        self._fold_lock = threading.Lock()
 
-    def record(self, frame: list, end_ns: int) -> None:
-        try:
-            table = self._tls.table
-        except AttributeError:
-            table = self._tls.table = {}
-            with self._lock:
-                self._tables.append(table)
-        path = frame[4] or _cache_path(frame)
-        stats = table.get(path)
-        if stats is None:
-            if len(table) >= self.max_paths:
-                self.dropped += 1
-                return
-            stats = table[path] = PathStats()
-        stats.add(end_ns - frame[2])
+    def fold(self) -> None:
+        """Fold what the buffers hold into the histograms (any thread; one fold at a time)."""
+        with self._fold_lock:
+            for buf, frames in self.drain():
+                table = self._tables.get(id(buf))
+                if table is None:
+                    table = self._tables[id(buf)] = _ThreadTable()
+                self.dropped_paths += table.add(frames, self.max_paths)
 
     def snapshot(self) -> dict[str, PathStats]:
         """All threads' histograms merged (the owning threads keep recording meanwhile)."""
+        self.fold()
         merged: dict[str, PathStats] = {}
-        with self._lock:
-            tables = list(self._tables)
-        for table in tables:
-            for path, stats in dict(table).items():
-                merged.setdefault(path, PathStats()).merge(stats)
+        with self._fold_lock:
+            for table in self._tables.values():
+                for path, stats in zip(table.index, table.stats, strict=True):
+                    merged.setdefault(path, PathStats()).merge(stats)
         return merged
+
+
+class _ThreadTable:
+    """One thread's histograms: ``index`` numbers its paths (path -> i), ``stats[i]`` holds them."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.stats: list[PathStats] = []
+
+    def add(self, frames: list, max_paths: int) -> int:
+        """Fold ended frames in; returns how many were dropped for want of a path slot."""
+        import numpy as np
+
+        idx_bytes, dur_bytes = _fold_index(frames, self.index, max_paths)
+        idx, dur = np.frombuffer(idx_bytes, np.int64), np.frombuffer(dur_bytes, np.int64)
+        self.stats += [PathStats() for _ in range(len(self.index) - len(self.stats))]
+        keep = idx >= 0
+        if not keep.all():
+            idx, dur = idx[keep], dur[keep]
+        if len(idx) == 0:
+            return int(len(keep) - keep.sum())
+        order = np.argsort(idx, kind="stable")
+        idx, dur = idx[order], dur[order]
+        starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+        paths = idx[starts]
+        counts = np.diff(np.r_[starts, len(idx)])
+        sums = np.add.reduceat(dur, starts)
+        lows, highs = np.minimum.reduceat(dur, starts), np.maximum.reduceat(dur, starts)
+        for i, n, total, low, high in zip(paths.tolist(), counts.tolist(), sums.tolist(), lows.tolist(),
+                                          highs.tolist(), strict=True):
+            self.stats[i].add_many(n, total, low, high)
+        keys, key_counts = np.unique(idx * 4096 + buckets_of(dur), return_counts=True)
+        for key, n in zip(keys.tolist(), key_counts.tolist(), strict=True):
+            buckets = self.stats[key >> 12].buckets
+            buckets[key & 4095] = buckets.get(key & 4095, 0) + n
+        return int(len(keep) - keep.sum())
+
+
+def buckets_of(ns):
+    """:func:`bucket_of` of every duration in an int64 array."""
+    import numpy as np
+
+    mantissa, exponent = np.frexp(ns.astype(np.float64))
+    b = (exponent.astype(np.int64) - 1) * PER_OCTAVE + ((mantissa * 2.0 - 1.0) * PER_OCTAVE).astype(np.int64)
+    return np.where(ns <= 1, 0, b)
+
+
+def _fold_index_py(frames: list, index: dict[str, int], max_paths: int) -> tuple[bytes, bytes]:
+    """Pure-Python ``_fastregion.fold_index``: path numbers and durations as int64 bytes."""
+    import array
+
+    numbers = array.array("q")
+    for frame in frames:
+        path = frame[4] or _cache_path(frame)
+        i = index.get(path)
+        if i is None and len(index) < max_paths:
+            i = index[path] = len(index)
+        numbers.append(-1 if i is None else i)
+    return numbers.tobytes(), array.array("q", [f[5] - f[2] for f in frames]).tobytes()
+
+
+_fold_index = _region._accel.fold_index if _region._accel is not None else _fold_index_py
 
 
 def _cache_path(frame: list) -> str:
@@ -158,6 +230,8 @@ class AggregateSession:
         self.flushes = 0
 
     def start(self) -> AggregateSession:
+        import numpy  # noqa: F401  (the folds use it; imported here, not in the first fold's time)
+
         _region.attach(self.recorder)
         self._thread = threading.Thread(target=self._loop, name="cuvil-pgc-aggregate", daemon=True)
         self._thread.start()
@@ -181,8 +255,15 @@ class AggregateSession:
         """Accepted for symmetry with other sessions; aggregates need no steps."""
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.flush_s):
-            self.flush()
+        next_flush = time.monotonic() + self.flush_s
+        while not self._stop.wait(min(FOLD_INTERVAL_S, self.flush_s)):
+            try:
+                self.recorder.fold()
+            except Exception as exc:    # never into the host program; the flush reports too
+                log.warning("cuvil-pgc: folding region histograms failed: %s", exc)
+            if time.monotonic() >= next_flush:
+                self.flush()
+                next_flush = time.monotonic() + self.flush_s
 
     def document(self) -> dict[str, Any]:
         from cuvil_pgc.instrument.session import _rank_and_world
@@ -192,7 +273,8 @@ class AggregateSession:
         meta = {"host": socket.gethostname(), "pid": os.getpid(), "rank": rank, "world_size": world,
                 "python": sys.version.split()[0], "torch": getattr(sys.modules.get("torch"), "__version__", None),
                 "start_unix_ns": self.start_unix_ns, "end_unix_ns": time.time_ns(), "command": list(sys.argv),
-                "dropped": {"aggregate_paths": self.recorder.dropped}}
+                "dropped": {"aggregate_paths": self.recorder.dropped_paths,
+                            "aggregate_regions": self.recorder.dropped()}}
         return {SUMMARY_KEY: {"schema_version": SUMMARY_SCHEMA_VERSION,
                               "bucket_scheme": {"per_octave": PER_OCTAVE, "unit": "ns"},
                               "metadata": meta, "regions": regions}}
