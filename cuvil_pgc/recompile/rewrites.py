@@ -1,9 +1,8 @@
 """Module rewrites for overhead-bound regions, numerically equivalent to the originals.
 
 - ``nn.LSTM`` / ``nn.GRU`` (any layers, batch_first, bidirectional; no proj_size) become
-  :class:`CellLSTM` / :class:`CellGRU`: the input projection of every step in one GEMM (a single
-  step of an LSTM instead takes one ``addmm`` over ``[x, h]``, the weights concatenated once),
-  then per step one ``addmm`` with the hidden weights plus pointwise gates. For single-step and
+  :class:`CellLSTM` / :class:`CellGRU`: the input projection of every step in one GEMM, then per
+  step one ``addmm`` with the hidden weights plus pointwise gates. For single-step and
   short sequences this removes most of cuDNN/oneDNN RNN's fixed per-call cost; compiled, the
   pointwise gates fuse. Each step unrolls into the graph, so the cost models charge the rewrite
   per step (see :mod:`.cost_models`). Longer sequences (> :data:`MAX_UNROLLED_STEPS`) are left alone.
@@ -26,7 +25,7 @@ from torch import nn
 MAX_UNROLLED_STEPS = 32
 #: bump when a rewrite's generated program changes: cached AOTInductor packages of rewritten
 #: modules are keyed by it
-REWRITES_VERSION = 2
+REWRITES_VERSION = 3
 
 
 class CellLSTM(nn.Module):
@@ -41,9 +40,12 @@ class CellLSTM(nn.Module):
         for layer in range(self.num_layers):
             for d in range(self.directions):
                 sfx = f"_l{layer}" + ("_reverse" if d else "")
-                w = torch.cat([getattr(lstm, "weight_ih" + sfx), getattr(lstm, "weight_hh" + sfx)], 1)
-                b = _rnn_bias(lstm, sfx, w.shape[0], w)
-                self.register_buffer("w" + sfx, w.t().contiguous().detach().clone())
+                w_ih, w_hh = getattr(lstm, "weight_ih" + sfx), getattr(lstm, "weight_hh" + sfx)
+                b = _rnn_bias(lstm, sfx, w_ih.shape[0], w_ih)
+                # separate contiguous buffers, not slices of one: Inductor's CPP GEMM template
+                # miscomputes a frozen weight that is a view with a storage offset (torch 2.13)
+                self.register_buffer("wi" + sfx, w_ih.t().contiguous().detach().clone())
+                self.register_buffer("wh" + sfx, w_hh.t().contiguous().detach().clone())
                 self.register_buffer("b" + sfx, (b[0] + b[1]).detach().clone())
 
     def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
@@ -64,17 +66,13 @@ class CellLSTM(nn.Module):
 
     def _run(self, seq: torch.Tensor, h: torch.Tensor, c: torch.Tensor, layer: int, d: int):
         sfx = f"_l{layer}" + ("_reverse" if d else "")
-        w, b = getattr(self, "w" + sfx), getattr(self, "b" + sfx)
+        wi, wh, b = getattr(self, "wi" + sfx), getattr(self, "wh" + sfx), getattr(self, "b" + sfx)
         steps = range(seq.shape[0] - 1, -1, -1) if d else range(seq.shape[0])
-        if seq.shape[0] > 1:   # one GEMM projects every step's input; each step then adds h @ W_hh
-            n_in = seq.shape[-1]
-            gx = torch.addmm(b, seq.reshape(-1, n_in), w[:n_in]).view(seq.shape[0], seq.shape[1], -1)
+        # one GEMM projects every step's input; each step then adds h @ W_hh
+        gx = torch.addmm(b, seq.reshape(-1, seq.shape[-1]), wi).view(seq.shape[0], seq.shape[1], -1)
         outs: list[torch.Tensor] = []
         for t in steps:
-            if seq.shape[0] > 1:
-                gates = torch.addmm(gx[t], h, w[seq.shape[-1]:])
-            else:
-                gates = torch.addmm(b, torch.cat([seq[t], h], 1), w)
+            gates = torch.addmm(gx[t], h, wh)
             i, f, g, o = gates.chunk(4, 1)
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
