@@ -212,7 +212,10 @@ class _PyRegionBase:
     __slots__ = ("name", "attrs", "_json", "_frame")
 
     def __init__(self, name: str, **attrs: Any) -> None:
-        self.name, self.attrs = _checked(name, **attrs)
+        if attrs or type(name) is not str or not name.isascii() or not 0 < len(name) <= MAX_NAME_CHARS:
+            name, attrs = _checked(name, **attrs)
+        self.name = name
+        self.attrs = attrs or None
         self._json: tuple[bytes, bytes] | None = None   # (name, attrs) as JSON fragments; writer's cache
         self._frame = None
 
