@@ -181,3 +181,20 @@ def test_a_full_buffer_drops_and_counts_in_c(tmp_path):
     doc = json.loads(path.read_text())
     written = sum(1 for e in doc["traceEvents"] if e.get("cat") == "region")
     assert written == 10 and doc["cuvil"]["dropped"]["regions"] == 90
+
+
+def test_a_region_that_cannot_be_written_is_counted_not_raised(tmp_path):
+    class Broken(ProfileRegion):
+        __slots__ = ()
+
+    path = tmp_path / "b.trace.json"
+    with profile(path, sample_hz=0, gpu="off", ops=False, compile=False):
+        bad = Broken.__new__(Broken)      # never initialised: no name
+        with bad:
+            pass
+        with ProfileRegion("good"):
+            pass
+    doc = json.loads(path.read_text())
+    names = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "region"]
+    dropped = doc["cuvil"]["dropped"]["regions"]
+    assert dropped >= 1 and dropped + len(names) == 2      # counted, not raised, not silently lost

@@ -230,7 +230,12 @@ class Session:
 
     def _drain_regions(self) -> None:
         for buf, frames in self._recorder.drain():
-            self._write_regions(buf.tid, frames)
+            try:
+                self._write_regions(buf.tid, frames)
+            except Exception as exc:   # e.g. a ProfileRegion subclass that broke its name
+                self.count_dropped("regions", len(frames))
+                self._log_once("write-regions", f"cuvil-pgc: {len(frames)} regions could not be written "
+                                                f"({type(exc).__name__}: {exc}); they are counted as dropped")
 
     def _write_regions(self, tid: int, frames: list) -> None:
         """Serialise one thread's ended region frames as Chrome ``X`` event lines (_eventlines)."""
