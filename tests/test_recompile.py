@@ -140,6 +140,28 @@ def test_rewrite_of_a_long_sequence_is_charged_per_unrolled_step():
     assert model.predict(aoti_rw, one) < model.predict(aoti_rw, long) < model.predict(aoti, long)
 
 
+def test_freezing_is_charged_per_prepacked_gemm_unless_autotuned():
+    model = PlanCostModel(MachineFigures(dispatch_us=4.0, prepacked_gemm_us=30.0))
+    f = feats("memory_bandwidth", eager_us=400.0, ops=20, pointwise_ops=8, gemms=4, rewrites=["gru_cell:rnn"],
+              evidence={"rnn_us": 100.0, "rnn_steps": 64, "rnn_calls": 1})
+    mat = "max-autotune-no-cudagraphs"
+    plain, frozen = Candidate("", "aoti"), Candidate("", "aoti", freezing=True)
+    assert model.launch.predict(frozen, f) - model.launch.predict(plain, f) == pytest.approx(4 * 30.0)
+    assert model.launch.prepacked_gemm_us(Candidate("", "aoti", mode=mat, freezing=True), f) == 0.0
+    # the rewrite unrolls 64 steps, each a GEMM with a constant weight, plus the input projection
+    assert model.launch.prepacked_gemm_us(Candidate("", "aoti", freezing=True, rewrite=True), f) == 65 * 30.0
+    assert PlanCostModel(MachineFigures(prepacked_gemm_us=0.0)).launch.prepacked_gemm_us(frozen, f) == 0.0
+
+
+def test_prepacked_gemm_cost_is_measured_on_this_cpu():
+    from cuvil_pgc.recompile.measure import prepacked_gemm_overhead_us
+
+    measured = prepacked_gemm_overhead_us(rounds=3)
+    assert measured is None or measured >= 0.0
+    if torch.backends.mkldnn.is_available():
+        assert measured is not None
+
+
 def test_census_counts_unrolled_rnn_steps():
     from cuvil_pgc.recompile.features import op_census
 
@@ -148,6 +170,8 @@ def test_census_counts_unrolled_rnn_steps():
     assert census["rnn_steps"] == 5 * 2 * 2 and census["rnn_calls"] == 1
     model, inputs = rnn_step()
     assert op_census(model, inputs, {})["rnn_steps"] == 1
+    chain_model, chain_inputs = chain()
+    assert op_census(chain_model, chain_inputs, {})["gemms"] == 12        # one addmm per nn.Linear
 
 
 def test_a_measured_rewrite_does_not_correct_the_original_program():

@@ -71,6 +71,7 @@ class ScopeFeatures:
     calls: float = 1.0               # calls of this scope per forward of the model
     ops: float = 0.0                 # aten ops per forward
     pointwise_ops: float = 0.0
+    gemms: float = 0.0               # addmm/mm calls per forward (what freezing prepacks)
     flops: float = 0.0
     bytes: float = 0.0
     has_conv: bool = False

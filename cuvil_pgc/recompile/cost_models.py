@@ -4,7 +4,7 @@ Each model is a small class with one signature, ``predict(cand, feats) -> float`
 factor for the multiplicative ones), and ``refit(samples)`` from measured records. The
 :class:`PlanCostModel` composes them:
 
-    t = overhead(backend) + ops_after × per_op(backend) + work × fusion × layout × precision
+    t = overhead(backend) + ops_after × per_op(backend) [+ GEMMs × prepacked cost] + work × fusion × layout × precision
 
 where the eager time of a scope splits into dispatch (ops × the machine's per-op cost, at most
 80 %) and work. The starting figures (``PRIORS``) are fixed costs above eager measured with the
@@ -12,7 +12,10 @@ calibration probe (:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one th
 16.7 µs, torch.compile 58, cpp_wrapper 50, AOTInductor 8.9 through the direct runner call of
 :class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs'
 15 µs is a placeholder until the probe runs on a GPU. The refit replaces them with this machine's
-records (the probe is measured once per machine). A cell rewrite removes the RNN op's fixed cost
+records (the probe is measured once per machine). Freezing without autotuning routes each GEMM to
+a prepacked vendor linear kernel whose extra per-call cost the search measures on the machine
+(27-42 µs per call over MKL's addmm on the reference AMD EPYC, where it made AOTInductor with
+freezing 3.5x slower than without on the GRU tagger). A cell rewrite removes the RNN op's fixed cost
 but unrolls every step, each step costing its ops (eager) or kernels (compiled). After the
 component refits, a log-ratio correction per configuration and op family (recurrent / conv /
 dense; an unmeasured configuration borrows that of its program kind — backend, rewritten or not;
@@ -38,12 +41,17 @@ PRIORS = {
     "rnn_op_us": 250.0,                 # nn.LSTM step cost when the profile has no top_ops
     "cell_step_ops": 12.0,              # aten ops of one rewritten LSTM/GRU step (addmm, chunk, gates)
     "cell_step_kernels": 2.0,           # compiled: the step's GEMM and its fused pointwise gates
+    # µs added per GEMM call when Inductor freezing prepacks its weight for a vendor linear kernel
+    # (oneDNN / MKL packed) instead of the plain BLAS call; machine-specific: the search measures
+    # it (measure.prepacked_gemm_overhead_us); 30 is the figure of the 2-core AMD EPYC, one thread
+    "prepacked_gemm_us": 30.0,
 }
 
 
 @dataclass
 class MachineFigures:
     dispatch_us: float = 4.0
+    prepacked_gemm_us: float = PRIORS["prepacked_gemm_us"]
     peak_flops: float = 100e9
     peak_low_flops: float | None = None     # bf16/fp16 FLOP/s when measured
     mem_bw: float = 8e9
@@ -107,7 +115,19 @@ class LaunchCostModel:
         if cand.backend == "eager":
             return split_eager(feats, self.machine)[0]
         kernels = max(feats.ops - feats.pointwise_ops * 0.8, 1.0)    # pointwise ops fuse into neighbours
-        return kernels * self.per_op_us.get(cand.backend, 1.0)
+        return kernels * self.per_op_us.get(cand.backend, 1.0) + self.prepacked_gemm_us(cand, feats)
+
+    def prepacked_gemm_us(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        """Freezing without autotuning hands every GEMM with a constant weight to a prepacked vendor
+        linear kernel, whose per-call cost is the machine's; max-autotune benchmarks it against
+        Inductor's GEMM templates and keeps the faster, so it is not charged. A rewrite's unrolled
+        steps are GEMMs too (one per step plus each call's input projection)."""
+        if not cand.freezing or cand.mode != "default" or cand.backend not in ("aoti", "compile"):
+            return 0.0
+        gemms = feats.gemms
+        if cand.rewrite:
+            gemms = max(gemms, float(feats.evidence.get("rnn_steps", 0.0)) + float(feats.evidence.get("rnn_calls", 0.0)))
+        return gemms * self.machine.prepacked_gemm_us
 
     def rewrite_saving(self, cand: Candidate, feats: ScopeFeatures) -> float:
         """µs a cell rewrite removes (negative: it adds): the RNN op's fixed cost, less the cost of

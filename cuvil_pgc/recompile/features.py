@@ -19,6 +19,8 @@ from cuvil_pgc.recompile.matching import RegionMatch
 from cuvil_pgc.recompile.rewrites import rewrite_opportunities
 
 ALL_LABELS = ["launch_overhead", "memory_bandwidth", "compute"]
+#: 2-D matrix products: what Inductor freezing turns into prepacked (oneDNN / MKL) linear calls
+GEMM_OPS = (torch.ops.aten.addmm, torch.ops.aten.mm)
 
 
 class _OpCensus(TorchDispatchMode):
@@ -26,6 +28,7 @@ class _OpCensus(TorchDispatchMode):
         super().__init__()
         self.ops = 0
         self.pointwise = 0
+        self.gemms = 0
         self.bytes = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -33,6 +36,8 @@ class _OpCensus(TorchDispatchMode):
         self.ops += 1
         if torch.Tag.pointwise in getattr(func, "tags", ()):
             self.pointwise += 1
+        elif func.overloadpacket in GEMM_OPS:
+            self.gemms += 1
         for t in torch.utils._pytree.tree_leaves((args, kwargs, out)):
             if isinstance(t, torch.Tensor):
                 self.bytes += t.numel() * t.element_size()
@@ -40,7 +45,7 @@ class _OpCensus(TorchDispatchMode):
 
 
 def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, float]:
-    """aten ops, pointwise ops, bytes touched, FLOPs and recurrent cell steps of one call."""
+    """aten ops, pointwise ops, GEMMs, bytes touched, FLOPs and recurrent cell steps of one call."""
     from torch.utils.flop_counter import FlopCounterMode
 
     census = _OpCensus()
@@ -54,7 +59,7 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
     finally:
         for h in hooks:
             h.remove()
-    return {"ops": census.ops, "pointwise": census.pointwise, "bytes": census.bytes,
+    return {"ops": census.ops, "pointwise": census.pointwise, "gemms": census.gemms, "bytes": census.bytes,
             "flops": flops.get_total_flops(), "rnn_steps": sum(steps), "rnn_calls": len(steps)}
 
 
@@ -89,6 +94,7 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     return ScopeFeatures(
         scope=scope, path=stats.path if stats else "", bottleneck=stats.bottleneck if stats else "unknown",
         eager_us=eager_us, calls=calls, ops=census["ops"] * calls, pointwise_ops=census["pointwise"] * calls,
+        gemms=census["gemms"] * calls,
         flops=census["flops"] * calls, bytes=census["bytes"] * calls,
         has_conv=any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) for m in module.modules()),
         rewrites=rewrite_opportunities(module), labels=[stats.bottleneck] if stats else list(ALL_LABELS),

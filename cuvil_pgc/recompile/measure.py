@@ -135,3 +135,25 @@ def _one_sample(fn: Callable[[], Any], n: int, sync: Callable[[], None] | None) 
     if sync:
         sync()
     return (time.perf_counter() - start) / n
+
+
+def prepacked_gemm_overhead_us(rounds: int = 15) -> float | None:
+    """µs a prepacked oneDNN linear call costs over a plain BLAS ``addmm`` on this CPU (>= 0).
+
+    Inductor freezing hands GEMMs with constant weights to such kernels; their per-call cost is a
+    property of the machine (tens of µs on some CPUs, a few on others), measured here on a small
+    batch-1 GEMM, interleaved. None where oneDNN linear is unavailable.
+    """
+    import torch
+
+    linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if linear is None or not torch.backends.mkldnn.is_available():
+        return None
+    x, w, b = torch.randn(1, 128), torch.randn(128, 128), torch.randn(128)
+    try:
+        with torch.no_grad():
+            samples = time_interleaved({"blas": lambda: torch.addmm(b, x, w.t()),
+                                        "prepacked": lambda: linear(x, w, b, "none", [], "")}, rounds=rounds)
+    except RuntimeError:
+        return None
+    return max(0.0, (samples["prepacked"].median_s - samples["blas"].median_s) * 1e6)

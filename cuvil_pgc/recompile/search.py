@@ -8,7 +8,8 @@ keeps its ratio to the eager median of its own run and is expressed against the 
 that scope's eager runs, so batches measured minutes apart stay comparable. Every
 measurement goes to the record database; candidates already recorded for this module, machine
 and inputs are reused instead of measured, and the cost models are refitted from all of this
-machine's records before each batch; once a few measurements are in, only candidates predicted to
+machine's records before each batch (on the CPU, the machine's cost per prepacked GEMM call is
+measured once per process for the cost models); once a few measurements are in, only candidates predicted to
 beat the best measured time of their scope by 2 % are tried. ``budget`` caps the new measurements, eager references and
 the composite plan included (default: a quarter of the space, at least 2); ``exhaustive=True``
 measures everything (for comparison benchmarks).
@@ -16,6 +17,7 @@ measures everything (for comparison benchmarks).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -28,10 +30,10 @@ from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import Realized, ScopeInputs, capture_scope_inputs, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
-from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
+from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
-from cuvil_pgc.recompile.measure import median, time_interleaved
+from cuvil_pgc.recompile.measure import median, prepacked_gemm_overhead_us, time_interleaved
 from cuvil_pgc.recompile.records import Record, RecordDB
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,7 @@ class _Search:
         self.records = records if options.use_records else None
         self.machine_key, self.progress = machine_key, progress
         figures = MachineFigures.from_analysis_machine(getattr(analysis, "machine", {}) or {})
+        figures.prepacked_gemm_us = _prepacked_gemm_us(options.device)
         self.cost = PlanCostModel(figures)
         self.modules = dict(model.named_modules())
         self.trials: dict[str, Trial] = {}
@@ -338,6 +341,15 @@ def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, Scope
             out[scope] = scope_features(scope, s._module(scope), s.scope_inputs[scope], None, None, 1.0, 1.0)
             s.structures[scope] = structural_hash(s._module(scope))
     return out
+
+
+@functools.cache
+def _prepacked_gemm_us(device: str) -> float:
+    """This CPU's cost per prepacked GEMM call (measured once per process); 0 off the CPU."""
+    if not device.startswith("cpu"):
+        return 0.0
+    measured = prepacked_gemm_overhead_us()
+    return PRIORS["prepacked_gemm_us"] if measured is None else measured
 
 
 def _reason(exc: BaseException) -> str:
