@@ -81,6 +81,7 @@ def test_launch_overhead_label_generates_overhead_levers():
 def test_compute_label_with_conv_generates_layout_autotune_precision():
     configs = {c.config for c in scope_candidates(feats("compute", has_conv=True))}
     assert "compile+max-autotune-no-cudagraphs+freezing+channels_last" in configs
+    assert "aoti+max-autotune-no-cudagraphs+freezing+channels_last" in configs
     assert "aoti+freezing+bf16" in configs
     assert not any("cpp_wrapper" in c or "rewrite" in c for c in configs)
 
@@ -160,6 +161,20 @@ def test_prepacked_gemm_cost_is_measured_on_this_cpu():
     assert measured is None or measured >= 0.0
     if torch.backends.mkldnn.is_available():
         assert measured is not None
+
+
+def test_sequence_rnn_scopes_learn_apart_from_stepwise_ones():
+    from cuvil_pgc.recompile.cost_models import op_family
+
+    step = feats("launch_overhead", rewrites=["lstm_cell:rnn"], evidence={"rnn_steps": 1, "rnn_calls": 1})
+    seq = feats("launch_overhead", rewrites=["lstm_cell:rnn"], evidence={"rnn_steps": 32, "rnn_calls": 1})
+    assert op_family(step) == "recurrent" and op_family(seq) == "recurrent_seq"
+    model = PlanCostModel(MachineFigures())
+    rewritten = Candidate("", "aoti", rewrite=True)
+    before_step, before_seq = model.predict(rewritten, step), model.predict(rewritten, seq)
+    model.refit([(rewritten, step, 1.0)])           # a single step measured far faster than predicted
+    assert model.predict(rewritten, step) < 0.5 * before_step
+    assert model.predict(rewritten, seq) == pytest.approx(before_seq)
 
 
 def test_census_counts_unrolled_rnn_steps():

@@ -143,7 +143,8 @@ def _layout_precision_configs(feats: ScopeFeatures, device: str, labels: set[str
         for rw in ([False, True] if feats.rewrites else [False]):
             out += [Candidate(feats.scope, "compile", mode=mat, freezing=True, channels_last=True, rewrite=rw),
                     Candidate(feats.scope, "aoti", channels_last=True, rewrite=rw),
-                    Candidate(feats.scope, "aoti", freezing=True, channels_last=True, rewrite=rw)]
+                    Candidate(feats.scope, "aoti", freezing=True, channels_last=True, rewrite=rw),
+                    Candidate(feats.scope, "aoti", mode=mat, freezing=True, channels_last=True, rewrite=rw)]
     low = "fp16" if device.startswith("cuda") else "bf16"
     out += [Candidate(feats.scope, "aoti", freezing=True, precision=low)]
     if "compute" in labels:

@@ -272,16 +272,28 @@ class PlanCostModel:
 def correction_keys(cand: Candidate, feats: ScopeFeatures) -> tuple[tuple[str, str], ...]:
     """Keys of the learned corrections, most specific first: the configuration and op family, the
     program kind (backend, plus ``+rewrite``: a rewritten module is another program, so a rewrite's
-    measured error says nothing about the original's) and family, the program kind alone."""
+    measured error says nothing about the original's) and family, the program kind alone (not for
+    rewrites, whose effect depends on the family)."""
     family, program = op_family(feats), cand.backend + ("+rewrite" if cand.rewrite else "")
+    if cand.rewrite:    # what a rewrite does depends on the family (stepwise vs sequence): no global key
+        return (cand.config, family), (program, family)
     return (cand.config, family), (program, family), (program, "")
+
+
+#: most cell steps per RNN call that still count as stepwise decoding (see :func:`op_family`)
+STEPWISE_MAX_STEPS = 2
 
 
 def op_family(feats: ScopeFeatures) -> str:
     """Coarse kind of work in a scope: backends handle recurrent, convolutional and dense ops differently,
-    so a configuration's measured error on one family does not correct predictions for another."""
+    so a configuration's measured error on one family does not correct predictions for another.
+
+    Recurrent work splits by steps per call: a stepwise decoder (an RNN op per step) and a sequence
+    model (one op over many steps) respond oppositely to a cell rewrite, which removes the op's fixed
+    cost but unrolls every step."""
     if any(r.startswith(("lstm", "gru")) for r in feats.rewrites):
-        return "recurrent"
+        steps, calls = float(feats.evidence.get("rnn_steps", 0.0)), float(feats.evidence.get("rnn_calls", 0.0))
+        return "recurrent_seq" if calls and steps / calls > STEPWISE_MAX_STEPS else "recurrent"
     return "conv" if feats.has_conv else "dense"
 
 
