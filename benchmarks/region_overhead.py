@@ -56,7 +56,7 @@ def _recording() -> Iterator[None]:
 @contextlib.contextmanager
 def _aggregating() -> Iterator[None]:
     with tempfile.TemporaryDirectory() as tmp:
-        with profile(os.path.join(tmp, "bench.summary.json"), mode="aggregate", flush_s=1.0):
+        with profile(os.path.join(tmp, "bench.summary.json"), mode="aggregate"):   # production's flush_s
             yield
 
 
@@ -132,7 +132,7 @@ def measure(loop: Callable[[int], None], iters: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def instructions(case: str, short: int = 1000, long: int = 6000) -> float | None:
+def instructions(case: str, short: int = 2000, long: int = 22000) -> float | None:
     """Instructions per pair under callgrind (None without valgrind)."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
@@ -173,10 +173,11 @@ def main() -> None:
     opts = parser.parse_args()
     if opts.run_case:                      # one case, once: what callgrind counts
         loop, context = _cases(opts.run_case)[opts.run_case]
-        # The start-up's garbage is collected first: else a full collection due any moment lands
-        # in the long run of one case and not another, adding ~1k instructions per pair at random.
-        gc.collect()
         with context():
+            # Start-up garbage (imports, the session's own start) is collected first: else a full
+            # collection due any moment lands in the long run of one case and not another's,
+            # adding hundreds of instructions per pair at random.
+            gc.collect()
             loop(opts.iters)
         return
     cases = _cases()

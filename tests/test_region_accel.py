@@ -23,7 +23,7 @@ from cuvil_pgc.instrument import region
 needs_accel = pytest.mark.skipif(not region.ACCELERATED, reason="the C accelerator is not built")
 
 SCENARIO = textwrap.dedent("""
-    import asyncio, sys, threading
+    import asyncio, contextvars, sys, threading
     from cuvil_pgc import ProfileRegion, profile
     from cuvil_pgc.instrument import region
 
@@ -59,6 +59,16 @@ SCENARIO = textwrap.dedent("""
                     pass
                 r.end()
         asyncio.run(tasks())
+        with ProfileRegion("host"):                 # copied contexts and a region ended elsewhere
+            contextvars.copy_context().run(work, 7)
+            crossing = ProfileRegion("crossing").start()
+
+            async def ender():
+                with ProfileRegion("in_task"):
+                    crossing.end()
+            asyncio.run(ender())
+        with ProfileRegion("after"):
+            pass
         t = threading.Thread(target=work, args=(99,), name="side")
         t.start(); t.join()
 """)
@@ -90,7 +100,8 @@ def test_c_regions_write_what_python_regions_write(tmp_path, options):
         durations = {e["dur"] for e in accel}
         assert {0.001, 0.01, 0.1, 0.999, 1.0, 1.5, 1.23, 123456.789} <= durations   # every decimal form
         paths = {e["args"]["path"] for e in accel}
-        assert {"outer/decorated/inner", "outer/manual/nested", "task1/leaf", "decorated/inner"} <= paths
+        assert {"outer/decorated/inner", "outer/manual/nested", "task1/leaf", "decorated/inner",
+                "host/decorated/inner", "host/crossing/in_task"} <= paths
 
 
 def test_accelerator_is_built_where_a_compiler_is():
@@ -198,3 +209,23 @@ def test_a_region_that_cannot_be_written_is_counted_not_raised(tmp_path):
     names = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "region"]
     dropped = doc["cuvil"]["dropped"]["regions"]
     assert dropped >= 1 and dropped + len(names) == 2      # counted, not raised, not silently lost
+
+
+@needs_accel
+def test_cursors_of_finished_tasks_are_freed(tmp_path):
+    import asyncio
+
+    cursor_type = region._accel.Cursor
+
+    async def one():
+        with ProfileRegion("task"):
+            await asyncio.sleep(0)
+
+    async def many():
+        await asyncio.gather(*(one() for _ in range(2000)))
+
+    with profile(tmp_path / "c.trace.json", sample_hz=0, gpu="off", ops=False, compile=False):
+        asyncio.run(many())
+    gc.collect()
+    alive = sum(1 for o in gc.get_objects() if type(o) is cursor_type)
+    assert alive < 10          # one per live context, not one per finished task

@@ -9,9 +9,11 @@
  *   configure(recorder, sink, sample, current, clock)
  *                   the state regions read: the recorder callable (or None), the session's
  *                   RegionRecorder when it is the only sink (appended to directly, per thread),
- *                   the root-sampling policy (or None), the ContextVar of the active frame and
+ *                   the root-sampling policy (or None), the ContextVar for the per-context
+ *                   cursors of the active frame (see Cursor) and
  *                   a replacement clock (None: perf_counter_ns's clock; tests use one).
  *   identify(frame) assign id and path to a frame and its ancestors (writer thread).
+ *   current_frame() the innermost active frame of the calling thread / task, or None.
  *   fold_index(frames, index, max_paths)
  *                   path numbers and durations of ended frames, for the aggregate histograms.
  *   format_regions(frames, head, s0, paths_json, region_json, dumps)
@@ -42,7 +44,7 @@
 static PyObject *g_recorder = NULL;    /* callable(frame, end_ns); NULL: nothing records */
 static PyObject *g_sink = NULL;        /* RegionRecorder appended to directly, or NULL */
 static PyObject *g_sample = NULL;      /* root sampling policy, or NULL */
-static PyObject *g_current = NULL;     /* ContextVar holding the active frame */
+static PyObject *g_current = NULL;     /* ContextVar holding each context's Cursor */
 static PyObject *g_clock = NULL;       /* a replacement clock (tests); NULL: perf_counter_ns */
 static unsigned long long g_sink_serial = 0;
 static Py_ssize_t g_sink_capacity = 0;
@@ -208,6 +210,104 @@ new_frame(PyObject *region, PyObject *parent, long long start)
     return frame;
 }
 
+/* ---- Cursor: the innermost active frame of one context ------------------------------------ */
+
+/* Setting a ContextVar costs ~1,100 instructions (a new HAMT node and a token): two per region
+ * were a third of what a region cost. So the ContextVar holds a cursor per context instead, set
+ * once when a region first runs in that context, and entering and leaving a region move the
+ * cursor. A copied context (an asyncio task, copy_context().run) sees its parent's cursor, whose
+ * owner is not the current context: it gets a cursor of its own starting at the same frame, so
+ * nesting stays correct per thread and per task exactly as with a frame in the ContextVar.
+ * The cursor holds its context (owner) strongly: context -> cursor -> context is a cycle the
+ * garbage collector frees once the context is gone (cursors are GC objects for that). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner;           /* the contextvars.Context this cursor belongs to */
+    Frame *current;            /* innermost active frame in that context, or NULL */
+} Cursor;
+
+static int
+cursor_traverse(Cursor *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->owner);
+    return 0;
+}
+
+static int
+cursor_clear(Cursor *self)
+{
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->current);
+    return 0;
+}
+
+static void
+cursor_dealloc(Cursor *self)
+{
+    PyObject_GC_UnTrack(self);
+    cursor_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyTypeObject CursorType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cuvil_pgc.instrument._fastregion.Cursor",
+    .tp_basicsize = sizeof(Cursor),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The innermost active region frame of one context.",
+    .tp_traverse = (traverseproc)cursor_traverse,
+    .tp_clear = (inquiry)cursor_clear,
+    .tp_dealloc = (destructor)cursor_dealloc,
+};
+
+/* The calling context's cursor (borrowed: the context holds it), created on first use; NULL
+ * with an exception set on failure. */
+static Cursor *
+context_cursor(void)
+{
+    PyObject *value = NULL;
+    if (PyContextVar_Get(g_current, Py_None, &value) < 0)
+        return NULL;
+    PyObject *context = PyThreadState_GET()->context;
+    int is_cursor = Py_IS_TYPE(value, &CursorType);
+    if (is_cursor && context != NULL && ((Cursor *)value)->owner == context) {
+        Py_DECREF(value);
+        return (Cursor *)value;
+    }
+    Cursor *cursor = PyObject_GC_New(Cursor, &CursorType);
+    if (cursor == NULL) {
+        Py_DECREF(value);
+        return NULL;
+    }
+    cursor->owner = NULL;
+    cursor->current = is_cursor && ((Cursor *)value)->current != NULL
+        ? (Frame *)Py_NewRef(((Cursor *)value)->current) : NULL;
+    Py_DECREF(value);
+    PyObject_GC_Track(cursor);
+    PyObject *token = PyContextVar_Set(g_current, (PyObject *)cursor);   /* creates the context if none */
+    if (token == NULL) {
+        Py_DECREF(cursor);
+        return NULL;
+    }
+    Py_DECREF(token);
+    cursor->owner = Py_XNewRef(PyThreadState_GET()->context);
+    Py_DECREF(cursor);          /* the context's variables hold it now */
+    return cursor;
+}
+
+static PyObject *
+current_frame(PyObject *module, PyObject *unused)
+{
+    PyObject *value = NULL;
+    if (PyContextVar_Get(g_current, Py_None, &value) < 0)
+        return NULL;
+    PyObject *frame = Py_IS_TYPE(value, &CursorType) && ((Cursor *)value)->current != NULL
+        ? (PyObject *)((Cursor *)value)->current : Py_None;
+    Py_INCREF(frame);
+    Py_DECREF(value);
+    return frame;
+}
+
 /* ---- RegionBase ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -303,24 +403,19 @@ region_enter(PyObject *self, PyObject *unused)
 {
     if (g_recorder == NULL)
         return Py_NewRef(self);
-    PyObject *parent = NULL;
-    if (PyContextVar_Get(g_current, Py_None, &parent) < 0 || parent == NULL) {
+    Cursor *cursor = context_cursor();
+    if (cursor == NULL) {
         PyErr_Clear();
         return Py_NewRef(self);
     }
+    PyObject *parent = Py_NewRef(cursor->current ? (PyObject *)cursor->current : Py_None);
     Frame *frame = new_frame(self, parent, sampled_start(self, parent));
     Py_DECREF(parent);
     if (frame == NULL) {
         PyErr_Clear();
         return Py_NewRef(self);
     }
-    PyObject *token = PyContextVar_Set(g_current, (PyObject *)frame);
-    if (token == NULL) {
-        PyErr_Clear();
-        Py_DECREF(frame);
-        return Py_NewRef(self);
-    }
-    Py_DECREF(token);
+    Py_XSETREF(cursor->current, (Frame *)Py_NewRef(frame));
     Py_XSETREF(((RegionBase *)self)->frame, (PyObject *)frame);    /* steals the reference */
     return Py_NewRef(self);
 }
@@ -389,20 +484,15 @@ region_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (g_recorder == NULL && own == NULL)
         Py_RETURN_NONE;
     long long end = now_ns();
-    PyObject *current = NULL;
-    if (PyContextVar_Get(g_current, Py_None, &current) < 0)
+    Cursor *cursor = context_cursor();
+    if (cursor == NULL)
         PyErr_Clear();
     Frame *frame;
-    if (is_frame(current) && ((Frame *)current)->region == self) {
-        frame = (Frame *)current;
-        PyObject *parent = frame->parent ? (PyObject *)frame->parent : Py_None;
-        PyObject *token = PyContextVar_Set(g_current, parent);
-        if (token == NULL)
-            PyErr_Clear();
-        Py_XDECREF(token);
+    if (cursor != NULL && cursor->current != NULL && cursor->current->region == self) {
+        frame = cursor->current;            /* the cursor's reference passes to us */
+        cursor->current = frame->parent ? (Frame *)Py_NewRef(frame->parent) : NULL;
     }
     else {   /* ended from another context (start()/end() across callbacks): our own frame */
-        Py_XDECREF(current);
         if (own == NULL)
             Py_RETURN_NONE;
         frame = (Frame *)Py_NewRef(own);
@@ -802,6 +892,7 @@ static PyMethodDef module_methods[] = {
     {"set_checks", set_checks, METH_O, "set_checks(fn): (name, **attrs) -> (name, attrs), raising on bad input."},
     {"fold_index", fold_index, METH_VARARGS,
      "fold_index(frames, index, max_paths) -> (int64 path numbers, int64 durations) as bytes."},
+    {"current_frame", current_frame, METH_NOARGS, "The innermost active frame of this context, or None."},
     {"identify", identify, METH_O, "Assign id and path to a frame and its ancestors (writer thread only)."},
     {"format_regions", format_regions, METH_VARARGS,
      "format_regions(frames, head, s0, paths_json, region_json, dumps) -> bytes of Chrome X event lines."},
@@ -816,7 +907,7 @@ static struct PyModuleDef fastregion_module = {
 PyMODINIT_FUNC
 PyInit__fastregion(void)
 {
-    if (PyType_Ready(&FrameType) < 0 || PyType_Ready(&RegionBaseType) < 0)
+    if (PyType_Ready(&FrameType) < 0 || PyType_Ready(&CursorType) < 0 || PyType_Ready(&RegionBaseType) < 0)
         return NULL;
     s_register = PyUnicode_InternFromString("_register");
     s_events = PyUnicode_InternFromString("events");
@@ -829,7 +920,8 @@ PyInit__fastregion(void)
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "RegionBase", (PyObject *)&RegionBaseType) < 0
-            || PyModule_AddObjectRef(module, "Frame", (PyObject *)&FrameType) < 0) {
+            || PyModule_AddObjectRef(module, "Frame", (PyObject *)&FrameType) < 0
+            || PyModule_AddObjectRef(module, "Cursor", (PyObject *)&CursorType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -36,7 +36,7 @@ log = logging.getLogger("cuvil_pgc")
 PER_OCTAVE = 8
 SUMMARY_KEY = "cuvil_summary"
 SUMMARY_SCHEMA_VERSION = 1
-FOLD_INTERVAL_S = 0.1   # buffers are folded this often; with 2**18 slots per thread: 2.6M regions/s
+FOLD_INTERVAL_S = 0.1   # buffers are checked this often: 2**18 slots per thread take 2.6M regions/s
 _frexp = math.frexp
 
 
@@ -107,9 +107,9 @@ class AggregateRecorder(RegionRecorder):
     """A region sink folding completed regions into per-thread, per-path histograms.
 
     Regions are appended to per-thread buffers exactly as for a trace (in C where the accelerator
-    is built), and :meth:`fold` — called by the aggregate thread every ``FOLD_INTERVAL_S`` and
-    before every snapshot — turns a batch into histogram counts with numpy, off the user's
-    threads. At most ``max_paths`` paths per thread; further paths are dropped and counted
+    is built), and :meth:`fold` — called by the aggregate thread when a buffer is a quarter full
+    (checked every ``FOLD_INTERVAL_S``) and before every snapshot — turns a batch into histogram
+    counts with numpy, off the user's threads. At most ``max_paths`` paths per thread; further paths are dropped and counted
     (``dropped_paths``), as are regions that found a buffer full (``dropped()``).
     """
 
@@ -119,6 +119,11 @@ class AggregateRecorder(RegionRecorder):
         self.dropped_paths = 0
         self._tables: dict[int, _ThreadTable] = {}      # id(ThreadBuffer) -> its table
         self._fold_lock = threading.Lock()
+
+    def fullest(self) -> int:
+        """Events waiting in the fullest thread buffer."""
+        with self._lock:
+            return max((len(b.events) for b in self.buffers), default=0)
 
     def fold(self) -> None:
         """Fold what the buffers hold into the histograms (any thread; one fold at a time)."""
@@ -257,10 +262,11 @@ class AggregateSession:
     def _loop(self) -> None:
         next_flush = time.monotonic() + self.flush_s
         while not self._stop.wait(min(FOLD_INTERVAL_S, self.flush_s)):
-            try:
-                self.recorder.fold()
-            except Exception as exc:    # never into the host program; the flush reports too
-                log.warning("cuvil-pgc: folding region histograms failed: %s", exc)
+            if self.recorder.fullest() >= self.recorder.capacity // 4:   # big batches: cheap folds
+                try:
+                    self.recorder.fold()
+                except Exception as exc:    # never into the host program; the flush reports too
+                    log.warning("cuvil-pgc: folding region histograms failed: %s", exc)
             if time.monotonic() >= next_flush:
                 self.flush()
                 next_flush = time.monotonic() + self.flush_s

@@ -51,7 +51,9 @@ _ATTR_TYPES = (str, int, float, bool, type(None))
 # for a sampled-out region. The C accelerator's Frame objects index the same way.
 _REGION, _PARENT, _START, _ID, _PATH, _END = range(6)
 
-_current: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("cuvil_pgc_region", default=None)
+# The active frame per thread / task: the frame itself in pure Python; with the C accelerator a
+# cursor per context that points at it (one ContextVar update per context, not two per region).
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("cuvil_pgc_region", default=None)
 _ids = itertools.count(1)
 _now = time.perf_counter_ns
 
@@ -130,7 +132,7 @@ def _configure_accel() -> None:
 
 def current_frame() -> list | None:
     """The innermost active region frame in this thread / task, or None."""
-    return _current.get()
+    return _current.get() if _accel is None else _accel.current_frame()
 
 
 def frame_path(frame: list) -> str:
@@ -147,7 +149,7 @@ def frame_path(frame: list) -> str:
 
 def current_path() -> str | None:
     """Path of the innermost active region in this thread / task, or None."""
-    frame = _current.get()
+    frame = current_frame()
     return None if frame is None else frame_path(frame)
 
 
