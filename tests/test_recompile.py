@@ -203,6 +203,23 @@ def test_a_measured_rewrite_does_not_correct_the_original_program():
 
 # ----------------------------------------------------------------------------- search, records, guard
 
+def test_prediction_spread_widens_the_stop_rule_when_predictions_miss():
+    from types import SimpleNamespace
+
+    from cuvil_pgc.recompile.search import Trial, _Search
+
+    def spread(*pairs, reused=False):
+        trials = {str(i): Trial(Candidate("", "aoti", freezing=bool(i % 2)), p, "ok", m, reused=reused)
+                  for i, (p, m) in enumerate(pairs)}
+        return _Search._prediction_spread(SimpleNamespace(trials=trials))
+
+    assert spread() == 1.0
+    assert spread((100.0, 100.0)) == pytest.approx(1.0)
+    # predicted 4x too slow (or fast): a candidate predicted at 3x the best measured is still worth a try
+    assert spread((400.0, 100.0), (100.0, 400.0)) == pytest.approx(4.0)
+    assert spread((400.0, 100.0), reused=True) == 1.0        # records of earlier searches do not widen it
+
+
 def _rnn_analysis() -> Analysis:
     return Analysis(regions=[stats("model", "host_bound", 300.0, module="RNNStep"),
                              stats("model/model.rnn", "launch_overhead", 250.0, module="LSTM")])

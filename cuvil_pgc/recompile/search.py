@@ -10,7 +10,8 @@ measurement goes to the record database; candidates already recorded for this mo
 and inputs are reused instead of measured, and the cost models are refitted from all of this
 machine's records before each batch (on the CPU, the machine's cost per prepacked GEMM call is
 measured once per process for the cost models); once a few measurements are in, only candidates predicted to
-beat the best measured time of their scope by 2 % are tried. ``budget`` caps the new measurements, eager references and
+beat the best measured time of their scope by 2 % are tried, their predictions made optimistic by
+the spread of this search's prediction errors so far (:meth:`_Search._prediction_spread`). ``budget`` caps the new measurements, eager references and
 the composite plan included (default: a quarter of the space, at least 2); ``exhaustive=True``
 measures everything (for comparison benchmarks).
 """
@@ -170,7 +171,8 @@ class _Search:
             self._refit()
             ranked = self.cost.rank(pending, self.features)
             if not self.opt.exhaustive and self.measured + self.reused >= MIN_EXPLORE:
-                ranked = [(c, p) for c, p in ranked if p < self._best_in_scope(c.scope) * (1 - MIN_GAIN)]
+                spread = self._prediction_spread()
+                ranked = [(c, p) for c, p in ranked if p / spread < self._best_in_scope(c.scope) * (1 - MIN_GAIN)]
                 if not ranked:
                     break    # nothing left is predicted to beat what was measured
             scope = ranked[0][0].scope
@@ -187,6 +189,17 @@ class _Search:
         for cand in pending:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]),
                                           reason="ranked below the measured candidates (budget)")
+
+    def _prediction_spread(self) -> float:
+        """How far off this search's predictions were: exp(median |log(measured / predicted)|) over
+        its new measurements of compiled candidates (1 before any). A candidate stays worth trying
+        while its prediction, optimistic by that factor, beats the best measured: the less the
+        refitted models can be trusted on this model, the more of the budget the search spends; a
+        search whose predictions hold (records of earlier searches) stops early."""
+        errors = [abs(math.log(t.measured_us / t.predicted_us)) for t in self.trials.values()
+                  if t.status == "ok" and not t.reused and t.candidate.backend != "eager"
+                  and t.measured_us and t.predicted_us and t.predicted_us > 0]
+        return math.exp(median(errors)) if errors else 1.0
 
     def _best_in_scope(self, scope: str) -> float:
         times = [t.measured_us for t in self.trials.values()
