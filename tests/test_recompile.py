@@ -467,3 +467,35 @@ def test_budget_default_is_a_quarter_and_exhaustive_measures_everything():
     assert full.space_size >= 4
     assert all(t.status == "ok" for t in full.trials.values())
     assert full.measured >= full.space_size
+
+
+def test_near_ties_of_the_whole_model_are_raced_again_at_the_end(monkeypatch):
+    """A search measures each candidate once; configurations within 10% of the best whole-model
+    trial go into the final side-by-side race with it, so noise does not decide near ties."""
+    from types import SimpleNamespace
+
+    from cuvil_pgc.recompile import plan as plan_mod
+    from cuvil_pgc.recompile.search import Trial
+
+    def trial(cand, us, status="ok"):
+        return Trial(cand, us, status=status, measured_us=us)
+
+    best = trial(Candidate("", "aoti"), 100.0)
+    close = trial(Candidate("", "aoti", freezing=True), 108.0)
+    closer = trial(Candidate("", "aoti", mode="max-autotune-no-cudagraphs"), 103.0)
+    far = trial(Candidate("", "compile"), 115.0)
+    broken = trial(Candidate("", "aoti", rewrite=True), 101.0, status="accuracy_error")
+    eager = trial(Candidate(""), 250.0)
+    sub = trial(Candidate("layer", "aoti"), 101.0)
+    trials = {t.candidate.key: t for t in (best, close, closer, far, broken, eager, sub)}
+    assert plan_mod.runners_up(trials, best) == [closer.candidate, close.candidate]
+
+    raced = {}
+    monkeypatch.setattr(plan_mod, "_build_plan", lambda s, choices: ({}, object()))
+    monkeypatch.setattr(plan_mod, "_final_race", lambda s, result, plans, built, **kw: raced.update(plans))
+    s = SimpleNamespace(opt=SimpleNamespace(fixed=None), trials=trials,
+                        features={"": SimpleNamespace(eager_us=250.0), "layer": SimpleNamespace(eager_us=10.0)})
+    plan_mod.choose_plan(s, SimpleNamespace(measured=7))
+    assert raced["model"] == {"": best.candidate}
+    assert {closer.candidate.key, close.candidate.key} <= set(raced)
+    assert far.candidate.key not in raced and broken.candidate.key not in raced

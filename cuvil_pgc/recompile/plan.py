@@ -1,8 +1,10 @@
 """Choosing the plan from the search's trials, and the final side-by-side check.
 
-Per scope the fastest accurate measured trial wins. Two plans then compete: the whole model as one
-compile boundary (its best trial) and the *composite* of the best sub-region choices (disjoint
-regions, each compiled alone, the rest eager, predicted from their measured savings). Both are
+Per scope the fastest accurate measured trial wins. Plans then compete: the whole model as one
+compile boundary (its best trial, and up to two runners-up measured within 10 % of it: a search
+measures each candidate once, so near ties are decided again side by side) and the *composite* of
+the best sub-region choices (disjoint
+regions, each compiled alone, the rest eager, predicted from their measured savings). All are
 rebuilt (AOTInductor packages come from the artifact cache), checked end to end with the accuracy
 guard, and timed interleaved with eager; the fastest wins, and eager itself wins when nothing beats
 it in that run (a plan is never slower than what it replaces, as far as the medians can tell).
@@ -23,6 +25,9 @@ from cuvil_pgc.recompile.measure import time_interleaved
 
 log = logging.getLogger(__name__)
 
+RUNNER_UP_WITHIN = 0.10   # whole-model trials this close to the best are raced again at the end
+MAX_RUNNERS_UP = 2
+
 
 def best_per_scope(trials: dict[str, Any]) -> dict[str, Any]:
     best: dict[str, Any] = {}
@@ -32,6 +37,16 @@ def best_per_scope(trials: dict[str, Any]) -> dict[str, Any]:
             if cur is None or t.measured_us < cur.measured_us:
                 best[t.candidate.scope] = t
     return best
+
+
+def runners_up(trials: dict[str, Any], best: Any, within: float = RUNNER_UP_WITHIN,
+               most: int = MAX_RUNNERS_UP) -> list[Candidate]:
+    """Whole-model configurations measured within ``within`` of the best one: one search measures
+    each candidate once, so near ties are decided again, side by side, in the final race."""
+    close = sorted((t for t in trials.values() if t.candidate.scope == "" and t is not best and t.status == "ok"
+                    and t.measured_us is not None and not _is_eager(t.candidate)
+                    and t.measured_us <= best.measured_us * (1 + within)), key=lambda t: t.measured_us)
+    return [t.candidate for t in close[:most]]
 
 
 def composite_choice(best: dict[str, Any], features: dict[str, Any]) -> tuple[dict[str, Candidate], float]:
@@ -71,6 +86,8 @@ def choose_plan(s: Any, result: Any) -> None:
     root = best.get("")
     if root is not None and not _is_eager(root.candidate):
         plans["model"] = {"": root.candidate}
+        for cand in runners_up(s.trials, root):
+            plans[cand.key] = {"": cand}
     composite, composite_us = composite_choice(best, s.features)
     room = getattr(s, "budget", result.measured + 1) > result.measured
     if composite and room and (root is None or composite_us < root.measured_us * 1.05):
