@@ -499,3 +499,22 @@ def test_near_ties_of_the_whole_model_are_raced_again_at_the_end(monkeypatch):
     assert raced["model"] == {"": best.candidate}
     assert {closer.candidate.key, close.candidate.key} <= set(raced)
     assert far.candidate.key not in raced and broken.candidate.key not in raced
+
+
+def test_the_final_race_takes_many_more_rounds_than_a_search_batch(monkeypatch):
+    from types import SimpleNamespace
+
+    from cuvil_pgc.recompile import plan as plan_mod
+    from cuvil_pgc.recompile.measure import Samples
+
+    seen = {}
+
+    def fake_time(fns, rounds):
+        seen["rounds"] = rounds
+        return {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns}
+
+    monkeypatch.setattr(plan_mod, "time_interleaved", fake_time)
+    s = SimpleNamespace(model=lambda *a: None, inputs=(), opt=SimpleNamespace(rounds=25))
+    result = SimpleNamespace()
+    plan_mod._final_race(s, result, {"model": {}}, {"model": ({}, lambda *a: None)})
+    assert seen["rounds"] >= 8 * 25 and result.plan_us < result.baseline_us

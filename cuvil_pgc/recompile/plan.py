@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 RUNNER_UP_WITHIN = 0.10   # whole-model trials this close to the best are raced again at the end
 MAX_RUNNERS_UP = 2
+# The final race decides near ties from few samples of ~0.5 ms each: it takes many more rounds than
+# a search batch (200 x 0.5 ms x 4 contenders is under half a second) so a descheduled sample or
+# two cannot flip it.
+FINAL_RACE_ROUNDS = 200
 
 
 def best_per_scope(trials: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +125,7 @@ def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], bui
     args = s.inputs
     with torch.no_grad():
         samples = time_interleaved({k: (lambda m=m: m(*args)) for k, m in contenders.items()},
-                                   rounds=max(s.opt.rounds, 25))
+                                   rounds=max(s.opt.rounds, FINAL_RACE_ROUNDS))
     medians = {k: v.median_s * 1e6 for k, v in samples.items()}
     winner = min((k for k in medians if allow_eager or k != "eager"), key=medians.get)
     result.baseline_us = medians["eager"]
