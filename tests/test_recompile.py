@@ -518,3 +518,17 @@ def test_the_final_race_takes_many_more_rounds_than_a_search_batch(monkeypatch):
     result = SimpleNamespace()
     plan_mod._final_race(s, result, {"model": {}}, {"model": ({}, lambda *a: None)})
     assert seen["rounds"] >= 8 * 25 and result.plan_us < result.baseline_us
+
+
+def test_native_stderr_of_a_failing_candidate_goes_into_its_reason(capfd):
+    """AOTInductor's runtime prints a failed kernel call on fd 2 before raising: the search keeps
+    that text in the rejected trial's reason and out of the user's terminal."""
+    import os
+
+    from cuvil_pgc.recompile._stderr import first_line, native_stderr
+
+    with native_stderr() as native:
+        os.write(2, b"\nError: aoti_torch_cpu_mkldnn_rnn_layer(buf0) API call failed at x.cpp, line 9\n")
+    assert capfd.readouterr().err == ""
+    assert first_line(native.text).startswith("Error: aoti_torch_cpu_mkldnn_rnn_layer(buf0) API call failed")
+    assert first_line("x" * 500).endswith("...") and len(first_line("x" * 500)) == 300

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from cuvil_pgc.errors import RecompileError
+from cuvil_pgc.recompile._stderr import first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import Realized, ScopeInputs, capture_scope_inputs, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
@@ -292,14 +293,25 @@ class _Search:
 
     def _build_checked(self, cand: Candidate, module: Any, inputs: ScopeInputs, scope: str,
                        trial: Trial) -> Callable[[], Any] | None:
+        failure: Exception | None = None
         try:
             realized = realize(module, cand, inputs, device=self.opt.device, machine=self.machine_key)
-            with torch.no_grad():
-                out = realized.module(*inputs.args, **inputs.kwargs)
         except Exception as exc:    # any backend failure rejects the candidate, never the search
-            trial.status, trial.reason = "compile_error", _reason(exc)
+            failure = exc
+        with native_stderr() as native:     # a failing AOTI kernel call reports on fd 2, then raises
+            try:
+                if failure is None:
+                    with torch.no_grad():
+                        out = realized.module(*inputs.args, **inputs.kwargs)
+            except Exception as exc:
+                failure = exc
+        if failure is not None:
+            said = first_line(native.text)
+            trial.status, trial.reason = "compile_error", _reason(failure) + (f" (native: {said})" if said else "")
             log.info("candidate %s rejected: %s", cand.key, trial.reason)
             return None
+        if native.text.strip():
+            log.debug("candidate %s wrote to stderr: %s", cand.key, native.text.strip()[:2000])
         check = check_outputs(self.refs[scope], out, rtol=self.opt.rtol, atol=self.opt.atol)
         if not check.ok:
             trial.status, trial.reason = "accuracy_error", check.reason

@@ -1,0 +1,43 @@
+"""Capture what native code writes to the process's stderr (fd 2) while a candidate first runs.
+
+AOTInductor's runtime reports a failing kernel call on stderr from C++ (e.g.
+``aoti_torch_cpu_mkldnn_rnn_layer(...) API call failed at ...wrapper.cpp``) and then raises. The
+search rejects such a candidate and records why; the native message belongs in that reason, not
+in the user's terminal. Offline code only: fd 2 is redirected for the whole process meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+
+
+class Captured:
+    text = ""
+
+
+@contextlib.contextmanager
+def native_stderr() -> Iterator[Captured]:
+    """Redirect fd 2 into a temporary file; ``captured.text`` holds what was written."""
+    captured = Captured()
+    with tempfile.TemporaryFile() as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            captured.text = sink.read().decode("utf-8", "replace")
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """The first non-empty line of ``text``, cut to ``limit`` characters."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
