@@ -608,6 +608,20 @@ child_path(PyObject *region, PyObject *parent_path)
     return path;
 }
 
+/* A frame's path (cached on the frame), without assigning an id. */
+static PyObject *
+path_of(Frame *frame)
+{
+    if (frame->path == NULL) {
+        PyObject *parent_path = frame->parent ? path_of(frame->parent) : NULL;
+        if (frame->parent != NULL && parent_path == NULL)
+            return NULL;
+        frame->path = child_path(frame->region, parent_path);
+    }
+    return frame->path;
+}
+
+/* Id and path of a frame and its ancestors (ancestors first, so ids grow from the root). */
 static int
 identify_frame(Frame *frame)
 {
@@ -615,11 +629,8 @@ identify_frame(Frame *frame)
         return 0;
     if (frame->parent != NULL && identify_frame(frame->parent) < 0)
         return -1;
-    if (frame->path == NULL) {
-        frame->path = child_path(frame->region, frame->parent ? frame->parent->path : NULL);
-        if (frame->path == NULL)
-            return -1;
-    }
+    if (path_of(frame) == NULL)
+        return -1;
     frame->id = g_next_id++;
     return 0;
 }
@@ -637,19 +648,6 @@ identify(PyObject *module, PyObject *frame)
 }
 
 /* ---- fold_index -------------------------------------------------------------------------- */
-
-/* A frame's path (cached on the frame), without assigning an id. */
-static PyObject *
-path_of(Frame *frame)
-{
-    if (frame->path == NULL) {
-        PyObject *parent_path = frame->parent ? path_of(frame->parent) : NULL;
-        if (frame->parent != NULL && parent_path == NULL)
-            return NULL;
-        frame->path = child_path(frame->region, parent_path);
-    }
-    return frame->path;
-}
 
 /* fold_index(frames, index, max_paths) -> (indices, durations): two native int64 arrays as bytes.
  * indices[i] is frames[i]'s path's number in `index` (path -> int, grown here while it has fewer

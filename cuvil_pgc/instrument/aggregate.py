@@ -1,8 +1,8 @@
 """Always-on aggregates: regions folded into per-path latency histograms instead of events.
 
 For servers that run for weeks: memory stays bounded (at most ``max_paths`` paths per thread,
-each a fixed log-bucketed histogram, and per-thread buffers of ended regions folded off the
-user's threads every ``FOLD_INTERVAL_S``), nothing is written per call, and the summary file is
+each a fixed log-bucketed histogram, and bounded per-thread buffers of ended regions that are
+folded off the user's threads), nothing is written per call, and the summary file is
 rewritten atomically every ``flush_s`` seconds. ``analyze``, ``report`` and ``diff`` read a
 summary like a trace (no timeline; calls, totals, means and percentiles per path).
 
@@ -65,16 +65,6 @@ class PathStats:
         self.max_ns = 0
         self.buckets: dict[int, int] = {}
 
-    def add(self, ns: int) -> None:
-        self.count += 1
-        self.sum_ns += ns
-        if ns < self.min_ns:
-            self.min_ns = ns
-        if ns > self.max_ns:
-            self.max_ns = ns
-        b = bucket_of(ns)
-        self.buckets[b] = self.buckets.get(b, 0) + 1
-
     def add_many(self, count: int, sum_ns: int, min_ns: int, max_ns: int) -> None:
         """Fold in ``count`` durations with that sum, minimum and maximum (buckets apart)."""
         self.count += count
@@ -83,10 +73,7 @@ class PathStats:
         self.max_ns = max(self.max_ns, max_ns)
 
     def merge(self, other: PathStats) -> None:
-        self.count += other.count
-        self.sum_ns += other.sum_ns
-        self.min_ns = min(self.min_ns, other.min_ns)
-        self.max_ns = max(self.max_ns, other.max_ns)
+        self.add_many(other.count, other.sum_ns, other.min_ns, other.max_ns)
         for b, c in list(other.buckets.items()):
             self.buckets[b] = self.buckets.get(b, 0) + c
 
@@ -109,8 +96,9 @@ class AggregateRecorder(RegionRecorder):
     Regions are appended to per-thread buffers exactly as for a trace (in C where the accelerator
     is built), and :meth:`fold` — called by the aggregate thread when a buffer is a quarter full
     (checked every ``FOLD_INTERVAL_S``) and before every snapshot — turns a batch into histogram
-    counts with numpy, off the user's threads. At most ``max_paths`` paths per thread; further paths are dropped and counted
-    (``dropped_paths``), as are regions that found a buffer full (``dropped()``).
+    counts with numpy, off the user's threads. At most ``max_paths`` paths per thread; further
+    paths are dropped and counted (``dropped_paths``), as are regions that found a buffer full
+    (``dropped()``).
     """
 
     def __init__(self, max_paths: int = 10_000, capacity: int = 1 << 18) -> None:
@@ -160,10 +148,11 @@ class _ThreadTable:
         idx, dur = np.frombuffer(idx_bytes, np.int64), np.frombuffer(dur_bytes, np.int64)
         self.stats += [PathStats() for _ in range(len(self.index) - len(self.stats))]
         keep = idx >= 0
-        if not keep.all():
+        dropped = int(len(keep) - keep.sum())
+        if dropped:
             idx, dur = idx[keep], dur[keep]
         if len(idx) == 0:
-            return int(len(keep) - keep.sum())
+            return dropped
         order = np.argsort(idx, kind="stable")
         idx, dur = idx[order], dur[order]
         starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
@@ -178,7 +167,7 @@ class _ThreadTable:
         for key, n in zip(keys.tolist(), key_counts.tolist(), strict=True):
             buckets = self.stats[key >> 12].buckets
             buckets[key & 4095] = buckets.get(key & 4095, 0) + n
-        return int(len(keep) - keep.sum())
+        return dropped
 
 
 def buckets_of(ns):

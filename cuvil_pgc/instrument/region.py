@@ -203,9 +203,7 @@ def _check_attrs(attrs: dict[str, Any]) -> dict[str, Any] | None:
 
 def _checked(name: str, **attrs: Any) -> tuple[str, dict[str, Any] | None]:
     """A region's (name, attrs), validated (RegionError on bad input)."""
-    name = name if type(name) is str and name.isascii() and 0 < len(name) <= MAX_NAME_CHARS \
-        else _check_name(name)
-    return name, _check_attrs(attrs) if attrs else None
+    return _check_name(name), _check_attrs(attrs) if attrs else None
 
 
 class _PyRegionBase:
