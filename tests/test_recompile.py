@@ -532,3 +532,10 @@ def test_native_stderr_of_a_failing_candidate_goes_into_its_reason(capfd):
     assert capfd.readouterr().err == ""
     assert first_line(native.text).startswith("Error: aoti_torch_cpu_mkldnn_rnn_layer(buf0) API call failed")
     assert first_line("x" * 500).endswith("...") and len(first_line("x" * 500)) == 300
+    from cuvil_pgc.recompile._stderr import Captured
+
+    given = Captured()
+    with pytest.raises(RuntimeError), native_stderr(given):    # the search's case: the call raises
+        os.write(2, b"kernel failed\n")
+        raise RuntimeError("run failed")
+    assert given.text == "kernel failed\n" and capfd.readouterr().err == ""

@@ -20,9 +20,10 @@ class Captured:
 
 
 @contextlib.contextmanager
-def native_stderr() -> Iterator[Captured]:
-    """Redirect fd 2 into a temporary file; ``captured.text`` holds what was written."""
-    captured = Captured()
+def native_stderr(captured: Captured | None = None) -> Iterator[Captured]:
+    """Redirect fd 2 into a temporary file; afterwards ``captured.text`` (given or new) holds what
+    was written, also when the block raised."""
+    captured = Captured() if captured is None else captured
     with tempfile.TemporaryFile() as sink:
         sys.stderr.flush()
         saved = os.dup(2)

@@ -3,9 +3,9 @@
 A :class:`Candidate` is one configuration of one *scope* — a submodule matched to a hot region
 (the region compiled alone) or the whole model (every region merged into one compile boundary).
 Configurations combine a backend (eager, torch.compile, AOTInductor package, CUDA graphs via
-``reduce-overhead``), its options (mode — also max-autotune for AOTInductor packages —, Inductor
-freezing, ``cpp_wrapper``), module rewrites,
-memory layout (channels_last) and precision (bf16/fp16 autocast).
+``reduce-overhead``), its options (mode, max-autotune for AOTInductor packages too; Inductor
+freezing; ``cpp_wrapper``), module rewrites, memory layout (channels_last) and precision (bf16/fp16
+autocast).
 
 :func:`generate_space` builds the candidates from the bottleneck labels the analyzer gave the
 regions: launch-overhead and host-bound regions get the options that remove per-op or per-call

@@ -126,7 +126,7 @@ class LaunchCostModel:
             return 0.0
         gemms = feats.gemms
         if cand.rewrite:
-            gemms = max(gemms, float(feats.evidence.get("rnn_steps", 0.0)) + float(feats.evidence.get("rnn_calls", 0.0)))
+            gemms = max(gemms, sum(rnn_steps_and_calls(feats)))
         return gemms * self.machine.prepacked_gemm_us
 
     def rewrite_saving(self, cand: Candidate, feats: ScopeFeatures) -> float:
@@ -136,8 +136,8 @@ class LaunchCostModel:
             return 0.0
         rnn_us = float(feats.evidence.get("rnn_us", 0.0)) or PRIORS["rnn_op_us"] * sum(
             1 for r in feats.rewrites if r.startswith(("lstm", "gru"))) * feats.calls
-        extra_steps = max(float(feats.evidence.get("rnn_steps", 0.0)) - float(feats.evidence.get("rnn_calls", 0.0)),
-                          0.0)
+        steps, calls = rnn_steps_and_calls(feats)
+        extra_steps = max(steps - calls, 0.0)
         return self.rnn_saving * min(rnn_us, feats.eager_us) - extra_steps * self.step_us(cand)
 
     def step_us(self, cand: Candidate) -> float:
@@ -280,6 +280,12 @@ def correction_keys(cand: Candidate, feats: ScopeFeatures) -> tuple[tuple[str, s
     return (cand.config, family), (program, family), (program, "")
 
 
+def rnn_steps_and_calls(feats: ScopeFeatures) -> tuple[float, float]:
+    """Recurrent cell steps and RNN calls per forward of the model (features.op_census; 0, 0 when
+    the scope runs no RNN)."""
+    return float(feats.evidence.get("rnn_steps", 0.0)), float(feats.evidence.get("rnn_calls", 0.0))
+
+
 #: most cell steps per RNN call that still count as stepwise decoding (see :func:`op_family`)
 STEPWISE_MAX_STEPS = 2
 
@@ -292,7 +298,7 @@ def op_family(feats: ScopeFeatures) -> str:
     model (one op over many steps) respond oppositely to a cell rewrite, which removes the op's fixed
     cost but unrolls every step."""
     if any(r.startswith(("lstm", "gru")) for r in feats.rewrites):
-        steps, calls = float(feats.evidence.get("rnn_steps", 0.0)), float(feats.evidence.get("rnn_calls", 0.0))
+        steps, calls = rnn_steps_and_calls(feats)
         return "recurrent_seq" if calls and steps / calls > STEPWISE_MAX_STEPS else "recurrent"
     return "conv" if feats.has_conv else "dense"
 

@@ -3,9 +3,8 @@
 Per scope the fastest accurate measured trial wins. Plans then compete: the whole model as one
 compile boundary (its best trial, and up to two runners-up measured within 10 % of it: a search
 measures each candidate once, so near ties are decided again side by side) and the *composite* of
-the best sub-region choices (disjoint
-regions, each compiled alone, the rest eager, predicted from their measured savings). All are
-rebuilt (AOTInductor packages come from the artifact cache), checked end to end with the accuracy
+the best sub-region choices (disjoint regions, each compiled alone, the rest eager, predicted from
+their measured savings). All are rebuilt (AOTInductor packages come from the artifact cache), checked end to end with the accuracy
 guard, and timed interleaved with eager; the fastest wins, and eager itself wins when nothing beats
 it in that run (a plan is never slower than what it replaces, as far as the medians can tell).
 """

@@ -9,9 +9,10 @@ that scope's eager runs, so batches measured minutes apart stay comparable. Ever
 measurement goes to the record database; candidates already recorded for this module, machine
 and inputs are reused instead of measured, and the cost models are refitted from all of this
 machine's records before each batch (on the CPU, the machine's cost per prepacked GEMM call is
-measured once per process for the cost models); once a few measurements are in, only candidates predicted to
-beat the best measured time of their scope by 2 % are tried, their predictions made optimistic by
-the spread of this search's prediction errors so far (:meth:`_Search._prediction_spread`). ``budget`` caps the new measurements, eager references and
+measured once per process for the cost models); once a few measurements are in, only candidates
+predicted to beat the best measured time of their scope by 2 % are tried, their predictions made
+optimistic by the spread of this search's prediction errors so far
+(:meth:`_Search._prediction_spread`). ``budget`` caps the new measurements, eager references and
 the composite plan included (default: a quarter of the space, at least 2); ``exhaustive=True``
 measures everything (for comparison benchmarks).
 """
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from cuvil_pgc.errors import RecompileError
-from cuvil_pgc.recompile._stderr import first_line, native_stderr
+from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import Realized, ScopeInputs, capture_scope_inputs, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
@@ -293,21 +294,15 @@ class _Search:
 
     def _build_checked(self, cand: Candidate, module: Any, inputs: ScopeInputs, scope: str,
                        trial: Trial) -> Callable[[], Any] | None:
-        failure: Exception | None = None
+        native = Captured()
         try:
             realized = realize(module, cand, inputs, device=self.opt.device, machine=self.machine_key)
+            # a failing AOTI kernel call reports on fd 2, then raises: keep its words for the reason
+            with native_stderr(native), torch.no_grad():
+                out = realized.module(*inputs.args, **inputs.kwargs)
         except Exception as exc:    # any backend failure rejects the candidate, never the search
-            failure = exc
-        with native_stderr() as native:     # a failing AOTI kernel call reports on fd 2, then raises
-            try:
-                if failure is None:
-                    with torch.no_grad():
-                        out = realized.module(*inputs.args, **inputs.kwargs)
-            except Exception as exc:
-                failure = exc
-        if failure is not None:
             said = first_line(native.text)
-            trial.status, trial.reason = "compile_error", _reason(failure) + (f" (native: {said})" if said else "")
+            trial.status, trial.reason = "compile_error", _reason(exc) + (f" (native: {said})" if said else "")
             log.info("candidate %s rejected: %s", cand.key, trial.reason)
             return None
         if native.text.strip():
