@@ -26,6 +26,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 
 
 def parse_args() -> argparse.Namespace:
@@ -70,6 +71,37 @@ def baselines(model, inputs) -> dict:
     return {"eager": model, "compile": default, "compile-mat": mat}
 
 
+def compute_floor_ms(model, inputs, peak_flops: float) -> float:
+    """Milliseconds the model's counted FLOPs take at ``peak_flops`` (one eager call, no_grad).
+
+    oneDNN RNNs and the fused transformer fast path are single ops without a FLOP formula, so the
+    count runs with both off: their math then reaches the counter as matmuls.
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with warnings.catch_warnings():        # flags() also sets oneDNN's deprecated tf32 switch
+            warnings.simplefilter("ignore")
+            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False), counter:
+                model(*inputs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    return counter.get_total_flops() / peak_flops * 1e3
+
+
+def measure_peak_flops() -> float:
+    """This process's fp32 large-matmul FLOP/s on the CPU (the analyzer's microbenchmark)."""
+    import torch
+
+    from cuvil_pgc.analyze._microbench import Stopwatch, matmul_rate
+
+    return matmul_rate(Stopwatch("cpu"), torch.float32, (256, 512, 1024), budget_s=2.0).value
+
+
 def race(contenders: dict, inputs, rounds: int) -> dict[str, float]:
     import torch
 
@@ -80,7 +112,7 @@ def race(contenders: dict, inputs, rounds: int) -> dict[str, float]:
     return {k: s.median_ms for k, s in samples.items()}
 
 
-def run_model(name: str, args, workdir: str) -> dict:
+def run_model(name: str, args, workdir: str, peak_flops: float) -> dict:
     import torch
 
     from cuvil_pgc.recompile import recompile
@@ -99,7 +131,7 @@ def run_model(name: str, args, workdir: str) -> dict:
     medians = race({**baselines(model, inputs), "build": build.module}, inputs, args.rounds)
     row = {"model": name, "labels": labels, "medians_ms": medians, "plan": build.plan,
            "measured": build.plan["measured_candidates"], "space": build.plan["space_size"],
-           "search_s": t2 - t1, "profile_s": t1 - t0}
+           "search_s": t2 - t1, "profile_s": t1 - t0, "floor_ms": compute_floor_ms(model, inputs, peak_flops)}
     again = recompile(model, inputs, analysis=analysis, budget=args.budget, records=records)
     row["second_measured"] = again.plan["measured_candidates"]
     row["second_reused"] = again.plan["reused_records"]
@@ -138,7 +170,7 @@ def report(rows: list[dict]) -> None:
 
     table = Table(title="recompile_speedup: median ms per call (interleaved, one run)")
     for col in ("model", "eager", "compile", "compile-mat", "build", "vs eager", "vs compile", "vs best base",
-                "chosen", "measured / space", "2nd search measured"):
+                "floor", "build / floor", "chosen", "measured / space", "2nd search measured"):
         table.add_column(col, justify="left" if col in ("model", "chosen") else "right")
     for r in rows:
         m = r["medians_ms"]
@@ -146,7 +178,8 @@ def report(rows: list[dict]) -> None:
         chosen = ", ".join(f"{c['scope'] or '<model>'}: {c['config']}" for c in r["plan"]["choices"]) or "eager"
         table.add_row(r["model"], *(f"{m[k]:.4f}" for k in ("eager", "compile", "compile-mat", "build")),
                       f"{m['eager'] / m['build']:.2f}x", f"{m['compile'] / m['build']:.2f}x",
-                      f"{best_base / m['build']:.3f}x", chosen, f"{r['measured']} / {r['space']}",
+                      f"{best_base / m['build']:.3f}x", f"{r['floor_ms']:.4f}", f"{m['build'] / r['floor_ms']:.1f}x",
+                      chosen, f"{r['measured']} / {r['space']}",
                       f"{r['second_measured']} ({r['second_reused']} reused)")
     Console(width=200).print(table)
     g_eager = geomean([r["medians_ms"]["eager"] / r["medians_ms"]["build"] for r in rows])
@@ -176,11 +209,13 @@ def main() -> int:
     from cuvil_pgc.zoo import ZOO
 
     names = list(ZOO) if args.models == "all" else args.models.split(",")
+    peak = measure_peak_flops()
+    print(f"fp32 matmul peak at {args.threads} thread(s): {peak / 1e9:.1f} GFLOP/s (the floor column's rate)")
     rows = []
     with tempfile.TemporaryDirectory(prefix="cuvil-bench-") as workdir:
         for name in names:
             print(f"[{time.strftime('%H:%M:%S')}] {name} ...", file=sys.stderr, flush=True)
-            rows.append(run_model(name, args, workdir))
+            rows.append(run_model(name, args, workdir, peak))
     report(rows)
     return 0
 
