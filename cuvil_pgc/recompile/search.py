@@ -3,9 +3,11 @@
 Contract of :func:`search`: it never crashes on a bad candidate. A candidate that fails to
 compile or export is rejected as ``compile_error``, one whose outputs differ from eager beyond
 the tolerances as ``accuracy_error``, each with its reason. Measurements are interleaved with the
-scope's eager module (same inputs, rotating order, medians; see :mod:`.measure`); each candidate
-keeps its ratio to the eager median of its own run and is expressed against the median of all of
-that scope's eager runs, so batches measured minutes apart stay comparable. Every
+scope's eager module and with the fastest candidate of the scope measured so far, the incumbent
+(same inputs, rotating order, medians; see :mod:`.measure`). A candidate's ratio to eager is its
+ratio to the incumbent of its own run times the incumbent's ratio (to eager, in the first run), and
+it is expressed against the median of all of that scope's eager runs: a challenger is compared with
+the best so far side by side, never through eager runs minutes apart. Every
 measurement goes to the record database; candidates already recorded for this module, machine
 and inputs are reused instead of measured, and the cost models are refitted from all of this
 machine's records before each batch (on the CPU, the machine's cost per prepacked GEMM call is
@@ -69,7 +71,7 @@ class Trial:
     measured_us: float | None = None    # per forward of the model
     reason: str = ""
     reused: bool = False
-    ratio: float | None = None          # median / the scope's eager median in the same interleaved run
+    ratio: float | None = None          # time / the scope's eager time (via the incumbent of its run)
 
     def to_json(self) -> dict[str, Any]:
         return {"config": self.candidate.config, "scope": self.candidate.scope,
@@ -121,6 +123,7 @@ class _Search:
         self.modules = dict(model.named_modules())
         self.trials: dict[str, Trial] = {}
         self.eager_runs: dict[str, list[float]] = {}   # scope -> eager medians (µs per call), one per run
+        self.incumbents: dict[str, tuple[str, Callable[[], Any]]] = {}   # scope -> (trial key, built callable)
         self.measured = self.reused = 0
 
     # ------------------------------------------------------------------ preparation
@@ -259,6 +262,10 @@ class _Search:
                 self._record(trial, scope, None)
         if len(contenders) == 1:
             return
+        new = [key for key in contenders if key != "eager"]
+        incumbent = self.incumbents.get(scope)
+        if incumbent is not None:
+            contenders[incumbent[0]] = incumbent[1]
         with torch.no_grad():
             samples = time_interleaved(contenders, rounds=self.opt.rounds)
         eager = samples["eager"].median_s * 1e6
@@ -267,13 +274,29 @@ class _Search:
         feats.eager_us = median(self.eager_runs[scope]) * feats.calls
         if first:
             self._measure_scope_eager(scope)
-        for key, s in samples.items():
-            if key != "eager":
-                trial = self.trials[key]
-                trial.status, trial.ratio = "ok", s.median_s * 1e6 / eager
-                trial.measured_us = trial.ratio * feats.eager_us
-                self._record(trial, scope, eager * feats.calls)
+        # the ratio to eager of this run, or, with an incumbent in the run, the ratio to the
+        # incumbent times the incumbent's own ratio: new candidates compare with the best so far
+        # side by side, not through eager runs minutes apart (eager and compiled code do not slow
+        # down alike when the machine's load changes)
+        scale = 1.0 / eager
+        if incumbent is not None:
+            scale = self.trials[incumbent[0]].ratio / (samples[incumbent[0]].median_s * 1e6)
+        for key in new:
+            trial = self.trials[key]
+            trial.status, trial.ratio = "ok", samples[key].median_s * 1e6 * scale
+            trial.measured_us = trial.ratio * feats.eager_us
+            self._record(trial, scope, feats.eager_us)
         self._rescale(scope)
+        self._keep_incumbent(scope, {key: contenders[key] for key in new}, incumbent)
+
+    def _keep_incumbent(self, scope: str, built: dict[str, Callable[[], Any]],
+                        incumbent: tuple[str, Callable[[], Any]] | None) -> None:
+        """Keep the callable of the fastest compiled trial of ``scope`` built so far, for the next runs."""
+        options = dict(built)
+        if incumbent is not None:
+            options[incumbent[0]] = incumbent[1]
+        best = min(options, key=lambda k: self.trials[k].ratio)
+        self.incumbents[scope] = (best, options[best])
 
     def _rescale(self, scope: str) -> None:
         """Express every measured trial of ``scope`` against the median of all its eager runs."""
