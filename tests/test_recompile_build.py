@@ -120,6 +120,9 @@ def test_recompile_aoti_round_trip_signed(tmp_path):
     doc = build.to_json()
     assert doc["space_size"] >= 3 and doc["measured_candidates"] <= 3
     assert {"path", "chosen", "predicted_ms", "measured_ms", "baseline_ms", "alternatives"} <= set(doc["regions"][0])
+    whole = doc["regions"][0]       # the whole model's row quotes the final race, like the plan's totals
+    assert whole["scope"] == "<model>"
+    assert (whole["measured_ms"], whole["baseline_ms"]) == (doc["plan_ms"], doc["baseline_ms"])
     assert any(r.features.get("probe") for r in RecordDB(tmp_path / "rec"))     # backends calibrated first
     aoti_trials = [t for t in build.result.trials.values() if t.candidate.backend == "aoti" and t.status == "ok"]
     assert aoti_trials, "an AOTInductor candidate must compile and pass the guard"

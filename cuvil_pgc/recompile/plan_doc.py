@@ -13,6 +13,9 @@ Shape (``format`` 1)::
 
 ``regions`` has one entry per searched scope (the whole model first); "chosen" says what runs
 there, including ``merged into <model>: CONFIG`` when the whole model is one compile boundary.
+The whole model's ``measured_ms`` and ``baseline_ms`` come from the final interleaved race (the
+same figures as ``plan_ms`` and ``baseline_ms``), so its speedup is one race's; a region's come
+from the search batch that measured it.
 """
 
 from __future__ import annotations
@@ -62,13 +65,15 @@ def _region(result: Any, scope: str) -> dict[str, Any]:
     chosen_trial = next((t for t in trials if chosen_cand is not None and t.candidate == chosen_cand), None)
     eager = Candidate(scope)
     eager_trial = next((t for t in trials if t.candidate == eager), None)
+    measured_us = chosen_trial.measured_us if chosen_trial else None
+    baseline_us = eager_trial.measured_us if eager_trial and eager_trial.measured_us else feats.eager_us
+    if not scope and result.final_medians_us:   # the whole model: both sides of the final race
+        measured_us, baseline_us = result.plan_us, result.baseline_us
     return {
         "path": feats.path or (scope or "<model>"), "scope": scope or "<model>", "chosen": chosen,
         "bottleneck": feats.bottleneck, "labels": feats.labels, "evidence": _evidence(feats),
         "predicted_ms": _ms(chosen_trial.predicted_us) if chosen_trial else None,
-        "measured_ms": _ms(chosen_trial.measured_us) if chosen_trial else
-        (_ms(result.plan_us) if not scope else None),
-        "baseline_ms": _ms(eager_trial.measured_us if eager_trial and eager_trial.measured_us else feats.eager_us),
+        "measured_ms": _ms(measured_us), "baseline_ms": _ms(baseline_us),
         "alternatives": [t.to_json() for t in sorted(trials, key=_trial_order) if t.candidate != chosen_cand],
     }
 
