@@ -1,5 +1,8 @@
 """Structural hash of an nn.Module: what a profile region and a model must share to match.
 
+(And :func:`weights_digest`, its counterpart over the weight values, for compiled artifacts that
+embed them.)
+
 Recorded by ``instrument_module`` on every region (a 16-hex-digit prefix, ``args.structure``),
 copied into the analysis evidence, and compared by the recompiler (recompile.matching) so that a
 profile of a slightly different model version applies to the unchanged regions only. It lives
@@ -26,6 +29,24 @@ def structural_hash(module: Any) -> str:
             h.update(f"P {pname} {tuple(p.shape)} {p.dtype}\n".encode())
         for bname, b in sub.named_buffers(recurse=False):
             h.update(f"B {bname} {tuple(b.shape)} {b.dtype}\n".encode())
+    return h.hexdigest()
+
+
+def weights_digest(module: Any) -> str:
+    """sha256 of the values of the module's parameters and buffers (names, dtypes, shapes, bytes).
+
+    What the structural hash leaves out on purpose: an AOTInductor package bakes the weights in, so
+    two modules of one structure (``layers.0`` and ``layers.1``, or a model before and after
+    fine-tuning) need different packages.
+    """
+    import torch
+
+    h = hashlib.sha256()
+    for kind, named in (("P", module.named_parameters()), ("B", module.named_buffers())):
+        for name, t in named:
+            data = t.detach().to("cpu").contiguous()
+            h.update(f"{kind} {name} {tuple(data.shape)} {data.dtype}\n".encode())
+            h.update(data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
     return h.hexdigest()
 
 

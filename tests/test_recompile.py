@@ -315,6 +315,43 @@ def test_challengers_are_timed_side_by_side_with_the_incumbent(monkeypatch):
     assert set(runs[1]) - {"eager"} <= set(first_seen[:2]) and first_seen[1] in second_batch
 
 
+def test_aoti_packages_are_cached_per_weight_values():
+    """Two modules of one structure (layers.0 and layers.1, or a model before and after
+    fine-tuning) must not share a cached package: it embeds the weights."""
+    import copy
+
+    from cuvil_pgc.recompile.apply import _aoti_path, capture_scope_inputs
+
+    torch.manual_seed(0)
+    a, b = nn.Linear(4, 4), nn.Linear(4, 4)
+    inputs = capture_scope_inputs(a, (torch.randn(1, 4),), [])[""]
+    cand = Candidate("", "aoti")
+    assert structural_hash(a) == structural_hash(b)
+    assert _aoti_path(a, cand, inputs, "m") != _aoti_path(b, cand, inputs, "m")
+    assert _aoti_path(a, cand, inputs, "m") == _aoti_path(copy.deepcopy(a), cand, inputs, "m")
+
+
+@pytest.mark.slow
+def test_accuracy_verdicts_are_reused_only_for_the_same_weights(tmp_path):
+    model, inputs = rnn_step()
+    db = RecordDB(tmp_path)
+    opts = SearchOptions(exhaustive=True, backends=("eager",), rounds=5)
+    first = search(model, inputs, _rnn_analysis(), options=opts, records=db, machine_key="m")
+    assert first.reused == 0 and first.weights[""]
+
+    def failed(weights):
+        for rec in list(RecordDB(tmp_path)):
+            db.add(dataclasses.replace(rec, status="accuracy_error", reason="checked elsewhere",
+                                       features={**rec.features, "weights": weights}))
+
+    failed("other weights")
+    again = search(model, inputs, _rnn_analysis(), options=opts, records=RecordDB(tmp_path), machine_key="m")
+    assert again.reused == 0 and not any(t.reason == "checked elsewhere" for t in again.trials.values())
+    failed(first.weights[""])
+    last = search(model, inputs, _rnn_analysis(), options=opts, records=RecordDB(tmp_path), machine_key="m")
+    assert last.reused >= 1 and any(t.reason == "checked elsewhere" for t in last.trials.values())
+
+
 def test_record_db_ignores_partial_lines(tmp_path):
     db = RecordDB(tmp_path)
     db.add(Record("s", "aoti", "m", "i", "ok", median_us=10.0, eager_us=20.0))

@@ -140,6 +140,24 @@ def test_recompile_aoti_round_trip_signed(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_package_is_not_applied_to_weights_changed_since_the_build(tmp_path):
+    """An AOTInductor package holds the weights it was built with: a fine-tuned model of the same
+    structure runs that region eagerly, listed and warned about, never with the old weights."""
+    model, inputs = host_bound()
+    build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, rounds=5, records=RecordDB(tmp_path / "rec"))
+    path = build.save(tmp_path / "w.cuvilpkg")
+    assert load_build(path, host_bound()[0]).cuvil_load_report.aoti_packages == 1
+    tuned, _ = host_bound()
+    with torch.no_grad():
+        tuned.fc1.bias.add_(0.5)
+    with pytest.warns(RuntimeWarning, match="weights changed since the build"):
+        loaded = load_build(path, tuned)
+    assert loaded.cuvil_load_report.aoti_packages == 0 and loaded.cuvil_load_report.applied == []
+    with torch.no_grad():
+        assert torch.equal(loaded(*inputs), tuned(*inputs))
+
+
+@pytest.mark.slow
 def test_pinned_compile_plan_ships_cache_artifacts_and_second_load_is_warm(tmp_path):
     model, inputs = host_bound()
     build = recompile(model, inputs, plan={"fc1": Candidate("fc1", "compile")}, rounds=5,

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc._structure import weights_digest
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
@@ -227,7 +228,8 @@ def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, pat
 
 
 def _aoti_path(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str) -> Path:
-    parts = [structural_hash(module), cand.config, inputs.signature, machine, torch.__version__]
+    parts = [structural_hash(module), weights_digest(module), cand.config, inputs.signature, machine,
+             torch.__version__]
     if cand.rewrite:      # a changed rewrite is a different program
         parts.append(f"rewrites-v{REWRITES_VERSION}")
     key = "|".join(parts)

@@ -10,7 +10,9 @@ fingerprint, the model's structural hash and the traces' sha256; optionally sign
 signature are verified before anything is read — then refuses a build made for another torch,
 Python, platform, CPU ISA or device with a :class:`BuildError` that lists the differences
 (``fallback="eager"`` returns the plain model with a warning instead). Regions whose module
-changed since the build are skipped and listed. The returned module carries
+changed since the build, or whose AOTInductor package holds other weights than the model's now
+(fine-tuned since), run eagerly: they are listed in the report and one RuntimeWarning names them.
+The returned module carries
 ``cuvil_load_report`` (a :class:`LoadReport`): with ``example_inputs`` it runs one warm-up call
 and counts Inductor cache hits and misses, so a warm load is checkable and a miss is explained.
 """
@@ -255,6 +257,9 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, require_signature: b
         report = LoadReport(path=path)
         report.cache_artifacts = _load_cache_artifacts(vb) if CACHE_MEMBER in vb.members() else "none"
         module = _apply_choices(vb, plan, model, report, path)
+    if report.skipped:
+        warnings.warn(f"cuvil-pgc: {path}: {len(report.skipped)} region(s) run eagerly: "
+                      + "; ".join(report.skipped), RuntimeWarning, stacklevel=3)
     if example_inputs is not None:
         _warm_up(module, example_inputs, report)
     module.cuvil_load_report = report
@@ -301,6 +306,7 @@ def _load_cache_artifacts(vb: Any) -> str:
 def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport, path: str) -> Any:
     from cuvil_pgc.recompile.apply import apply_plan, realize
     from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc._structure import weights_digest
     from cuvil_pgc.recompile.matching import structural_hash
 
     model = model.eval().to(plan.get("device", "cpu"))
@@ -313,6 +319,10 @@ def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport
         if module is None or structural_hash(module) != choice["structure"]:
             report.skipped.append(f"{scope or '<model>'}: module {'missing' if module is None else 'changed'} "
                                   "since the build; running it eagerly")
+            continue
+        if cand.backend == "aoti" and choice.get("weights") not in (None, weights_digest(module)):
+            report.skipped.append(f"{scope or '<model>'}: weights changed since the build (its AOTInductor "
+                                  "package holds the build's weights); running it eagerly")
             continue
         if cand.backend == "aoti":
             if not choice.get("artifact"):

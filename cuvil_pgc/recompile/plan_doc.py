@@ -3,8 +3,8 @@
 Shape (``format`` 1)::
 
     {"format": 1, "device", "machine", "model_hash", "tolerances": {"rtol", "atol"},
-     "choices": [{"scope", "candidate": {...}, "config", "structure", "input_signature", "input_spec",
-                  "artifact": member name | null}],
+     "choices": [{"scope", "candidate": {...}, "config", "structure", "weights", "input_signature",
+                  "input_spec", "artifact": member name | null}],
      "regions": [{"path", "scope", "chosen", "bottleneck", "evidence", "predicted_ms", "measured_ms",
                   "baseline_ms", "alternatives": [{"config", "scope", "predicted_ms", "measured_ms",
                   "status", "reason", "reused_record"}]}],
@@ -35,7 +35,8 @@ def _ms(us: float | None) -> float | None:
 def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | None, atol: float | None,
                   artifacts: dict[str, str]) -> dict[str, Any]:
     choices = [{"scope": scope, "candidate": cand.to_json(), "config": cand.config,
-                "structure": result.structures[scope], "input_signature": result.scope_inputs[scope].signature,
+                "structure": result.structures[scope], "weights": result.weights.get(scope),
+                "input_signature": result.scope_inputs[scope].signature,
                 "input_spec": result.scope_inputs[scope].spec,
                 "artifact": artifacts.get(scope)} for scope, cand in sorted(result.choices.items())]
     return {

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from cuvil_pgc._structure import weights_digest
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import check_outputs
@@ -87,6 +88,7 @@ class SearchResult:
     scope_inputs: dict[str, ScopeInputs]
     choices: dict[str, Candidate] = field(default_factory=dict)
     structures: dict[str, str] = field(default_factory=dict)
+    weights: dict[str, str] = field(default_factory=dict)       # scope -> weights_digest
     measured: int = 0
     reused: int = 0
     space_size: int = 0
@@ -149,6 +151,7 @@ class _Search:
         self.features = {f.scope: f for f in chosen}
         _add_rnn_time(self.features, feats, self.modules)
         self.structures = {s: structural_hash(self._module(s)) for s in self.features}
+        self.weights = {s: weights_digest(self._module(s)) for s in self.features}
         return generate_space(chosen, self.opt.device, self.opt.backends)
 
     def _module(self, scope: str) -> Any:
@@ -225,8 +228,9 @@ class _Search:
         for cand in pending:
             rec = self.records.lookup(self.structures[cand.scope], cand.config, self.machine_key,
                                       self.scope_inputs[cand.scope].signature)
-            if rec is None:
-                left.append(cand)
+            if rec is None or (rec.status == "accuracy_error"
+                               and rec.features.get("weights") != self.weights[cand.scope]):
+                left.append(cand)     # an accuracy verdict holds for the weights it was checked with
                 continue
             feats = self.features[cand.scope]
             ratio = rec.median_us / rec.eager_us if rec.status == "ok" and rec.eager_us and rec.median_us else None
@@ -344,7 +348,8 @@ class _Search:
             structure=self.structures[scope], candidate=trial.candidate.config, machine=self.machine_key,
             inputs=self.scope_inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
             eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
-            features={"candidate": trial.candidate.to_json(), "scope": asdict(self.features[scope])}))
+            features={"candidate": trial.candidate.to_json(), "scope": asdict(self.features[scope]),
+                      "weights": self.weights[scope]}))
 
 
 def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFeatures],
@@ -383,6 +388,7 @@ def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, Scope
             s.scope_inputs.update(capture_scope_inputs(s.model, s.inputs, [scope]))
             out[scope] = scope_features(scope, s._module(scope), s.scope_inputs[scope], None, None, 1.0, 1.0)
             s.structures[scope] = structural_hash(s._module(scope))
+            s.weights[scope] = weights_digest(s._module(scope))
     return out
 
 
@@ -415,7 +421,7 @@ def search(model: Any, example_inputs: tuple[Any, ...], analysis: Any, *, option
         else:
             s.features.update(_pinned_features(s, opt.fixed))
         result = SearchResult(trials=s.trials, features=s.features, matches=s.matches,
-                              scope_inputs=s.scope_inputs, structures=s.structures, measured=s.measured,
+                              scope_inputs=s.scope_inputs, structures=s.structures, weights=s.weights, measured=s.measured,
                               reused=s.reused, space_size=len(space), machine=machine_key)
         torch._dynamo.reset()
         choose_plan(s, result)
