@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc._structure import weights_digest
+from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites

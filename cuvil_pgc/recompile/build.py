@@ -304,9 +304,9 @@ def _load_cache_artifacts(vb: Any) -> str:
 
 
 def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport, path: str) -> Any:
+    from cuvil_pgc._structure import weights_digest
     from cuvil_pgc.recompile.apply import apply_plan, realize
     from cuvil_pgc.recompile.candidates import Candidate
-    from cuvil_pgc._structure import weights_digest
     from cuvil_pgc.recompile.matching import structural_hash
 
     model = model.eval().to(plan.get("device", "cpu"))
