@@ -315,6 +315,42 @@ def test_challengers_are_timed_side_by_side_with_the_incumbent(monkeypatch):
     assert set(runs[1]) - {"eager"} <= set(first_seen[:2]) and first_seen[1] in second_batch
 
 
+class Twin(nn.Module):
+    """Two blocks of one structure (other weights), like the layers of a transformer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = Chain(depth=6), Chain(depth=6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x))
+
+
+def test_a_repeated_block_reuses_what_the_search_just_measured_on_its_twin(tmp_path, monkeypatch):
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.measure import Samples
+
+    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    monkeypatch.setattr(search_mod, "time_interleaved",
+                        lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
+    torch.manual_seed(0)
+    model, inputs = Twin().eval(), (torch.randn(1, 16),)
+    an = Analysis(regions=[stats("model", "launch_overhead", 300.0, module="Twin"),
+                           stats("model/model.first", "launch_overhead", 140.0, module="Chain"),
+                           stats("model/model.second", "launch_overhead", 140.0, module="Chain")])
+    result = search(model, inputs, an, records=RecordDB(tmp_path), machine_key="m",
+                    options=SearchOptions(exhaustive=True, backends=("compile", "aoti"), rounds=5))
+    by_scope = {scope: {t.candidate.config: t for t in result.trials.values()
+                        if t.candidate.scope == scope and t.candidate.backend != "eager"}
+                for scope in ("first", "second")}
+    assert by_scope["first"] and by_scope["first"].keys() == by_scope["second"].keys()
+    for config, trial in by_scope["first"].items():      # one of the twins measured, the other reused
+        twin = by_scope["second"][config]
+        assert trial.reused != twin.reused and trial.status == twin.status == "ok"
+    assert result.reused == len(by_scope["first"])
+
+
 def test_aoti_packages_are_cached_per_weight_values():
     """Two modules of one structure (layers.0 and layers.1, or a model before and after
     fine-tuning) must not share a cached package: it embeds the weights."""
