@@ -10,7 +10,7 @@ it is expressed against the median of all of that scope's eager runs: a challeng
 the best so far side by side, never through eager runs minutes apart. Every
 measurement goes to the record database; candidates already recorded for this module structure,
 machine and inputs are reused instead of measured (also those this search just measured on a
-repeated block: ``layers.1`` reuses ``layers.0``'s), and the cost models are refitted from all of this
+repeated block: ``layers.1`` reuses ``layers.0``'s, except in an exhaustive search), and the cost models are refitted from all of this
 machine's records before each batch (on the CPU, the machine's cost per prepacked GEMM call is
 measured once per process for the cost models); once a few measurements are in, only candidates
 predicted to beat the best measured time of their scope by 2 % are tried, their predictions made
@@ -192,8 +192,9 @@ class _Search:
             batch = [(c, p) for c, p in ranked if c.scope == scope][:min(BATCH, room)]
             self._measure_batch(scope, batch)
             done = {c.key for c, _ in batch}
-            # a scope of the same structure and inputs (layers.1 after layers.0) reuses these now
-            pending = self._reuse_records([c for c in pending if c.key not in done])
+            pending = [c for c in pending if c.key not in done]
+            if not self.opt.exhaustive:   # a scope of the same structure and inputs (layers.1 after
+                pending = self._reuse_records(pending)   # layers.0) reuses these now
             if self.progress:
                 self.progress(min(self.measured, total), total, f"measured {batch[0][0].key}")
         for cand in pending:
