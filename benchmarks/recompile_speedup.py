@@ -9,6 +9,11 @@ the geometric means. For --exhaustive-models it also runs the exhaustive search 
 fraction of the exhaustive measurements the guided search used, and the fraction of the exhaustive
 best it reached. A second guided search with the first one's records shows the record reuse.
 
+The "floor" column is the model's matmul/conv/attention FLOPs (torch's FlopCounterMode on one eager
+call) at this process's measured large-matmul rate: no fp32 build beats it, so "build / floor"
+says how much room is left. It counts FLOPs only: batch-1 matrix-vector models (mlp, lstm_step)
+are bound by reading their weights long before that, so their ratio overstates the room.
+
 Goals (issue 7): geomean >= 2.0x over torch.compile default and >= 2.5x over eager; no model more
 than 2% slower than the best baseline; <= 25% of the exhaustive measurements reaching >= 97% of
 the exhaustive best. Runs with one intra-op thread by default (--threads): on a shared 2-core
