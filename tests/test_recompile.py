@@ -326,6 +326,42 @@ class Twin(nn.Module):
         return self.second(self.first(x))
 
 
+def test_an_incumbent_that_fails_later_is_dropped_not_raised(monkeypatch):
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.measure import Samples
+
+    built = []
+
+    class FailsAfterTwoCalls(nn.Module):     # the guard's check and the first run pass
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.calls = inner, 0
+
+        def forward(self, *args):
+            self.calls += 1
+            if self.calls > 2:
+                raise RuntimeError("recompiled into trouble")
+            return self.inner(*args)
+
+    def realize(module, cand, inputs, **kw):
+        built.append(FailsAfterTwoCalls(module))
+        return Realized(built[-1])
+
+    def fake_time(fns, rounds):
+        for fn in fns.values():
+            fn()
+        return {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns}
+
+    monkeypatch.setattr(search_mod, "realize", realize)
+    monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
+    model, inputs = chain()
+    an = Analysis(regions=[stats("model", "launch_overhead", module="Chain")])
+    result = search(model, inputs, an, machine_key="m",
+                    options=SearchOptions(exhaustive=True, backends=("compile",), rounds=5))
+    assert len(built) >= 3 and all(t.status == "ok" for t in result.trials.values())
+
+
 def test_a_repeated_block_reuses_what_the_search_just_measured_on_its_twin(tmp_path, monkeypatch):
     import cuvil_pgc.recompile.search as search_mod
     from cuvil_pgc.recompile.apply import Realized

@@ -270,7 +270,7 @@ class _Search:
         if len(contenders) == 1:
             return
         new = [key for key in contenders if key != "eager"]
-        incumbent = self.incumbents.get(scope)
+        incumbent = self._warm_incumbent(scope)
         if incumbent is not None:
             contenders[incumbent[0]] = incumbent[1]
         with torch.no_grad():
@@ -295,6 +295,21 @@ class _Search:
             self._record(trial, scope, feats.eager_us)
         self._rescale(scope)
         self._keep_incumbent(scope, {key: contenders[key] for key in new}, incumbent)
+
+    def _warm_incumbent(self, scope: str) -> tuple[str, Callable[[], Any]] | None:
+        """The scope's incumbent after one call (a torch.compile one recompiles after the batch's
+        dynamo reset); one that fails now is dropped and the batch is timed against eager alone."""
+        incumbent = self.incumbents.get(scope)
+        if incumbent is None:
+            return None
+        try:
+            with torch.no_grad():
+                incumbent[1]()
+        except Exception as exc:
+            log.info("incumbent %s dropped: %s", incumbent[0], _reason(exc))
+            del self.incumbents[scope]
+            return None
+        return incumbent
 
     def _keep_incumbent(self, scope: str, built: dict[str, Callable[[], Any]],
                         incumbent: tuple[str, Callable[[], Any]] | None) -> None:
