@@ -294,7 +294,8 @@ class _Search:
             trial.measured_us = trial.ratio * feats.eager_us
             self._record(trial, scope, feats.eager_us)
         self._rescale(scope)
-        self._keep_incumbent(scope, {key: contenders[key] for key in new}, incumbent)
+        best = min((key for key in contenders if key != "eager"), key=lambda key: self.trials[key].ratio)
+        self.incumbents[scope] = (best, contenders[best])    # the fastest built so far, for the next runs
 
     def _warm_incumbent(self, scope: str) -> tuple[str, Callable[[], Any]] | None:
         """The scope's incumbent after one call (a torch.compile one recompiles after the batch's
@@ -310,15 +311,6 @@ class _Search:
             del self.incumbents[scope]
             return None
         return incumbent
-
-    def _keep_incumbent(self, scope: str, built: dict[str, Callable[[], Any]],
-                        incumbent: tuple[str, Callable[[], Any]] | None) -> None:
-        """Keep the callable of the fastest compiled trial of ``scope`` built so far, for the next runs."""
-        options = dict(built)
-        if incumbent is not None:
-            options[incumbent[0]] = incumbent[1]
-        best = min(options, key=lambda k: self.trials[k].ratio)
-        self.incumbents[scope] = (best, options[best])
 
     def _rescale(self, scope: str) -> None:
         """Express every measured trial of ``scope`` against the median of all its eager runs."""
