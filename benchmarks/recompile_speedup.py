@@ -9,8 +9,8 @@ the geometric means. For --exhaustive-models it also runs the exhaustive search 
 fraction of the exhaustive measurements the guided search used, and the fraction of the exhaustive
 best it reached. A second guided search with the first one's records shows the record reuse.
 
-The "floor" column is the model's matmul/conv/attention FLOPs (torch's FlopCounterMode on one eager
-call) at this process's measured large-matmul rate: no fp32 build beats it, so "build / floor"
+The "floor" column is the model's matmul/conv/attention/RNN FLOPs (the recompiler's op census of
+one eager call) at this process's measured large-matmul rate: no fp32 build beats it, so "build / floor"
 says how much room is left. It counts FLOPs only: batch-1 matrix-vector models (mlp, lstm_step)
 are bound by reading their weights long before that, so their ratio overstates the room.
 
@@ -31,7 +31,6 @@ import os
 import sys
 import tempfile
 import time
-import warnings
 
 
 def parse_args() -> argparse.Namespace:
@@ -77,25 +76,11 @@ def baselines(model, inputs) -> dict:
 
 
 def compute_floor_ms(model, inputs, peak_flops: float) -> float:
-    """Milliseconds the model's counted FLOPs take at ``peak_flops`` (one eager call, no_grad).
+    """Milliseconds the model's FLOPs take at ``peak_flops``: the recompiler's own op census of one
+    call, which counts the math inside oneDNN RNNs and the transformer fast path too."""
+    from cuvil_pgc.recompile.features import op_census
 
-    oneDNN RNNs and the fused transformer fast path are single ops without a FLOP formula, so the
-    count runs with both off: their math then reaches the counter as matmuls.
-    """
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with warnings.catch_warnings():        # flags() also sets oneDNN's deprecated tf32 switch
-            warnings.simplefilter("ignore")
-            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False), counter:
-                model(*inputs)
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
-    return counter.get_total_flops() / peak_flops * 1e3
+    return op_census(model, tuple(inputs), {})["flops"] / peak_flops * 1e3
 
 
 def measure_peak_flops() -> float:

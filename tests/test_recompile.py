@@ -189,6 +189,25 @@ def test_census_counts_unrolled_rnn_steps():
     assert op_census(chain_model, chain_inputs, {})["gemms"] == 12        # one addmm per nn.Linear
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")       # mkldnn.flags() touches a deprecated tf32 switch
+def test_census_counts_the_math_inside_fused_rnn_and_attention_ops():
+    from cuvil_pgc.recompile.features import op_census, rnn_flops
+
+    lstm = nn.LSTM(16, 32, num_layers=2, bidirectional=True, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    fused = op_census(lstm, (x,), {})                     # one oneDNN op, no FLOP formula
+    with torch.backends.mkldnn.flags(enabled=False):
+        unrolled = op_census(lstm, (x,), {})              # cell by cell: every matmul counted
+    assert fused["flops"] == unrolled["flops"] == 737_280
+    projected = nn.LSTM(16, 32, num_layers=2, bidirectional=True, proj_size=8).eval()
+    assert op_census(projected, (x,), {})["flops"] == rnn_flops(projected, (x,))   # counted once, not twice
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True).eval()
+    census = op_census(layer, (torch.randn(1, 8, 32),), {})
+    assert census["gemms"] == 4               # in, out projections and the FFN, as a compiled graph runs them
+    assert census["flops"] == 2 * 8 * 32 * (3 * 32 + 32 + 2 * 64) + 2 * 2 * 8 * 8 * 32
+    assert torch.backends.mha.get_fastpath_enabled()       # the user's switch is restored
+
+
 def test_a_measured_rewrite_does_not_correct_the_original_program():
     model = PlanCostModel(MachineFigures(dispatch_us=4.0))
     f = feats("launch_overhead", eager_us=400.0, ops=90, pointwise_ops=40, rewrites=["lstm_cell:rnn"],
