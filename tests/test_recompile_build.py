@@ -155,6 +155,12 @@ def test_a_package_is_not_applied_to_weights_changed_since_the_build(tmp_path):
     assert loaded.cuvil_load_report.aoti_packages == 0 and loaded.cuvil_load_report.applied == []
     with torch.no_grad():
         assert torch.equal(loaded(*inputs), tuned(*inputs))
+    with pytest.raises(BuildError, match=r"1 region\(s\) changed since the build: <model>: weights changed"):
+        load_build(path, tuned, stale="error")               # a deployment that wants no silent eager region
+    with pytest.warns(RuntimeWarning, match="running the model in eager mode: .*weights changed"):
+        assert load_build(path, tuned, stale="error", fallback="eager") is tuned
+    with pytest.raises(BuildError, match="stale='ignore' is not one of"):
+        load_build(path, tuned, stale="ignore")
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ signature are verified before anything is read — then refuses a build made for
 Python, platform, CPU ISA or device with a :class:`BuildError` that lists the differences
 (``fallback="eager"`` returns the plain model with a warning instead). Regions whose module
 changed since the build, or whose AOTInductor package holds other weights than the model's now
-(fine-tuned since), run eagerly: they are listed in the report and one RuntimeWarning names them.
+(fine-tuned since), run eagerly: they are listed in the report and one RuntimeWarning names them
+(``stale="error"`` refuses such a build instead, before any region of the model is replaced).
 The returned module carries
 ``cuvil_load_report`` (a :class:`LoadReport`): with ``example_inputs`` it runs one warm-up call
 and counts Inductor cache hits and misses, so a warm load is checkable and a miss is explained.
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 PLAN_MEMBER = "plan.json"
 CACHE_MEMBER = "inductor_cache.bin"
 FALLBACKS = ("error", "eager")
+#: what load_build does with regions that changed since the build
+STALE_POLICIES = ("eager", "error")
 
 
 @dataclass
@@ -225,19 +228,23 @@ def _save_cache_artifacts() -> bytes | None:
 
 def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str = "error", store: Any = None,
                pubkey: Any = None, require_signature: bool = False,
-               example_inputs: tuple[Any, ...] | None = None) -> Any:
+               example_inputs: tuple[Any, ...] | None = None, stale: str = "eager") -> Any:
     """Verify a build, check it fits this environment and ``model``, and return the optimized model.
 
     Args:
         path_or_ref: a .cuvilpkg path or ``store://NAME[@VERSION|@TAG]`` (with ``store=DIR``).
         fallback: "error" raises BuildError on any problem; "eager" warns and returns ``model``.
+        stale: regions whose module or weights changed since the build: "eager" runs them eagerly
+            (listed in the report, one warning); "error" makes that a problem (see ``fallback``).
         pubkey: the signer's public key; a bad or missing signature is refused.
         example_inputs: run one warm-up call and report compile-cache hits in ``cuvil_load_report``.
     """
     if fallback not in FALLBACKS:
         raise BuildError(f"fallback={fallback!r} is not one of {FALLBACKS}")
+    if stale not in STALE_POLICIES:
+        raise BuildError(f"stale={stale!r} is not one of {STALE_POLICIES}")
     try:
-        return _load(path_or_ref, model, store, pubkey, require_signature, example_inputs)
+        return _load(path_or_ref, model, store, pubkey, require_signature, example_inputs, stale)
     except BuildError as exc:
         if fallback == "error":
             raise
@@ -247,7 +254,7 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
 
 
 def _load(source: Any, model: Any, store: Any, pubkey: Any, require_signature: bool,
-          example_inputs: tuple[Any, ...] | None) -> Any:
+          example_inputs: tuple[Any, ...] | None, stale: str) -> Any:
     from cuvil_pgc.recompile.store import open_any_build
 
     with open_any_build(source, store=store, pubkey=pubkey, require_signature=require_signature) as vb:
@@ -256,7 +263,7 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, require_signature: b
         plan = _read_plan(vb, path)
         report = LoadReport(path=path)
         report.cache_artifacts = _load_cache_artifacts(vb) if CACHE_MEMBER in vb.members() else "none"
-        module = _apply_choices(vb, plan, model, report, path)
+        module = _apply_choices(vb, plan, model, report, path, stale)
     if report.skipped:
         warnings.warn(f"cuvil-pgc: {path}: {len(report.skipped)} region(s) run eagerly: "
                       + "; ".join(report.skipped), RuntimeWarning, stacklevel=3)
@@ -303,7 +310,7 @@ def _load_cache_artifacts(vb: Any) -> str:
     return "loaded" if info is not None else "unusable: torch could not deserialize them (other torch version?)"
 
 
-def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport, path: str) -> Any:
+def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport, path: str, stale: str) -> Any:
     from cuvil_pgc._structure import weights_digest
     from cuvil_pgc.recompile.apply import apply_plan, realize
     from cuvil_pgc.recompile.candidates import Candidate
@@ -335,6 +342,10 @@ def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport
             realized[scope] = _realize_lazy(module, cand, plan.get("device", "cpu"))
             report.compiled_regions += cand.backend != "eager"
         report.applied.append(f"{scope or '<model>'}: {cand.config}")
+    if report.skipped and stale == "error":
+        raise BuildError(f"{len(report.skipped)} region(s) changed since the build: " + "; ".join(report.skipped),
+                         path=path, fix="recompile this model version with `cuvil-pgc recompile`, or load with "
+                                        "stale='eager' to run the changed regions eagerly")
     return apply_plan(model, realized) if realized else model
 
 
