@@ -245,7 +245,9 @@ def _rnn_analysis() -> Analysis:
 
 
 @pytest.mark.slow
-def test_second_search_reuses_records_and_measures_less(tmp_path):
+def test_second_search_reuses_records_and_measures_less(tmp_path, monkeypatch):
+    from cuvil_pgc.recompile import apply
+
     model, inputs = rnn_step()
     db = RecordDB(tmp_path)
     opts = SearchOptions(budget=10, backends=("eager",), rounds=5)
@@ -255,6 +257,10 @@ def test_second_search_reuses_records_and_measures_less(tmp_path):
     assert second.reused >= 1 and first.reused == 0
     assert len(db) >= 1
     assert any(t.status == "ok" and t.candidate.rewrite for t in second.trials.values())
+    monkeypatch.setattr(apply, "REWRITES_VERSION", apply.REWRITES_VERSION + 1)     # a changed rewrite program
+    third = search(model, inputs, _rnn_analysis(), options=opts, records=RecordDB(tmp_path), machine_key="m")
+    rewritten = [t for t in third.trials.values() if t.candidate.rewrite and t.status == "ok"]
+    assert rewritten and not any(t.reused for t in rewritten)     # measured again, not taken from old records
 
 
 def test_guard_rejects_a_broken_rewrite_with_the_reason(tmp_path, monkeypatch):
@@ -547,16 +553,43 @@ def test_lstm_rewrite_with_state_and_in_a_model():
         assert (a[0] - b[0]).abs().max() < 1e-5 and (a[1][1] - b[1][1]).abs().max() < 1e-5
 
 
-def test_cached_packages_of_rewritten_modules_are_keyed_by_the_rewrite_version(monkeypatch):
+def test_cached_packages_are_keyed_by_the_version_of_the_program_they_hold(monkeypatch):
     from cuvil_pgc.recompile import apply
 
     model, inputs = rnn_step()
     scope_inputs = apply.ScopeInputs(inputs)
-    plain, rewritten = Candidate("", "aoti"), Candidate("", "aoti", rewrite=True)
-    before = {c.config: apply._aoti_path(model, c, scope_inputs, "m") for c in (plain, rewritten)}
+    cands = [Candidate("", "aoti"), Candidate("", "aoti", rewrite=True), Candidate("", "aoti", channels_last=True)]
+    before = {c.config: apply._aoti_path(model, c, scope_inputs, "m") for c in cands}
     monkeypatch.setattr(apply, "REWRITES_VERSION", apply.REWRITES_VERSION + 1)
-    assert apply._aoti_path(model, rewritten, scope_inputs, "m") != before["aoti+rewrite"]
-    assert apply._aoti_path(model, plain, scope_inputs, "m") == before["aoti"]
+    assert {c.config for c in cands if apply._aoti_path(model, c, scope_inputs, "m") != before[c.config]} \
+        == {"aoti+rewrite"}
+    monkeypatch.setattr(apply, "LAYOUT_VERSION", apply.LAYOUT_VERSION + 1)
+    assert {c.config for c in cands if apply._aoti_path(model, c, scope_inputs, "m") != before[c.config]} \
+        == {"aoti+rewrite", "aoti+channels_last"}
+
+
+def test_channels_last_keeps_an_image_stem_nchw_on_the_cpu():
+    """oneDNN's NHWC kernels lose on convolutions with a few input channels: those keep NCHW (and
+    so do inputs with as few channels), every other convolution runs NHWC, and Inductor's own
+    layout pass, which would make them all NHWC again, is off."""
+    from cuvil_pgc.recompile.apply import inductor_options, prepare_module
+
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1)).eval()
+    cand = Candidate("", "aoti", channels_last=True)
+    prepared, _ = prepare_module(model, cand, "cpu")
+    stem, body = prepared.inner[0].weight, prepared.inner[2].weight
+    assert stem.is_contiguous() and body.is_contiguous(memory_format=torch.channels_last)
+    seen = []
+    prepared.inner[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous()))
+    image = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        out = prepared(image)
+        assert torch.allclose(out, model(image), atol=1e-5) and out.is_contiguous() and seen == [True]
+    assert model[0].weight.is_contiguous() and model[2].weight.is_contiguous()      # the original is untouched
+    on_gpu, _ = prepare_module(model, cand, "cuda")           # cuDNN: no such exception (not measured there)
+    assert on_gpu.inner[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert inductor_options(cand)["layout_optimization"] is False
+    assert "layout_optimization" not in inductor_options(Candidate("", "aoti"))
 
 
 class ConvBN(nn.Module):

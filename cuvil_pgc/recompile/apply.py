@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 
 _LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+#: bump when the channels_last program changes (see :class:`_ChannelsLast`)
+LAYOUT_VERSION = 2
+#: CPU convolutions with fewer input channels keep NCHW under channels_last: oneDNN's NHWC kernels
+#: lose there (a 3-channel 3x3 stem took 110 µs NHWC against 52 µs NCHW on a 2-core AVX2 CPU, while
+#: from 16 channels up NHWC was as fast or faster)
+MIN_NHWC_CHANNELS = 8
+
 
 @dataclass
 class ScopeInputs:
@@ -153,13 +160,22 @@ class _Autocast(nn.Module):
 
 
 class _ChannelsLast(nn.Module):
-    def __init__(self, inner: nn.Module) -> None:
+    """NHWC weights and 4-D inputs, NCHW outputs. On the CPU, convolutions with fewer than
+    :data:`MIN_NHWC_CHANNELS` input channels (an image stem) keep NCHW weights, and inputs with as
+    few channels stay NCHW, so such a convolution runs NCHW and its output turns NHWC at the next."""
+
+    def __init__(self, inner: nn.Module, device: str) -> None:
         super().__init__()
         self.inner = inner.to(memory_format=torch.channels_last)
+        self.min_channels = MIN_NHWC_CHANNELS if device.split(":")[0] == "cpu" else 0
+        for m in self.inner.modules():
+            if isinstance(m, nn.Conv2d) and m.in_channels < self.min_channels:
+                m.to(memory_format=torch.contiguous_format)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         args = tuple(a.contiguous(memory_format=torch.channels_last)
-                     if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
+                     if isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[1] >= self.min_channels else a
+                     for a in args)
         out = self.inner(*args, **kwargs)
         return torch.utils._pytree.tree_map(
             lambda t: t.contiguous() if isinstance(t, torch.Tensor) and t.dim() == 4 else t, out)
@@ -173,7 +189,7 @@ def prepare_module(module: nn.Module, cand: Candidate, device: str) -> tuple[nn.
     elif cand.channels_last or cand.precision != "fp32":
         module = copy.deepcopy(module)
     if cand.channels_last:
-        module = _ChannelsLast(module)
+        module = _ChannelsLast(module, device)
     if cand.precision != "fp32":
         module = _Autocast(module, _LOW[cand.precision], device.split(":")[0])
     return module.eval(), applied
@@ -204,21 +220,27 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     return Realized(CompiledRegion(module, compiled, None, cand.config), rewrites=applied)
 
 
-def _compile_kwargs(cand: Candidate) -> dict[str, Any]:
-    if cand.backend == "cudagraphs":
-        return {"mode": "reduce-overhead"}
+def inductor_options(cand: Candidate) -> dict[str, Any]:
+    """Inductor config patches of a torch.compile or AOTInductor candidate."""
     options = dict(torch._inductor.list_mode_options(cand.mode)) if cand.mode != "default" else {}
     if cand.freezing:
         options["freezing"] = True
+    if cand.channels_last:     # the candidate chose each conv's layout; Inductor's pass would make all NHWC
+        options["layout_optimization"] = False
+    return options
+
+
+def _compile_kwargs(cand: Candidate) -> dict[str, Any]:
+    if cand.backend == "cudagraphs":
+        return {"mode": "reduce-overhead"}
+    options = inductor_options(cand)
     if cand.cpp_wrapper:
         options["cpp_wrapper"] = True
     return {"options": options} if options else {}
 
 
 def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, path: str) -> None:
-    configs: dict[str, Any] = {"freezing": cand.freezing}
-    if cand.mode != "default":
-        configs.update(torch._inductor.list_mode_options(cand.mode))
+    configs: dict[str, Any] = {"freezing": False, **inductor_options(cand)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp.pt2"
     with torch.no_grad():
@@ -227,12 +249,17 @@ def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, pat
     os.replace(tmp, path)
 
 
+def program_key(cand: Candidate) -> str:
+    """The candidate's configuration plus the versions of the programs cuvil-pgc generates for it
+    (rewrites, layout): a cached package or a recorded measurement of an older program is not
+    reused for a changed one."""
+    versions = [f"rewrites-v{REWRITES_VERSION}"] * cand.rewrite + [f"layout-v{LAYOUT_VERSION}"] * cand.channels_last
+    return "|".join([cand.config, *versions])
+
+
 def _aoti_path(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str) -> Path:
-    parts = [structural_hash(module), weights_digest(module), cand.config, inputs.signature, machine,
-             torch.__version__]
-    if cand.rewrite:      # a changed rewrite is a different program
-        parts.append(f"rewrites-v{REWRITES_VERSION}")
-    key = "|".join(parts)
+    key = "|".join([structural_hash(module), weights_digest(module), program_key(cand), inputs.signature, machine,
+                    torch.__version__])
     return cache_dir() / "artifacts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt2"
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from cuvil_pgc.recompile.apply import ScopeInputs, realize
+from cuvil_pgc.recompile.apply import ScopeInputs, program_key, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.matching import structural_hash
 from cuvil_pgc.recompile.measure import time_interleaved
@@ -42,7 +42,7 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
     structure = structural_hash(probe)
     configs = list(PROBE_CONFIGS) + ([Candidate("", "cudagraphs", mode="reduce-overhead")]
                                      if device.startswith("cuda") else [])
-    todo = [c for c in configs if db.lookup(structure, c.config, machine_key, inputs.signature) is None]
+    todo = [c for c in configs if db.lookup(structure, program_key(c), machine_key, inputs.signature) is None]
     if not todo:
         return 0
     fns = {}
@@ -62,7 +62,7 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
     feats = ScopeFeatures(scope="", path="", bottleneck="launch_overhead", eager_us=eager_us, ops=3,
                           pointwise_ops=3, flops=32, bytes=128, labels=["launch_overhead"])
     for key, (cand, _) in {"eager": (Candidate(""), None), **fns}.items():
-        db.add(Record(structure=structure, candidate=cand.config, machine=machine_key, inputs=inputs.signature,
+        db.add(Record(structure=structure, candidate=program_key(cand), machine=machine_key, inputs=inputs.signature,
                       status="ok", median_us=samples[key].median_s * 1e6, eager_us=eager_us,
                       features={"candidate": cand.to_json(), "scope": asdict(feats), "probe": True}))
     return len(fns) + 1

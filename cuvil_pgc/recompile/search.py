@@ -35,7 +35,7 @@ from cuvil_pgc._structure import weights_digest
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import check_outputs
-from cuvil_pgc.recompile.apply import Realized, ScopeInputs, capture_scope_inputs, realize
+from cuvil_pgc.recompile.apply import Realized, ScopeInputs, capture_scope_inputs, program_key, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
 from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import root_labels, scope_features
@@ -229,7 +229,7 @@ class _Search:
             return pending
         left = []
         for cand in pending:
-            rec = self.records.lookup(self.structures[cand.scope], cand.config, self.machine_key,
+            rec = self.records.lookup(self.structures[cand.scope], program_key(cand), self.machine_key,
                                       self.scope_inputs[cand.scope].signature)
             if rec is None or (rec.status == "accuracy_error"
                                and rec.features.get("weights") != self.weights[cand.scope]):
@@ -355,7 +355,7 @@ class _Search:
         if self.records is None:
             return
         self.records.add(Record(
-            structure=self.structures[scope], candidate=trial.candidate.config, machine=self.machine_key,
+            structure=self.structures[scope], candidate=program_key(trial.candidate), machine=self.machine_key,
             inputs=self.scope_inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
             eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
             features={"candidate": trial.candidate.to_json(), "scope": asdict(self.features[scope]),
