@@ -180,7 +180,9 @@ def report(rows: list[dict]) -> None:
     print(f"geomean speedup vs torch.compile default: {g_comp:.2f}x (goal >= 2.0x)")
     print(f"worst model vs its best baseline: {worst:.3f}x (goal >= 0.98x)")
     for r in rows:
-        print(f"  {r['model']}: profile {r['profile_s']:.0f}s, search {r['search_s']:.0f}s, labels {r['labels']}")
+        chosen = "; ".join(f"{c['scope'] or '<model>'}: {c['config']}" for c in r["plan"]["choices"]) or "eager"
+        print(f"  {r['model']}: chose {chosen}; profile {r['profile_s']:.0f}s, search {r['search_s']:.0f}s, "
+              f"labels {r['labels']}")
     for r in rows:
         ex = r.get("exhaustive")
         if ex:
