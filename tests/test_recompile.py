@@ -592,6 +592,61 @@ def test_channels_last_keeps_an_image_stem_nchw_on_the_cpu():
     assert "layout_optimization" not in inductor_options(Candidate("", "aoti"))
 
 
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_attention_rewrite_is_equal_and_leaves_other_calls_to_the_original(batch_first):
+    from cuvil_pgc.recompile.rewrites import MathMultiheadAttention, apply_rewrites, rewrite_opportunities
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=batch_first)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    rewritten, applied = apply_rewrites(encoder)
+    assert applied == rewrite_opportunities(encoder) == ["attention_math:layers.0.self_attn",
+                                                         "attention_math:layers.1.self_attn"]
+    assert type(encoder.layers[0].self_attn) is nn.MultiheadAttention          # the original is untouched
+    x = torch.randn(2, 7, 32) if batch_first else torch.randn(7, 2, 32)
+    causal = nn.Transformer.generate_square_subsequent_mask(7)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)             # as export and torch.compile run it
+    try:
+        with torch.no_grad():
+            for kwargs in ({}, {"mask": causal, "is_causal": True}, {"mask": causal.isinf()}):
+                assert (rewritten(x, **kwargs) - encoder(x, **kwargs)).abs().max() < 1e-5
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    math_mha, _ = apply_rewrites(mha)
+    assert isinstance(math_mha, MathMultiheadAttention)
+    q, kv = torch.randn(2, 7, 32), torch.randn(2, 5, 32)
+    per_head = torch.randn(8, 7, 7)
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[:, -2:] = True
+    with torch.no_grad():
+        assert (math_mha(q, q, q, need_weights=False, attn_mask=per_head)[0]
+                - mha(q, q, q, need_weights=False, attn_mask=per_head)[0]).abs().max() < 1e-5
+        for args, kwargs in (((q, kv, kv), {"need_weights": False}),             # cross-attention
+                             ((q, q, q), {}),                                     # attention weights wanted
+                             ((q, q, q), {"need_weights": False, "key_padding_mask": padding})):
+            ours, theirs = math_mha(*args, **kwargs), mha(*args, **kwargs)
+            assert torch.equal(ours[0], theirs[0])                   # the original forward ran
+
+
+def test_attention_rewrite_is_predicted_to_pay_for_short_sequences_only():
+    from cuvil_pgc.recompile.features import op_census
+
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True).eval()
+    census = op_census(layer, (torch.randn(2, 16, 32),), {})
+    assert census["attention_calls"] == 1 and census["attention_scores"] == 2 * 4 * 16 * 16
+    model = PlanCostModel(MachineFigures())
+    aoti, rewritten = Candidate("", "aoti"), Candidate("", "aoti", rewrite=True)
+
+    def scope(tokens: int):
+        return feats("launch_overhead", eager_us=500.0, ops=45, rewrites=["attention_math:self_attn"],
+                     evidence={"attention_calls": 1, "attention_scores": 4 * tokens * tokens})
+    assert model.predict(rewritten, scope(16)) < model.predict(aoti, scope(16))
+    assert model.predict(rewritten, scope(64)) > model.predict(aoti, scope(64))
+    assert model.predict(Candidate("", rewrite=True), scope(16)) == model.predict(Candidate(""), scope(16))
+
+
 class ConvBN(nn.Module):
     def __init__(self) -> None:
         super().__init__()

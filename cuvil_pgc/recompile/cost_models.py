@@ -41,6 +41,11 @@ PRIORS = {
     "rnn_op_us": 250.0,                 # nn.LSTM step cost when the profile has no top_ops
     "cell_step_ops": 12.0,              # aten ops of one rewritten LSTM/GRU step (addmm, chunk, gates)
     "cell_step_kernels": 2.0,           # compiled: the step's GEMM and its fused pointwise gates
+    # compiled attention as matmul + softmax instead of the fused CPU kernel: µs saved per call, less
+    # µs per attention score (batch x heads x queries x keys); a fit to two measured AOTInductor
+    # packages: 16 tokens x 4 heads saved 23.5 µs per call, 32 tokens x 4 heads (causal) lost 14
+    "attention_kernel_us": 36.0,
+    "attention_math_us_per_score": 0.0122,
     # µs added per GEMM call when Inductor freezing prepacks its weight for a vendor linear kernel
     # (oneDNN / MKL packed) instead of the plain BLAS call; machine-specific: the search measures
     # it (measure.prepacked_gemm_overhead_us); 30 is the figure of the 2-core AMD EPYC, one thread
@@ -130,15 +135,27 @@ class LaunchCostModel:
         return gemms * self.machine.prepacked_gemm_us
 
     def rewrite_saving(self, cand: Candidate, feats: ScopeFeatures) -> float:
-        """µs a cell rewrite removes (negative: it adds): the RNN op's fixed cost, less the cost of
-        the steps it unrolls beyond the first of each call (ops per step x this backend's per-op cost)."""
+        """µs a rewrite removes (negative: it adds): for cell rewrites the RNN op's fixed cost, less
+        the cost of the steps it unrolls beyond the first of each call (ops per step x this backend's
+        per-op cost); plus :meth:`attention_saving`."""
         if not cand.rewrite:
             return 0.0
         rnn_us = float(feats.evidence.get("rnn_us", 0.0)) or PRIORS["rnn_op_us"] * sum(
             1 for r in feats.rewrites if r.startswith(("lstm", "gru"))) * feats.calls
         steps, calls = rnn_steps_and_calls(feats)
         extra_steps = max(steps - calls, 0.0)
-        return self.rnn_saving * min(rnn_us, feats.eager_us) - extra_steps * self.step_us(cand)
+        return (self.rnn_saving * min(rnn_us, feats.eager_us) - extra_steps * self.step_us(cand)
+                + self.attention_saving(cand, feats))
+
+    @staticmethod
+    def attention_saving(cand: Candidate, feats: ScopeFeatures) -> float:
+        """µs the attention rewrite saves a compiled program (negative: costs): the fused kernel's
+        fixed cost per call against math that grows with the scores. Eager keeps its fast path."""
+        if cand.backend == "eager":
+            return 0.0
+        calls = float(feats.evidence.get("attention_calls", 0.0))
+        scores = float(feats.evidence.get("attention_scores", 0.0))
+        return calls * PRIORS["attention_kernel_us"] - scores * PRIORS["attention_math_us_per_score"]
 
     def step_us(self, cand: Candidate) -> float:
         """Fixed cost of one unrolled cell step: its ops dispatched one by one (eager), or its

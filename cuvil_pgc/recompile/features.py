@@ -9,6 +9,8 @@ whole model before use.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -16,9 +18,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cuvil_pgc.recompile.candidates import ScopeFeatures
 from cuvil_pgc.recompile.matching import RegionMatch
-from cuvil_pgc.recompile.rewrites import rewrite_opportunities
+from cuvil_pgc.recompile.rewrites import math_attention_applies, rewrite_opportunities
 
 ALL_LABELS = ["launch_overhead", "memory_bandwidth", "compute"]
+_MHA_SIGNATURE = inspect.signature(torch.nn.MultiheadAttention.forward)
 #: 2-D matrix products: what Inductor freezing turns into prepacked (oneDNN / MKL) linear calls
 GEMM_OPS = (torch.ops.aten.addmm, torch.ops.aten.mm)
 
@@ -73,6 +76,9 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
 
     rnns = [m for m in module.modules() if isinstance(m, torch.nn.RNNBase)]
     hooks = [h for m in rnns for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    attention: list[int] = []       # scores (batch x heads x queries x keys) of each rewritable call
+    hooks += [m.register_forward_pre_hook(functools.partial(_count_attention, attention), with_kwargs=True)
+              for m in module.modules() if type(m) is torch.nn.MultiheadAttention]
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
@@ -83,7 +89,20 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
         for h in hooks:
             h.remove()
     return {"ops": census.ops, "pointwise": census.pointwise, "gemms": census.gemms, "bytes": census.bytes,
-            "flops": flops.get_total_flops() + sum(uncounted), "rnn_steps": sum(steps), "rnn_calls": len(steps)}
+            "flops": flops.get_total_flops() + sum(uncounted), "rnn_steps": sum(steps), "rnn_calls": len(steps),
+            "attention_calls": len(attention), "attention_scores": sum(attention)}
+
+
+def _count_attention(counted: list[int], mha: torch.nn.MultiheadAttention, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> None:
+    """Record a call the attention rewrite would run as matmul + softmax (see rewrites)."""
+    call = _MHA_SIGNATURE.bind(mha, *args, **kwargs)
+    call.apply_defaults()
+    a = call.arguments
+    if math_attention_applies(mha, a["query"], a["key"], a["value"], a["key_padding_mask"], a["need_weights"],
+                              a["attn_mask"], a["is_causal"]):
+        length, batch = a["query"].shape[:2] if not mha.batch_first else a["query"].shape[1::-1]
+        counted.append(int(batch) * mha.num_heads * int(length) ** 2)
 
 
 def _cpu_attention_flops(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
@@ -141,6 +160,9 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     if census["rnn_steps"]:
         evidence["rnn_steps"] = census["rnn_steps"] * calls
         evidence["rnn_calls"] = census["rnn_calls"] * calls
+    if census["attention_calls"]:
+        evidence["attention_calls"] = census["attention_calls"] * calls
+        evidence["attention_scores"] = census["attention_scores"] * calls
     if stats:
         evidence.update(_profile_evidence(stats, analysis, root_calls, scale))
     return ScopeFeatures(
