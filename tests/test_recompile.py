@@ -218,6 +218,13 @@ def test_a_measured_rewrite_does_not_correct_the_original_program():
     assert model.predict(Candidate("", "aoti", rewrite=True), f) > 3 * sibling     # its siblings learn from it
     assert model.predict(Candidate("", "aoti"), f) == pytest.approx(before, rel=0.35)
     assert model.predict(plain, f) < model.predict(rewritten, f)
+    attention = feats("launch_overhead", eager_us=400.0, ops=90, rewrites=["attention_math:self_attn"],
+                      evidence={"attention_calls": 1, "attention_scores": 1024})
+    twin, original = Candidate("", "aoti", rewrite=True), Candidate("", "aoti")
+    saving = model.predict_raw(original, attention) - model.predict_raw(twin, attention)
+    model.refit([(original, attention, 100.0)])        # the original measured far faster than predicted
+    assert model.predict(original, attention) - model.predict(twin, attention) == pytest.approx(
+        saving * model.predict(original, attention) / model.predict_raw(original, attention))  # same program: same correction
 
 
 # ----------------------------------------------------------------------------- search, records, guard

@@ -288,13 +288,20 @@ class PlanCostModel:
 
 def correction_keys(cand: Candidate, feats: ScopeFeatures) -> tuple[tuple[str, str], ...]:
     """Keys of the learned corrections, most specific first: the configuration and op family, the
-    program kind (backend, plus ``+rewrite``: a rewritten module is another program, so a rewrite's
-    measured error says nothing about the original's) and family, the program kind alone (not for
-    rewrites, whose effect depends on the family)."""
-    family, program = op_family(feats), cand.backend + ("+rewrite" if cand.rewrite else "")
-    if cand.rewrite:    # what a rewrite does depends on the family (stepwise vs sequence): no global key
+    program kind (backend, plus ``+rewrite`` for RNN cell rewrites: an unrolled recurrence is another
+    program, so its measured error says nothing about the original's) and family, the program kind
+    alone (not for cell rewrites, whose effect depends on the family). Attention and conv+BN
+    rewrites change a few ops of the same program: they share the original's program keys."""
+    family = op_family(feats)
+    if cand.rewrite and has_cell_rewrite(feats):   # stepwise vs sequence: no global key
+        program = cand.backend + "+rewrite"
         return (cand.config, family), (program, family)
-    return (cand.config, family), (program, family), (program, "")
+    return (cand.config, family), (cand.backend, family), (cand.backend, "")
+
+
+def has_cell_rewrite(feats: ScopeFeatures) -> bool:
+    """Whether the scope's rewrites unroll an LSTM/GRU into cell steps."""
+    return any(r.startswith(("lstm", "gru")) for r in feats.rewrites)
 
 
 def rnn_steps_and_calls(feats: ScopeFeatures) -> tuple[float, float]:
@@ -314,7 +321,7 @@ def op_family(feats: ScopeFeatures) -> str:
     Recurrent work splits by steps per call: a stepwise decoder (an RNN op per step) and a sequence
     model (one op over many steps) respond oppositely to a cell rewrite, which removes the op's fixed
     cost but unrolls every step."""
-    if any(r.startswith(("lstm", "gru")) for r in feats.rewrites):
+    if has_cell_rewrite(feats):
         steps, calls = rnn_steps_and_calls(feats)
         return "recurrent_seq" if calls and steps / calls > STEPWISE_MAX_STEPS else "recurrent"
     return "conv" if feats.has_conv else "dense"
