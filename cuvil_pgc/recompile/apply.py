@@ -197,10 +197,12 @@ def prepare_module(module: nn.Module, cand: Candidate, device: str) -> tuple[nn.
 
 def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, device: str = "cpu",
             machine: str = "", artifact: str | None = None, signature: str | None = None,
-            spec: list[list[Any]] | None = None) -> Realized:
+            spec: list[list[Any]] | None = None, weights: str | None = None) -> Realized:
     """Build ``cand`` for ``module``; raises whatever the backend raises (the search records it).
 
     ``artifact`` (with ``signature``) loads an existing AOTInductor package instead of compiling.
+    ``weights`` is the module's :func:`weights_digest` where the caller already has it (hashing a
+    large model's weights again for every candidate costs seconds).
     """
     if cand.backend == "aoti" and artifact is not None:
         runner = torch._inductor.aoti_load_package(artifact)
@@ -211,7 +213,7 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     if cand.backend == "eager":
         return Realized(prepared, rewrites=applied)
     if cand.backend == "aoti":
-        path = str(_aoti_path(module, cand, inputs, machine))
+        path = str(_aoti_path(module, cand, inputs, machine, weights))
         if not os.path.exists(path):
             _compile_aoti(prepared, cand, inputs, path)
         runner = torch._inductor.aoti_load_package(path)
@@ -257,9 +259,10 @@ def program_key(cand: Candidate) -> str:
     return "|".join([cand.config, *versions])
 
 
-def _aoti_path(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str) -> Path:
-    key = "|".join([structural_hash(module), weights_digest(module), program_key(cand), inputs.signature, machine,
-                    torch.__version__])
+def _aoti_path(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str,
+               weights: str | None = None) -> Path:
+    key = "|".join([structural_hash(module), weights or weights_digest(module), program_key(cand), inputs.signature,
+                    machine, torch.__version__])
     return cache_dir() / "artifacts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt2"
 
 

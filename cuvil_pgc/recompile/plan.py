@@ -104,7 +104,7 @@ def choose_plan(s: Any, result: Any) -> None:
 def _build_plan(s: Any, choices: dict[str, Candidate]) -> tuple[dict[str, Realized], Any] | None:
     try:
         realized = {scope: realize(s._module(scope), cand, s.scope_inputs[scope], device=s.opt.device,
-                                   machine=s.machine_key) for scope, cand in choices.items()}
+                                   machine=s.machine_key, weights=s.weights[scope]) for scope, cand in choices.items()}
         module = apply_plan(s.model, realized)
         with torch.no_grad():
             out = module(*s.inputs)

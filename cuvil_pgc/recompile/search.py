@@ -333,7 +333,8 @@ class _Search:
                        trial: Trial) -> Callable[[], Any] | None:
         native = Captured()
         try:
-            realized = realize(module, cand, inputs, device=self.opt.device, machine=self.machine_key)
+            realized = realize(module, cand, inputs, device=self.opt.device, machine=self.machine_key,
+                               weights=self.weights[scope])
             # a failing AOTI kernel call reports on fd 2, then raises: keep its words for the reason
             with native_stderr(native), torch.no_grad():
                 out = realized.module(*inputs.args, **inputs.kwargs)
