@@ -154,6 +154,10 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
+def chosen_plan(row: dict) -> str:
+    return ", ".join(f"{c['scope'] or '<model>'}: {c['config']}" for c in row["plan"]["choices"]) or "eager"
+
+
 def report(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -165,11 +169,10 @@ def report(rows: list[dict]) -> None:
     for r in rows:
         m = r["medians_ms"]
         best_base = min(m["eager"], m["compile"], m["compile-mat"])
-        chosen = ", ".join(f"{c['scope'] or '<model>'}: {c['config']}" for c in r["plan"]["choices"]) or "eager"
         table.add_row(r["model"], *(f"{m[k]:.4f}" for k in ("eager", "compile", "compile-mat", "build")),
                       f"{m['eager'] / m['build']:.2f}x", f"{m['compile'] / m['build']:.2f}x",
                       f"{best_base / m['build']:.3f}x", f"{r['floor_ms']:.4f}", f"{m['build'] / r['floor_ms']:.1f}x",
-                      chosen, f"{r['measured']} / {r['space']}",
+                      chosen_plan(r), f"{r['measured']} / {r['space']}",
                       f"{r['second_measured']} ({r['second_reused']} reused)")
     Console(width=200).print(table)
     g_eager = geomean([r["medians_ms"]["eager"] / r["medians_ms"]["build"] for r in rows])
@@ -180,8 +183,7 @@ def report(rows: list[dict]) -> None:
     print(f"geomean speedup vs torch.compile default: {g_comp:.2f}x (goal >= 2.0x)")
     print(f"worst model vs its best baseline: {worst:.3f}x (goal >= 0.98x)")
     for r in rows:
-        chosen = "; ".join(f"{c['scope'] or '<model>'}: {c['config']}" for c in r["plan"]["choices"]) or "eager"
-        print(f"  {r['model']}: chose {chosen}; profile {r['profile_s']:.0f}s, search {r['search_s']:.0f}s, "
+        print(f"  {r['model']}: chose {chosen_plan(r)}; profile {r['profile_s']:.0f}s, search {r['search_s']:.0f}s, "
               f"labels {r['labels']}")
     for r in rows:
         ex = r.get("exhaustive")

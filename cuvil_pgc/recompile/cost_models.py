@@ -141,7 +141,7 @@ class LaunchCostModel:
         if not cand.rewrite:
             return 0.0
         rnn_us = float(feats.evidence.get("rnn_us", 0.0)) or PRIORS["rnn_op_us"] * sum(
-            1 for r in feats.rewrites if r.startswith(("lstm", "gru"))) * feats.calls
+            1 for r in feats.rewrites if r.startswith(CELL_REWRITES)) * feats.calls
         steps, calls = rnn_steps_and_calls(feats)
         extra_steps = max(steps - calls, 0.0)
         return (self.rnn_saving * min(rnn_us, feats.eager_us) - extra_steps * self.step_us(cand)
@@ -299,9 +299,13 @@ def correction_keys(cand: Candidate, feats: ScopeFeatures) -> tuple[tuple[str, s
     return (cand.config, family), (cand.backend, family), (cand.backend, "")
 
 
+#: rewrite names (see rewrites.rewrite_opportunities) that unroll an LSTM/GRU into cell steps
+CELL_REWRITES = ("lstm_cell:", "gru_cell:")
+
+
 def has_cell_rewrite(feats: ScopeFeatures) -> bool:
     """Whether the scope's rewrites unroll an LSTM/GRU into cell steps."""
-    return any(r.startswith(("lstm", "gru")) for r in feats.rewrites)
+    return any(r.startswith(CELL_REWRITES) for r in feats.rewrites)
 
 
 def rnn_steps_and_calls(feats: ScopeFeatures) -> tuple[float, float]:

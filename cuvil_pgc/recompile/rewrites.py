@@ -169,7 +169,7 @@ def _stack_state(states: list[torch.Tensor], unbatched: bool) -> torch.Tensor:
     return out.squeeze(1) if unbatched else out
 
 
-# ----------------------------------------------------------------------------- conv + batchnorm
+# ----------------------------------------------------------------------------- attention
 
 class MathMultiheadAttention(nn.MultiheadAttention):
     """Self-attention as explicit matmul + softmax + matmul (same parameters, same results to
@@ -213,6 +213,8 @@ def math_attention_applies(mha: nn.MultiheadAttention, query: Any, key: Any, val
             and (attn_mask is None or attn_mask.dim() == 2 or attn_mask.shape[0] == query.shape[
                 0 if mha.batch_first else 1] * mha.num_heads))
 
+
+# ----------------------------------------------------------------------------- conv + batchnorm
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _BNS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)

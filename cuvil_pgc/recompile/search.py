@@ -7,11 +7,11 @@ scope's eager module and with the fastest candidate of the scope measured so far
 (same inputs, rotating order, medians; see :mod:`.measure`). A candidate's ratio to eager is its
 ratio to the incumbent of its own run times the incumbent's ratio (to eager, in the first run), and
 it is expressed against the median of all of that scope's eager runs: a challenger is compared with
-the best so far side by side, never through eager runs minutes apart. Every
-measurement goes to the record database; candidates already recorded for this module structure,
-machine and inputs are reused instead of measured (also those this search just measured on a
-repeated block: ``layers.1`` reuses ``layers.0``'s, except in an exhaustive search), and the cost models are refitted from all of this
-machine's records before each batch (on the CPU, the machine's cost per prepacked GEMM call is
+the best so far side by side, never through eager runs minutes apart. Every measurement goes to
+the record database; candidates already recorded for this module structure, machine and inputs
+are reused instead of measured (also those this search just measured on a repeated block:
+``layers.1`` reuses ``layers.0``'s, except in an exhaustive search), and the cost models are
+refitted from all of this machine's records before each batch (on the CPU, the machine's cost per prepacked GEMM call is
 measured once per process for the cost models); once a few measurements are in, only candidates
 predicted to beat the best measured time of their scope by 2 % are tried, their predictions made
 optimistic by the spread of this search's prediction errors so far
