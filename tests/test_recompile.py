@@ -423,6 +423,35 @@ def test_a_repeated_block_reuses_what_the_search_just_measured_on_its_twin(tmp_p
     assert full.reused == 0        # an exhaustive search measures everything, the benchmarks' yardstick
 
 
+def test_records_of_an_older_census_are_reused_but_refit_with_todays_features(tmp_path, monkeypatch):
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.measure import Samples
+
+    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    monkeypatch.setattr(search_mod, "time_interleaved",
+                        lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
+    model, inputs = chain()
+    an = Analysis(regions=[stats("model", "launch_overhead", 300.0, module="Chain")])
+    options = SearchOptions(budget=3, backends=("compile", "aoti"), rounds=5)
+    first = search(model, inputs, an, records=RecordDB(tmp_path), machine_key="m", options=options)
+    assert first.measured >= 2
+    measured = [r for r in RecordDB(tmp_path) if r.status == "ok"]
+    assert measured and all(search_mod._sample(r) is not None for r in measured)
+    db = RecordDB(tmp_path)
+    for rec in measured:     # as an older cuvil-pgc stored them: no census version, other counts
+        old = {k: v for k, v in rec.features.items() if k != "census"}
+        db.add(dataclasses.replace(rec, features={**old, "scope": {**old["scope"], "flops": 1.0}}))
+    stale = [r for r in RecordDB(tmp_path) if r.status == "ok"]
+    assert all(search_mod._sample(r) is None for r in stale)      # the refit leaves them out
+
+    again = search(model, inputs, an, records=RecordDB(tmp_path), machine_key="m", options=options)
+    assert again.reused == len(measured)          # the measurements themselves still hold
+    healed = [r for r in RecordDB(tmp_path) if r.status == "ok"]
+    assert [r.median_us for r in healed] == [r.median_us for r in measured]
+    assert all(search_mod._sample(r) is not None and r.features["scope"]["flops"] > 1.0 for r in healed)
+
+
 def test_aoti_packages_are_cached_per_weight_values():
     """Two modules of one structure (layers.0 and layers.1, or a model before and after
     fine-tuning) must not share a cached package: it embeds the weights."""

@@ -21,6 +21,10 @@ from cuvil_pgc.recompile.matching import RegionMatch
 from cuvil_pgc.recompile.rewrites import math_attention_applies, rewrite_opportunities
 
 ALL_LABELS = ["launch_overhead", "memory_bandwidth", "compute"]
+#: version of what :func:`op_census` counts; bump it when the counts change. Records keep the
+#: features they were measured with, and the refit leaves out those of an older census (their
+#: measurements stay valid and are reused; a reuse restores the record with today's features)
+CENSUS_VERSION = 2
 _MHA_SIGNATURE = inspect.signature(torch.nn.MultiheadAttention.forward)
 #: 2-D matrix products: what Inductor freezing turns into prepacked (oneDNN / MKL) linear calls
 GEMM_OPS = (torch.ops.aten.addmm, torch.ops.aten.mm)

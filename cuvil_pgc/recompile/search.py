@@ -26,7 +26,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import Realized, ScopeInputs, capture_scope_inputs, program_key, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
 from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostModel
-from cuvil_pgc.recompile.features import root_labels, scope_features
+from cuvil_pgc.recompile.features import CENSUS_VERSION, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, prepacked_gemm_overhead_us, time_interleaved
 from cuvil_pgc.recompile.records import Record, RecordDB
@@ -236,6 +236,9 @@ class _Search:
                 left.append(cand)     # an accuracy verdict holds for the weights it was checked with
                 continue
             feats = self.features[cand.scope]
+            if rec.status == "ok" and rec.features.get("census") != CENSUS_VERSION:   # refit it with today's
+                self.records.add(replace(rec, features={**rec.features, "scope": asdict(feats),
+                                                        "census": CENSUS_VERSION}))
             ratio = rec.median_us / rec.eager_us if rec.status == "ok" and rec.eager_us and rec.median_us else None
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, feats), rec.status,
                                           ratio * feats.eager_us if ratio else None, rec.reason, reused=True,
@@ -360,7 +363,7 @@ class _Search:
             inputs=self.scope_inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
             eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
             features={"candidate": trial.candidate.to_json(), "scope": asdict(self.features[scope]),
-                      "weights": self.weights[scope]}))
+                      "weights": self.weights[scope], "census": CENSUS_VERSION}))
 
 
 def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFeatures],
@@ -377,6 +380,9 @@ def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFe
 
 
 def _sample(record: Record) -> tuple[Candidate, ScopeFeatures, float] | None:
+    """A refit sample from a record; None for a record whose features an older census counted."""
+    if record.features.get("census") != CENSUS_VERSION:
+        return None
     try:
         cand = Candidate.from_json(record.features["candidate"])
         feats = ScopeFeatures(**record.features["scope"])
