@@ -533,6 +533,42 @@ def test_bf16_output_fails_default_fp32_tolerance():
     assert not check_outputs(ref, low).ok
 
 
+def test_rounding_to_a_low_precision_is_admitted_only_by_tolerances_that_allow_it():
+    from cuvil_pgc.recompile.accuracy import admits_rounding
+
+    torch.manual_seed(0)
+    out = Out(torch.randn(8, 64), {"ids": torch.arange(4)})
+    assert not admits_rounding(out, torch.bfloat16)                       # fp32 defaults: 1e-4
+    assert admits_rounding(out, torch.bfloat16, rtol=1e-2)
+    assert not admits_rounding(out, torch.float16) and admits_rounding(out, torch.float16, rtol=1e-3)
+    assert admits_rounding(out, torch.bfloat16, rtol=0.0, atol=0.05)      # small outputs, wide atol
+    assert admits_rounding(torch.arange(4), torch.bfloat16)               # nothing to round
+    assert admits_rounding(DOut(torch.randn(4), {}), torch.bfloat16)      # not walked: admitted
+
+
+def test_low_precision_candidates_are_built_only_where_the_tolerances_can_pass(monkeypatch):
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.measure import Samples
+
+    built = []
+    monkeypatch.setattr(search_mod, "realize",
+                        lambda module, cand, inputs, **kw: built.append(cand.config) or Realized(module))
+    monkeypatch.setattr(search_mod, "time_interleaved",
+                        lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
+    model, inputs = chain()
+    an = Analysis(regions=[stats("model", "compute", 300.0, module="Chain")])
+    options = SearchOptions(exhaustive=True, backends=("aoti",), rounds=5)
+    strict = search(model, inputs, an, machine_key="m", options=options)
+    low = [t for t in strict.trials.values() if t.candidate.precision == "bf16"]
+    assert low and all(t.status == "not_measured" and "--rtol" in t.reason for t in low)
+    assert not any("bf16" in c for c in built)
+    built.clear()
+    wide = search(model, inputs, an, machine_key="m", options=dataclasses.replace(options, rtol=0.05, atol=0.05))
+    assert wide.space_size == strict.space_size + len(low)
+    assert all(wide.trials[t.candidate.key].status == "ok" for t in low) and any("bf16" in c for c in built)
+
+
 # ----------------------------------------------------------------------------- rewrites
 
 @pytest.mark.parametrize("kw", [dict(batch_first=True), dict(num_layers=2), dict(bidirectional=True, batch_first=True)])
@@ -754,13 +790,37 @@ def test_structural_hash_sees_shapes_and_types_but_not_values():
 def test_budget_default_is_a_quarter_and_exhaustive_measures_everything():
     from cuvil_pgc.recompile.search import default_budget
 
-    assert default_budget(10) == 2 and default_budget(40) == 10
+    assert default_budget(8) == 3 and default_budget(40) == 10
     model, inputs = rnn_step()
     full = search(model, inputs, _rnn_analysis(), options=SearchOptions(exhaustive=True, backends=("eager",), rounds=5),
                   machine_key="m")
     assert full.space_size >= 4
     assert all(t.status == "ok" for t in full.trials.values())
     assert full.measured >= full.space_size
+
+
+def test_a_small_space_still_times_a_candidate_when_the_top_ranked_one_fails(monkeypatch):
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.measure import Samples
+
+    tried = []
+
+    def realize(module, cand, inputs, **kw):
+        tried.append(cand.config)
+        if len(tried) == 1:
+            raise RuntimeError("the top-ranked candidate does not compile")
+        return Realized(module)
+
+    monkeypatch.setattr(search_mod, "realize", realize)
+    monkeypatch.setattr(search_mod, "time_interleaved",
+                        lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
+    model, inputs = chain()
+    an = Analysis(regions=[stats("model", "launch_overhead", 300.0, module="Chain")])
+    result = search(model, inputs, an, machine_key="m", options=SearchOptions(backends=("aoti",), rounds=5))
+    assert result.space_size < 8 and len(tried) >= 2
+    statuses = [t.status for t in result.trials.values() if t.candidate.backend != "eager"]
+    assert "compile_error" in statuses and "ok" in statuses
 
 
 def test_near_ties_of_the_whole_model_are_raced_again_at_the_end(monkeypatch):

@@ -46,6 +46,23 @@ def check_outputs(reference: Any, candidate: Any, *, rtol: float | None = None,
     return state
 
 
+def admits_rounding(reference: Any, dtype: Any, *, rtol: float | None = None, atol: float | None = None) -> bool:
+    """Whether the guard passes ``reference`` with its floating tensors rounded once to ``dtype``.
+
+    A program computing in ``dtype`` (bf16/fp16 autocast) returns outputs that carry at least that
+    rounding, so where the tolerances reject it no such program can pass: the search does not
+    build one. Leaves the rounding cannot reach (numbers, objects pytree does not walk) stay as
+    they are, which only ever admits more."""
+    import torch
+
+    def rounded(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
+            return t.detach().to(dtype).to(t.dtype)
+        return t
+
+    return check_outputs(reference, torch.utils._pytree.tree_map(rounded, reference), rtol=rtol, atol=atol).ok
+
+
 class _Mismatch(Exception):
     pass
 

@@ -16,7 +16,7 @@ measured once per process for the cost models); once a few measurements are in, 
 predicted to beat the best measured time of their scope by 2 % are tried, their predictions made
 optimistic by the spread of this search's prediction errors so far
 (:meth:`_Search._prediction_spread`). ``budget`` caps the new measurements, eager references and
-the composite plan included (default: a quarter of the space, at least 2); ``exhaustive=True``
+the composite plan included (default: a quarter of the space, at least 3); ``exhaustive=True``
 measures everything (for comparison benchmarks).
 """
 
@@ -34,7 +34,7 @@ import torch
 from cuvil_pgc._structure import weights_digest
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
-from cuvil_pgc.recompile.accuracy import check_outputs
+from cuvil_pgc.recompile.accuracy import admits_rounding, check_outputs
 from cuvil_pgc.recompile.apply import Realized, ScopeInputs, capture_scope_inputs, program_key, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
 from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostModel
@@ -109,9 +109,14 @@ def _ms(us: float | None) -> float | None:
     return None if us is None or math.isnan(us) else round(us / 1e3, 6)
 
 
+#: the fewest measurements a default budget allows: eager and two candidates, so that one
+#: candidate failing to build or failing the accuracy guard does not leave eager as the only plan
+MIN_BUDGET = 3
+
+
 def default_budget(space_size: int) -> int:
-    """A quarter of the space, at least 2 measurements (eager and the top-ranked candidate)."""
-    return max(2, space_size // 4)
+    """A quarter of the space, at least :data:`MIN_BUDGET` measurements."""
+    return max(MIN_BUDGET, space_size // 4)
 
 
 class _Search:
@@ -127,6 +132,7 @@ class _Search:
         self.trials: dict[str, Trial] = {}
         self.eager_runs: dict[str, list[float]] = {}   # scope -> eager medians (µs per call), one per run
         self.incumbents: dict[str, tuple[str, Callable[[], Any]]] = {}   # scope -> (trial key, built callable)
+        self.left_out: list[tuple[Candidate, str]] = []   # candidates the guard cannot pass, with the reason
         self.measured = self.reused = 0
 
     # ------------------------------------------------------------------ preparation
@@ -153,7 +159,19 @@ class _Search:
         _add_rnn_time(self.features, feats, self.modules)
         self.structures = {s: structural_hash(self._module(s)) for s in self.features}
         self.weights = {s: weights_digest(self._module(s)) for s in self.features}
-        return generate_space(chosen, self.opt.device, self.opt.backends)
+        space = generate_space(chosen, self.opt.device, self.opt.backends)
+        why = {c.key: self._precision_left_out(c) for c in space if c.precision != "fp32"}
+        self.left_out = [(c, why[c.key]) for c in space if why.get(c.key)]
+        return [c for c in space if not why.get(c.key)]
+
+    def _precision_left_out(self, cand: Candidate) -> str:
+        """Why a low-precision candidate cannot pass the accuracy guard ("" when it may): the
+        tolerances reject even the scope's eager outputs rounded once to that precision."""
+        low = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[cand.precision])
+        if admits_rounding(self.refs[cand.scope], low, rtol=self.opt.rtol, atol=self.opt.atol):
+            return ""
+        return (f"not built: the accuracy guard's tolerances reject the eager outputs rounded once to "
+                f"{cand.precision}; widen --rtol/--atol to try {cand.precision}")
 
     def _module(self, scope: str) -> Any:
         return self.modules[scope] if scope else self.model
@@ -200,6 +218,8 @@ class _Search:
         for cand in pending:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]),
                                           reason="ranked below the measured candidates (budget)")
+        for cand, reason in self.left_out:
+            self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), reason=reason)
 
     def _prediction_spread(self) -> float:
         """How far off this search's predictions were: exp(median |log(measured / predicted)|) over
