@@ -391,7 +391,8 @@ def test_an_incumbent_that_fails_later_is_dropped_not_raised(monkeypatch):
     an = Analysis(regions=[stats("model", "launch_overhead", module="Chain")])
     result = search(model, inputs, an, machine_key="m",
                     options=SearchOptions(exhaustive=True, backends=("compile",), rounds=5))
-    assert len(built) >= 3 and all(t.status == "ok" for t in result.trials.values())
+    assert len(built) >= 3
+    assert all(t.status == "ok" for t in result.trials.values() if t.candidate.precision == "fp32")
 
 
 def test_a_repeated_block_reuses_what_the_search_just_measured_on_its_twin(tmp_path, monkeypatch):
