@@ -3,7 +3,8 @@
 For each zoo model, in one process: profile it (instrument_module + profile), analyze the trace,
 run the guided search (fresh record database, so the measurement count is a first search's),
 then time eager, torch.compile default, torch.compile max-autotune-no-cudagraphs and the build's
-module interleaved side by side (rotating order, medians of --rounds rounds). Prints the table and
+module interleaved side by side (rotating order, medians of --rounds rounds; each contender on its
+own copy of the weights, as deployed). Prints the table and
 the geometric means. For --exhaustive-models it also runs the exhaustive search of the same space
 (its own fresh record database) and times its plan against the guided plan interleaved: the
 fraction of the exhaustive measurements the guided search used, and the fraction of the exhaustive
@@ -65,14 +66,21 @@ def profile_model(name: str, model, inputs, iters: int, workdir: str):
 
 
 def baselines(model, inputs) -> dict:
+    """Eager and both torch.compile baselines, each on its own copy of the weights.
+
+    A deployment runs one of them, with its weights to itself. Sharing one set of weights among three
+    of the four contenders would keep those weights warm in the cache for each other while the
+    build's (AOTInductor packages hold their own) are evicted between its samples."""
+    import copy
+
     import torch
 
-    default = torch.compile(model)
-    mat = torch.compile(model, mode="max-autotune-no-cudagraphs")
+    default = torch.compile(copy.deepcopy(model))
+    mat = torch.compile(copy.deepcopy(model), mode="max-autotune-no-cudagraphs")
     with torch.no_grad():
         default(*inputs)
         mat(*inputs)
-    return {"eager": model, "compile": default, "compile-mat": mat}
+    return {"eager": copy.deepcopy(model), "compile": default, "compile-mat": mat}
 
 
 def compute_floor_ms(model, inputs, peak_flops: float) -> float:
