@@ -824,6 +824,33 @@ def test_a_small_space_still_times_a_candidate_when_the_top_ranked_one_fails(mon
     assert "compile_error" in statuses and "ok" in statuses
 
 
+class DataDependent(nn.Module):
+    """A branch on a tensor's value: torch.export cannot capture it, torch.compile breaks the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Chain(depth=4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        return torch.tanh(y) if y.sum() > 0 else y
+
+
+def test_an_export_failure_rejects_the_scopes_other_aoti_builds_without_building_them(tmp_path):
+    torch.manual_seed(0)
+    model, inputs = DataDependent().eval(), (torch.randn(1, 16),)
+    an = Analysis(regions=[stats("model", "launch_overhead", 300.0, module="DataDependent")])
+    options = SearchOptions(budget=3, backends=("aoti",), rounds=5)
+    result = search(model, inputs, an, records=RecordDB(tmp_path), machine_key="m", options=options)
+    aoti = [t for t in result.trials.values() if t.candidate.backend == "aoti" and t.candidate.precision == "fp32"]
+    built = [t for t in aoti if not t.reason.startswith("not built")]
+    assert len(aoti) >= 3 and len(built) == 1 and "torch.export failed" in built[0].reason
+    assert all(t.status == "compile_error" and "torch.export failed" in t.reason for t in aoti)
+    assert result.measured == 2 and not result.choices           # eager and the one build
+    again = search(model, inputs, an, records=RecordDB(tmp_path), machine_key="m", options=options)
+    assert again.measured == 1 and again.reused == 1             # the record tells the next search
+
+
 def test_near_ties_of_the_whole_model_are_raced_again_at_the_end(monkeypatch):
     """A search measures each candidate once; configurations within 10% of the best whole-model
     trial go into the final side-by-side race with it, so noise does not decide near ties."""

@@ -241,12 +241,21 @@ def _compile_kwargs(cand: Candidate) -> dict[str, Any]:
     return {"options": options} if options else {}
 
 
+class ExportError(RuntimeError):
+    """torch.export cannot capture a module (data-dependent control flow, unsupported Python):
+    every AOTInductor build of that module fails the same way, whatever its Inductor options."""
+
+
 def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, path: str) -> None:
     configs: dict[str, Any] = {"freezing": False, **inductor_options(cand)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp.pt2"
     with torch.no_grad():
-        exported = torch.export.export(prepared, inputs.args, inputs.kwargs or None)
+        try:
+            exported = torch.export.export(prepared, inputs.args, inputs.kwargs or None)
+        except Exception as exc:
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            raise ExportError(f"torch.export failed: {type(exc).__name__}: {lines[0] if lines else ''}") from exc
         torch._inductor.aoti_compile_and_package(exported, package_path=tmp, inductor_configs=configs)
     os.replace(tmp, path)
 

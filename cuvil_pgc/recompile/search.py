@@ -2,9 +2,11 @@
 
 Contract of :func:`search`: it never crashes on a bad candidate. A candidate that fails to
 compile or export is rejected as ``compile_error``, one whose outputs differ from eager beyond
-the tolerances as ``accuracy_error``, each with its reason. Measurements are interleaved with the
-scope's eager module and with the fastest candidate of the scope measured so far, the incumbent
-(same inputs, rotating order, medians; see :mod:`.measure`). A candidate's ratio to eager is its
+the tolerances as ``accuracy_error``, each with its reason; once torch.export fails on a scope's
+module, its other AOTInductor candidates are rejected with that reason without being built or
+counted against the budget. Measurements are interleaved with the scope's eager module and with
+the fastest candidate of the scope measured so far, the incumbent (same inputs, rotating order,
+medians; see :mod:`.measure`). A candidate's ratio to eager is its
 ratio to the incumbent of its own run times the incumbent's ratio (to eager, in the first run), and
 it is expressed against the median of all of that scope's eager runs: a challenger is compared with
 the best so far side by side, never through eager runs minutes apart. Every measurement goes to
@@ -35,7 +37,14 @@ from cuvil_pgc._structure import weights_digest
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import admits_rounding, check_outputs
-from cuvil_pgc.recompile.apply import Realized, ScopeInputs, capture_scope_inputs, program_key, realize
+from cuvil_pgc.recompile.apply import (
+    ExportError,
+    Realized,
+    ScopeInputs,
+    capture_scope_inputs,
+    program_key,
+    realize,
+)
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
 from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import CENSUS_VERSION, root_labels, scope_features
@@ -133,6 +142,7 @@ class _Search:
         self.eager_runs: dict[str, list[float]] = {}   # scope -> eager medians (µs per call), one per run
         self.incumbents: dict[str, tuple[str, Callable[[], Any]]] = {}   # scope -> (trial key, built callable)
         self.left_out: list[tuple[Candidate, str]] = []   # candidates the guard cannot pass, with the reason
+        self.unexportable: dict[tuple[str, bool], str] = {}   # (scope, rewritten) -> why torch.export failed
         self.measured = self.reused = 0
 
     # ------------------------------------------------------------------ preparation
@@ -210,7 +220,7 @@ class _Search:
             batch = [(c, p) for c, p in ranked if c.scope == scope][:min(BATCH, room)]
             self._measure_batch(scope, batch)
             done = {c.key for c, _ in batch}
-            pending = [c for c in pending if c.key not in done]
+            pending = [c for c in pending if c.key not in done and not self._not_exportable(c)]
             if not self.opt.exhaustive:   # a scope of the same structure and inputs (layers.1 after
                 pending = self._reuse_records(pending)   # layers.0) reuses these now
             if self.progress:
@@ -255,6 +265,8 @@ class _Search:
                                and rec.features.get("weights") != self.weights[cand.scope]):
                 left.append(cand)     # an accuracy verdict holds for the weights it was checked with
                 continue
+            if rec.status == "compile_error" and rec.reason.startswith(ExportError.__name__):
+                self.unexportable.setdefault((cand.scope, cand.rewrite), f"{cand.config} showed that {rec.reason}")
             feats = self.features[cand.scope]
             if rec.status == "ok" and rec.features.get("census") != CENSUS_VERSION:   # refit it with today's
                 self.records.add(replace(rec, features={**rec.features, "scope": asdict(feats),
@@ -282,6 +294,8 @@ class _Search:
         torch._dynamo.reset()     # earlier batches' graphs are garbage; keep the recompile limit free
         contenders: dict[str, Callable[[], Any]] = {"eager": lambda: module(*inputs.args, **inputs.kwargs)}
         for cand, predicted in batch:
+            if self._not_exportable(cand):
+                continue
             trial = Trial(cand, predicted)
             self.trials[cand.key] = trial
             self.measured += 1
@@ -319,6 +333,17 @@ class _Search:
         self._rescale(scope)
         best = min((key for key in contenders if key != "eager"), key=lambda key: self.trials[key].ratio)
         self.incumbents[scope] = (best, contenders[best])    # the fastest built so far, for the next runs
+
+    def _not_exportable(self, cand: Candidate) -> bool:
+        """Whether ``cand`` is an AOTInductor build of a module torch.export already failed on in
+        this search; if so it goes into the trials as rejected, not built and not counted against
+        the budget (its Inductor options cannot change what export sees)."""
+        why = self.unexportable.get((cand.scope, cand.rewrite)) if cand.backend == "aoti" else None
+        if why is None:
+            return False
+        self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), "compile_error",
+                                      reason=f"not built: {why}")
+        return True
 
     def _warm_incumbent(self, scope: str) -> tuple[str, Callable[[], Any]] | None:
         """The scope's incumbent after one call (a torch.compile one recompiles after the batch's
@@ -365,6 +390,8 @@ class _Search:
             said = first_line(native.text)
             trial.status, trial.reason = "compile_error", _reason(exc) + (f" (native: {said})" if said else "")
             log.info("candidate %s rejected: %s", cand.key, trial.reason)
+            if isinstance(exc, ExportError):
+                self.unexportable[(scope, cand.rewrite)] = f"{cand.config} showed that {trial.reason}"
             return None
         if native.text.strip():
             log.debug("candidate %s wrote to stderr: %s", cand.key, native.text.strip()[:2000])
