@@ -883,6 +883,31 @@ def test_near_ties_of_the_whole_model_are_raced_again_at_the_end(monkeypatch):
     assert far.candidate.key not in raced and broken.candidate.key not in raced
 
 
+def test_a_region_plan_is_raced_beyond_the_budget_only_when_nothing_else_beat_eager(monkeypatch):
+    from types import SimpleNamespace
+
+    from cuvil_pgc.recompile import plan as plan_mod
+    from cuvil_pgc.recompile.search import Trial
+
+    region = Trial(Candidate("a", "aoti"), 13.0, status="ok", measured_us=13.0)
+    feats = {"": SimpleNamespace(eager_us=60.0), "a": SimpleNamespace(eager_us=40.0)}
+    monkeypatch.setattr(plan_mod, "_build_plan", lambda s, choices: ({}, object()))
+
+    def raced_plans(root_trial):
+        raced = {}
+        monkeypatch.setattr(plan_mod, "_final_race", lambda s, result, plans, built, **kw: raced.update(plans))
+        trials = {t.candidate.key: t for t in (region, root_trial)}
+        s = SimpleNamespace(opt=SimpleNamespace(fixed=None), trials=trials, features=feats, budget=4)
+        result = SimpleNamespace(measured=4)      # the budget is spent
+        plan_mod.choose_plan(s, result)
+        return raced, result.measured
+
+    raced, measured = raced_plans(Trial(Candidate(""), 60.0, status="ok", measured_us=60.0))
+    assert raced == {"regions": {"a": region.candidate}} and measured == 5     # counted, not dropped
+    raced, measured = raced_plans(Trial(Candidate("", "compile"), 50.0, status="ok", measured_us=50.0))
+    assert "regions" not in raced and measured == 4
+
+
 def test_the_final_race_takes_many_more_rounds_than_a_search_batch(monkeypatch):
     from types import SimpleNamespace
 

@@ -92,9 +92,11 @@ def choose_plan(s: Any, result: Any) -> None:
         for cand in runners_up(s.trials, root):
             plans[cand.key] = {"": cand}
     composite, composite_us = composite_choice(best, s.features)
-    room = getattr(s, "budget", result.measured + 1) > result.measured
+    # a new candidate, measured in the final race: within the budget, or beyond it when it is the
+    # only plan that beat eager (built from measured parts, it costs no compile and one race)
+    room = getattr(s, "budget", result.measured + 1) > result.measured or "model" not in plans
     if composite and room and (root is None or composite_us < root.measured_us * 1.05):
-        plans["regions"] = composite     # a new candidate, measured in the final race
+        plans["regions"] = composite
         result.measured += 1
     built = {name: _build_plan(s, choices) for name, choices in plans.items()}
     built = {name: b for name, b in built.items() if b is not None}

@@ -18,8 +18,9 @@ measured once per process for the cost models); once a few measurements are in, 
 predicted to beat the best measured time of their scope by 2 % are tried, their predictions made
 optimistic by the spread of this search's prediction errors so far
 (:meth:`_Search._prediction_spread`). ``budget`` caps the new measurements, eager references and
-the composite plan included (default: a quarter of the space, at least 3); ``exhaustive=True``
-measures everything (for comparison benchmarks).
+the composite plan included (default: a quarter of the space, at least 3; the composite goes
+beyond it only when it is the one plan that beat eager); ``exhaustive=True`` measures everything
+(for comparison benchmarks).
 """
 
 from __future__ import annotations
