@@ -33,7 +33,7 @@ from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
 
 log = logging.getLogger(__name__)
 
-_LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
+LOW_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 #: bump when the channels_last program changes (see :class:`_ChannelsLast`)
 LAYOUT_VERSION = 2
@@ -191,7 +191,7 @@ def prepare_module(module: nn.Module, cand: Candidate, device: str) -> tuple[nn.
     if cand.channels_last:
         module = _ChannelsLast(module, device)
     if cand.precision != "fp32":
-        module = _Autocast(module, _LOW[cand.precision], device.split(":")[0])
+        module = _Autocast(module, LOW_PRECISION_DTYPES[cand.precision], device.split(":")[0])
     return module.eval(), applied
 
 

@@ -6,10 +6,10 @@ the tolerances as ``accuracy_error``, each with its reason; once torch.export fa
 module, its other AOTInductor candidates are rejected with that reason without being built or
 counted against the budget. Measurements are interleaved with the scope's eager module and with
 the fastest candidate of the scope measured so far, the incumbent (same inputs, rotating order,
-medians; see :mod:`.measure`). A candidate's ratio to eager is its
-ratio to the incumbent of its own run times the incumbent's ratio (to eager, in the first run), and
-it is expressed against the median of all of that scope's eager runs: a challenger is compared with
-the best so far side by side, never through eager runs minutes apart. Every measurement goes to
+medians; see :mod:`.measure`). A candidate's ratio to eager is its ratio to the incumbent of its
+own run times the incumbent's ratio (to eager, in the first run), and it is expressed against the
+median of all of that scope's eager runs: a challenger is compared with the best so far side by
+side, never through eager runs minutes apart. Every measurement goes to
 the record database; candidates already recorded for this module structure, machine and inputs
 are reused instead of measured (also those this search just measured on a repeated block:
 ``layers.1`` reuses ``layers.0``'s, except in an exhaustive search), and the cost models are
@@ -39,6 +39,7 @@ from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import admits_rounding, check_outputs
 from cuvil_pgc.recompile.apply import (
+    LOW_PRECISION_DTYPES,
     ExportError,
     Realized,
     ScopeInputs,
@@ -178,7 +179,7 @@ class _Search:
     def _precision_left_out(self, cand: Candidate) -> str:
         """Why a low-precision candidate cannot pass the accuracy guard ("" when it may): the
         tolerances reject even the scope's eager outputs rounded once to that precision."""
-        low = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[cand.precision])
+        low = LOW_PRECISION_DTYPES[cand.precision]
         if admits_rounding(self.refs[cand.scope], low, rtol=self.opt.rtol, atol=self.opt.atol):
             return ""
         return (f"not built: the accuracy guard's tolerances reject the eager outputs rounded once to "
@@ -221,7 +222,7 @@ class _Search:
             batch = [(c, p) for c, p in ranked if c.scope == scope][:min(BATCH, room)]
             self._measure_batch(scope, batch)
             done = {c.key for c, _ in batch}
-            pending = [c for c in pending if c.key not in done and not self._not_exportable(c)]
+            pending = [c for c in pending if c.key not in done and not self._reject_unexportable(c)]
             if not self.opt.exhaustive:   # a scope of the same structure and inputs (layers.1 after
                 pending = self._reuse_records(pending)   # layers.0) reuses these now
             if self.progress:
@@ -295,7 +296,7 @@ class _Search:
         torch._dynamo.reset()     # earlier batches' graphs are garbage; keep the recompile limit free
         contenders: dict[str, Callable[[], Any]] = {"eager": lambda: module(*inputs.args, **inputs.kwargs)}
         for cand, predicted in batch:
-            if self._not_exportable(cand):
+            if self._reject_unexportable(cand):
                 continue
             trial = Trial(cand, predicted)
             self.trials[cand.key] = trial
@@ -335,10 +336,10 @@ class _Search:
         best = min((key for key in contenders if key != "eager"), key=lambda key: self.trials[key].ratio)
         self.incumbents[scope] = (best, contenders[best])    # the fastest built so far, for the next runs
 
-    def _not_exportable(self, cand: Candidate) -> bool:
-        """Whether ``cand`` is an AOTInductor build of a module torch.export already failed on in
-        this search; if so it goes into the trials as rejected, not built and not counted against
-        the budget (its Inductor options cannot change what export sees)."""
+    def _reject_unexportable(self, cand: Candidate) -> bool:
+        """Reject ``cand`` if it is an AOTInductor build of a module torch.export already failed on
+        in this search: it goes into the trials with that reason, not built and not counted against
+        the budget (its Inductor options cannot change what export sees). True when rejected."""
         why = self.unexportable.get((cand.scope, cand.rewrite)) if cand.backend == "aoti" else None
         if why is None:
             return False
