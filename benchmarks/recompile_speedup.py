@@ -166,6 +166,22 @@ def chosen_plan(row: dict) -> str:
     return ", ".join(f"{c['scope'] or '<model>'}: {c['config']}" for c in row["plan"]["choices"]) or "eager"
 
 
+def tried(plan: dict) -> list[str]:
+    """One line per candidate the search built (the chosen one included): predicted and measured
+    ms, or why it was rejected; what to read when a plan surprises."""
+    out = []
+    for region in plan["regions"]:
+        for alt in region["alternatives"] + ([{"config": region["chosen"], "status": "chosen",
+                                               "predicted_ms": region["predicted_ms"],
+                                               "measured_ms": region["measured_ms"], "reason": ""}]):
+            if alt["status"] == "not_measured" or alt["config"] == "eager" or alt["config"].startswith("merged"):
+                continue
+            what = alt["reason"][:120] if alt["status"] not in ("ok", "chosen") else \
+                f"predicted {alt['predicted_ms']} ms, measured {alt['measured_ms']} ms"
+            out.append(f"{region['scope']}: {alt['config']} [{alt['status']}{', record' if alt.get('reused_record') else ''}] {what}")
+    return out
+
+
 def report(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -193,6 +209,8 @@ def report(rows: list[dict]) -> None:
     for r in rows:
         print(f"  {r['model']}: chose {chosen_plan(r)}; profile {r['profile_s']:.0f}s, search {r['search_s']:.0f}s, "
               f"labels {r['labels']}")
+        for line in tried(r["plan"]):
+            print(f"    {line}")
     for r in rows:
         ex = r.get("exhaustive")
         if ex:
