@@ -2,7 +2,7 @@
 
 CPU: real torch ops recorded by a real session (``profile(ops=True, gpu="off")``), analysed with a
 fixed machine model, so the verdicts do not depend on how loaded the test machine is:
-- hundreds of tiny elementwise ops → launch_overhead
+- thousands of tiny elementwise ops → launch_overhead
 - elementwise add over 32M floats → memory_bandwidth
 - 1024x1024 matmuls → compute
 GPU: a Kineto-format trace shaped like a launch-bound decode step (short kernels separated by
@@ -25,6 +25,11 @@ GPU = MachineModel(device="cuda:0", name="fixed test gpu", fingerprint="known-gp
                    mem_bw=1.5e12, dispatch_overhead_s=3e-6, launch_latency_s=5e-6)
 
 
+#: long enough (~30 ms) that one preemption of the test process on a shared machine (a few ms,
+#: counted as time between ops) cannot outweigh the ops' own fixed cost
+TINY_OPS = 4000
+
+
 @pytest.fixture(scope="module")
 def cpu_workloads(tmp_path_factory):
     torch = pytest.importorskip("torch")
@@ -40,7 +45,7 @@ def cpu_workloads(tmp_path_factory):
     with torch.inference_mode(), cuvil_pgc.profile(str(path), ops=True, gpu="off", sample_hz=0):
         with ProfileRegion("tiny_chain"):
             y = small
-            for _ in range(400):
+            for _ in range(TINY_OPS):
                 y = y + 1.0
         with ProfileRegion("big_elementwise"):
             for _ in range(3):
@@ -68,7 +73,7 @@ def test_cpu_workloads_get_their_known_bottleneck(cpu_workloads, region, expecte
 @pytest.mark.slow
 def test_cpu_workload_evidence(cpu_workloads):
     tiny, mem, mm = (cpu_workloads.region(p) for p in ("tiny_chain", "big_elementwise", "matmul"))
-    assert tiny.evidence["op_count"] == 400
+    assert tiny.evidence["op_count"] == TINY_OPS
     assert mem.evidence["op_count"] == 3 and mm.evidence["op_count"] == 3
     assert mem.evidence["intensity"] < mem.evidence["ridge"] < mm.evidence["intensity"]
     assert mm.evidence["flops"] == pytest.approx(3 * 2 * 1024 ** 3)
