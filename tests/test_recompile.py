@@ -347,6 +347,34 @@ def test_challengers_are_timed_side_by_side_with_the_incumbent(monkeypatch):
     assert set(runs[1]) - {"eager"} <= set(first_seen[:2]) and first_seen[1] in second_batch
 
 
+def test_each_batch_after_the_first_tries_a_one_knob_neighbour_of_the_incumbent(monkeypatch):
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.measure import Samples
+
+    order = ["aoti+max-autotune-no-cudagraphs+freezing", "compile+cpp_wrapper", "compile", "aoti",
+             "aoti+freezing", "aoti+max-autotune-no-cudagraphs"]
+    runs: list[list[str]] = []
+
+    def fake_time(fns, rounds):
+        runs.append([k.split("::")[1] for k in fns if k != "eager"])
+        return {k: Samples(k, [1e-3 if k == "eager" else (2e-4 if k.endswith(order[0]) else 5e-4)]) for k in fns}
+
+    def rank(self, cands, feats):       # the models' favourites, in a fixed order
+        return [(c, 1.0) for c in sorted(cands, key=lambda c: order.index(c.config) if c.config in order else 99)]
+
+    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
+    monkeypatch.setattr(search_mod.PlanCostModel, "rank", rank)
+    model, inputs = chain()
+    an = Analysis(regions=[stats("model", "launch_overhead", module="Chain")])
+    search(model, inputs, an, machine_key="m", options=SearchOptions(budget=5, backends=("compile", "aoti"), rounds=5))
+    first, second = runs[1], runs[2]         # runs[0] times eager alone
+    assert first == order[:2]
+    # the models' next favourite, then aoti+freezing (one knob from the incumbent) before plain aoti
+    assert second[:2] == ["compile", "aoti+freezing"] and order[0] in second
+
+
 class Twin(nn.Module):
     """Two blocks of one structure (other weights), like the layers of a transformer."""
 

@@ -17,7 +17,8 @@ refitted from all of this machine's records before each batch (on the CPU, the m
 measured once per process for the cost models); once a few measurements are in, only candidates
 predicted to beat the best measured time of their scope by 2 % are tried, their predictions made
 optimistic by the spread of this search's prediction errors so far
-(:meth:`_Search._prediction_spread`). ``budget`` caps the new measurements, eager references and
+(:meth:`_Search._prediction_spread`), and a batch pairs the models' favourite with the best-ranked
+one-knob neighbour of the scope's incumbent (:meth:`_Search._with_neighbour`). ``budget`` caps the new measurements, eager references and
 the composite plan included (default: a quarter of the space, at least 3; the composite goes
 beyond it only when it is the one plan that beat eager); ``exhaustive=True`` measures everything
 (for comparison benchmarks).
@@ -219,7 +220,7 @@ class _Search:
             if room < 1:
                 pending = [c for c in pending if c.scope != scope]
                 continue
-            batch = [(c, p) for c, p in ranked if c.scope == scope][:min(BATCH, room)]
+            batch = self._with_neighbour([(c, p) for c, p in ranked if c.scope == scope])[:min(BATCH, room)]
             self._measure_batch(scope, batch)
             done = {c.key for c, _ in batch}
             pending = [c for c in pending if c.key not in done and not self._reject_unexportable(c)]
@@ -232,6 +233,22 @@ class _Search:
                                           reason="ranked below the measured candidates (budget)")
         for cand, reason in self.left_out:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), reason=reason)
+
+    def _with_neighbour(self, ranked: list[tuple[Candidate, float]]) -> list[tuple[Candidate, float]]:
+        """``ranked`` (one scope's candidates, best predicted first) with the best-ranked one-knob
+        neighbour of the scope's incumbent moved to second place: a batch measures the cost
+        models' favourite and a mutation of the best measured (TVM MetaSchedule's evolutionary
+        search mutates its best too). The models cannot tell near-identical configurations apart
+        (max-autotune or not, freezing or not) until both are measured, and their priors would
+        otherwise always pick the same sibling."""
+        incumbent = self.incumbents.get(ranked[0][0].scope) if ranked else None
+        if incumbent is None:
+            return ranked
+        best = self.trials[incumbent[0]].candidate
+        neighbour = next((item for item in ranked[1:] if _knobs_apart(item[0], best) == 1), None)
+        if neighbour is None:
+            return ranked
+        return [ranked[0], neighbour, *(item for item in ranked[1:] if item is not neighbour)]
 
     def _prediction_spread(self) -> float:
         """How far off this search's predictions were: exp(median |log(measured / predicted)|) over
@@ -413,6 +430,12 @@ class _Search:
             eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
             features={"candidate": trial.candidate.to_json(), "scope": asdict(self.features[scope]),
                       "weights": self.weights[scope], "census": CENSUS_VERSION}))
+
+
+def _knobs_apart(a: Candidate, b: Candidate) -> int:
+    """How many configuration knobs (backend, mode, freezing, ...) two candidates differ in."""
+    knobs = ("backend", "mode", "freezing", "cpp_wrapper", "rewrite", "channels_last", "precision")
+    return sum(getattr(a, k) != getattr(b, k) for k in knobs)
 
 
 def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFeatures],
