@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc._structure import weights_digest
+from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.records import cache_dir
@@ -254,8 +255,7 @@ def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, pat
         try:
             exported = torch.export.export(prepared, inputs.args, inputs.kwargs or None)
         except Exception as exc:
-            lines = [line for line in str(exc).splitlines() if line.strip()]
-            raise ExportError(f"torch.export failed: {type(exc).__name__}: {lines[0] if lines else ''}") from exc
+            raise ExportError(f"torch.export failed: {type(exc).__name__}: {first_line(str(exc))}") from exc
         torch._inductor.aoti_compile_and_package(exported, package_path=tmp, inductor_configs=configs)
     os.replace(tmp, path)
 

@@ -491,9 +491,7 @@ def _prepacked_gemm_us(device: str) -> float:
 
 
 def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
-    return f"{type(exc).__name__}: {first[:300]}"
+    return f"{type(exc).__name__}: {first_line(str(exc))}"
 
 
 def search(model: Any, example_inputs: tuple[Any, ...], analysis: Any, *, options: SearchOptions | None = None,
