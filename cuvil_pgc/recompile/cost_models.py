@@ -46,6 +46,9 @@ PRIORS = {
     # packages: 16 tokens x 4 heads saved 23.5 µs per call, 32 tokens x 4 heads (causal) lost 14
     "attention_kernel_us": 36.0,
     "attention_math_us_per_score": 0.0122,
+    # µs a compiled transposed convolution saves as GEMM + col2im instead of oneDNN's deconvolution
+    # (AOTInductor packages of five small ones, frozen or not: 6-136 µs, median ~25)
+    "deconv_call_us": 25.0,
     # µs added per GEMM call when Inductor freezing prepacks its weight for a vendor linear kernel
     # (oneDNN / MKL packed) instead of the plain BLAS call; machine-specific: the search measures
     # it (measure.prepacked_gemm_overhead_us); 30 is the figure of the 2-core AMD EPYC, one thread
@@ -137,7 +140,7 @@ class LaunchCostModel:
     def rewrite_saving(self, cand: Candidate, feats: ScopeFeatures) -> float:
         """µs a rewrite removes (negative: it adds): for cell rewrites the RNN op's fixed cost, less
         the cost of the steps it unrolls beyond the first of each call (ops per step x this backend's
-        per-op cost); plus :meth:`attention_saving`."""
+        per-op cost); plus :meth:`attention_saving` and :meth:`deconv_saving`."""
         if not cand.rewrite:
             return 0.0
         rnn_us = float(feats.evidence.get("rnn_us", 0.0)) or PRIORS["rnn_op_us"] * sum(
@@ -145,7 +148,14 @@ class LaunchCostModel:
         steps, calls = rnn_steps_and_calls(feats)
         extra_steps = max(steps - calls, 0.0)
         return (self.rnn_saving * min(rnn_us, feats.eager_us) - extra_steps * self.step_us(cand)
-                + self.attention_saving(cand, feats))
+                + self.attention_saving(cand, feats) + self.deconv_saving(cand, feats))
+
+    @staticmethod
+    def deconv_saving(cand: Candidate, feats: ScopeFeatures) -> float:
+        """µs the transposed-convolution rewrite saves a compiled program (eager keeps oneDNN's)."""
+        if cand.backend == "eager":
+            return 0.0
+        return float(feats.evidence.get("deconv_calls", 0.0)) * PRIORS["deconv_call_us"]
 
     @staticmethod
     def attention_saving(cand: Candidate, feats: ScopeFeatures) -> float:

@@ -18,13 +18,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cuvil_pgc.recompile.candidates import ScopeFeatures
 from cuvil_pgc.recompile.matching import RegionMatch
-from cuvil_pgc.recompile.rewrites import math_attention_applies, rewrite_opportunities
+from cuvil_pgc.recompile.rewrites import (
+    gemm_deconv_applies,
+    gemm_deconv_rewritable,
+    math_attention_applies,
+    rewrite_opportunities,
+)
 
 ALL_LABELS = ["launch_overhead", "memory_bandwidth", "compute"]
 #: version of what :func:`op_census` counts; bump it when the counts change. Records keep the
 #: features they were measured with, and the refit leaves out those of an older census (their
 #: measurements stay valid and are reused; a reuse restores the record with today's features)
-CENSUS_VERSION = 2
+CENSUS_VERSION = 3
 _MHA_SIGNATURE = inspect.signature(torch.nn.MultiheadAttention.forward)
 #: 2-D matrix products: what Inductor freezing turns into prepacked (oneDNN / MKL) linear calls
 GEMM_OPS = (torch.ops.aten.addmm, torch.ops.aten.mm)
@@ -83,6 +88,9 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
     attention: list[int] = []       # scores (batch x heads x queries x keys) of each rewritable call
     hooks += [m.register_forward_pre_hook(functools.partial(_count_attention, attention), with_kwargs=True)
               for m in module.modules() if type(m) is torch.nn.MultiheadAttention]
+    deconvs: list[int] = []         # transposed convolutions the rewrite would run as GEMM + col2im
+    hooks += [m.register_forward_pre_hook(functools.partial(_count_deconv, deconvs))
+              for m in module.modules() if gemm_deconv_rewritable(m)]
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
@@ -94,7 +102,7 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
             h.remove()
     return {"ops": census.ops, "pointwise": census.pointwise, "gemms": census.gemms, "bytes": census.bytes,
             "flops": flops.get_total_flops() + sum(uncounted), "rnn_steps": sum(steps), "rnn_calls": len(steps),
-            "attention_calls": len(attention), "attention_scores": sum(attention)}
+            "attention_calls": len(attention), "attention_scores": sum(attention), "deconv_calls": len(deconvs)}
 
 
 def _count_attention(counted: list[int], mha: torch.nn.MultiheadAttention, args: tuple[Any, ...],
@@ -107,6 +115,11 @@ def _count_attention(counted: list[int], mha: torch.nn.MultiheadAttention, args:
                               a["attn_mask"], a["is_causal"]):
         length, batch = a["query"].shape[:2] if not mha.batch_first else a["query"].shape[1::-1]
         counted.append(int(batch) * mha.num_heads * int(length) ** 2)
+
+
+def _count_deconv(counted: list[int], conv: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    if args and gemm_deconv_applies(conv, args[0], args[1] if len(args) > 1 else None):
+        counted.append(1)
 
 
 def _cpu_attention_flops(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
@@ -167,6 +180,8 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     if census["attention_calls"]:
         evidence["attention_calls"] = census["attention_calls"] * calls
         evidence["attention_scores"] = census["attention_scores"] * calls
+    if census["deconv_calls"]:
+        evidence["deconv_calls"] = census["deconv_calls"] * calls
     if stats:
         evidence.update(_profile_evidence(stats, analysis, root_calls, scale))
     return ScopeFeatures(
