@@ -15,7 +15,10 @@ calibration probe (:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one th
 records (the probe is measured once per machine). Freezing without autotuning routes each GEMM to
 a prepacked vendor linear kernel whose extra per-call cost the search measures on the machine
 (27-42 µs per call over MKL's addmm on the reference AMD EPYC, where it made AOTInductor with
-freezing 3.5x slower than without on the GRU tagger). A cell rewrite removes the RNN op's fixed cost
+freezing 3.5x slower than without on the GRU tagger). Its convolutions are prepacked oneDNN ones
+too, and channels_last changes which convolution kernels run: both scale the convolutions' share of
+the work by kernel ratios the search measures on the CPU (:func:`~.measure.conv_kernel_ratios`;
+there, freezing's convolutions are 19-32 % slower, NHWC ones 21-24 % faster). A cell rewrite removes the RNN op's fixed cost
 but unrolls every step, each step costing its ops (eager) or kernels (compiled). After the
 component refits, a log-ratio correction per configuration and op family (recurrent / conv /
 dense; an unmeasured configuration borrows that of its program kind — backend, rewritten or not;
@@ -53,6 +56,9 @@ PRIORS = {
     # (oneDNN / MKL packed) instead of the plain BLAS call; machine-specific: the search measures
     # it (measure.prepacked_gemm_overhead_us); 30 is the figure of the 2-core AMD EPYC, one thread
     "prepacked_gemm_us": 30.0,
+    # convolution kernels relative to the plain NCHW aten one (see MachineFigures.conv_ratios); on
+    # the CPU the search measures them (measure.conv_kernel_ratios), these are guesses for elsewhere
+    "conv_ratios": {"channels_last": 0.85, "prepacked": 0.85, "prepacked_channels_last": 0.85},
 }
 
 
@@ -63,6 +69,9 @@ class MachineFigures:
     peak_flops: float = 100e9
     peak_low_flops: float | None = None     # bf16/fp16 FLOP/s when measured
     mem_bw: float = 8e9
+    #: convolution kernels' time ratios: "channels_last" (NHWC over NCHW), "prepacked" (freezing's
+    #: prepacked kernel over the plain one, NCHW) and "prepacked_channels_last" (the same in NHWC)
+    conv_ratios: dict[str, float] = field(default_factory=lambda: dict(PRIORS["conv_ratios"]))
 
     @classmethod
     def from_analysis_machine(cls, machine: dict[str, Any]) -> MachineFigures:
@@ -188,8 +197,9 @@ class FusionCostModel:
         saved = float(feats.evidence.get("fusion_bytes_saved", 0.0))
         frac = min(saved / feats.bytes, 0.6) if feats.bytes > 0 and saved > 0 else 0.25
         factor = 1.0 - memory_share * frac
-        if cand.freezing and feats.has_conv:
-            factor *= 0.85         # constant-folded weights, prepacked convolutions
+        if cand.freezing and feats.has_conv:   # prepacked convolutions
+            ratio = self.machine.conv_ratios["prepacked_channels_last" if cand.channels_last else "prepacked"]
+            factor *= conv_work_factor(feats, ratio)
         if cand.mode == "max-autotune-no-cudagraphs":
             factor *= 1.0 - 0.1 * (1.0 - memory_share)
         return factor
@@ -207,14 +217,21 @@ class LayoutCostModel:
     """channels_last: cheaper conv work, plus the NCHW↔NHWC conversion at the region's boundary."""
 
     machine: MachineFigures
-    conv_factor: float = 0.85
 
     def predict(self, cand: Candidate, feats: ScopeFeatures) -> tuple[float, float]:
         """(work factor, added µs)."""
         if not cand.channels_last or not feats.has_conv:
             return 1.0, 0.0
         boundary_bytes = float(feats.evidence.get("boundary_bytes", 0.0))
-        return self.conv_factor, 2 * boundary_bytes / self.machine.mem_bw * 1e6
+        return (conv_work_factor(feats, self.machine.conv_ratios["channels_last"]),
+                2 * boundary_bytes / self.machine.mem_bw * 1e6)
+
+
+def conv_work_factor(feats: ScopeFeatures, ratio: float) -> float:
+    """The scope's work factor when its convolutions take ``ratio`` times as long: weighted by the
+    convolutions' share of the FLOPs (all of the work where the census did not split it)."""
+    share = float(feats.evidence.get("conv_share", 1.0))
+    return 1.0 + share * (ratio - 1.0)
 
 
 @dataclass

@@ -57,7 +57,8 @@ class _OpCensus(TorchDispatchMode):
 
 
 def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, float]:
-    """aten ops, pointwise ops, GEMMs, bytes touched, FLOPs and recurrent cell steps of one call.
+    """aten ops, pointwise ops, GEMMs, bytes touched, FLOPs (all, and convolutions'), recurrent cell
+    steps, rewritable attention and transposed-convolution calls of one call.
 
     The census counts what a compiler sees, not eager's fused shortcuts: the transformer inference
     fast path (one native op per encoder layer, which export and torch.compile never take) is off,
@@ -100,8 +101,9 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
         torch.backends.mha.set_fastpath_enabled(fastpath)
         for h in hooks:
             h.remove()
+    conv_flops = sum(n for op, n in flops.get_flop_counts().get("Global", {}).items() if "convolution" in str(op))
     return {"ops": census.ops, "pointwise": census.pointwise, "gemms": census.gemms, "bytes": census.bytes,
-            "flops": flops.get_total_flops() + sum(uncounted), "rnn_steps": sum(steps), "rnn_calls": len(steps),
+            "flops": flops.get_total_flops() + sum(uncounted), "conv_flops": conv_flops, "rnn_steps": sum(steps), "rnn_calls": len(steps),
             "attention_calls": len(attention), "attention_scores": sum(attention), "deconv_calls": len(deconvs)}
 
 
@@ -180,6 +182,8 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     if census["attention_calls"]:
         evidence["attention_calls"] = census["attention_calls"] * calls
         evidence["attention_scores"] = census["attention_scores"] * calls
+    if census["conv_flops"] and census["flops"]:
+        evidence["conv_share"] = census["conv_flops"] / census["flops"]
     if census["deconv_calls"]:
         evidence["deconv_calls"] = census["deconv_calls"] * calls
     if stats:

@@ -13,12 +13,13 @@ side, never through eager runs minutes apart. Every measurement goes to
 the record database; candidates already recorded for this module structure, machine and inputs
 are reused instead of measured (also those this search just measured on a repeated block:
 ``layers.1`` reuses ``layers.0``'s, except in an exhaustive search), and the cost models are
-refitted from all of this machine's records before each batch (on the CPU, the machine's cost per prepacked GEMM call is
-measured once per process for the cost models); once a few measurements are in, only candidates
-predicted to beat the best measured time of their scope by 2 % are tried, their predictions made
-optimistic by the spread of this search's prediction errors so far
-(:meth:`_Search._prediction_spread`), and a batch pairs the models' favourite with the best-ranked
-one-knob neighbour of the scope's incumbent (:meth:`_Search._with_neighbour`). ``budget`` caps the new measurements, eager references and
+refitted from all of this machine's records before each batch (on the CPU, the machine's cost per
+prepacked GEMM call and its convolution kernel ratios are measured once per process for the cost
+models); once a few measurements are in, only candidates predicted to beat the best measured time
+of their scope by 2 % are tried, their predictions made optimistic by the spread of this search's
+prediction errors so far (:meth:`_Search._prediction_spread`), and a batch pairs the models'
+favourite with the best-ranked one-knob neighbour of the scope's incumbent
+(:meth:`_Search._with_neighbour`). ``budget`` caps the new measurements, eager references and
 the composite plan included (default: a quarter of the space, at least 3; the composite goes
 beyond it only when it is the one plan that beat eager); ``exhaustive=True`` measures everything
 (for comparison benchmarks).
@@ -52,7 +53,12 @@ from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scop
 from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import CENSUS_VERSION, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
-from cuvil_pgc.recompile.measure import median, prepacked_gemm_overhead_us, time_interleaved
+from cuvil_pgc.recompile.measure import (
+    conv_kernel_ratios,
+    median,
+    prepacked_gemm_overhead_us,
+    time_interleaved,
+)
 from cuvil_pgc.recompile.records import Record, RecordDB
 
 log = logging.getLogger(__name__)
@@ -139,6 +145,7 @@ class _Search:
         self.machine_key, self.progress = machine_key, progress
         figures = MachineFigures.from_analysis_machine(getattr(analysis, "machine", {}) or {})
         figures.prepacked_gemm_us = _prepacked_gemm_us(options.device)
+        figures.conv_ratios = _conv_ratios(options.device)
         self.cost = PlanCostModel(figures)
         self.modules = dict(model.named_modules())
         self.trials: dict[str, Trial] = {}
@@ -488,6 +495,13 @@ def _prepacked_gemm_us(device: str) -> float:
         return 0.0
     measured = prepacked_gemm_overhead_us()
     return PRIORS["prepacked_gemm_us"] if measured is None else measured
+
+
+@functools.cache
+def _conv_ratios(device: str) -> dict[str, float]:
+    """This CPU's convolution kernel ratios (measured once per process); the priors elsewhere."""
+    measured = conv_kernel_ratios() if device.startswith("cpu") else None
+    return dict(PRIORS["conv_ratios"] if measured is None else measured)
 
 
 def _reason(exc: BaseException) -> str:
