@@ -18,8 +18,9 @@ a prepacked vendor linear kernel whose extra per-call cost the search measures o
 freezing 3.5x slower than without on the GRU tagger). Its convolutions are prepacked oneDNN ones
 too, and channels_last changes which convolution kernels run: both scale the convolutions' share of
 the work by kernel ratios the search measures on the CPU (:func:`~.measure.conv_kernel_ratios`;
-there, freezing's convolutions are 19-32 % slower, NHWC ones 21-24 % faster). A cell rewrite removes the RNN op's fixed cost
-but unrolls every step, each step costing its ops (eager) or kernels (compiled). After the
+there, freezing's convolutions are 19-32 % slower, NHWC ones 21-24 % faster). A cell rewrite removes the RNN op but unrolls every
+step: each step costs its GEMM, timed on the machine for the scope's shapes
+(:func:`~.measure.gemm_us`), and its gate math. After the
 component refits, a log-ratio correction per configuration and op family (recurrent / conv /
 dense; an unmeasured configuration borrows that of its program kind — backend, rewritten or not;
 shrunk towards zero by the record count) absorbs what the models miss, as TVM MetaSchedule's
@@ -147,17 +148,36 @@ class LaunchCostModel:
         return gemms * self.machine.prepacked_gemm_us
 
     def rewrite_saving(self, cand: Candidate, feats: ScopeFeatures) -> float:
-        """µs a rewrite removes (negative: it adds): for cell rewrites the RNN op's fixed cost, less
-        the cost of the steps it unrolls beyond the first of each call (ops per step x this backend's
-        per-op cost); plus :meth:`attention_saving` and :meth:`deconv_saving`."""
+        """µs a rewrite removes (negative: it adds): :meth:`cell_saving`, :meth:`attention_saving`
+        and :meth:`deconv_saving`."""
         if not cand.rewrite:
             return 0.0
+        return self.cell_saving(cand, feats) + self.attention_saving(cand, feats) + self.deconv_saving(cand, feats)
+
+    def cell_saving(self, cand: Candidate, feats: ScopeFeatures) -> float:
+        """µs a cell rewrite removes: the RNN op's time less what its unrolled cells cost. Where the
+        features carry the cells' GEMMs as measured on this machine (``cell_gemm_us``), the cells
+        cost those plus each step's gate math (:meth:`gate_us`): a long sequence's op is mostly
+        per-step matrix-vector work, which the cells do too. Otherwise the prior: the op is 80 %
+        fixed cost, and each step beyond the first of each call costs its ops or kernels. Where the
+        RNN has no fused kernel on this device (a CPU ``nn.GRU`` runs as cell ops), a compiled graph
+        of the original unrolls the same cells: the rewrite saves it nothing."""
         rnn_us = float(feats.evidence.get("rnn_us", 0.0)) or PRIORS["rnn_op_us"] * sum(
             1 for r in feats.rewrites if r.startswith(CELL_REWRITES)) * feats.calls
         steps, calls = rnn_steps_and_calls(feats)
-        extra_steps = max(steps - calls, 0.0)
-        return (self.rnn_saving * min(rnn_us, feats.eager_us) - extra_steps * self.step_us(cand)
-                + self.attention_saving(cand, feats) + self.deconv_saving(cand, feats))
+        rnn_us = min(rnn_us, feats.eager_us)
+        if feats.evidence.get("rnn_decomposed") and cand.backend != "eager":
+            return 0.0
+        if "cell_gemm_us" in feats.evidence:
+            return rnn_us - float(feats.evidence["cell_gemm_us"]) - steps * self.gate_us(cand)
+        return self.rnn_saving * rnn_us - max(steps - calls, 0.0) * self.step_us(cand)
+
+    def gate_us(self, cand: Candidate) -> float:
+        """One cell step's gate math after its GEMM: its pointwise ops one by one (eager), or one
+        fused kernel (compiled)."""
+        if cand.backend == "eager":
+            return (PRIORS["cell_step_ops"] - 1) * self.machine.dispatch_us
+        return (PRIORS["cell_step_kernels"] - 1) * self.per_op_us.get(cand.backend, 1.0)
 
     @staticmethod
     def deconv_saving(cand: Candidate, feats: ScopeFeatures) -> float:

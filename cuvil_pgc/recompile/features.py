@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cuvil_pgc.recompile.candidates import ScopeFeatures
 from cuvil_pgc.recompile.matching import RegionMatch
+from cuvil_pgc.recompile.measure import gemm_us
 from cuvil_pgc.recompile.rewrites import (
     gemm_deconv_applies,
     gemm_deconv_rewritable,
@@ -29,7 +30,7 @@ ALL_LABELS = ["launch_overhead", "memory_bandwidth", "compute"]
 #: version of what :func:`op_census` counts; bump it when the counts change. Records keep the
 #: features they were measured with, and the refit leaves out those of an older census (their
 #: measurements stay valid and are reused; a reuse restores the record with today's features)
-CENSUS_VERSION = 3
+CENSUS_VERSION = 4
 _MHA_SIGNATURE = inspect.signature(torch.nn.MultiheadAttention.forward)
 #: 2-D matrix products: what Inductor freezing turns into prepacked (oneDNN / MKL) linear calls
 GEMM_OPS = (torch.ops.aten.addmm, torch.ops.aten.mm)
@@ -58,7 +59,8 @@ class _OpCensus(TorchDispatchMode):
 
 def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, float]:
     """aten ops, pointwise ops, GEMMs, bytes touched, FLOPs (all, and convolutions'), recurrent cell
-    steps, rewritable attention and transposed-convolution calls of one call.
+    steps and the GEMMs a cell rewrite unrolls them into, rewritable attention and
+    transposed-convolution calls of one call.
 
     The census counts what a compiler sees, not eager's fused shortcuts: the transformer inference
     fast path (one native op per encoder layer, which export and torch.compile never take) is off,
@@ -74,15 +76,21 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
     steps: list[int] = []
     uncounted: list[int] = []
 
+    cell_gemms: list[tuple[int, int, int, int]] = []
+
     def before(rnn: torch.nn.RNNBase, a: tuple[Any, ...]) -> None:
         steps.append(rnn_cell_steps(rnn, a))
+        cell_gemms.extend(rnn_cell_gemms(rnn, a))
         uncounted.append(flops.get_total_flops())
+
+    decomposed: list[int] = []      # RNN calls that ran as cell ops (no fused kernel), like the rewrite
 
     def after(rnn: torch.nn.RNNBase, a: tuple[Any, ...], _out: Any) -> None:
         if flops.get_total_flops() == uncounted[-1]:     # a fused RNN op: no formula counted it
             uncounted[-1] = rnn_flops(rnn, a)
         else:
             uncounted[-1] = 0
+            decomposed.append(1)
 
     rnns = [m for m in module.modules() if isinstance(m, torch.nn.RNNBase)]
     hooks = [h for m in rnns for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
@@ -103,7 +111,8 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
             h.remove()
     conv_flops = sum(n for op, n in flops.get_flop_counts().get("Global", {}).items() if "convolution" in str(op))
     return {"ops": census.ops, "pointwise": census.pointwise, "gemms": census.gemms, "bytes": census.bytes,
-            "flops": flops.get_total_flops() + sum(uncounted), "conv_flops": conv_flops, "rnn_steps": sum(steps), "rnn_calls": len(steps),
+            "flops": flops.get_total_flops() + sum(uncounted), "conv_flops": conv_flops, "cell_gemms": cell_gemms,
+            "decomposed_rnn_calls": len(decomposed), "rnn_steps": sum(steps), "rnn_calls": len(steps),
             "attention_calls": len(attention), "attention_scores": sum(attention), "deconv_calls": len(deconvs)}
 
 
@@ -168,6 +177,24 @@ def rnn_cell_steps(rnn: torch.nn.RNNBase, args: tuple[Any, ...]) -> int:
     return int(length) * rnn.num_layers * (2 if rnn.bidirectional else 1)
 
 
+def rnn_cell_gemms(rnn: torch.nn.RNNBase, args: tuple[Any, ...]) -> list[tuple[int, int, int, int]]:
+    """The GEMMs a cell rewrite runs for one call of ``rnn``, as (count, m, k, n): per layer and
+    direction, one projection of every step's input and one hidden-state product per step. Empty
+    where the rewrite does not apply (packed sequences, LSTM projections)."""
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or getattr(rnn, "proj_size", 0):
+        return []
+    directions = 2 if rnn.bidirectional else 1
+    length = rnn_cell_steps(rnn, args) // (rnn.num_layers * directions)
+    batch = 1 if x.dim() == 2 else int(x.shape[0 if rnn.batch_first else 1])
+    gated = {"LSTM": 4, "GRU": 3}.get(rnn.mode, 1) * rnn.hidden_size
+    out = []
+    for layer in range(rnn.num_layers):
+        inputs = rnn.input_size if layer == 0 else rnn.hidden_size * directions
+        out += [(directions, length * batch, inputs, gated), (directions * length, batch, rnn.hidden_size, gated)]
+    return out
+
+
 def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | None, analysis: Any,
                    root_calls: float, scale: float) -> ScopeFeatures:
     """Features of one scope; ``scale`` converts profiled µs to measured µs (instrumentation)."""
@@ -179,6 +206,11 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     if census["rnn_steps"]:
         evidence["rnn_steps"] = census["rnn_steps"] * calls
         evidence["rnn_calls"] = census["rnn_calls"] * calls
+    if census["cell_gemms"]:     # what the unrolled cells' GEMMs cost on this machine, measured
+        device = next((p.device.type for p in module.parameters()), "cpu")
+        evidence["cell_gemm_us"] = sum(n * gemm_us(m, k, width, device) for n, m, k, width in census["cell_gemms"]) * calls
+    if census["decomposed_rnn_calls"] and census["decomposed_rnn_calls"] == census["rnn_calls"]:
+        evidence["rnn_decomposed"] = True       # a compiled graph of the original already unrolls the cells
     if census["attention_calls"]:
         evidence["attention_calls"] = census["attention_calls"] * calls
         evidence["attention_scores"] = census["attention_scores"] * calls
