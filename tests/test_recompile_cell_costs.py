@@ -1,5 +1,6 @@
 """What a cell rewrite saves: the RNN op's time less its unrolled cells, whose GEMMs are timed on
-this machine for the scope's shapes; nothing for a compiled graph of an RNN with no fused kernel."""
+this machine for the scope's shapes; for a compiled RNN with no fused kernel, the per-step input
+projections it batches into one."""
 
 from __future__ import annotations
 
@@ -27,20 +28,20 @@ def test_the_cells_gemms_are_listed_per_layer_and_direction():
         (2, 36, 64, 384), (24, 3, 96, 384),          # layer 0: both directions' projections, 12 steps each
         (2, 36, 192, 384), (24, 3, 96, 384)]         # layer 1 reads both directions' outputs
     assert rnn_cell_gemms(nn.GRU(8, 16), (torch.randn(5, 8),)) == [(1, 5, 8, 48), (5, 1, 16, 48)]   # unbatched
+    assert rnn_cell_gemms(nn.GRU(8, 16), (torch.randn(5, 8),), stepwise=True) == [(5, 1, 8, 48), (5, 1, 16, 48)]
     assert rnn_cell_gemms(nn.LSTM(8, 16, proj_size=4), (torch.randn(5, 1, 8),)) == []           # not rewritten
 
-
 @pytest.mark.filterwarnings("ignore::UserWarning")       # mkldnn.flags() touches a deprecated tf32 switch
-def test_scope_features_time_the_cells_and_mark_rnns_without_a_fused_kernel():
+def test_scope_features_time_the_cells_and_an_unfused_rnns_stepwise_gemms():
     lstm = nn.LSTM(32, 64, batch_first=True).eval()
     x = torch.randn(1, 8, 32)
     inputs = capture_scope_inputs(lstm, (x,), [""])[""]
     fused = scope_features("", lstm, inputs, None, None, 1.0, 1.0)
-    assert fused.evidence["cell_gemm_us"] > 0 and "rnn_decomposed" not in fused.evidence
-    with torch.backends.mkldnn.flags(enabled=False):                 # as a CPU nn.GRU always runs
-        assert op_census(lstm, (x,), {})["decomposed_rnn_calls"] == 1
-        decomposed = scope_features("", lstm, inputs, None, None, 1.0, 1.0)
-    assert decomposed.evidence["rnn_decomposed"] is True
+    assert fused.evidence["cell_gemm_us"] > 0 and "stepwise_gemm_us" not in fused.evidence
+    with torch.backends.mkldnn.flags(enabled=False):                 # cell ops, as a CPU nn.GRU always runs
+        assert op_census(lstm, (x,), {})["stepwise_gemms"] == rnn_cell_gemms(lstm, (x,), stepwise=True)
+        unfused = scope_features("", lstm, inputs, None, None, 1.0, 1.0)
+    assert unfused.evidence["stepwise_gemm_us"] > 0
 
 
 def test_a_long_sequence_whose_cells_cost_what_the_op_does_gains_nothing_compiled():
@@ -55,8 +56,10 @@ def test_a_long_sequence_whose_cells_cost_what_the_op_does_gains_nothing_compile
     assert model.predict(aoti_rw, rnn_scope()) < 0.5 * model.predict(aoti, rnn_scope())
 
 
-def test_a_compiled_rnn_without_a_fused_kernel_gains_nothing_from_the_rewrite():
+def test_a_compiled_rnn_without_a_fused_kernel_saves_its_per_step_input_projections():
     model = PlanCostModel(MachineFigures(dispatch_us=2.0))
-    f = rnn_scope(cell_gemm_us=100.0, rnn_decomposed=True)
-    assert model.predict(Candidate("", "aoti", rewrite=True), f) == model.predict(Candidate("", "aoti"), f)
-    assert model.predict(Candidate("", rewrite=True), f) != model.predict(Candidate(""), f)     # eager: other ops
+    f = rnn_scope(cell_gemm_us=100.0, stepwise_gemm_us=160.0)
+    aoti, aoti_rw = Candidate("", "aoti"), Candidate("", "aoti", rewrite=True)
+    assert model.launch.rewrite_saving(aoti_rw, f) == pytest.approx(60.0)
+    assert model.predict(aoti_rw, f) < model.predict(aoti, f)
+    assert model.launch.rewrite_saving(Candidate("", rewrite=True), f) != 60.0     # eager: the op's own ops

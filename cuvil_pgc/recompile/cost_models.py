@@ -161,13 +161,14 @@ class LaunchCostModel:
         per-step matrix-vector work, which the cells do too. Otherwise the prior: the op is 80 %
         fixed cost, and each step beyond the first of each call costs its ops or kernels. Where the
         RNN has no fused kernel on this device (a CPU ``nn.GRU`` runs as cell ops), a compiled graph
-        of the original unrolls the same cells: the rewrite saves it nothing."""
+        of the original unrolls cells too, projecting each step's input alone: the rewrite saves it
+        those GEMMs less its one projection of all steps (``stepwise_gemm_us - cell_gemm_us``)."""
         rnn_us = float(feats.evidence.get("rnn_us", 0.0)) or PRIORS["rnn_op_us"] * sum(
             1 for r in feats.rewrites if r.startswith(CELL_REWRITES)) * feats.calls
         steps, calls = rnn_steps_and_calls(feats)
         rnn_us = min(rnn_us, feats.eager_us)
-        if feats.evidence.get("rnn_decomposed") and cand.backend != "eager":
-            return 0.0
+        if "stepwise_gemm_us" in feats.evidence and "cell_gemm_us" in feats.evidence and cand.backend != "eager":
+            return float(feats.evidence["stepwise_gemm_us"]) - float(feats.evidence["cell_gemm_us"])
         if "cell_gemm_us" in feats.evidence:
             return rnn_us - float(feats.evidence["cell_gemm_us"]) - steps * self.gate_us(cand)
         return self.rnn_saving * rnn_us - max(steps - calls, 0.0) * self.step_us(cand)

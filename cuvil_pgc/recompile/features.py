@@ -77,20 +77,19 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
     uncounted: list[int] = []
 
     cell_gemms: list[tuple[int, int, int, int]] = []
+    stepwise_gemms: list[tuple[int, int, int, int]] = []
 
     def before(rnn: torch.nn.RNNBase, a: tuple[Any, ...]) -> None:
         steps.append(rnn_cell_steps(rnn, a))
         cell_gemms.extend(rnn_cell_gemms(rnn, a))
         uncounted.append(flops.get_total_flops())
 
-    decomposed: list[int] = []      # RNN calls that ran as cell ops (no fused kernel), like the rewrite
-
     def after(rnn: torch.nn.RNNBase, a: tuple[Any, ...], _out: Any) -> None:
         if flops.get_total_flops() == uncounted[-1]:     # a fused RNN op: no formula counted it
             uncounted[-1] = rnn_flops(rnn, a)
-        else:
+        else:                                            # ran as cell ops: two GEMMs a step
             uncounted[-1] = 0
-            decomposed.append(1)
+            stepwise_gemms.extend(rnn_cell_gemms(rnn, a, stepwise=True))
 
     rnns = [m for m in module.modules() if isinstance(m, torch.nn.RNNBase)]
     hooks = [h for m in rnns for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
@@ -112,7 +111,7 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
     conv_flops = sum(n for op, n in flops.get_flop_counts().get("Global", {}).items() if "convolution" in str(op))
     return {"ops": census.ops, "pointwise": census.pointwise, "gemms": census.gemms, "bytes": census.bytes,
             "flops": flops.get_total_flops() + sum(uncounted), "conv_flops": conv_flops, "cell_gemms": cell_gemms,
-            "decomposed_rnn_calls": len(decomposed), "rnn_steps": sum(steps), "rnn_calls": len(steps),
+            "stepwise_gemms": stepwise_gemms, "rnn_steps": sum(steps), "rnn_calls": len(steps),
             "attention_calls": len(attention), "attention_scores": sum(attention), "deconv_calls": len(deconvs)}
 
 
@@ -177,10 +176,12 @@ def rnn_cell_steps(rnn: torch.nn.RNNBase, args: tuple[Any, ...]) -> int:
     return int(length) * rnn.num_layers * (2 if rnn.bidirectional else 1)
 
 
-def rnn_cell_gemms(rnn: torch.nn.RNNBase, args: tuple[Any, ...]) -> list[tuple[int, int, int, int]]:
+def rnn_cell_gemms(rnn: torch.nn.RNNBase, args: tuple[Any, ...], stepwise: bool = False
+                   ) -> list[tuple[int, int, int, int]]:
     """The GEMMs a cell rewrite runs for one call of ``rnn``, as (count, m, k, n): per layer and
     direction, one projection of every step's input and one hidden-state product per step. Empty
-    where the rewrite does not apply (packed sequences, LSTM projections)."""
+    where the rewrite does not apply (packed sequences, LSTM projections). ``stepwise``: the GEMMs
+    of an RNN without a fused kernel (a CPU ``nn.GRU``), which projects each step's input alone."""
     x = args[0] if args else None
     if not isinstance(x, torch.Tensor) or getattr(rnn, "proj_size", 0):
         return []
@@ -191,7 +192,9 @@ def rnn_cell_gemms(rnn: torch.nn.RNNBase, args: tuple[Any, ...]) -> list[tuple[i
     out = []
     for layer in range(rnn.num_layers):
         inputs = rnn.input_size if layer == 0 else rnn.hidden_size * directions
-        out += [(directions, length * batch, inputs, gated), (directions * length, batch, rnn.hidden_size, gated)]
+        projection = (directions * length, batch, inputs, gated) if stepwise else \
+            (directions, length * batch, inputs, gated)
+        out += [projection, (directions * length, batch, rnn.hidden_size, gated)]
     return out
 
 
@@ -206,11 +209,10 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     if census["rnn_steps"]:
         evidence["rnn_steps"] = census["rnn_steps"] * calls
         evidence["rnn_calls"] = census["rnn_calls"] * calls
-    if census["cell_gemms"]:     # what the unrolled cells' GEMMs cost on this machine, measured
-        device = next((p.device.type for p in module.parameters()), "cpu")
-        evidence["cell_gemm_us"] = sum(n * gemm_us(m, k, width, device) for n, m, k, width in census["cell_gemms"]) * calls
-    if census["decomposed_rnn_calls"] and census["decomposed_rnn_calls"] == census["rnn_calls"]:
-        evidence["rnn_decomposed"] = True       # a compiled graph of the original already unrolls the cells
+    device = next((p.device.type for p in module.parameters()), "cpu")
+    for key in ("cell_gemms", "stepwise_gemms"):    # what those GEMMs cost on this machine, measured
+        if census[key]:
+            evidence[key[:-1] + "_us"] = sum(n * gemm_us(m, k, w, device) for n, m, k, w in census[key]) * calls
     if census["attention_calls"]:
         evidence["attention_calls"] = census["attention_calls"] * calls
         evidence["attention_scores"] = census["attention_scores"] * calls
