@@ -12,7 +12,7 @@ calibration probe (:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one th
 16.7 µs, torch.compile 58, cpp_wrapper 50, AOTInductor 8.9 through the direct runner call of
 :class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs'
 15 µs is a placeholder until the probe runs on a GPU. The refit replaces them with this machine's
-records (the probe is measured once per machine). Freezing without autotuning routes each GEMM to
+probe records (the probe is measured once per machine); other measurements never move a fixed cost. Freezing without autotuning routes each GEMM to
 a prepacked vendor linear kernel whose extra per-call cost the search measures on the machine
 (27-42 µs per call over MKL's addmm on the reference AMD EPYC, where it made AOTInductor with
 freezing 3.5x slower than without on the GRU tagger). Its convolutions are prepacked oneDNN ones
@@ -109,11 +109,14 @@ class BackendOverheadModel:
     def refit(self, samples: list[tuple[Candidate, ScopeFeatures, float, float]]) -> None:
         """samples: (candidate, features, measured µs, predicted µs without the fixed cost).
 
-        Rewritten programs are left out: their variable part is the least certain prediction (the
-        unrolled steps), and their errors belong to the rewrite, not to the backend's fixed cost."""
+        Only the calibration probe's samples (``evidence["probe"]``, see :mod:`.calibrate`) count:
+        there the variable part is two pointwise ops, so what a measurement leaves over is the
+        backend's fixed cost. Anywhere else a misprediction of the variable part would pass for a
+        fixed cost and be charged to every model (one GRU tagger's records once made AOTInductor's
+        383 µs a call, and a BERT's search stopped trying it); those errors go to the corrections."""
         implied: dict[str, list[float]] = {}
         for cand, feats, measured, variable in samples:
-            if cand.backend != "eager" and not cand.rewrite:
+            if cand.backend != "eager" and feats.evidence.get("probe"):
                 implied.setdefault(backend_variant(cand), []).append(max(measured - variable, 0.0) / feats.calls)
         for variant, values in implied.items():
             prior, n = self.fixed_us.get(variant, 0.0), len(values)

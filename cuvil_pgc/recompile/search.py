@@ -459,8 +459,11 @@ def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFe
 
 
 def _sample(record: Record) -> tuple[Candidate, ScopeFeatures, float] | None:
-    """A refit sample from a record; None for a record whose features an older census counted."""
-    if record.features.get("census") != CENSUS_VERSION:
+    """A refit sample from a record; None for a record whose features an older census counted. The
+    calibration probe's records (features written by :mod:`.calibrate`, no census) are marked with
+    ``evidence["probe"]``: the backends' fixed costs are fitted from them."""
+    probe = bool(record.features.get("probe"))
+    if record.features.get("census") != CENSUS_VERSION and not probe:
         return None
     try:
         cand = Candidate.from_json(record.features["candidate"])
@@ -469,6 +472,8 @@ def _sample(record: Record) -> tuple[Candidate, ScopeFeatures, float] | None:
         return None
     if not record.median_us or not record.eager_us:
         return None
+    if probe:
+        feats.evidence = {**feats.evidence, "probe": True}
     return cand, feats, record.median_us / record.eager_us * feats.eager_us
 
 
