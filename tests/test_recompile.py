@@ -395,6 +395,33 @@ def test_each_batch_after_the_first_tries_a_one_knob_neighbour_of_the_incumbent(
     assert second[:2] == ["compile", "aoti+freezing"] and order[0] in second
 
 
+def test_a_neighbour_that_tries_a_new_knob_value_comes_before_one_that_repeats(monkeypatch):
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.measure import Samples
+
+    mat = "aoti+max-autotune-no-cudagraphs"
+    order = [f"{mat}+freezing+rewrite", "aoti+freezing", mat, "aoti+freezing+rewrite", f"{mat}+rewrite"]
+    runs: list[list[str]] = []
+
+    def fake_time(fns, rounds):
+        runs.append([k.split("::")[1] for k in fns if k != "eager"])
+        return {k: Samples(k, [1e-3 if k == "eager" else (2e-4 if k.endswith(order[0]) else 5e-4)]) for k in fns}
+
+    def rank(self, cands, feats):
+        return [(c, 1.0) for c in sorted(cands, key=lambda c: order.index(c.config) if c.config in order else 99)]
+
+    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
+    monkeypatch.setattr(search_mod.PlanCostModel, "rank", rank)
+    model, inputs = rnn_step()
+    an = Analysis(regions=[stats("model", "launch_overhead", module="RNNStep")])
+    search(model, inputs, an, machine_key="m", options=SearchOptions(budget=5, backends=("aoti",), rounds=5))
+    assert runs[1] == order[:2]            # the default mode and freezing are measured now
+    # aoti+freezing+rewrite (the default mode again) ranks above max-autotune+rewrite (no freezing, new)
+    assert runs[2][:2] == [mat, f"{mat}+rewrite"]
+
+
 class Twin(nn.Module):
     """Two blocks of one structure (other weights), like the layers of a transformer."""
 

@@ -247,14 +247,20 @@ class _Search:
         models' favourite and a mutation of the best measured (TVM MetaSchedule's evolutionary
         search mutates its best too). The models cannot tell near-identical configurations apart
         (max-autotune or not, freezing or not) until both are measured, and their priors would
-        otherwise always pick the same sibling."""
+        otherwise always pick the same sibling. A neighbour that sets its knob to a value no
+        measured candidate of the incumbent's backend in this scope has comes first (on the GRU
+        tagger the priors mutated max-autotune packages into one another and never measured the
+        default mode, whose plain package won the exhaustive search)."""
         incumbent = self.incumbents.get(ranked[0][0].scope) if ranked else None
         if incumbent is None:
             return ranked
         best = self.trials[incumbent[0]].candidate
-        neighbour = next((item for item in ranked[1:] if _knobs_apart(item[0], best) == 1), None)
-        if neighbour is None:
+        neighbours = [item for item in ranked[1:] if _knobs_apart(item[0], best) == 1]
+        if not neighbours:
             return ranked
+        tried = [t.candidate for t in self.trials.values() if t.candidate.scope == best.scope
+                 and t.candidate.backend == best.backend and t.status != "not_measured"]
+        neighbour = next((item for item in neighbours if _new_knob_value(item[0], best, tried)), neighbours[0])
         return [ranked[0], neighbour, *(item for item in ranked[1:] if item is not neighbour)]
 
     def _prediction_spread(self) -> float:
@@ -439,10 +445,19 @@ class _Search:
                       "weights": self.weights[scope], "census": CENSUS_VERSION}))
 
 
+#: a candidate's configuration knobs (its scope aside)
+KNOBS = ("backend", "mode", "freezing", "cpp_wrapper", "rewrite", "channels_last", "precision")
+
+
 def _knobs_apart(a: Candidate, b: Candidate) -> int:
     """How many configuration knobs (backend, mode, freezing, ...) two candidates differ in."""
-    knobs = ("backend", "mode", "freezing", "cpp_wrapper", "rewrite", "channels_last", "precision")
-    return sum(getattr(a, k) != getattr(b, k) for k in knobs)
+    return sum(getattr(a, k) != getattr(b, k) for k in KNOBS)
+
+
+def _new_knob_value(cand: Candidate, best: Candidate, tried: list[Candidate]) -> bool:
+    """Whether ``cand`` sets the knob it differs from ``best`` in to a value none of ``tried`` has."""
+    knob = next(k for k in KNOBS if getattr(cand, k) != getattr(best, k))
+    return all(getattr(t, knob) != getattr(cand, knob) for t in tried)
 
 
 def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFeatures],
