@@ -367,13 +367,13 @@ def test_challengers_are_timed_side_by_side_with_the_incumbent(monkeypatch):
     assert set(runs[1]) - {"eager"} <= set(first_seen[:2]) and first_seen[1] in second_batch
 
 
-def test_each_batch_after_the_first_tries_a_one_knob_neighbour_of_the_incumbent(monkeypatch):
+def scripted_batches(monkeypatch, order: list[str], model, inputs, module: str, backends) -> list[list[str]]:
+    """Run a search whose cost models rank ``order`` first (in that order), where ``order[0]`` measures
+    fastest and builds cost nothing; returns the configurations each timing run measured."""
     import cuvil_pgc.recompile.search as search_mod
     from cuvil_pgc.recompile.apply import Realized
     from cuvil_pgc.recompile.measure import Samples
 
-    order = ["aoti+max-autotune-no-cudagraphs+freezing", "compile+cpp_wrapper", "compile", "aoti",
-             "aoti+freezing", "aoti+max-autotune-no-cudagraphs"]
     runs: list[list[str]] = []
 
     def fake_time(fns, rounds):
@@ -386,9 +386,15 @@ def test_each_batch_after_the_first_tries_a_one_knob_neighbour_of_the_incumbent(
     monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
     monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
     monkeypatch.setattr(search_mod.PlanCostModel, "rank", rank)
-    model, inputs = chain()
-    an = Analysis(regions=[stats("model", "launch_overhead", module="Chain")])
-    search(model, inputs, an, machine_key="m", options=SearchOptions(budget=5, backends=("compile", "aoti"), rounds=5))
+    an = Analysis(regions=[stats("model", "launch_overhead", module=module)])
+    search(model, inputs, an, machine_key="m", options=SearchOptions(budget=5, backends=backends, rounds=5))
+    return runs
+
+
+def test_each_batch_after_the_first_tries_a_one_knob_neighbour_of_the_incumbent(monkeypatch):
+    order = ["aoti+max-autotune-no-cudagraphs+freezing", "compile+cpp_wrapper", "compile", "aoti",
+             "aoti+freezing", "aoti+max-autotune-no-cudagraphs"]
+    runs = scripted_batches(monkeypatch, order, *chain(), "Chain", ("compile", "aoti"))
     first, second = runs[1], runs[2]         # runs[0] times eager alone
     assert first == order[:2]
     # the models' next favourite, then aoti+freezing (one knob from the incumbent) before plain aoti
@@ -396,27 +402,9 @@ def test_each_batch_after_the_first_tries_a_one_knob_neighbour_of_the_incumbent(
 
 
 def test_a_neighbour_that_tries_a_new_knob_value_comes_before_one_that_repeats(monkeypatch):
-    import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
-    from cuvil_pgc.recompile.measure import Samples
-
     mat = "aoti+max-autotune-no-cudagraphs"
     order = [f"{mat}+freezing+rewrite", "aoti+freezing", mat, "aoti+freezing+rewrite", f"{mat}+rewrite"]
-    runs: list[list[str]] = []
-
-    def fake_time(fns, rounds):
-        runs.append([k.split("::")[1] for k in fns if k != "eager"])
-        return {k: Samples(k, [1e-3 if k == "eager" else (2e-4 if k.endswith(order[0]) else 5e-4)]) for k in fns}
-
-    def rank(self, cands, feats):
-        return [(c, 1.0) for c in sorted(cands, key=lambda c: order.index(c.config) if c.config in order else 99)]
-
-    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
-    monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
-    monkeypatch.setattr(search_mod.PlanCostModel, "rank", rank)
-    model, inputs = rnn_step()
-    an = Analysis(regions=[stats("model", "launch_overhead", module="RNNStep")])
-    search(model, inputs, an, machine_key="m", options=SearchOptions(budget=5, backends=("aoti",), rounds=5))
+    runs = scripted_batches(monkeypatch, order, *rnn_step(), "RNNStep", ("aoti",))
     assert runs[1] == order[:2]            # the default mode and freezing are measured now
     # aoti+freezing+rewrite (the default mode again) ranks above max-autotune+rewrite (no freezing, new)
     assert runs[2][:2] == [mat, f"{mat}+rewrite"]
