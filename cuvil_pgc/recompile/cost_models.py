@@ -29,12 +29,13 @@ measured records correct its cost model.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from cuvil_pgc.recompile.candidates import OVERHEAD_LABELS, Candidate, ScopeFeatures
-from cuvil_pgc.recompile.measure import median
+from cuvil_pgc.recompile.measure import conv_kernel_ratios, median, prepacked_gemm_overhead_us
 
 #: µs per call of each backend variant on top of eager (measured, see module docstring)
 PRIORS = {
@@ -75,6 +76,18 @@ class MachineFigures:
     conv_ratios: dict[str, float] = field(default_factory=lambda: dict(PRIORS["conv_ratios"]))
 
     @classmethod
+    def of_this_machine(cls, machine: dict[str, Any], device: str) -> MachineFigures:
+        """The analysis' machine figures plus what the search measures on the CPU itself, once per
+        process: the prepacked GEMM's extra cost per call and the convolution kernel ratios (the
+        priors elsewhere)."""
+        figures = cls.from_analysis_machine(machine)
+        if device.startswith("cpu"):
+            figures.prepacked_gemm_us, figures.conv_ratios = _cpu_probes()
+        else:
+            figures.prepacked_gemm_us = 0.0
+        return figures
+
+    @classmethod
     def from_analysis_machine(cls, machine: dict[str, Any]) -> MachineFigures:
         cpu = machine.get("cuda") or machine.get("cpu") or machine
         peaks = cpu.get("peak_flops") or {}
@@ -83,6 +96,13 @@ class MachineFigures:
         return cls(dispatch_us=(dispatch * 1e6) if dispatch else 4.0,
                    peak_flops=float(peaks.get("fp32", 100e9)), peak_low_flops=float(low) if low else None,
                    mem_bw=float(cpu.get("mem_bw", 8e9)))
+
+
+@functools.cache
+def _cpu_probes() -> tuple[float, dict[str, float]]:
+    gemm, conv = prepacked_gemm_overhead_us(), conv_kernel_ratios()
+    return (PRIORS["prepacked_gemm_us"] if gemm is None else gemm,
+            dict(PRIORS["conv_ratios"] if conv is None else conv))
 
 
 def backend_variant(cand: Candidate) -> str:

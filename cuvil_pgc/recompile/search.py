@@ -27,7 +27,6 @@ beyond it only when it is the one plan that beat eager); ``exhaustive=True`` mea
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable
@@ -50,15 +49,10 @@ from cuvil_pgc.recompile.apply import (
     realize,
 )
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
-from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostModel
+from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import CENSUS_VERSION, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
-from cuvil_pgc.recompile.measure import (
-    conv_kernel_ratios,
-    median,
-    prepacked_gemm_overhead_us,
-    time_interleaved,
-)
+from cuvil_pgc.recompile.measure import median, time_interleaved
 from cuvil_pgc.recompile.records import Record, RecordDB
 
 log = logging.getLogger(__name__)
@@ -143,10 +137,8 @@ class _Search:
         self.model, self.inputs, self.analysis, self.opt = model, example_inputs, analysis, options
         self.records = records if options.use_records else None
         self.machine_key, self.progress = machine_key, progress
-        figures = MachineFigures.from_analysis_machine(getattr(analysis, "machine", {}) or {})
-        figures.prepacked_gemm_us = _prepacked_gemm_us(options.device)
-        figures.conv_ratios = _conv_ratios(options.device)
-        self.cost = PlanCostModel(figures)
+        self.cost = PlanCostModel(MachineFigures.of_this_machine(getattr(analysis, "machine", {}) or {},
+                                                                 options.device))
         self.modules = dict(model.named_modules())
         self.trials: dict[str, Trial] = {}
         self.eager_runs: dict[str, list[float]] = {}   # scope -> eager medians (µs per call), one per run
@@ -506,22 +498,6 @@ def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, Scope
             s.structures[scope] = structural_hash(s._module(scope))
             s.weights[scope] = weights_digest(s._module(scope))
     return out
-
-
-@functools.cache
-def _prepacked_gemm_us(device: str) -> float:
-    """This CPU's cost per prepacked GEMM call (measured once per process); 0 off the CPU."""
-    if not device.startswith("cpu"):
-        return 0.0
-    measured = prepacked_gemm_overhead_us()
-    return PRIORS["prepacked_gemm_us"] if measured is None else measured
-
-
-@functools.cache
-def _conv_ratios(device: str) -> dict[str, float]:
-    """This CPU's convolution kernel ratios (measured once per process); the priors elsewhere."""
-    measured = conv_kernel_ratios() if device.startswith("cpu") else None
-    return dict(PRIORS["conv_ratios"] if measured is None else measured)
 
 
 def _reason(exc: BaseException) -> str:
