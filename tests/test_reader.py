@@ -253,6 +253,19 @@ def test_sources_are_aligned_on_wall_time_and_weighted(tmp_path: Path) -> None:
     np.testing.assert_array_equal(same.ts, trace.ts)
 
 
+def test_sub_nanosecond_timestamps_still_start_at_exactly_zero(tmp_path: Path) -> None:
+    region = {"args": {"path": "r", "id": 1}}
+    one = write_json(tmp_path / "a.trace.json", ours([x("region", "r", 1.6875, 10) | region,
+                                                     x("region", "r", 14.5, 10) | region]))
+    trace = load_trace(one)
+    assert float(trace.ts.min()) == 0.0 and float(trace.ts.max()) == pytest.approx(12.8125)
+    later = write_json(tmp_path / "b.trace.json", ours([x("region", "r", 0.3125, 1) | region],
+                                                       start_unix_ns=1_700_000_000_000_000_000 + 5_000))
+    both = load_trace(one, later)
+    assert float(both.ts.min()) == 0.0                                  # a's 1.6875 µs is the earliest
+    assert float(both.ts[both.source == 1][0]) == pytest.approx(5.0 + 0.3125 - 1.6875)
+
+
 def test_kineto_and_ours_share_one_clock(tmp_path: Path) -> None:
     k = write_json(tmp_path / "k.json", kineto([x("cpu_op", "aten::mm", 1000.0, 5)]))
     o = write_json(tmp_path / "o.trace.json", ours([x("region", "r", 500.0, 10) | {"args": {"path": "r", "id": 1}}],

@@ -272,24 +272,29 @@ def _merge(loaded: list[_Loaded], strings: StringTable) -> Trace:
 
 
 def _align(loaded: list[_Loaded]) -> list[float]:
-    """Per-source µs offsets putting every source on one clock starting at the earliest event."""
+    """Per-source µs offsets putting every source on one clock starting at the earliest event.
+
+    The earliest anchored event is found and subtracted in µs relative to its own file's origin, not
+    through whole Unix nanoseconds: a file whose ts carry fractions of a nanosecond (1.6875 µs)
+    would otherwise start half a nanosecond off zero."""
     firsts = [_local_min(item.columns) for item in loaded]
-    starts: list[int | None] = []
+    anchored: list[tuple[int, float]] = []          # (origin ns, first µs) of the anchored sources
     for item, first in zip(loaded, firsts, strict=True):
-        known = item.origin_ns is not None and first is not None
-        starts.append(item.origin_ns + round(first * 1000) if known else None)
-        if known and item.source.format == "kineto":
-            item.source.metadata["start_unix_ns"] = starts[-1]
-    anchored = [s for s in starts if s is not None]
-    zero = min(anchored) if anchored else 0
+        if item.origin_ns is not None and first is not None:
+            anchored.append((item.origin_ns, first))
+            if item.source.format == "kineto":
+                item.source.metadata["start_unix_ns"] = item.origin_ns + round(first * 1000)
+    if anchored:
+        base = anchored[0][0]
+        zero_origin, zero_first = min(anchored, key=lambda a: (a[0] - base) / 1000.0 + a[1])
     offsets: list[float] = []
-    for item, first, start in zip(loaded, firsts, starts, strict=True):
-        if start is None:
+    for item, first in zip(loaded, firsts, strict=True):
+        if item.origin_ns is None or first is None:
             offset = -(first or 0.0)
             if first is not None and len(loaded) > 1:
                 item.source.notes.append("no absolute time anchor in this file; aligned to start at 0")
         else:
-            offset = (item.origin_ns - zero) / 1000.0
+            offset = (item.origin_ns - zero_origin) / 1000.0 - zero_first
         item.source.metadata["ts_offset_us"] = offset
         offsets.append(offset)
     return offsets
