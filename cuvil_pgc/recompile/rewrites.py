@@ -253,8 +253,11 @@ _GEMM_DECONVS = {nn.ConvTranspose1d: GemmConvTranspose1d, nn.ConvTranspose2d: Ge
 def gemm_deconv_rewritable(conv: nn.Module) -> bool:
     """Whether ``conv`` is a transposed convolution the GEMM form covers: ungrouped, undilated,
     zero-padded, 1-D or 2-D (how large its output is, :func:`gemm_deconv_applies` decides per call)."""
-    return type(conv) in _GEMM_DECONVS and conv.groups == 1 and conv.padding_mode == "zeros" \
-        and all(d == 1 for d in conv.dilation)
+    return type(conv) in _GEMM_DECONVS and _gemm_form_covers(conv)
+
+
+def _gemm_form_covers(conv: nn.Module) -> bool:
+    return conv.groups == 1 and conv.padding_mode == "zeros" and all(d == 1 for d in conv.dilation)
 
 
 def gemm_deconv_applies(conv: nn.Module, x: Any, output_size: Any = None) -> bool:
@@ -262,9 +265,8 @@ def gemm_deconv_applies(conv: nn.Module, x: Any, output_size: Any = None) -> boo
     or the rewritten one), a batched CPU input, no ``output_size``, at most
     :data:`MAX_GEMM_DECONV_OUTPUT` output elements per sample."""
     spatial = len(conv.kernel_size)
-    if not (isinstance(conv, tuple(_GEMM_DECONVS)) and conv.groups == 1 and conv.padding_mode == "zeros"
-            and all(d == 1 for d in conv.dilation) and output_size is None and isinstance(x, torch.Tensor)
-            and x.dim() == spatial + 2 and x.device.type == "cpu"):
+    if not (isinstance(conv, tuple(_GEMM_DECONVS)) and _gemm_form_covers(conv) and output_size is None
+            and isinstance(x, torch.Tensor) and x.dim() == spatial + 2 and x.device.type == "cpu"):
         return False
     return conv.out_channels * math.prod(_deconv_output_shape(conv, x.shape[2:])) <= MAX_GEMM_DECONV_OUTPUT
 
