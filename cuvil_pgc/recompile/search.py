@@ -290,7 +290,7 @@ class _Search:
                 left.append(cand)     # an accuracy verdict holds for the weights it was checked with
                 continue
             if rec.status == "compile_error" and rec.reason.startswith(ExportError.__name__):
-                self.unexportable.setdefault((cand.scope, cand.rewrite), f"{cand.config} showed that {rec.reason}")
+                self._note_unexportable(cand, rec.reason)
             feats = self.features[cand.scope]
             if rec.status == "ok" and rec.features.get("census") != CENSUS_VERSION:   # refit it with today's
                 self.records.add(replace(rec, features={**rec.features, "scope": asdict(feats),
@@ -358,6 +358,10 @@ class _Search:
         best = min((key for key in contenders if key != "eager"), key=lambda key: self.trials[key].ratio)
         self.incumbents[scope] = (best, contenders[best])    # the fastest built so far, for the next runs
 
+    def _note_unexportable(self, cand: Candidate, reason: str) -> None:
+        """torch.export failed on ``cand``'s module (rewritten or not): remember why, once per scope."""
+        self.unexportable.setdefault((cand.scope, cand.rewrite), f"{cand.config} showed that {reason}")
+
     def _reject_unexportable(self, cand: Candidate) -> bool:
         """Reject ``cand`` if it is an AOTInductor build of a module torch.export already failed on
         in this search: it goes into the trials with that reason, not built and not counted against
@@ -415,7 +419,7 @@ class _Search:
             trial.status, trial.reason = "compile_error", _reason(exc) + (f" (native: {said})" if said else "")
             log.info("candidate %s rejected: %s", cand.key, trial.reason)
             if isinstance(exc, ExportError):
-                self.unexportable[(scope, cand.rewrite)] = f"{cand.config} showed that {trial.reason}"
+                self._note_unexportable(cand, trial.reason)
             return None
         if native.text.strip():
             log.debug("candidate %s wrote to stderr: %s", cand.key, native.text.strip()[:2000])
