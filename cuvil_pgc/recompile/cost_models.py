@@ -12,16 +12,16 @@ calibration probe (:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one th
 16.7 µs, torch.compile 58, cpp_wrapper 50, AOTInductor 8.9 through the direct runner call of
 :class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs'
 15 µs is a placeholder until the probe runs on a GPU. The refit replaces them with this machine's
-probe records (the probe is measured once per machine); other measurements never move a fixed cost. Freezing without autotuning routes each GEMM to
-a prepacked vendor linear kernel whose extra per-call cost the search measures on the machine
-(27-42 µs per call over MKL's addmm on the reference AMD EPYC, where it made AOTInductor with
-freezing 3.5x slower than without on the GRU tagger). Its convolutions are prepacked oneDNN ones
-too, and channels_last changes which convolution kernels run: both scale the convolutions' share of
-the work by kernel ratios the search measures on the CPU (:func:`~.measure.conv_kernel_ratios`;
-there, freezing's convolutions are 19-32 % slower, NHWC ones 21-24 % faster). A cell rewrite removes the RNN op but unrolls every
+probe records (the probe is measured once per machine); other measurements never move a fixed
+cost. Freezing without autotuning routes each GEMM to a prepacked vendor linear kernel whose extra
+per-call cost the search measures on the machine (27-42 µs per call over MKL's addmm on the
+reference AMD EPYC, where it made AOTInductor with freezing 3.5x slower than without on the GRU
+tagger). Its convolutions are prepacked oneDNN ones too, and channels_last changes which
+convolution kernels run: both scale the convolutions' share of the work by kernel ratios the
+search measures on the CPU (:func:`~.measure.conv_kernel_ratios`; there, freezing's convolutions
+are 19-32 % slower, NHWC ones 21-24 % faster). A cell rewrite removes the RNN op but unrolls every
 step: each step costs its GEMM, timed on the machine for the scope's shapes
-(:func:`~.measure.gemm_us`), and its gate math. After the
-component refits, a log-ratio correction per configuration and op family (recurrent / conv /
+(:func:`~.measure.gemm_us`), and its gate math. After the component refits, a log-ratio correction per configuration and op family (recurrent / conv /
 dense; an unmeasured configuration borrows that of its program kind — backend, rewritten or not;
 shrunk towards zero by the record count) absorbs what the models miss, as TVM MetaSchedule's
 measured records correct its cost model.
@@ -186,12 +186,11 @@ class LaunchCostModel:
         RNN has no fused kernel on this device (a CPU ``nn.GRU`` runs as cell ops), a compiled graph
         of the original unrolls cells too, projecting each step's input alone: the rewrite saves it
         those GEMMs less its one projection of all steps (``stepwise_gemm_us - cell_gemm_us``)."""
-        rnn_us = float(feats.evidence.get("rnn_us", 0.0)) or PRIORS["rnn_op_us"] * sum(
-            1 for r in feats.rewrites if r.startswith(CELL_REWRITES)) * feats.calls
-        steps, calls = rnn_steps_and_calls(feats)
-        rnn_us = min(rnn_us, feats.eager_us)
         if "stepwise_gemm_us" in feats.evidence and "cell_gemm_us" in feats.evidence and cand.backend != "eager":
             return float(feats.evidence["stepwise_gemm_us"]) - float(feats.evidence["cell_gemm_us"])
+        rnn_us = min(float(feats.evidence.get("rnn_us", 0.0)) or PRIORS["rnn_op_us"] * sum(
+            1 for r in feats.rewrites if r.startswith(CELL_REWRITES)) * feats.calls, feats.eager_us)
+        steps, calls = rnn_steps_and_calls(feats)
         if "cell_gemm_us" in feats.evidence:
             return rnn_us - float(feats.evidence["cell_gemm_us"]) - steps * self.gate_us(cand)
         return self.rnn_saving * rnn_us - max(steps - calls, 0.0) * self.step_us(cand)
