@@ -21,10 +21,10 @@ convolution kernels run: both scale the convolutions' share of the work by kerne
 search measures on the CPU (:func:`~.measure.conv_kernel_ratios`; there, freezing's convolutions
 are 19-32 % slower, NHWC ones 21-24 % faster). A cell rewrite removes the RNN op but unrolls every
 step: each step costs its GEMM, timed on the machine for the scope's shapes
-(:func:`~.measure.gemm_us`), and its gate math. After the component refits, a log-ratio correction per configuration and op family (recurrent / conv /
-dense; an unmeasured configuration borrows that of its program kind — backend, rewritten or not;
-shrunk towards zero by the record count) absorbs what the models miss, as TVM MetaSchedule's
-measured records correct its cost model.
+(:func:`~.measure.gemm_us`), and its gate math. After the component refits, a log-ratio
+correction per configuration and op family (recurrent / conv / dense; an unmeasured configuration
+borrows that of its program kind — backend, rewritten or not; shrunk towards zero by the record
+count) absorbs what the models miss, as TVM MetaSchedule's measured records correct its cost model.
 """
 
 from __future__ import annotations
