@@ -18,6 +18,7 @@ from cuvil_pgc.recompile.matching import match_regions, structural_hash
 from cuvil_pgc.recompile.records import Record, RecordDB
 from cuvil_pgc.recompile.rewrites import CellGRU, CellLSTM, apply_rewrites
 from cuvil_pgc.recompile.search import SearchOptions, search
+from cuvil_pgc.recompile.search_records import refit_sample
 
 # ----------------------------------------------------------------------------- models (also used via MODULE:FACTORY)
 
@@ -123,8 +124,6 @@ def test_refit_from_records_changes_the_ranking():
 
 
 def test_backend_fixed_costs_are_fitted_from_the_calibration_probe_only():
-    from cuvil_pgc.recompile.search import _sample
-
     model = PlanCostModel(MachineFigures(dispatch_us=4.0))
     probe = feats("launch_overhead", eager_us=17.0, ops=3, pointwise_ops=3, flops=32, bytes=128, evidence={"probe": True})
     gru = feats("compute", eager_us=1800.0, ops=900, pointwise_ops=400)
@@ -137,7 +136,7 @@ def test_backend_fixed_costs_are_fitted_from_the_calibration_probe_only():
     record = Record(structure="s", candidate="aoti", machine="m", inputs="i", status="ok", median_us=30.0,
                     eager_us=17.0, features={"candidate": aoti.to_json(), "probe": True,
                                              "scope": dataclasses.asdict(dataclasses.replace(probe, evidence={}))})
-    sample = _sample(record)
+    sample = refit_sample(record)
     assert sample is not None and sample[1].evidence["probe"] is True
 
 
@@ -501,19 +500,19 @@ def test_records_of_an_older_census_are_reused_but_refit_with_todays_features(tm
     first = search(model, inputs, an, records=RecordDB(tmp_path), machine_key="m", options=options)
     assert first.measured >= 2
     measured = [r for r in RecordDB(tmp_path) if r.status == "ok"]
-    assert measured and all(search_mod._sample(r) is not None for r in measured)
+    assert measured and all(refit_sample(r) is not None for r in measured)
     db = RecordDB(tmp_path)
     for rec in measured:     # as an older cuvil-pgc stored them: no census version, other counts
         old = {k: v for k, v in rec.features.items() if k != "census"}
         db.add(dataclasses.replace(rec, features={**old, "scope": {**old["scope"], "flops": 1.0}}))
     stale = [r for r in RecordDB(tmp_path) if r.status == "ok"]
-    assert all(search_mod._sample(r) is None for r in stale)      # the refit leaves them out
+    assert all(refit_sample(r) is None for r in stale)      # the refit leaves them out
 
     again = search(model, inputs, an, records=RecordDB(tmp_path), machine_key="m", options=options)
     assert again.reused == len(measured)          # the measurements themselves still hold
     healed = [r for r in RecordDB(tmp_path) if r.status == "ok"]
     assert [r.median_us for r in healed] == [r.median_us for r in measured]
-    assert all(search_mod._sample(r) is not None and r.features["scope"]["flops"] > 1.0 for r in healed)
+    assert all(refit_sample(r) is not None and r.features["scope"]["flops"] > 1.0 for r in healed)
 
 
 def test_aoti_packages_are_cached_per_weight_values():

@@ -11,7 +11,6 @@ probe records for this machine; costs one AOTInductor compile (~30 s on a small 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
 
 import torch
 from torch import nn
@@ -21,6 +20,7 @@ from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.matching import structural_hash
 from cuvil_pgc.recompile.measure import time_interleaved
 from cuvil_pgc.recompile.records import Record, RecordDB
+from cuvil_pgc.recompile.search_records import probe_features
 
 log = logging.getLogger(__name__)
 
@@ -64,5 +64,5 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
     for key, (cand, _) in {"eager": (Candidate(""), None), **fns}.items():
         db.add(Record(structure=structure, candidate=program_key(cand), machine=machine_key, inputs=inputs.signature,
                       status="ok", median_us=samples[key].median_s * 1e6, eager_us=eager_us,
-                      features={"candidate": cand.to_json(), "scope": asdict(feats), "probe": True}))
+                      features=probe_features(cand, feats)))
     return len(fns) + 1

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,15 +45,15 @@ from cuvil_pgc.recompile.apply import (
     Realized,
     ScopeInputs,
     capture_scope_inputs,
-    program_key,
     realize,
 )
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
 from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
-from cuvil_pgc.recompile.features import CENSUS_VERSION, root_labels, scope_features
+from cuvil_pgc.recompile.features import root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
-from cuvil_pgc.recompile.records import Record, RecordDB
+from cuvil_pgc.recompile.records import RecordDB
+from cuvil_pgc.recompile.search_records import SearchRecords
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,8 @@ class _Search:
     def __init__(self, model: Any, example_inputs: tuple[Any, ...], analysis: Any, options: SearchOptions,
                  records: RecordDB | None, machine_key: str, progress: Progress | None) -> None:
         self.model, self.inputs, self.analysis, self.opt = model, example_inputs, analysis, options
-        self.records = records if options.use_records else None
+        self.db = records if options.use_records else None
+        self.records: SearchRecords | None = None    # the database keyed for this model, once prepared
         self.machine_key, self.progress = machine_key, progress
         self.cost = PlanCostModel(MachineFigures.of_this_machine(getattr(analysis, "machine", {}) or {},
                                                                  options.device))
@@ -171,6 +172,8 @@ class _Search:
         _add_rnn_time(self.features, feats, self.modules)
         self.structures = {s: structural_hash(self._module(s)) for s in self.features}
         self.weights = {s: weights_digest(self._module(s)) for s in self.features}
+        if self.db is not None:
+            self.records = SearchRecords(self.db, self.machine_key, self.structures, self.weights, self.scope_inputs)
         space = generate_space(chosen, self.opt.device, self.opt.backends)
         why = {c.key: self._precision_left_out(c) for c in space if c.precision != "fp32"}
         self.left_out = [(c, why[c.key]) for c in space if why.get(c.key)]
@@ -283,18 +286,14 @@ class _Search:
             return pending
         left = []
         for cand in pending:
-            rec = self.records.lookup(self.structures[cand.scope], program_key(cand), self.machine_key,
-                                      self.scope_inputs[cand.scope].signature)
-            if rec is None or (rec.status == "accuracy_error"
-                               and rec.features.get("weights") != self.weights[cand.scope]):
-                left.append(cand)     # an accuracy verdict holds for the weights it was checked with
+            rec = self.records.reusable(cand)
+            if rec is None:
+                left.append(cand)
                 continue
             if rec.status == "compile_error" and rec.reason.startswith(ExportError.__name__):
                 self._note_unexportable(cand, rec.reason)
             feats = self.features[cand.scope]
-            if rec.status == "ok" and rec.features.get("census") != CENSUS_VERSION:   # refit it with today's
-                self.records.add(replace(rec, features={**rec.features, "scope": asdict(feats),
-                                                        "census": CENSUS_VERSION}))
+            self.records.restamp(rec, feats)
             ratio = rec.median_us / rec.eager_us if rec.status == "ok" and rec.eager_us and rec.median_us else None
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, feats), rec.status,
                                           ratio * feats.eager_us if ratio else None, rec.reason, reused=True,
@@ -303,11 +302,7 @@ class _Search:
         return left
 
     def _refit(self) -> None:
-        if self.records is None:
-            samples = []
-        else:
-            samples = [_sample(r) for r in self.records.for_machine(self.machine_key) if r.status == "ok"]
-            samples = [s for s in samples if s is not None]
+        samples = [] if self.records is None else self.records.refit_samples()
         samples += [(t.candidate, self.features[t.candidate.scope], t.measured_us) for t in self.trials.values()
                     if t.status == "ok" and t.measured_us and not t.reused and t.candidate.backend != "eager"]
         if samples:
@@ -431,14 +426,8 @@ class _Search:
         return lambda: fn(*inputs.args, **inputs.kwargs)
 
     def _record(self, trial: Trial, scope: str, eager_us: float | None) -> None:
-        if self.records is None:
-            return
-        self.records.add(Record(
-            structure=self.structures[scope], candidate=program_key(trial.candidate), machine=self.machine_key,
-            inputs=self.scope_inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
-            eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
-            features={"candidate": trial.candidate.to_json(), "scope": asdict(self.features[scope]),
-                      "weights": self.weights[scope], "census": CENSUS_VERSION}))
+        if self.records is not None:
+            self.records.add(trial, self.features[scope], eager_us)
 
 
 #: a candidate's configuration knobs (its scope aside)
@@ -467,25 +456,6 @@ def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFe
                     if q and isinstance(modules.get(q), rnn_types) and (not scope or q == scope or q.startswith(scope + ".")))
         if inner:
             feats.evidence["rnn_us"] = inner
-
-
-def _sample(record: Record) -> tuple[Candidate, ScopeFeatures, float] | None:
-    """A refit sample from a record; None for a record whose features an older census counted. The
-    calibration probe's records (features written by :mod:`.calibrate`, no census) are marked with
-    ``evidence["probe"]``: the backends' fixed costs are fitted from them."""
-    probe = bool(record.features.get("probe"))
-    if record.features.get("census") != CENSUS_VERSION and not probe:
-        return None
-    try:
-        cand = Candidate.from_json(record.features["candidate"])
-        feats = ScopeFeatures(**record.features["scope"])
-    except (KeyError, TypeError):
-        return None
-    if not record.median_us or not record.eager_us:
-        return None
-    if probe:
-        feats.evidence = {**feats.evidence, "probe": True}
-    return cand, feats, record.median_us / record.eager_us * feats.eager_us
 
 
 def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, ScopeFeatures]:

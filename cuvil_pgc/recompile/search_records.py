@@ -1,0 +1,85 @@
+"""The search's side of the record database: how a measurement becomes a :class:`~.records.Record`,
+and how records come back as measurements to reuse and as samples for the cost models' refit.
+
+A record's ``features`` hold the measured candidate, the scope's features as the op census counted
+them (stamped with :data:`~.features.CENSUS_VERSION`) and the digest of the weights the accuracy
+guard checked; the calibration probe's records (:mod:`.calibrate`) are marked ``probe`` instead,
+and the backends' fixed costs are fitted from them alone (see :mod:`.cost_models`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from cuvil_pgc.recompile.apply import ScopeInputs, program_key
+from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
+from cuvil_pgc.recompile.features import CENSUS_VERSION
+from cuvil_pgc.recompile.records import Record, RecordDB
+
+
+@dataclass
+class SearchRecords:
+    """One search's view of the database: records are keyed by the scope's structure, the
+    candidate's program, this machine and the scope's inputs. The dicts are the search's own, so
+    scopes it adds later (pinned plans) are keyed too."""
+
+    db: RecordDB
+    machine: str
+    structures: dict[str, str]           # scope -> structural hash
+    weights: dict[str, str]              # scope -> weights digest
+    inputs: dict[str, ScopeInputs]       # scope -> captured inputs
+
+    def reusable(self, cand: Candidate) -> Record | None:
+        """The record of ``cand`` this search may reuse instead of measuring it; None also for an
+        accuracy verdict reached with other weights (it holds for the weights it was checked with)."""
+        rec = self.db.lookup(self.structures[cand.scope], program_key(cand), self.machine,
+                             self.inputs[cand.scope].signature)
+        if rec is None or (rec.status == "accuracy_error" and rec.features.get("weights") != self.weights[cand.scope]):
+            return None
+        return rec
+
+    def restamp(self, rec: Record, feats: ScopeFeatures) -> None:
+        """Store a reused measurement again with today's census of its scope, so the refit, which
+        leaves out records of an older census, learns from it again."""
+        if rec.status == "ok" and rec.features.get("census") != CENSUS_VERSION:
+            self.db.add(replace(rec, features={**rec.features, "scope": asdict(feats), "census": CENSUS_VERSION}))
+
+    def add(self, trial: Any, feats: ScopeFeatures, eager_us: float | None) -> None:
+        """Record a search trial (:class:`~.search.Trial`) of the scope ``feats`` describes."""
+        cand, scope = trial.candidate, feats.scope
+        self.db.add(Record(
+            structure=self.structures[scope], candidate=program_key(cand), machine=self.machine,
+            inputs=self.inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
+            eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
+            features={"candidate": cand.to_json(), "scope": asdict(feats), "weights": self.weights[scope],
+                      "census": CENSUS_VERSION}))
+
+    def refit_samples(self) -> list[tuple[Candidate, ScopeFeatures, float]]:
+        """Refit samples from every measurement recorded on this machine."""
+        samples = (refit_sample(r) for r in self.db.for_machine(self.machine) if r.status == "ok")
+        return [s for s in samples if s is not None]
+
+
+def probe_features(cand: Candidate, feats: ScopeFeatures) -> dict[str, Any]:
+    """The ``features`` of a calibration probe's record (:func:`refit_sample` reads the mark)."""
+    return {"candidate": cand.to_json(), "scope": asdict(feats), "probe": True}
+
+
+def refit_sample(record: Record) -> tuple[Candidate, ScopeFeatures, float] | None:
+    """A refit sample from a record; None for a record whose features an older census counted. The
+    calibration probe's records are marked with ``evidence["probe"]``: the backends' fixed costs are
+    fitted from them."""
+    probe = bool(record.features.get("probe"))
+    if record.features.get("census") != CENSUS_VERSION and not probe:
+        return None
+    try:
+        cand = Candidate.from_json(record.features["candidate"])
+        feats = ScopeFeatures(**record.features["scope"])
+    except (KeyError, TypeError):
+        return None
+    if not record.median_us or not record.eager_us:
+        return None
+    if probe:
+        feats.evidence = {**feats.evidence, "probe": True}
+    return cand, feats, record.median_us / record.eager_us * feats.eager_us
