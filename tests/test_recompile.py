@@ -289,6 +289,18 @@ def test_second_search_reuses_records_and_measures_less(tmp_path, monkeypatch):
     assert rewritten and not any(t.reused for t in rewritten)     # measured again, not taken from old records
 
 
+@pytest.mark.slow
+def test_records_of_earlier_searches_count_against_the_budget(tmp_path):
+    model, inputs = rnn_step()
+    opts = SearchOptions(budget=4, backends=("eager", "compile"), rounds=5)
+    first = search(model, inputs, _rnn_analysis(), options=opts, records=RecordDB(tmp_path), machine_key="m")
+    second = search(model, inputs, _rnn_analysis(), options=opts, records=RecordDB(tmp_path), machine_key="m")
+    assert first.measured == 4 and first.reused == 0
+    assert second.reused >= 2 and second.measured + second.reused <= 4
+    assert any(t.status == "not_measured" and t.candidate.backend == "compile" for t in second.trials.values())
+    assert second.choices       # the plan comes from the first search's measurements
+
+
 def test_guard_rejects_a_broken_rewrite_with_the_reason(tmp_path, monkeypatch):
     import cuvil_pgc.recompile.apply as apply_mod
 

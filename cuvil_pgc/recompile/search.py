@@ -19,10 +19,11 @@ models); once a few measurements are in, only candidates predicted to beat the b
 of their scope by 2 % are tried, their predictions made optimistic by the spread of this search's
 prediction errors so far (:meth:`_Search._prediction_spread`), and a batch pairs the models'
 favourite with the best-ranked one-knob neighbour of the scope's incumbent
-(:meth:`_Search._with_neighbour`). ``budget`` caps the new measurements, eager references and
-the composite plan included (default: a quarter of the space, at least 3; the composite goes
-beyond it only when it is the one plan that beat eager); ``exhaustive=True`` measures everything
-(for comparison benchmarks).
+(:meth:`_Search._with_neighbour`). ``budget`` caps the measurements, eager references, the
+composite plan and the records of earlier searches reused at the start included, so a second
+search of the same model measures only what the first one left (default: a quarter of the space,
+at least 3; the composite goes beyond it only when it is the one plan that beat eager);
+``exhaustive=True`` measures everything (for comparison benchmarks).
 """
 
 from __future__ import annotations
@@ -206,7 +207,9 @@ class _Search:
                 self._eager_trial(cand)
         pending = [c for c in space if c.key not in self.trials]
         pending = self._reuse_records(pending)
-        budget = 10**9 if self.opt.exhaustive else (self.opt.budget or default_budget(len(space)))
+        # records of earlier searches of this model count against the budget: what a search
+        # already knows it does not pay for again, so a second search measures only what is left
+        budget = 10**9 if self.opt.exhaustive else (self.opt.budget or default_budget(len(space))) - self.reused
         self.budget = budget
         total = min(budget, len(pending) + self.measured)   # for the progress bar
         while pending and self.measured < budget:
