@@ -119,7 +119,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     Args:
         traces: trace file paths (or an :class:`Analysis` via ``analysis=``).
         budget: most candidates to measure, eager references and records of earlier searches of
-            this model included (default: a quarter of the space, at least 3).
+            this model included (default: a quarter of the space, at least 2).
         exhaustive: measure every candidate (for comparisons; slow).
         rtol, atol: accuracy-guard tolerances (default: per dtype, see :mod:`.accuracy`).
         records: a RecordDB, or False to neither read nor write records.

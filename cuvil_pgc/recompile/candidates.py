@@ -49,6 +49,11 @@ class Candidate:
         return "+".join(parts)
 
     @property
+    def is_baseline(self) -> bool:
+        """The scope's own eager module, unchanged: what every other candidate must beat."""
+        return self.backend == "eager" and not self.rewrite
+
+    @property
     def key(self) -> str:
         return f"{self.scope or '<model>'}::{self.config}"
 

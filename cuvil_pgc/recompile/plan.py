@@ -47,7 +47,7 @@ def runners_up(trials: dict[str, Any], best: Any, within: float = RUNNER_UP_WITH
     """Whole-model configurations measured within ``within`` of the best one: one search measures
     each candidate once, so near ties are decided again, side by side, in the final race."""
     close = sorted((t for t in trials.values() if t.candidate.scope == "" and t is not best and t.status == "ok"
-                    and t.measured_us is not None and not _is_eager(t.candidate)
+                    and t.measured_us is not None and not t.candidate.is_baseline
                     and t.measured_us <= best.measured_us * (1 + within)), key=lambda t: t.measured_us)
     return [t.candidate for t in close[:most]]
 
@@ -59,15 +59,11 @@ def composite_choice(best: dict[str, Any], features: dict[str, Any]) -> tuple[di
     ranked = sorted((s for s in best if s), key=lambda s: -(features[s].eager_us - best[s].measured_us))
     for scope in ranked:
         saving = features[scope].eager_us - best[scope].measured_us
-        if saving <= 0 or _is_eager(best[scope].candidate) or any(_nested(scope, o) for o in chosen):
+        if saving <= 0 or best[scope].candidate.is_baseline or any(_nested(scope, o) for o in chosen):
             continue
         chosen[scope] = best[scope].candidate
         saving_total += saving
     return chosen, features[""].eager_us - saving_total
-
-
-def _is_eager(cand: Candidate) -> bool:
-    return cand.backend == "eager" and not cand.rewrite
 
 
 def _nested(a: str, b: str) -> bool:
@@ -87,7 +83,7 @@ def choose_plan(s: Any, result: Any) -> None:
     best = best_per_scope(s.trials)
     plans: dict[str, dict[str, Candidate]] = {}
     root = best.get("")
-    if root is not None and not _is_eager(root.candidate):
+    if root is not None and not root.candidate.is_baseline:
         plans["model"] = {"": root.candidate}
         for cand in runners_up(s.trials, root):
             plans[cand.key] = {"": cand}

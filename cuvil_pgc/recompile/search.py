@@ -22,7 +22,8 @@ favourite with the best-ranked one-knob neighbour of the scope's incumbent
 (:meth:`_Search._with_neighbour`). ``budget`` caps the measurements, eager references, the
 composite plan and the records of earlier searches reused at the start included, so a second
 search of the same model measures only what the first one left (default: a quarter of the space,
-at least 3; the composite goes beyond it only when it is the one plan that beat eager);
+at least 2, one more when every candidate measured failed; the composite goes beyond it only when
+it is the one plan that beat eager);
 ``exhaustive=True`` measures everything (for comparison benchmarks).
 """
 
@@ -122,9 +123,9 @@ def _ms(us: float | None) -> float | None:
     return None if us is None or math.isnan(us) else round(us / 1e3, 6)
 
 
-#: the fewest measurements a default budget allows: eager and two candidates, so that one
-#: candidate failing to build or failing the accuracy guard does not leave eager as the only plan
-MIN_BUDGET = 3
+#: the fewest measurements a default budget allows: eager and the top-ranked candidate (one more
+#: when that one fails, see :meth:`_Search._cap`)
+MIN_BUDGET = 2
 
 
 def default_budget(space_size: int) -> int:
@@ -203,7 +204,7 @@ class _Search:
     def explore(self, space: list[Candidate]) -> None:
         self.space = space
         for cand in space:
-            if cand.backend == "eager" and not cand.rewrite:
+            if cand.is_baseline:
                 self._eager_trial(cand)
         pending = [c for c in space if c.key not in self.trials]
         pending = self._reuse_records(pending)
@@ -212,7 +213,7 @@ class _Search:
         budget = 10**9 if self.opt.exhaustive else (self.opt.budget or default_budget(len(space))) - self.reused
         self.budget = budget
         total = min(budget, len(pending) + self.measured)   # for the progress bar
-        while pending and self.measured < budget:
+        while pending and self.measured < self._cap():
             self._refit()
             ranked = self.cost.rank(pending, self.features)
             if not self.opt.exhaustive and self.measured + self.reused >= MIN_EXPLORE:
@@ -221,7 +222,7 @@ class _Search:
                 if not ranked:
                     break    # nothing left is predicted to beat what was measured
             scope = ranked[0][0].scope
-            room = budget - self.measured - (scope not in self.eager_runs)   # the scope's eager reference
+            room = self._cap() - self.measured - (scope not in self.eager_runs)   # the scope's eager reference
             if room < 1:
                 pending = [c for c in pending if c.scope != scope]
                 continue
@@ -238,6 +239,15 @@ class _Search:
                                           reason="ranked below the measured candidates (budget)")
         for cand, reason in self.left_out:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), reason=reason)
+
+    def _cap(self) -> int:
+        """The most measurements now: the budget, one more under a default budget when every
+        candidate measured so far failed to build or failed the accuracy guard (one failure must
+        not leave eager as the only plan)."""
+        if self.opt.budget is not None or self.opt.exhaustive:
+            return self.budget
+        tried = [t for t in self.trials.values() if not t.candidate.is_baseline and t.status != "not_measured"]
+        return self.budget + (bool(tried) and all(t.status in ("compile_error", "accuracy_error") for t in tried))
 
     def _with_neighbour(self, ranked: list[tuple[Candidate, float]]) -> list[tuple[Candidate, float]]:
         """``ranked`` (one scope's candidates, best predicted first) with the best-ranked one-knob
@@ -394,7 +404,7 @@ class _Search:
                 continue
             if t.ratio is not None:
                 t.measured_us = t.ratio * eager_us
-            elif t.candidate.backend == "eager" and not t.candidate.rewrite:
+            elif t.candidate.is_baseline:
                 t.measured_us = eager_us
 
     def _measure_scope_eager(self, scope: str) -> None:
