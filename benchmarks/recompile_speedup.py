@@ -142,6 +142,7 @@ def exhaustive(model, inputs, analysis, guided, workdir: str, name: str, rounds:
     import torch
 
     from cuvil_pgc.recompile import recompile
+    from cuvil_pgc.recompile.plan import FINAL_RACE_ROUNDS
     from cuvil_pgc.recompile.records import RecordDB
 
     t0 = time.perf_counter()
@@ -151,7 +152,8 @@ def exhaustive(model, inputs, analysis, guided, workdir: str, name: str, rounds:
     torch._dynamo.reset()
     same = [c["config"] for c in full.plan["choices"]] == [c["config"] for c in guided.plan["choices"]] and \
         [c["scope"] for c in full.plan["choices"]] == [c["scope"] for c in guided.plan["choices"]]
-    medians = race({"guided": guided.module, "exhaustive": full.module}, inputs, 2 * rounds)
+    # a near tie between two builds is decided with as many rounds as the search's own final race
+    medians = race({"guided": guided.module, "exhaustive": full.module}, inputs, max(2 * rounds, FINAL_RACE_ROUNDS))
     return {"measured": full.plan["measured_candidates"], "space": full.plan["space_size"],
             "guided_measured": guided.plan["measured_candidates"], "identical": same,
             "reached": 1.0 if same else medians["exhaustive"] / medians["guided"], "medians_ms": medians,
