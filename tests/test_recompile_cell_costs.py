@@ -63,3 +63,30 @@ def test_a_compiled_rnn_without_a_fused_kernel_saves_its_per_step_input_projecti
     assert model.launch.rewrite_saving(aoti_rw, f) == pytest.approx(60.0)
     assert model.predict(aoti_rw, f) < model.predict(aoti, f)
     assert model.launch.rewrite_saving(Candidate("", rewrite=True), f) != 60.0     # eager: the op's own ops
+
+
+def test_no_cell_rewrite_is_offered_for_an_rnn_the_cell_math_would_not_run():
+    from cuvil_pgc.recompile.rewrites import MAX_UNROLLED_STEPS
+    from tests.test_recompile_cell_rewrite import PackedTagger
+
+    model = PackedTagger(nn.GRU(8, 16, batch_first=True)).eval()
+
+    def features(*args):
+        return scope_features("", model, capture_scope_inputs(model, args, [""])[""], None, None, 1.0, 1.0)
+
+    short = features(torch.randn(3, 7, 8), torch.tensor([7, 4, 2]))
+    assert short.rewrites == [] and "rnn_steps" not in short.evidence and "cell_gemm_us" not in short.evidence
+
+    class Plain(nn.Module):
+        def __init__(self, steps: int) -> None:
+            super().__init__()
+            self.rnn, self.steps = nn.GRU(8, 16, batch_first=True), steps
+
+        def forward(self, x):
+            return self.rnn(x[:, :self.steps])[0]
+
+    x = torch.randn(1, MAX_UNROLLED_STEPS + 1, 8)
+    for steps, offered in ((MAX_UNROLLED_STEPS, ["gru_cell:rnn"]), (MAX_UNROLLED_STEPS + 1, [])):
+        plain = Plain(steps).eval()
+        feats = scope_features("", plain, capture_scope_inputs(plain, (x,), [""])[""], None, None, 1.0, 1.0)
+        assert feats.rewrites == offered

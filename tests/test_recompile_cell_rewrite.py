@@ -58,3 +58,40 @@ def test_eager_keeps_addmm_per_step():
     with torch.no_grad(), CountAddmm():
         cell(torch.randn(1, 6, 24))
     assert CountAddmm.calls == 7      # eager materializes no weight-sized product: 1 projection + 6 steps
+
+
+class PackedTagger(nn.Module):
+    """An RNN fed a packed sequence (padded batch of different lengths)."""
+
+    def __init__(self, rnn: nn.Module) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, state = self.rnn(packed)
+        return nn.utils.rnn.pad_packed_sequence(out, batch_first=True)[0], state
+
+
+@pytest.mark.parametrize("rnn", [nn.LSTM(8, 16, batch_first=True), nn.GRU(8, 16, batch_first=True, num_layers=2)])
+def test_packed_and_long_sequences_run_the_original_module(rnn):
+    from cuvil_pgc.recompile.rewrites import MAX_UNROLLED_STEPS, apply_rewrites
+
+    torch.manual_seed(0)
+    model = PackedTagger(rnn.eval())
+    rewritten, applied = apply_rewrites(model)
+    assert applied == [f"{type(rnn).__name__.lower()}_cell:rnn"]
+    calls = []
+    rewritten.rnn.original.register_forward_hook(lambda *_: calls.append(1))
+    x, lengths = torch.randn(3, 7, 8), torch.tensor([7, 4, 2])
+    long = torch.randn(1, MAX_UNROLLED_STEPS + 1, 8)
+    with torch.no_grad():
+        for got, expected in ((rewritten(x, lengths), model(x, lengths)), (rewritten.rnn(long), rnn(long))):
+            for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected), strict=True):
+                assert torch.equal(a, b)
+        assert len(calls) == 2
+        rewritten.rnn(x)                                     # a padded batch of 7 steps: cell math
+        torch.compile(rewritten.rnn, fullgraph=True)(x)      # dynamo never meets the original RNN there
+    assert len(calls) == 2
+    assert rewritten.rnn.to(torch.float64).original.weight_hh_l0.dtype == torch.float64   # moves follow
+    assert not any(k.startswith("original") for k in rewritten.state_dict())

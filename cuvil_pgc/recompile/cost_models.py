@@ -36,6 +36,7 @@ from typing import Any
 
 from cuvil_pgc.recompile.candidates import OVERHEAD_LABELS, Candidate, ScopeFeatures
 from cuvil_pgc.recompile.measure import conv_kernel_ratios, median, prepacked_gemm_overhead_us
+from cuvil_pgc.recompile.rewrites import CELL_REWRITES
 
 #: µs per call of each backend variant on top of eager (measured, see module docstring)
 PRIORS = {
@@ -367,10 +368,6 @@ def correction_keys(cand: Candidate, feats: ScopeFeatures) -> tuple[tuple[str, s
         program = cand.backend + "+rewrite"
         return (cand.config, family), (program, family)
     return (cand.config, family), (cand.backend, family), (cand.backend, "")
-
-
-#: rewrite names (see rewrites.rewrite_opportunities) that unroll an LSTM/GRU into cell steps
-CELL_REWRITES = ("lstm_cell:", "gru_cell:")
 
 
 def has_cell_rewrite(feats: ScopeFeatures) -> bool:

@@ -20,6 +20,8 @@ from cuvil_pgc.recompile.candidates import ScopeFeatures
 from cuvil_pgc.recompile.matching import RegionMatch
 from cuvil_pgc.recompile.measure import gemm_us
 from cuvil_pgc.recompile.rewrites import (
+    CELL_REWRITES,
+    cell_rewrite_applies,
     gemm_deconv_applies,
     gemm_deconv_rewritable,
     math_attention_applies,
@@ -30,7 +32,7 @@ ALL_LABELS = ["launch_overhead", "memory_bandwidth", "compute"]
 #: version of what :func:`op_census` counts; bump it when the counts change. Records keep the
 #: features they were measured with, and the refit leaves out those of an older census (their
 #: measurements stay valid and are reused; a reuse restores the record with today's features)
-CENSUS_VERSION = 4
+CENSUS_VERSION = 5
 _MHA_SIGNATURE = inspect.signature(torch.nn.MultiheadAttention.forward)
 #: 2-D matrix products: what Inductor freezing turns into prepacked (oneDNN / MKL) linear calls
 GEMM_OPS = (torch.ops.aten.addmm, torch.ops.aten.mm)
@@ -79,9 +81,14 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
     cell_gemms: list[tuple[int, int, int, int]] = []
     stepwise_gemms: list[tuple[int, int, int, int]] = []
 
+    names = {id(m): name for name, m in module.named_modules()}
+    cell_rnns: set[str] = set()     # RNNs a cell rewrite runs as cell math in this call
+
     def before(rnn: torch.nn.RNNBase, a: tuple[Any, ...]) -> None:
-        steps.append(rnn_cell_steps(rnn, a))
-        cell_gemms.extend(rnn_cell_gemms(rnn, a))
+        if a and cell_rewrite_applies(rnn, a[0]):
+            cell_rnns.add(names[id(rnn)])
+            steps.append(rnn_cell_steps(rnn, a))
+            cell_gemms.extend(rnn_cell_gemms(rnn, a))
         uncounted.append(flops.get_total_flops())
 
     def after(rnn: torch.nn.RNNBase, a: tuple[Any, ...], _out: Any) -> None:
@@ -112,6 +119,7 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
     return {"ops": census.ops, "pointwise": census.pointwise, "gemms": census.gemms, "bytes": census.bytes,
             "flops": flops.get_total_flops() + sum(uncounted), "conv_flops": conv_flops, "cell_gemms": cell_gemms,
             "stepwise_gemms": stepwise_gemms, "rnn_steps": sum(steps), "rnn_calls": len(steps),
+            "cell_rnns": sorted(cell_rnns),
             "attention_calls": len(attention), "attention_scores": sum(attention), "deconv_calls": len(deconvs)}
 
 
@@ -180,10 +188,10 @@ def rnn_cell_gemms(rnn: torch.nn.RNNBase, args: tuple[Any, ...], stepwise: bool 
                    ) -> list[tuple[int, int, int, int]]:
     """The GEMMs a cell rewrite runs for one call of ``rnn``, as (count, m, k, n): per layer and
     direction, one projection of every step's input and one hidden-state product per step. Empty
-    where the rewrite does not apply (packed sequences, LSTM projections). ``stepwise``: the GEMMs
+    where the rewrite does not apply (:func:`~.rewrites.cell_rewrite_applies`). ``stepwise``: the GEMMs
     of an RNN without a fused kernel (a CPU ``nn.GRU``), which projects each step's input alone."""
     x = args[0] if args else None
-    if not isinstance(x, torch.Tensor) or getattr(rnn, "proj_size", 0):
+    if not cell_rewrite_applies(rnn, x):
         return []
     directions = 2 if rnn.bidirectional else 1
     length = rnn_cell_steps(rnn, args) // (rnn.num_layers * directions)
@@ -228,8 +236,15 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
         gemms=census["gemms"] * calls,
         flops=census["flops"] * calls, bytes=census["bytes"] * calls,
         has_conv=any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) for m in module.modules()),
-        rewrites=rewrite_opportunities(module), labels=[stats.bottleneck] if stats else list(ALL_LABELS),
+        rewrites=_rewrites_that_apply(module, census), labels=[stats.bottleneck] if stats else list(ALL_LABELS),
         evidence=evidence)
+
+
+def _rewrites_that_apply(module: Any, census: dict[str, Any]) -> list[str]:
+    """The module's rewrite opportunities, less the cell rewrites of RNNs whose calls the cell math
+    does not cover (packed sequences, long sequences): rewritten, they would run as before."""
+    return [r for r in rewrite_opportunities(module)
+            if not r.startswith(CELL_REWRITES) or r.split(":", 1)[1] in census["cell_rnns"]]
 
 
 def _profile_evidence(stats: Any, analysis: Any, root_calls: float, scale: float) -> dict[str, Any]:

@@ -5,7 +5,9 @@
   step one ``addmm`` with the hidden weights plus pointwise gates. For single-step and
   short sequences this removes most of cuDNN/oneDNN RNN's fixed per-call cost; compiled, the
   pointwise gates fuse. Each step unrolls into the graph, so the cost models charge the rewrite
-  per step (see :mod:`.cost_models`). Longer sequences (> :data:`MAX_UNROLLED_STEPS`) are left alone.
+  per step (see :mod:`.cost_models`). Calls the cell math does not cover run the original module
+  (:func:`cell_rewrite_applies`): packed sequences (whose batch shrinks step by step, and which
+  torch.export cannot capture either) and sequences longer than :data:`MAX_UNROLLED_STEPS`.
   Compiled on the CPU at batch 1 over more than one step, each step's hidden product is written as
   a multiply and row sum (:func:`_hidden_gates`): Inductor fuses it with the gates into one kernel
   per step instead of calling a GEMM library for a 1-row product. AOTInductor packages of 16-step
@@ -41,20 +43,47 @@ import torch
 from torch import nn
 
 MAX_UNROLLED_STEPS = 32
+#: rewrite names (see :func:`rewrite_opportunities`) that unroll an LSTM/GRU into cell steps
+CELL_REWRITES = ("lstm_cell:", "gru_cell:")
 #: most output elements per sample (channels x positions) a transposed convolution runs as GEMM + col2im
 MAX_GEMM_DECONV_OUTPUT = 16384
 #: bump when a rewrite's generated program changes: cached AOTInductor packages of rewritten
 #: modules and the records of their measurements are keyed by it
-REWRITES_VERSION = 6
+REWRITES_VERSION = 7
 
 
-class CellLSTM(nn.Module):
+def cell_rewrite_applies(rnn: nn.Module, x: Any) -> bool:
+    """Whether the cell rewrite of ``rnn`` (the RNN or its rewrite: this reads ``batch_first`` and
+    ``proj_size``) runs a call with input ``x`` as cell math: a plain tensor (not a packed sequence)
+    of at most :data:`MAX_UNROLLED_STEPS` steps, and no LSTM projections. Other calls run the
+    original module."""
+    if not isinstance(x, torch.Tensor) or getattr(rnn, "proj_size", 0) or x.dim() not in (2, 3):
+        return False
+    steps = x.shape[1] if x.dim() == 3 and rnn.batch_first else x.shape[0]
+    return steps <= MAX_UNROLLED_STEPS
+
+
+class _CellRNN(nn.Module):
+    """What :class:`CellLSTM` and :class:`CellGRU` share: the original module, which runs the calls
+    the cell math does not cover (:func:`cell_rewrite_applies`). It is held unregistered, so the
+    rewrite's state and exported graph hold only the cell buffers; device and dtype moves follow."""
+
+    def __init__(self, rnn: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "original", rnn)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self.original._apply(fn, recurse)
+        return super()._apply(fn, recurse)
+
+
+class CellLSTM(_CellRNN):
     """nn.LSTM as explicit cell math (same inputs, outputs and parameters' values)."""
 
     def __init__(self, lstm: nn.LSTM) -> None:
-        super().__init__()
         if lstm.proj_size:
             raise ValueError("LSTM with proj_size is not rewritten")
+        super().__init__(lstm)
         self.hidden_size, self.num_layers = lstm.hidden_size, lstm.num_layers
         self.batch_first, self.directions = lstm.batch_first, 2 if lstm.bidirectional else 1
         for layer in range(self.num_layers):
@@ -70,6 +99,8 @@ class CellLSTM(nn.Module):
                 self.register_buffer("b" + sfx, (b[0] + b[1]).detach().clone())
 
     def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
+        if not cell_rewrite_applies(self, x):     # dynamo must not see the original on this path
+            return self.original(x, hx)
         x, unbatched = _to_time_major(x, self.batch_first)
         h0, c0 = _initial_state(x, hx, self.num_layers * self.directions, self.hidden_size, unbatched, 2)
         hs, cs, layer_in = [], [], x
@@ -103,11 +134,11 @@ class CellLSTM(nn.Module):
         return torch.stack(outs, 0), h, c
 
 
-class CellGRU(nn.Module):
+class CellGRU(_CellRNN):
     """nn.GRU as explicit cell math."""
 
     def __init__(self, gru: nn.GRU) -> None:
-        super().__init__()
+        super().__init__(gru)
         self.hidden_size, self.num_layers = gru.hidden_size, gru.num_layers
         self.batch_first, self.directions = gru.batch_first, 2 if gru.bidirectional else 1
         for layer in range(self.num_layers):
@@ -122,6 +153,8 @@ class CellGRU(nn.Module):
                 self.register_buffer("bh" + sfx, b_hh.detach().clone())
 
     def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None):
+        if not cell_rewrite_applies(self, x):     # dynamo must not see the original on this path
+            return self.original(x, hx)
         x, unbatched = _to_time_major(x, self.batch_first)
         (h0,) = _initial_state(x, None if hx is None else (hx,), self.num_layers * self.directions,
                                self.hidden_size, unbatched, 1)
