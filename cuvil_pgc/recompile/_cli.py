@@ -22,7 +22,9 @@ def register_recompile(app: typer.Typer) -> None:
         traces: list[str] = typer.Argument(..., help="Trace files of the model (cuvil-pgc profile, torch.profiler)."),
         model: str = typer.Option(..., "--model", help="MODULE:FACTORY returning (model, example_inputs)."),
         output: str = typer.Option("build.cuvilpkg", "-o", "--output", help="Where to write the build."),
-        budget: int | None = typer.Option(None, "--budget", min=1, help="Most candidates to measure, records of earlier searches of this model included."),
+        budget: int | None = typer.Option(
+            None, "--budget", min=1,
+            help="Most candidates to measure, records of earlier searches of this model included."),
         exhaustive: bool = typer.Option(False, "--exhaustive", help="Measure every candidate (slow)."),
         rtol: float | None = typer.Option(None, "--rtol", help="Accuracy guard rtol (default per dtype)."),
         atol: float | None = typer.Option(None, "--atol", help="Accuracy guard atol (default per dtype)."),
