@@ -253,16 +253,19 @@ def test_prediction_spread_widens_the_stop_rule_when_predictions_miss():
 
     from cuvil_pgc.recompile.search import Trial, _Search
 
-    def spread(*pairs, reused=False):
+    def spread(*pairs, reused=False, now=None):
         trials = {str(i): Trial(Candidate("", "aoti", freezing=bool(i % 2)), p, "ok", m, reused=reused)
                   for i, (p, m) in enumerate(pairs)}
-        return _Search._prediction_spread(SimpleNamespace(trials=trials))
+        refitted = SimpleNamespace(predict=lambda cand, feats: now)
+        return _Search._prediction_spread(SimpleNamespace(trials=trials, cost=refitted, features={"": None}))
 
     assert spread() == 1.0
     assert spread((100.0, 100.0)) == pytest.approx(1.0)
     # predicted 4x too slow (or fast): a candidate predicted at 3x the best measured is still worth a try
     assert spread((400.0, 100.0), (100.0, 400.0)) == pytest.approx(4.0)
-    assert spread((400.0, 100.0), reused=True) == 1.0        # records of earlier searches do not widen it
+    # a reused record counts with what the refitted models predict for it now, not its old prediction
+    assert spread((400.0, 100.0), reused=True, now=100.0) == pytest.approx(1.0)
+    assert spread((100.0, 100.0), reused=True, now=150.0) == pytest.approx(1.5)
 
 
 def _rnn_analysis() -> Analysis:

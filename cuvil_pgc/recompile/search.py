@@ -272,14 +272,21 @@ class _Search:
         return [ranked[0], neighbour, *(item for item in ranked[1:] if item is not neighbour)]
 
     def _prediction_spread(self) -> float:
-        """How far off this search's predictions were: exp(median |log(measured / predicted)|) over
-        its new measurements of compiled candidates (1 before any). A candidate stays worth trying
-        while its prediction, optimistic by that factor, beats the best measured: the less the
-        refitted models can be trusted on this model, the more of the budget the search spends; a
-        search whose predictions hold (records of earlier searches) stops early."""
-        errors = [abs(math.log(t.measured_us / t.predicted_us)) for t in self.trials.values()
-                  if t.status == "ok" and not t.reused and t.candidate.backend != "eager"
-                  and t.measured_us and t.predicted_us and t.predicted_us > 0]
+        """How far off the predictions are on this model: exp(median |log(measured / predicted)|)
+        over its measured compiled candidates (1 before any): a new measurement against what was
+        predicted before it was measured; a reused record against what the refitted models predict
+        for it now (a record they cannot fit says as much as a new miss; its stored prediction,
+        made before the refit, would say more). A candidate stays worth trying while its
+        prediction, optimistic by that factor, beats the best measured: the less the refitted
+        models can be trusted on this model, the more of the budget the search spends; a search
+        whose predictions hold stops early."""
+        errors = []
+        for t in self.trials.values():
+            if t.status != "ok" or t.candidate.backend == "eager" or not t.measured_us:
+                continue
+            predicted = self.cost.predict(t.candidate, self.features[t.candidate.scope]) if t.reused else t.predicted_us
+            if predicted and predicted > 0:
+                errors.append(abs(math.log(t.measured_us / predicted)))
         return math.exp(median(errors)) if errors else 1.0
 
     def _best_in_scope(self, scope: str) -> float:
