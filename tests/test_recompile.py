@@ -866,7 +866,7 @@ def test_structural_hash_sees_shapes_and_types_but_not_values():
 
 
 def test_budget_default_is_a_quarter_and_exhaustive_measures_everything():
-    from cuvil_pgc.recompile.search import default_budget
+    from cuvil_pgc.recompile.search_policy import default_budget
 
     assert default_budget(9) == 2 and default_budget(12) == 3 and default_budget(40) == 10
     model, inputs = rnn_step()

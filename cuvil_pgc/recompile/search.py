@@ -17,9 +17,8 @@ refitted from all of this machine's records before each batch (on the CPU, the m
 prepacked GEMM call and its convolution kernel ratios are measured once per process for the cost
 models); once a few measurements are in, only candidates predicted to beat the best measured time
 of their scope by 2 % are tried, their predictions made optimistic by the spread of this search's
-prediction errors so far (:meth:`_Search._prediction_spread`), and a batch pairs the models'
-favourite with the best-ranked one-knob neighbour of the scope's incumbent
-(:meth:`_Search._with_neighbour`). ``budget`` caps the measurements, eager references, the
+prediction errors so far, and a batch pairs the models' favourite with the best-ranked one-knob
+neighbour of the scope's incumbent (those rules: :mod:`.search_policy`). ``budget`` caps the measurements, eager references, the
 composite plan and the records of earlier searches reused at the start included, so a second
 search of the same model measures only what the first one left (default: a quarter of the space,
 at least 2, one more when every candidate measured failed; the composite goes beyond it only when
@@ -55,14 +54,20 @@ from cuvil_pgc.recompile.features import root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
 from cuvil_pgc.recompile.records import RecordDB
+from cuvil_pgc.recompile.search_policy import (
+    BATCH,
+    MIN_EXPLORE,
+    MIN_GAIN,
+    budget_cap,
+    default_budget,
+    prediction_spread,
+    with_neighbour,
+)
 from cuvil_pgc.recompile.search_records import SearchRecords
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, str], None]
-BATCH = 2
-MIN_EXPLORE = 3      # measurements (new or from records) before the cost model may stop the search
-MIN_GAIN = 0.02      # a candidate must be predicted this much faster than the best measured to be tried
 
 
 @dataclass
@@ -121,16 +126,6 @@ class SearchResult:
 
 def _ms(us: float | None) -> float | None:
     return None if us is None or math.isnan(us) else round(us / 1e3, 6)
-
-
-#: the fewest measurements a default budget allows: eager and the top-ranked candidate (one more
-#: when that one fails, see :meth:`_Search._cap`)
-MIN_BUDGET = 2
-
-
-def default_budget(space_size: int) -> int:
-    """A quarter of the space, at least :data:`MIN_BUDGET` measurements."""
-    return max(MIN_BUDGET, space_size // 4)
 
 
 class _Search:
@@ -210,9 +205,8 @@ class _Search:
         pending = self._reuse_records(pending)
         # records of earlier searches of this model count against the budget: what a search
         # already knows it does not pay for again, so a second search measures only what is left
-        budget = 10**9 if self.opt.exhaustive else (self.opt.budget or default_budget(len(space))) - self.reused
-        self.budget = budget
-        total = min(budget, len(pending) + self.measured)   # for the progress bar
+        self.budget = 10**9 if self.opt.exhaustive else (self.opt.budget or default_budget(len(space))) - self.reused
+        total = min(self.budget, len(pending) + self.measured)   # for the progress bar
         while pending and self.measured < self._cap():
             self._refit()
             ranked = self.cost.rank(pending, self.features)
@@ -226,7 +220,10 @@ class _Search:
             if room < 1:
                 pending = [c for c in pending if c.scope != scope]
                 continue
-            batch = self._with_neighbour([(c, p) for c, p in ranked if c.scope == scope])[:min(BATCH, room)]
+            incumbent = self.incumbents.get(scope)
+            best = self.trials[incumbent[0]].candidate if incumbent else None
+            batch = with_neighbour([(c, p) for c, p in ranked if c.scope == scope], best,
+                                   self.trials.values())[:min(BATCH, room)]
             self._measure_batch(scope, batch)
             done = {c.key for c, _ in batch}
             pending = [c for c in pending if c.key not in done and not self._reject_unexportable(c)]
@@ -241,53 +238,15 @@ class _Search:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), reason=reason)
 
     def _cap(self) -> int:
-        """The most measurements now: the budget, one more under a default budget when every
-        candidate measured so far failed to build or failed the accuracy guard (one failure must
-        not leave eager as the only plan)."""
-        if self.opt.budget is not None or self.opt.exhaustive:
-            return self.budget
-        tried = [t for t in self.trials.values() if not t.candidate.is_baseline and t.status != "not_measured"]
-        return self.budget + (bool(tried) and all(t.status in ("compile_error", "accuracy_error") for t in tried))
-
-    def _with_neighbour(self, ranked: list[tuple[Candidate, float]]) -> list[tuple[Candidate, float]]:
-        """``ranked`` (one scope's candidates, best predicted first) with the best-ranked one-knob
-        neighbour of the scope's incumbent moved to second place: a batch measures the cost
-        models' favourite and a mutation of the best measured (TVM MetaSchedule's evolutionary
-        search mutates its best too). The models cannot tell near-identical configurations apart
-        (max-autotune or not, freezing or not) until both are measured, and their priors would
-        otherwise always pick the same sibling. A neighbour that sets its knob to a value no
-        measured candidate of the incumbent's backend in this scope has comes first (on the GRU
-        tagger the priors mutated max-autotune packages into one another and never measured the
-        default mode, whose plain package won the exhaustive search)."""
-        incumbent = self.incumbents.get(ranked[0][0].scope) if ranked else None
-        if incumbent is None:
-            return ranked
-        best = self.trials[incumbent[0]].candidate
-        neighbours = [item for item in ranked[1:] if _knobs_apart(item[0], best) == 1]
-        if not neighbours:
-            return ranked
-        tried = [t.candidate for t in self.trials.values() if t.candidate.scope == best.scope
-                 and t.candidate.backend == best.backend and t.status != "not_measured"]
-        neighbour = next((item for item in neighbours if _new_knob_value(item[0], best, tried)), neighbours[0])
-        return [ranked[0], neighbour, *(item for item in ranked[1:] if item is not neighbour)]
+        """The most measurements now (:func:`~.search_policy.budget_cap`; a budget the user set is
+        never stretched)."""
+        stretchable = self.opt.budget is None and not self.opt.exhaustive
+        return budget_cap(self.budget, stretchable, self.trials.values())
 
     def _prediction_spread(self) -> float:
-        """How far off the predictions are on this model: exp(median |log(measured / predicted)|)
-        over its measured compiled candidates (1 before any): a new measurement against what was
-        predicted before it was measured; a reused record against what the refitted models predict
-        for it now (a record they cannot fit says as much as a new miss; its stored prediction,
-        made before the refit, would say more). A candidate stays worth trying while its
-        prediction, optimistic by that factor, beats the best measured: the less the refitted
-        models can be trusted on this model, the more of the budget the search spends; a search
-        whose predictions hold stops early."""
-        errors = []
-        for t in self.trials.values():
-            if t.status != "ok" or t.candidate.backend == "eager" or not t.measured_us:
-                continue
-            predicted = self.cost.predict(t.candidate, self.features[t.candidate.scope]) if t.reused else t.predicted_us
-            if predicted and predicted > 0:
-                errors.append(abs(math.log(t.measured_us / predicted)))
-        return math.exp(median(errors)) if errors else 1.0
+        """:func:`~.search_policy.prediction_spread` of this search's trials."""
+        return prediction_spread(self.trials.values(),
+                                 lambda t: self.cost.predict(t.candidate, self.features[t.candidate.scope]))
 
     def _best_in_scope(self, scope: str) -> float:
         times = [t.measured_us for t in self.trials.values()
@@ -448,21 +407,6 @@ class _Search:
     def _record(self, trial: Trial, scope: str, eager_us: float | None) -> None:
         if self.records is not None:
             self.records.add(trial, self.features[scope], eager_us)
-
-
-#: a candidate's configuration knobs (its scope aside)
-KNOBS = ("backend", "mode", "freezing", "cpp_wrapper", "rewrite", "channels_last", "precision")
-
-
-def _knobs_apart(a: Candidate, b: Candidate) -> int:
-    """How many configuration knobs (backend, mode, freezing, ...) two candidates differ in."""
-    return sum(getattr(a, k) != getattr(b, k) for k in KNOBS)
-
-
-def _new_knob_value(cand: Candidate, best: Candidate, tried: list[Candidate]) -> bool:
-    """Whether ``cand`` sets the knob it differs from ``best`` in to a value none of ``tried`` has."""
-    knob = next(k for k in KNOBS if getattr(cand, k) != getattr(best, k))
-    return all(getattr(t, knob) != getattr(cand, knob) for t in tried)
 
 
 def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFeatures],

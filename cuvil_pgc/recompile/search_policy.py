@@ -1,0 +1,99 @@
+"""What the search measures next and when it stops (see :mod:`.search`).
+
+- The budget: by default a quarter of the space, at least eager and the top-ranked candidate, one
+  more when every candidate measured so far failed (:func:`budget_cap`).
+- The stop rule: once a few measurements are in, a candidate is tried only while its prediction,
+  made optimistic by how far off the predictions are on this model (:func:`prediction_spread`),
+  beats the best measured of its scope by :data:`MIN_GAIN`.
+- A batch: the cost models' favourite and the best-ranked one-knob neighbour of the incumbent
+  (:func:`with_neighbour`).
+
+Functions of the search's trials (anything with ``candidate``, ``status``, ``measured_us``,
+``predicted_us`` and ``reused``), so each rule is tested on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.measure import median
+
+BATCH = 2
+MIN_EXPLORE = 3      # measurements (new or from records) before the cost model may stop the search
+MIN_GAIN = 0.02      # a candidate must be predicted this much faster than the best measured to be tried
+#: the fewest measurements a default budget allows: eager and the top-ranked candidate (one more
+#: when that one fails, see :func:`budget_cap`)
+MIN_BUDGET = 2
+#: a candidate's configuration knobs (its scope aside)
+KNOBS = ("backend", "mode", "freezing", "cpp_wrapper", "rewrite", "channels_last", "precision")
+
+Ranked = list[tuple[Candidate, float]]
+
+
+def default_budget(space_size: int) -> int:
+    """A quarter of the space, at least :data:`MIN_BUDGET` measurements."""
+    return max(MIN_BUDGET, space_size // 4)
+
+
+def budget_cap(budget: int, stretchable: bool, trials: Iterable[Any]) -> int:
+    """The most measurements now: ``budget``, one more when it is ``stretchable`` (a default
+    budget) and every candidate measured so far failed to build or failed the accuracy guard (one
+    failure must not leave eager as the only plan)."""
+    if not stretchable:
+        return budget
+    tried = [t for t in trials if not t.candidate.is_baseline and t.status != "not_measured"]
+    return budget + (bool(tried) and all(t.status in ("compile_error", "accuracy_error") for t in tried))
+
+
+def with_neighbour(ranked: Ranked, best: Candidate | None, trials: Iterable[Any]) -> Ranked:
+    """``ranked`` (one scope's candidates, best predicted first) with the best-ranked one-knob
+    neighbour of ``best``, the scope's incumbent, moved to second place: a batch measures the cost
+    models' favourite and a mutation of the best measured (TVM MetaSchedule's evolutionary search
+    mutates its best too). The models cannot tell near-identical configurations apart
+    (max-autotune or not, freezing or not) until both are measured, and their priors would
+    otherwise always pick the same sibling. A neighbour that sets its knob to a value no measured
+    candidate of the incumbent's backend in this scope has comes first (on the GRU tagger the
+    priors mutated max-autotune packages into one another and never measured the default mode,
+    whose plain package won the exhaustive search)."""
+    if best is None:
+        return ranked
+    neighbours = [item for item in ranked[1:] if _knobs_apart(item[0], best) == 1]
+    if not neighbours:
+        return ranked
+    tried = [t.candidate for t in trials if t.candidate.scope == best.scope
+             and t.candidate.backend == best.backend and t.status != "not_measured"]
+    neighbour = next((item for item in neighbours if _new_knob_value(item[0], best, tried)), neighbours[0])
+    return [ranked[0], neighbour, *(item for item in ranked[1:] if item is not neighbour)]
+
+
+def prediction_spread(trials: Iterable[Any], predict_now: Callable[[Any], float]) -> float:
+    """How far off the predictions are on this model: exp(median |log(measured / predicted)|)
+    over its measured compiled candidates (1 before any): a new measurement against what was
+    predicted before it was measured; a reused record against ``predict_now``, what the refitted
+    models predict for it now (a record they cannot fit says as much as a new miss; its stored
+    prediction, made before the refit, would say more). A candidate stays worth trying while its
+    prediction, optimistic by that factor, beats the best measured: the less the refitted models
+    can be trusted on this model, the more of the budget the search spends; a search whose
+    predictions hold stops early."""
+    errors = []
+    for t in trials:
+        if t.status != "ok" or t.candidate.backend == "eager" or not t.measured_us:
+            continue
+        predicted = predict_now(t) if t.reused else t.predicted_us
+        if predicted and predicted > 0:
+            errors.append(abs(math.log(t.measured_us / predicted)))
+    return math.exp(median(errors)) if errors else 1.0
+
+
+def _knobs_apart(a: Candidate, b: Candidate) -> int:
+    """How many configuration knobs (backend, mode, freezing, ...) two candidates differ in."""
+    return sum(getattr(a, k) != getattr(b, k) for k in KNOBS)
+
+
+def _new_knob_value(cand: Candidate, best: Candidate, tried: list[Candidate]) -> bool:
+    """Whether ``cand`` sets the knob it differs from ``best`` in to a value none of ``tried`` has."""
+    knob = next(k for k in KNOBS if getattr(cand, k) != getattr(best, k))
+    return all(getattr(t, knob) != getattr(cand, knob) for t in tried)
