@@ -249,15 +249,13 @@ def test_a_measured_rewrite_does_not_correct_the_original_program():
 # ----------------------------------------------------------------------------- search, records, guard
 
 def test_prediction_spread_widens_the_stop_rule_when_predictions_miss():
-    from types import SimpleNamespace
-
-    from cuvil_pgc.recompile.search import Trial, _Search
+    from cuvil_pgc.recompile.search import Trial
+    from cuvil_pgc.recompile.search_policy import prediction_spread
 
     def spread(*pairs, reused=False, now=None):
-        trials = {str(i): Trial(Candidate("", "aoti", freezing=bool(i % 2)), p, "ok", m, reused=reused)
-                  for i, (p, m) in enumerate(pairs)}
-        refitted = SimpleNamespace(predict=lambda cand, feats: now)
-        return _Search._prediction_spread(SimpleNamespace(trials=trials, cost=refitted, features={"": None}))
+        trials = [Trial(Candidate("", "aoti", freezing=bool(i % 2)), p, "ok", m, reused=reused)
+                  for i, (p, m) in enumerate(pairs)]
+        return prediction_spread(trials, lambda trial: now)     # now: what the refitted models predict
 
     assert spread() == 1.0
     assert spread((100.0, 100.0)) == pytest.approx(1.0)
