@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cuvil_pgc.analyze._roofs import Roofs
+from cuvil_pgc.analyze.intervals import grouped_union_length
 from cuvil_pgc.trace.attribution import RegionIndex
 from cuvil_pgc.trace.columns import Trace
 from cuvil_pgc.trace.schema import Kind
@@ -47,7 +48,7 @@ class PathWork:
     op_fixed_time: np.ndarray      # op time spent on fixed per-op cost (see fixed_cost)
     short_gap_time: np.ndarray     # gaps between consecutive ops shorter than GAP_FACTOR dispatches
     gpu_count: np.ndarray
-    gpu_time: np.ndarray           # busy time of kernels + memcpy/memset
+    gpu_time: np.ndarray           # busy time of kernels + memcpy/memset: their union, per source
     gpu_flops: np.ndarray
     gpu_bytes: np.ndarray
     gpu_median: np.ndarray
@@ -230,12 +231,24 @@ def _path_work(prep: Prepared) -> PathWork:
         op_median=group_median(p, d, n),
         op_fixed_time=_sum(p, w * fixed_cost(f, b, d, prep.roofs), n),
         short_gap_time=_short_gaps(prep, n),
-        gpu_count=_sum(gp, gw, n), gpu_time=_sum(gp, gw * gd, n),
+        gpu_count=_sum(gp, gw, n), gpu_time=_busy(prep, g, n),
         gpu_flops=_sum(gp, gw * np.nan_to_num(ev["flops"][g]), n),
         gpu_bytes=_sum(gp, gw * np.nan_to_num(ev["bytes"][g]), n),
         gpu_median=group_median(gp, gd, n),
         runtime_time=_sum(prep.path_pos[rt], prep.weight[rt] * ev["dur"][rt], n),
     )
+
+
+def _busy(prep: Prepared, rows: np.ndarray, n: int) -> np.ndarray:
+    """Per path: the union of its GPU intervals in each source (two kernels at once are busy once),
+    weighted by the source weight."""
+    ev = prep.trace.events
+    src = np.clip(ev["source"][rows].astype(np.int64), 0, None)
+    n_src = int(src.max()) + 1 if len(rows) else 1
+    by_group = grouped_union_length(ev["ts"][rows], ev["ts"][rows] + ev["dur"][rows],
+                                    src * n + prep.path_pos[rows], n_src * n)
+    w = np.array([s.weight for s in prep.trace.sources] + [1.0] * n_src)[:n_src]
+    return (by_group.reshape(n_src, n) * w[:, None]).sum(axis=0) if n else np.zeros(0)
 
 
 def fixed_cost(flops: np.ndarray, nbytes: np.ndarray, dur: np.ndarray, roofs: Roofs) -> np.ndarray:

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-BOTTLENECKS = ("launch_overhead", "memory_bandwidth", "compute", "host_bound", "idle")
+from cuvil_pgc.analyze.vocabulary import NAMES
+
+BOTTLENECKS = NAMES          # the class names, from the one table (analyze.vocabulary)
 
 
 @dataclass

@@ -23,11 +23,21 @@ CPU regions (no GPU work), with ``dispatch_us`` the machine's per-op dispatch co
   IDLE_UTIL or below, all ``host_bound`` (Python) at BUSY_UTIL or above, linear in between; all
   ``host_bound`` when there is no counter.
 
-GPU regions (kernels, memcpy or memset attributed to them): GPU busy time ``K`` goes to memory
-or compute as above (GPU roofs; kernel names when FLOPs are unknown); GPU gaps ``G = max(T - K, 0)``
-are ``launch_overhead`` up to ``max(n_kernels * launch_us, runtime_us)``; the rest is ``host_bound``
-in the proportion the CPU was busy (in ops, or by the ``cpu_util`` counter), else ``idle``; without
-a counter all of it is ``host_bound`` (the CPU is taken to run Python), as on the CPU path.
+GPU regions (a trace with GPU work, and the region has GPU work of its own, CUDA runtime calls, or
+the GPU busy in its windows): the region's self windows are split by what the GPU and the host did
+at each instant (:mod:`.gpu_windows`), every instant counted once:
+- GPU busy (union of kernels, memcpy, memset) → the work, ``memory_bandwidth`` / ``compute`` by the
+  side of the roofline the region's own kernels sit on (kernel names when FLOPs are unknown), except
+  ``communication`` where only collective kernels run (not hidden behind compute) and ``sync_wait``
+  where the host blocks in a sync call while the GPU runs work that is not the region's;
+- GPU idle, by what the host was doing for the region (on any of its threads), in this priority:
+  a sync call or blocking copy → ``sync_wait``; an allocation call → ``allocation``; a context /
+  setup call → ``setup``; a collective call or op (gloo) → ``communication``; a launch call (and
+  the wait for its kernel to start) or a CPU op that launches GPU work → ``launch_overhead``;
+  another op or nothing recorded → ``host_bound`` / ``idle`` by the ``cpu_util`` counter as on the
+  CPU path (all ``host_bound`` without one).
+A region whose windows have the GPU at least GPU_BUSY_FRAC busy is never ``host_bound`` or
+``launch_overhead``: the host kept the GPU fed.
 
 Confidence = (winning component / T) * quality, where quality is 1 for launch overhead and for
 host/idle with a utilization counter, 0.7 for host/idle without one, and for memory/compute the
@@ -36,16 +46,19 @@ fraction of op (kernel) time whose FLOPs or bytes are known, at least 0.4 (name 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 
+from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.analyze._prepare import Prepared
 from cuvil_pgc.analyze.analysis import Analysis
-from cuvil_pgc.trace.schema import COUNTER_CPU_UTIL
+from cuvil_pgc.analyze.gpu_windows import split_windows
+from cuvil_pgc.analyze.intervals import grouped_union_length
+from cuvil_pgc.analyze.runtime_api import CATEGORIES, COMPUTE_NAMES, is_comm
+from cuvil_pgc.trace.schema import COUNTER_CPU_UTIL, Kind
 
-COMPUTE_NAMES = re.compile(r"(mm|matmul|linear|conv|gemm|bmm|einsum|attention|sdpa|xmma|cutlass|mma|sm\d+_)", re.I)
+GPU_BUSY_FRAC = 0.9    # GPU at least this busy in a region's windows: never host_bound / launch_overhead
 NAME_ONLY_QUALITY = 0.4
 IDLE_UTIL = 0.05       # process busy on at most this many cores during uncovered time: idle
 BUSY_UTIL = 0.15       # ... at least this many: busy (host_bound); linear in between
@@ -96,6 +109,31 @@ class Compute(_Work):
     name = side = "compute"
 
 
+class _Component(Rule):
+    """A class explained by one component of the split (GPU path only; 0 on the CPU path)."""
+
+    key = ""
+
+    def explained_us(self, ev):
+        return ev["_c"].get(self.key, 0.0)
+
+
+class Communication(_Component):
+    name, key = "communication", "comm"
+
+
+class SyncWait(_Component):
+    name, key = "sync_wait", "sync"
+
+
+class Allocation(_Component):
+    name, key = "allocation", "alloc"
+
+
+class Setup(_Component):
+    name, key = "setup", "setup"
+
+
 class HostBound(Rule):
     name = "host_bound"
 
@@ -113,18 +151,28 @@ class Idle(HostBound):
         return ev["_c"]["idle"]
 
 
-RULES: list[Rule] = [LaunchOverhead(), MemoryBandwidth(), Compute(), HostBound(), Idle()]
+_RULES = {r.name: r for r in (LaunchOverhead(), MemoryBandwidth(), Compute(), Communication(), SyncWait(),
+                               Allocation(), Setup(), HostBound(), Idle())}
+#: one rule per class of the vocabulary, in its order (a class without a rule is an error at import)
+RULES: list[Rule] = [_RULES[name] for name in vocabulary.NAMES]
+#: classes a region with the GPU at least GPU_BUSY_FRAC busy in its windows cannot get
+NOT_WHEN_GPU_BUSY = ("host_bound", "launch_overhead")
 
 
 def attribute_bottlenecks(prep: Prepared, analysis: Analysis) -> None:
     """Pass: set ``bottleneck``, ``confidence`` and ``evidence`` on every region."""
     util = cpu_util_by_path(prep)
     names = _dominant_names(prep)
+    split = prep.extras.get("gpu_windows") or split_windows(prep)
+    comm_ops = comm_op_time(prep)
     for i, r in enumerate(analysis.regions):
         u = None if util is None or np.isnan(util[i]) else float(util[i])
-        ev = region_evidence(prep, i, r.self_us, u, names[i])
+        ev = region_evidence(prep, i, r.self_us, u, names[i], {k: float(v[i]) for k, v in split.items()},
+                             float(comm_ops[i]))
         scores = {rule.name: rule.explained_us(ev) for rule in RULES}
-        best = max(RULES, key=lambda rule: (scores[rule.name], -RULES.index(rule)))
+        allowed = [rule for rule in RULES
+                   if not (ev.get("gpu_busy_frac", 0.0) >= GPU_BUSY_FRAC and rule.name in NOT_WHEN_GPU_BUSY)]
+        best = max(allowed, key=lambda rule: (scores[rule.name], -RULES.index(rule)))
         if scores[best.name] <= 0:
             best = RULES[-1]     # no time to explain at all: the region is empty
         r.bottleneck = best.name
@@ -133,9 +181,13 @@ def attribute_bottlenecks(prep: Prepared, analysis: Analysis) -> None:
         r.evidence = {k: v for k, v in ev.items() if not k.startswith("_")}
 
 
-def region_evidence(prep: Prepared, i: int, self_us: float, util: float | None, names: str) -> dict[str, Any]:
+def region_evidence(prep: Prepared, i: int, self_us: float, util: float | None, names: str,
+                    split: dict[str, float] | None = None, comm_op_us: float = 0.0) -> dict[str, Any]:
     w, roofs = prep.work, prep.roofs
-    gpu = w.gpu_count[i] > 0
+    split = split or {}
+    runtime_calls = sum(split.get(f"runtime_{c}_calls", 0.0) for c in CATEGORIES)
+    gpu = bool(w.gpu_count[i] > 0 or (split.get("window", 0.0) > 0
+                                      and (split.get("busy", 0.0) > 0 or runtime_calls > 0)))
     busy = float(w.gpu_time[i] if gpu else w.op_time[i])
     flops = float(w.gpu_flops[i] if gpu else w.op_flops[i])
     nbytes = float(w.gpu_bytes[i] if gpu else w.op_bytes[i])
@@ -166,13 +218,38 @@ def region_evidence(prep: Prepared, i: int, self_us: float, util: float | None, 
         "short_gap_us": float(w.short_gap_time[i]),
         "launch_overhead_us": float(w.gpu_count[i] * roofs.launch_us),
         "runtime_us": float(w.runtime_time[i]),
+        "comm_kernel_frac": _comm_frac(prep, i),
+        "comm_op_us": comm_op_us,
         "cpu_util": util,
         "dominant_ops": names,
     }
     ev["_known_frac"] = min(max(f_time, b_time) / busy, 1.0) if busy > 0 else 0.0
     ev["_side"] = _side(intensity, ev["ridge"], names)
-    ev["_c"] = _gpu_components(ev) if gpu else _cpu_components(ev)
+    if gpu:
+        ev.update(_gpu_evidence(split, self_us, float(w.gpu_time[i])))
+        ev["uncovered_frac"] = 1.0 - ev["gpu_busy_frac"]
+        ev["_c"] = _gpu_components(ev, split)
+    else:
+        ev["_c"] = _cpu_components(ev)
     return ev
+
+
+def _gpu_evidence(split: dict[str, float], self_us: float, own_union: float) -> dict[str, Any]:
+    """The GPU figures of one region: busy time in its windows, runtime time by API, idle causes."""
+    win = split.get("window", 0.0)
+    scale = self_us / win if win > 0 else 0.0
+    busy = split.get("busy", 0.0) * scale
+    return {
+        "gpu_busy_us": busy,
+        "gpu_busy_frac": min(busy / self_us, 1.0) if self_us > 0 else 0.0,
+        "kernel_time_us": min(split.get("own_busy", 0.0) * scale, self_us),
+        "kernel_busy_us": own_union,
+        "comm_exposed_us": split.get("comm_exposed", 0.0) * scale,
+        "runtime_by_api_us": {c: split.get(f"runtime_{c}", 0.0) for c in CATEGORIES},
+        "runtime_calls_by_api": {c: split.get(f"runtime_{c}_calls", 0.0) for c in CATEGORIES},
+        "gpu_idle_by_host_us": {k.removeprefix("idle_"): v * scale for k, v in split.items() if k.startswith("idle_")},
+        "sync_wait_busy_us": split.get("sync_foreign", 0.0) * scale,
+    }
 
 
 def _opt(x: float) -> float | None:
@@ -188,22 +265,57 @@ def _side(intensity: float | None, ridge: float | None, names: str) -> str:
 def _cpu_components(ev: dict[str, Any]) -> dict[str, float]:
     t, ops = ev["self_us"], ev["op_time_us"]
     launch = min(ev["fixed_cost_us"] + ev["short_gap_us"], t)
-    work = max(ops - ev["fixed_cost_us"], 0.0)
+    comm = min(ev["comm_op_us"], max(ops - ev["fixed_cost_us"], 0.0))     # gloo collectives run as ops
+    work = max(ops - ev["fixed_cost_us"] - comm, 0.0)
     uncovered = max(t - ops - ev["short_gap_us"], 0.0)
     idle_frac = _idle_frac(ev["cpu_util"])
-    return {"launch": launch, "work": work, "host": uncovered * (1 - idle_frac), "idle": uncovered * idle_frac}
+    return {"launch": launch, "work": work, "comm": comm, "host": uncovered * (1 - idle_frac),
+            "idle": uncovered * idle_frac}
 
 
-def _gpu_components(ev: dict[str, Any]) -> dict[str, float]:
-    t, busy = ev["self_us"], ev["kernel_time_us"]
-    gaps = max(t - busy, 0.0)
-    launch = min(max(ev["launch_overhead_us"], ev["runtime_us"]), gaps)
-    rest = gaps - launch
-    cpu_busy = 1.0           # without a counter, CPU time outside ops is taken as Python (host)
-    if ev["cpu_util"] is not None:
-        in_ops = min(ev["op_time_us"] / t, 1.0) if t > 0 else 0.0
-        cpu_busy = max(in_ops, 1.0 - _idle_frac(ev["cpu_util"]))
-    return {"launch": launch, "work": min(busy, t), "host": rest * cpu_busy, "idle": rest * (1 - cpu_busy)}
+def comm_op_time(prep: Prepared) -> np.ndarray:
+    """Per path: host time in collective communication ops (any nesting depth; the union per source
+    and thread, weighted), e.g. ``gloo:all_reduce`` or ``c10d::allreduce_``."""
+    ev, n = prep.trace.events, prep.n_paths
+    ops = np.nonzero((ev["kind"] == Kind.CPU_OP) & (prep.path_pos >= 0))[0]
+    if not len(ops) or not n:
+        return np.zeros(n)
+    names = prep.trace.strings.strings
+    uniq, inv = np.unique(ev["name"][ops], return_inverse=True)
+    ops = ops[np.array([is_comm(names[int(u)]) for u in uniq], dtype=bool)[inv]]
+    if not len(ops):
+        return np.zeros(n)
+    lanes, lane_code = np.unique(prep.lane[ops], return_inverse=True)
+    key = lane_code.astype(np.int64) * n + prep.path_pos[ops]
+    by = grouped_union_length(ev["ts"][ops], ev["ts"][ops] + ev["dur"][ops], key, len(lanes) * n)
+    w = prep.weight[ops]
+    lane_w = np.zeros(len(lanes))
+    lane_w[lane_code] = w
+    return (by.reshape(len(lanes), n) * lane_w[:, None]).sum(axis=0)
+
+
+def _gpu_components(ev: dict[str, Any], split: dict[str, float]) -> dict[str, float]:
+    """Components of the region's self time from the window split (scaled to ``self_us``)."""
+    t, win = ev["self_us"], split.get("window", 0.0)
+    scale = t / win if win > 0 else 0.0
+    idle = {k.removeprefix("idle_"): v * scale for k, v in split.items() if k.startswith("idle_")}
+    comm_busy = ev["comm_exposed_us"]
+    sync_busy = ev["sync_wait_busy_us"]
+    idle_frac = _idle_frac(ev["cpu_util"])
+    return {"work": max(ev["gpu_busy_us"] - comm_busy - sync_busy, 0.0),
+            "comm": comm_busy + idle.get("comm", 0.0),
+            "sync": sync_busy + idle.get("sync", 0.0),
+            "alloc": idle.get("alloc", 0.0), "setup": idle.get("setup", 0.0),
+            "launch": idle.get("launch", 0.0) + idle.get("op_launch", 0.0),
+            "host": idle.get("op", 0.0) + idle.get("none", 0.0) * (1 - idle_frac),
+            "idle": idle.get("none", 0.0) * idle_frac}
+
+
+def _comm_frac(prep: Prepared, i: int) -> float:
+    """Share of the region's top op / kernel time in collective communication (names)."""
+    ops = prep.extras.get("top_ops", [[]] * prep.n_paths)[i] if prep.extras.get("top_ops") else []
+    tot = sum(o["total_us"] for o in ops)
+    return sum(o["total_us"] for o in ops if is_comm(o["name"])) / tot if tot > 0 else 0.0
 
 
 def _idle_frac(util: float | None) -> float:
@@ -220,7 +332,7 @@ def _dominant_names(prep: Prepared) -> list[str]:
     out = []
     for i, ops in enumerate(prep.extras.get("top_ops", [[]] * prep.n_paths)):
         kind = "kernel" if prep.work.gpu_count[i] > 0 else "op"
-        out.append(" ".join([o["name"] for o in ops if o.get("kind", "op") == kind][:2]))
+        out.append(" ".join([o["name"] for o in ops if o.get("kind", "op") == kind and not is_comm(o["name"])][:2]))
     return out
 
 

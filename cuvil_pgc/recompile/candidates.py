@@ -19,8 +19,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cuvil_pgc.analyze import vocabulary
+
 BACKENDS = ("eager", "compile", "aoti", "cudagraphs")
-OVERHEAD_LABELS = ("launch_overhead", "host_bound")
+OVERHEAD_LABELS = tuple(sorted(vocabulary.with_remedy("overhead")))   # launch_overhead, host_bound, ...
+WORK_LABELS = vocabulary.with_remedy("work")                            # memory_bandwidth, compute
+NO_REMEDY_LABELS = vocabulary.with_remedy("none")                       # idle, communication, setup
 MAX_SUBSCOPES = 3
 MIN_SCOPE_SHARE = 0.3
 
@@ -102,15 +106,15 @@ def generate_space(scopes: list[ScopeFeatures], device: str = "cpu",
 def scope_candidates(feats: ScopeFeatures, device: str = "cpu") -> list[Candidate]:
     labels = set(feats.labels or [feats.bottleneck])
     out = [Candidate(feats.scope)]
-    if labels <= {"idle"}:
+    if labels <= NO_REMEDY_LABELS:
         return out
     rewrites = [False, True] if feats.rewrites else [False]
     for rw in rewrites:
         out += _overhead_configs(feats.scope, rw, device) if labels & set(OVERHEAD_LABELS) else []
-        out += _fusion_configs(feats.scope, rw) if labels & {"memory_bandwidth", "compute"} else []
-    if labels & {"memory_bandwidth", "compute"}:
+        out += _fusion_configs(feats.scope, rw) if labels & WORK_LABELS else []
+    if labels & WORK_LABELS:
         out += _layout_precision_configs(feats, device, labels)
-    if not labels & (set(OVERHEAD_LABELS) | {"memory_bandwidth", "compute"}):
+    if not labels & (set(OVERHEAD_LABELS) | WORK_LABELS):
         out.append(Candidate(feats.scope, "compile"))
     return out
 

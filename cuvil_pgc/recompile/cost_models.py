@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.recompile.candidates import OVERHEAD_LABELS, Candidate, ScopeFeatures
 from cuvil_pgc.recompile.measure import conv_kernel_ratios, median, prepacked_gemm_overhead_us
 from cuvil_pgc.recompile.rewrites import CELL_REWRITES
@@ -250,7 +251,8 @@ class FusionCostModel:
 
     def memory_share(self, feats: ScopeFeatures) -> float:
         if feats.flops <= 0 or feats.bytes <= 0:
-            return {"memory_bandwidth": 0.8, "compute": 0.2}.get(feats.bottleneck, 0.5)
+            known = vocabulary.of(feats.bottleneck)
+            return known.memory_share if known else 0.5
         t_mem = feats.bytes / self.machine.mem_bw
         t_cmp = feats.flops / self.machine.peak_flops
         return t_mem / (t_mem + t_cmp)

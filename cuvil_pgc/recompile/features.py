@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.recompile.candidates import ScopeFeatures
 from cuvil_pgc.recompile.matching import RegionMatch
 from cuvil_pgc.recompile.measure import gemm_us
@@ -28,7 +29,8 @@ from cuvil_pgc.recompile.rewrites import (
     rewrite_opportunities,
 )
 
-ALL_LABELS = ["launch_overhead", "memory_bandwidth", "compute"]
+#: labels of a scope without a profiled region: launch overhead and every class of the "work" remedy
+ALL_LABELS = ["launch_overhead", *(c.name for c in vocabulary.CLASSES if c.remedy == "work")]
 #: version of what :func:`op_census` counts; bump it when the counts change. Records keep the
 #: features they were measured with, and the refit leaves out those of an older census (their
 #: measurements stay valid and are reused; a reuse restores the record with today's features)

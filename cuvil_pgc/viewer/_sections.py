@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any
 
+from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.viewer._template import text
 from cuvil_pgc.viewer.console import fmt_rate, fmt_us, key_evidence
 
@@ -63,7 +64,7 @@ def plot(key: str) -> str:
 
 
 def badge(verdict: str) -> str:
-    known = verdict in ("launch_overhead", "memory_bandwidth", "compute", "host_bound", "idle")
+    known = vocabulary.of(verdict) is not None
     return f'<span class="badge b-{verdict if known else "unknown"}">{text(verdict or "?")}</span>'
 
 

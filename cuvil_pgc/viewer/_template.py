@@ -28,6 +28,8 @@ from typing import Any
 
 import orjson
 
+from cuvil_pgc.analyze import vocabulary
+
 PLOTLY_MODES = ("inline", "cdn")
 # Bidi controls (Trojan-source style reordering) and C0/C1 controls other than tab and newline.
 _INVISIBLE = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -102,7 +104,7 @@ def page(*, title: str, header: str, nav: str, body: str, figures: dict[str, Any
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         '<meta name="referrer" content="no-referrer">',
         f"<title>{text(title)}</title>",
-        f"<style>{asset('report.css')}</style>",
+        f"<style>{asset('report.css')}\n{vocabulary.css()}</style>",
         "</head><body>",
         header, nav, f"<main>{body}</main>",
         f'<script type="application/json" id="cuvil-figures">{script_json(figures)}</script>',

@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.analyze.analysis import Analysis, RegionStats
 
-_STYLE = {"launch_overhead": "magenta", "memory_bandwidth": "cyan", "compute": "green",
-          "host_bound": "yellow", "idle": "dim"}
+_STYLE = {c.name: c.style for c in vocabulary.CLASSES}
 
 
 def fmt_us(us: float | None) -> str:

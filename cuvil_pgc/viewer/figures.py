@@ -21,11 +21,11 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.viewer._template import plot_text
 
-BOTTLENECK_COLORS = {"launch_overhead": "#b5179e", "memory_bandwidth": "#0077b6", "compute": "#2a9d3f",
-                     "host_bound": "#c77d00", "idle": "#8a8a8a"}
-OTHER_COLOR = "#6c757d"
+BOTTLENECK_COLORS = {c.name: c.color for c in vocabulary.CLASSES}
+OTHER_COLOR = vocabulary.UNKNOWN_COLOR
 PALETTE = ("#3558a8", "#e07b39", "#2a9d3f", "#b5179e", "#0096c7", "#c77d00", "#7b2cbf", "#d62828",
            "#588157", "#8a8a8a", "#264653", "#e9c46a")
 MAX_SPAN_TRACES = 40
