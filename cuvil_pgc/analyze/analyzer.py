@@ -181,12 +181,42 @@ def _machines(trace: Trace, machine: Any) -> tuple[tuple[Any, Any], list[str]]:
         if machine is not None and _device_of(machine) == device:
             models.append(machine)
             continue
+        model = _trace_gpu_model(trace, warnings) if device == "cuda" else None
+        if model is not None:
+            models.append(model)
+            continue
         model = default_machine(device)
         if _is_fallback(model):
             warnings.append(f"no calibrated {device} machine model on this machine: using the documented "
                             f"fallback figures (run `cuvil-pgc calibrate --device {device}`)")
         models.append(model)
     return (models[0], models[1] if has_gpu else None), warnings
+
+
+def _trace_gpu_model(trace: Trace, warnings: list[str]) -> Any:
+    """The GPU the trace names in ``deviceProperties``: a calibration of that GPU in the cache (one
+    ``cuvil-pgc calibrate --device cuda`` on a machine with it), else the datasheet figures of its
+    entry in ``gpu_specs.GPUS``; None when the trace names no GPU (with a warning when it names
+    one the table does not know). Never imports torch."""
+    from cuvil_pgc.analyze import gpu_specs
+    from cuvil_pgc.analyze.machine import MachineModel, cache_dir
+
+    props = gpu_specs.trace_gpu([d for s in trace.sources if isinstance(s.metadata, dict)
+                                 for d in (s.metadata.get("devices") or [])])
+    if props is None:
+        return None
+    for path in sorted(cache_dir().glob("machine-*.json")) if cache_dir().is_dir() else ():
+        try:
+            cached = MachineModel.load(path)
+        except AnalysisError:
+            continue
+        if cached.device.startswith("cuda") and cached.name.split(" (")[0] == props["name"]:
+            return cached
+    model = gpu_specs.gpu_from_properties(props)
+    if model is None:
+        warnings.append(f"the trace's GPU {props['name']!r} is not in the table of known GPUs "
+                        "(cuvil_pgc.analyze.gpu_specs): using the documented fallback figures")
+    return model
 
 
 def _device_of(machine: Any) -> str:

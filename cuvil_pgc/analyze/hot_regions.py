@@ -7,18 +7,25 @@ times its recorded calls); ``total_us`` / ``self_us`` are sums weighted by the s
 ``mean_us`` and ``p50/p95/p99_us`` are weighted over calls (inverted-CDF quantiles);
 ``share = total_us / run duration``, where the run duration is the weighted sum of each source's
 span. ``parent`` is the enclosing region's path and ``depth`` its nesting depth (the call tree).
-Ops and kernels outside every region form the pseudo-region ``(outside regions)`` with one call.
+Ops and kernels outside every region form the pseudo-region ``(outside regions)`` with one call;
+its time is its op time (CPU traces) or, on GPU traces, the span of each source not inside any
+region call (:mod:`.gpu_windows`).
 
 Hotness (pass :func:`score_hotness`) estimates the µs that recompiling could save::
 
-    hotness = max(self_us - idle_us - bound_us, 0)
+    hotness = max(self_us - unrecompilable_us - bound_us, 0) * wall_us / self_us
     bound_us = calls * floor_us + sum over the region's top-level ops (or GPU kernels) of roof_i
     roof_i   = max(flops_i / peak_flops, bytes_i / mem_bw)   when the op's FLOPs or bytes are known
              = max(dur_i - floor_us, 0)                        when neither is known
     floor_us = the machine's per-op dispatch overhead (CPU) or kernel-launch latency (GPU):
                a recompiled region still runs at least one fused op per call
 
-(each term weighted by its source weight, roof_i capped at the op's measured time). Time in the
+(each term weighted by its source weight, roof_i capped at the op's measured time).
+``unrecompilable_us`` is the time the bottleneck split gives to classes whose remedy is ``none``
+(``idle``, ``communication``, ``setup``: see ``vocabulary``). ``wall_us`` is the region's self time
+with time shared by concurrent calls of regions on other threads divided among them
+(:func:`shared_self_time`), so savings are bounded by the region's own time, nested and
+overlapping time is counted once, and summed root savings never exceed the run. Time in the
 region not covered by ops (Python) is all saving potential, except time attributed to ``idle``
 (the process waited: nothing to recompile). An op whose work is unknown is assumed to run at
 its roof already, so only its dispatch overhead counts. A trace with no op or kernel data at all
@@ -30,10 +37,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.analyze._prepare import OUTSIDE, Prepared, group_quantiles
 from cuvil_pgc.analyze.analysis import Analysis, RegionStats
+from cuvil_pgc.analyze.gpu_windows import has_gpu, self_pieces, split_windows
+from cuvil_pgc.analyze.intervals import shared_time
 
 NO_OP_DATA_SAVING = 0.5
+#: time of these classes is not saved by recompiling the region (idle, communication, setup)
+NOT_RECOMPILABLE = tuple(sorted(vocabulary.with_remedy("none")))
 HIST_BINS = 20
 TOP_OPS = 5
 
@@ -82,6 +94,8 @@ def _fill_outside(prep: Prepared, calls, total, self_, wsum, q) -> None:
     i = len(prep.paths) - 1
     work = prep.work
     busy = work.op_time[i] if work.op_count[i] > 0 else work.gpu_time[i]
+    if has_gpu(prep):         # GPU traces: the time outside every region call (span minus regions)
+        busy = split_windows(prep)["window"][i]
     calls[i], total[i], self_[i], wsum[i] = 1, busy, busy, 1.0
     q[i, :] = busy
 
@@ -190,15 +204,41 @@ def score_hotness(prep: Prepared, analysis: Analysis) -> None:
     if calls is None:
         calls = np.array([r.calls for r in analysis.regions], dtype=np.float64)
     bound = roofline_bound(prep, calls)
+    shared = shared_self_time(prep)
     no_data = not len(prep.op_rows) and not len(prep.gpu_rows)
     for i, r in enumerate(analysis.regions):
-        idle = r.evidence.get("explained_us", {}).get("idle", 0.0)
+        explained = r.evidence.get("explained_us", {})
+        idle = sum(explained.get(name, 0.0) for name in NOT_RECOMPILABLE)
         if no_data:
-            r.hotness = NO_OP_DATA_SAVING * max(r.self_us - idle, 0.0)
+            raw = NO_OP_DATA_SAVING * max(r.self_us - idle, 0.0)
         else:
-            r.hotness = max(r.self_us - idle - bound[i], 0.0)
+            raw = max(r.self_us - idle - bound[i], 0.0)
+        own = min(float(shared[i]), r.self_us) if not np.isnan(shared[i]) else r.self_us
+        r.hotness = raw * (own / r.self_us) if r.self_us > 0 else 0.0
         r.evidence["roofline_bound_us"] = float(bound[i])
+        r.evidence["wall_us"] = own
     analysis.regions.sort(key=lambda r: (-r.hotness, -r.self_us, r.path))
+
+
+def shared_self_time(prep: Prepared) -> np.ndarray:
+    """Per path: its self time with time shared by concurrent region calls (other threads) divided
+    among them, weighted by source weight; NaN for paths without region calls (``(outside regions)``).
+    Summed over all paths it is at most the run: overlapping time is counted once."""
+    ev, rr, n = prep.trace.events, prep.region_rows, prep.n_paths
+    out = np.full(n, np.nan)
+    if not len(rr):
+        return out
+    ts, end = ev["ts"], ev["ts"] + ev["dur"]
+    a, b, inst = self_pieces(prep, ts, end)
+    src = ev["source"][rr][inst].astype(np.int64)
+    lo = float(np.min(ts))
+    span = float(np.max(end)) - lo + 1.0
+    share = shared_time(a - lo + src * span, b - lo + src * span)
+    pos = prep.path_pos[rr][inst]
+    got = np.bincount(pos, weights=share * prep.weight[rr][inst], minlength=n)
+    has = np.bincount(pos, minlength=n) > 0
+    out[has] = got[has]
+    return out
 
 
 def roofline_bound(prep: Prepared, calls: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 CACHE_DIR_ENV = "CUVIL_CACHE_DIR"        # overrides the cache folder (default ~/.cache/cuvil-pgc)
 DTYPES = ("fp32", "bf16", "fp16")
-SOURCES = ("measured", "fallback")
+SOURCES = ("measured", "fallback", "datasheet")   # datasheet: a known GPU named by the trace (gpu_specs)
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 # ISA features that decide matmul speed per dtype; the fingerprint keeps only these.
 ISA_FLAGS = frozenset({

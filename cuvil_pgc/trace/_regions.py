@@ -6,14 +6,21 @@ Contract (``resolve_regions(src, strings)``):
   ``user_annotation`` ranges), the path is the nesting of regions on the same (pid, tid) joined
   by ``/``, and ids are synthesised (the smallest positive ids the file does not use), with
   ``parent_id`` the enclosing region's id.
+- Kineto's ``ProfilerStep#N`` ranges (``cpu_op`` / ``Operator`` in older files, ``user_annotation``
+  in newer ones) are regions, all with the path ``ProfilerStep``: one region with a call per step.
 - Host rows (ops, runtime/driver calls, compile phases, other host events) without a region
   named by the file get the innermost region enclosing their start on their (pid, tid).
+  Rows on a thread of the process that has no region of its own (the autograd engine's threads,
+  which run a ``## backward ##`` region's ops while the main thread waits) get the innermost region
+  enclosing their start on another thread of the same pid: work done on the region's behalf.
 - GPU rows (kernels, memcpy, memset) without a named region get the region of the runtime call
   with the same correlation id (from args or the ``ac2g`` flow), else of the host event with
   the same External id; otherwise none (-1).
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -24,6 +31,8 @@ from cuvil_pgc.trace.schema import Kind
 
 _HOST = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.COMPILE, Kind.OTHER], dtype=np.uint8)
 _GPU = np.array([Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.uint8)
+_STEP = re.compile(r"^ProfilerStep#\d+$")
+STEP_PATH = "ProfilerStep"
 
 
 def resolve_regions(src: SourceColumns, strings: StringTable) -> None:
@@ -31,13 +40,47 @@ def resolve_regions(src: SourceColumns, strings: StringTable) -> None:
     cols = src.cols
     lane = lanes(cols["pid"], cols["tid"])
     cols["lane"] = lane
+    if src.region_path is None:
+        _steps_are_regions(cols, strings)
     reg = np.nonzero(cols["kind"] == Kind.REGION)[0]
     ts, end = cols["ts"], cols["ts"] + cols["dur"]
     index = RegionIndex(lane[reg], ts[reg], end[reg])
     if len(reg):
         _region_rows(src, reg, index, strings)
         _attribute_host(cols, lane, reg, index, src.region_given)
+        _attribute_other_threads(cols, lane, reg, src.region_given)
     _attribute_gpu(cols, src.region_given)
+
+
+def _steps_are_regions(cols, strings: StringTable) -> None:
+    """``ProfilerStep#N`` rows become region rows (see module docstring)."""
+    kind = cols["kind"]
+    cand = np.nonzero(np.isin(kind, (Kind.CPU_OP, Kind.REGION)))[0]
+    if not len(cand):
+        return
+    uniq, inv = np.unique(cols["name"][cand], return_inverse=True)
+    hit = np.array([_STEP.match(strings[int(u)]) is not None for u in uniq], dtype=bool)[inv]
+    kind[cand[hit]] = Kind.REGION
+
+
+def region_name(name: str) -> str:
+    """The path component of a region row named ``name`` (``ProfilerStep#7`` → ``ProfilerStep``)."""
+    return STEP_PATH if _STEP.match(name) else name
+
+
+def _attribute_other_threads(cols, lane: np.ndarray, reg: np.ndarray, given: np.ndarray) -> None:
+    """Host rows still outside every region, on threads without regions of their own: the innermost
+    region enclosing their start on another thread of the same process."""
+    rows = np.nonzero(np.isin(cols["kind"], _HOST) & ~given & (cols["region"] < 0))[0]
+    rows = rows[~np.isin(lane[rows], np.unique(lane[reg]))]
+    if not len(rows):
+        return
+    pid = cols["pid"]
+    ts, end = cols["ts"], cols["ts"] + cols["dur"]
+    by_pid = RegionIndex(pid[reg], ts[reg], end[reg])
+    inner = by_pid.innermost(pid[rows], ts[rows])
+    hit = inner >= 0
+    cols["region"][rows[hit]] = cols["region"][reg[inner[hit]]]
 
 
 def lanes(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -72,7 +115,7 @@ def _region_rows(src: SourceColumns, reg: np.ndarray, index: RegionIndex, string
         row = reg_list[i]
         path = given_paths[row] if given_paths is not None else None
         if path is None:
-            name = strings[names[i]]
+            name = region_name(strings[names[i]])
             path = name if p < 0 else f"{paths_sorted[p]}/{name}"
             if given_ids[i] < 0:
                 parent_ids[row] = -1 if p < 0 else final_ids[order[p]]
