@@ -22,7 +22,8 @@ Hotness (pass :func:`score_hotness`) estimates the µs that recompiling could sa
 
 (each term weighted by its source weight, roof_i capped at the op's measured time).
 ``unrecompilable_us`` is the time the bottleneck split gives to classes whose remedy is ``none``
-(``idle``, ``communication``, ``setup``: see ``vocabulary``). ``wall_us`` is the region's self time
+(``idle``, ``communication``, ``setup``: see ``vocabulary``) plus the time the host waited in a sync
+call for GPU work of other regions (``sync_wait_busy_us``: that work is their saving, not this one's). ``wall_us`` is the region's self time
 with time shared by concurrent calls of regions on other threads divided among them
 (:func:`shared_self_time`), so savings are bounded by the region's own time, nested and
 overlapping time is counted once, and summed root savings never exceed the run. Time in the
@@ -208,7 +209,8 @@ def score_hotness(prep: Prepared, analysis: Analysis) -> None:
     no_data = not len(prep.op_rows) and not len(prep.gpu_rows)
     for i, r in enumerate(analysis.regions):
         explained = r.evidence.get("explained_us", {})
-        idle = sum(explained.get(name, 0.0) for name in NOT_RECOMPILABLE)
+        # idle, communication, setup, and waiting in a sync for other regions' GPU work
+        idle = sum(explained.get(name, 0.0) for name in NOT_RECOMPILABLE) + r.evidence.get("sync_wait_busy_us", 0.0)
         if no_data:
             raw = NO_OP_DATA_SAVING * max(r.self_us - idle, 0.0)
         else:
