@@ -48,7 +48,9 @@ def key_evidence(r: RegionStats) -> str:
     if r.bottleneck == "launch_overhead":
         fixed = (ev.get("explained_us") or {}).get("launch_overhead")
         how = "launch gaps" if ev.get("device") == "cuda" else "per-op fixed cost + issue gaps"
-        return f"{n:.0f} {what}, median {fmt_us(med)}; {how} ≈ {fmt_us(fixed)}"
+        calls = (ev.get("runtime_calls_by_api") or {}).get("launch")
+        launches = f", {calls:.0f} launch calls" if calls else ""
+        return f"{n:.0f} {what}, median {fmt_us(med)}{launches}; {how} ≈ {fmt_us(fixed)}"
     if r.bottleneck in ("memory_bandwidth", "compute"):
         parts = [f"{n:.0f} {what}"]
         if ev.get("frac_peak_bw") is not None:
@@ -58,10 +60,40 @@ def key_evidence(r: RegionStats) -> str:
         if ev.get("intensity") is not None and ev.get("ridge") is not None:
             parts.append(f"AI {ev['intensity']:.3g} vs ridge {ev['ridge']:.3g}")
         return ", ".join(parts)
+    gpu_line = _gpu_evidence(r)
+    if gpu_line:
+        return gpu_line
     uncovered = ev.get("uncovered_frac", 0.0)
     util = ev.get("cpu_util")
     tail = f", CPU {util:.0%}" if util is not None else ""
     return f"{uncovered:.0%} of time outside {what}{tail}"
+
+
+_API_OF = {"sync_wait": "sync", "allocation": "alloc", "setup": "setup"}
+
+
+def _gpu_evidence(r: RegionStats) -> str | None:
+    """Evidence of the classes only GPU regions get (communication, sync_wait, allocation, setup),
+    and of host_bound / idle GPU regions; None otherwise."""
+    ev = r.evidence
+    if ev.get("device") != "cuda" or "gpu_busy_frac" not in ev:
+        return None
+    busy = f"GPU busy {ev['gpu_busy_frac']:.0%}"
+    explained = fmt_us((ev.get("explained_us") or {}).get(r.bottleneck))
+    if r.bottleneck == "communication":
+        overlap = ev.get("comm_exposed_us", 0.0)
+        return f"collectives not hidden behind compute ≈ {explained} (exposed on the GPU {fmt_us(overlap)}); {busy}"
+    api = _API_OF.get(r.bottleneck)
+    if api:
+        calls = (ev.get("runtime_calls_by_api") or {}).get(api, 0.0)
+        host = (ev.get("runtime_by_api_us") or {}).get(api, 0.0)
+        other = ev.get("sync_wait_busy_us", 0.0) if api == "sync" else 0.0
+        tail = f", of which waiting for other regions' GPU work {fmt_us(other)}" if other else ""
+        return f"{calls:.0f} {api} calls, {fmt_us(host)} on the host; attributed ≈ {explained}{tail}; {busy}"
+    if r.bottleneck in ("host_bound", "idle"):
+        util = ev.get("cpu_util")
+        return f"{busy}; GPU idle with the host outside launches ≈ {explained}" + (f", CPU {util:.0%}" if util is not None else "")
+    return None
 
 
 WIDE = 140     # console columns from which the evidence sits in the table instead of below it
