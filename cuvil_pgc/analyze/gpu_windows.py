@@ -259,13 +259,16 @@ def _label_segments(hs, he, hl, hg, ws, we, wg, span):
     lab = np.concatenate([hl, hl, np.full(len(ws), n_lab - 1), np.full(len(ws), n_lab - 1)]).astype(np.int64)
     step = np.concatenate([np.ones(len(hs)), -np.ones(len(hs)), np.ones(len(ws)), -np.ones(len(ws))])
     order = np.argsort(t, kind="stable")
-    t, lab, step = t[order], lab[order], step[order]
-    counts = np.zeros((len(t), n_lab))
-    counts[np.arange(len(t)), lab] = step
-    counts = np.cumsum(counts, axis=0)          # open intervals of each label after each point
-    active = counts[:-1] > 0.5
-    in_window = active[:, n_lab - 1]
-    first = np.argmax(active, axis=1)
+    t, lab, step = t[order], lab[order], step[order].astype(np.int32)
+    # the highest-priority label open after each point: one running count per label, lowest last
+    first = np.full(len(t) - 1, n_lab - 1, dtype=np.int64)
+    in_window = np.zeros(len(t) - 1, dtype=bool)
+    for k in range(n_lab - 1, -1, -1):
+        open_k = np.cumsum(np.where(lab == k, step, 0), dtype=np.int32)[:-1] > 0
+        if k == n_lab - 1:
+            in_window = open_k
+        else:
+            first[open_k] = k
     seg_s, seg_e = t[:-1], t[1:]
     keep = in_window & (seg_e > seg_s)
     seg_g = np.floor(seg_s / span).astype(np.int64)
