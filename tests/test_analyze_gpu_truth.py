@@ -279,7 +279,8 @@ def test_nccl_kernels_are_communication_not_compute():
     from cuvil_pgc.analyze.runtime_api import is_comm, is_compute
 
     assert is_comm(NCCL) and not is_compute(NCCL)          # `mm` in ncclDevComm was a matmul
-    assert is_compute("aten::mm") and is_compute("aten::addmm") and is_compute(GEMM)
+    assert all(is_compute(n) for n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm",
+                                       "aten::_int_mm", "aten::matmul", GEMM, "sm90_xmma_gemm_bf16", "flash_fwd_kernel"))
     assert not is_compute("aten::commit") and not is_compute(ELEMENTWISE)
 
 

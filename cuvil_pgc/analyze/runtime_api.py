@@ -51,9 +51,9 @@ _SETUP = re.compile(r"^(cuda|cu|hip)(GetDeviceProperties|DeviceGetAttribute|Devi
 
 COMM_NAMES = re.compile(r"nccl|gloo|^c10d::|record_param_comms|ProcessGroup|all_?reduce|all_?gather"
                         r"|reduce_?scatter|all_?to_?all|sendrecv", re.I)
-COMPUTE_NAMES = re.compile(r"(?:^|[^a-z])(?:add|b|bad)?mm(?:[^a-z]|$)|matmul|linear|conv|gemm|einsum|attention"
-                           r"|sdpa|xmma|cutlass|(?:^|[^a-z])h?mma|wgmma|sm\d+_|scudnn|cudnn.*(?:fprop|dgrad|wgrad)",
-                           re.I)
+COMPUTE_NAMES = re.compile(r"(?:^|[^a-z])(?:add|b|baddb|addb|int_|scaled_)?mm(?:[^a-z]|$)|matmul|linear|conv|gemm"
+                           r"|einsum|attention|sdpa|flash_|xmma|cutlass|(?:^|[^a-z])h?mma|wgmma|sm\d+_|scudnn"
+                           r"|cudnn.*(?:fprop|dgrad|wgrad)", re.I)
 
 
 def runtime_category(name: str, dur_us: float = 0.0) -> str:
