@@ -234,6 +234,16 @@ def test_blocking_copy_waiting_for_other_work_is_sync_wait(tmp_path):
     assert post.hotness < 0.05 * post.self_us
 
 
+def test_a_short_copy_to_pageable_memory_is_a_sync(tmp_path):
+    """cudaMemcpyAsync into pageable host memory blocks even when it is short."""
+    k = Kineto()
+    k.region("r", 0, 100)
+    k.launch("Memcpy DtoH (Device -> Pageable)", 10, 20, 25, 2, api="cudaMemcpyAsync", cat="gpu_memcpy")
+    k.launch("Memcpy HtoD (Pinned -> Device)", 40, 20, 45, 2, api="cudaMemcpyAsync", cat="gpu_memcpy")
+    by_api = run(k, tmp_path).region("r").evidence["runtime_by_api_us"]
+    assert by_api["sync"] == pytest.approx(20) and by_api["launch"] == pytest.approx(20)
+
+
 def test_context_setup_is_not_a_launch_gap(tmp_path):
     """A 30 s cudaDeviceGetStreamPriorityRange (context creation) was a "30 s launch gap"."""
     k = Kineto()

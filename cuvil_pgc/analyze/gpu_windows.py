@@ -94,6 +94,7 @@ def split_windows(prep: Prepared) -> dict[str, np.ndarray]:
 
     rt = np.nonzero((kind == Kind.RUNTIME) & (group >= 0))[0]
     cat = categorise(names, ev["name"][rt], ev["dur"][rt])
+    cat[_pageable_d2h(ev, rt, gpu, names)] = _CAT["sync"]     # always waits for the stream, however short
     for c, i in _CAT.items():
         sel = cat == i
         np.add.at(out[f"runtime_{c}"], pos[rt[sel]], weights[np.clip(src[rt[sel]], 0, len(weights) - 1)]
@@ -179,6 +180,23 @@ def _launch_ends(ev: dict[str, np.ndarray], launches: np.ndarray, gpu: np.ndarra
     hit = (key_sorted[k] == want) & (ev["correlation"][launches] >= 0)
     first = np.where(hit, start_sorted[k], end)
     return np.maximum(end, np.minimum(first, end + LAUNCH_WAIT_US))
+
+
+def _pageable_d2h(ev: dict[str, np.ndarray], rt: np.ndarray, gpu: np.ndarray, names: list[str]) -> np.ndarray:
+    """Per runtime row: whether it launched a device-to-pageable-host copy (same source and
+    correlation id; Kineto names it ``Memcpy DtoH (Device -> Pageable)``)."""
+    out = np.zeros(len(rt), dtype=bool)
+    g = np.nonzero(gpu & (ev["kind"] == Kind.MEMCPY) & (ev["correlation"] >= 0))[0]
+    if not len(rt) or not len(g):
+        return out
+    d2h = _name_mask(ev["name"][g], names, lambda n: "DtoH" in n and "Pageable" in n)
+    g = g[d2h]
+    if not len(g):
+        return out
+    keys = np.sort(ev["source"][g].astype(np.int64) << 48 | ev["correlation"][g])
+    want = ev["source"][rt].astype(np.int64) << 48 | ev["correlation"][rt]
+    k = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+    return (keys[k] == want) & (ev["correlation"][rt] >= 0)
 
 
 def _ops_containing(prep: Prepared, ops: np.ndarray, launches: np.ndarray) -> np.ndarray:

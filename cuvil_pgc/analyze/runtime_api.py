@@ -6,8 +6,9 @@ and driver calls by API into
   ``cudaLaunchKernelExC``, ``cudaGraphLaunch``, ...), and the asynchronous copies and memsets
   that only enqueue work;
 - ``sync``: calls that make the host wait for the device: device / stream / event synchronize,
-  blocking copies (``cudaMemcpy``, ``cudaMemcpyAsync`` longer than BLOCKING_COPY_US: a D2H
-  copy into pageable memory waits for the stream), ``cudaStreamWaitEvent`` is *not* one;
+  blocking copies (``cudaMemcpy``; ``cudaMemcpyAsync`` longer than BLOCKING_COPY_US, or whatever
+  its length when it launched a device-to-pageable copy, which waits for the stream: see
+  ``gpu_windows``); ``cudaStreamWaitEvent`` is *not* one (the GPU waits, not the host);
 - ``alloc``: device, host and managed memory allocation and release (``cudaMalloc``,
   ``cudaFree``, ``cudaHostAlloc``, ``cuMemAlloc``, ...);
 - ``setup``: context and device setup and queries (``cudaGetDeviceProperties``,
