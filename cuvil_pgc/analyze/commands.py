@@ -96,7 +96,7 @@ def _register_analyze(app: typer.Typer) -> None:
         logging.getLogger("cuvil_pgc.analyze.machine").setLevel(logging.ERROR)
         with stage_progress(2) as progress:          # a bar on interactive terminals only (stderr)
             with progress.stage(f"loading {len(traces)} trace(s)"):
-                trace = load_trace(*traces)
+                trace = _load_inputs(traces, load_trace)
             with progress.stage("analysing"):
                 result = run_analysis(trace, machine=model, filter=filter)
         _warn(result.trace.get("warnings", []))
@@ -131,6 +131,18 @@ def _register_analyze(app: typer.Typer) -> None:
         from cuvil_pgc.viewer.console import render_diff
 
         render_diff(doc, Console())
+
+
+def _load_inputs(traces: list[str], load_trace: Any) -> Any:
+    """Trace files, or one Parquet export directory (cuvil-pgc export --parquet)."""
+    import os
+
+    if len(traces) == 1 and os.path.isdir(traces[0]):
+        from cuvil_pgc.trace.parquet import is_dataset, read_parquet
+
+        if is_dataset(traces[0]):
+            return read_parquet(traces[0])
+    return load_trace(*traces)
 
 
 def _warn(warnings: list[str]) -> None:
