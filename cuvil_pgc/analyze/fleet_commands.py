@@ -1,4 +1,4 @@
-"""Commands for many traces: ``cuvil-pgc export --parquet DIR``."""
+"""Commands for many traces: ``cuvil-pgc export --parquet DIR`` and ``cuvil-pgc sql``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import typer
 
 def register(app: typer.Typer) -> None:
     _register_export(app)
+    _register_sql(app)
 
 
 def _register_export(app: typer.Typer) -> None:
@@ -44,3 +45,68 @@ def _nothing() -> Any:
     import contextlib
 
     return contextlib.nullcontext()
+
+
+def _queries_help() -> str:
+    from cuvil_pgc.analyze.sql import QUERIES
+
+    return "Run a shipped query: " + "; ".join(f"{name}: {doc}" for name, (doc, _) in QUERIES.items())
+
+
+def _register_sql(app: typer.Typer) -> None:
+    @app.command()
+    def sql(
+        args: list[str] = typer.Argument(..., metavar="[QUERY] SOURCES...",
+                                         help="SQL (omit with --query), then trace files, globs or Parquet dirs."),
+        query_name: str | None = typer.Option(None, "--query", help=_queries_help()),
+        json_out: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
+        csv_out: bool = typer.Option(False, "--csv", help="Print the rows as CSV."),
+        show: bool = typer.Option(False, "--show", help="Print the SQL of --query instead of running it."),
+    ) -> None:
+        """SQL (DuckDB) over many traces: views traces, regions, ops, kernels, compile, counters, histograms."""
+        from cuvil_pgc.analyze.sql import query_text
+        from cuvil_pgc.analyze.sql import sql as run_sql
+        from cuvil_pgc.errors import ConfigError
+
+        if query_name is not None:
+            text, sources = query_text(query_name), args
+        else:
+            text, sources = args[0], args[1:]
+        if show:
+            print(text)
+            return
+        if not sources:
+            raise ConfigError("no sources given", fix="cuvil-pgc sql \"SELECT ...\" TRACE_OR_DIR...")
+        if json_out and csv_out:
+            raise ConfigError("--json and --csv exclude each other", fix="pick one")
+        table = run_sql(text, *sources)
+        _print_table(table, json_out, csv_out)
+
+
+def _print_table(table: Any, json_out: bool, csv_out: bool) -> None:
+    rows = table.to_pylist()
+    if json_out:
+        from cuvil_pgc.cli import emit_json
+
+        emit_json({"columns": table.column_names, "rows": rows})
+        return
+    if csv_out:
+        import csv
+        import sys
+
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(table.column_names)
+        writer.writerows([["" if r[c] is None else r[c] for c in table.column_names] for r in rows])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(show_lines=False)
+    for name in table.column_names:
+        view.add_column(name, overflow="fold")
+    for r in rows:
+        view.add_row(*["" if r[c] is None else f"{r[c]:,.3f}".rstrip("0").rstrip(".") if isinstance(r[c], float)
+                       else str(r[c]) for c in table.column_names])
+    console = Console()
+    console.print(view)
+    console.print(f"{len(rows)} row(s)", style="dim")
