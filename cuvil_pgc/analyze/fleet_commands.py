@@ -1,4 +1,7 @@
-"""Commands for many traces: ``cuvil-pgc export --parquet DIR`` and ``cuvil-pgc sql``."""
+"""Commands for many traces: ``cuvil-pgc export --parquet DIR`` and ``cuvil-pgc sql``.
+
+(``analyze --engine local|ray`` lives with ``analyze`` in :mod:`cuvil_pgc.analyze.commands`.)
+"""
 
 from __future__ import annotations
 
@@ -110,3 +113,37 @@ def _print_table(table: Any, json_out: bool, csv_out: bool) -> None:
     console = Console()
     console.print(view)
     console.print(f"{len(rows)} row(s)", style="dim")
+
+
+def wants_engine(inputs: list[str]) -> bool:
+    """Whether ``analyze`` inputs name many traces (a directory of traces or a glob) rather than files."""
+    import glob
+    import os
+
+    from cuvil_pgc.trace.parquet import is_dataset
+
+    return any(glob.has_magic(i) and not os.path.exists(i) or os.path.isdir(i) and not is_dataset(i)
+               for i in inputs)
+
+
+def analyze_on_engine(inputs: list[str], engine: str, address: str | None, workers: int | None,
+                      machine: Any, filter: str | None) -> Any:
+    """``analyze --engine``: the map on the engine with a progress bar (interactive stderr only)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cuvil_pgc.analyze.engine import analyze_many
+    from cuvil_pgc.viewer.progress import interactive
+
+    err = Console(stderr=True)
+    if not interactive(err):
+        return analyze_many(inputs, engine, workers=workers, address=address, machine=machine, filter=filter)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(f"analysing on {engine}", total=None)
+
+        def advance(done: int, total: int, path: str) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return analyze_many(inputs, engine, workers=workers, address=address, machine=machine, filter=filter,
+                            progress=advance)
