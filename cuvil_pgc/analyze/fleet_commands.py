@@ -53,13 +53,13 @@ def _nothing() -> Any:
 def _queries_help() -> str:
     from cuvil_pgc.analyze.sql import QUERIES
 
-    return "Run a shipped query: " + "; ".join(f"{name}: {doc}" for name, (doc, _) in QUERIES.items())
+    return f"Run a shipped query: {', '.join(QUERIES)} (--show prints its SQL)."
 
 
 def _register_sql(app: typer.Typer) -> None:
     @app.command()
     def sql(
-        args: list[str] = typer.Argument(..., metavar="[QUERY] SOURCES...",
+        args: list[str] | None = typer.Argument(None, metavar="[QUERY] SOURCES...",
                                          help="SQL (omit with --query), then trace files, globs or Parquet dirs."),
         query_name: str | None = typer.Option(None, "--query", help=_queries_help()),
         json_out: bool = typer.Option(False, "--json", help="Print the rows as one JSON document."),
@@ -71,10 +71,13 @@ def _register_sql(app: typer.Typer) -> None:
         from cuvil_pgc.analyze.sql import sql as run_sql
         from cuvil_pgc.errors import ConfigError
 
+        args = list(args or [])
         if query_name is not None:
             text, sources = query_text(query_name), args
-        else:
+        elif args:
             text, sources = args[0], args[1:]
+        else:
+            raise ConfigError("no query given", fix="cuvil-pgc sql \"SELECT ...\" SOURCES... or --query NAME SOURCES...")
         if show:
             print(text)
             return

@@ -25,6 +25,7 @@ One trace alone reduces to its own analysis unchanged.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import resource
@@ -51,7 +52,15 @@ def map_trace(path: str, machine: dict[str, Any] | None = None, filter: str | No
     t0, c0 = time.perf_counter(), time.process_time()
     trace = load_trace(path)
     model = MachineModel.from_json(machine) if machine else None
-    analysis = analyze(trace, machine=model, filter=filter)
+    # The fallback-machine warning travels in analysis.trace["warnings"]; every worker logging it
+    # again would print it once per trace.
+    machine_log = logging.getLogger("cuvil_pgc.analyze.machine")
+    level = machine_log.level
+    machine_log.setLevel(logging.ERROR)
+    try:
+        analysis = analyze(trace, machine=model, filter=filter)
+    finally:
+        machine_log.setLevel(level)
     source = trace.sources[0]
     doc = analysis.to_json()
     paths = {r["path"] for r in doc["regions"]}

@@ -111,8 +111,8 @@ def _fetch_arrow(con: Any, text: str) -> Any:
         result = con.sql(text)
     except db.Error as exc:
         raise ConfigError(f"the SQL query failed: {exc}".splitlines()[0],
-                          fix="the views are traces, regions, ops, kernels, compile, counters, histograms "
-                              "(cuvil-pgc sql --help lists their columns)") from None
+                          fix="the views are traces, regions, ops, kernels, compile, counters, histograms; "
+                              "'DESCRIBE regions' lists a view's columns") from None
     if result is None:                       # a statement without results
         return arrow.pyarrow().table({})
     table = result.to_arrow_table() if hasattr(result, "to_arrow_table") else result.arrow()
