@@ -192,3 +192,16 @@ def test_export_of_a_missing_file_names_it(tmp_path):
                           "--parquet", str(tmp_path / "ds")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 1
     assert "nope.trace.json" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_export_in_two_processes_writes_what_one_process_writes(tmp_path):
+    from cuvil_pgc.trace.parquet import export_files, read_tables
+
+    paths = write_run(tmp_path / "in", "job", ranks=3)
+    one = export_files(paths, tmp_path / "one", workers=1)
+    two = export_files(paths, tmp_path / "two", workers=2)
+    assert one.rows == two.rows and one.traces == two.traces and one.files == two.files == 3 * 5
+    a, b = read_tables([tmp_path / "one"]), read_tables([tmp_path / "two"])
+    for name in a:
+        sort = [("trace_key", "ascending")] + ([("row", "ascending")] if "row" in a[name].column_names else [])
+        assert a[name].sort_by(sort).equals(b[name].sort_by(sort)), name

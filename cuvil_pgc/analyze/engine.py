@@ -17,20 +17,18 @@ between engines): name, workers, traces, wall_s, map CPU seconds, the largest wo
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Sequence
 from typing import Any
 
+from cuvil_pgc._pool import Progress, pool_map, pool_size
 from cuvil_pgc.analyze.analysis import Analysis
 from cuvil_pgc.analyze.reduce import Partial, map_trace, reduce_partials
 from cuvil_pgc.errors import ConfigError, TraceError
 from cuvil_pgc.trace.discover import trace_files
 
 ENGINES = ("local", "ray")
-Progress = Callable[[int, int, str], None]     # (done, total, path just finished)
 
 
 def analyze_many(inputs: Sequence[str | os.PathLike[str]], engine: str = "local", *, workers: int | None = None,
@@ -63,20 +61,4 @@ def analyze_many(inputs: Sequence[str | os.PathLike[str]], engine: str = "local"
 
 def _local_map(paths: list[str], machine: dict | None, filter: str | None, workers: int | None,
                progress: Progress | None) -> tuple[list[Partial], int]:
-    n = min(workers or os.cpu_count() or 1, len(paths))
-    partials: list[Partial] = []
-    if n <= 1:
-        for path in paths:
-            partials.append(map_trace(path, machine, filter))
-            if progress:
-                progress(len(partials), len(paths), path)
-        return partials, 1
-    # forkserver: workers start from a clean interpreter, not a fork of a process with threads.
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(method)) as pool:
-        futures = {pool.submit(map_trace, path, machine, filter): path for path in paths}
-        for future in as_completed(futures):
-            partials.append(future.result())
-            if progress:
-                progress(len(partials), len(paths), futures[future])
-    return partials, n
+    return pool_map(map_trace, paths, workers, progress, args=(machine, filter)), pool_size(workers, len(paths))

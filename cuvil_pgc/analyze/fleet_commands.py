@@ -23,6 +23,7 @@ def _register_export(app: typer.Typer) -> None:
         parquet_dir: str = typer.Option(..., "--parquet", metavar="DIR",
                                         help="Write Parquet tables here, partitioned by run and rank."),
         json_out: bool = typer.Option(False, "--json", help="Print what was written as one JSON document."),
+        workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: one per core)."),
     ) -> None:
         """Write traces as Parquet tables (traces, regions, ops, kernels, counters, compile) for SQL engines."""
         from rich.console import Console
@@ -33,7 +34,7 @@ def _register_export(app: typer.Typer) -> None:
         paths = trace_files(traces)
         err = Console(stderr=True)
         with err.status(f"exporting {len(paths)} trace(s)...") if err.is_terminal else _nothing():
-            result = export_files(paths, parquet_dir)
+            result = export_files(paths, parquet_dir, workers=workers)
         if json_out:
             from cuvil_pgc.cli import emit_json
 

@@ -71,6 +71,15 @@ def map_trace(path: str, machine: dict[str, Any] | None = None, filter: str | No
 
 
 def _max_rss() -> int:
+    """Peak RSS of this process in bytes: VmHWM where /proc has it (ru_maxrss may count the parent
+    a worker was forked or exec'd from), else ru_maxrss."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -38,6 +38,7 @@ import os
 import re
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 
@@ -180,20 +181,44 @@ def _event_columns(trace: Trace, rows: np.ndarray, base: float) -> dict[str, Any
         "correlation": ev["correlation"][rows],
         "external_id": ext[rows] if ext is not None else np.full(len(rows), -1, dtype=np.int64),
     }
-    args = np.full(len(rows), None, dtype=object)
-    if len(trace.args):
-        pos = {int(r): k for k, r in enumerate(rows.tolist())}
-        for r in trace.args:
-            k = pos.get(r)
-            if k is not None:
-                value = trace.args.get(r)
-                if value:
-                    args[k] = _dumps(value)
-    cols["args"] = args
+    cols["args"] = _args_json(trace, rows)
     return cols
 
 
-def _dumps(value: Any) -> str:
+def _args_json(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Each row's args as JSON text (None: no args), ``rows`` ascending."""
+    out = np.full(len(rows), None, dtype=object)
+    if not len(trace.args):
+        return out
+    keys = np.fromiter(trace.args.keys(), dtype=np.int64, count=len(trace.args))
+    pos = np.searchsorted(rows, keys)
+    inside = (pos < len(rows)) & (rows[np.minimum(pos, len(rows) - 1)] == keys)
+    # The reader keeps Kineto args as typed structs whose shapes and dtypes are still raw JSON;
+    # encoding such a struct as it is skips decoding that JSON only to encode it again (the
+    # export of a torch.profiler trace took 3x as long as loading it). Anything else (our files'
+    # raw args, dicts) goes through the public mapping.
+    raw = getattr(trace.args, "_data", None)
+    for key, k in zip(keys[inside].tolist(), pos[inside].tolist(), strict=True):
+        value = raw.get(key) if raw is not None else None
+        out[k] = _struct_json(value) if hasattr(value, "__struct_fields__") else _dumps(trace.args.get(key))
+    return out
+
+
+def _struct_json(value: Any) -> str | None:
+    """What ``json.dumps(value.to_args())`` gives for a Kineto args struct, without decoding its raw fields."""
+    skip = getattr(value, "COLUMN_FIELDS", ())
+    doc = {}
+    for key in value.__struct_fields__:
+        v = getattr(value, key)
+        if key in skip or v is None or (type(v) is msgspec.Raw and not v):
+            continue
+        doc[key] = v
+    return msgspec.json.encode(doc).decode() if doc else None
+
+
+def _dumps(value: Any) -> str | None:
+    if not value:
+        return None
     return orjson.dumps(value, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
 
 
@@ -269,7 +294,7 @@ def _trace_row(trace: Trace, source: Source, ids: dict[str, Any], rows: np.ndarr
         "weight": float(source.weight), "recovered": bool(source.recovered), "events": int(len(rows)),
         "counters": int(len(crow)), "duration_us": float((ts + dur).max() - ts.min()) if len(rows) else 0.0,
         "notes": [str(n) for n in source.notes],
-        "metadata": _dumps({k: v for k, v in meta.items() if k != "summary_regions"}),
+        "metadata": _dumps({k: v for k, v in meta.items() if k != "summary_regions"}) or "{}",
         "strings": [trace.strings[int(i)] for i in used if i >= 0],
         "schema_version": SCHEMA_VERSION, "exported_by": f"cuvil-pgc {__version__}",
     }

@@ -62,16 +62,26 @@ def write_parquet(trace: Trace, directory: str | os.PathLike[str], result: Expor
 
 
 def export_files(paths: Sequence[str | os.PathLike[str]], directory: str | os.PathLike[str],
-                 progress: Any = None) -> ExportResult:
-    """Load each trace file on its own (memory: one trace at a time) and write it into ``directory``."""
+                 workers: int | None = 1, progress: Any = None) -> ExportResult:
+    """Load each trace file on its own and write it into ``directory``, in ``workers`` processes
+    (default 1; None: one per core). Memory: one trace at a time per process."""
+    from cuvil_pgc._pool import pool_map
+
+    names = [os.fspath(p) for p in paths]
+    result = ExportResult(directory=os.fspath(directory))
+    for part in pool_map(_export_one, names, workers, progress, args=(os.fspath(directory),)):
+        result.traces += part.traces
+        result.files += part.files
+        for name, n in part.rows.items():
+            result.rows[name] = result.rows.get(name, 0) + n
+    result.traces.sort(key=lambda t: t["path"])
+    return result
+
+
+def _export_one(path: str, directory: str) -> ExportResult:
     from cuvil_pgc.trace.reader import load_trace
 
-    result = ExportResult(directory=os.fspath(directory))
-    for path in paths:
-        write_parquet(load_trace(path), directory, result)
-        if progress is not None:
-            progress(path)
-    return result
+    return write_parquet(load_trace(path), directory)
 
 
 def _write(pq: Any, table: Any, target: Path) -> None:
