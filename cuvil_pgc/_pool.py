@@ -2,22 +2,33 @@
 
 ``pool_map(func, items, workers)`` calls ``func(item)`` for every item in ``workers`` processes
 (default: the core count; 1 or a single item: in this process) and returns the results in
-completion order, calling ``progress(done, total, item)`` after each. Workers start from a fresh
-interpreter (forkserver where there is one, else spawn), never a fork of a process with threads;
-each handles one item at a time, so its memory is bounded by the largest item. The first
-exception raised by ``func`` propagates.
+completion order, calling ``progress(done, total, item)`` after each. Workers are forked from a
+single-threaded caller, else started by forkserver (spawn where there is none): never a fork of a
+process with threads. Each handles one item at a time, so its memory is bounded by the largest
+item. The first exception raised by ``func`` propagates.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 Progress = Callable[[int, int, str], None]     # (done, total, item just finished)
+
+
+def _start_method() -> str:
+    """fork from a single-threaded process (fast; no re-import of the caller's __main__, which
+    spawn and forkserver do: a script without a main guard, or stdin, would run again); else
+    forkserver (spawn where there is none), since forking a process with threads can deadlock."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
 
 
 def pool_size(workers: int | None, items: int) -> int:
@@ -35,8 +46,7 @@ def pool_map(func: Callable[..., T], items: Sequence[Any], workers: int | None =
             if progress:
                 progress(len(results), len(items), item)
         return results
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(method)) as pool:
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(_start_method())) as pool:
         futures = {pool.submit(func, item, *args): item for item in items}
         try:
             for future in as_completed(futures):
