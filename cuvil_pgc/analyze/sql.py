@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,7 +99,7 @@ def sql(query: str, *sources: str | os.PathLike[str] | Sequence[str | os.PathLik
         *sources: trace files, globs, or Parquet directories from ``cuvil-pgc export --parquet``.
     """
     text = QUERIES[query][1] if query in QUERIES else query
-    con = connect(*sources)
+    con = connect(*sources, tables=[t for t in arrow.TABLES if re.search(rf"\b{t}\b", text, re.IGNORECASE)])
     try:
         return _fetch_arrow(con, text)
     finally:
@@ -119,8 +120,12 @@ def _fetch_arrow(con: Any, text: str) -> Any:
     return table.read_all() if hasattr(table, "read_all") else table
 
 
-def connect(*sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Any:
-    """An in-memory DuckDB connection with the views over ``sources`` (the caller closes it)."""
+def connect(*sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+            tables: Sequence[str] | None = None) -> Any:
+    """An in-memory DuckDB connection with the views over ``sources`` (the caller closes it).
+
+    ``tables``: the views to build over the sources (default all); the others are empty views
+    (binding a view over a thousand Parquet files reads their footers: ~0.06 s a table)."""
     files, dirs = resolve_sources(sources)
     db = duckdb()
     con = db.connect(":memory:")
@@ -129,14 +134,16 @@ def connect(*sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]])
     for name in arrow.TABLES:
         cols = ", ".join(f'"{c}"' for c in sch[name].names)
         parts = []
-        if memory is not None:
+        wanted = tables is None or name in tables
+        if memory is not None and wanted:
             con.register(f"_mem_{name}", memory[name])
             parts.append(f"SELECT {cols} FROM _mem_{name}")
-        patterns = [parquet.table_glob(d, name) for d in dirs if parquet.has_files(d, name)]
+        patterns = [parquet.table_glob(d, name) for d in dirs if wanted and parquet.has_files(d, name)]
         if patterns:
+            # One schema version per file set: union_by_name would read every footer (0.5 s per 1,000 files).
             paths = ", ".join(_literal(f) for f in patterns)
             parts.append(f"SELECT {cols} FROM read_parquet([{paths}], hive_partitioning = true, "
-                         "hive_types = {'run_id': VARCHAR, 'rank': INTEGER}, union_by_name = true)")
+                         "hive_types = {'run_id': VARCHAR, 'rank': INTEGER})")
         if not parts:
             con.register(f"_empty_{name}", sch[name].empty_table())
             parts.append(f"SELECT {cols} FROM _empty_{name}")
