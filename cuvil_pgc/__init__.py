@@ -19,6 +19,8 @@ _LAZY = {
     "load_trace": ("cuvil_pgc.trace", "load_trace"),
     "Trace": ("cuvil_pgc.trace", "Trace"),
     "analyze": ("cuvil_pgc.analyze", "analyze"),
+    "analyze_many": ("cuvil_pgc.analyze.engine", "analyze_many"),
+    "sql": ("cuvil_pgc.analyze.sql", "sql"),
     "recompile": ("cuvil_pgc.recompile", "recompile"),
     "load_build": ("cuvil_pgc.recompile", "load_build"),
 }

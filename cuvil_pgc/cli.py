@@ -21,6 +21,7 @@ from cuvil_pgc.errors import CuvilError
 COMMAND_MODULES = (
     "cuvil_pgc.instrument.commands",
     "cuvil_pgc.analyze.commands",
+    "cuvil_pgc.analyze.fleet_commands",
     "cuvil_pgc.viewer.commands",
     "cuvil_pgc.recompile.commands",
     "cuvil_pgc.demo",

@@ -81,6 +81,11 @@ def _register_analyze(app: typer.Typer) -> None:
                                        help="Hot regions to show (table default 20; JSON default all)."),
         machine: str | None = typer.Option(None, "--machine", help="Machine model file (calibrate -o)."),
         filter: str | None = typer.Option(None, "--filter", help="Only region paths matching this regex."),
+        engine: str | None = typer.Option(None, "--engine",
+                                          help="local | ray: analyse each trace apart, then merge (default for "
+                                               "directories and globs: local)."),
+        address: str | None = typer.Option(None, "--address", help="Ray cluster address (--engine ray)."),
+        workers: int | None = typer.Option(None, "--workers", min=1, help="Processes for --engine local."),
     ) -> None:
         """Rank hot regions, attribute each bottleneck, and list fusion candidates."""
         from rich.console import Console
@@ -94,11 +99,16 @@ def _register_analyze(app: typer.Typer) -> None:
         # The fallback-machine warning comes back in result.trace["warnings"] and is printed below:
         # keep the module's own log line from printing it a second time.
         logging.getLogger("cuvil_pgc.analyze.machine").setLevel(logging.ERROR)
-        with stage_progress(2) as progress:          # a bar on interactive terminals only (stderr)
-            with progress.stage(f"loading {len(traces)} trace(s)"):
-                trace = load_trace(*traces)
-            with progress.stage("analysing"):
-                result = run_analysis(trace, machine=model, filter=filter)
+        from cuvil_pgc.analyze.fleet_commands import analyze_on_engine, wants_engine
+
+        if engine is not None or address is not None or wants_engine(traces):
+            result = analyze_on_engine(traces, engine or "local", address, workers, model, filter)
+        else:
+            with stage_progress(2) as progress:          # a bar on interactive terminals only (stderr)
+                with progress.stage(f"loading {len(traces)} trace(s)"):
+                    trace = _load_inputs(traces, load_trace)
+                with progress.stage("analysing"):
+                    result = run_analysis(trace, machine=model, filter=filter)
         _warn(result.trace.get("warnings", []))
         if json_out:
             from cuvil_pgc.cli import emit_json
@@ -131,6 +141,18 @@ def _register_analyze(app: typer.Typer) -> None:
         from cuvil_pgc.viewer.console import render_diff
 
         render_diff(doc, Console())
+
+
+def _load_inputs(traces: list[str], load_trace: Any) -> Any:
+    """Trace files, or one Parquet export directory (cuvil-pgc export --parquet)."""
+    import os
+
+    if len(traces) == 1 and os.path.isdir(traces[0]):
+        from cuvil_pgc.trace.parquet import is_dataset, read_parquet
+
+        if is_dataset(traces[0]):
+            return read_parquet(traces[0])
+    return load_trace(*traces)
 
 
 def _warn(warnings: list[str]) -> None:

@@ -212,9 +212,15 @@ def merge_summaries(docs: list[dict[str, Any]]) -> dict[str, PathStats]:
 
 
 class AggregateSession:
-    """Always-on aggregation into ``path`` (a ``.summary.json``), rewritten every ``flush_s``."""
+    """Always-on aggregation into ``path`` (a ``.summary.json``), rewritten every ``flush_s``.
 
-    def __init__(self, path: str, flush_s: float = 10.0, max_paths: int = 10_000) -> None:
+    With ``otel=True`` (or ``CUVIL_OTEL=1``), or an ``otel_metrics_exporter``, every summary written
+    is also exported as OpenTelemetry metrics (``instrument.otel_metrics``); ``model`` and
+    ``build_version`` become resource attributes there."""
+
+    def __init__(self, path: str, flush_s: float = 10.0, max_paths: int = 10_000, otel: bool | None = None,
+                 otel_metrics_exporter: Any = None, model: str | None = None,
+                 build_version: str | None = None) -> None:
         self.path = os.fspath(path)
         self.flush_s = flush_s
         self.recorder = AggregateRecorder(max_paths)
@@ -222,10 +228,16 @@ class AggregateSession:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.flushes = 0
+        self.otel = otel if otel is not None else os.environ.get("CUVIL_OTEL", "") not in ("", "0")
+        self.model, self.build_version = model, build_version
+        self._metrics_exporter = otel_metrics_exporter
+        self.metrics: Any = None              # OtelMetricsExporter while exporting
+        self.otel_status: dict[str, Any] | None = None
 
     def start(self) -> AggregateSession:
         import numpy  # noqa: F401  (the folds use it; imported here, not in the first fold's time)
 
+        self._start_metrics()
         _region.attach(self.recorder)
         self._thread = threading.Thread(target=self._loop, name="cuvil-pgc-aggregate", daemon=True)
         self._thread.start()
@@ -237,7 +249,28 @@ class AggregateSession:
         if self._thread is not None:
             self._thread.join(5.0)
         self.flush()
+        if self.metrics is not None:
+            self.metrics.shutdown()
         return self.path
+
+    def _start_metrics(self) -> None:
+        """The OpenTelemetry metrics export, when asked for; a failure is logged, never raised."""
+        if not (self.otel or self._metrics_exporter is not None):
+            return
+        try:
+            from cuvil_pgc.instrument.otel_metrics import OtelMetricsExporter, exporter_from_env, resource_for
+            from cuvil_pgc.instrument.session import _rank_and_world
+
+            exporter = self._metrics_exporter or exporter_from_env()
+            if exporter is None:
+                self.otel_status = {"status": "disabled", "reason": "OTEL_METRICS_EXPORTER=none"}
+                return
+            resource = resource_for(socket.gethostname(), _rank_and_world()[0], self.model, self.build_version)
+            self.metrics = OtelMetricsExporter(exporter, resource)
+            self.otel_status = {"status": "ok"}
+        except Exception as exc:  # never into the host program
+            log.warning("cuvil-pgc: OpenTelemetry metrics export disabled (%s)", exc)
+            self.otel_status = {"status": "unavailable", "reason": str(exc)}
 
     def __enter__(self) -> AggregateSession:
         return self.start()
@@ -270,6 +303,11 @@ class AggregateSession:
                 "start_unix_ns": self.start_unix_ns, "end_unix_ns": time.time_ns(), "command": list(sys.argv),
                 "dropped": {"aggregate_paths": self.recorder.dropped_paths,
                             "aggregate_regions": self.recorder.dropped()}}
+        if self.otel_status is not None:
+            meta["samplers"] = {"otel_metrics": dict(self.otel_status)}
+        if self.metrics is not None:
+            meta["dropped"]["otel_metrics"] = self.metrics.dropped
+            meta["samplers"]["otel_metrics"]["exported"] = self.metrics.exported
         return {SUMMARY_KEY: {"schema_version": SUMMARY_SCHEMA_VERSION,
                               "bucket_scheme": {"per_octave": PER_OCTAVE, "unit": "ns"},
                               "metadata": meta, "regions": regions}}
@@ -282,7 +320,11 @@ class AggregateSession:
             from cuvil_pgc._fsutil import write_atomic
             from cuvil_pgc.trace.writer import dumps
 
-            write_atomic(Path(self.path), dumps(self.document()))
+            doc = self.document()
+            write_atomic(Path(self.path), dumps(doc))
             self.flushes += 1
         except Exception as exc:
             log.warning("cuvil-pgc: writing the aggregate summary %s failed: %s", self.path, exc)
+            return
+        if self.metrics is not None:
+            self.metrics.submit(doc)

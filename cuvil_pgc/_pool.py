@@ -1,0 +1,60 @@
+"""One process pool for work over many trace files (``analyze --engine local``, ``export``).
+
+``pool_map(func, items, workers)`` calls ``func(item)`` for every item in ``workers`` processes
+(default: the core count; 1 or a single item: in this process) and returns the results in
+completion order, calling ``progress(done, total, item)`` after each. Workers are forked from a
+single-threaded caller, else started by forkserver (spawn where there is none): never a fork of a
+process with threads. Each handles one item at a time, so its memory is bounded by the largest
+item. The first exception raised by ``func`` propagates.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+Progress = Callable[[int, int, str], None]     # (done, total, item just finished)
+
+
+def _start_method() -> str:
+    """fork from a single-threaded process (fast; no re-import of the caller's __main__, which
+    spawn and forkserver do: a script without a main guard, or stdin, would run again); else
+    forkserver (spawn where there is none), since forking a process with threads can deadlock."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def pool_size(workers: int | None, items: int) -> int:
+    return max(1, min(workers or os.cpu_count() or 1, items))
+
+
+def pool_map(func: Callable[..., T], items: Sequence[Any], workers: int | None = None,
+             progress: Progress | None = None, args: tuple = ()) -> list[T]:
+    """``[func(item, *args) ...]`` over a process pool, in completion order (module docstring)."""
+    n = pool_size(workers, len(items))
+    results: list[T] = []
+    if n == 1:
+        for item in items:
+            results.append(func(item, *args))
+            if progress:
+                progress(len(results), len(items), item)
+        return results
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(_start_method())) as pool:
+        futures = {pool.submit(func, item, *args): item for item in items}
+        try:
+            for future in as_completed(futures):
+                results.append(future.result())
+                if progress:
+                    progress(len(results), len(items), futures[future])
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    return results

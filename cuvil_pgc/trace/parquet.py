@@ -1,0 +1,158 @@
+"""Traces as a Parquet dataset: what ``cuvil-pgc export --parquet DIR`` writes and ``sql`` reads.
+
+Layout (Hive partitioning, readable as it is by DuckDB, pyarrow, Spark, Trino, BigQuery)::
+
+    DIR/<table>/run_id=<run>/rank=<rank>/<trace_key>.parquet
+
+one file per table and source (tables and columns: :mod:`cuvil_pgc.trace.arrow`); ``run_id`` and
+``rank`` are partition columns, so the files themselves do not repeat them. Each file is written
+to a temporary name and renamed, so readers never see half a file; exporting the same trace
+again replaces its files (same ``trace_key``). Tables a trace has no rows for get no file.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuvil_pgc.errors import TraceError
+from cuvil_pgc.trace import arrow
+from cuvil_pgc.trace.columns import Trace
+
+PARTITIONS = ("run_id", "rank")
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote: the traces (key, run, rank, path) and rows per table."""
+
+    directory: str
+    traces: list[dict[str, Any]] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)
+    files: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"directory": self.directory, "traces": self.traces, "rows": self.rows, "files": self.files}
+
+
+def write_parquet(trace: Trace, directory: str | os.PathLike[str], result: ExportResult | None = None) -> ExportResult:
+    """Write every source of ``trace`` into the dataset at ``directory`` (created if needed)."""
+    pq = _parquet()
+    root = Path(directory)
+    result = result or ExportResult(directory=os.fspath(root))
+    for i, source in enumerate(trace.sources):
+        tables = arrow.source_tables(trace, i)
+        facts = tables["traces"].to_pylist()[0]
+        part = f"run_id={facts['run_id']}/rank={facts['rank']}"
+        for name, table in tables.items():
+            if table.num_rows == 0:
+                continue
+            target = root / name / part / f"{facts['trace_key']}.parquet"
+            _write(pq, table.drop_columns(list(PARTITIONS)), target)
+            result.rows[name] = result.rows.get(name, 0) + table.num_rows
+            result.files += 1
+        result.traces.append({"trace_key": facts["trace_key"], "run_id": facts["run_id"], "rank": facts["rank"],
+                              "path": source.path, "format": source.format, "events": facts["events"]})
+    return result
+
+
+def export_files(paths: Sequence[str | os.PathLike[str]], directory: str | os.PathLike[str],
+                 workers: int | None = 1, progress: Any = None) -> ExportResult:
+    """Load each trace file on its own and write it into ``directory``, in ``workers`` processes
+    (default 1; None: one per core). Memory: one trace at a time per process."""
+    from cuvil_pgc._pool import pool_map
+
+    names = [os.fspath(p) for p in paths]
+    result = ExportResult(directory=os.fspath(directory))
+    for part in pool_map(_export_one, names, workers, progress, args=(os.fspath(directory),)):
+        result.traces += part.traces
+        result.files += part.files
+        for name, n in part.rows.items():
+            result.rows[name] = result.rows.get(name, 0) + n
+    result.traces.sort(key=lambda t: t["path"])
+    return result
+
+
+def _export_one(path: str, directory: str) -> ExportResult:
+    from cuvil_pgc.trace.reader import load_trace
+
+    return write_parquet(load_trace(path), directory)
+
+
+def _write(pq: Any, table: Any, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise TraceError(f"cannot be written ({exc.strerror or exc})", path=target,
+                         fix="check that the export directory is writable and has space") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _parquet() -> Any:
+    arrow.pyarrow()
+    import pyarrow.parquet as pq
+
+    return pq
+
+
+def is_dataset(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a directory written by :func:`write_parquet`."""
+    return (Path(path) / "traces").is_dir()
+
+
+def table_glob(directory: str | os.PathLike[str], table: str) -> str:
+    """The glob of one table's files (``*.parquet`` leaves the writer's hidden temporaries out)."""
+    return os.path.join(os.fspath(directory), table, "run_id=*", "rank=*", "*.parquet")
+
+
+def has_files(directory: str | os.PathLike[str], table: str) -> bool:
+    return next(glob.iglob(table_glob(directory, table)), None) is not None
+
+
+def table_files(directory: str | os.PathLike[str], table: str) -> list[str]:
+    """The Parquet files of one table of the dataset (sorted; hidden temporaries left out)."""
+    base = Path(directory) / table
+    if not base.is_dir():
+        return []
+    return sorted(glob.glob(table_glob(directory, table)))
+
+
+def read_tables(directories: Iterable[str | os.PathLike[str]], tables: Iterable[str] = arrow.TABLES) -> dict[str, Any]:
+    """The tables of one or more datasets as Arrow tables (partition columns included)."""
+    import pyarrow.dataset as ds
+
+    pa = arrow.pyarrow()
+    dirs = [os.fspath(d) for d in directories]
+    for d in dirs:
+        if not is_dataset(d):
+            raise TraceError("is not a cuvil-pgc Parquet export (no traces/ directory)", path=d,
+                             fix="write one with: cuvil-pgc export TRACE... --parquet DIR")
+    sch = arrow.schemas()
+    partitioning = ds.partitioning(pa.schema([("run_id", pa.string()), ("rank", pa.int32())]), flavor="hive")
+    out = {}
+    for name in tables:
+        parts = []
+        for d in dirs:
+            files = table_files(d, name)
+            if files:
+                data = ds.dataset(files, format="parquet", partitioning=partitioning,
+                                  partition_base_dir=os.path.join(d, name))
+                parts.append(data.to_table().select(sch[name].names).cast(sch[name]))
+        out[name] = pa.concat_tables(parts) if parts else sch[name].empty_table()
+    if "traces" in out:
+        arrow.check_version(out["traces"], dirs[0] if len(dirs) == 1 else None)
+    return out
+
+
+def read_parquet(*directories: str | os.PathLike[str]) -> Trace:
+    """The Trace of every source in the datasets (``analyze`` reads it like trace files)."""
+    return arrow.from_arrow(read_tables(directories))

@@ -1,0 +1,113 @@
+"""analyze on an engine: map each trace apart, reduce; the same Analysis in one process, a pool and Ray."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cuvil_pgc import analyze, load_trace
+from cuvil_pgc.analyze.engine import analyze_many
+from cuvil_pgc.analyze.reduce import map_trace, reduce_partials
+from cuvil_pgc.errors import ConfigError, TraceError
+from cuvil_pgc.trace.discover import trace_files
+from tests._fleet_traces import write_run
+
+
+def _doc(analysis):
+    doc = analysis.to_json()
+    doc["trace"].pop("engine", None)          # timings: the one part allowed to differ
+    return doc
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    write_run(tmp_path / "runs", "job", ranks=4, slow=2, day=0)
+    write_run(tmp_path / "runs", "job2", ranks=2, day=1, scale=2.0)
+    return tmp_path / "runs"
+
+
+def test_reduce_adds_histograms_and_finds_the_straggler(run_dir):
+    merged = analyze_many([run_dir], workers=1)
+    paths = trace_files([run_dir])
+    assert len(paths) == 6 and merged.trace["traces"] == 6
+    singles = [analyze(load_trace(p)) for p in paths]
+    decode = merged.region("request/decode")
+    assert decode.calls == sum(s.region("request/decode").calls for s in singles) == 6 * 20
+    assert decode.total_us == pytest.approx(sum(s.region("request/decode").total_us for s in singles))
+    assert sum(decode.histogram["counts"]) == pytest.approx(120)
+    lo, hi = min(s.region("request/decode").p50_us for s in singles), max(s.region("request/decode").p99_us
+                                                                          for s in singles)
+    assert lo * 0.9 <= decode.p50_us <= decode.p99_us <= hi * 1.1
+    assert decode.evidence["traces"] == 6
+    assert merged.ranks["ranks"] == [0, 1, 2, 3]
+    straggler = merged.ranks["stragglers"][0]
+    assert straggler["path"] in ("request", "request/decode")
+    # rank 2 is slow in job; but job2 (ranks 0, 1) runs at twice the scale, so per-rank totals add both runs
+    per = next(r for r in merged.ranks["regions"] if r["path"] == "request/decode")["per_rank_us"]
+    assert per["2"] > per["3"]
+    assert merged.trace["events"] == sum(s.trace["events"] for s in singles)
+
+
+def test_order_of_the_partials_does_not_change_the_result(run_dir):
+    partials = [map_trace(p) for p in trace_files([run_dir])]
+    a = reduce_partials(partials)
+    b = reduce_partials(list(reversed(partials)))
+    assert a.to_json() == b.to_json()
+
+
+def test_one_trace_reduces_to_its_own_analysis(tmp_path):
+    (p,) = write_run(tmp_path, "solo", ranks=1)
+    assert _doc(analyze_many([p], workers=1)) == analyze(load_trace(p)).to_json()
+
+
+def test_local_pool_gives_the_single_process_result(run_dir):
+    single = analyze_many([run_dir], workers=1)
+    pooled = analyze_many([str(run_dir / "*.trace.json")], engine="local", workers=2)
+    assert pooled.trace["engine"]["workers"] == 2 and single.trace["engine"]["workers"] == 1
+    assert _doc(pooled) == _doc(single)
+
+
+@pytest.mark.slow
+def test_ray_gives_the_local_and_single_process_result(run_dir, monkeypatch):
+    ray = pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    single = analyze_many([run_dir], workers=1)
+    local = analyze_many([run_dir], engine="local", workers=2)
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
+             log_to_driver=False)
+    try:
+        seen = []
+        on_ray = analyze_many([run_dir], engine="ray", progress=lambda done, total, path: seen.append((done, total)))
+    finally:
+        ray.shutdown()
+    assert on_ray.trace["engine"]["name"] == "ray"
+    assert seen[-1] == (6, 6) and len(seen) == 6
+    assert _doc(on_ray) == _doc(local) == _doc(single)
+
+
+def test_engine_errors_name_the_problem(tmp_path):
+    with pytest.raises(ConfigError, match="not an engine"):
+        analyze_many([tmp_path], engine="spark")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TraceError, match="holds no trace files"):
+        analyze_many([tmp_path / "empty"])
+    with pytest.raises(TraceError, match="matches no files"):
+        analyze_many([str(tmp_path / "x*.trace.json")])
+    (tmp_path / "bad.trace.json").write_text("{not json")
+    with pytest.raises(TraceError, match="bad.trace.json"):
+        analyze_many([tmp_path / "bad.trace.json", tmp_path / "bad.trace.json"], workers=2)
+
+
+def test_analyze_cli_on_a_directory_uses_the_engine(run_dir):
+    run = subprocess.run([sys.executable, "-m", "cuvil_pgc", "analyze", str(run_dir), "--engine", "local",
+                          "--workers", "2", "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["trace"]["engine"]["name"] == "local" and doc["trace"]["traces"] == 6
+    assert doc["ranks"]["ranks"] == [0, 1, 2, 3]
+    single = _doc(analyze_many([run_dir], workers=1))
+    doc["trace"].pop("engine")
+    assert json.loads(json.dumps(single)) == doc
