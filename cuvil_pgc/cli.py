@@ -74,24 +74,40 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     try:
-        # Without standalone mode click returns the code of typer.Exit instead of exiting.
-        code = app(args=args, standalone_mode=False)
+        # Without standalone mode the parser returns the code of typer.Exit instead of exiting.
+        code = app(args=args, prog_name="cuvil-pgc", standalone_mode=False)
     except CuvilError as exc:
         _fail(str(exc), debug)
     except KeyboardInterrupt:
         _fail("interrupted", debug, code=130)
-    except Exception as exc:  # click usage errors and everything unexpected
-        import click
-
-        if isinstance(exc, click.exceptions.Exit):
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            _fail("aborted", debug, code=1)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        _fail("aborted", debug, code=1)
+    except Exception as exc:  # usage errors of the parser and everything unexpected
+        usage = _usage_error(exc)
+        if usage is not None:
+            _fail(usage[0], debug, code=usage[1])
         _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug and report it)", debug)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: Exception) -> tuple[str, int] | None:
+    """One line and the exit code for an error of the command-line parser, or None.
+
+    Typer 0.29 vendors its own click (``typer._click``) where older releases use click itself:
+    both raise exceptions with ``format_message()`` and ``exit_code`` (2 for usage errors), so
+    they are recognised by that shape, and no import of click is needed.
+    """
+    if not (callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int)):
+        return None
+    message = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and getattr(ctx, "command_path", None):
+        help_option = (getattr(ctx, "help_option_names", None) or ["--help"])[0]
+        message = f"{message} (usage: {ctx.get_usage().replace('Usage: ', '', 1).strip()}; " \
+                  f"try '{ctx.command_path} {help_option}')"
+    return " ".join(message.split()), exc.exit_code
 
 
 def _fail(message: str, debug: bool, code: int = 1) -> None:
