@@ -43,16 +43,57 @@ def _import(module_ref: str):
         path = os.path.abspath(module_ref)
         if not os.path.isfile(path):
             raise ModelSpecError(f"model file {module_ref} does not exist", path=module_ref)
-        name = "_cuvil_model_" + os.path.splitext(os.path.basename(path))[0]
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ModelSpecError("cannot import this file as a Python module", path=module_ref)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
+        return _import_file(path, module_ref)
     try:
         return importlib.import_module(module_ref)
     except ModuleNotFoundError as exc:
         raise ModelSpecError(f"cannot import module {module_ref!r} ({exc})",
                              fix="check the name, or pass a path to a .py file") from None
+
+
+def _import_file(path: str, module_ref: str):
+    """Import a .py file under the dotted name a program would import it by, where it has one.
+
+    ``shop/ranker.py`` inside package ``shop`` (an ``__init__.py`` beside it) is imported as
+    ``shop.ranker`` with the directory above the package on ``sys.path``, as ``python -c "import
+    shop.ranker"`` run there would; a lone file ``models.py`` as ``models``. So the model's classes
+    are the ones a service importing them normally gets. Only where that name is taken by another
+    file already imported is the file loaded under a private name (``_cuvil_model_<stem>``); the
+    structural hash does not depend on the name either way (cuvil_pgc._structure).
+    """
+    root, dotted = _package_root(path)
+    existing = sys.modules.get(dotted)
+    if existing is None or _same_file(getattr(existing, "__file__", None), path):
+        if root not in [os.path.abspath(p or os.curdir) for p in sys.path]:
+            sys.path.insert(0, root)
+        try:
+            module = importlib.import_module(dotted)
+        except ImportError:
+            module = None
+        if module is not None and _same_file(getattr(module, "__file__", None), path):
+            return module
+    name = "_cuvil_model_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelSpecError("cannot import this file as a Python module", path=module_ref)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _package_root(path: str) -> tuple[str, str]:
+    """The directory to put on sys.path and the dotted module name of the file at ``path``."""
+    directory, filename = os.path.split(path)
+    parts = [os.path.splitext(filename)[0]]
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        directory, package = os.path.split(directory)
+        parts.insert(0, package)
+    return directory, ".".join(parts)
+
+
+def _same_file(a: str | None, b: str) -> bool:
+    try:
+        return a is not None and os.path.samefile(a, b)
+    except OSError:
+        return False

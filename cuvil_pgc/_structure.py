@@ -7,6 +7,13 @@ Recorded by ``instrument_module`` on every region (a 16-hex-digit prefix, ``args
 copied into the analysis evidence, and compared by the recompiler (recompile.matching) so that a
 profile of a slightly different model version applies to the unchanged regions only. It lives
 here, outside both stages, because instrument (upstream) and recompile (downstream) both need it.
+
+A module's identity is what its code is, not where it was imported from: the class's
+``__qualname__`` and forward source, and its parameter and buffer names, shapes and dtypes. The
+module name is left out on purpose: ``recompile --model models.py:build`` imports the file under
+one name and a service doing ``from shop.models import Ranker`` under another, and a build must
+apply to both (issue 22). ``STRUCTURE_VERSION`` is hashed in, so hashes of another definition never
+collide with these.
 """
 
 from __future__ import annotations
@@ -16,14 +23,18 @@ import inspect
 from typing import Any
 
 SHORT = 16      # hex digits recorded per region: 64 bits, enough to tell module versions apart
+STRUCTURE_VERSION = 2    # 2: the class's __qualname__ without __module__ (1 hashed the import name too)
 
 
 def structural_hash(module: Any) -> str:
-    """sha256 of the module's structure: types, parameter/buffer shapes and dtypes, forward sources."""
-    h = hashlib.sha256()
+    """sha256 of the module's structure: class names, forward sources, parameter/buffer shapes and dtypes.
+
+    Independent of the name the module's file was imported under (see the module docstring).
+    """
+    h = hashlib.sha256(f"cuvil-structure {STRUCTURE_VERSION}\n".encode())
     for name, sub in module.named_modules(remove_duplicate=False):
         cls = type(sub)
-        h.update(f"M {name} {cls.__module__}.{cls.__qualname__}\n".encode())
+        h.update(f"M {name} {cls.__qualname__}\n".encode())
         h.update(_forward_source(cls).encode())
         for pname, p in sub.named_parameters(recurse=False):
             h.update(f"P {pname} {tuple(p.shape)} {p.dtype}\n".encode())
@@ -58,5 +69,5 @@ def _forward_source(cls: type) -> str:
         try:
             _SOURCES[cls] = inspect.getsource(cls.forward)
         except (OSError, TypeError):
-            _SOURCES[cls] = f"{cls.__module__}.{cls.__qualname__}.forward"
+            _SOURCES[cls] = f"{cls.__qualname__}.forward"     # no source (a C extension's class)
     return _SOURCES[cls]

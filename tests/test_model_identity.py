@@ -1,0 +1,96 @@
+"""A model's identity is what its code is, not the name its module was imported under (issue 22).
+
+``recompile --model pkg/file.py:factory`` and a service doing ``from pkg.file import Model`` must
+see the same structural hash; a real change (forward source, shapes, dtypes) must still show.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+
+import pytest
+
+from cuvil_pgc._modelspec import load_model_spec
+from cuvil_pgc._structure import structural_hash
+
+SOURCE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Ranker(nn.Module):
+        def __init__(self, hidden=16):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(8, hidden), nn.Linear(hidden, 4)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+
+    def factory():
+        torch.manual_seed(0)
+        return Ranker().eval(), (torch.randn(2, 8),)
+''')
+
+
+def _load_as(name: str, path) -> object:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def clean_imports(monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        sys.modules.pop(name, None)
+
+
+def test_the_hash_does_not_depend_on_the_module_name(tmp_path):
+    path = tmp_path / "models.py"
+    path.write_text(SOURCE)
+    a = _load_as("_cuvil_model_models", path).factory()[0]
+    b = _load_as("shop.ranker", path).factory()[0]
+    assert type(a).__module__ != type(b).__module__
+    assert structural_hash(a) == structural_hash(b)
+
+
+def test_real_changes_still_change_the_hash(tmp_path):
+    base = _load_as("base_m", _write(tmp_path / "base.py", SOURCE)).factory()[0]
+    edited = _load_as("edited_m", _write(tmp_path / "edited.py", SOURCE.replace("torch.relu", "torch.tanh")))
+    assert structural_hash(edited.factory()[0]) != structural_hash(base)            # another forward
+    assert structural_hash(type(base)(hidden=32)) != structural_hash(base)          # other shapes
+    assert structural_hash(base.double()) != structural_hash(type(base)())          # other dtypes
+    renamed = _load_as("renamed_m", _write(tmp_path / "renamed.py", SOURCE.replace("Ranker", "Scorer")))
+    assert structural_hash(renamed.factory()[0]) != structural_hash(type(base)())   # another class
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_a_file_in_a_package_is_imported_under_its_dotted_name(tmp_path, clean_imports):
+    package = tmp_path / "shop_ident"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "ranker.py").write_text(SOURCE)
+    model, _ = load_model_spec(f"{package / 'ranker.py'}:factory")
+    assert type(model).__module__ == "shop_ident.ranker"
+    import shop_ident.ranker  # what a service does: the same module object
+
+    assert type(model) is shop_ident.ranker.Ranker
+
+
+def test_a_lone_file_is_imported_under_its_stem_unless_that_name_is_taken(tmp_path, clean_imports):
+    (tmp_path / "lone_ident.py").write_text(SOURCE)
+    model, _ = load_model_spec(f"{tmp_path / 'lone_ident.py'}:factory")
+    assert type(model).__module__ == "lone_ident"
+    (tmp_path / "json.py").write_text(SOURCE)                # a name already imported from elsewhere
+    model, _ = load_model_spec(f"{tmp_path / 'json.py'}:factory")
+    assert type(model).__module__ == "_cuvil_model_json" and "Ranker" not in dir(sys.modules["json"])
