@@ -15,6 +15,8 @@ from typing import Any
 
 import typer
 
+from cuvil_pgc._threads import THREADS_HELP, default_threads
+
 QUICK_MODELS = ("lstm_step",)
 FULL_MODELS = ("lstm_step", "mlp", "cnn", "transformer", "mixed")
 PROFILE_ITERS = 20
@@ -37,13 +39,24 @@ def register(app: typer.Typer) -> None:
     def demo(
         output: str = typer.Option("cuvil-demo", "-o", "--output", help="Directory for every artifact."),
         quick: bool = typer.Option(False, "--quick", help="One model, small search budget (~3 min)."),
+        threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     ) -> None:
         """Run the whole loop on the bundled zoo: profile, analyze, report, recompile, compare."""
-        run_demo(output, quick=quick)
+        run_demo(output, quick=quick, threads=threads)
 
 
-def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | None = None) -> list[ModelResult]:
-    """Run the demo into ``out_dir``; returns what each model produced."""
+def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | None = None,
+             threads: int | None = None) -> list[ModelResult]:
+    """Run the demo into ``out_dir`` at ``threads`` torch threads (default: torch's); what each model produced."""
+    from cuvil_pgc._threads import torch_threads
+
+    default = default_threads()
+    with torch_threads(threads) as count:
+        return _run_demo(out_dir, quick=quick, models=models, threads=count, default=count == default)
+
+
+def _run_demo(out_dir: str, *, quick: bool, models: tuple[str, ...] | None, threads: int,
+              default: bool) -> list[ModelResult]:
     from rich.console import Console
 
     from cuvil_pgc.recompile.signing import generate_keypair
@@ -54,6 +67,8 @@ def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | Non
     if not os.path.exists(key):
         generate_keypair(key)
     started = time.perf_counter()
+    console.print(f"profiling, recompiling and timing at {threads} torch thread(s)"
+                  f"{' (torch default here)' if default else ''}; --threads N to change it")
     results = []
     for name in models or (QUICK_MODELS if quick else FULL_MODELS):
         console.rule(f"[bold]{name}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 
 import pytest
 import torch
@@ -71,17 +72,23 @@ def test_compare_cli_build_vs_eager_json(tmp_path, capsys, monkeypatch):
     from cuvil_pgc.cli import main
     from cuvil_pgc.recompile import recompile
     from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.signing import generate_keypair
 
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
     model, inputs = tiny()
+    key, pub = generate_keypair(tmp_path / "release.key")
     build = recompile(model, inputs, plan={"": Candidate("", rewrite=True)}, rounds=5, records=False)
-    path = build.save(tmp_path / "t.cuvilpkg")
+    path = build.save(tmp_path / "t.cuvilpkg", signing_key=key)
     spec = f"{os.path.abspath(__file__)}:tiny"
-    with pytest.raises(SystemExit) as done:
-        main(["compare", "--model", spec, "eager", path, "--rounds", "6", "--json"])
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(SystemExit) as done:
+        warnings.simplefilter("always")
+        main(["compare", "--model", spec, "eager", path, "--pubkey", str(pub), "--rounds", "6", "--json"])
     assert done.value.code == 0
+    # the model imported from its file is the model the build was made from (issue 22: it warned
+    # "module changed since the build" and timed eager against itself)
+    assert not [w for w in caught if "changed" in str(w.message)]
     doc = json.loads(capsys.readouterr().out)
-    assert doc["a"]["name"] == "eager" and doc["b"]["name"] == path
+    assert doc["a"]["name"] == "eager" and doc["b"]["name"] == path and doc["threads"] >= 1
     assert doc["verdict"] in ("faster", "slower", "same") and len(doc["speedup_ci95"]) == 2
     with pytest.raises(SystemExit) as done:
         main(["compare", "--model", spec, "eager", str(tmp_path / "missing.cuvilpkg")])

@@ -49,67 +49,78 @@ def _analysis() -> Analysis:
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUVIL_TRUSTED_KEY", raising=False)
+    monkeypatch.delenv("CUVIL_ALLOW_UNSIGNED", raising=False)
 
 
-def _write_build(path, model, *, fingerprint: Fingerprint, choices=()) -> None:
+@pytest.fixture
+def keys(tmp_path):
+    """(private key path, public key path) of a signer this test trusts."""
+    return generate_keypair(tmp_path / "release.key")
+
+
+def _write_build(path, model, *, fingerprint: Fingerprint, choices=(), key=None) -> None:
     plan = {"format": 1, "device": "cpu", "choices": list(choices), "regions": []}
-    with BuildWriter(path, "m", 1, fingerprint=fingerprint, model_hash=structural_hash(model)) as w:
-        w.add_bytes("plan.json", json.dumps(plan).encode())
+    w = BuildWriter(path, "m", 1, fingerprint=fingerprint, model_hash=structural_hash(model),
+                    model_class=type(model).__qualname__)
+    w.add_bytes("plan.json", json.dumps(plan).encode())
+    w.close(None if key is None else str(key))
 
 
-def test_load_build_refuses_another_environment_and_falls_back_to_eager(tmp_path):
+def test_load_build_refuses_another_environment_and_falls_back_to_eager(tmp_path, keys):
     model, inputs = host_bound()
     fp = current_fingerprint("cpu")
     # "Another machine" is derived from this one, whatever its ISA: every other field stays equal.
     other = Fingerprint(torch="1.13.0", python=fp.python, platform=fp.platform, cpu_isa=f"not-{fp.cpu_isa}",
                         device=fp.device)
     path = tmp_path / "old.cuvilpkg"
-    _write_build(path, model, fingerprint=other)
+    _write_build(path, model, fingerprint=other, key=keys[0])
     with pytest.raises(BuildError) as err:
-        load_build(path, model)
+        load_build(path, model, pubkey=keys[1])
     message = str(err.value)
     assert "torch: built '1.13.0'" in message and "cpu_isa" in message and "fallback='eager'" in message
     with pytest.warns(RuntimeWarning, match="eager"):
-        same = load_build(path, model, fallback="eager")
+        same = load_build(path, model, fallback="eager", pubkey=keys[1])
     assert same is model and "fell back" in same.cuvil_load_report.notes[0]
 
 
-def test_load_build_verifies_before_reading(tmp_path):
+def test_load_build_verifies_before_reading(tmp_path, keys):
     model, _ = host_bound()
     path = tmp_path / "b.cuvilpkg"
-    _write_build(path, model, fingerprint=current_fingerprint("cpu"))
+    _write_build(path, model, fingerprint=current_fingerprint("cpu"), key=keys[0])
     data = bytearray(path.read_bytes())
     data[len(data) // 3] ^= 0x01               # one flipped byte, inside a member's data
     path.write_bytes(bytes(data))
     with pytest.raises(BuildError):
-        load_build(path, model)
+        load_build(path, model, pubkey=keys[1])
 
 
 @pytest.mark.slow
-def test_round_trip_eager_space_and_changed_region_is_skipped(tmp_path):
+def test_round_trip_eager_space_and_changed_region_is_skipped(tmp_path, keys):
     model, inputs = host_bound()
     build = recompile(model, inputs, analysis=_analysis(), backends=("eager",), rounds=5,
                       records=RecordDB(tmp_path / "rec"), plan={"fc1": Candidate("fc1", rewrite=True)})
-    out = build.save(tmp_path / "e.cuvilpkg", name="hb", version=3)
+    out = build.save(tmp_path / "e.cuvilpkg", name="hb", version=3, signing_key=keys[0])
     with open_build(out) as vb:
         plan = json.loads(vb.read_bytes("plan.json"))
         assert vb.manifest.name == "hb" and vb.manifest.version == 3
         assert vb.manifest.model_hash == structural_hash(model)
     assert [c["config"] for c in plan["choices"]] == ["eager+rewrite"]
-    fast = load_build(out, model)
+    fast = load_build(out, model, pubkey=keys[1])
     assert fast.cuvil_load_report.applied == ["fc1: eager+rewrite"]
     with torch.no_grad():
         assert torch.allclose(fast(*inputs), model(*inputs), atol=1e-6)
     from cuvil_pgc.recompile.store import BuildStore
 
     store = BuildStore(tmp_path / "store")
+    store.trust(keys[1])
     store.push(out)
     store.tag("hb", 3, "stable")
     via_store = load_build("store://hb@stable", model, store=tmp_path / "store")
     assert via_store.cuvil_load_report.applied == ["fc1: eager+rewrite"]
     changed = HostBound().eval()
     changed.fc1 = nn.Linear(16, 32, bias=False)
-    stale = load_build(out, changed)
+    stale = load_build(out, changed, pubkey=keys[1])
     assert stale.cuvil_load_report.applied == [] and "changed" in stale.cuvil_load_report.skipped[0]
 
 
@@ -142,12 +153,13 @@ def test_recompile_aoti_round_trip_signed(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_package_is_not_applied_to_weights_changed_since_the_build(tmp_path):
+def test_a_package_is_not_applied_to_weights_changed_since_the_build(tmp_path, monkeypatch):
     """An AOTInductor package holds the weights it was built with: a fine-tuned model of the same
     structure runs that region eagerly, listed and warned about, never with the old weights."""
     model, inputs = host_bound()
     build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, rounds=5, records=RecordDB(tmp_path / "rec"))
     path = build.save(tmp_path / "w.cuvilpkg")
+    monkeypatch.setenv("CUVIL_ALLOW_UNSIGNED", "1")       # the documented opt-in, for the whole test
     assert load_build(path, host_bound()[0]).cuvil_load_report.aoti_packages == 1
     tuned, _ = host_bound()
     with torch.no_grad():
@@ -174,9 +186,9 @@ def test_pinned_compile_plan_ships_cache_artifacts_and_second_load_is_warm(tmp_p
     with open_build(path) as vb:
         assert "inductor_cache.bin" in vb.members()
     torch._dynamo.reset()
-    first = load_build(path, host_bound()[0], example_inputs=inputs)
+    first = load_build(path, host_bound()[0], example_inputs=inputs, allow_unsigned=True)
     torch._dynamo.reset()
-    second = load_build(path, host_bound()[0], example_inputs=inputs)
+    second = load_build(path, host_bound()[0], example_inputs=inputs, allow_unsigned=True)
     report = second.cuvil_load_report
     assert first.cuvil_load_report.cache_artifacts == "loaded"
     assert report.compiled_regions == 1 and report.cache_hits >= 1 and report.cache_misses == 0 and report.warm
@@ -190,7 +202,7 @@ def test_cuda_graphs_plan_round_trip(tmp_path):
     build = recompile(model, inputs, device="cuda", plan={"": Candidate("", "cudagraphs", mode="reduce-overhead")},
                       rounds=5, records=False)
     path = build.save(tmp_path / "g.cuvilpkg")
-    fast = load_build(path, host_bound()[0])
+    fast = load_build(path, host_bound()[0], allow_unsigned=True)
     x = inputs[0].cuda()
     with torch.no_grad():
         for _ in range(3):

@@ -335,7 +335,8 @@ def test_cli_round_trip(tmp_path, capsys, monkeypatch):
 def test_cli_verify_failure_is_one_line(tmp_path):
     bad = tmp_path / "bad.cuvilpkg"
     bad.write_bytes(b"PK\x03\x04 not really")
-    proc = subprocess.run([sys.executable, "-m", "cuvil_pgc", "verify", str(bad)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "cuvil_pgc", "verify", str(bad), "--allow-unsigned"],
+                          capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=120)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and str(bad) in proc.stderr and "zip" in proc.stderr

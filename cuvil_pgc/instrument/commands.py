@@ -26,6 +26,8 @@ def _register_profile(app: typer.Typer) -> None:
         model: str | None = typer.Option(None, "--model", help="MODULE:FACTORY returning (model, inputs)."),
         iters: int = typer.Option(20, "--iters", help="Model iterations to record (--model)."),
         warmup: int = typer.Option(3, "--warmup", help="Unrecorded warm-up iterations (--model)."),
+        threads: int | None = typer.Option(None, "--threads", min=1,
+                                           help="torch intra-op threads for --model (default: torch's here)."),
         depth: int | None = typer.Option(None, "--depth", help="Instrument submodules down to this depth."),
         ops: bool = typer.Option(True, "--ops/--no-ops", help="Capture aten operators."),
         gpu: str = typer.Option("auto", "--gpu", help="auto | on | off: CUPTI kernels and NVML counters."),
@@ -43,8 +45,14 @@ def _register_profile(app: typer.Typer) -> None:
                               fix="e.g. cuvil-pgc profile --model cuvil_pgc.zoo:cnn")
         path = output or _default_output(target, module, model)
         session = make_session(path, ops=ops, gpu=gpu, sample_hz=sample_hz, filter=filter)
+        if threads is not None and not model:
+            raise ConfigError("--threads applies to --model only", fix="a script sets its own torch threads")
         if model:
-            code = _runner.run_model(session, model, iters, warmup, depth)
+            from cuvil_pgc._threads import torch_threads
+
+            with torch_threads(threads) as count:
+                typer.echo(f"profiling at {count} torch thread(s)", err=True)
+                code = _runner.run_model(session, model, iters, warmup, depth)
         elif module:
             code = _runner.run_module(session, module, list(target or []))
         else:

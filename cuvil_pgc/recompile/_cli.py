@@ -15,6 +15,8 @@ from typing import Any
 
 import typer
 
+from cuvil_pgc._threads import THREADS_HELP, default_threads
+
 
 def register_recompile(app: typer.Typer) -> None:
     @app.command("recompile")
@@ -31,24 +33,37 @@ def register_recompile(app: typer.Typer) -> None:
         device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
         backends: str | None = typer.Option(None, "--backends",
                                             help="Comma-separated subset of eager,compile,aoti,cudagraphs."),
-        sign: str | None = typer.Option(None, "--sign", help="Ed25519 private key to sign the build."),
+        sign: str | None = typer.Option(None, "--sign",
+                                        help="Ed25519 private key to sign the build (default: $CUVIL_SIGNING_KEY)."),
+        threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
         name: str | None = typer.Option(None, "--name", help="Build name (default: the factory's name)."),
         version: int = typer.Option(1, "--version", min=1, help="Build version."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Search a faster plan for the model guided by its profile, and write a verified build."""
         from cuvil_pgc._modelspec import load_model_spec
+        from cuvil_pgc._threads import resolve_threads
         from cuvil_pgc.errors import ConfigError
         from cuvil_pgc.recompile.build import recompile
+        from cuvil_pgc.recompile.trust import UNSIGNED_NOTE, configured_signing_key
 
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
             raise ConfigError(f"--device {device!r} is not cpu or cuda")
         chosen = _backends(backends)
+        threads = resolve_threads(threads)
+        key = configured_signing_key(sign)
+        if key is not None:     # an unusable key fails now, not after the search
+            from cuvil_pgc.recompile.signing import load_private_key
+
+            load_private_key(key)
         net, inputs = load_model_spec(model)
+        is_default = threads == default_threads()
         with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
             build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol,
-                              device=device, progress=progress, backends=chosen)
-        build.save(output, name=name or _build_name(model), version=version, signing_key=sign)
+                              device=device, progress=progress, backends=chosen, threads=threads)
+        build.save(output, name=name or _build_name(model), version=version, signing_key=key)
+        if key is None:
+            print(f"note: {UNSIGNED_NOTE}", file=sys.stderr)
         if as_json:
             from cuvil_pgc.cli import emit_json
 
@@ -56,7 +71,11 @@ def register_recompile(app: typer.Typer) -> None:
             return
         from rich.console import Console
 
-        Console(soft_wrap=True).print(plan_table(build.plan, output))
+        console = Console(soft_wrap=True)
+        console.print(plan_table(build.plan, output))
+        console.print(f"measured at {threads} torch thread(s){' (torch default here)' if is_default else ''}, "
+                      "recorded in the build: load_build warns in a process that runs another count "
+                      "(--threads N: the deployment's)")
 
     @app.command("compare")
     def compare_command(
@@ -64,16 +83,23 @@ def register_recompile(app: typer.Typer) -> None:
         b: str = typer.Argument(..., help="B: a build, store://NAME[@TAG], eager or compile."),
         model: str = typer.Option(..., "--model", help="MODULE:FACTORY returning (model, example_inputs)."),
         store: str | None = typer.Option(None, "--store", help="Build store for store:// refs."),
-        pubkey: str | None = typer.Option(None, "--pubkey", help="Require builds signed by this key."),
+        pubkey: str | None = typer.Option(None, "--pubkey",
+                                          help="Trust builds signed by this key (default: $CUVIL_TRUSTED_KEY)."),
+        allow_unsigned: bool = typer.Option(False, "--allow-unsigned",
+                                            help="Load builds no trusted key signed (logged)."),
+        threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
         rounds: int = typer.Option(30, "--rounds", min=5, help="Interleaved rounds."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Compare two ways of running the model: interleaved runs, medians, bootstrap CI, verdict."""
         from cuvil_pgc._modelspec import load_model_spec
+        from cuvil_pgc._threads import torch_threads
         from cuvil_pgc.recompile.compare import compare, compare_table
 
         net, inputs = load_model_spec(model)
-        result = compare(net, inputs, a, b, store=store, pubkey=pubkey, rounds=rounds)
+        with torch_threads(threads):
+            result = compare(net, inputs, a, b, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned or None,
+                             rounds=rounds)
         if as_json:
             from cuvil_pgc.cli import emit_json
 

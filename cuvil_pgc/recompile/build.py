@@ -53,6 +53,7 @@ class LoadReport:
     cache_misses: int | None = None
     warm: bool | None = None
     notes: list[str] = field(default_factory=list)
+    threads: int = 0                  # what the build was measured at (0: not recorded)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +70,8 @@ class Build:
     trace_hashes: list[str]
     result: Any = None
     path: str | None = None
+    threads: int = 0                          # torch threads the search measured at (0: unknown)
+    model_class: str = ""                     # the model's class __qualname__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -79,7 +82,8 @@ class Build:
         from cuvil_pgc.recompile.package import BuildWriter
 
         writer = BuildWriter(path, name, version, fingerprint=self.fingerprint, model_hash=self.model_hash,
-                             trace_hashes=self.trace_hashes)
+                             trace_hashes=self.trace_hashes, threads=self.threads,
+                             model_class=self.model_class)
         try:
             writer.add_bytes(PLAN_MEMBER, json.dumps(self.plan, indent=2, sort_keys=True).encode())
             for member, local in sorted(self.artifacts.items()):
@@ -101,7 +105,7 @@ class Build:
         return {"build": self.path, "regions": regions, "measured_candidates": plan["measured_candidates"],
                 "reused_records": plan["reused_records"], "space_size": plan["space_size"],
                 "speedup_vs_eager": plan["speedup_vs_eager"], "baseline_ms": plan["baseline_ms"],
-                "plan_ms": plan["plan_ms"], "stale": plan["stale"]}
+                "plan_ms": plan["plan_ms"], "stale": plan["stale"], "threads": self.threads}
 
 
 # ----------------------------------------------------------------------------- recompile
@@ -110,7 +114,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
               budget: int | None = None, exhaustive: bool = False, rtol: float | None = None,
               atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
               progress: Any = None, rounds: int = 25, backends: tuple[str, ...] | None = None,
-              plan: Any = None, calibrate: bool = True) -> Build:
+              plan: Any = None, calibrate: bool = True, threads: int | None = None) -> Build:
     """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
 
     ``model`` is put in eval mode and moved to ``device`` in place; its weights are shared with the
@@ -128,7 +132,23 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
             (e.g. to rebuild a known plan on a new machine).
         calibrate: measure the backends' fixed costs once per machine into the record database
             (see :mod:`.calibrate`) before the first search there.
+        threads: torch intra-op threads to measure at, the deployment's (default: what torch uses
+            in this process); recorded in the build, see :mod:`cuvil_pgc._threads`.
     """
+    from cuvil_pgc._threads import torch_threads
+
+    with torch_threads(threads) as count:
+        build = _recompile(model, example_inputs, traces, analysis=analysis, budget=budget, exhaustive=exhaustive,
+                           rtol=rtol, atol=atol, device=device, records=records, machine=machine,
+                           progress=progress, rounds=rounds, backends=backends, plan=plan, calibrate=calibrate)
+    build.threads = count
+    return build
+
+
+def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, analysis: Any, budget: int | None,
+               exhaustive: bool, rtol: float | None, atol: float | None, device: str, records: Any,
+               machine: Any, progress: Any, rounds: int, backends: tuple[str, ...] | None, plan: Any,
+               calibrate: bool) -> Build:
     import torch
 
     from cuvil_pgc.recompile.manifest import current_fingerprint
@@ -165,7 +185,8 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     return Build(module=result.module, plan=plan,
                  artifacts={member: result.realized[scope].artifact for scope, member in artifacts.items()},
                  cache_artifacts=cache, fingerprint=fingerprint, model_hash=model_hash,
-                 trace_hashes=[_sha256_file(p) for p in paths], result=result)
+                 trace_hashes=[_sha256_file(p) for p in paths], result=result,
+                 model_class=type(model).__qualname__)
 
 
 def _pinned(plan: Any) -> dict[str, Any] | None:
@@ -227,41 +248,62 @@ def _save_cache_artifacts() -> bytes | None:
 # ----------------------------------------------------------------------------- load_build
 
 def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str = "error", store: Any = None,
-               pubkey: Any = None, require_signature: bool = False,
+               pubkey: Any = None, allow_unsigned: bool | None = None, require_signature: bool = False,
                example_inputs: tuple[Any, ...] | None = None, stale: str = "eager") -> Any:
     """Verify a build, check it fits this environment and ``model``, and return the optimized model.
 
     Args:
         path_or_ref: a .cuvilpkg path or ``store://NAME[@VERSION|@TAG]`` (with ``store=DIR``).
-        fallback: "error" raises BuildError on any problem; "eager" warns and returns ``model``.
+        fallback: "error" raises BuildError on any problem; "eager" warns and returns ``model``
+            whatever went wrong while loading (a refused build, a library that does not load ...).
         stale: regions whose module or weights changed since the build: "eager" runs them eagerly
             (listed in the report, one warning); "error" makes that a problem (see ``fallback``).
-        pubkey: the signer's public key; a bad or missing signature is refused.
+        pubkey: the signer's public key (object or file). Without it, ``$CUVIL_TRUSTED_KEY`` or the
+            store's ``trusted.pub``; with none of them the build is refused (see :mod:`.trust`).
+        allow_unsigned: opt in to builds no trusted key vouches for (default ``$CUVIL_ALLOW_UNSIGNED``);
+            logged. Never weakens a key that is configured.
+        require_signature: refuse unsigned builds even where ``allow_unsigned`` says otherwise.
         example_inputs: run one warm-up call and report compile-cache hits in ``cuvil_load_report``.
     """
     if fallback not in FALLBACKS:
         raise BuildError(f"fallback={fallback!r} is not one of {FALLBACKS}")
     if stale not in STALE_POLICIES:
         raise BuildError(f"stale={stale!r} is not one of {STALE_POLICIES}")
+    if require_signature:
+        allow_unsigned = False
     try:
-        return _load(path_or_ref, model, store, pubkey, require_signature, example_inputs, stale)
-    except BuildError as exc:
+        return _load(path_or_ref, model, store, pubkey, allow_unsigned, example_inputs, stale)
+    except Exception as exc:      # every failure of loading: refused builds, dlopen, deep JSON ...
         if fallback == "error":
-            raise
-        warnings.warn(f"cuvil-pgc: running the model in eager mode: {exc}", RuntimeWarning, stacklevel=2)
-        model.cuvil_load_report = LoadReport(path=os.fspath(path_or_ref), notes=[f"fell back to eager: {exc}"])
+            if isinstance(exc, BuildError):
+                raise
+            raise BuildError(f"the build could not be loaded ({type(exc).__name__}: {_one_line(exc)})",
+                             path=os.fspath(path_or_ref),
+                             fix="rebuild it here with `cuvil-pgc recompile`, or load it with fallback='eager'"
+                             ) from exc
+        warnings.warn(f"cuvil-pgc: running the model in eager mode: {_one_line(exc)}", RuntimeWarning,
+                      stacklevel=2)
+        model.cuvil_load_report = LoadReport(path=os.fspath(path_or_ref),
+                                             notes=[f"fell back to eager: {_one_line(exc)}"])
         return model
 
 
-def _load(source: Any, model: Any, store: Any, pubkey: Any, require_signature: bool,
-          example_inputs: tuple[Any, ...] | None, stale: str) -> Any:
-    from cuvil_pgc.recompile.store import open_any_build
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
 
-    with open_any_build(source, store=store, pubkey=pubkey, require_signature=require_signature) as vb:
+
+def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool | None,
+          example_inputs: tuple[Any, ...] | None, stale: str) -> Any:
+    from cuvil_pgc.recompile.trust import open_trusted
+
+    with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
         path = vb.path
         _check_environment(vb.manifest, path)
         plan = _read_plan(vb, path)
-        report = LoadReport(path=path)
+        check_model(vb.manifest, plan, model, path)
+        report = LoadReport(path=path, threads=vb.manifest.threads)
+        _check_threads(vb.manifest.threads, report, path)
         report.cache_artifacts = _load_cache_artifacts(vb) if CACHE_MEMBER in vb.members() else "none"
         module = _apply_choices(vb, plan, model, report, path, stale)
     if report.skipped:
@@ -271,6 +313,44 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, require_signature: b
         _warm_up(module, example_inputs, report)
     module.cuvil_load_report = report
     return module
+
+
+def _check_threads(built: int, report: LoadReport, path: str) -> None:
+    """Warn when this process runs torch at another thread count than the build was measured at."""
+    import torch
+
+    here = torch.get_num_threads()
+    if built and built != here:
+        note = (f"built and measured at {built} torch thread(s), this process runs {here}: its plan may not be "
+                f"the fastest here (torch.set_num_threads({built}), or recompile with --threads {here})")
+        report.notes.append(note)
+        warnings.warn(f"cuvil-pgc: {path}: {note}", RuntimeWarning, stacklevel=4)
+
+
+def check_model(manifest: Any, plan: dict[str, Any], model: Any, path: str) -> None:
+    """Refuse a build made for another model: another class, or none of its planned regions in this one.
+
+    A build of an earlier version of this model passes (same class, the planned submodules exist):
+    regions that changed since run eagerly (``stale``). A build for another model would only time
+    the eager model against itself.
+    """
+    from cuvil_pgc.recompile.matching import structural_hash
+
+    if not manifest.model_hash or structural_hash(model) == manifest.model_hash:
+        return
+    here = type(model).__qualname__
+    scopes = [c.get("scope", "") if isinstance(c, dict) else "" for c in plan["choices"]]
+    names = {name for name, _ in model.named_modules()}
+    if manifest.model_class and manifest.model_class != here:
+        problem = f"it was recompiled from a {manifest.model_class}, this model is a {here}"
+    elif scopes and not any(s and s in names for s in scopes) and "" not in scopes:
+        shown = ", ".join(scopes[:5]) + (", ..." if len(scopes) > 5 else "")
+        problem = f"none of the submodules its plan optimizes ({shown}) exists in this {here}"
+    else:
+        return
+    raise BuildError(f"build was made for another model: {problem}", path=path,
+                     fix="load it with the model it was recompiled from, or recompile this model "
+                         "with `cuvil-pgc recompile`")
 
 
 def _check_environment(manifest: Any, path: str) -> None:
@@ -286,13 +366,18 @@ def _check_environment(manifest: Any, path: str) -> None:
 
 
 def _read_plan(vb: Any, path: str) -> dict[str, Any]:
+    from cuvil_pgc.recompile._json_bounds import check_json_bounds
+
     try:
-        plan = json.loads(vb.read_bytes(PLAN_MEMBER))
+        data = vb.read_bytes(PLAN_MEMBER)
+        check_json_bounds(data, what=PLAN_MEMBER, path=path)
+        plan = json.loads(data)
     except (KeyError, ValueError, BuildError) as exc:
         raise BuildError(f"{PLAN_MEMBER} is missing or unreadable ({exc})", path=path,
                          fix="rebuild the package with `cuvil-pgc recompile`") from None
-    if plan.get("format") != 1 or not isinstance(plan.get("choices"), list):
-        raise BuildError(f"{PLAN_MEMBER} has an unknown format {plan.get('format')!r}", path=path,
+    if not isinstance(plan, dict) or plan.get("format") != 1 or not isinstance(plan.get("choices"), list):
+        raise BuildError(f"{PLAN_MEMBER} has an unknown format "
+                         f"{plan.get('format') if isinstance(plan, dict) else type(plan).__name__!r}", path=path,
                          fix="upgrade cuvil-pgc or rebuild the package")
     return plan
 

@@ -49,20 +49,27 @@ def _register_verify(app: typer.Typer) -> None:
     def verify(
         build: str = typer.Argument(..., help="A .cuvilpkg file or a store://NAME[@VERSION|@TAG] reference."),
         pubkey: str | None = typer.Option(None, "--pubkey", help="Signer's public key; requires a valid signature."),
+        allow_unsigned: bool = typer.Option(
+            False, "--allow-unsigned", help="Without a trusted key, check integrity only and exit 0 (logged)."),
         store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
-        """Verify a build (structure, member digests, signature) and print its manifest."""
-        from cuvil_pgc.recompile.store import open_any_build
+        """Verify a build (structure, member digests, signature by a trusted key) and print its manifest.
 
-        with open_any_build(build, store=store, pubkey=pubkey, require_signature=pubkey is not None) as verified:
+        Exits 1 unless the build is signed by a trusted key (--pubkey, the store's trusted.pub or
+        $CUVIL_TRUSTED_KEY), or --allow-unsigned is given.
+        """
+        from cuvil_pgc.recompile.trust import open_trusted
+
+        with open_trusted(build, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned or None) as verified:
             summary = _build_summary(verified)
         if as_json:
             _emit(summary)
             return
         _print(_verify_table(summary))
         if not summary["signature"]["verified"]:
-            typer.echo("warning: signature not checked; pass --pubkey KEY.pub to require one", err=True)
+            typer.echo("warning: signature not checked (--allow-unsigned); pass --pubkey KEY.pub to require one",
+                       err=True)
 
 
 def _build_summary(build) -> dict[str, Any]:

@@ -20,8 +20,13 @@ KEYWORDS = ("eager", "compile")
 
 
 def resolve_contender(spec: str, model: Any, *, store: Any = None, pubkey: Any = None,
+                      allow_unsigned: bool | None = None,
                       example_inputs: tuple[Any, ...] | None = None) -> Callable[..., Any]:
-    """``eager`` → the model; ``compile`` → torch.compile(model); else a build path or store ref."""
+    """``eager`` → the model; ``compile`` → torch.compile(model); else a build path or store ref.
+
+    A build is loaded by :func:`load_build` with its defaults: refused unless a trusted key signed
+    it (or ``allow_unsigned``), and refused when it was made for another model.
+    """
     if spec == "eager":
         return model
     if spec == "compile":
@@ -30,7 +35,7 @@ def resolve_contender(spec: str, model: Any, *, store: Any = None, pubkey: Any =
         return torch.compile(model)
     from cuvil_pgc.recompile.build import load_build
 
-    return load_build(spec, model, store=store, pubkey=pubkey, require_signature=pubkey is not None,
+    return load_build(spec, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned,
                       example_inputs=example_inputs)
 
 
@@ -52,6 +57,7 @@ def compare_runnables(a: Callable[..., Any], b: Callable[..., Any], example_inpu
         "speedup_ci95": [round(lo, 4), round(hi, 4)],
         "verdict": verdict((lo, hi)),
         "rounds": rounds,
+        "threads": torch.get_num_threads(),     # what both sides ran at
     }
 
 
@@ -61,11 +67,11 @@ def _side(name: str, samples: Any, seed: int) -> dict[str, Any]:
 
 
 def compare(model: Any, example_inputs: tuple[Any, ...], a: str, b: str, *, store: Any = None,
-            pubkey: Any = None, rounds: int = DEFAULT_ROUNDS) -> dict[str, Any]:
+            pubkey: Any = None, allow_unsigned: bool | None = None, rounds: int = DEFAULT_ROUNDS) -> dict[str, Any]:
     """Compare two contender specs (build path, ``store://`` ref, ``eager``, ``compile``) on ``model``."""
     model = model.eval()
-    run_a = resolve_contender(a, model, store=store, pubkey=pubkey)
-    run_b = resolve_contender(b, model, store=store, pubkey=pubkey)
+    run_a = resolve_contender(a, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned)
+    run_b = resolve_contender(b, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned)
     return compare_runnables(run_a, run_b, example_inputs, names=(a, b), rounds=rounds)
 
 
@@ -81,5 +87,6 @@ def compare_table(result: dict[str, Any]) -> Any:
         s = result[side]
         table.add_row(side.upper(), s["name"], f"{s['median_ms']:.4f}", f"{s['ci95_ms'][0]:.4f} – {s['ci95_ms'][1]:.4f}")
     lo, hi = result["speedup_ci95"]
-    table.caption = f"speedup A/B = {result['speedup']:.3f}x (95% CI {lo:.3f} – {hi:.3f}), {result['rounds']} interleaved rounds"
+    table.caption = f"speedup A/B = {result['speedup']:.3f}x (95% CI {lo:.3f} – {hi:.3f}), {result['rounds']} interleaved rounds" \
+        + (f", {result['threads']} torch thread(s)" if result.get("threads") else "")
     return table

@@ -25,8 +25,11 @@ import msgspec
 
 from cuvil_pgc.errors import BuildError
 
-FORMAT_VERSION = 1
-KNOWN_FORMAT_VERSIONS = (1,)
+# 2: structural hashes without the module's import name (cuvil_pgc._structure v2), the thread
+# count the build was measured at and the model's class name; version 1 builds carry hashes that no longer compare: rebuild them.
+FORMAT_VERSION = 2
+KNOWN_FORMAT_VERSIONS = (2,)
+MAX_THREADS = 4096
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"
 RESERVED_NAMES = (MANIFEST_NAME, SIGNATURE_NAME)
@@ -76,6 +79,10 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     model_hash: Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{64})?\Z")]
     trace_hashes: list[Sha256]
     members: dict[MemberName, MemberDigest]
+    #: torch threads the search measured at (torch.get_num_threads()); 0: not recorded
+    threads: Annotated[int, msgspec.Meta(ge=0, le=MAX_THREADS)] = 0
+    #: ``__qualname__`` of the model's class: a build for another model is refused by name
+    model_class: ShortText = ""
 
 
 class _VersionProbe(msgspec.Struct):
@@ -89,6 +96,9 @@ def encode_manifest(manifest: Manifest) -> bytes:
 
 def decode_manifest(data: bytes, *, path: str) -> Manifest:
     """Parse manifest bytes strictly; raises BuildError naming ``path`` on any problem."""
+    from cuvil_pgc.recompile._json_bounds import check_json_bounds
+
+    check_json_bounds(data, what=MANIFEST_NAME, path=path)     # no RecursionError from a deep document
     try:
         probe = msgspec.json.decode(data, type=_VersionProbe)
     except msgspec.DecodeError as exc:

@@ -72,6 +72,7 @@ def read_build_plan(source: str, *, store: str | None = None,
                     pubkey: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """plan.json of a verified build and facts about the build (path, name, version, signature)."""
     from cuvil_pgc.errors import BuildError
+    from cuvil_pgc.recompile._json_bounds import check_json_bounds
     from cuvil_pgc.recompile.store import open_any_build
 
     with open_any_build(source, store=store, pubkey=pubkey, require_signature=pubkey is not None) as vb:
@@ -79,7 +80,9 @@ def read_build_plan(source: str, *, store: str | None = None,
             raise BuildError(f"the build has no {PLAN_MEMBER}", path=vb.path,
                              fix="pass a build written by `cuvil-pgc recompile`")
         try:
-            plan = json.loads(vb.read_bytes(PLAN_MEMBER))
+            data = vb.read_bytes(PLAN_MEMBER)
+            check_json_bounds(data, what=PLAN_MEMBER, path=vb.path)    # no RecursionError from deep JSON
+            plan = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BuildError(f"{PLAN_MEMBER} is not JSON ({exc})", path=vb.path,
                              fix="rebuild the package with `cuvil-pgc recompile`") from None
