@@ -253,7 +253,9 @@ def test_report_command_with_build_and_errors(tmp_path, capsys, monkeypatch):
     plan = plan_doc(["step/encoder"])
     build = make_build(tmp_path / "m.cuvilpkg", members={"plan.json": json.dumps(plan).encode()})
     out_html = tmp_path / "out.html"
-    code, out, err = _cli(["report", str(trace), "-o", str(out_html), "--build", str(build),
+    code, _out, err = _cli(["report", str(trace), "-o", str(out_html), "--build", str(build)], capsys)
+    assert code == 1 and "without a trusted key" in err and not out_html.exists()     # unsigned: refused
+    code, out, err = _cli(["report", str(trace), "-o", str(out_html), "--build", str(build), "--allow-unsigned",
                            "--machine", str(machine), "--title", "My <run>", "--filter", "step"], capsys)
     assert code == 0, err
     assert "wrote" in out and out_html.exists()
@@ -261,14 +263,16 @@ def test_report_command_with_build_and_errors(tmp_path, capsys, monkeypatch):
     assert "My <run>" in "".join(page.text)
     assert "compile(mode=max-autotune) step/encoder" in "".join(page.text)
     assert "plan" in _figures(page)
-    assert err == ""                                     # no progress bar when stderr is not a terminal
+    # no progress bar when stderr is not a terminal (at most the opt-in's log line)
+    assert all("nobody vouches for" in line for line in err.splitlines())
 
     def swap_plan(entries):
         evil = json.dumps(plan_doc(["<script>alert(12)</script>"])).encode()
         return [(info, evil if info.filename == "plan.json" else data) for info, data in entries]
 
     tampered = rezip(build, tmp_path / "bad.cuvilpkg", swap_plan)
-    code, _out, err = _cli(["report", str(trace), "-o", str(tmp_path / "x.html"), "--build", str(tampered)], capsys)
+    code, _out, err = _cli(["report", str(trace), "-o", str(tmp_path / "x.html"), "--build", str(tampered),
+                            "--allow-unsigned"], capsys)
     assert code == 1 and "bad.cuvilpkg" in err and not (tmp_path / "x.html").exists()
 
     code, _out, err = _cli(["report", str(trace), "-o", str(out_html), "--plotly-js", "nope"], capsys)

@@ -2,7 +2,8 @@
 
 The command loads and analyses the traces (``load_trace`` + ``analyze``), optionally reads a
 build's plan.json (``--build``: a ``.cuvilpkg`` path or ``store://NAME[@VERSION|@TAG]``, opened only
-through ``open_any_build``, which verifies every member before anything is read), renders the
+through ``recompile.trust.open_trusted``: signed by a trusted key, or ``--allow-unsigned``, and every
+member verified before anything is read), renders the
 report and writes it atomically. A progress bar shows on interactive terminals only.
 """
 
@@ -26,6 +27,8 @@ def register(app: typer.Typer) -> None:
                                             "(a .cuvilpkg path, or store://NAME with an optional @VERSION or @TAG)."),
         store: str | None = typer.Option(None, "--store", help="Build store for store:// refs (default $CUVIL_STORE)."),
         pubkey: str | None = typer.Option(None, "--pubkey", help="Require the build to be signed by this key."),
+        allow_unsigned: bool = typer.Option(False, "--allow-unsigned",
+                                            help="Read a build no trusted key signed (logged)."),
         plotly_js: str = typer.Option("inline", "--plotly-js", help="inline (self-contained, offline) or cdn."),
         filter: str | None = typer.Option(None, "--filter", help="Only region paths matching this regex."),
         machine: str | None = typer.Option(None, "--machine", help="Machine model file (calibrate -o)."),
@@ -37,14 +40,16 @@ def register(app: typer.Typer) -> None:
 
         if plotly_js not in PLOTLY_MODES:
             raise ConfigError(f"--plotly-js {plotly_js!r} is not one of {', '.join(PLOTLY_MODES)}")
-        written = make_report(traces, output, build=build, store=store, pubkey=pubkey, plotly_js=plotly_js,
+        written = make_report(traces, output, build=build, store=store, pubkey=pubkey,
+                              allow_unsigned=allow_unsigned or None, plotly_js=plotly_js,
                               filter=filter, machine=machine, title=title)
         size = os.path.getsize(written)
         print(f"wrote {written} ({size / 1e6:.1f} MB){'' if plotly_js == 'cdn' else ', plotly.js inlined'}")
 
 
 def make_report(traces: list[str], output: str, *, build: str | None = None, store: str | None = None,
-                pubkey: str | None = None, plotly_js: str = "inline", filter: str | None = None,
+                pubkey: str | None = None, allow_unsigned: bool | None = None, plotly_js: str = "inline",
+                filter: str | None = None,
                 machine: str | None = None, title: str | None = None) -> str:
     """Load, analyse, render and write; returns the path written."""
     from cuvil_pgc.analyze.analyzer import analyze
@@ -58,7 +63,7 @@ def make_report(traces: list[str], output: str, *, build: str | None = None, sto
         plan, facts = None, None
         if build:
             with progress.stage(f"verifying build {os.path.basename(build)}"):
-                plan, facts = read_build_plan(build, store=store, pubkey=pubkey)
+                plan, facts = read_build_plan(build, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned)
         with progress.stage(f"loading {len(traces)} trace file{'s' if len(traces) != 1 else ''}"):
             trace = load_trace(*traces)
         with progress.stage(f"analysing {len(trace):,} events"):
@@ -68,14 +73,14 @@ def make_report(traces: list[str], output: str, *, build: str | None = None, sto
     return str(path)
 
 
-def read_build_plan(source: str, *, store: str | None = None,
-                    pubkey: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_build_plan(source: str, *, store: str | None = None, pubkey: str | None = None,
+                    allow_unsigned: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """plan.json of a verified build and facts about the build (path, name, version, signature)."""
     from cuvil_pgc.errors import BuildError
     from cuvil_pgc.recompile._json_bounds import check_json_bounds
-    from cuvil_pgc.recompile.store import open_any_build
+    from cuvil_pgc.recompile.trust import open_trusted
 
-    with open_any_build(source, store=store, pubkey=pubkey, require_signature=pubkey is not None) as vb:
+    with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
         if PLAN_MEMBER not in vb.members():
             raise BuildError(f"the build has no {PLAN_MEMBER}", path=vb.path,
                              fix="pass a build written by `cuvil-pgc recompile`")
