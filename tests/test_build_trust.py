@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc.cli import main
-from cuvil_pgc.errors import BuildError
+from cuvil_pgc.errors import BuildError, ConfigError
 from cuvil_pgc.recompile import load_build
 from cuvil_pgc.recompile.manifest import current_fingerprint
 from cuvil_pgc.recompile.matching import structural_hash
@@ -183,7 +183,7 @@ def test_the_opt_in_to_unsigned_builds_works_and_is_logged(tmp_path, monkeypatch
         load_build(path, model)
     assert any(str(path) in r.getMessage() for r in caplog.records)
     monkeypatch.setenv("CUVIL_ALLOW_UNSIGNED", "maybe")
-    with pytest.raises(BuildError, match="CUVIL_ALLOW_UNSIGNED"):
+    with pytest.raises(ConfigError, match="CUVIL_ALLOW_UNSIGNED"):
         load_build(path, model)
 
 

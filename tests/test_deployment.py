@@ -94,7 +94,7 @@ def service_dir(tmp_path):
     (tmp_path / package).mkdir()
     (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / package / "ranker.py").write_text(MODEL_SOURCE)
-    env = {**os.environ, "CUVIL_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": ""}
+    env = {**os.environ, "CUVIL_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("CUVIL_TRUSTED_KEY", None)
     env.pop("CUVIL_ALLOW_UNSIGNED", None)
     return tmp_path, package, env
@@ -113,7 +113,7 @@ def test_a_build_from_a_file_spec_applies_in_a_service_importing_the_package(ser
     service = root / "service.py"
     service.write_text(SERVICE.format(package=package))
     proc = _run([sys.executable, str(service), "ranker.cuvilpkg", "release.key.pub"], root,
-                {**env, "PYTHONPATH": str(root)})
+                {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)})
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["module"] == f"{package}.ranker"
     assert report["applied"] and all("rewrite" in a for a in report["applied"]), report

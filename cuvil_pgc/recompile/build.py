@@ -6,13 +6,16 @@ packages of the regions that chose them, and Inductor cache artifacts
 writes them with the package helper's :class:`BuildWriter` (manifest with the environment
 fingerprint, the model's structural hash and the traces' sha256; optionally signed).
 
-:func:`load_build` opens the package through ``open_any_build`` — every member's digest and the
-signature are verified before anything is read — then refuses a build made for another torch,
-Python, platform, CPU ISA or device with a :class:`BuildError` that lists the differences
-(``fallback="eager"`` returns the plain model with a warning instead). Regions whose module
-changed since the build, or whose AOTInductor package holds other weights than the model's now
-(fine-tuned since), run eagerly: they are listed in the report and one RuntimeWarning names them
-(``stale="error"`` refuses such a build instead, before any region of the model is replaced).
+:func:`load_build` opens the package through :func:`~cuvil_pgc.recompile.trust.open_trusted`: a build
+no trusted key signed is refused unless the caller opts in, and the signature and every member's
+digest are verified before anything is read. It then refuses a build made for another torch,
+Python, platform, CPU ISA or device with a :class:`BuildError` that lists the differences, and one
+made for another model (:func:`check_model`); ``fallback="eager"`` turns any failure of loading
+into the plain model with a warning. Regions whose module changed since the build, or whose
+AOTInductor package holds other weights than the model's now (fine-tuned since), run eagerly: they
+are listed in the report and one RuntimeWarning names them (``stale="error"`` refuses such a build
+instead, before any region of the model is replaced). A build measured at another torch thread
+count than the process runs is loaded with a warning.
 The returned module carries
 ``cuvil_load_report`` (a :class:`LoadReport`): with ``example_inputs`` it runs one warm-up call
 and counts Inductor cache hits and misses, so a warm load is checkable and a miss is explained.
@@ -30,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuvil_pgc.errors import BuildError, RecompileError
+from cuvil_pgc.errors import BuildError, CuvilError, RecompileError
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +278,7 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
         return _load(path_or_ref, model, store, pubkey, allow_unsigned, example_inputs, stale)
     except Exception as exc:      # every failure of loading: refused builds, dlopen, deep JSON ...
         if fallback == "error":
-            if isinstance(exc, BuildError):
+            if isinstance(exc, CuvilError):
                 raise
             raise BuildError(f"the build could not be loaded ({type(exc).__name__}: {_one_line(exc)})",
                              path=os.fspath(path_or_ref),
