@@ -345,3 +345,18 @@ def test_recompile_signs_with_the_configured_key_and_says_how_to_make_one(tmp_pa
                           str(tmp_path / "u.cuvilpkg"))
     assert code == 0 and "unsigned" in err and "cuvil-pgc keygen" in err and "--sign" in err
     assert "torch thread(s)" in out
+
+
+def test_profile_model_runs_at_the_threads_asked_for(tmp_path, capsys, monkeypatch):
+    import cuvil_pgc.instrument._runner as runner
+
+    seen = []
+    monkeypatch.setattr(runner, "run_model", lambda *a, **k: seen.append(torch.get_num_threads()) or 0)
+    before = torch.get_num_threads()
+    target = 1 if before != 1 else 2
+    code, _, err = _cli(capsys, "profile", "--model", "cuvil_pgc.zoo:mlp", "-o", str(tmp_path / "m.trace.json"),
+                        "--threads", str(target))
+    assert code == 0 and seen == [target] and f"profiling at {target} torch thread(s)" in err
+    assert torch.get_num_threads() == before
+    code, _, err = _cli(capsys, "profile", "--threads", "1", str(tmp_path / "script.py"))
+    assert code == 1 and "--threads applies to --model only" in err
