@@ -2,7 +2,8 @@
 
 Used by ``cuvil-pgc profile``. The user's program runs as ``__main__`` with its own argv, like
 ``python -m cProfile``; its exit code is passed through. The trace is finished whether the
-program returns, exits or raises.
+program returns, exits or raises. A ``cuvil_pgc.profile()`` the program calls itself joins the
+session (:mod:`._joined`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def _run(session: Session, argv: list[str], call: Any) -> int:
     saved = sys.argv
     sys.argv = argv
     code = 0
+    session.joinable = True     # the program's own profile() joins this session (instrument._joined)
     try:
         with session:
             try:

@@ -17,12 +17,15 @@ def register(app: typer.Typer) -> None:
 
 
 def _register_profile(app: typer.Typer) -> None:
-    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    from cuvil_pgc.instrument._script_args import ScriptCommand
+
+    @app.command(cls=ScriptCommand)
     def profile(
-        target: list[str] | None = typer.Argument(None, metavar="SCRIPT [ARGS]...",
-                                                     help="Python script to run, then its arguments."),
+        ctx: typer.Context,
+        target: str | None = typer.Argument(None, metavar="SCRIPT [ARGS]...",
+                                            help="Python script to run; everything after it is its own arguments."),
         output: str | None = typer.Option(None, "-o", "--output", help="Trace file (.trace.json[.gz])."),
-        module: str | None = typer.Option(None, "-m", help="Run a module like python -m."),
+        module: str | None = typer.Option(None, "-m", help="Run a module like python -m; what follows is its arguments."),
         model: str | None = typer.Option(None, "--model", help="MODULE:FACTORY returning (model, inputs)."),
         iters: int = typer.Option(20, "--iters", help="Model iterations to record (--model)."),
         warmup: int = typer.Option(3, "--warmup", help="Unrecorded warm-up iterations (--model)."),
@@ -33,34 +36,40 @@ def _register_profile(app: typer.Typer) -> None:
         filter: str | None = typer.Option(None, "--filter",
                                              help="Record only regions / ops / kernels matching this regex."),
     ) -> None:
-        """Run a script, a module or a model under a profiling session and write a trace."""
+        """Run a script, a module or a model under a profiling session and write a trace.
+
+        Options come before SCRIPT or -m MODULE, as with python: everything after them belongs to the program (cuvil-pgc profile app.py -o x gives -o x to app.py).
+        """
         from cuvil_pgc.instrument import _runner
+        from cuvil_pgc.instrument._script_args import script_args
         from cuvil_pgc.instrument.session import profile as make_session
 
         chosen = [x for x in (target, module, model) if x]
-        if len(chosen) != 1:
+        argv = script_args(ctx)
+        if len(chosen) != 1 or (model and argv):
             raise ConfigError("give exactly one of SCRIPT, -m MODULE or --model MODULE:FACTORY",
-                              fix="e.g. cuvil-pgc profile --model cuvil_pgc.zoo:cnn")
+                              fix="put cuvil-pgc's options before the script, e.g. "
+                                  "cuvil-pgc profile -o run.trace.json app.py --its-flag")
         path = output or _default_output(target, module, model)
         session = make_session(path, ops=ops, gpu=gpu, sample_hz=sample_hz, filter=filter)
         if model:
             code = _runner.run_model(session, model, iters, warmup, depth)
         elif module:
-            code = _runner.run_module(session, module, list(target or []))
+            code = _runner.run_module(session, module, argv)
         else:
-            code = _runner.run_script(session, target[0], target[1:])
+            code = _runner.run_script(session, target, argv)
         typer.echo(f"trace written to {path}", err=True)
         if code:
             raise typer.Exit(code)
 
 
-def _default_output(target: list[str] | None, module: str | None, model: str | None) -> str:
+def _default_output(target: str | None, module: str | None, model: str | None) -> str:
     if model:
         stem = model.rpartition(":")[2]
     elif module:
         stem = module.rpartition(".")[2]
     else:
-        stem = os.path.splitext(os.path.basename(target[0]))[0]
+        stem = os.path.splitext(os.path.basename(target))[0]
     return f"{stem}.trace.json"
 
 
