@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import typer
+from rich.text import Text
 
 from cuvil_pgc.errors import ConfigError
 
@@ -78,25 +79,36 @@ def _register_summary(app: typer.Typer) -> None:
     def summary(
         trace: list[str] = typer.Argument(..., help="Trace file(s): ours or torch.profiler's."),
         top: int = typer.Option(15, "--top", help="How many regions to show."),
+        json_out: bool = typer.Option(False, "--json", help="Print the table as one JSON document."),
+        csv_out: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
+        wide: bool = typer.Option(False, "--wide", help="Every column, whatever the terminal width."),
     ) -> None:
-        """Print the top regions of a trace as a table."""
+        """Print the top regions of a trace as a table (the top operators when it has no regions)."""
         from rich.console import Console
 
         from cuvil_pgc.analyze import analyze
         from cuvil_pgc.trace import load_trace
-        from cuvil_pgc.viewer.console import render_hot_regions
+        from cuvil_pgc.viewer.console import hot_region_rows, hot_regions_view, render_hot_regions
         from cuvil_pgc.viewer.progress import stage_progress
+        from cuvil_pgc.viewer.tables import emit
 
         with stage_progress(2) as progress:          # a bar on interactive terminals only (stderr)
             with progress.stage(f"loading {len(trace)} trace(s)"):
                 loaded = load_trace(*trace)
             with progress.stage("analysing"):
                 analysis = analyze(loaded)
-        console = Console()
         facts = analysis.trace
-        console.print(f"[bold]{', '.join(trace)}[/]: {facts.get('events', 0)} events, "
-                      f"{facts.get('duration_us', 0.0) / 1000:.1f} ms")
-        render_hot_regions(analysis, console, top=top)
+        head = {"traces": list(trace), "events": facts.get("events", 0),
+                "duration_us": facts.get("duration_us", 0.0)}
+        if json_out or csv_out:
+            view = hot_regions_view(analysis, top)
+            view.rows = hot_region_rows(view)
+            emit(view, None, as_json=json_out, as_csv=csv_out, extra_json=head)
+            return
+        console = Console()
+        console.print(Text(f"{', '.join(trace)}: {head['events']} events, {head['duration_us'] / 1000:.1f} ms",
+                           style="bold"))
+        render_hot_regions(analysis, console, top=top, wide=wide)
 
 
 def _register_capture(app: typer.Typer) -> None:

@@ -35,6 +35,7 @@ def register_recompile(app: typer.Typer) -> None:
         name: str | None = typer.Option(None, "--name", help="Build name (default: the factory's name)."),
         version: int = typer.Option(1, "--version", min=1, help="Build version."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        wide: bool = typer.Option(False, "--wide", help="Every column, whatever the terminal width."),
     ) -> None:
         """Search a faster plan for the model guided by its profile, and write a verified build."""
         from cuvil_pgc._modelspec import load_model_spec
@@ -56,7 +57,9 @@ def register_recompile(app: typer.Typer) -> None:
             return
         from rich.console import Console
 
-        Console(soft_wrap=True).print(plan_table(build.plan, output))
+        from cuvil_pgc.viewer.tables import print_view
+
+        print_view(plan_view(build.plan, output), Console(), wide)
 
     @app.command("compare")
     def compare_command(
@@ -67,6 +70,7 @@ def register_recompile(app: typer.Typer) -> None:
         pubkey: str | None = typer.Option(None, "--pubkey", help="Require builds signed by this key."),
         rounds: int = typer.Option(30, "--rounds", min=5, help="Interleaved rounds."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        csv_out: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
     ) -> None:
         """Compare two ways of running the model: interleaved runs, medians, bootstrap CI, verdict."""
         from cuvil_pgc._modelspec import load_model_spec
@@ -79,9 +83,15 @@ def register_recompile(app: typer.Typer) -> None:
 
             emit_json(result)
             return
+        if csv_out:
+            from cuvil_pgc.recompile.compare import compare_view
+            from cuvil_pgc.viewer.tables import write_csv
+
+            write_csv(compare_view(result))
+            return
         from rich.console import Console
 
-        Console(soft_wrap=True).print(compare_table(result))
+        Console().print(compare_table(result))
 
 
 def _backends(value: str | None) -> tuple[str, ...] | None:
@@ -120,30 +130,51 @@ def _progress(enabled: bool):
         yield update
 
 
-def plan_table(plan: dict[str, Any], path: str | None = None) -> Any:
-    """The plan as a rich table: per region, chosen config, predicted vs measured speedups."""
-    from rich.table import Table
+def plan_view(plan: dict[str, Any], path: str | None = None) -> Any:
+    """The plan as a table view: per region, chosen config, predicted vs measured times and speedups."""
+    from cuvil_pgc.viewer.console import display_path
+    from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup
 
-    table = Table(title=f"recompile plan{f' → {path}' if path else ''}")
-    for column in ("region", "bottleneck", "chosen", "eager ms", "predicted ms", "measured ms",
-                   "pred. speedup", "meas. speedup", "tried / rejected"):
-        table.add_column(column, justify="right" if "ms" in column or "speedup" in column else "left")
+    ms = _f
+    columns = [Column("path", "region", display_path, identifier=True),
+               Column("bottleneck", "bottleneck", drop=3),
+               Column("chosen", "chosen", identifier=True, stack_under="path"),
+               Column("baseline_ms", "eager ms", ms, "right", drop=4),
+               Column("predicted_ms", "pred. ms", ms, "right", drop=5),
+               Column("measured_ms", "meas. ms", ms, "right"),
+               Column("predicted_speedup", "pred.", fmt_speedup, "right", drop=2),
+               Column("measured_speedup", "speedup", fmt_speedup, "right"),
+               Column("tried", "tried/rej.", justify="right", drop=1)]
+    rows = []
     for r in plan["regions"]:
-        tried = [a for a in r["alternatives"] if a["status"] != "not_measured"]
-        rejected = [a for a in tried if a["status"] not in ("ok",)]
+        tried, rejected = tried_counts(r)
         base, pred, meas = r["baseline_ms"], r["predicted_ms"], r["measured_ms"]
-        table.add_row(r["path"], r["bottleneck"], r["chosen"], _f(base), _f(pred), _f(meas),
-                      _x(base, pred), _x(base, meas), f"{len(tried)} / {len(rejected)}")
+        rows.append({"path": r["path"], "bottleneck": r["bottleneck"], "chosen": r["chosen"], "baseline_ms": base,
+                     "predicted_ms": pred, "measured_ms": meas, "predicted_speedup": _ratio(base, pred),
+                     "measured_speedup": _ratio(base, meas), "tried": f"{tried}/{rejected}"})
     stale = ", ".join(s["path"] for s in plan["stale"]) or "none"
-    table.caption = (f"whole model: eager {_f(plan['baseline_ms'])} ms → {_f(plan['plan_ms'])} ms "
-                     f"({plan['speedup_vs_eager']}x); measured {plan['measured_candidates']} of "
-                     f"{plan['space_size']} candidates, {plan['reused_records']} from records; stale regions: {stale}")
-    return table
+    caption = (f"whole model: eager {_f(plan['baseline_ms'])} ms → {_f(plan['plan_ms'])} ms "
+               f"({fmt_speedup(plan['speedup_vs_eager'])}); measured {plan['measured_candidates']} of "
+               f"{plan['space_size']} candidates, {plan['reused_records']} from records; stale regions: {stale}")
+    return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
+
+
+def tried_counts(region: dict[str, Any]) -> tuple[int, int]:
+    """(measured, rejected) alternatives of one plan region: the counts the CLI and the report show."""
+    tried = [a for a in region.get("alternatives", []) if a.get("status") != "not_measured"]
+    return len(tried), sum(1 for a in tried if a.get("status") != "ok")
+
+
+def plan_table(plan: dict[str, Any], path: str | None = None, width: int = 80) -> Any:
+    """The plan as a rich table fitted to ``width``."""
+    from cuvil_pgc.viewer.tables import render_view
+
+    return render_view(plan_view(plan, path), width)[0]
 
 
 def _f(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def _x(base: float | None, value: float | None) -> str:
-    return "-" if not base or not value else f"{base / value:.2f}x"
+def _ratio(base: float | None, value: float | None) -> float | None:
+    return None if not base or not value else base / value
