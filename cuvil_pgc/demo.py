@@ -37,12 +37,14 @@ def register(app: typer.Typer) -> None:
     def demo(
         output: str = typer.Option("cuvil-demo", "-o", "--output", help="Directory for every artifact."),
         quick: bool = typer.Option(False, "--quick", help="One model, small search budget (~3 min)."),
+        quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
     ) -> None:
         """Run the whole loop on the bundled zoo: profile, analyze, report, recompile, compare."""
-        run_demo(output, quick=quick)
+        run_demo(output, quick=quick, quiet=quiet)
 
 
-def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | None = None) -> list[ModelResult]:
+def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | None = None,
+             quiet: bool = False) -> list[ModelResult]:
     """Run the demo into ``out_dir``; returns what each model produced."""
     from rich.console import Console
 
@@ -55,14 +57,15 @@ def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | Non
         generate_keypair(key)
     started = time.perf_counter()
     results = []
-    for name in models or (QUICK_MODELS if quick else FULL_MODELS):
-        console.rule(f"[bold]{name}")
-        results.append(_one_model(console, name, out_dir, key, QUICK_BUDGET if quick else FULL_BUDGET))
+    names = models or (QUICK_MODELS if quick else FULL_MODELS)
+    for i, name in enumerate(names, 1):
+        console.rule(f"[bold]{name}[/] (model {i} of {len(names)}, {time.perf_counter() - started:.0f} s so far)")
+        results.append(_one_model(console, name, out_dir, key, QUICK_BUDGET if quick else FULL_BUDGET, quiet))
     _print_summary(console, results, key, time.perf_counter() - started)
     return results
 
 
-def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int) -> ModelResult:
+def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, quiet: bool = False) -> ModelResult:
     from cuvil_pgc import zoo
     from cuvil_pgc.analyze import analyze
     from cuvil_pgc.trace import load_trace
@@ -77,7 +80,7 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int) -> 
     render_hot_regions(analysis, console, top=8)
     build_path = os.path.join(out_dir, f"{name}.cuvilpkg")
     with _step(console, f"recompiling (budget {budget} measured candidates)"):
-        build = _recompile(model, inputs, trace, analysis, budget)
+        build = _recompile(model, inputs, trace, analysis, budget, quiet)
         build.save(build_path, name=name, version=1, signing_key=key)
     report = os.path.join(out_dir, f"{name}.report.html")
     with _step(console, "writing the HTML report"):
@@ -91,8 +94,9 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int) -> 
     return result
 
 
-def _step(console: Any, what: str):
-    return console.status(what, spinner="dots") if console.is_terminal else _Announce(console, what)
+def _step(console: Any, what: str) -> _Announce:
+    # a line per step, not a spinner: the recompile step shows its own live display on stderr
+    return _Announce(console, what)
 
 
 class _Announce:
@@ -122,16 +126,12 @@ def _profile(model: Any, inputs: tuple[Any, ...], trace: str) -> None:
                     model(*inputs)
 
 
-def _recompile(model: Any, inputs: tuple[Any, ...], trace: str, analysis: Any, budget: int) -> Any:
-    from rich.progress import Progress
-
+def _recompile(model: Any, inputs: tuple[Any, ...], trace: str, analysis: Any, budget: int,
+               quiet: bool = False) -> Any:
     from cuvil_pgc.recompile import recompile
+    from cuvil_pgc.viewer.progress import search_progress
 
-    with Progress(transient=True) as bar:
-        task = bar.add_task("searching", total=budget)
-
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total, description=what[:60])
+    with search_progress(quiet=quiet) as progress:
         return recompile(model, inputs, [trace], analysis=analysis, budget=budget, progress=progress)
 
 

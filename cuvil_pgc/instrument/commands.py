@@ -36,6 +36,7 @@ def _register_profile(app: typer.Typer) -> None:
         sample_hz: float = typer.Option(20.0, "--sample-hz", help="Utilization sampling rate (0: off)."),
         filter: str | None = typer.Option(None, "--filter",
                                              help="Record only regions / ops / kernels matching this regex."),
+        quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display (--model)."),
     ) -> None:
         """Run a script, a module or a model under a profiling session and write a trace.
 
@@ -54,7 +55,10 @@ def _register_profile(app: typer.Typer) -> None:
         path = output or _default_output(target, module, model)
         session = make_session(path, ops=ops, gpu=gpu, sample_hz=sample_hz, filter=filter)
         if model:
-            code = _runner.run_model(session, model, iters, warmup, depth)
+            from cuvil_pgc.viewer.progress import search_progress
+
+            with search_progress(quiet=quiet) as progress:
+                code = _runner.run_model(session, model, iters, warmup, depth, progress)
         elif module:
             code = _runner.run_module(session, module, argv)
         else:

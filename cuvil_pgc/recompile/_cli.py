@@ -1,7 +1,7 @@
 """The ``recompile`` and ``compare`` commands (registered by :mod:`.commands`).
 
-``recompile`` prints a rich progress bar on stderr during the search (interactive terminals
-only) and the plan as a rich table with predicted vs measured speedups; with ``--json`` the
+``recompile`` shows its progress on stderr (stage, candidate i of N, elapsed and estimated time,
+the incumbent's speedup; interactive terminals only, off with ``--quiet``) and the plan as a rich table with predicted vs measured speedups; with ``--json`` the
 DESIGN.md document and nothing else on stdout. ``compare`` prints a rich table or the
 ``compare --json`` document.
 """
@@ -9,8 +9,6 @@ DESIGN.md document and nothing else on stdout. ``compare`` prints a rich table o
 from __future__ import annotations
 
 import re
-import sys
-from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -36,6 +34,7 @@ def register_recompile(app: typer.Typer) -> None:
         version: int = typer.Option(1, "--version", min=1, help="Build version."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
         wide: bool = typer.Option(False, "--wide", help="Every column, whatever the terminal width."),
+        quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
     ) -> None:
         """Search a faster plan for the model guided by its profile, and write a verified build."""
         from cuvil_pgc._modelspec import load_model_spec
@@ -46,7 +45,9 @@ def register_recompile(app: typer.Typer) -> None:
             raise ConfigError(f"--device {device!r} is not cpu or cuda")
         chosen = _backends(backends)
         net, inputs = load_model_spec(model)
-        with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
+        from cuvil_pgc.viewer.progress import search_progress
+
+        with search_progress(quiet=quiet or as_json) as progress:
             build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol,
                               device=device, progress=progress, backends=chosen)
         build.save(output, name=name or _build_name(model), version=version, signing_key=sign)
@@ -110,24 +111,6 @@ def _backends(value: str | None) -> tuple[str, ...] | None:
 def _build_name(spec: str) -> str:
     factory = spec.rpartition(":")[2]
     return re.sub(r"[^A-Za-z0-9._-]", "_", factory)[:64] or "model"
-
-
-@contextmanager
-def _progress(enabled: bool):
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("", total=None)
-
-        def update(done: int, total: int, message: str) -> None:
-            bar.update(task, completed=done, total=total, description=message)
-
-        yield update
 
 
 def plan_view(plan: dict[str, Any], path: str | None = None) -> Any:
