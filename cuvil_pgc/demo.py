@@ -38,13 +38,15 @@ def register(app: typer.Typer) -> None:
         output: str = typer.Option("cuvil-demo", "-o", "--output", help="Directory for every artifact."),
         quick: bool = typer.Option(False, "--quick", help="One model, small search budget (~3 min)."),
         quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
+        verbose: bool = typer.Option(False, "-v", "--verbose",
+                                     help="Stream the candidate builds' own output (default: a .build.log per model)."),
     ) -> None:
         """Run the whole loop on the bundled zoo: profile, analyze, report, recompile, compare."""
-        run_demo(output, quick=quick, quiet=quiet)
+        run_demo(output, quick=quick, quiet=quiet, verbose=verbose)
 
 
 def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | None = None,
-             quiet: bool = False) -> list[ModelResult]:
+             quiet: bool = False, verbose: bool = False) -> list[ModelResult]:
     """Run the demo into ``out_dir``; returns what each model produced."""
     from rich.console import Console
 
@@ -60,13 +62,18 @@ def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | Non
     names = models or (QUICK_MODELS if quick else FULL_MODELS)
     for i, name in enumerate(names, 1):
         console.rule(f"[bold]{name}[/] (model {i} of {len(names)}, {time.perf_counter() - started:.0f} s so far)")
-        results.append(_one_model(console, name, out_dir, key, QUICK_BUDGET if quick else FULL_BUDGET, quiet))
+        results.append(_one_model(console, name, out_dir, key, QUICK_BUDGET if quick else FULL_BUDGET,
+                                  quiet, verbose))
     _print_summary(console, results, key, time.perf_counter() - started)
     return results
 
 
-def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, quiet: bool = False) -> ModelResult:
+def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, quiet: bool = False,
+               verbose: bool = False) -> ModelResult:
+    from rich.text import Text
+
     from cuvil_pgc import zoo
+    from cuvil_pgc._quiet import log_path_for, third_party_output
     from cuvil_pgc.analyze import analyze
     from cuvil_pgc.trace import load_trace
     from cuvil_pgc.viewer.console import render_hot_regions
@@ -79,14 +86,19 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, qui
         analysis = analyze(load_trace(trace))
     render_hot_regions(analysis, console, top=8)
     build_path = os.path.join(out_dir, f"{name}.cuvilpkg")
+    log = log_path_for(build_path)
     with _step(console, f"recompiling (budget {budget} measured candidates)"):
-        build = _recompile(model, inputs, trace, analysis, budget, quiet)
-        build.save(build_path, name=name, version=1, signing_key=key)
+        with third_party_output(log, verbose=verbose) as captured:
+            build = _recompile(model, inputs, trace, analysis, budget, quiet, captured.terminal)
+            build.save(build_path, name=name, version=1, signing_key=key)
     report = os.path.join(out_dir, f"{name}.report.html")
     with _step(console, "writing the HTML report"):
         _report(analysis, build, report)
     with _step(console, "comparing eager, torch.compile and the build (interleaved)"):
-        timings = _compare(model, inputs, build_path, key)
+        with third_party_output(log, verbose=verbose) as captured:
+            timings = _compare(model, inputs, build_path, key)
+    if captured.summary():
+        console.print(Text(captured.summary(), style="dim"))
     result = ModelResult(name, trace, report, build_path, timings,
                          speedup_vs_eager=timings["eager"] / timings["build"],
                          speedup_vs_compile=timings["torch.compile"] / timings["build"])
@@ -127,11 +139,13 @@ def _profile(model: Any, inputs: tuple[Any, ...], trace: str) -> None:
 
 
 def _recompile(model: Any, inputs: tuple[Any, ...], trace: str, analysis: Any, budget: int,
-               quiet: bool = False) -> Any:
+               quiet: bool = False, terminal: Any = None) -> Any:
+    from rich.console import Console
+
     from cuvil_pgc.recompile import recompile
     from cuvil_pgc.viewer.progress import search_progress
 
-    with search_progress(quiet=quiet) as progress:
+    with search_progress(quiet=quiet, console=Console(file=terminal, stderr=terminal is None)) as progress:
         return recompile(model, inputs, [trace], analysis=analysis, budget=budget, progress=progress)
 
 

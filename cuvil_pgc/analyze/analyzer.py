@@ -172,7 +172,7 @@ def _compiled_filter(pattern: str | None) -> str | None:
 
 def _machines(trace: Trace, machine: Any) -> tuple[tuple[Any, Any], list[str]]:
     """(cpu model, gpu model or None) and warnings about fallbacks."""
-    from cuvil_pgc.analyze.machine import default_machine
+    from cuvil_pgc.analyze.machine import default_machine, uncalibrated_warning
 
     has_gpu = bool(np.isin(trace.events["kind"], (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)).any())
     warnings: list[str] = []
@@ -187,8 +187,7 @@ def _machines(trace: Trace, machine: Any) -> tuple[tuple[Any, Any], list[str]]:
             continue
         model = default_machine(device)
         if _is_fallback(model):
-            warnings.append(f"no calibrated {device} machine model on this machine: using the documented "
-                            f"fallback figures (run `cuvil-pgc calibrate --device {device}`)")
+            warnings.append(uncalibrated_warning(device))
         models.append(model)
     return (models[0], models[1] if has_gpu else None), warnings
 

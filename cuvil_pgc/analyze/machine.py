@@ -369,10 +369,15 @@ def default_machine(device: str = "cpu") -> MachineModel:
             return MachineModel.load(path)
         except AnalysisError as exc:
             _warn_once(device, f"ignoring unusable cached machine model: {exc}")
-    _warn_once(device, f"no calibrated machine model for {device} ({describe(identity)}); using fallback "
-                       f"figures. Run `cuvil-pgc calibrate{'' if device == 'cpu' else ' --device ' + device}` "
-                       "once on this machine for accurate bottleneck attribution.")
+    _warn_once(device, uncalibrated_warning(device))
     return fallback_machine(device, identity)
+
+
+def uncalibrated_warning(device: str) -> str:
+    """The one wording of the "uncalibrated machine" warning, with the command that fixes it."""
+    fix = "cuvil-pgc calibrate" + ("" if device == "cpu" else f" --device {device}")
+    return (f"this machine's {device} is not calibrated: bottleneck figures use documented fallback "
+            f"peaks; run `{fix}` once (about 20 s) to measure them")
 
 
 def _warn_once(device: str, message: str) -> None:

@@ -35,6 +35,8 @@ def register_recompile(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
         wide: bool = typer.Option(False, "--wide", help="Every column, whatever the terminal width."),
         quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
+        verbose: bool = typer.Option(False, "-v", "--verbose",
+                                     help="Stream the candidate builds' own output (default: into BUILD's .build.log)."),
     ) -> None:
         """Search a faster plan for the model guided by its profile, and write a verified build."""
         from cuvil_pgc._modelspec import load_model_spec
@@ -45,22 +47,31 @@ def register_recompile(app: typer.Typer) -> None:
             raise ConfigError(f"--device {device!r} is not cpu or cuda")
         chosen = _backends(backends)
         net, inputs = load_model_spec(model)
+        from rich.console import Console
+
+        from cuvil_pgc._quiet import log_path_for, third_party_output
         from cuvil_pgc.viewer.progress import search_progress
 
-        with search_progress(quiet=quiet or as_json) as progress:
-            build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol,
-                              device=device, progress=progress, backends=chosen)
-        build.save(output, name=name or _build_name(model), version=version, signing_key=sign)
+        captured = None
+        try:
+            with third_party_output(log_path_for(output), verbose=verbose) as captured:
+                with search_progress(quiet=quiet or as_json, console=Console(file=captured.terminal)) as progress:
+                    build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol,
+                                      atol=atol, device=device, progress=progress, backends=chosen)
+                build.save(output, name=name or _build_name(model), version=version, signing_key=sign)
+        except BaseException:
+            _log_note(captured)
+            raise
         if as_json:
             from cuvil_pgc.cli import emit_json
 
             emit_json(build.to_json())
+            _log_note(captured)
             return
-        from rich.console import Console
-
         from cuvil_pgc.viewer.tables import print_view
 
         print_view(plan_view(build.plan, output), Console(), wide)
+        _log_note(captured)
 
     @app.command("compare")
     def compare_command(
@@ -93,6 +104,13 @@ def register_recompile(app: typer.Typer) -> None:
         from rich.console import Console
 
         Console().print(compare_table(result))
+
+
+def _log_note(captured: Any) -> None:
+    """Where the candidate builds' own output went (stderr; nothing when there was none)."""
+    note = captured.summary() if captured is not None else None
+    if note:
+        typer.echo(note, err=True)
 
 
 def _backends(value: str | None) -> tuple[str, ...] | None:
