@@ -24,6 +24,7 @@ from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
 from cuvil_pgc.analyze.fusion import mine_fusion
 from cuvil_pgc.analyze.hot_regions import region_stats, score_hotness
 from cuvil_pgc.analyze.merge import merge_traces, rank_skew
+from cuvil_pgc.analyze.operators import operator_table
 from cuvil_pgc.analyze.timeline import build_timeline
 from cuvil_pgc.errors import AnalysisError, ConfigError
 from cuvil_pgc.trace.columns import Trace
@@ -88,7 +89,7 @@ def region_identity(prep: Prepared, analysis: Analysis) -> None:
 
 
 PASSES: list[Pass] = [trace_facts, region_stats, attribute_bottlenecks, score_hotness, region_identity, mine_fusion,
-                      rank_skew, build_timeline, compile_summary]
+                      rank_skew, build_timeline, compile_summary, operator_table]
 
 
 def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,

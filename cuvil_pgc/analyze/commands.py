@@ -14,8 +14,11 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    from cuvil_pgc.analyze.ops_commands import register_ops
+
     _register_calibrate(app)
     _register_analyze(app)
+    register_ops(app)
 
 
 def _register_calibrate(app: typer.Typer) -> None:

@@ -36,6 +36,11 @@ def _register_profile(app: typer.Typer) -> None:
         sample_hz: float = typer.Option(20.0, "--sample-hz", help="Utilization sampling rate (0: off)."),
         filter: str | None = typer.Option(None, "--filter",
                                              help="Record only regions / ops / kernels matching this regex."),
+        record_shapes: bool = typer.Option(True, "--record-shapes/--no-record-shapes",
+                                           help="Operator input shapes (FLOP and byte estimates need them)."),
+        with_stack: bool = typer.Option(False, "--with-stack", help="Also record Python functions (torch.profiler)."),
+        profile_memory: bool = typer.Option(False, "--profile-memory",
+                                            help="Record allocations as the memory_allocated counter."),
         quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display (--model)."),
     ) -> None:
         """Run a script, a module or a model under a profiling session and write a trace.
@@ -53,7 +58,8 @@ def _register_profile(app: typer.Typer) -> None:
                               fix="put cuvil-pgc's options before the script, e.g. "
                                   "cuvil-pgc profile -o run.trace.json app.py --its-flag")
         path = output or _default_output(target, module, model)
-        session = make_session(path, ops=ops, gpu=gpu, sample_hz=sample_hz, filter=filter)
+        session = make_session(path, ops=ops, gpu=gpu, sample_hz=sample_hz, filter=filter,
+                               record_shapes=record_shapes, with_stack=with_stack, profile_memory=profile_memory)
         if model:
             from cuvil_pgc.viewer.progress import search_progress
 
@@ -112,7 +118,32 @@ def _register_summary(app: typer.Typer) -> None:
         console = Console()
         console.print(Text(f"{', '.join(trace)}: {head['events']} events, {head['duration_us'] / 1000:.1f} ms",
                            style="bold"))
+        if _regionless(analysis):
+            _print_top_operators(loaded, console, top, wide)
+            return
         render_hot_regions(analysis, console, top=top, wide=wide)
+
+
+def _regionless(analysis) -> bool:
+    """A trace whose only "region" is the time outside every region (a script without regions)."""
+    from cuvil_pgc.analyze._prepare import OUTSIDE
+
+    return all(r.path == OUTSIDE for r in analysis.regions)
+
+
+def _print_top_operators(trace, console, top: int, wide: bool) -> None:
+    from cuvil_pgc.analyze.operators import operator_stats
+    from cuvil_pgc.viewer.console_ops import operators_view
+    from cuvil_pgc.viewer.tables import print_view
+
+    rows = operator_stats(trace)
+    if not rows:
+        console.print(Text("no regions and no operators in this trace: record with ops=True, or wrap code in "
+                           "ProfileRegion / run it with cuvil-pgc profile --model", style="dim"))
+        return
+    print_view(operators_view(rows, title="Top operators (the trace has no regions)", top=top), console, wide)
+    console.print(Text("wrap code in ProfileRegion (or use instrument_module) to rank regions; "
+                       "`cuvil-pgc ops` has the full operator table", style="dim"))
 
 
 def _register_capture(app: typer.Typer) -> None:

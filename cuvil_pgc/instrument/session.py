@@ -326,7 +326,9 @@ class Session:
         meta.update(devices=devices, dropped=dict(self.dropped),
                     samplers={k: dict(v) for k, v in self.sampler_status.items()},
                     config={"ops": self.config.ops, "gpu": self.config.gpu, "sample_hz": self.config.sample_hz,
-                            "flush_interval_s": self.config.flush_interval_s, "filter": self.config.filter})
+                            "flush_interval_s": self.config.flush_interval_s, "filter": self.config.filter,
+                            "record_shapes": self.config.record_shapes, "with_stack": self.config.with_stack,
+                            "profile_memory": self.config.profile_memory})
         if self.config.sampling_scale != 1.0:
             meta["sampling"] = {"every": self.config.sample_every, "rate": self.config.sample_rate,
                                 "scale": self.config.sampling_scale,
