@@ -314,12 +314,10 @@ def describe(identity: dict[str, Any]) -> str:
 
 
 def cache_dir() -> Path:
-    """``$CUVIL_CACHE_DIR``, else ``$XDG_CACHE_HOME/cuvil-pgc``, else ``~/.cache/cuvil-pgc``."""
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cuvil-pgc"
+    """The cache directory (:func:`cuvil_pgc._cache.cache_dir`)."""
+    from cuvil_pgc._cache import cache_dir as root
+
+    return root()
 
 
 def cache_path(fingerprint: str) -> Path:

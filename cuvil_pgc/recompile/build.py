@@ -377,6 +377,9 @@ def _extract_dir(vb: Any) -> Path:
 
     digest = hashlib.sha256(json.dumps(sorted((k, v.sha256) for k, v in vb.manifest.members.items()))
                             .encode()).hexdigest()[:24]
+    from cuvil_pgc._cache import enforce_limit
+
+    enforce_limit()              # unpacked builds are bounded with the artifacts ($CUVIL_CACHE_MAX)
     target = cache_dir() / "loaded" / digest
     target.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(dir=target))
