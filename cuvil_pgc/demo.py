@@ -103,6 +103,11 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, qui
                          speedup_vs_eager=timings["eager"] / timings["build"],
                          speedup_vs_compile=timings["torch.compile"] / timings["build"])
     _print_compare(console, result)
+    from cuvil_pgc.analyze.contention import host_load, load_warning
+
+    busy = load_warning(host_load(), "speedups")
+    if busy:
+        console.print(Text(f"warning: {busy}", style="yellow"))
     return result
 
 

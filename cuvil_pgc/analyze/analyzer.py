@@ -21,6 +21,7 @@ from cuvil_pgc.analyze._prepare import Prepared, prepare
 from cuvil_pgc.analyze._roofs import roofs_of
 from cuvil_pgc.analyze.analysis import Analysis
 from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
+from cuvil_pgc.analyze.contention import contention_pass
 from cuvil_pgc.analyze.fusion import mine_fusion
 from cuvil_pgc.analyze.hot_regions import region_stats, score_hotness
 from cuvil_pgc.analyze.merge import merge_traces, rank_skew
@@ -89,7 +90,7 @@ def region_identity(prep: Prepared, analysis: Analysis) -> None:
 
 
 PASSES: list[Pass] = [trace_facts, region_stats, attribute_bottlenecks, score_hotness, region_identity, mine_fusion,
-                      rank_skew, build_timeline, compile_summary, operator_table]
+                      rank_skew, build_timeline, compile_summary, operator_table, contention_pass]
 
 
 def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,

@@ -70,8 +70,18 @@ def _register_profile(app: typer.Typer) -> None:
         else:
             code = _runner.run_script(session, target, argv)
         typer.echo(f"trace written to {path}", err=True)
+        _warn_if_busy("timings in the trace")
         if code:
             raise typer.Exit(code)
+
+
+def _warn_if_busy(what: str) -> None:
+    """The busy-machine warning on stderr (analyze.contention), if the run queue says so."""
+    from cuvil_pgc.analyze.contention import host_load, load_warning
+
+    warning = load_warning(host_load(), what)
+    if warning:
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def _default_output(target: str | None, module: str | None, model: str | None) -> str:

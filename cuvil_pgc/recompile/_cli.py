@@ -62,16 +62,18 @@ def register_recompile(app: typer.Typer) -> None:
         except BaseException:
             _log_note(captured)
             raise
+        busy = _busy_warnings("measured speedups")
         if as_json:
             from cuvil_pgc.cli import emit_json
 
-            emit_json(build.to_json())
+            emit_json({**build.to_json(), "warnings": busy})
             _log_note(captured)
             return
         from cuvil_pgc.viewer.tables import print_view
 
         print_view(plan_view(build.plan, output), Console(), wide)
         _log_note(captured)
+        _print_warnings(busy)
 
     @app.command("compare")
     def compare_command(
@@ -86,10 +88,14 @@ def register_recompile(app: typer.Typer) -> None:
     ) -> None:
         """Compare two ways of running the model: interleaved runs, medians, bootstrap CI, verdict."""
         from cuvil_pgc._modelspec import load_model_spec
+        from cuvil_pgc.analyze.contention import spread_warning
         from cuvil_pgc.recompile.compare import compare, compare_table
 
         net, inputs = load_model_spec(model)
         result = compare(net, inputs, a, b, store=store, pubkey=pubkey, rounds=rounds)
+        result["warnings"] = _busy_warnings("timings") + [
+            w for side in ("a", "b") if (w := spread_warning(result[side]["name"], result[side]["median_ms"],
+                                                             result[side]["ci95_ms"]))]
         if as_json:
             from cuvil_pgc.cli import emit_json
 
@@ -100,10 +106,24 @@ def register_recompile(app: typer.Typer) -> None:
             from cuvil_pgc.viewer.tables import write_csv
 
             write_csv(compare_view(result))
+            _print_warnings(result["warnings"])
             return
         from rich.console import Console
 
         Console().print(compare_table(result))
+        _print_warnings(result["warnings"])
+
+
+def _busy_warnings(what: str) -> list[str]:
+    from cuvil_pgc.analyze.contention import host_load, load_warning
+
+    warning = load_warning(host_load(), what)
+    return [warning] if warning else []
+
+
+def _print_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def _log_note(captured: Any) -> None:

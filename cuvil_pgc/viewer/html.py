@@ -132,7 +132,11 @@ def _histograms(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -
     title = "Latency histograms of the top regions"
     if "histograms" not in figures:
         return sec.section("histograms", title, sec.note("No region call latencies recorded."))
-    return sec.section("histograms", title, sec.plot("histograms"))
+    busy = ((analysis.trace or {}).get("contention") or {}).get("contended_fraction") or 0.0
+    warn = sec.note(f"Other processes saturated the CPU in {busy:.0%} of this run's utilisation samples: "
+                    "a second mode or a long tail here can be time spent waiting for the CPU, not the "
+                    "program's own latency.", warn=True) if busy >= 0.2 else ""
+    return sec.section("histograms", title, warn + sec.plot("histograms"))
 
 
 def _roofline(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
