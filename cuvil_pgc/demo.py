@@ -93,7 +93,7 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, qui
             build.save(build_path, name=name, version=1, signing_key=key)
     report = os.path.join(out_dir, f"{name}.report.html")
     with _step(console, "writing the HTML report"):
-        _report(analysis, build, report)
+        _report(analysis, build, report, key)
     with _step(console, "comparing eager, torch.compile and the build (interleaved)"):
         with third_party_output(log, verbose=verbose) as captured:
             timings = _compare(model, inputs, build_path, key)
@@ -154,11 +154,12 @@ def _recompile(model: Any, inputs: tuple[Any, ...], trace: str, analysis: Any, b
         return recompile(model, inputs, [trace], analysis=analysis, budget=budget, progress=progress)
 
 
-def _report(analysis: Any, build: Any, path: str) -> None:
+def _report(analysis: Any, build: Any, path: str, key: str) -> None:
     from cuvil_pgc.viewer import write_report
+    from cuvil_pgc.viewer.commands import read_build_plan
 
-    write_report(analysis, path, plan=build.plan, title=f"cuvil-pgc demo: {os.path.basename(path)}",
-                 build={"path": build.path, "signed": True})
+    _plan, facts = read_build_plan(build.path, pubkey=key + ".pub")   # the saved build, verified
+    write_report(analysis, path, plan=build.plan, title=f"cuvil-pgc demo: {os.path.basename(path)}", build=facts)
 
 
 def _compare(model: Any, inputs: tuple[Any, ...], build_path: str, key: str) -> dict[str, float]:

@@ -153,6 +153,7 @@ def _build_name(spec: str) -> str:
 
 def plan_view(plan: dict[str, Any], path: str | None = None) -> Any:
     """The plan as a table view: per region, chosen config, predicted vs measured times and speedups."""
+    from cuvil_pgc.recompile.plan_doc import tried_counts
     from cuvil_pgc.viewer.console import display_path
     from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup
 
@@ -178,12 +179,6 @@ def plan_view(plan: dict[str, Any], path: str | None = None) -> Any:
                f"({fmt_speedup(plan['speedup_vs_eager'])}); measured {plan['measured_candidates']} of "
                f"{plan['space_size']} candidates, {plan['reused_records']} from records; stale regions: {stale}")
     return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
-
-
-def tried_counts(region: dict[str, Any]) -> tuple[int, int]:
-    """(measured, rejected) alternatives of one plan region: the counts the CLI and the report show."""
-    tried = [a for a in region.get("alternatives", []) if a.get("status") != "not_measured"]
-    return len(tried), sum(1 for a in tried if a.get("status") != "ok")
 
 
 def plan_table(plan: dict[str, Any], path: str | None = None, width: int = 80) -> Any:
