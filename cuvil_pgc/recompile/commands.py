@@ -220,7 +220,8 @@ def _log_view(name: str, entries):
     from cuvil_pgc.viewer.tables import Column, TableView
 
     columns = [Column("time", "time", lambda t: t[:19].replace("T", " ")), Column("op", "op"), Column("pointer", "pointer"),
-               Column("move", "move"), Column("by", "by", drop=2), Column("reason", "reason", drop=1, identifier=True)]
+               Column("move", "move"), Column("by", "by", drop=1),
+               Column("reason", "reason", identifier=True)]      # prose: wraps at spaces when it must
     rows = [{"time": e.time, "op": e.op, "pointer": e.pointer or "",
              "move": f"v{e.version}" if e.previous is None else f"v{e.previous} -> v{e.version}",
              "by": f"{e.user}@{e.host}", "reason": e.reason or ""} for e in entries]
