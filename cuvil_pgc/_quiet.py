@@ -62,7 +62,8 @@ class _OnceHandler(logging.Handler):
             return
         self.seen.add(message)
         try:
-            self.stream.write(("" if message.startswith("cuvil-pgc") else "warning: ") + message + "\n")
+            prefixed = message.startswith(("cuvil-pgc", "warning:"))
+            self.stream.write(("" if prefixed else "warning: ") + message + "\n")
             self.stream.flush()
         except Exception:
             pass

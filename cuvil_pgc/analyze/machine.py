@@ -367,7 +367,7 @@ def default_machine(device: str = "cpu") -> MachineModel:
             return MachineModel.load(path)
         except AnalysisError as exc:
             _warn_once(device, f"ignoring unusable cached machine model: {exc}")
-    _warn_once(device, uncalibrated_warning(device))
+    _warn_once(device, "warning: " + uncalibrated_warning(device))
     return fallback_machine(device, identity)
 
 
