@@ -32,7 +32,7 @@ def test_third_party_output_goes_to_the_log_and_ours_to_the_terminal(tmp_path, m
     with third_party_output(log) as captured:
         _noise()
         for _ in range(3):
-            logging.getLogger("cuvil_pgc.analyze.machine").warning("this machine's cpu is not calibrated")
+            logging.getLogger("cuvil_pgc.recompile.search").warning("this machine's cpu is not calibrated")
     text = open(log).read()
     assert "API call failed" in text and "AUTOTUNE mm" in text and "FutureWarning" in text and "Generated" in text
     assert terminal.getvalue() == "warning: this machine's cpu is not calibrated\n"     # once
