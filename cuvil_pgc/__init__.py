@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "instrument_module": ("cuvil_pgc.instrument.module", "instrument_module"),
     "schedule": ("cuvil_pgc.instrument.schedule", "schedule"),
+    "active_session": ("cuvil_pgc.instrument.session", "active_session"),
     "load_trace": ("cuvil_pgc.trace", "load_trace"),
     "Trace": ("cuvil_pgc.trace", "Trace"),
     "analyze": ("cuvil_pgc.analyze", "analyze"),

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "cuvil_pgc.viewer.commands",
     "cuvil_pgc.recompile.commands",
     "cuvil_pgc.demo",
+    "cuvil_pgc.cache_commands",
 )
 
 app = typer.Typer(

@@ -40,23 +40,27 @@ def register(app: typer.Typer) -> None:
         output: str = typer.Option("cuvil-demo", "-o", "--output", help="Directory for every artifact."),
         quick: bool = typer.Option(False, "--quick", help="One model, small search budget (~3 min)."),
         threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+        quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
+        verbose: bool = typer.Option(False, "-v", "--verbose",
+                                     help="Stream the candidate builds' own output (default: a .build.log per model)."),
     ) -> None:
         """Run the whole loop on the bundled zoo: profile, analyze, report, recompile, compare."""
-        run_demo(output, quick=quick, threads=threads)
+        run_demo(output, quick=quick, threads=threads, quiet=quiet, verbose=verbose)
 
 
 def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | None = None,
-             threads: int | None = None) -> list[ModelResult]:
+             threads: int | None = None, quiet: bool = False, verbose: bool = False) -> list[ModelResult]:
     """Run the demo into ``out_dir`` at ``threads`` torch threads (default: torch's); what each model produced."""
     from cuvil_pgc._threads import torch_threads
 
     default = default_threads()
     with torch_threads(threads) as count:
-        return _run_demo(out_dir, quick=quick, models=models, threads=count, default=count == default)
+        return _run_demo(out_dir, quick=quick, models=models, threads=count, default=count == default,
+                         quiet=quiet, verbose=verbose)
 
 
 def _run_demo(out_dir: str, *, quick: bool, models: tuple[str, ...] | None, threads: int,
-              default: bool) -> list[ModelResult]:
+              default: bool, quiet: bool, verbose: bool) -> list[ModelResult]:
     from rich.console import Console
 
     from cuvil_pgc.recompile.signing import generate_keypair
@@ -70,15 +74,21 @@ def _run_demo(out_dir: str, *, quick: bool, models: tuple[str, ...] | None, thre
     console.print(f"profiling, recompiling and timing at {threads} torch thread(s)"
                   f"{' (torch default here)' if default else ''}; --threads N to change it")
     results = []
-    for name in models or (QUICK_MODELS if quick else FULL_MODELS):
-        console.rule(f"[bold]{name}")
-        results.append(_one_model(console, name, out_dir, key, QUICK_BUDGET if quick else FULL_BUDGET))
+    names = models or (QUICK_MODELS if quick else FULL_MODELS)
+    for i, name in enumerate(names, 1):
+        console.rule(f"[bold]{name}[/] (model {i} of {len(names)}, {time.perf_counter() - started:.0f} s so far)")
+        results.append(_one_model(console, name, out_dir, key, QUICK_BUDGET if quick else FULL_BUDGET,
+                                  quiet, verbose))
     _print_summary(console, results, key, time.perf_counter() - started)
     return results
 
 
-def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int) -> ModelResult:
+def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, quiet: bool = False,
+               verbose: bool = False) -> ModelResult:
+    from rich.text import Text
+
     from cuvil_pgc import zoo
+    from cuvil_pgc._quiet import log_path_for, third_party_output
     from cuvil_pgc.analyze import analyze
     from cuvil_pgc.trace import load_trace
     from cuvil_pgc.viewer.console import render_hot_regions
@@ -91,23 +101,34 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int) -> 
         analysis = analyze(load_trace(trace))
     render_hot_regions(analysis, console, top=8)
     build_path = os.path.join(out_dir, f"{name}.cuvilpkg")
+    log = log_path_for(build_path)
     with _step(console, f"recompiling (budget {budget} measured candidates)"):
-        build = _recompile(model, inputs, trace, analysis, budget)
-        build.save(build_path, name=name, version=1, signing_key=key)
+        with third_party_output(log, verbose=verbose) as captured:
+            build = _recompile(model, inputs, trace, analysis, budget, quiet, captured.terminal)
+            build.save(build_path, name=name, version=1, signing_key=key)
     report = os.path.join(out_dir, f"{name}.report.html")
     with _step(console, "writing the HTML report"):
-        _report(analysis, build, report)
+        _report(analysis, build, report, key)
     with _step(console, "comparing eager, torch.compile and the build (interleaved)"):
-        timings = _compare(model, inputs, build_path, key)
+        with third_party_output(log, verbose=verbose) as captured:
+            timings = _compare(model, inputs, build_path, key)
+    if captured.summary():
+        console.print(Text(captured.summary(), style="dim"))
     result = ModelResult(name, trace, report, build_path, timings,
                          speedup_vs_eager=timings["eager"] / timings["build"],
                          speedup_vs_compile=timings["torch.compile"] / timings["build"])
     _print_compare(console, result)
+    from cuvil_pgc.analyze.contention import host_load, load_warning
+
+    busy = load_warning(host_load(), "speedups")
+    if busy:
+        console.print(Text(f"warning: {busy}", style="yellow"))
     return result
 
 
-def _step(console: Any, what: str):
-    return console.status(what, spinner="dots") if console.is_terminal else _Announce(console, what)
+def _step(console: Any, what: str) -> _Announce:
+    # a line per step, not a spinner: the recompile step shows its own live display on stderr
+    return _Announce(console, what)
 
 
 class _Announce:
@@ -137,24 +158,23 @@ def _profile(model: Any, inputs: tuple[Any, ...], trace: str) -> None:
                     model(*inputs)
 
 
-def _recompile(model: Any, inputs: tuple[Any, ...], trace: str, analysis: Any, budget: int) -> Any:
-    from rich.progress import Progress
+def _recompile(model: Any, inputs: tuple[Any, ...], trace: str, analysis: Any, budget: int,
+               quiet: bool = False, terminal: Any = None) -> Any:
+    from rich.console import Console
 
     from cuvil_pgc.recompile import recompile
+    from cuvil_pgc.viewer.progress import search_progress
 
-    with Progress(transient=True) as bar:
-        task = bar.add_task("searching", total=budget)
-
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total, description=what[:60])
+    with search_progress(quiet=quiet, console=Console(file=terminal, stderr=terminal is None)) as progress:
         return recompile(model, inputs, [trace], analysis=analysis, budget=budget, progress=progress)
 
 
-def _report(analysis: Any, build: Any, path: str) -> None:
+def _report(analysis: Any, build: Any, path: str, key: str) -> None:
     from cuvil_pgc.viewer import write_report
+    from cuvil_pgc.viewer.commands import read_build_plan
 
-    write_report(analysis, path, plan=build.plan, title=f"cuvil-pgc demo: {os.path.basename(path)}",
-                 build={"path": build.path, "signed": True})
+    _plan, facts = read_build_plan(build.path, pubkey=key + ".pub")   # the saved build, verified
+    write_report(analysis, path, plan=build.plan, title=f"cuvil-pgc demo: {os.path.basename(path)}", build=facts)
 
 
 def _compare(model: Any, inputs: tuple[Any, ...], build_path: str, key: str) -> dict[str, float]:

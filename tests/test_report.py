@@ -377,3 +377,28 @@ def test_partial_plan_and_kineto_gpu_trace_render():
     assert "timeline" in _figures(page)
     assert "Region timeline and SM utilization" in page.sections["timeline"][0]
     assert "No SM utilization samples" in text
+
+
+def test_plan_section_counts_tried_as_the_cli_and_names_default_tolerances():
+    from cuvil_pgc.recompile._cli import plan_view
+    from cuvil_pgc.viewer._run_sections import plan_section
+    from tests._report_traces import plan_doc
+
+    plan = plan_doc(["model/model.blocks/model.blocks.0/model.blocks.0.attn"])
+    plan["regions"][1]["alternatives"] += [{"config": "aoti", "status": "ok"}, {"config": "x", "status": "not_measured"}]
+    plan["tolerances"] = {"rtol": None, "atol": None}        # the defaults were used
+    html = plan_section(plan, {"path": "b.cuvilpkg", "name": "m", "version": 3, "created": "2026-01-02"}, False)
+    cli = {r["path"]: r["tried"] for r in plan_view(plan).rows}
+    assert cli["model/model.blocks/model.blocks.0/model.blocks.0.attn"] == "2/1"
+    assert "<summary>2 / 1 (3 considered)</summary>" in html
+    assert "m v3, created 2026-01-02" in html and "model.blocks.0.attn</bdi>" in html
+    assert "rtol -" not in html and "defaults per output dtype (" in html and "float32 rtol 0.0001" in html
+
+
+def test_timeline_lanes_are_labelled_alike():
+    from cuvil_pgc.viewer.figures import lane_labels
+
+    assert lane_labels([("r0 pid 5 tid 7", 0), ("r0 pid 5 tid 7", 1), ("r0 pid 5 tid 9", 0)]) == [
+        "thread 7 · depth 0", "thread 7 · depth 1", "thread 9 · depth 0"]
+    assert lane_labels([("r0 pid 5 tid 7", 0), ("r1 pid 6 tid 7", 0)]) == [
+        "r0 pid 5 tid 7 · depth 0", "r1 pid 6 tid 7 · depth 0"]

@@ -185,7 +185,7 @@ def test_report_renders_without_errors_and_no_payload_runs(browser, hostile_page
     assert browser.js("window.__alerts") == []
     assert browser.js("typeof window.__pwned") == "undefined"
     titles = browser.js("Array.from(document.querySelectorAll('section h2')).map(h => h.textContent)")
-    assert len(titles) == 9 and browser.js("document.title") == "<img src=x onerror=alert(14)>"
+    assert len(titles) == 10 and browser.js("document.title") == "<img src=x onerror=alert(14)>"
 
 
 def test_table_sorts_filters_and_timeline_zoom_is_shared(browser, hostile_page):
@@ -228,3 +228,34 @@ def test_cpu_only_report_draws_cpu_utilization(browser, tmp_path):
     assert browser.js("document.querySelector('main').textContent").find(NO_WEBGL) < 0 and browser.js(GL_READY)
     assert browser.js("window.__csp") == []
     assert browser.js("window.cuvilReport.rendered") == browser.js("window.cuvilReport.expected") >= 4
+
+
+OVERLAPS = """(function () {
+  function boxes(sel) { return Array.from(document.querySelectorAll('#plot-histograms ' + sel))
+      .map(e => e.getBoundingClientRect()).filter(r => r.width > 0); }
+  var titles = boxes('g.annotation text'), axes = boxes('g[class^="g-x"][class$="title"] text');
+  var hits = [];
+  titles.forEach(t => axes.forEach(a => { if (t.left < a.right && a.left < t.right && t.top < a.bottom && a.top < t.bottom)
+      hits.push([t.top, a.top]); }));
+  return [titles.length, axes.length, hits];
+})()"""
+
+
+def test_report_polish_seen_in_the_browser(browser, hostile_page):
+    """Histogram subplot titles clear the x-axis titles above them; the timeline's lanes are all
+    labelled alike; the plan's tried counts are the CLI's; screenshots of each section are kept."""
+    assert browser.open(hostile_page / "hostile.html") == "1"
+    titles, axes, hits = browser.js(OVERLAPS)
+    assert titles >= 4 and axes >= 4 and hits == []
+    labels = browser.js("document.getElementById('plot-timeline')._fullLayout.yaxis.ticktext")
+    assert labels and all(" · depth " in label for label in labels)
+    tried = browser.js("Array.from(document.querySelectorAll('#plan-table tbody tr td:last-child summary'))"
+                       ".map(s => s.textContent)")
+    assert tried and all(t == "1 / 1" for t in tried)
+    for sid in ("plan", "histograms", "timeline", "operators"):
+        rect = browser.js(f"(function () {{ var r = document.getElementById('{sid}').getBoundingClientRect(); "
+                          "return [r.x, r.y + window.scrollY, r.width, r.height]; })()")
+        shot = browser.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                            clip={"x": rect[0], "y": rect[1], "width": rect[2], "height": rect[3], "scale": 1})
+        (hostile_page / f"{sid}.png").write_bytes(base64.b64decode(shot["data"]))
+    assert browser.problems() == []

@@ -70,6 +70,7 @@ class Analysis:
     trace: dict[str, Any] = field(default_factory=dict)     # sources, duration_us, events, dropped, samplers, devices, warnings
     timeline: Timeline = field(default_factory=Timeline)
     ranks: dict[str, Any] = field(default_factory=dict)     # per-region cross-rank skew (multi-rank runs)
+    operators: list[dict[str, Any]] = field(default_factory=list)   # top OperatorStats rows (analyze.operators)
 
     def region(self, path: str) -> RegionStats | None:
         return next((r for r in self.regions if r.path == path), None)
@@ -85,6 +86,8 @@ class Analysis:
         }
         if self.ranks:
             doc["ranks"] = self.ranks
+        if self.operators:
+            doc["operators"] = self.operators
         if include_timeline:
             doc["timeline"] = asdict(self.timeline)
         return doc
@@ -99,4 +102,5 @@ class Analysis:
             trace=doc.get("trace", {}),
             timeline=Timeline(**doc["timeline"]) if "timeline" in doc else Timeline(),
             ranks=doc.get("ranks", {}),
+            operators=doc.get("operators", []),
         )

@@ -21,9 +21,11 @@ from cuvil_pgc.analyze._prepare import Prepared, prepare
 from cuvil_pgc.analyze._roofs import roofs_of
 from cuvil_pgc.analyze.analysis import Analysis
 from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
+from cuvil_pgc.analyze.contention import contention_pass
 from cuvil_pgc.analyze.fusion import mine_fusion
 from cuvil_pgc.analyze.hot_regions import region_stats, score_hotness
 from cuvil_pgc.analyze.merge import merge_traces, rank_skew
+from cuvil_pgc.analyze.operators import operator_table
 from cuvil_pgc.analyze.timeline import build_timeline
 from cuvil_pgc.errors import AnalysisError, ConfigError
 from cuvil_pgc.trace.columns import Trace
@@ -88,7 +90,7 @@ def region_identity(prep: Prepared, analysis: Analysis) -> None:
 
 
 PASSES: list[Pass] = [trace_facts, region_stats, attribute_bottlenecks, score_hotness, region_identity, mine_fusion,
-                      rank_skew, build_timeline, compile_summary]
+                      rank_skew, build_timeline, compile_summary, operator_table, contention_pass]
 
 
 def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,
@@ -172,7 +174,7 @@ def _compiled_filter(pattern: str | None) -> str | None:
 
 def _machines(trace: Trace, machine: Any) -> tuple[tuple[Any, Any], list[str]]:
     """(cpu model, gpu model or None) and warnings about fallbacks."""
-    from cuvil_pgc.analyze.machine import default_machine
+    from cuvil_pgc.analyze.machine import default_machine, uncalibrated_warning
 
     has_gpu = bool(np.isin(trace.events["kind"], (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)).any())
     warnings: list[str] = []
@@ -187,8 +189,7 @@ def _machines(trace: Trace, machine: Any) -> tuple[tuple[Any, Any], list[str]]:
             continue
         model = default_machine(device)
         if _is_fallback(model):
-            warnings.append(f"no calibrated {device} machine model on this machine: using the documented "
-                            f"fallback figures (run `cuvil-pgc calibrate --device {device}`)")
+            warnings.append(uncalibrated_warning(device))
         models.append(model)
     return (models[0], models[1] if has_gpu else None), warnings
 

@@ -14,8 +14,11 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    from cuvil_pgc.analyze.ops_commands import register_ops
+
     _register_calibrate(app)
     _register_analyze(app)
+    register_ops(app)
 
 
 def _register_calibrate(app: typer.Typer) -> None:
@@ -86,6 +89,8 @@ def _register_analyze(app: typer.Typer) -> None:
                                                "directories and globs: local)."),
         address: str | None = typer.Option(None, "--address", help="Ray cluster address (--engine ray)."),
         workers: int | None = typer.Option(None, "--workers", min=1, help="Processes for --engine local."),
+        csv_out: bool = typer.Option(False, "--csv", help="Print the hot-region table as CSV."),
+        wide: bool = typer.Option(False, "--wide", help="Every column, whatever the terminal width."),
     ) -> None:
         """Rank hot regions, attribute each bottleneck, and list fusion candidates."""
         from rich.console import Console
@@ -118,7 +123,15 @@ def _register_analyze(app: typer.Typer) -> None:
                 doc["regions"] = doc["regions"][:top]
             emit_json(doc)
             return
-        _print_analysis(result, Console(), top or 20)
+        if csv_out:
+            from cuvil_pgc.viewer.console import hot_region_rows, hot_regions_view
+            from cuvil_pgc.viewer.tables import write_csv
+
+            view = hot_regions_view(result, top or len(result.regions))
+            view.rows = hot_region_rows(view)
+            write_csv(view)
+            return
+        _print_analysis(result, Console(), top or 20, wide)
 
     @app.command()
     def diff(
@@ -126,6 +139,8 @@ def _register_analyze(app: typer.Typer) -> None:
         trace_b: str = typer.Argument(..., metavar="TRACE_B", help="After."),
         json_out: bool = typer.Option(False, "--json", help="Print the diff as one JSON document."),
         filter: str | None = typer.Option(None, "--filter", help="Only region paths matching this regex."),
+        csv_out: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
+        wide: bool = typer.Option(False, "--wide", help="Every column, whatever the terminal width."),
     ) -> None:
         """Regions that got faster or slower from TRACE_A to TRACE_B, with significance."""
         from cuvil_pgc.analyze.diff import diff as run_diff
@@ -138,9 +153,14 @@ def _register_analyze(app: typer.Typer) -> None:
             return
         from rich.console import Console
 
-        from cuvil_pgc.viewer.console import render_diff
+        from cuvil_pgc.viewer.console import diff_view, render_diff
 
-        render_diff(doc, Console())
+        if csv_out:
+            from cuvil_pgc.viewer.tables import write_csv
+
+            write_csv(diff_view(doc))
+            return
+        render_diff(doc, Console(), wide=wide)
 
 
 def _load_inputs(traces: list[str], load_trace: Any) -> Any:
@@ -164,13 +184,13 @@ def _warn(warnings: list[str]) -> None:
         err.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
 
 
-def _print_analysis(result: Any, console: Any, top: int) -> None:
+def _print_analysis(result: Any, console: Any, top: int, wide: bool = False) -> None:
     """Hot regions, fusion candidates, rank skew and (when its renderer exists) the compile summary."""
     import importlib
 
     from cuvil_pgc.viewer.console import render_analysis
 
-    render_analysis(result, console, top)
+    render_analysis(result, console, top, wide)
     totals = result.compile.get("totals") or {}
     if not (result.compile.get("graphs") or totals.get("compile_ms")):
         return                                   # nothing was compiled: no section

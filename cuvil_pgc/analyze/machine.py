@@ -314,12 +314,10 @@ def describe(identity: dict[str, Any]) -> str:
 
 
 def cache_dir() -> Path:
-    """``$CUVIL_CACHE_DIR``, else ``$XDG_CACHE_HOME/cuvil-pgc``, else ``~/.cache/cuvil-pgc``."""
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cuvil-pgc"
+    """The cache directory (:func:`cuvil_pgc._cache.cache_dir`)."""
+    from cuvil_pgc._cache import cache_dir as root
+
+    return root()
 
 
 def cache_path(fingerprint: str) -> Path:
@@ -369,10 +367,15 @@ def default_machine(device: str = "cpu") -> MachineModel:
             return MachineModel.load(path)
         except AnalysisError as exc:
             _warn_once(device, f"ignoring unusable cached machine model: {exc}")
-    _warn_once(device, f"no calibrated machine model for {device} ({describe(identity)}); using fallback "
-                       f"figures. Run `cuvil-pgc calibrate{'' if device == 'cpu' else ' --device ' + device}` "
-                       "once on this machine for accurate bottleneck attribution.")
+    _warn_once(device, "warning: " + uncalibrated_warning(device))
     return fallback_machine(device, identity)
+
+
+def uncalibrated_warning(device: str) -> str:
+    """The one wording of the "uncalibrated machine" warning, with the command that fixes it."""
+    fix = "cuvil-pgc calibrate" + ("" if device == "cpu" else f" --device {device}")
+    return (f"this machine's {device} is not calibrated: bottleneck figures use documented fallback "
+            f"peaks; run `{fix}` once (about 20 s) to measure them")
 
 
 def _warn_once(device: str, message: str) -> None:

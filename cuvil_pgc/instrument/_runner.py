@@ -2,7 +2,8 @@
 
 Used by ``cuvil-pgc profile``. The user's program runs as ``__main__`` with its own argv, like
 ``python -m cProfile``; its exit code is passed through. The trace is finished whether the
-program returns, exits or raises.
+program returns, exits or raises. A ``cuvil_pgc.profile()`` the program calls itself joins the
+session (:mod:`._joined`).
 """
 
 from __future__ import annotations
@@ -36,34 +37,52 @@ def run_module(session: Session, module: str, args: list[str]) -> int:
     return _run(session, [module, *args], lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
 
 
-def run_model(session: Session, spec: str, iters: int, warmup: int, depth: int | None) -> int:
-    """Profile ``model(*inputs)`` ``iters`` times with every submodule instrumented."""
+def run_model(session: Session, spec: str, iters: int, warmup: int, depth: int | None,
+              progress: Any = None) -> int:
+    """Profile ``model(*inputs)`` ``iters`` times with every submodule instrumented.
+
+    ``progress(done, total, message)`` hears of each iteration (and ``progress.stage(name)`` of
+    loading, warming up and recording), as :class:`cuvil_pgc.viewer.progress.SearchDisplay` does.
+    """
     import torch
 
     from cuvil_pgc._modelspec import load_model_spec
     from cuvil_pgc.instrument.module import instrument_module
+    from cuvil_pgc.recompile.progress import stage
 
     if iters < 1 or warmup < 0:
         raise ConfigError(f"--iters {iters} / --warmup {warmup}: need iters >= 1 and warmup >= 0")
+    stage(progress, "loading the model")
     model, inputs = load_model_spec(spec)
     with torch.inference_mode():
-        for _ in range(warmup):
+        stage(progress, "warming up")
+        for i in range(warmup):
+            _tick(progress, i, warmup, "warm-up iteration")
             model(*inputs)
         handle = instrument_module(model, depth=depth) if isinstance(model, torch.nn.Module) else None
         try:
             with session:
-                for _ in range(iters):
+                stage(progress, "recording")
+                for i in range(iters):
+                    _tick(progress, i, iters, "iteration")
                     model(*inputs)
+                _tick(progress, iters, iters, "iteration")
         finally:
             if handle is not None:
                 handle.remove()
     return 0
 
 
+def _tick(progress: Any, done: int, total: int, what: str) -> None:
+    if progress is not None:
+        progress(done, total, f"{what} {min(done + 1, total)} of {total}")
+
+
 def _run(session: Session, argv: list[str], call: Any) -> int:
     saved = sys.argv
     sys.argv = argv
     code = 0
+    session.joinable = True     # the program's own profile() joins this session (instrument._joined)
     try:
         with session:
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import typer
+from rich.text import Text
 
 from cuvil_pgc.errors import ConfigError
 
@@ -17,12 +18,15 @@ def register(app: typer.Typer) -> None:
 
 
 def _register_profile(app: typer.Typer) -> None:
-    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    from cuvil_pgc.instrument._script_args import ScriptCommand
+
+    @app.command(cls=ScriptCommand)
     def profile(
-        target: list[str] | None = typer.Argument(None, metavar="SCRIPT [ARGS]...",
-                                                     help="Python script to run, then its arguments."),
+        ctx: typer.Context,
+        target: str | None = typer.Argument(None, metavar="SCRIPT [ARGS]...",
+                                            help="Python script to run; everything after it is its own arguments."),
         output: str | None = typer.Option(None, "-o", "--output", help="Trace file (.trace.json[.gz])."),
-        module: str | None = typer.Option(None, "-m", help="Run a module like python -m."),
+        module: str | None = typer.Option(None, "-m", help="Run a module like python -m; what follows is its arguments."),
         model: str | None = typer.Option(None, "--model", help="MODULE:FACTORY returning (model, inputs)."),
         iters: int = typer.Option(20, "--iters", help="Model iterations to record (--model)."),
         warmup: int = typer.Option(3, "--warmup", help="Unrecorded warm-up iterations (--model)."),
@@ -34,41 +38,66 @@ def _register_profile(app: typer.Typer) -> None:
         sample_hz: float = typer.Option(20.0, "--sample-hz", help="Utilization sampling rate (0: off)."),
         filter: str | None = typer.Option(None, "--filter",
                                              help="Record only regions / ops / kernels matching this regex."),
+        record_shapes: bool = typer.Option(True, "--record-shapes/--no-record-shapes",
+                                           help="Operator input shapes (FLOP and byte estimates need them)."),
+        with_stack: bool = typer.Option(False, "--with-stack", help="Also record Python functions (torch.profiler)."),
+        profile_memory: bool = typer.Option(False, "--profile-memory",
+                                            help="Record allocations as the memory_allocated counter."),
+        quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display (--model)."),
     ) -> None:
-        """Run a script, a module or a model under a profiling session and write a trace."""
+        """Run a script, a module or a model under a profiling session and write a trace.
+
+        Options come before SCRIPT or -m MODULE, as with python: everything after them belongs to the program (cuvil-pgc profile app.py -o x gives -o x to app.py).
+        """
         from cuvil_pgc.instrument import _runner
+        from cuvil_pgc.instrument._script_args import script_args
         from cuvil_pgc.instrument.session import profile as make_session
 
         chosen = [x for x in (target, module, model) if x]
-        if len(chosen) != 1:
+        argv = script_args(ctx)
+        if len(chosen) != 1 or (model and argv):
             raise ConfigError("give exactly one of SCRIPT, -m MODULE or --model MODULE:FACTORY",
-                              fix="e.g. cuvil-pgc profile --model cuvil_pgc.zoo:cnn")
+                              fix="put cuvil-pgc's options before the script, e.g. "
+                                  "cuvil-pgc profile -o run.trace.json app.py --its-flag")
         path = output or _default_output(target, module, model)
-        session = make_session(path, ops=ops, gpu=gpu, sample_hz=sample_hz, filter=filter)
+        session = make_session(path, ops=ops, gpu=gpu, sample_hz=sample_hz, filter=filter,
+                               record_shapes=record_shapes, with_stack=with_stack, profile_memory=profile_memory)
         if threads is not None and not model:
             raise ConfigError("--threads applies to --model only", fix="a script sets its own torch threads")
         if model:
             from cuvil_pgc._threads import torch_threads
+            from cuvil_pgc.viewer.progress import search_progress
 
             with torch_threads(threads) as count:
                 typer.echo(f"profiling at {count} torch thread(s)", err=True)
-                code = _runner.run_model(session, model, iters, warmup, depth)
+                with search_progress(quiet=quiet) as progress:
+                    code = _runner.run_model(session, model, iters, warmup, depth, progress)
         elif module:
-            code = _runner.run_module(session, module, list(target or []))
+            code = _runner.run_module(session, module, argv)
         else:
-            code = _runner.run_script(session, target[0], target[1:])
+            code = _runner.run_script(session, target, argv)
         typer.echo(f"trace written to {path}", err=True)
+        _warn_if_busy("timings in the trace")
         if code:
             raise typer.Exit(code)
 
 
-def _default_output(target: list[str] | None, module: str | None, model: str | None) -> str:
+def _warn_if_busy(what: str) -> None:
+    """The busy-machine warning on stderr (analyze.contention), if the run queue says so."""
+    from cuvil_pgc.analyze.contention import host_load, load_warning
+
+    warning = load_warning(host_load(), what)
+    if warning:
+        typer.echo(f"warning: {warning}", err=True)
+
+
+def _default_output(target: str | None, module: str | None, model: str | None) -> str:
     if model:
         stem = model.rpartition(":")[2]
     elif module:
         stem = module.rpartition(".")[2]
     else:
-        stem = os.path.splitext(os.path.basename(target[0]))[0]
+        stem = os.path.splitext(os.path.basename(target))[0]
     return f"{stem}.trace.json"
 
 
@@ -77,25 +106,61 @@ def _register_summary(app: typer.Typer) -> None:
     def summary(
         trace: list[str] = typer.Argument(..., help="Trace file(s): ours or torch.profiler's."),
         top: int = typer.Option(15, "--top", help="How many regions to show."),
+        json_out: bool = typer.Option(False, "--json", help="Print the table as one JSON document."),
+        csv_out: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
+        wide: bool = typer.Option(False, "--wide", help="Every column, whatever the terminal width."),
     ) -> None:
-        """Print the top regions of a trace as a table."""
+        """Print the top regions of a trace as a table (the top operators when it has no regions)."""
         from rich.console import Console
 
         from cuvil_pgc.analyze import analyze
         from cuvil_pgc.trace import load_trace
-        from cuvil_pgc.viewer.console import render_hot_regions
+        from cuvil_pgc.viewer.console import hot_region_rows, hot_regions_view, render_hot_regions
         from cuvil_pgc.viewer.progress import stage_progress
+        from cuvil_pgc.viewer.tables import emit
 
         with stage_progress(2) as progress:          # a bar on interactive terminals only (stderr)
             with progress.stage(f"loading {len(trace)} trace(s)"):
                 loaded = load_trace(*trace)
             with progress.stage("analysing"):
                 analysis = analyze(loaded)
-        console = Console()
         facts = analysis.trace
-        console.print(f"[bold]{', '.join(trace)}[/]: {facts.get('events', 0)} events, "
-                      f"{facts.get('duration_us', 0.0) / 1000:.1f} ms")
-        render_hot_regions(analysis, console, top=top)
+        head = {"traces": list(trace), "events": facts.get("events", 0),
+                "duration_us": facts.get("duration_us", 0.0)}
+        if json_out or csv_out:
+            view = hot_regions_view(analysis, top)
+            view.rows = hot_region_rows(view)
+            emit(view, None, as_json=json_out, as_csv=csv_out, extra_json=head)
+            return
+        console = Console()
+        console.print(Text(f"{', '.join(trace)}: {head['events']} events, {head['duration_us'] / 1000:.1f} ms",
+                           style="bold"))
+        if _regionless(analysis):
+            _print_top_operators(loaded, console, top, wide)
+            return
+        render_hot_regions(analysis, console, top=top, wide=wide)
+
+
+def _regionless(analysis) -> bool:
+    """A trace whose only "region" is the time outside every region (a script without regions)."""
+    from cuvil_pgc.analyze._prepare import OUTSIDE
+
+    return all(r.path == OUTSIDE for r in analysis.regions)
+
+
+def _print_top_operators(trace, console, top: int, wide: bool) -> None:
+    from cuvil_pgc.analyze.operators import operator_stats
+    from cuvil_pgc.viewer.console_ops import operators_view
+    from cuvil_pgc.viewer.tables import print_view
+
+    rows = operator_stats(trace)
+    if not rows:
+        console.print(Text("no regions and no operators in this trace: record with ops=True, or wrap code in "
+                           "ProfileRegion / run it with cuvil-pgc profile --model", style="dim"))
+        return
+    print_view(operators_view(rows, title="Top operators (the trace has no regions)", top=top), console, wide)
+    console.print(Text("wrap code in ProfileRegion (or use instrument_module) to rank regions; "
+                       "`cuvil-pgc ops` has the full operator table", style="dim"))
 
 
 def _register_capture(app: typer.Typer) -> None:

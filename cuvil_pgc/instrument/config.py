@@ -26,6 +26,10 @@ class SessionConfig:
         sample_hz: utilization sampling rate (NVML, CPU); 0 disables utilization sampling.
         compile: record torch.compile phases, cache hits and graph breaks.
         record_shapes: record operator input shapes (needed for FLOP and byte estimates).
+        with_stack: also record the Python functions torch.profiler sees (``python_function``
+            events, category ``python_function``), as torch.profiler's ``with_stack``.
+        profile_memory: record allocations (torch.profiler's ``profile_memory``) as the
+            ``memory_allocated`` counter (bytes the process holds, by allocation events).
         flush_interval_s: how often buffered events reach the partial file (crash safety bound).
         buffer_events: per-thread region buffer capacity; beyond it events are dropped and counted.
         otel: also export completed regions as OpenTelemetry spans.
@@ -41,6 +45,8 @@ class SessionConfig:
     sample_hz: float = 20.0
     compile: bool = True
     record_shapes: bool = True
+    with_stack: bool = False
+    profile_memory: bool = False
     flush_interval_s: float = 0.25
     buffer_events: int = 1 << 18
     otel: bool = False

@@ -72,6 +72,8 @@ class Session:
         self._failed_io: str | None = None
         self._logged: set[str] = set()
         self._recording = False
+        self.joinable = False       # `cuvil-pgc profile`: the program's own profile() joins this session
+        self.joined: list[str] = []  # paths those inner profile() calls asked for
         self.steps = 0
         self._keep_from_us = float("-inf")
         self._filter = re.compile(config.filter).search if config.filter else None
@@ -84,7 +86,8 @@ class Session:
         with _active_lock:
             if _active is not None:
                 raise SessionError(f"a session is already recording to {_active.path}",
-                                   path=self.path, fix="stop it before starting another")
+                                   path=self.path, fix="stop it before starting another (one session per "
+                                   "process), or record into it: cuvil_pgc.active_session()")
             self.rank, self.world_size = _rank_and_world()
             if self.world_size > 1:
                 self.path = rank_path(self.config.path, self.rank)
@@ -323,13 +326,17 @@ class Session:
         meta.update(devices=devices, dropped=dict(self.dropped),
                     samplers={k: dict(v) for k, v in self.sampler_status.items()},
                     config={"ops": self.config.ops, "gpu": self.config.gpu, "sample_hz": self.config.sample_hz,
-                            "flush_interval_s": self.config.flush_interval_s, "filter": self.config.filter})
+                            "flush_interval_s": self.config.flush_interval_s, "filter": self.config.filter,
+                            "record_shapes": self.config.record_shapes, "with_stack": self.config.with_stack,
+                            "profile_memory": self.config.profile_memory})
         if self.config.sampling_scale != 1.0:
             meta["sampling"] = {"every": self.config.sample_every, "rate": self.config.sample_rate,
                                 "scale": self.config.sampling_scale,
                                 "note": "root regions sampled; their subtrees follow; ops and kernels not sampled"}
         if self._failed_io:
             meta["io_error"] = self._failed_io
+        if self.joined:
+            meta["joined"] = list(self.joined)
         return meta
 
     def _log_once(self, key: str, message: str) -> None:
@@ -397,6 +404,11 @@ def profile(path: str | os.PathLike[str] = "cuvil.trace.json", **options: Any) -
     :class:`~cuvil_pgc.instrument.on_demand.OnDemandController` (aggregates, windows on request,
     written beside ``path``).
     """
+    outer = _active
+    if outer is not None and outer.joinable:
+        from cuvil_pgc.instrument._joined import JoinedSession
+
+        return JoinedSession(outer, os.fspath(path))
     otel_exporter = options.pop("otel_exporter", None)
     mode = options.pop("mode", "events")
     if options.pop("on_demand", False):

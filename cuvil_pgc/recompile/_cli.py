@@ -1,7 +1,7 @@
 """The ``recompile`` and ``compare`` commands (registered by :mod:`.commands`).
 
-``recompile`` prints a rich progress bar on stderr during the search (interactive terminals
-only) and the plan as a rich table with predicted vs measured speedups; with ``--json`` the
+``recompile`` shows its progress on stderr (stage, candidate i of N, elapsed and estimated time,
+the incumbent's speedup; interactive terminals only, off with ``--quiet``) and the plan as a rich table with predicted vs measured speedups; with ``--json`` the
 DESIGN.md document and nothing else on stdout. ``compare`` prints a rich table or the
 ``compare --json`` document.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import sys
-from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -39,6 +38,10 @@ def register_recompile(app: typer.Typer) -> None:
         name: str | None = typer.Option(None, "--name", help="Build name (default: the factory's name)."),
         version: int = typer.Option(1, "--version", min=1, help="Build version."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        wide: bool = typer.Option(False, "--wide", help="Every column, whatever the terminal width."),
+        quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
+        verbose: bool = typer.Option(False, "-v", "--verbose",
+                                     help="Stream the candidate builds' own output (default: into BUILD's .build.log)."),
     ) -> None:
         """Search a faster plan for the model guided by its profile, and write a verified build."""
         from cuvil_pgc._modelspec import load_model_spec
@@ -58,24 +61,40 @@ def register_recompile(app: typer.Typer) -> None:
             load_private_key(key)
         net, inputs = load_model_spec(model)
         is_default = threads == default_threads()
-        with _progress(enabled=not as_json and sys.stderr.isatty()) as progress:
-            build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol,
-                              device=device, progress=progress, backends=chosen, threads=threads)
-        build.save(output, name=name or _build_name(model), version=version, signing_key=key)
+        from rich.console import Console
+
+        from cuvil_pgc._quiet import log_path_for, third_party_output
+        from cuvil_pgc.viewer.progress import search_progress
+
+        captured = None
+        try:
+            with third_party_output(log_path_for(output), verbose=verbose) as captured:
+                with search_progress(quiet=quiet or as_json, console=Console(file=captured.terminal)) as progress:
+                    build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol,
+                                      atol=atol, device=device, progress=progress, backends=chosen,
+                                      threads=threads)
+                build.save(output, name=name or _build_name(model), version=version, signing_key=key)
+        except BaseException:
+            _log_note(captured)
+            raise
         if key is None:
             print(f"note: {UNSIGNED_NOTE}", file=sys.stderr)
+        busy = _busy_warnings("measured speedups")
         if as_json:
             from cuvil_pgc.cli import emit_json
 
-            emit_json(build.to_json())
+            emit_json({**build.to_json(), "warnings": busy})
+            _log_note(captured)
             return
-        from rich.console import Console
+        from cuvil_pgc.viewer.tables import print_view
 
-        console = Console(soft_wrap=True)
-        console.print(plan_table(build.plan, output))
-        console.print(f"measured at {threads} torch thread(s){' (torch default here)' if is_default else ''}, "
-                      "recorded in the build: load_build warns in a process that runs another count "
-                      "(--threads N: the deployment's)")
+        print_view(plan_view(build.plan, output), Console(), wide)
+        Console(soft_wrap=True).print(
+            f"measured at {threads} torch thread(s){' (torch default here)' if is_default else ''}, "
+            "recorded in the build: load_build warns in a process that runs another count "
+            "(--threads N: the deployment's)")
+        _log_note(captured)
+        _print_warnings(busy)
 
     @app.command("compare")
     def compare_command(
@@ -90,24 +109,56 @@ def register_recompile(app: typer.Typer) -> None:
         threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
         rounds: int = typer.Option(30, "--rounds", min=5, help="Interleaved rounds."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        csv_out: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
     ) -> None:
         """Compare two ways of running the model: interleaved runs, medians, bootstrap CI, verdict."""
         from cuvil_pgc._modelspec import load_model_spec
         from cuvil_pgc._threads import torch_threads
+        from cuvil_pgc.analyze.contention import spread_warning
         from cuvil_pgc.recompile.compare import compare, compare_table
 
         net, inputs = load_model_spec(model)
         with torch_threads(threads):
             result = compare(net, inputs, a, b, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned or None,
                              rounds=rounds)
+        result["warnings"] = _busy_warnings("timings") + [
+            w for side in ("a", "b") if (w := spread_warning(result[side]["name"], result[side]["median_ms"],
+                                                             result[side]["ci95_ms"]))]
         if as_json:
             from cuvil_pgc.cli import emit_json
 
             emit_json(result)
             return
+        if csv_out:
+            from cuvil_pgc.recompile.compare import compare_view
+            from cuvil_pgc.viewer.tables import write_csv
+
+            write_csv(compare_view(result))
+            _print_warnings(result["warnings"])
+            return
         from rich.console import Console
 
-        Console(soft_wrap=True).print(compare_table(result))
+        Console().print(compare_table(result))
+        _print_warnings(result["warnings"])
+
+
+def _busy_warnings(what: str) -> list[str]:
+    from cuvil_pgc.analyze.contention import host_load, load_warning
+
+    warning = load_warning(host_load(), what)
+    return [warning] if warning else []
+
+
+def _print_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
+
+
+def _log_note(captured: Any) -> None:
+    """Where the candidate builds' own output went (stderr; nothing when there was none)."""
+    note = captured.summary() if captured is not None else None
+    if note:
+        typer.echo(note, err=True)
 
 
 def _backends(value: str | None) -> tuple[str, ...] | None:
@@ -128,48 +179,46 @@ def _build_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", factory)[:64] or "model"
 
 
-@contextmanager
-def _progress(enabled: bool):
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def plan_view(plan: dict[str, Any], path: str | None = None) -> Any:
+    """The plan as a table view: per region, chosen config, predicted vs measured times and speedups."""
+    from cuvil_pgc.recompile.plan_doc import tried_counts
+    from cuvil_pgc.viewer.console import display_path
+    from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup
 
-    with Progress(TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("", total=None)
-
-        def update(done: int, total: int, message: str) -> None:
-            bar.update(task, completed=done, total=total, description=message)
-
-        yield update
-
-
-def plan_table(plan: dict[str, Any], path: str | None = None) -> Any:
-    """The plan as a rich table: per region, chosen config, predicted vs measured speedups."""
-    from rich.table import Table
-
-    table = Table(title=f"recompile plan{f' → {path}' if path else ''}")
-    for column in ("region", "bottleneck", "chosen", "eager ms", "predicted ms", "measured ms",
-                   "pred. speedup", "meas. speedup", "tried / rejected"):
-        table.add_column(column, justify="right" if "ms" in column or "speedup" in column else "left")
+    ms = _f
+    columns = [Column("path", "region", display_path, identifier=True),
+               Column("bottleneck", "bottleneck", drop=3),
+               Column("chosen", "chosen", identifier=True, stack_under="path"),
+               Column("baseline_ms", "eager ms", ms, "right", drop=4),
+               Column("predicted_ms", "pred. ms", ms, "right", drop=5),
+               Column("measured_ms", "meas. ms", ms, "right"),
+               Column("predicted_speedup", "pred.", fmt_speedup, "right", drop=2),
+               Column("measured_speedup", "speedup", fmt_speedup, "right"),
+               Column("tried", "tried/rej.", justify="right", drop=1)]
+    rows = []
     for r in plan["regions"]:
-        tried = [a for a in r["alternatives"] if a["status"] != "not_measured"]
-        rejected = [a for a in tried if a["status"] not in ("ok",)]
+        tried, rejected = tried_counts(r)
         base, pred, meas = r["baseline_ms"], r["predicted_ms"], r["measured_ms"]
-        table.add_row(r["path"], r["bottleneck"], r["chosen"], _f(base), _f(pred), _f(meas),
-                      _x(base, pred), _x(base, meas), f"{len(tried)} / {len(rejected)}")
+        rows.append({"path": r["path"], "bottleneck": r["bottleneck"], "chosen": r["chosen"], "baseline_ms": base,
+                     "predicted_ms": pred, "measured_ms": meas, "predicted_speedup": _ratio(base, pred),
+                     "measured_speedup": _ratio(base, meas), "tried": f"{tried}/{rejected}"})
     stale = ", ".join(s["path"] for s in plan["stale"]) or "none"
-    table.caption = (f"whole model: eager {_f(plan['baseline_ms'])} ms → {_f(plan['plan_ms'])} ms "
-                     f"({plan['speedup_vs_eager']}x); measured {plan['measured_candidates']} of "
-                     f"{plan['space_size']} candidates, {plan['reused_records']} from records; stale regions: {stale}")
-    return table
+    caption = (f"whole model: eager {_f(plan['baseline_ms'])} ms → {_f(plan['plan_ms'])} ms "
+               f"({fmt_speedup(plan['speedup_vs_eager'])}); measured {plan['measured_candidates']} of "
+               f"{plan['space_size']} candidates, {plan['reused_records']} from records; stale regions: {stale}")
+    return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
+
+
+def plan_table(plan: dict[str, Any], path: str | None = None, width: int = 80) -> Any:
+    """The plan as a rich table fitted to ``width``."""
+    from cuvil_pgc.viewer.tables import render_view
+
+    return render_view(plan_view(plan, path), width)[0]
 
 
 def _f(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def _x(base: float | None, value: float | None) -> str:
-    return "-" if not base or not value else f"{base / value:.2f}x"
+def _ratio(base: float | None, value: float | None) -> float | None:
+    return None if not base or not value else base / value

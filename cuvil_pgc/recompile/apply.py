@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cuvil_pgc._cache import enforce_limit, touch
 from cuvil_pgc._structure import weights_digest
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.candidates import Candidate
@@ -215,8 +216,11 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
         return Realized(prepared, rewrites=applied)
     if cand.backend == "aoti":
         path = str(_aoti_path(module, cand, inputs, machine, weights))
-        if not os.path.exists(path):
+        if os.path.exists(path):
+            touch(path)                       # least recently used goes first (cuvil_pgc._cache)
+        else:
             _compile_aoti(prepared, cand, inputs, path)
+            enforce_limit()
         runner = torch._inductor.aoti_load_package(path)
         return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), path, applied)
     compiled = torch.compile(prepared, **_compile_kwargs(cand))

@@ -164,8 +164,11 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
         raise RecompileError(f"recompile needs a torch.nn.Module, got {type(model).__name__}")
     model = model.eval().to(device)
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
+    from cuvil_pgc.recompile.progress import stage
+
     paths = _trace_paths(traces)
     if analysis is None and paths:
+        stage(progress, "analysing the traces")
         analysis = _analyze(paths, machine)
     fingerprint = current_fingerprint(device)
     db = None if records is False else (records if records is not None else RecordDB())
@@ -175,10 +178,12 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     if calibrate and db is not None and plan is None:
         from cuvil_pgc.recompile.calibrate import calibrate_backends
 
+        stage(progress, "calibrating the backends")
         calibrate_backends(db, machine_key(fingerprint), device)
     _clear_cache_artifacts()
     result = search(model, example_inputs, analysis, options=options, records=db,
                     machine_key=machine_key(fingerprint), progress=progress)
+    stage(progress, "writing the plan")
     artifacts = {scope: f"aoti/{i}.pt2" for i, (scope, r) in enumerate(sorted(result.realized.items()))
                  if r.artifact}
     model_hash = structural_hash(model)
@@ -460,6 +465,9 @@ def _extract_dir(vb: Any) -> Path:
 
     digest = hashlib.sha256(json.dumps(sorted((k, v.sha256) for k, v in vb.manifest.members.items()))
                             .encode()).hexdigest()[:24]
+    from cuvil_pgc._cache import enforce_limit
+
+    enforce_limit()              # unpacked builds are bounded with the artifacts ($CUVIL_CACHE_MAX)
     target = cache_dir() / "loaded" / digest
     target.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(dir=target))

@@ -119,13 +119,15 @@ def _register_builds(builds: typer.Typer) -> None:
     @builds.command("list")
     def list_builds(name: str | None = typer.Argument(None, help="Only this build name."),
                     store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-                    as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+                    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+                    csv_out: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
+                    wide: bool = typer.Option(False, "--wide", help="Every column, whatever the width.")) -> None:
         """List stored versions and the pointers (current, tags) at each."""
         entries = _store(store).entries(name)
         if as_json:
             _emit({"builds": [_builtins(e) for e in entries]})
         else:
-            _print(_entries_table(entries))
+            _show(_entries_view(entries), csv_out, wide)
 
     @builds.command("promote")
     def promote(name: str = typer.Argument(...), version: int = typer.Argument(...),
@@ -156,13 +158,15 @@ def _register_builds(builds: typer.Typer) -> None:
 
     @builds.command("log")
     def log(name: str = typer.Argument(...), store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-            as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+            as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+            csv_out: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
+            wide: bool = typer.Option(False, "--wide", help="Every column, whatever the width.")) -> None:
         """Show the append-only history of pushes, promotions, tags and rollbacks."""
         entries = _store(store).log(name)
         if as_json:
             _emit({"log": [_builtins(e) for e in entries]})
         else:
-            _print(_log_table(name, entries))
+            _show(_log_view(name, entries), csv_out, wide)
 
     @builds.command("trust")
     def trust(pubkey: str = typer.Argument(..., help="Public key whose signature every stored build must carry."),
@@ -194,32 +198,49 @@ def _report(as_json: bool, obj: Any, text: str) -> None:
         typer.echo(text)
 
 
-def _entries_table(entries):
-    from rich.table import Table
+def _entries_view(entries):
+    from cuvil_pgc.viewer.tables import Column, TableView
 
-    table = Table(title="builds")
-    for column in ("name", "version", "pointers", "created", "pushed", "by", "signed by key", "size"):
-        table.add_column(column, justify="right" if column in ("version", "size") else "left")
-    for e in entries:
-        table.add_row(e.name, str(e.version), ", ".join(e.pointers), _minutes(e.created), _minutes(e.pushed_at),
-                      e.pushed_by, e.key_id if e.signed else "unsigned", f"{e.size:,}")
-    return table
+    columns = [Column("name", "name", identifier=True), Column("version", "ver", justify="right"),
+               Column("pointers", "pointers", lambda p: ", ".join(p) or "-"),
+               Column("created", "created", _minutes, drop=2), Column("pushed_at", "pushed", _minutes, drop=4),
+               Column("pushed_by", "by", drop=5), Column("key", "signed by key", drop=3),
+               Column("size", "size", _size, "right")]
+    rows = [{"name": e.name, "version": e.version, "pointers": list(e.pointers), "created": e.created,
+             "pushed_at": e.pushed_at, "pushed_by": e.pushed_by, "key": e.key_id if e.signed else "unsigned",
+             "size": e.size} for e in entries]
+    return TableView("builds", columns, rows)
 
 
 def _minutes(iso: str) -> str:
     return iso[:16].replace("T", " ")
 
 
-def _log_table(name: str, entries):
-    from rich.table import Table
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
-    table = Table(title=f"{name} history")
-    for column in ("time", "op", "pointer", "move", "by", "reason"):
-        table.add_column(column)
-    for e in entries:
-        move = f"v{e.version}" if e.previous is None else f"v{e.previous} -> v{e.version}"
-        table.add_row(e.time, e.op, e.pointer or "", move, f"{e.user}@{e.host}", e.reason or "")
-    return table
+
+def _log_view(name: str, entries):
+    from cuvil_pgc.viewer.tables import Column, TableView
+
+    columns = [Column("time", "time", lambda t: t[:19].replace("T", " ")), Column("op", "op"), Column("pointer", "pointer"),
+               Column("move", "move"), Column("by", "by", drop=1),
+               Column("reason", "reason", identifier=True)]      # prose: wraps at spaces when it must
+    rows = [{"time": e.time, "op": e.op, "pointer": e.pointer or "",
+             "move": f"v{e.version}" if e.previous is None else f"v{e.previous} -> v{e.version}",
+             "by": f"{e.user}@{e.host}", "reason": e.reason or ""} for e in entries]
+    return TableView(f"{name} history", columns, rows)
+
+
+def _show(view, csv_out: bool, wide: bool) -> None:
+    from rich.console import Console
+
+    from cuvil_pgc.viewer.tables import emit
+
+    emit(view, Console(), as_csv=csv_out, wide=wide)
 
 
 def _builtins(obj: Any) -> Any:

@@ -75,18 +75,27 @@ def compare(model: Any, example_inputs: tuple[Any, ...], a: str, b: str, *, stor
     return compare_runnables(run_a, run_b, example_inputs, names=(a, b), rounds=rounds)
 
 
+def compare_view(result: dict[str, Any]) -> Any:
+    """A compare result as a table view (one row per side)."""
+    from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup
+
+    title = (f"compare: B is {result['verdict']} than A" if result["verdict"] != "same"
+             else "compare: no significant difference")
+    ms = "{:.4f}".format
+    columns = [Column("side", ""), Column("name", "name", identifier=True),
+               Column("median_ms", "median ms", ms, "right"),
+               Column("ci95_ms", "95% CI ms", lambda ci: f"{ci[0]:.4f} – {ci[1]:.4f}", "right")]
+    rows = [{"side": side.upper(), "name": result[side]["name"], "median_ms": result[side]["median_ms"],
+             "ci95_ms": tuple(result[side]["ci95_ms"])} for side in ("a", "b")]
+    lo, hi = result["speedup_ci95"]
+    caption = (f"speedup A/B = {fmt_speedup(result['speedup'])} (95% CI {fmt_speedup(lo)} – {fmt_speedup(hi)}), "
+               f"{result['rounds']} interleaved rounds"
+               + (f", {result['threads']} torch thread(s)" if result.get("threads") else ""))
+    return TableView(title, columns, rows, caption)
+
+
 def compare_table(result: dict[str, Any]) -> Any:
     """A rich table of a compare result."""
-    from rich.table import Table
+    from cuvil_pgc.viewer.tables import render_view
 
-    table = Table(title=f"compare: B is {result['verdict']} than A"
-                  if result["verdict"] != "same" else "compare: no significant difference")
-    for column in ("", "name", "median ms", "95% CI ms"):
-        table.add_column(column, justify="right" if "ms" in column else "left")
-    for side in ("a", "b"):
-        s = result[side]
-        table.add_row(side.upper(), s["name"], f"{s['median_ms']:.4f}", f"{s['ci95_ms'][0]:.4f} – {s['ci95_ms'][1]:.4f}")
-    lo, hi = result["speedup_ci95"]
-    table.caption = f"speedup A/B = {result['speedup']:.3f}x (95% CI {lo:.3f} – {hi:.3f}), {result['rounds']} interleaved rounds" \
-        + (f", {result['threads']} torch thread(s)" if result.get("threads") else "")
-    return table
+    return render_view(compare_view(result), 80)[0]

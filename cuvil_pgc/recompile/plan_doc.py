@@ -89,3 +89,10 @@ def _evidence(feats: Any) -> dict[str, Any]:
             "bytes": feats.bytes, "calls_per_forward": feats.calls, "rewrites": feats.rewrites,
             **{k: v for k, v in feats.evidence.items() if k != "bottleneck_evidence"},
             "profile": feats.evidence.get("bottleneck_evidence", {})}
+
+
+def tried_counts(region: dict[str, Any]) -> tuple[int, int]:
+    """(measured, rejected) alternatives of one plan region: the counts the CLI and the report show
+    (alternatives ranked out by the budget were not tried)."""
+    tried = [a for a in region.get("alternatives") or [] if isinstance(a, dict) and a.get("status") != "not_measured"]
+    return len(tried), sum(1 for a in tried if a.get("status") != "ok")

@@ -27,9 +27,10 @@ RECORDS_FILE = "records.jsonl"
 
 
 def cache_dir() -> Path:
-    """``$CUVIL_CACHE_DIR`` or ``~/.cache/cuvil-pgc``."""
-    root = os.environ.get(CACHE_ENV)
-    return Path(root) if root else Path.home() / ".cache" / "cuvil-pgc"
+    """The cache directory (:func:`cuvil_pgc._cache.cache_dir`)."""
+    from cuvil_pgc._cache import cache_dir as root
+
+    return root()
 
 
 @dataclass

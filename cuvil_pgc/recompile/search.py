@@ -53,6 +53,7 @@ from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
+from cuvil_pgc.recompile.progress import Progress, stage
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.search_policy import (
     BATCH,
@@ -67,7 +68,6 @@ from cuvil_pgc.recompile.search_records import SearchRecords
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int, str], None]
 
 
 @dataclass
@@ -207,6 +207,8 @@ class _Search:
         # already knows it does not pay for again, so a second search measures only what is left
         self.budget = 10**9 if self.opt.exhaustive else (self.opt.budget or default_budget(len(space))) - self.reused
         total = min(self.budget, len(pending) + self.measured)   # for the progress bar
+        self._total = total
+        stage(self.progress, "searching")
         while pending and self.measured < self._cap():
             self._refit()
             ranked = self.cost.rank(pending, self.features)
@@ -230,12 +232,21 @@ class _Search:
             if not self.opt.exhaustive:   # a scope of the same structure and inputs (layers.1 after
                 pending = self._reuse_records(pending)   # layers.0) reuses these now
             if self.progress:
-                self.progress(min(self.measured, total), total, f"measured {batch[0][0].key}")
+                self.progress(min(self.measured, total), total, self._incumbent_line(scope))
         for cand in pending:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]),
                                           reason="ranked below the measured candidates (budget)")
         for cand, reason in self.left_out:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), reason=reason)
+
+    def _incumbent_line(self, scope: str) -> str:
+        """``layer1: best aoti 1.84x`` (the scope's incumbent, measured against its eager run)."""
+        label = scope or "model"
+        incumbent = self.incumbents.get(scope)
+        trial = self.trials.get(incumbent[0]) if incumbent else None
+        if trial is None or not trial.ratio:
+            return f"{label}: nothing beats eager yet"
+        return f"{label}: best {trial.candidate.key} {1 / trial.ratio:.2f}x"
 
     def _cap(self) -> int:
         """The most measurements now (:func:`~.search_policy.budget_cap`; a budget the user set is
@@ -297,6 +308,9 @@ class _Search:
             trial = Trial(cand, predicted)
             self.trials[cand.key] = trial
             self.measured += 1
+            if self.progress:
+                total = max(getattr(self, "_total", 0), self.measured)
+                self.progress(self.measured - 1, total, f"candidate {self.measured} of {total}: building {cand.key}")
             fn = self._build_checked(cand, module, inputs, scope, trial)
             if fn is not None:
                 contenders[cand.key] = fn
@@ -459,5 +473,6 @@ def search(model: Any, example_inputs: tuple[Any, ...], analysis: Any, *, option
                               scope_inputs=s.scope_inputs, structures=s.structures, weights=s.weights, measured=s.measured,
                               reused=s.reused, space_size=len(space), machine=machine_key)
         torch._dynamo.reset()
+        stage(progress, "racing the plan against eager")
         choose_plan(s, result)
     return result

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuvil_pgc.recompile.plan_doc import tried_counts
 from cuvil_pgc.viewer._sections import (
     MAX_LIST_ITEMS,
     MAX_TABLE_ROWS,
@@ -24,6 +25,7 @@ from cuvil_pgc.viewer._sections import (
     table,
 )
 from cuvil_pgc.viewer._template import text
+from cuvil_pgc.viewer.console import display_path
 from cuvil_pgc.viewer.figures import _speedup
 
 NO_COMPILE = "No torch.compile activity recorded in this trace."
@@ -139,8 +141,18 @@ def _plan_facts(plan: dict[str, Any], build: dict[str, Any]) -> list[tuple[str, 
                                    + (f", speedup {speed:.2f}×" if isinstance(speed, (int, float)) else ""))),
               ("Search", text(f"{plan.get('measured_candidates', '-')} candidates measured of a space of "
                               f"{plan.get('space_size', '-')}, {plan.get('reused_records', 0)} reused records")),
-              ("Accuracy tolerances", text(f"rtol {_or_dash(tol.get('rtol'))}, atol {_or_dash(tol.get('atol'))}"))]
+              ("Accuracy tolerances", text(_tolerances(tol)))]
     return pairs
+
+
+def _tolerances(tol: dict[str, Any]) -> str:
+    """The accuracy guard's tolerances; when not given, the per-dtype defaults the guard used."""
+    from cuvil_pgc.recompile.accuracy import DEFAULT_TOLERANCES
+
+    if tol.get("rtol") is not None or tol.get("atol") is not None:
+        return f"rtol {_or_dash(tol.get('rtol'))}, atol {_or_dash(tol.get('atol'))}"
+    defaults = "; ".join(f"{dtype} rtol {r:g}, atol {a:g}" for dtype, (r, a) in DEFAULT_TOLERANCES.items())
+    return f"defaults per output dtype ({defaults})"
 
 
 def _or_dash(value: Any) -> str:
@@ -151,25 +163,29 @@ def _plan_table(regions: list[dict[str, Any]]) -> str:
     rows = []
     for r in regions[:MAX_TABLE_ROWS]:
         pred, meas = _speedup(r, "predicted_ms"), _speedup(r, "measured_ms")
-        rows.append("<tr>" + cell(path_text(r.get("path") or r.get("scope")), r.get("path") or "")
+        rows.append("<tr>" + cell(path_text(display_path(r.get("path") or r.get("scope") or "-")), r.get("path") or "")
                     + cell(text(r.get("chosen", "-")), r.get("chosen", "")) + cell(badge(str(r.get("bottleneck") or "")), r.get("bottleneck") or "")
                     + "".join(cell(text(_ms(r.get(k))), r.get(k) if isinstance(r.get(k), (int, float)) else -1, True)
                               for k in ("baseline_ms", "predicted_ms", "measured_ms"))
                     + cell("-" if pred is None else f"{pred:.2f}×", pred if pred is not None else -1, True)
                     + cell("-" if meas is None else f"{meas:.2f}×", meas if meas is not None else -1, True)
-                    + cell(_alternatives(r.get("alternatives") or []), len(r.get("alternatives") or [])) + "</tr>")
+                    + cell(_alternatives(r.get("alternatives") or [], r), tried_counts(r)[0]) + "</tr>")
     return table(["region", "chosen", "bottleneck", "eager", "predicted", "measured", "predicted speedup",
-                  "measured speedup", "alternatives"], rows, table_id="plan-table", sortable=True,
+                  "measured speedup", "tried / rejected"], rows, table_id="plan-table", sortable=True,
                  num_cols=(3, 4, 5, 6, 7))
 
 
-def _alternatives(alts: list[Any]) -> str:
+def _alternatives(alts: list[Any], region: dict[str, Any]) -> str:
+    """``measured / rejected`` as the CLI counts them, with every alternative in a details list."""
     if not alts:
         return "-"
+    tried, rejected = tried_counts(region)
     items = []
     for a in alts[:MAX_LIST_ITEMS]:
         a = a if isinstance(a, dict) else {"config": a}
         line = (f"{a.get('config', '?')}: {a.get('status', '?')}, predicted {_ms(a.get('predicted_ms'))}, "
                 f"measured {_ms(a.get('measured_ms'))}" + (f" — {_short(a['reason'], 200)}" if a.get("reason") else ""))
         items.append(f"<li>{text(line)}</li>")
-    return f"<details><summary>{len(alts)} tried</summary><ul>{''.join(items)}</ul></details>"
+    more = f"<li>{text(f'… {len(alts) - MAX_LIST_ITEMS} more')}</li>" if len(alts) > MAX_LIST_ITEMS else ""
+    summary = f"{tried} / {rejected}" + (f" ({len(alts)} considered)" if len(alts) != tried else "")
+    return f"<details><summary>{text(summary)}</summary><ul>{''.join(items)}{more}</ul></details>"

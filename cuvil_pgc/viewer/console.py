@@ -15,6 +15,7 @@ from rich.text import Text
 
 from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.analyze.analysis import Analysis, RegionStats
+from cuvil_pgc.viewer.tables import Column, TableView, print_view
 
 _STYLE = {c.name: c.style for c in vocabulary.CLASSES}
 
@@ -96,34 +97,43 @@ def _gpu_evidence(r: RegionStats) -> str | None:
     return None
 
 
-WIDE = 140     # console columns from which the evidence sits in the table instead of below it
+
+def hot_regions_view(analysis: Analysis, top: int = 20) -> TableView:
+    """The hot-region table as data: hotness order, bottleneck class with confidence, key evidence."""
+    def verdict(r: RegionStats) -> Text:
+        return Text(f"{r.bottleneck} {r.confidence:.2f}", style=_STYLE.get(r.bottleneck, ""))
+
+    columns = [Column("rank", "#", justify="right"),
+               Column("path", "region", fmt=lambda p: Text(display_path(p)), identifier=True),
+               Column("calls", "calls", justify="right", drop=3),
+               Column("total_us", "total", fmt_us, "right"),
+               Column("self_us", "self", fmt_us, "right", drop=4),
+               Column("p50_us", "p50", fmt_us, "right", drop=2),
+               Column("p99_us", "p99", fmt_us, "right", drop=5),
+               Column("share", "share", lambda x: f"{x:.1%}", "right", drop=4),
+               Column("saving_us", "saving", fmt_us, "right"),
+               Column("bottleneck", "bottleneck", lambda r: verdict(r) if isinstance(r, RegionStats) else r),
+               Column("evidence", "evidence", lambda e: Text(e or "", style="dim"), drop=6)]
+    rows = [{"rank": i, "path": r.path, "calls": r.calls, "total_us": r.total_us, "self_us": r.self_us,
+             "p50_us": r.p50_us, "p99_us": r.p99_us, "share": r.share, "saving_us": r.hotness,
+             "bottleneck": r, "evidence": key_evidence(r), "confidence": r.confidence}
+            for i, r in enumerate(analysis.regions[:top], 1)]
+    return TableView("Hot regions (ranked by what recompiling could save)", columns, rows)
 
 
-def render_hot_regions(analysis: Analysis, console: Console, top: int = 20) -> None:
-    """The hot-region table: hotness order, bottleneck class with confidence, and key evidence."""
-    wide = console.width >= WIDE
-    table = Table(title="Hot regions (ranked by what recompiling could save)", title_justify="left")
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("region", overflow="fold")
-    cols = ("calls", "total", "self", "p50", "p99", "share", "saving") if wide else ("calls", "total", "p50", "saving")
-    for col in cols:
-        table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("bottleneck", no_wrap=not wide, overflow="fold")
-    if wide:
-        table.add_column("evidence", overflow="fold")
-    regions = analysis.regions[:top]
-    for i, r in enumerate(regions, 1):
-        values = {"calls": str(r.calls), "total": fmt_us(r.total_us), "self": fmt_us(r.self_us),
-                  "p50": fmt_us(r.p50_us), "p99": fmt_us(r.p99_us), "share": f"{r.share:.1%}",
-                  "saving": fmt_us(r.hotness)}
-        verdict = Text(f"{r.bottleneck} {r.confidence:.2f}", style=_STYLE.get(r.bottleneck, ""))
-        extra = [Text(key_evidence(r), style="dim")] if wide else []
-        table.add_row(str(i), Text("  " * min(r.depth, 6) + display_path(r.path)), *(values[c] for c in cols),
-                      verdict, *extra)
-    console.print(table)
-    if not wide:
-        for i, r in enumerate(regions, 1):
-            console.print(Text(f"{i:>2}. {r.bottleneck}: {key_evidence(r)}", style="dim"), overflow="fold")
+def hot_region_rows(view: TableView) -> list[dict]:
+    """Rows of :func:`hot_regions_view` as plain values (JSON, CSV)."""
+    return [{**r, "bottleneck": r["bottleneck"].bottleneck} for r in view.rows]
+
+
+def render_hot_regions(analysis: Analysis, console: Console, top: int = 20, wide: bool = False) -> None:
+    """Print the hot-region table; the evidence goes below it when the width leaves no room."""
+    view = hot_regions_view(analysis, top)
+    shown = print_view(view, console, wide)
+    if "evidence" not in {c.key for c in shown}:
+        for r in view.rows:
+            console.print(Text(f"{r['rank']:>2}. {r['bottleneck'].bottleneck}: {r['evidence']}", style="dim"),
+                          overflow="fold")
     hidden = len(analysis.regions) - top
     if hidden > 0:
         console.print(Text(f"... {hidden} more regions (--top N to show more)", style="dim"))
@@ -178,33 +188,41 @@ def render_ranks(analysis: Analysis, console: Console, top: int = 10) -> None:
     console.print(table)
 
 
-def render_analysis(analysis: Analysis, console: Console, top: int = 20) -> None:
+def render_analysis(analysis: Analysis, console: Console, top: int = 20, wide: bool = False) -> None:
     """Everything ``cuvil-pgc analyze`` prints on stdout without --json (warnings go to stderr)."""
     render_machine(analysis, console)
-    render_hot_regions(analysis, console, top)
+    render_hot_regions(analysis, console, top, wide)
     render_fusion(analysis, console)
     render_ranks(analysis, console)
 
 
-def render_diff(doc: dict[str, Any], console: Console, top: int = 30) -> None:
-    """The diff table: regions that got faster or slower, with ratio, CI and p-value."""
-    table = Table(title=f"Region diff, B vs A (Mann-Whitney U, alpha {doc.get('alpha')})", title_justify="left")
-    table.add_column("region", overflow="fold", min_width=12)
-    table.add_column("verdict", no_wrap=True)
-    table.add_column("ratio [95% CI]", no_wrap=True, justify="right")
-    table.add_column("p", no_wrap=True, justify="right")
-    table.add_column("median A → B", justify="right")
-    table.add_column("calls A/B", justify="right")
+def diff_view(doc: dict[str, Any]) -> TableView:
+    """The diff table as data: regions that got faster or slower, with ratio, CI and p-value."""
     style = {"slower": "red", "faster": "green", "same": "dim", "insufficient": "dim"}
-    for r in doc.get("regions", [])[:top]:
+
+    def ratio(r: dict[str, Any]) -> str:
         ci = r.get("ratio_ci95")
-        ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.2f}"
+        text = "-" if r.get("ratio") is None else f"{r['ratio']:.2f}"
         if ci and all(x is not None for x in ci):
-            ratio += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
-        p = r.get("p_value")
-        table.add_row(Text(r["path"]), Text(r["verdict"], style=style.get(r["verdict"], "")), ratio,
-                      "-" if p is None else f"{p:.2g}", f"{fmt_us(r['median_a_us'])} → {fmt_us(r['median_b_us'])}",
-                      f"{r['calls_a']}/{r['calls_b']}")
-    console.print(table)
+            text += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+        return text
+
+    columns = [Column("path", "region", lambda p: Text(display_path(p)), identifier=True),
+               Column("verdict", "verdict", lambda v: Text(v, style=style.get(v, ""))),
+               Column("ratio", "ratio [95% CI]", justify="right"),
+               Column("p_value", "p", lambda p: "-" if p is None else f"{p:.2g}", "right", drop=2),
+               Column("medians", "median A → B", justify="right", drop=1),
+               Column("calls", "calls A/B", justify="right", drop=3)]
+    rows = [{"path": r["path"], "verdict": r["verdict"], "ratio": ratio(r), "p_value": r.get("p_value"),
+             "medians": f"{fmt_us(r['median_a_us'])} → {fmt_us(r['median_b_us'])}",
+             "calls": f"{r['calls_a']}/{r['calls_b']}"} for r in doc.get("regions", [])]
+    return TableView(f"Region diff, B vs A (Mann-Whitney U, alpha {doc.get('alpha')})", columns, rows)
+
+
+def render_diff(doc: dict[str, Any], console: Console, top: int = 30, wide: bool = False) -> None:
+    """Print the diff table and the regions seen on one side only."""
+    view = diff_view(doc)
+    view.rows = view.rows[:top]
+    print_view(view, console, wide)
     for o in doc.get("only_one_side", []):
         console.print(Text(f"{o['verdict']}: {o['path']}", style="dim"))

@@ -23,6 +23,7 @@ from plotly.subplots import make_subplots
 
 from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.viewer._template import plot_text
+from cuvil_pgc.viewer.console import display_path
 
 BOTTLENECK_COLORS = {c.name: c.color for c in vocabulary.CLASSES}
 OTHER_COLOR = vocabulary.UNKNOWN_COLOR
@@ -93,8 +94,20 @@ def _span_rows(spans: dict[str, list]) -> tuple[np.ndarray, list[str]]:
     index = {k: i for i, k in enumerate(keys)}
     rows = np.fromiter((index[(str(lane), int(d))] for lane, d in zip(lanes.tolist(), depth.tolist(), strict=False)),
                        dtype=np.int64, count=len(lanes))
-    labels = [plot_text(lane, 40) if d == 0 else f"  depth {d}" for lane, d in keys]
-    return rows, labels
+    return rows, lane_labels(keys)
+
+
+def lane_labels(keys: list[tuple[str, int]]) -> list[str]:
+    """One label per (lane, depth) row, all in the same form: ``thread 34 · depth 1``; the rank and
+    pid are kept only when the trace has several (``r1 pid 12 tid 34 · depth 0``)."""
+    prefixes = {lane.rpartition(" tid ")[0] for lane, _ in keys}
+    single = len(prefixes) == 1
+
+    def lane_name(lane: str) -> str:
+        head, sep, tid = lane.rpartition(" tid ")
+        return f"thread {tid}" if single and sep else lane
+
+    return [plot_text(f"{lane_name(lane)} · depth {d}", 48) for lane, d in keys]
 
 
 def _segments(ts: np.ndarray, dur: np.ndarray, row: np.ndarray) -> tuple[list, list]:
@@ -130,14 +143,15 @@ def _add_spans(fig: go.Figure, spans: dict[str, list]) -> tuple[int, list[dict[s
         x, y = _segments(ts[sel], dur[sel], rows[sel])
         arrays.append({"x": x, "y": y})
         color = BOTTLENECK_COLORS.get(verdict_of.get(uniq[k], ""), OTHER_COLOR)
-        fig.add_trace(go.Scattergl(mode="lines", line={"width": 9, "color": color}, name=plot_text(uniq[k], 48),
+        fig.add_trace(go.Scattergl(mode="lines", line={"width": 9, "color": color},
+                                   name=plot_text(display_path(uniq[k]), 48),
                                    legendgroup="regions",
                                    hovertemplate="%{fullData.name}<br>%{x:.3f} ms<extra></extra>"), row=1, col=1)
     rest = ~np.isin(inv, top)
     if rest.any():
         x, y = _segments(ts[rest], dur[rest], rows[rest])
         text = np.full(len(x), "", dtype=object)      # the name once per span, at its start
-        text[0::3] = [plot_text(p, 80) for p in paths[rest].tolist()]
+        text[0::3] = [plot_text(display_path(p), 80) for p in paths[rest].tolist()]
         arrays.append({"x": x, "y": y, "text": text.tolist()})
         fig.add_trace(go.Scattergl(mode="lines", line={"width": 9, "color": OTHER_COLOR}, name="other regions",
                                    legendgroup="regions", hovertemplate="%{text}<br>%{x:.3f} ms<extra></extra>"),
@@ -279,19 +293,21 @@ def histogram_figure(analysis: Any, top: int = HIST_REGIONS) -> dict[str, Any] |
         return None
     cols = 2 if len(regions) > 1 else 1
     rows = math.ceil(len(regions) / cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[plot_text(r.path, 60) for r in regions],
-                        horizontal_spacing=0.08, vertical_spacing=min(0.12, 0.5 / rows))
+    # each row: a title above and an axis title below; the gap between rows holds both (px / plot height)
+    row_px, gap_px = 260, 110
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[plot_text(display_path(r.path), 60) for r in regions],
+                        horizontal_spacing=0.08, vertical_spacing=gap_px / (row_px * rows) if rows > 1 else 0.0)
     for k, r in enumerate(regions):
         edges = [e / 1e3 for e in r.histogram["edges_us"]]
         counts = list(r.histogram["counts"])
         color = BOTTLENECK_COLORS.get(r.bottleneck, OTHER_COLOR)
         fig.add_trace(go.Scatter(x=edges, y=counts + counts[-1:], mode="lines", line={"shape": "hv", "color": color},
-                                 fill="tozeroy", name=plot_text(r.path, 48), showlegend=False,
+                                 fill="tozeroy", name=plot_text(display_path(r.path), 48), showlegend=False,
                                  hovertemplate="≥ %{x:.4g} ms: %{y} calls<extra></extra>"),
                       row=k // cols + 1, col=k % cols + 1)
     fig.update_xaxes(type="log", title_text="call latency (ms)")
     fig.update_yaxes(title_text="calls", rangemode="tozero")
-    fig.update_layout(_layout(height=230 * rows + 60, margin={"l": 60, "r": 20, "t": 40, "b": 40}))
+    fig.update_layout(_layout(height=row_px * rows + 60, margin={"l": 60, "r": 20, "t": 40, "b": 50}))
     return _json(fig)
 
 
@@ -374,7 +390,7 @@ def plan_figure(plan: dict[str, Any]) -> dict[str, Any] | None:
     rows = [r for r in plan.get("regions") or [] if _speedup(r, "predicted_ms") or _speedup(r, "measured_ms")]
     if not rows:
         return None
-    paths = [r.get("path") or r.get("scope") or "?" for r in rows]
+    paths = [display_path(r.get("path") or r.get("scope") or "?") for r in rows]
     names = [plot_text(p, 200) for p in paths]
     fig = go.Figure()
     for key, name, color in (("predicted_ms", "predicted", "#9bb1de"), ("measured_ms", "measured", "#3558a8")):

@@ -4,7 +4,7 @@ The report reads an :class:`~cuvil_pgc.analyze.analysis.Analysis` (and optionall
 plan) and never raw events. It is one file that works offline: plotly.js inlined once (or, with
 ``plotly_js="cdn"``, referenced from the CDN with an SRI hash), the figures as one JSON block,
 and a small script of ours drawing them with ``Plotly.newPlot``. Sections, each with an id:
-``summary``, ``hot-regions``, ``timeline``, ``compile``, ``histograms``, ``roofline``, ``fusion``,
+``summary``, ``hot-regions``, ``operators``, ``timeline``, ``compile``, ``histograms``, ``roofline``, ``fusion``,
 ``ranks`` and ``plan``; each shows a note when its data is missing. Escaping and the
 Content-Security-Policy are described in :mod:`cuvil_pgc.viewer._template`.
 """
@@ -25,7 +25,7 @@ from cuvil_pgc.viewer import figures as figs
 from cuvil_pgc.viewer._template import PLOTLY_MODES, page, text
 
 TEMPLATE_KEY = "_template"     # not a figure: the plotly template all figures share
-SECTIONS = (("summary", "Summary"), ("hot-regions", "Hot regions"), ("timeline", "Timeline"),
+SECTIONS = (("summary", "Summary"), ("hot-regions", "Hot regions"), ("operators", "Operators"), ("timeline", "Timeline"),
             ("compile", "Compile"), ("histograms", "Latency"), ("roofline", "Roofline"),
             ("fusion", "Fusion"), ("ranks", "Ranks"), ("plan", "Recompile plan"))
 
@@ -96,6 +96,12 @@ def _hot(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
     return sec.hot_regions_section(analysis)
 
 
+def _operators(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+    from cuvil_pgc.viewer._ops_section import operators_section
+
+    return operators_section(analysis)
+
+
 def _timeline(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
     util = figs.utilization_series(analysis.timeline.counters or {})
     counts = (analysis.trace or {}).get("counts") or {}
@@ -126,7 +132,11 @@ def _histograms(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -
     title = "Latency histograms of the top regions"
     if "histograms" not in figures:
         return sec.section("histograms", title, sec.note("No region call latencies recorded."))
-    return sec.section("histograms", title, sec.plot("histograms"))
+    busy = ((analysis.trace or {}).get("contention") or {}).get("contended_fraction") or 0.0
+    warn = sec.note(f"Other processes saturated the CPU in {busy:.0%} of this run's utilisation samples: "
+                    "a second mode or a long tail here can be time spent waiting for the CPU, not the "
+                    "program's own latency.", warn=True) if busy >= 0.2 else ""
+    return sec.section("histograms", title, warn + sec.plot("histograms"))
 
 
 def _roofline(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
@@ -159,7 +169,7 @@ def _plan(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
 
 
 SECTION_RENDERERS: list[Callable[[Any, Any, Any, dict[str, Any]], str]] = [
-    _summary, _hot, _timeline, _compile, _histograms, _roofline, _fusion, _ranks, _plan]
+    _summary, _hot, _operators, _timeline, _compile, _histograms, _roofline, _fusion, _ranks, _plan]
 
 
 # ------------------------------------------------------------------ writing

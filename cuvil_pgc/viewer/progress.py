@@ -1,10 +1,12 @@
-"""Progress of long CLI work (loading big traces, analysing, rendering): a rich progress bar on
-interactive terminals only.
+"""Progress of long CLI work (loading big traces, analysing, rendering, recompiling, the demo): a
+rich progress display on interactive terminals only.
 
 ``stage_progress(stages)`` yields a :class:`StageProgress`; ``with progress.stage("loading"):``
 wraps each step. On a terminal (stderr) it shows one bar over the steps with the current step's
 description and elapsed time, removed when done; anywhere else (pipes, files, CI logs, ``--json``
-runs) it prints nothing at all. Nothing is ever written to stdout.
+runs) it prints nothing at all. Nothing is ever written to stdout. ``search_progress()`` yields a
+:class:`SearchDisplay` for jobs of many steps (recompile: stage, candidate i of N with its
+configuration, elapsed and estimated time, the incumbent's measured speedup); ``quiet`` turns it off.
 """
 
 from __future__ import annotations
@@ -68,3 +70,49 @@ def stage_progress(total: int, *, console: Any = None, enabled: bool | None = No
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         yield StageProgress(progress, total)
+
+
+class SearchDisplay:
+    """Progress of a long job with steps (recompile's candidates, a demo's models, profiling
+    iterations): the stage, step i of N with what it is doing, elapsed and estimated time.
+
+    Called as ``display(done, total, message)`` (:data:`cuvil_pgc.recompile.progress.Progress`),
+    and ``display.stage(name)`` when a stage begins.
+    """
+
+    def __init__(self, progress: Any) -> None:
+        self._progress = progress
+        self._task = progress.add_task("", total=None, stage="starting")
+
+    def stage(self, name: str) -> None:
+        self._progress.update(self._task, stage=name)
+
+    def __call__(self, done: int, total: int, message: str) -> None:
+        self._progress.update(self._task, completed=done, total=total or None, description=message)
+
+
+@contextlib.contextmanager
+def search_progress(*, quiet: bool = False, console: Any = None,
+                    enabled: bool | None = None) -> Iterator[SearchDisplay | None]:
+    """A :class:`SearchDisplay` on stderr, or None when not on a terminal or ``quiet``."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    if quiet or not (interactive(console) if enabled is None else enabled):
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[stage]}"), BarColumn(bar_width=20),
+               MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+               TextColumn("{task.description}"))
+    with Progress(*columns, console=console, transient=True) as progress:
+        yield SearchDisplay(progress)

@@ -88,7 +88,7 @@ class TorchOpSampler(Sampler):
 
     def start(self, ctx: SamplerContext) -> None:
         self._ctx = ctx
-        self._profiler, notes = _start_profiler(ctx.config.record_shapes)
+        self._profiler, notes = _start_profiler(ctx.config)
         if notes:
             self.status["notes"] = notes
 
@@ -105,9 +105,14 @@ class TorchOpSampler(Sampler):
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            ops, incomplete = read_ops(profiler.kineto_results.events(), ctx.config.record_shapes)
+            kineto_events = profiler.kineto_results.events()
+            ops, incomplete = read_ops(kineto_events, ctx.config.record_shapes)
             ctx.count_dropped(self.name, incomplete)
             events = to_trace_events(ops, ctx)
+            if ctx.config.with_stack or ctx.config.profile_memory:
+                from cuvil_pgc.instrument.samplers._torch_extras import extra_events
+
+                events += extra_events(kineto_events, ctx)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -117,19 +122,24 @@ class TorchOpSampler(Sampler):
                            process_ms=round((time.perf_counter() - t1) * 1e3, 3))
 
 
-def _start_profiler(record_shapes: bool) -> tuple[Any, list[str]]:
+def _start_profiler(config: Any) -> tuple[Any, list[str]]:
     """Enable the Kineto profiler (CPU activity); returns it and notes on degraded features."""
     from torch.autograd.profiler import profile
 
     notes: list[str] = []
     # use_device stays None: CPU activity only, so CUPTI is left to the cupti sampler.
-    profiler = profile(use_kineto=True, use_cpu=True, record_shapes=record_shapes,
-                       experimental_config=_experimental_config(notes))
+    profiler = profile(use_kineto=True, use_cpu=True, record_shapes=config.record_shapes,
+                       with_stack=config.with_stack, profile_memory=config.profile_memory,
+                       experimental_config=_experimental_config(notes, config.profile_memory))
     profiler.__enter__()
     return profiler, notes
 
 
-def _experimental_config(notes: list[str]) -> Any:
+def _experimental_config(notes: list[str], profile_memory: bool = False) -> Any:
+    if profile_memory:     # torch drops memory events when profiling all threads
+        notes.append("profile_memory: ops and allocations of the thread that started the session (and "
+                     "threads it spawns through torch) only; torch records no allocations with profile_all_threads")
+        return None
     try:
         from torch._C._profiler import _ExperimentalConfig
 

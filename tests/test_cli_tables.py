@@ -1,0 +1,119 @@
+"""Tables that fit at 80 columns without cutting identifiers; --json, --csv and --wide."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from cuvil_pgc.cli import app
+from cuvil_pgc.viewer.tables import Column, TableView, fitted_columns, fmt_speedup, print_view
+
+DEEP = ["model", "model.blocks", "model.blocks.0", "model.blocks.0.attention_projection"]
+
+
+@pytest.fixture(scope="module")
+def deep_trace(tmp_path_factory):
+    from cuvil_pgc import ProfileRegion, profile
+
+    path = str(tmp_path_factory.mktemp("tables") / "deep.trace.json")
+    with profile(path, ops=False, gpu="off", sample_hz=0):
+        for _ in range(5):
+            regions = [ProfileRegion(name) for name in DEEP]
+            for r in regions:
+                r.start()
+            sum(range(20000))
+            for r in reversed(regions):
+                r.end()
+    return path
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _invoke(*args: str):
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_analyze_fits_80_columns_and_prints_region_names_whole(deep_trace):
+    out = _invoke("analyze", deep_trace).stdout
+    assert max(len(line) for line in _lines(out)) <= 80
+    assert "model.blocks.0.attention_projection" in out
+    assert "model/model.blocks" not in out          # the repeated prefixes are gone
+    assert "…" not in out
+
+
+def test_wide_keeps_every_column(deep_trace):
+    narrow = _invoke("analyze", deep_trace).stdout
+    wide = _invoke("analyze", "--wide", deep_trace).stdout
+    assert "p99" in wide and "evidence" in wide
+    assert "p99" not in narrow
+
+
+def test_summary_has_json_and_csv(deep_trace):
+    doc = json.loads(_invoke("summary", "--json", deep_trace).stdout)
+    paths = [r["path"] for r in doc["rows"]]
+    assert "/".join(DEEP) in paths and doc["events"] > 0
+    rows = list(csv.DictReader(io.StringIO(_invoke("summary", "--csv", deep_trace).stdout)))
+    assert {r["path"] for r in rows} == set(paths)
+    assert float(rows[0]["total_us"]) > 0
+
+
+def test_analyze_csv_carries_full_paths(deep_trace):
+    rows = list(csv.DictReader(io.StringIO(_invoke("analyze", "--csv", deep_trace).stdout)))
+    assert "/".join(DEEP) in {r["path"] for r in rows}
+
+
+def test_columns_are_dropped_by_rank_identifiers_never():
+    view = TableView("t", [Column("id", "identifier", identifier=True), Column("a", "aaaa", drop=2),
+                           Column("b", "bbbb", drop=1), Column("c", "cccc")],
+                     [{"id": "x" * 40, "a": "1" * 10, "b": "2" * 10, "c": "3"}])
+    assert [c.key for c in fitted_columns(view, 80)] == ["id", "a", "b", "c"]
+    assert [c.key for c in fitted_columns(view, 64)] == ["id", "b", "c"]
+    assert [c.key for c in fitted_columns(view, 50)] == ["id", "c"]
+    assert [c.key for c in fitted_columns(view, 50, wide=True)] == ["id", "a", "b", "c"]
+
+
+def _plan(path: str) -> dict:
+    alternatives = [{"status": "ok"}, {"status": "rejected"}, {"status": "not_measured"}]
+    region = {"path": path, "bottleneck": "launch_overhead", "chosen": "compile:max-autotune-no-cudagraphs",
+              "baseline_ms": 1.23456, "predicted_ms": 0.61, "measured_ms": 0.5, "alternatives": alternatives}
+    return {"regions": [region], "stale": [], "baseline_ms": 2.0, "plan_ms": 1.0, "speedup_vs_eager": 2.0000001,
+            "measured_candidates": 2, "space_size": 10, "reused_records": 0}
+
+
+def test_plan_table_fits_80_columns_with_whole_names():
+    from cuvil_pgc.recompile._cli import plan_view
+
+    console = Console(width=80, file=io.StringIO(), color_system=None)
+    print_view(plan_view(_plan("/".join(DEEP)), "build.cuvilpkg"), console)
+    out = console.file.getvalue()
+    assert max(len(line) for line in _lines(out)) <= 80
+    assert "model.blocks.0.attention_projection" in out and "compile:max-autotune-no-cudagraphs" in out
+    assert "…" not in out and "2.00x" in out and "2.0000001" not in out
+
+
+def test_builds_list_shows_dates_and_sizes_whole_at_80():
+    from cuvil_pgc.recompile.commands import _entries_view
+
+    entry = SimpleNamespace(name="sentiment_classifier", version=12, pointers=["current", "stable"],
+                            created="2026-12-01T21:10:31+00:00", pushed_at="2026-12-01T21:11:00+00:00",
+                            pushed_by="someone", signed=True, key_id="0123456789abcdef", size=123_456_789)
+    console = Console(width=80, file=io.StringIO(), color_system=None)
+    print_view(_entries_view([entry]), console)
+    out = console.file.getvalue()
+    assert max(len(line) for line in _lines(out)) <= 80
+    assert "2026-12-01 21:10" in out and "123.5 MB" in out and "sentiment_classifier" in out
+    assert "…" not in out
+
+
+def test_speedups_have_one_precision():
+    assert fmt_speedup(1.0) == "1.00x" and fmt_speedup(3.23456) == "3.23x" and fmt_speedup(None) == "-"

@@ -1,0 +1,87 @@
+"""`cuvil-pgc profile` runs a script as Python does: its arguments are its own, and its own
+profile() joins the outer session."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from cuvil_pgc.cli import app
+from cuvil_pgc.instrument._script_args import split_argv
+
+QUIET = ["--no-ops", "--gpu", "off", "--sample-hz", "0"]
+VALUE_OPTIONS = {"-o", "--output", "-m", "--model", "--gpu"}
+
+
+@pytest.mark.parametrize("argv, head, tail", [
+    (["app.py", "--foo", "1", "-o", "x.json"], ["app.py"], ["--foo", "1", "-o", "x.json"]),
+    (["-o", "t.json", "app.py", "-o", "x"], ["-o", "t.json", "app.py"], ["-o", "x"]),
+    (["--gpu", "off", "app.py"], ["--gpu", "off", "app.py"], []),
+    (["--gpu=off", "app.py", "a"], ["--gpu=off", "app.py"], ["a"]),
+    (["-m", "pkg.mod", "-o", "x", "--help"], ["-m", "pkg.mod"], ["-o", "x", "--help"]),
+    (["-mpkg.mod", "-v"], ["-mpkg.mod"], ["-v"]),
+    (["--", "app.py", "--x"], ["--", "app.py"], ["--x"]),
+    (["--model", "m:f"], ["--model", "m:f"], []),
+])
+def test_split_stops_at_the_script_as_python_does(argv, head, tail):
+    assert split_argv(argv, VALUE_OPTIONS) == (head, tail)
+
+
+def _write(path, text: str) -> str:
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_options_after_the_script_are_the_scripts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = _write(tmp_path / "echoargs.py", """
+        import json, sys
+        json.dump(sys.argv, open("argv.json", "w"))
+    """)
+    result = CliRunner().invoke(app, ["profile", *QUIET, script, "--foo", "1", "-o", "x.json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "argv.json").read_text()) == [script, "--foo", "1", "-o", "x.json"]
+    assert os.path.exists("echoargs.trace.json") and not os.path.exists("x.json")
+
+
+def test_module_gets_everything_after_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write(tmp_path / "echomod.py", """
+        import json, sys
+        json.dump(sys.argv[1:], open("argv.json", "w"))
+    """)
+    result = CliRunner().invoke(app, ["profile", *QUIET, "-o", "m.trace.json", "-m", "echomod", "-o", "y", "--help"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "argv.json").read_text()) == ["-o", "y", "--help"]
+    assert os.path.exists("m.trace.json")
+
+
+def test_a_scripts_own_profile_joins_the_outer_session(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = _write(tmp_path / "selfprofiling.py", """
+        import cuvil_pgc
+        with cuvil_pgc.profile("inner.trace.json", ops=False) as session:
+            with cuvil_pgc.ProfileRegion("work"):
+                sum(range(1000))
+            session.step()
+    """)
+    result = CliRunner().invoke(app, ["profile", *QUIET, "-o", "outer.trace.json", script])
+    assert result.exit_code == 0, result.output
+    assert not os.path.exists("inner.trace.json")
+    doc = json.loads((tmp_path / "outer.trace.json").read_text())
+    assert doc["cuvil"]["joined"] == ["inner.trace.json"]
+    assert any(e.get("name") == "work" for e in doc["traceEvents"])
+
+
+def test_two_sessions_in_a_program_get_an_error_saying_what_to_do(tmp_path):
+    from cuvil_pgc import profile
+    from cuvil_pgc.errors import SessionError
+
+    with profile(str(tmp_path / "a.trace.json"), ops=False, gpu="off", sample_hz=0):
+        with pytest.raises(SessionError, match="active_session"):
+            profile(str(tmp_path / "b.trace.json"), ops=False, gpu="off", sample_hz=0).start()

@@ -1,0 +1,81 @@
+"""Progress on long work: recompile's stages and candidates, the live display, --quiet."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from cuvil_pgc.viewer.progress import search_progress
+
+
+class Recorder:
+    """A progress listener: what a display would show."""
+
+    def __init__(self) -> None:
+        self.stages: list[str] = []
+        self.updates: list[tuple[int, int, str]] = []
+
+    def stage(self, name: str) -> None:
+        self.stages.append(name)
+
+    def __call__(self, done: int, total: int, message: str) -> None:
+        self.updates.append((done, total, message))
+
+
+@pytest.mark.slow
+def test_search_reports_stages_candidates_and_the_incumbents_speedup(monkeypatch):
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.search import SearchOptions, search
+    from tests.test_recompile import Analysis, chain, stats
+
+    def fake_time(fns, rounds):      # every candidate twice as fast as eager
+        return {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns}
+
+    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
+    model, inputs = chain()
+    progress = Recorder()
+    search(model, inputs, Analysis(regions=[stats("model", "launch_overhead", module="Chain")]),
+           machine_key="m", progress=progress, options=SearchOptions(budget=4, backends=("compile",), rounds=5))
+    assert progress.stages == ["searching", "racing the plan against eager"]
+    building = [m for _, _, m in progress.updates if "building" in m]
+    assert building and building[0].startswith("candidate 2 of 4: building ")   # 1 is eager
+    assert any(m.startswith("model: best ") and m.endswith("2.00x") for _, _, m in progress.updates)
+    assert all(done <= total for done, total, _ in progress.updates)
+
+
+def test_display_shows_stage_step_and_message_on_a_terminal():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120, color_system=None)
+    with search_progress(console=console) as display:
+        assert display is not None
+        display.stage("searching")
+        display(3, 10, "candidate 4 of 10: building compile+cpp_wrapper")
+        console.file.flush()
+        display._progress.refresh()
+    text = out.getvalue()
+    assert "searching" in text and "3/10" in text and "compile+cpp_wrapper" in text and "eta" in text
+
+
+def test_display_is_off_when_piped_or_quiet():
+    piped = Console(file=io.StringIO())
+    with search_progress(console=piped) as display:
+        assert display is None
+    terminal = Console(file=io.StringIO(), force_terminal=True)
+    with search_progress(console=terminal, quiet=True) as display:
+        assert display is None
+
+
+def test_profile_model_reports_iterations(tmp_path):
+    from cuvil_pgc.instrument import _runner
+    from cuvil_pgc.instrument.session import profile
+
+    progress = Recorder()
+    session = profile(str(tmp_path / "m.trace.json"), ops=False, gpu="off", sample_hz=0)
+    _runner.run_model(session, "cuvil_pgc.zoo:mlp", iters=3, warmup=1, depth=1, progress=progress)
+    assert progress.stages == ["loading the model", "warming up", "recording"]
+    assert progress.updates[-1] == (3, 3, "iteration 3 of 3")

@@ -1,0 +1,77 @@
+"""Quiet by default: third-party output of candidate builds goes to a log next to the build."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+import warnings
+from types import SimpleNamespace
+
+from typer.testing import CliRunner
+
+from cuvil_pgc._quiet import log_path_for, third_party_output
+from cuvil_pgc.cli import app
+
+NATIVE = b"aoti_torch_cpu_mkldnn_rnn_layer(handles...) API call failed at wrapper.cpp, line 42\n"
+
+
+def _noise() -> None:
+    """What a candidate build writes: native stderr, Inductor's AUTOTUNE block, a torch FutureWarning."""
+    os.write(2, NATIVE)
+    sys.stderr.write("AUTOTUNE mm(64x64, 64x64)\n  mm 0.01 ms 100.0%\n")
+    print("Generated Code: ...")
+    warnings.warn_explicit("`torch.foo` is deprecated", FutureWarning, "/site-packages/torch/_inductor/x.py", 1)
+
+
+def test_third_party_output_goes_to_the_log_and_ours_to_the_terminal(tmp_path, monkeypatch, capfd):
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    log = str(tmp_path / "m.build.log")
+    with third_party_output(log) as captured:
+        _noise()
+        for _ in range(3):
+            logging.getLogger("cuvil_pgc.recompile.search").warning("this machine's cpu is not calibrated")
+    text = open(log).read()
+    assert "API call failed" in text and "AUTOTUNE mm" in text and "FutureWarning" in text and "Generated" in text
+    assert terminal.getvalue() == "warning: this machine's cpu is not calibrated\n"     # once
+    leaked = capfd.readouterr()
+    assert "AUTOTUNE" not in leaked.out + leaked.err and "API call failed" not in leaked.err
+    assert captured.summary().endswith(f"{log} (--verbose streams it)")
+
+
+def test_verbose_streams_and_writes_no_log(tmp_path, capfd):
+    log = str(tmp_path / "m.build.log")
+    with third_party_output(log, verbose=True) as captured:
+        os.write(2, NATIVE)
+    assert not os.path.exists(log) and captured.summary() is None
+    assert "API call failed" in capfd.readouterr().err
+
+
+def test_an_empty_log_is_not_left_behind(tmp_path):
+    log = str(tmp_path / "m.build.log")
+    with third_party_output(log):
+        pass
+    assert not os.path.exists(log)
+
+
+def test_recompile_prints_the_log_path_and_keeps_stdout_clean(tmp_path, monkeypatch):
+    import cuvil_pgc.recompile.build as build_mod
+    from tests.test_cli_tables import _plan
+
+    def fake_recompile(net, inputs, traces, **kw):
+        _noise()
+        return SimpleNamespace(plan=_plan("model"), save=lambda *a, **k: None)
+
+    monkeypatch.setattr(build_mod, "recompile", fake_recompile)
+    trace = tmp_path / "t.trace.json"
+    trace.write_text("{}")
+    out = str(tmp_path / "model.cuvilpkg")
+    result = CliRunner().invoke(app, ["recompile", str(trace), "--model", "cuvil_pgc.zoo:mlp", "-o", out],
+                                env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "AUTOTUNE" not in result.stdout and "recompile plan" in result.stdout
+    assert log_path_for(out) == str(tmp_path / "model.build.log")
+    assert f"lines): {log_path_for(out)}" in result.stderr
+    assert "API call failed" in open(log_path_for(out)).read()
