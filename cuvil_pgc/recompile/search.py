@@ -2,9 +2,10 @@
 
 Contract of :func:`search`: it never crashes on a bad candidate. A candidate that fails to
 compile or export is rejected as ``compile_error``, one whose outputs differ from eager beyond
-the tolerances as ``accuracy_error``, each with its reason; once torch.export fails on a scope's
-module, its other AOTInductor candidates are rejected with that reason without being built or
-counted against the budget. Measurements are interleaved with the scope's eager module and with
+the tolerances as ``accuracy_error``, each with its reason; once an exporter (torch.export,
+torch.onnx.export, openvino.convert_model, torch_tensorrt.compile) fails on a scope's module, the
+scope's other candidates through that exporter (AOTInductor; ONNX Runtime and OpenVINO; ...) are
+rejected with that reason without being built or counted against the budget. Measurements are interleaved with the scope's eager module and with
 the fastest candidate of the scope measured so far, the incumbent (same inputs, rotating order,
 medians; see :mod:`.measure`). A candidate's ratio to eager is its ratio to the incumbent of its
 own run times the incumbent's ratio (to eager, in the first run), and it is expressed against the
@@ -46,6 +47,7 @@ from cuvil_pgc.recompile.apply import (
     Realized,
     ScopeInputs,
     capture_scope_inputs,
+    exporter_of_reason,
     realize,
 )
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
@@ -142,7 +144,7 @@ class _Search:
         self.eager_runs: dict[str, list[float]] = {}   # scope -> eager medians (µs per call), one per run
         self.incumbents: dict[str, tuple[str, Callable[[], Any]]] = {}   # scope -> (trial key, built callable)
         self.left_out: list[tuple[Candidate, str]] = []   # candidates the guard cannot pass, with the reason
-        self.unexportable: dict[tuple[str, bool], str] = {}   # (scope, rewritten) -> why torch.export failed
+        self.unexportable: dict[tuple[str, bool, str], str] = {}   # (scope, rewritten, exporter) -> why it failed
         self.measured = self.reused = 0
 
     # ------------------------------------------------------------------ preparation
@@ -333,14 +335,18 @@ class _Search:
         self.incumbents[scope] = (best, contenders[best])    # the fastest built so far, for the next runs
 
     def _note_unexportable(self, cand: Candidate, reason: str) -> None:
-        """torch.export failed on ``cand``'s module (rewritten or not): remember why, once per scope."""
-        self.unexportable.setdefault((cand.scope, cand.rewrite), f"{cand.config} showed that {reason}")
+        """An exporter failed on ``cand``'s module (rewritten or not): remember why, once per scope."""
+        self.unexportable.setdefault((cand.scope, cand.rewrite, exporter_of_reason(reason)),
+                                     f"{cand.config} showed that {reason}")
 
     def _reject_unexportable(self, cand: Candidate) -> bool:
-        """Reject ``cand`` if it is an AOTInductor build of a module torch.export already failed on
-        in this search: it goes into the trials with that reason, not built and not counted against
-        the budget (its Inductor options cannot change what export sees). True when rejected."""
-        why = self.unexportable.get((cand.scope, cand.rewrite)) if cand.backend == "aoti" else None
+        """Reject ``cand`` if one of the exporters its build runs already failed on its module in
+        this search: it goes into the trials with that reason, not built and not counted against the
+        budget (its backend's options cannot change what the exporter sees). True when rejected."""
+        from cuvil_pgc.recompile.runtime_build import exporters
+
+        why = next((self.unexportable[k] for k in ((cand.scope, cand.rewrite, e) for e in exporters(cand.backend))
+                    if k in self.unexportable), None)
         if why is None:
             return False
         self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), "compile_error",
