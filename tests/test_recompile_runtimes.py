@@ -3,6 +3,7 @@ module's own call, in signed builds; and what doctor says about them."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from cuvil_pgc.errors import BuildError
 from cuvil_pgc.instrument import doctor
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile.apply import ExportError, ScopeInputs, exporter_of_reason, realize
@@ -130,3 +132,147 @@ def test_export_error_names_its_exporter():
     assert ExportError("torch.onnx.export failed: boom").exporter == "torch.onnx.export"
     assert exporter_of_reason("ExportError: openvino.convert_model failed: x") == "openvino.convert_model"
     assert exporter_of_reason("ExportError: torch.export failed: y") == "torch.export"
+
+
+# -- builds -----------------------------------------------------------------------------------------
+class TwoPart(nn.Module):
+    """An encoder and a head: a mixed plan runs them on different runtimes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32))
+        self.head = Structured()
+        self.head.a = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> dict:
+        return self.head(torch.tanh(self.enc(x)))
+
+
+def two_part(seed: int = 0):
+    torch.manual_seed(seed)
+    return TwoPart().eval(), (torch.randn(2, 16),)
+
+
+@pytest.fixture(scope="module")
+def mixed_build(tmp_path_factory):
+    """A build whose encoder runs on ONNX Runtime and whose head runs on OpenVINO, signed."""
+    from cuvil_pgc.recompile import recompile
+    from cuvil_pgc.recompile.signing import generate_keypair
+
+    if not (runtimes.check("ort").ok and runtimes.check("openvino").ok):
+        pytest.skip("onnxruntime and openvino are needed")
+    tmp = tmp_path_factory.mktemp("mixed")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUVIL_CACHE_DIR", str(tmp / "cache"))
+    try:
+        model, inputs = two_part()
+        plan = {"enc": Candidate("enc", "ort"), "head": Candidate("head", "openvino")}
+        build = recompile(model, inputs, plan=plan, records=False, rounds=3)
+        priv, pub = generate_keypair(tmp / "key")
+        path = build.save(tmp / "mixed.cuvilpkg", signing_key=priv)
+    finally:
+        mp.undo()
+    return path, pub, build
+
+
+@pytest.mark.slow   # two ONNX exports and an OpenVINO conversion (~20-40 s on a shared 2-core machine)
+def test_a_mixed_plan_ships_its_runtime_artifacts_signed_and_loads_them(mixed_build):
+    from cuvil_pgc.recompile import load_build
+    from cuvil_pgc.recompile.package import open_build
+
+    path, pub, build = mixed_build
+    with open_build(path, pub) as vb:
+        members = vb.members()
+        choices = {c["scope"]: c for c in json.loads(vb.read_bytes("plan.json"))["choices"]}
+    assert {"ort/0.onnx", "openvino/1.xml", "openvino/1.bin"} <= set(members)   # digests checked by open_build
+    assert choices["enc"]["artifact"] == "ort/0.onnx" and choices["head"]["artifact"] == "openvino/1.xml"
+    assert choices["enc"]["runtime"]["name"] == "ort" and choices["enc"]["runtime"]["version"] == runtimes.version("ort")
+    # the head's structure travels in the plan: two tensors and the constant 3 (None is an empty node)
+    assert choices["head"]["runtime"]["outputs"]["leaves"] == [["t", 0], ["t", 1], ["c", 3]]
+    model, inputs = two_part()
+    loaded = load_build(path, model, pubkey=pub)
+    assert loaded.cuvil_load_report.runtime_regions == 2
+    assert sorted(loaded.cuvil_load_report.applied) == ["enc: ort", "head: openvino"]
+    with torch.no_grad():
+        out, ref = loaded(*inputs), model(*inputs)
+    assert out["nothing"] is None and out["pair"][1] == 3
+    torch.testing.assert_close(out["out"], ref["out"], rtol=1e-4, atol=1e-5)
+    assert type(loaded.enc).__name__ == "CompiledRegion" and type(loaded.head).__name__ == "CompiledRegion"
+
+
+@pytest.mark.slow
+def test_a_tampered_runtime_artifact_is_refused_before_any_runtime_parses_it(mixed_build, tmp_path, monkeypatch):
+    import onnxruntime
+    import openvino
+
+    from cuvil_pgc.recompile import load_build
+    from tests._buildkit import rezip
+
+    path, pub, _ = mixed_build
+    parsed = []
+    monkeypatch.setattr(onnxruntime, "InferenceSession", lambda *a, **k: parsed.append(a))
+    monkeypatch.setattr(openvino, "Core", lambda *a, **k: parsed.append(a))
+
+    def flip(entries):
+        return [(info, data[:-1] + bytes([data[-1] ^ 1]) if info.filename == "ort/0.onnx" else data)
+                for info, data in entries]
+    bad = rezip(Path(path), tmp_path / "bad.cuvilpkg", flip)
+    model, _ = two_part()
+    with pytest.raises(BuildError, match="ort/0.onnx"):
+        load_build(bad, model, pubkey=pub)
+    assert parsed == []
+
+
+@pytest.mark.slow
+def test_load_without_the_runtime_names_the_extra_or_falls_back_to_eager(mixed_build, monkeypatch):
+    from cuvil_pgc.recompile import load_build
+
+    path, pub, _ = mixed_build
+    real = runtimes.check
+    monkeypatch.setattr(runtimes, "check", lambda backend, device="cpu": runtimes.RuntimeStatus(
+        backend, False, reason="openvino is not importable (No module named 'openvino')",
+        fix=runtimes.RUNTIMES[backend].fix) if backend == "openvino" else real(backend, device))
+    model, inputs = two_part()
+    with pytest.raises(BuildError, match=r"pip install 'cuvil-pgc\[openvino\]'"):
+        load_build(path, model, pubkey=pub)
+    with pytest.warns(RuntimeWarning, match="OpenVINO"):
+        same = load_build(path, model, pubkey=pub, fallback="eager")
+    assert same is model
+
+
+class Branchy(nn.Module):
+    """Data-dependent control flow: no exporter captures it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return torch.relu(self.fc(x))
+        return self.fc(x) - 1
+
+
+@pytest.mark.slow   # a search (its CPU probes) and one failing export
+@needs_ort
+@needs_ov
+def test_a_failed_onnx_export_rejects_every_candidate_through_it_without_building_them(monkeypatch):
+    from cuvil_pgc.recompile import runtime_build
+    from cuvil_pgc.recompile.search import SearchOptions, search
+
+    exports = []
+    real = runtime_build.export_onnx
+    monkeypatch.setattr(runtime_build, "export_onnx", lambda *a: (exports.append(a), real(*a)))
+    torch.manual_seed(0)
+    model, inputs = Branchy().eval(), (torch.ones(2, 8),)
+    result = search(model, inputs, None, options=SearchOptions(exhaustive=True, backends=("ort", "openvino"), rounds=3))
+    runtime_trials = [t for t in result.trials.values()
+                      if t.candidate.backend in ("ort", "openvino") and t.candidate.precision == "fp32"]
+    assert len(runtime_trials) >= 3 and all(t.status == "compile_error" for t in runtime_trials)
+    first = [t for t in runtime_trials if not t.reason.startswith("not built")]
+    assert len(first) == 1 and "torch.onnx.export failed" in first[0].reason and len(exports) == 1
+    for t in runtime_trials:
+        if t is not first[0]:
+            assert t.reason.startswith(f"not built: {first[0].candidate.config} showed that ExportError: "
+                                       "torch.onnx.export failed")
+    assert result.choices == {}    # eager: nothing else was in the space
