@@ -276,3 +276,66 @@ def test_a_failed_onnx_export_rejects_every_candidate_through_it_without_buildin
             assert t.reason.startswith(f"not built: {first[0].candidate.config} showed that ExportError: "
                                        "torch.onnx.export failed")
     assert result.choices == {}    # eager: nothing else was in the space
+
+
+# -- TensorRT (through a fake torch_tensorrt at the import seam) ------------------------------------
+@pytest.fixture
+def fake_tensorrt(monkeypatch):
+    from cuvil_pgc.recompile import runtime_build
+    from tests.fakes import fake_torch_tensorrt
+
+    fake_torch_tensorrt.calls.clear()
+    monkeypatch.setitem(sys.modules, "torch_tensorrt", fake_torch_tensorrt)
+    monkeypatch.setattr(runtime_build, "_gpu_name", lambda: "NVIDIA H200")
+    runtimes.reset()
+    yield fake_torch_tensorrt
+    runtimes.reset()
+
+
+def test_tensorrt_regions_build_through_torch_tensorrt_and_are_tied_to_gpu_and_version(fake_tensorrt, monkeypatch):
+    from cuvil_pgc.recompile import runtime_build
+    from cuvil_pgc.recompile.apply import Realized
+
+    assert runtimes.check("tensorrt", "cuda").ok and not runtimes.check("tensorrt", "cpu").ok
+    torch.manual_seed(0)
+    model, x = Structured().eval(), torch.randn(3, 16)
+    realized = realize(model, Candidate("", "tensorrt", precision="fp16"), ScopeInputs((x,)), device="cuda")
+    call = fake_tensorrt.calls[-1]
+    assert call["ir"] == "dynamo" and call["enabled_precisions"] == {torch.float32, torch.float16}
+    with torch.no_grad():
+        out, ref = realized.module(x), model(x)
+    assert out["nothing"] is None and out["pair"][1] == 3
+    torch.testing.assert_close(out["out"], ref["out"])
+    assert realized.artifact.endswith(".ep")
+    info = runtime_build.runtime_info("tensorrt", realized)
+    assert info["gpu"] == "NVIDIA H200" and info["version"] == "2.9.0+fake"
+    runtime_build._check_tensorrt(info, "b.cuvilpkg")        # same GPU and version: fine
+    monkeypatch.setattr(runtime_build, "_gpu_name", lambda: "NVIDIA A10")
+    with pytest.raises(BuildError, match="another GPU or TensorRT.*gpu: built 'NVIDIA H200', here 'NVIDIA A10'"):
+        runtime_build._check_tensorrt(info, "b.cuvilpkg")
+    assert isinstance(realized, Realized)
+
+
+@needs_ort
+def test_ort_on_cuda_uses_the_cuda_and_tensorrt_providers(monkeypatch, tmp_path):
+    """The execution provider knob picks ONNX Runtime's providers (a fake session records them)."""
+    from cuvil_pgc.recompile import runtime_region
+
+    seen = {}
+
+    class FakeSession:
+        def __init__(self, path, options, providers):
+            seen["providers"], seen["threads"] = providers, options.intra_op_num_threads
+
+        def get_inputs(self):
+            return []
+
+        def get_outputs(self):
+            return []
+
+    import onnxruntime
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", FakeSession)
+    runtime_region.OrtRunner(str(tmp_path / "m.onnx"), {"ep": "tensorrt", "threads": "3"}, None)
+    assert seen == {"providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+                    "threads": 3}

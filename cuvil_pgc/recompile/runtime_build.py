@@ -182,7 +182,8 @@ def _compile_tensorrt(prepared: nn.Module, cand: Any, inputs: Any, path: Path) -
 def tensorrt_runner(path: str, template: OutputTemplate | None, original: nn.Module) -> TensorRTRunner:
     import torch_tensorrt
 
-    return TensorRTRunner(torch_tensorrt.load(path).module(), template, original)
+    program = torch_tensorrt.load(path)     # an ExportedProgram whose graph calls the engines
+    return TensorRTRunner(program.module() if hasattr(program, "module") else program, template, original)
 
 
 def _cache_path(key: str, kind: str, cand: Any, suffix: str) -> Path:
