@@ -272,6 +272,15 @@ def report(rows: list[dict]) -> None:
                   f"exhaustive chose {ex['chosen']} in {ex['search_s']:.0f}s; medians {ex['medians_ms']}")
 
 
+def row_summary(r: dict) -> str:
+    """One line per finished model (the table comes at the end; a long run shows its figures as it goes)."""
+    m = r["medians_ms"]
+    ex = r.get("exhaustive")
+    return (f"medians ms {({k: round(v, 4) for k, v in m.items()})}; build vs best single "
+            f"{best_single(m) / m['build']:.3f}x; chose {chosen_plan(r)}; measured {r['measured']}/{r['space']}"
+            + (f"; exhaustive measured {ex['measured']}, guided reached {ex['reached']:.1%}" if ex else ""))
+
+
 def main() -> int:
     args = parse_args()
     import torch
@@ -287,6 +296,7 @@ def main() -> int:
         for name in names:
             print(f"[{time.strftime('%H:%M:%S')}] {name} ...", file=sys.stderr, flush=True)
             rows.append(run_model(name, args, workdir, peak))
+            print(f"[{time.strftime('%H:%M:%S')}] {name}: " + row_summary(rows[-1]), file=sys.stderr, flush=True)
     report(rows)
     return 0
 

@@ -30,7 +30,7 @@ def register_recompile(app: typer.Typer) -> None:
         atol: float | None = typer.Option(None, "--atol", help="Accuracy guard atol (default per dtype)."),
         device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
         backends: str | None = typer.Option(None, "--backends",
-                                            help="Comma-separated subset of eager,compile,aoti,cudagraphs."),
+                                            help="Comma-separated subset of eager,compile,aoti,cudagraphs,ort,openvino,tensorrt."),
         sign: str | None = typer.Option(None, "--sign", help="Ed25519 private key to sign the build."),
         name: str | None = typer.Option(None, "--name", help="Build name (default: the factory's name)."),
         version: int = typer.Option(1, "--version", min=1, help="Build version."),
