@@ -339,3 +339,27 @@ def test_ort_on_cuda_uses_the_cuda_and_tensorrt_providers(monkeypatch, tmp_path)
     runtime_region.OrtRunner(str(tmp_path / "m.onnx"), {"ep": "tensorrt", "threads": "3"}, None)
     assert seen == {"providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
                     "threads": 3}
+
+
+def test_a_build_choosing_a_configuration_with_unknown_fields_is_refused_not_silently_changed(tmp_path):
+    """A newer cuvil-pgc's knob must not vanish on load (Candidate.from_json would drop it)."""
+    from cuvil_pgc.recompile import load_build
+    from cuvil_pgc.recompile.manifest import current_fingerprint
+    from cuvil_pgc.recompile.matching import structural_hash
+    from cuvil_pgc.recompile.package import BuildWriter
+    from cuvil_pgc.recompile.signing import generate_keypair
+
+    model, _ = two_part()
+    cand = {**Candidate("enc", "ort").to_json(), "graph_capture": True}
+    plan = {"format": 1, "device": "cpu", "regions": [], "choices": [
+        {"scope": "enc", "candidate": cand, "config": "ort", "structure": structural_hash(model.enc),
+         "weights": None, "input_signature": None, "input_spec": None, "artifact": "ort/0.onnx"}]}
+    priv, pub = generate_keypair(tmp_path / "key")
+    path = tmp_path / "newer.cuvilpkg"
+    with BuildWriter(path, "m", 1, fingerprint=current_fingerprint("cpu"), model_hash=structural_hash(model)) as w:
+        w.add_bytes("plan.json", json.dumps(plan).encode())
+        w.add_bytes("ort/0.onnx", b"not parsed")
+        w.close(priv)
+    with pytest.raises(BuildError, match="fields this cuvil-pgc does not know \\(graph_capture\\)"):
+        load_build(path, model, pubkey=pub)
+    assert Candidate.unknown_fields(Candidate("x").to_json()) == []

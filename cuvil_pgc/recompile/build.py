@@ -341,6 +341,12 @@ def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport
     realized = {}
     extract_dir = _extract_dir(vb)
     for choice in plan["choices"]:
+        unknown = Candidate.unknown_fields(choice["candidate"])
+        if unknown:
+            raise BuildError(f"{PLAN_MEMBER} chooses for {choice['scope'] or '<model>'} a configuration with fields "
+                             f"this cuvil-pgc does not know ({', '.join(unknown)}): a newer version made it, and "
+                             "running it without them would run another configuration", path=path,
+                             fix="upgrade cuvil-pgc, or rebuild the package with this version")
         scope, cand = choice["scope"], Candidate.from_json(choice["candidate"])
         module = modules.get(scope)
         if module is None or structural_hash(module) != choice["structure"]:

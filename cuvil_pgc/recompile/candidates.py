@@ -74,6 +74,12 @@ class Candidate:
         return doc
 
     @classmethod
+    def unknown_fields(cls, doc: dict[str, Any]) -> list[str]:
+        """Fields of a candidate document this version does not know (a newer cuvil-pgc's knobs):
+        :func:`from_json` would drop them, so a loader refuses such a candidate instead."""
+        return sorted(set(doc) - set(cls.__dataclass_fields__))
+
+    @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Candidate:
         fields = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
         fields["knobs"] = tuple(sorted((str(k), str(v)) for k, v in fields.get("knobs") or ()))
