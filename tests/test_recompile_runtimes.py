@@ -363,3 +363,43 @@ def test_a_build_choosing_a_configuration_with_unknown_fields_is_refused_not_sil
     with pytest.raises(BuildError, match="fields this cuvil-pgc does not know \\(graph_capture\\)"):
         load_build(path, model, pubkey=pub)
     assert Candidate.unknown_fields(Candidate("x").to_json()) == []
+
+
+# -- knobs and the cost models ----------------------------------------------------------------------
+@needs_ort
+def test_knobs_become_the_runtimes_own_options():
+    import onnxruntime as ort
+
+    from cuvil_pgc.recompile.runtime_region import openvino_config, ort_session_options
+
+    so = ort_session_options(ort, {"opt": "basic", "exec": "parallel", "threads": "2", "spin": "off"})
+    assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert so.execution_mode == ort.ExecutionMode.ORT_PARALLEL and so.intra_op_num_threads == 2
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    default = ort_session_options(ort, {})
+    assert default.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    assert default.intra_op_num_threads == torch.get_num_threads()     # the deployment's threads
+    assert openvino_config({}, "fp32") == {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32",
+                                           "INFERENCE_NUM_THREADS": str(torch.get_num_threads())}
+    assert openvino_config({"hint": "throughput", "threads": "4"}, "bf16")["INFERENCE_PRECISION_HINT"] == "bf16"
+
+
+@pytest.mark.slow   # exports the probe to ONNX
+@needs_ort
+def test_calibration_measures_each_runtimes_fixed_cost_and_the_cost_model_learns_it(tmp_path, monkeypatch):
+    from cuvil_pgc.recompile import calibrate
+    from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostModel
+    from cuvil_pgc.recompile.records import RecordDB
+    from cuvil_pgc.recompile.search_records import refit_sample
+
+    monkeypatch.setattr(calibrate, "PROBE_CONFIGS", (Candidate(""),))          # eager only, no compiles
+    monkeypatch.setattr(calibrate.runtimes, "available", lambda device="cpu": ("ort",))
+    db = RecordDB(tmp_path / "records")
+    assert calibrate.calibrate_backends(db, "m", rounds=5) == 2
+    samples = [s for s in (refit_sample(r) for r in db.for_machine("m")) if s is not None]
+    assert {c.backend for c, _, _ in samples} == {"eager", "ort"}
+    model = PlanCostModel(MachineFigures())
+    model.refit(samples)
+    ort_us = next(m for c, f, m in samples if c.backend == "ort")
+    assert model.overhead.fixed_us["ort"] != PRIORS["fixed_us"]["ort"]    # moved towards this machine's probe
+    assert calibrate.calibrate_backends(db, "m", rounds=5) == 0 and ort_us > 0   # once per machine

@@ -64,8 +64,9 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
     eager_us = samples["eager"].median_s * 1e6
     feats = ScopeFeatures(scope="", path="", bottleneck="launch_overhead", eager_us=eager_us, ops=3,
                           pointwise_ops=3, flops=32, bytes=128, labels=["launch_overhead"])
-    for key, (cand, _) in {"eager": (Candidate(""), None), **fns}.items():
+    measured = {"eager": (Candidate(""), None), **fns}
+    for key, (cand, _) in measured.items():
         db.add(Record(structure=structure, candidate=program_key(cand), machine=machine_key, inputs=inputs.signature,
                       status="ok", median_us=samples[key].median_s * 1e6, eager_us=eager_us,
                       features=probe_features(cand, feats)))
-    return len(fns) + 1
+    return len(measured)
