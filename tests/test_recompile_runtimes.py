@@ -403,3 +403,29 @@ def test_calibration_measures_each_runtimes_fixed_cost_and_the_cost_model_learns
     ort_us = next(m for c, f, m in samples if c.backend == "ort")
     assert model.overhead.fixed_us["ort"] != PRIORS["fixed_us"]["ort"]    # moved towards this machine's probe
     assert calibrate.calibrate_backends(db, "m", rounds=5) == 0 and ort_us > 0   # once per machine
+
+
+class Tagger(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.fc = nn.GRU(8, 8, batch_first=True), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, h = self.rnn(x)
+        return self.fc(out), h
+
+
+@pytest.mark.slow   # one ONNX export of an unrolled GRU
+@needs_ort
+def test_module_rewrites_apply_before_the_export():
+    torch.manual_seed(0)
+    model, x = Tagger().eval(), torch.randn(1, 4, 8)
+    realized = realize(model, Candidate("", "ort", rewrite=True), ScopeInputs((x,)), machine="t")
+    assert realized.rewrites == ["gru_cell:rnn"] and realized.artifact.endswith(".onnx")
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(realized.artifact).graph.node}
+    assert "GRU" not in ops         # the exported program is the rewritten cells, not ONNX's GRU op
+    with torch.no_grad():
+        out, ref = realized.module(x), model(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
