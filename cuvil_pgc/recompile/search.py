@@ -19,7 +19,9 @@ prepacked GEMM call and its convolution kernel ratios are measured once per proc
 models); once a few measurements are in, only candidates predicted to beat the best measured time
 of their scope by 2 % are tried, their predictions made optimistic by the spread of this search's
 prediction errors so far, and a batch pairs the models' favourite with the best-ranked one-knob
-neighbour of the scope's incumbent (those rules: :mod:`.search_policy`). ``budget`` caps the measurements, eager references, the
+neighbour of the scope's incumbent (those rules: :mod:`.search_policy`). Before all that, the whole
+model on each runtime backend at its defaults (ONNX Runtime, OpenVINO) is measured, within the
+budget: what a user would deploy instead is always known and in the race. ``budget`` caps the measurements, eager references, the
 composite plan and the records of earlier searches reused at the start included, so a second
 search of the same model measures only what the first one left (default: a quarter of the space,
 at least 2, one more when every candidate measured failed; the composite goes beyond it only when
@@ -50,7 +52,13 @@ from cuvil_pgc.recompile.apply import (
     exporter_of_reason,
     realize,
 )
-from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
+from cuvil_pgc.recompile.candidates import (
+    RUNTIME_BACKENDS,
+    Candidate,
+    ScopeFeatures,
+    choose_scopes,
+    generate_space,
+)
 from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
@@ -209,6 +217,7 @@ class _Search:
         # already knows it does not pay for again, so a second search measures only what is left
         self.budget = 10**9 if self.opt.exhaustive else (self.opt.budget or default_budget(len(space))) - self.reused
         total = min(self.budget, len(pending) + self.measured)   # for the progress bar
+        pending = self._measure_runtime_defaults(pending)
         while pending and self.measured < self._cap():
             self._refit()
             ranked = self.cost.rank(pending, self.features)
@@ -238,6 +247,19 @@ class _Search:
                                           reason="ranked below the measured candidates (budget)")
         for cand, reason in self.left_out:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), reason=reason)
+
+    def _measure_runtime_defaults(self, pending: list[Candidate]) -> list[Candidate]:
+        """Measure the whole model on each runtime at its defaults first, whatever the cost models
+        predict: that is what a user would deploy instead of a build, so the search always knows
+        it (and the final race can pick it) before spending the rest of the budget on beating it.
+        Within the budget, leaving room for one more candidate; returns what is still pending."""
+        defaults = [c for c in pending if c.scope == "" and c.backend in RUNTIME_BACKENDS and not c.knobs
+                    and not c.rewrite and c.precision == "fp32"]
+        if not defaults or self.opt.exhaustive or self.measured + len(defaults) + 1 > self._cap():
+            return pending
+        self._measure_batch("", [(c, self.cost.predict(c, self.features[""])) for c in defaults])
+        done = {c.key for c in defaults}
+        return [c for c in pending if c.key not in done and not self._reject_unexportable(c)]
 
     def _cap(self) -> int:
         """The most measurements now (:func:`~.search_policy.budget_cap`; a budget the user set is
