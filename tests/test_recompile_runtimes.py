@@ -187,8 +187,8 @@ def test_a_mixed_plan_ships_its_runtime_artifacts_signed_and_loads_them(mixed_bu
     assert {"ort/0.onnx", "openvino/1.xml", "openvino/1.bin"} <= set(members)   # digests checked by open_build
     assert choices["enc"]["artifact"] == "ort/0.onnx" and choices["head"]["artifact"] == "openvino/1.xml"
     assert choices["enc"]["runtime"]["name"] == "ort" and choices["enc"]["runtime"]["version"] == runtimes.version("ort")
-    # the head's structure travels in the plan: two tensors and the constant 3 (None is an empty node)
-    assert choices["head"]["runtime"]["outputs"]["leaves"] == [["t", 0], ["t", 1], ["c", 3]]
+    # the head's structure travels in the plan: two tensors, the None entry and the constant 3
+    assert choices["head"]["runtime"]["outputs"]["leaves"] == [["t", 0], ["c", None], ["t", 1], ["c", 3]]
     model, inputs = two_part()
     loaded = load_build(path, model, pubkey=pub)
     assert loaded.cuvil_load_report.runtime_regions == 2
