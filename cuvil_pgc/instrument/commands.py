@@ -193,6 +193,7 @@ def _register_doctor(app: typer.Typer) -> None:
             emit_json({"ok": all(c.ok for c in checks), "checks": [c.to_dict() for c in checks]})
             return
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title="cuvil-pgc doctor", show_lines=False)
@@ -200,5 +201,7 @@ def _register_doctor(app: typer.Typer) -> None:
             table.add_column(column, overflow="fold")
         for c in checks:
             status = "[green]ok[/green]" if c.ok else "[yellow]unavailable[/yellow]"
-            table.add_row(c.name, status, c.detail if c.ok else (c.reason or ""), "" if c.ok else (c.fix or ""))
+            # escaped: a fix like pip install 'cuvil-pgc[ort]' is not rich markup
+            table.add_row(escape(c.name), status, escape(c.detail if c.ok else (c.reason or "")),
+                          escape("" if c.ok else (c.fix or "")))
         Console().print(table)

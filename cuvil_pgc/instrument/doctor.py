@@ -215,9 +215,25 @@ def check_region_accel() -> BackendCheck:
 
 # CUPTI is probed before torch.profiler runs: on a CUDA build, starting torch.profiler makes Kineto
 # subscribe to CUPTI, and the CUPTI check would then report this very process as the other tool.
+def _runtime_check(backend: str) -> Callable[[], BackendCheck]:
+    """A check of one of the recompiler's runtime backends (see :mod:`cuvil_pgc.recompile.runtimes`)."""
+
+    def check() -> BackendCheck:
+        from cuvil_pgc.recompile import runtimes
+
+        status = runtimes.describe(backend)
+        name = f"{runtimes.RUNTIMES[backend].title} (recompile backend)"
+        return BackendCheck(name, status.ok, status.detail, status.reason, status.fix)
+
+    check.__name__ = f"check_{backend}"
+    check.__doc__ = f"The recompiler's {backend} backend is installed and can run."
+    return check
+
+
 CHECKS: list[Callable[[], BackendCheck]] = [
     check_torch, check_cuda, check_cupti, check_nvml, check_counter_permission, check_op_capture,
     check_compile, check_cpu_util, check_region_accel,
+    _runtime_check("ort"), _runtime_check("openvino"), _runtime_check("tensorrt"),
 ]
 
 

@@ -31,7 +31,7 @@ def register_recompile(app: typer.Typer) -> None:
         atol: float | None = typer.Option(None, "--atol", help="Accuracy guard atol (default per dtype)."),
         device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
         backends: str | None = typer.Option(None, "--backends",
-                                            help="Comma-separated subset of eager,compile,aoti,cudagraphs."),
+                                            help="Comma-separated subset of eager,compile,aoti,cudagraphs,ort,openvino,tensorrt."),
         sign: str | None = typer.Option(None, "--sign",
                                         help="Ed25519 private key to sign the build (default: $CUVIL_SIGNING_KEY)."),
         threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),

@@ -28,7 +28,7 @@ from torch import nn
 from cuvil_pgc._cache import enforce_limit, touch
 from cuvil_pgc._structure import weights_digest
 from cuvil_pgc.recompile._stderr import first_line
-from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
@@ -192,7 +192,7 @@ def prepare_module(module: nn.Module, cand: Candidate, device: str) -> tuple[nn.
         module = copy.deepcopy(module)
     if cand.channels_last:
         module = _ChannelsLast(module, device)
-    if cand.precision != "fp32":
+    if cand.precision != "fp32" and cand.backend not in RUNTIME_BACKENDS:   # runtimes set their own precision
         module = _Autocast(module, LOW_PRECISION_DTYPES[cand.precision], device.split(":")[0])
     return module.eval(), applied
 
@@ -214,6 +214,8 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     prepared, applied = prepare_module(module, cand, device)
     if cand.backend == "eager":
         return Realized(prepared, rewrites=applied)
+    if cand.backend in RUNTIME_BACKENDS:
+        return _realize_runtime(module, prepared, applied, cand, inputs, device, machine, weights)
     if cand.backend == "aoti":
         path = str(_aoti_path(module, cand, inputs, machine, weights))
         if os.path.exists(path):
@@ -225,6 +227,20 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
         return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), path, applied)
     compiled = torch.compile(prepared, **_compile_kwargs(cand))
     return Realized(CompiledRegion(module, compiled, None, cand.config), rewrites=applied)
+
+
+def _realize_runtime(module: nn.Module, prepared: nn.Module, applied: list[str], cand: Candidate,
+                     inputs: ScopeInputs, device: str, machine: str, weights: str | None) -> Realized:
+    """A region exported to ONNX Runtime, OpenVINO or TensorRT (see :mod:`.runtime_build`)."""
+    from cuvil_pgc.recompile.runtime_build import build_region
+
+    with torch.no_grad():
+        reference = prepared(*inputs.args, **inputs.kwargs)
+    program = f"rewrites-v{REWRITES_VERSION}" if cand.rewrite else "original"
+    key = "|".join([structural_hash(module), weights or weights_digest(module), program, inputs.signature,
+                    machine, torch.__version__])
+    runner, artifact = build_region(module, prepared, cand, inputs, reference, device=device, key=key)
+    return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), artifact, applied)
 
 
 def inductor_options(cand: Candidate) -> dict[str, Any]:
@@ -247,8 +263,19 @@ def _compile_kwargs(cand: Candidate) -> dict[str, Any]:
 
 
 class ExportError(RuntimeError):
-    """torch.export cannot capture a module (data-dependent control flow, unsupported Python):
-    every AOTInductor build of that module fails the same way, whatever its Inductor options."""
+    """An exporter cannot capture a module (data-dependent control flow, unsupported Python or
+    operators): every build of that module through the same exporter fails the same way, whatever
+    its options. The message starts with the exporter's name (``torch.export failed: ...``,
+    ``torch.onnx.export failed: ...``; see :func:`~.runtime_build.exporters`)."""
+
+    @property
+    def exporter(self) -> str:
+        return exporter_of_reason(str(self))
+
+
+def exporter_of_reason(reason: str) -> str:
+    """The exporter named at the start of an ExportError's message (or of a rejection reason)."""
+    return reason.removeprefix(f"{ExportError.__name__}: ").split(" failed", 1)[0]
 
 
 def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, path: str) -> None:
@@ -269,6 +296,11 @@ def program_key(cand: Candidate) -> str:
     (rewrites, layout): a cached package or a recorded measurement of an older program is not
     reused for a changed one."""
     versions = [f"rewrites-v{REWRITES_VERSION}"] * cand.rewrite + [f"layout-v{LAYOUT_VERSION}"] * cand.channels_last
+    if cand.backend in RUNTIME_BACKENDS:   # a measurement of another runtime version is not this one's
+        from cuvil_pgc.recompile import runtimes
+        from cuvil_pgc.recompile.runtime_build import ONNX_EXPORT_VERSION
+
+        versions += [f"{cand.backend}-{runtimes.version(cand.backend)}", f"onnx-export-v{ONNX_EXPORT_VERSION}"]
     return "|".join([cand.config, *versions])
 
 

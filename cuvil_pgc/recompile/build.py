@@ -50,6 +50,7 @@ class LoadReport:
     applied: list[str] = field(default_factory=list)      # "scope: config"
     skipped: list[str] = field(default_factory=list)      # stale regions, with the reason
     aoti_packages: int = 0
+    runtime_regions: int = 0      # regions on ONNX Runtime, OpenVINO or TensorRT
     compiled_regions: int = 0
     cache_artifacts: str = "none"     # none | loaded | unusable: reason
     cache_hits: int | None = None
@@ -184,17 +185,33 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     result = search(model, example_inputs, analysis, options=options, records=db,
                     machine_key=machine_key(fingerprint), progress=progress)
     stage(progress, "writing the plan")
-    artifacts = {scope: f"aoti/{i}.pt2" for i, (scope, r) in enumerate(sorted(result.realized.items()))
-                 if r.artifact}
+    artifacts, files = _artifact_members(result)
     model_hash = structural_hash(model)
     plan = plan_document(result, device=device, model_hash=model_hash, rtol=rtol, atol=atol, artifacts=artifacts)
     cache = _save_cache_artifacts() if any(c.backend in ("compile", "cudagraphs") for c in result.choices.values()) \
         else None
-    return Build(module=result.module, plan=plan,
-                 artifacts={member: result.realized[scope].artifact for scope, member in artifacts.items()},
+    return Build(module=result.module, plan=plan, artifacts=files,
                  cache_artifacts=cache, fingerprint=fingerprint, model_hash=model_hash,
                  trace_hashes=[_sha256_file(p) for p in paths], result=result,
                  model_class=type(model).__qualname__)
+
+
+def _artifact_members(result: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """(scope -> the member its plan choice names, member -> local file) of the chosen regions'
+    artifacts: AOTInductor packages, and the runtime backends' files (see :mod:`.runtime_build`)."""
+    from cuvil_pgc.recompile.runtime_build import ARTIFACT_SUFFIXES, package_members
+
+    named: dict[str, str] = {}
+    files: dict[str, str] = {}
+    for i, (scope, r) in enumerate(sorted(result.realized.items())):
+        if not r.artifact:
+            continue
+        backend = result.choices[scope].backend
+        members = package_members(backend, i, r.artifact) if backend in ARTIFACT_SUFFIXES else \
+            {f"aoti/{i}.pt2": r.artifact}
+        named[scope] = next(iter(members))
+        files.update(members)
+    return named, files
 
 
 def _pinned(plan: Any) -> dict[str, Any] | None:
@@ -406,25 +423,37 @@ def _load_cache_artifacts(vb: Any) -> str:
 def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport, path: str, stale: str) -> Any:
     from cuvil_pgc._structure import weights_digest
     from cuvil_pgc.recompile.apply import apply_plan, realize
-    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
     from cuvil_pgc.recompile.matching import structural_hash
+    from cuvil_pgc.recompile.runtime_build import load_region
+
+    artifact_backends = ("aoti", *RUNTIME_BACKENDS)
 
     model = model.eval().to(plan.get("device", "cpu"))
     modules = dict(model.named_modules())
     realized = {}
     extract_dir = _extract_dir(vb)
     for choice in plan["choices"]:
+        unknown = Candidate.unknown_fields(choice["candidate"])
+        if unknown:
+            raise BuildError(f"{PLAN_MEMBER} chooses for {choice['scope'] or '<model>'} a configuration with fields "
+                             f"this cuvil-pgc does not know ({', '.join(unknown)}): a newer version made it, and "
+                             "running it without them would run another configuration", path=path,
+                             fix="upgrade cuvil-pgc, or rebuild the package with this version")
         scope, cand = choice["scope"], Candidate.from_json(choice["candidate"])
         module = modules.get(scope)
         if module is None or structural_hash(module) != choice["structure"]:
             report.skipped.append(f"{scope or '<model>'}: module {'missing' if module is None else 'changed'} "
                                   "since the build; running it eagerly")
             continue
-        if cand.backend == "aoti" and choice.get("weights") not in (None, weights_digest(module)):
-            report.skipped.append(f"{scope or '<model>'}: weights changed since the build (its AOTInductor "
-                                  "package holds the build's weights); running it eagerly")
+        if cand.backend in artifact_backends and choice.get("weights") not in (None, weights_digest(module)):
+            report.skipped.append(f"{scope or '<model>'}: weights changed since the build (its {cand.backend} "
+                                  "artifact holds the build's weights); running it eagerly")
             continue
-        if cand.backend == "aoti":
+        if cand.backend in RUNTIME_BACKENDS:
+            realized[scope] = load_region(vb, choice, module, cand, extract_dir, plan.get("device", "cpu"), path)
+            report.runtime_regions += 1
+        elif cand.backend == "aoti":
             if not choice.get("artifact"):
                 raise BuildError(f"plan chooses AOTInductor for {scope or '<model>'} but names no package", path=path)
             local = str(vb.extract(choice["artifact"], extract_dir))

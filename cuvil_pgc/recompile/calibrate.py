@@ -2,7 +2,8 @@
 
 A probe module with two pointwise ops is measured once per machine (and thread count) in every
 backend variant — eager, torch.compile, torch.compile with cpp_wrapper, an AOTInductor package,
-CUDA graphs on CUDA — interleaved, like any candidate. The measurements go to the record database
+CUDA graphs on CUDA, and the runtimes usable here (ONNX Runtime, OpenVINO, TensorRT on CUDA) —
+interleaved, like any candidate. The measurements go to the record database
 as ordinary records of the probe, so the cost models' refit sees them with every other record of
 this machine: the fixed costs are measured here, not assumed. Runs only when the database holds no
 probe records for this machine; costs one AOTInductor compile (~30 s on a small CPU).
@@ -15,6 +16,7 @@ import logging
 import torch
 from torch import nn
 
+from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile.apply import ScopeInputs, program_key, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.matching import structural_hash
@@ -42,6 +44,7 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
     structure = structural_hash(probe)
     configs = list(PROBE_CONFIGS) + ([Candidate("", "cudagraphs", mode="reduce-overhead")]
                                      if device.startswith("cuda") else [])
+    configs += [Candidate("", backend) for backend in runtimes.available(device)]
     todo = [c for c in configs if db.lookup(structure, program_key(c), machine_key, inputs.signature) is None]
     if not todo:
         return 0
@@ -61,8 +64,9 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
     eager_us = samples["eager"].median_s * 1e6
     feats = ScopeFeatures(scope="", path="", bottleneck="launch_overhead", eager_us=eager_us, ops=3,
                           pointwise_ops=3, flops=32, bytes=128, labels=["launch_overhead"])
-    for key, (cand, _) in {"eager": (Candidate(""), None), **fns}.items():
+    measured = {"eager": (Candidate(""), None), **fns}
+    for key, (cand, _) in measured.items():
         db.add(Record(structure=structure, candidate=program_key(cand), machine=machine_key, inputs=inputs.signature,
                       status="ok", median_us=samples[key].median_s * 1e6, eager_us=eager_us,
                       features=probe_features(cand, feats)))
-    return len(fns) + 1
+    return len(measured)

@@ -3,7 +3,8 @@
 A :class:`Candidate` is one configuration of one *scope* — a submodule matched to a hot region
 (the region compiled alone) or the whole model (every region merged into one compile boundary).
 Configurations combine a backend (eager, torch.compile, AOTInductor package, CUDA graphs via
-``reduce-overhead``), its options (mode, max-autotune for AOTInductor packages too; Inductor
+``reduce-overhead``, or an inference runtime the region is exported to: ONNX Runtime, OpenVINO,
+Torch-TensorRT, see :mod:`.runtimes`), its options (mode, max-autotune for AOTInductor packages too; Inductor
 freezing; ``cpp_wrapper``), module rewrites, memory layout (channels_last) and precision (bf16/fp16
 autocast).
 
@@ -11,7 +12,9 @@ autocast).
 regions: launch-overhead and host-bound regions get the options that remove per-op or per-call
 cost (rewrites, AOTInductor, cpp_wrapper, CUDA graphs); memory-bandwidth regions the fusing and
 layout options; compute-bound regions autotuning, freezing, layout and reduced precision; idle
-regions nothing. The cost models then rank them (see :mod:`.cost_models`).
+regions nothing. Every scope with work also gets the runtimes usable here, at their defaults and
+with the knobs that matter on this machine (:func:`_runtime_configs`). The cost models then rank
+them (see :mod:`.cost_models`).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cuvil_pgc.analyze import vocabulary
+from cuvil_pgc.recompile.runtimes import RUNTIME_BACKENDS
 
-BACKENDS = ("eager", "compile", "aoti", "cudagraphs")
+BACKENDS = ("eager", "compile", "aoti", "cudagraphs", *RUNTIME_BACKENDS)
 OVERHEAD_LABELS = tuple(sorted(vocabulary.with_remedy("overhead")))   # launch_overhead, host_bound, ...
 WORK_LABELS = vocabulary.with_remedy("work")                            # memory_bandwidth, compute
 NO_REMEDY_LABELS = vocabulary.with_remedy("none")                       # idle, communication, setup
@@ -39,13 +43,16 @@ class Candidate:
     rewrite: bool = False
     channels_last: bool = False
     precision: str = "fp32"          # fp32 | bf16 | fp16
+    #: a runtime backend's own options, sorted (name, value) pairs: see :mod:`.runtime_region`
+    knobs: tuple[tuple[str, str], ...] = ()
 
     @property
     def config(self) -> str:
-        """The configuration without the scope, e.g. ``aoti+freezing+rewrite``."""
+        """The configuration without the scope, e.g. ``aoti+freezing+rewrite`` or ``ort+opt=basic``."""
         parts = [self.backend]
         if self.backend in ("compile", "aoti") and self.mode != "default":
             parts.append(self.mode)
+        parts += [f"{name}={value}" for name, value in self.knobs]
         parts += [name for name, on in (("freezing", self.freezing), ("cpp_wrapper", self.cpp_wrapper),
                                         ("rewrite", self.rewrite), ("channels_last", self.channels_last)) if on]
         if self.precision != "fp32":
@@ -62,11 +69,21 @@ class Candidate:
         return f"{self.scope or '<model>'}::{self.config}"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        doc["knobs"] = [list(k) for k in self.knobs]
+        return doc
+
+    @classmethod
+    def unknown_fields(cls, doc: dict[str, Any]) -> list[str]:
+        """Fields of a candidate document this version does not know (a newer cuvil-pgc's knobs):
+        :func:`from_json` would drop them, so a loader refuses such a candidate instead."""
+        return sorted(set(doc) - set(cls.__dataclass_fields__))
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Candidate:
-        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
+        fields = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        fields["knobs"] = tuple(sorted((str(k), str(v)) for k, v in fields.get("knobs") or ()))
+        return cls(**fields)
 
 
 @dataclass
@@ -90,24 +107,51 @@ class ScopeFeatures:
 
 
 def generate_space(scopes: list[ScopeFeatures], device: str = "cpu",
-                   backends: tuple[str, ...] | None = None) -> list[Candidate]:
+                   backends: tuple[str, ...] | None = None,
+                   runtimes: RuntimeSpace | None = None) -> list[Candidate]:
     """All candidates for all scopes (eager of every scope included, deduplicated, stable order).
 
     ``backends`` restricts the space to those backends (eager, and eager with rewrites, always stay).
+    ``runtimes`` says which runtime backends can run here (default: :func:`RuntimeSpace.here`).
     """
+    if runtimes is None:
+        runtimes = RuntimeSpace.here(device) if backends is None or set(backends) & set(RUNTIME_BACKENDS) \
+            else RuntimeSpace()
     seen: dict[str, Candidate] = {}
     for feats in scopes:
-        for cand in scope_candidates(feats, device):
+        for cand in scope_candidates(feats, device, runtimes):
             if backends is None or cand.backend == "eager" or cand.backend in backends:
                 seen.setdefault(cand.key, cand)
     return list(seen.values())
 
 
-def scope_candidates(feats: ScopeFeatures, device: str = "cpu") -> list[Candidate]:
+@dataclass(frozen=True)
+class RuntimeSpace:
+    """What the runtime candidates depend on in this process: the runtime backends usable here,
+    whether the CPU runs bf16 natively (AVX512-BF16 / AMX, as OpenVINO reports it) and the
+    deployment's thread count (torch's intra-op threads)."""
+
+    backends: tuple[str, ...] = ()
+    native_bf16: bool = False
+    threads: int = 1
+
+    @classmethod
+    def here(cls, device: str = "cpu") -> RuntimeSpace:
+        import torch
+
+        from cuvil_pgc.recompile import runtimes
+
+        usable = runtimes.available(device)
+        return cls(usable, "openvino" in usable and runtimes.openvino_native_bf16(), torch.get_num_threads())
+
+
+def scope_candidates(feats: ScopeFeatures, device: str = "cpu",
+                     runtimes: RuntimeSpace | None = None) -> list[Candidate]:
     labels = set(feats.labels or [feats.bottleneck])
     out = [Candidate(feats.scope)]
     if labels <= NO_REMEDY_LABELS:
         return out
+    out += _runtime_configs(feats, device, runtimes or RuntimeSpace(), labels)
     rewrites = [False, True] if feats.rewrites else [False]
     for rw in rewrites:
         out += _overhead_configs(feats.scope, rw, device) if labels & set(OVERHEAD_LABELS) else []
@@ -158,6 +202,39 @@ def _layout_precision_configs(feats: ScopeFeatures, device: str, labels: set[str
     out += [Candidate(feats.scope, "aoti", freezing=True, precision=low)]
     if "compute" in labels:
         out.append(Candidate(feats.scope, "compile", mode=mat, freezing=True, precision=low))
+    return out
+
+
+def _runtime_configs(feats: ScopeFeatures, device: str, space: RuntimeSpace, labels: set[str]) -> list[Candidate]:
+    """The runtimes at their defaults (ONNX Runtime with all graph optimizations, OpenVINO with the
+    latency hint, both at the deployment's threads), on the rewritten module too where rewrites
+    apply, and the knobs worth a measurement here: ONNX Runtime's extended level (no NCHWc layout
+    transformation, which loses on small convolutions and matrix-vector work); without spinning
+    and with the parallel executor where there are threads to spin or share; OpenVINO in bf16
+    where the CPU runs it natively and the scope computes; CUDA and TensorRT execution providers
+    and Torch-TensorRT (fp16 too) on CUDA."""
+    scope, out = feats.scope, []
+    cuda = device.startswith("cuda")
+    for rw in ([False, True] if feats.rewrites else [False]):
+        if "ort" in space.backends:
+            if cuda:
+                out += [Candidate(scope, "ort", rewrite=rw, knobs=(("ep", "cuda"),)),
+                        Candidate(scope, "ort", rewrite=rw, knobs=(("ep", "tensorrt"),))]
+            else:
+                out.append(Candidate(scope, "ort", rewrite=rw))
+        if "openvino" in space.backends and not cuda:
+            out.append(Candidate(scope, "openvino", rewrite=rw))
+        if "tensorrt" in space.backends and cuda:
+            out.append(Candidate(scope, "tensorrt", rewrite=rw))
+    if "ort" in space.backends and not cuda:
+        out.append(Candidate(scope, "ort", knobs=(("opt", "extended"),)))
+        if space.threads > 1:
+            out += [Candidate(scope, "ort", knobs=(("spin", "off"),)),
+                    Candidate(scope, "ort", knobs=(("exec", "parallel"),))]
+    if "openvino" in space.backends and not cuda and space.native_bf16 and labels & WORK_LABELS:
+        out.append(Candidate(scope, "openvino", precision="bf16"))
+    if "tensorrt" in space.backends and cuda and labels & WORK_LABELS:
+        out.append(Candidate(scope, "tensorrt", precision="fp16"))
     return out
 
 

@@ -35,15 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuvil_pgc.analyze import vocabulary
-from cuvil_pgc.recompile.candidates import OVERHEAD_LABELS, Candidate, ScopeFeatures
+from cuvil_pgc.recompile.candidates import OVERHEAD_LABELS, RUNTIME_BACKENDS, Candidate, ScopeFeatures
 from cuvil_pgc.recompile.measure import conv_kernel_ratios, median, prepacked_gemm_overhead_us
 from cuvil_pgc.recompile.rewrites import CELL_REWRITES
 
 #: µs per call of each backend variant on top of eager (measured, see module docstring)
 PRIORS = {
     "fixed_us": {"eager": 0.0, "compile": 53.0, "compile+cpp_wrapper": 45.0, "aoti": 5.0,
-                 "cudagraphs": 15.0},
-    "per_op_us": {"eager": None, "compile": 1.0, "aoti": 0.5, "cudagraphs": 0.3},
+                 "cudagraphs": 15.0, "ort": 12.0, "openvino": 15.0, "tensorrt": 20.0},
+    "per_op_us": {"eager": None, "compile": 1.0, "aoti": 0.5, "cudagraphs": 0.3, "ort": 0.6, "openvino": 0.5,
+                  "tensorrt": 0.3},
     "rnn_rewrite_saving": 0.8,          # share of an RNN op's time a cell rewrite removes (0.35 → 0.064 ms)
     "rnn_op_us": 250.0,                 # nn.LSTM step cost when the profile has no top_ops
     "cell_step_ops": 12.0,              # aten ops of one rewritten LSTM/GRU step (addmm, chunk, gates)
@@ -404,7 +405,7 @@ def _label_preference(cand: Candidate, feats: ScopeFeatures) -> int:
     """0 when the candidate's main lever fits the scope's bottleneck label, 1 otherwise."""
     labels = set(feats.labels or [feats.bottleneck])
     if labels & set(OVERHEAD_LABELS):
-        return 0 if cand.backend in ("aoti", "cudagraphs") or cand.rewrite or cand.cpp_wrapper else 1
+        return 0 if cand.backend in ("aoti", "cudagraphs", *RUNTIME_BACKENDS) or cand.rewrite or cand.cpp_wrapper else 1
     if "compute" in labels:
         return 0 if cand.mode != "default" or cand.freezing or cand.precision != "fp32" else 1
     return 0 if cand.backend != "eager" else 1

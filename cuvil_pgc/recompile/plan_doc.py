@@ -4,7 +4,8 @@ Shape (``format`` 1)::
 
     {"format": 1, "device", "machine", "model_hash", "tolerances": {"rtol", "atol"},
      "choices": [{"scope", "candidate": {...}, "config", "structure", "weights", "input_signature",
-                  "input_spec", "artifact": member name | null}],
+                  "input_spec", "artifact": member name | null,
+                  "runtime": {"name", "version", "gpu" (TensorRT), "outputs"} (runtime backends only)}],
      "regions": [{"path", "scope", "chosen", "bottleneck", "evidence", "predicted_ms", "measured_ms",
                   "baseline_ms", "alternatives": [{"config", "scope", "predicted_ms", "measured_ms",
                   "status", "reason", "reused_record"}]}],
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 
 PLAN_FORMAT = 1
 
@@ -38,7 +39,8 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
                 "structure": result.structures[scope], "weights": result.weights.get(scope),
                 "input_signature": result.scope_inputs[scope].signature,
                 "input_spec": result.scope_inputs[scope].spec,
-                "artifact": artifacts.get(scope)} for scope, cand in sorted(result.choices.items())]
+                "artifact": artifacts.get(scope), **_runtime(result, scope, cand)}
+               for scope, cand in sorted(result.choices.items())]
     return {
         "format": PLAN_FORMAT, "device": device, "machine": result.machine, "model_hash": model_hash,
         "tolerances": {"rtol": rtol, "atol": atol}, "choices": choices,
@@ -50,6 +52,16 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
         "speedup_vs_eager": round(result.speedup, 4) if not math.isnan(result.speedup) else None,
         "final_medians_ms": {k: _ms(v) for k, v in result.final_medians_us.items()},
     }
+
+
+def _runtime(result: Any, scope: str, cand: Candidate) -> dict[str, Any]:
+    """``{"runtime": {...}}`` for a region exported to a runtime (see
+    :func:`~.runtime_build.runtime_info`), else nothing."""
+    if cand.backend not in RUNTIME_BACKENDS or scope not in result.realized:
+        return {}
+    from cuvil_pgc.recompile.runtime_build import runtime_info
+
+    return {"runtime": runtime_info(cand.backend, result.realized[scope])}
 
 
 def _region(result: Any, scope: str) -> dict[str, Any]:

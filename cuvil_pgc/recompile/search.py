@@ -2,9 +2,10 @@
 
 Contract of :func:`search`: it never crashes on a bad candidate. A candidate that fails to
 compile or export is rejected as ``compile_error``, one whose outputs differ from eager beyond
-the tolerances as ``accuracy_error``, each with its reason; once torch.export fails on a scope's
-module, its other AOTInductor candidates are rejected with that reason without being built or
-counted against the budget. Measurements are interleaved with the scope's eager module and with
+the tolerances as ``accuracy_error``, each with its reason; once an exporter (torch.export,
+torch.onnx.export, openvino.convert_model, torch_tensorrt.compile) fails on a scope's module, the
+scope's other candidates through that exporter (AOTInductor; ONNX Runtime and OpenVINO; ...) are
+rejected with that reason without being built or counted against the budget. Measurements are interleaved with the scope's eager module and with
 the fastest candidate of the scope measured so far, the incumbent (same inputs, rotating order,
 medians; see :mod:`.measure`). A candidate's ratio to eager is its ratio to the incumbent of its
 own run times the incumbent's ratio (to eager, in the first run), and it is expressed against the
@@ -18,7 +19,9 @@ prepacked GEMM call and its convolution kernel ratios are measured once per proc
 models); once a few measurements are in, only candidates predicted to beat the best measured time
 of their scope by 2 % are tried, their predictions made optimistic by the spread of this search's
 prediction errors so far, and a batch pairs the models' favourite with the best-ranked one-knob
-neighbour of the scope's incumbent (those rules: :mod:`.search_policy`). ``budget`` caps the measurements, eager references, the
+neighbour of the scope's incumbent (those rules: :mod:`.search_policy`). Before all that, the whole
+model on each runtime backend at its defaults (ONNX Runtime, OpenVINO) is measured, within the
+budget: what a user would deploy instead is always known and in the race. ``budget`` caps the measurements, eager references, the
 composite plan and the records of earlier searches reused at the start included, so a second
 search of the same model measures only what the first one left (default: a quarter of the space,
 at least 2, one more when every candidate measured failed; the composite goes beyond it only when
@@ -46,9 +49,16 @@ from cuvil_pgc.recompile.apply import (
     Realized,
     ScopeInputs,
     capture_scope_inputs,
+    exporter_of_reason,
     realize,
 )
-from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, choose_scopes, generate_space
+from cuvil_pgc.recompile.candidates import (
+    RUNTIME_BACKENDS,
+    Candidate,
+    ScopeFeatures,
+    choose_scopes,
+    generate_space,
+)
 from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
@@ -142,7 +152,7 @@ class _Search:
         self.eager_runs: dict[str, list[float]] = {}   # scope -> eager medians (µs per call), one per run
         self.incumbents: dict[str, tuple[str, Callable[[], Any]]] = {}   # scope -> (trial key, built callable)
         self.left_out: list[tuple[Candidate, str]] = []   # candidates the guard cannot pass, with the reason
-        self.unexportable: dict[tuple[str, bool], str] = {}   # (scope, rewritten) -> why torch.export failed
+        self.unexportable: dict[tuple[str, bool, str], str] = {}   # (scope, rewritten, exporter) -> why it failed
         self.measured = self.reused = 0
 
     # ------------------------------------------------------------------ preparation
@@ -209,6 +219,7 @@ class _Search:
         total = min(self.budget, len(pending) + self.measured)   # for the progress bar
         self._total = total
         stage(self.progress, "searching")
+        pending = self._measure_runtime_defaults(pending)
         while pending and self.measured < self._cap():
             self._refit()
             ranked = self.cost.rank(pending, self.features)
@@ -247,6 +258,18 @@ class _Search:
         if trial is None or not trial.ratio:
             return f"{label}: nothing beats eager yet"
         return f"{label}: best {trial.candidate.key} {1 / trial.ratio:.2f}x"
+    def _measure_runtime_defaults(self, pending: list[Candidate]) -> list[Candidate]:
+        """Measure the whole model on each runtime at its defaults first, whatever the cost models
+        predict: that is what a user would deploy instead of a build, so the search always knows
+        it (and the final race can pick it) before spending the rest of the budget on beating it.
+        Within the budget, leaving room for one more candidate; returns what is still pending."""
+        defaults = [c for c in pending if c.scope == "" and c.backend in RUNTIME_BACKENDS and not c.knobs
+                    and not c.rewrite and c.precision == "fp32"]
+        if not defaults or self.opt.exhaustive or self.measured + len(defaults) + 1 > self._cap():
+            return pending
+        self._measure_batch("", [(c, self.cost.predict(c, self.features[""])) for c in defaults])
+        done = {c.key for c in defaults}
+        return [c for c in pending if c.key not in done and not self._reject_unexportable(c)]
 
     def _cap(self) -> int:
         """The most measurements now (:func:`~.search_policy.budget_cap`; a budget the user set is
@@ -347,14 +370,18 @@ class _Search:
         self.incumbents[scope] = (best, contenders[best])    # the fastest built so far, for the next runs
 
     def _note_unexportable(self, cand: Candidate, reason: str) -> None:
-        """torch.export failed on ``cand``'s module (rewritten or not): remember why, once per scope."""
-        self.unexportable.setdefault((cand.scope, cand.rewrite), f"{cand.config} showed that {reason}")
+        """An exporter failed on ``cand``'s module (rewritten or not): remember why, once per scope."""
+        self.unexportable.setdefault((cand.scope, cand.rewrite, exporter_of_reason(reason)),
+                                     f"{cand.config} showed that {reason}")
 
     def _reject_unexportable(self, cand: Candidate) -> bool:
-        """Reject ``cand`` if it is an AOTInductor build of a module torch.export already failed on
-        in this search: it goes into the trials with that reason, not built and not counted against
-        the budget (its Inductor options cannot change what export sees). True when rejected."""
-        why = self.unexportable.get((cand.scope, cand.rewrite)) if cand.backend == "aoti" else None
+        """Reject ``cand`` if one of the exporters its build runs already failed on its module in
+        this search: it goes into the trials with that reason, not built and not counted against the
+        budget (its backend's options cannot change what the exporter sees). True when rejected."""
+        from cuvil_pgc.recompile.runtime_build import exporters
+
+        why = next((self.unexportable[k] for k in ((cand.scope, cand.rewrite, e) for e in exporters(cand.backend))
+                    if k in self.unexportable), None)
         if why is None:
             return False
         self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), "compile_error",

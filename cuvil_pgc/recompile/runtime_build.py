@@ -1,0 +1,266 @@
+"""Building a region for a runtime backend, and loading it back from a verified build.
+
+ONNX Runtime and OpenVINO candidates share one export per scope and program (rewritten or not):
+``torch.onnx.export(..., dynamo=True)`` writes a self-contained ``.onnx``, which ONNX Runtime runs
+and ``openvino.convert_model`` turns into OpenVINO IR (``.xml`` + ``.bin``, weights kept in fp32).
+Torch-TensorRT compiles the region (``ir="dynamo"``) into an exported program with TensorRT
+engines (``.ep``). The files live in the artifact cache keyed like AOTInductor packages (module
+structure, weights, program, inputs, machine, torch and runtime versions), so the knobs of one
+runtime cost no second export. A failing export raises :class:`~.apply.ExportError` naming the
+exporter, so the search rejects that exporter's other candidates of the scope without building
+them.
+
+In a build the files are members ``<backend>/<n><suffix>`` of the signed package; the plan's
+choice names the first one and records the runtime (its version; TensorRT also the GPU, since
+an engine runs only on the GPU and TensorRT version it was built for) and the output structure.
+:func:`load_region` reads them only after the package was verified (an ONNX protobuf from an
+unverified file is untrusted input).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cuvil_pgc.errors import BuildError
+from cuvil_pgc.recompile import runtimes
+from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile.runtime_region import (
+    OpenVinoRunner,
+    OrtRunner,
+    OutputTemplate,
+    TensorRTRunner,
+)
+
+log = logging.getLogger(__name__)
+
+#: the files of each runtime's artifact, the first one named in the plan
+ARTIFACT_SUFFIXES = {"ort": (".onnx",), "openvino": (".xml", ".bin"), "tensorrt": (".ep",)}
+#: bump when the ONNX export's program changes (exporter options)
+ONNX_EXPORT_VERSION = 1
+OPSET = 18
+
+
+def exporters(backend: str) -> tuple[str, ...]:
+    """The exporters a backend's build runs, in order (a failure of any rejects its siblings)."""
+    return {"aoti": ("torch.export",), "ort": ("torch.onnx.export",),
+            "openvino": ("torch.onnx.export", "openvino.convert_model"),
+            "tensorrt": ("torch_tensorrt.compile",)}.get(backend, ())
+
+
+def knobs_of(cand: Any) -> dict[str, str]:
+    return dict(cand.knobs)
+
+
+def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any, reference: Any, *,
+                 device: str, key: str) -> tuple[Any, str]:
+    """The runner of ``cand`` for ``module`` and the path of its (first) artifact file.
+
+    ``prepared`` is the module to export (rewrites applied), ``reference`` its output for
+    ``inputs`` (the output structure), ``key`` the artifact cache key of the scope and program.
+    """
+    from cuvil_pgc.recompile.apply import ExportError
+
+    template = OutputTemplate.of(reference)
+    if cand.backend == "tensorrt":
+        path = _cache_path(key, "tensorrt", cand, ".ep")
+        if not path.exists():
+            _compile_tensorrt(prepared, cand, inputs, path)
+        return tensorrt_runner(str(path), template, module), str(path)
+    onnx_path = _cache_path(key, "onnx", None, ".onnx")
+    if not onnx_path.exists():
+        export_onnx(prepared, inputs, onnx_path, len(template.tensors))
+    if cand.backend == "ort":
+        return OrtRunner(str(onnx_path), knobs_of(cand), template, module), str(onnx_path)
+    xml = _cache_path(key, "openvino", None, ".xml")
+    if not xml.exists():
+        try:
+            convert_openvino(onnx_path, xml)
+        except Exception as exc:
+            raise ExportError(f"openvino.convert_model failed: {_why(exc)}") from exc
+    return OpenVinoRunner(str(xml), knobs_of(cand), cand.precision, template, module), str(xml)
+
+
+def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int) -> None:
+    """``torch.onnx.export(dynamo=True)`` of ``prepared`` for ``inputs`` into one ``.onnx`` file."""
+    from cuvil_pgc.recompile.apply import ExportError
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    chatter = io.StringIO()
+    try:
+        with torch.no_grad(), contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+            program = torch.onnx.export(_TensorOutputs(prepared).eval(), inputs.args, kwargs=inputs.kwargs or None, dynamo=True,
+                                        opset_version=OPSET, optimize=True, verbose=False, report=False)
+            program.save(str(tmp), external_data=False)
+        import onnx
+
+        graph = onnx.load(str(tmp), load_external_data=False).graph
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)
+        raise ExportError(f"torch.onnx.export failed: {_why(exc)}") from exc
+    initializers = {i.name for i in graph.initializer}
+    graph_inputs = [i for i in graph.input if i.name not in initializers]
+    from cuvil_pgc.recompile.runtime_region import tensor_leaves
+
+    expected = len(tensor_leaves(inputs.args, inputs.kwargs))
+    if len(graph_inputs) != expected or len(graph.output) != outputs:
+        tmp.unlink(missing_ok=True)
+        raise ExportError(f"torch.onnx.export failed: the ONNX graph has {len(graph_inputs)} inputs and "
+                          f"{len(graph.output)} outputs, the region {expected} input and {outputs} output tensors")
+    os.replace(tmp, path)
+
+
+class _TensorOutputs(nn.Module):
+    """The region with its output flattened to the tensors in it (what an ONNX graph can return;
+    the runner's :class:`OutputTemplate` puts them back into the original structure)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        return tuple(t for t in torch.utils._pytree.tree_leaves(self.inner(*args, **kwargs))
+                     if isinstance(t, torch.Tensor))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _why(exc: BaseException) -> str:
+    """An exporter's failure in one line: the exception, and its root cause where it differs (the
+    ONNX exporter wraps the real error in generic ones)."""
+    root = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = f"{type(exc).__name__}: {first_line(_ANSI.sub('', str(exc)))}"
+    if root is not exc:
+        text += f" (cause: {type(root).__name__}: {first_line(_ANSI.sub('', str(root)))})"
+    return text
+
+
+def convert_openvino(onnx_path: Path, xml: Path) -> None:
+    """OpenVINO IR of the ONNX file, weights kept in fp32 (``save_model`` would halve them)."""
+    import openvino as ov
+
+    tmp = xml.with_name(f"{xml.stem}.{os.getpid()}.tmp.xml")
+    model = ov.convert_model(str(onnx_path))
+    ov.save_model(model, str(tmp), compress_to_fp16=False)
+    os.replace(tmp.with_suffix(".bin"), xml.with_suffix(".bin"))
+    os.replace(tmp, xml)
+
+
+def _compile_tensorrt(prepared: nn.Module, cand: Any, inputs: Any, path: Path) -> None:
+    import torch_tensorrt
+
+    from cuvil_pgc.recompile.apply import ExportError
+
+    precisions = {torch.float32} | ({torch.float16} if cand.precision == "fp16" else set())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.ep")
+    try:
+        with torch.no_grad():
+            program = torch_tensorrt.compile(prepared, ir="dynamo", arg_inputs=list(inputs.args),
+                                             kwarg_inputs=inputs.kwargs or None, enabled_precisions=precisions)
+        torch_tensorrt.save(program, str(tmp), output_format="exported_program", arg_inputs=list(inputs.args),
+                            kwarg_inputs=inputs.kwargs or None)
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)
+        raise ExportError(f"torch_tensorrt.compile failed: {_why(exc)}") from exc
+    os.replace(tmp, path)
+
+
+def tensorrt_runner(path: str, template: OutputTemplate | None, original: nn.Module) -> TensorRTRunner:
+    import torch_tensorrt
+
+    program = torch_tensorrt.load(path)     # an ExportedProgram whose graph calls the engines
+    return TensorRTRunner(program.module() if hasattr(program, "module") else program, template, original)
+
+
+def _cache_path(key: str, kind: str, cand: Any, suffix: str) -> Path:
+    from cuvil_pgc.recompile.records import cache_dir
+
+    versions = [f"onnx-export-v{ONNX_EXPORT_VERSION}", f"opset-{OPSET}"]
+    if kind == "openvino":
+        versions.append(f"openvino-{runtimes.version('openvino')}")
+    if kind == "tensorrt":
+        versions += [f"tensorrt-{runtimes.version('tensorrt')}", cand.config, _gpu_name()]
+    digest = hashlib.sha256("|".join([key, kind, *versions]).encode()).hexdigest()[:32]
+    return cache_dir() / "artifacts" / f"{digest}{suffix}"
+
+
+def _gpu_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+
+
+# ----------------------------------------------------------------------------- packages
+
+def artifact_files(backend: str, first: str) -> dict[str, str]:
+    """suffix -> local file of a runtime artifact whose first file is ``first``."""
+    base = Path(first)
+    return {suffix: str(base.with_suffix(suffix)) for suffix in ARTIFACT_SUFFIXES[backend]}
+
+
+def package_members(backend: str, index: int, first: str) -> dict[str, str]:
+    """member name -> local file of one region's runtime artifact in a build (the first is the
+    member the plan names)."""
+    return {f"{backend}/{index}{suffix}": local for suffix, local in artifact_files(backend, first).items()}
+
+
+def runtime_info(backend: str, realized: Any) -> dict[str, Any]:
+    """What plan.json records about a region's runtime: its version (TensorRT: and the GPU), and
+    the output structure the runner rebuilds (None where it cannot be serialized)."""
+    info: dict[str, Any] = {"name": backend, "version": runtimes.version(backend)}
+    if backend == "tensorrt":
+        info["gpu"] = _gpu_name()
+    template = getattr(getattr(realized.module, "_compiled", None), "template", None)
+    info["outputs"] = template.to_json() if template is not None else None
+    return info
+
+
+def load_region(vb: Any, choice: dict[str, Any], module: nn.Module, cand: Any, extract_dir: Path, device: str,
+                path: str) -> Any:
+    """The :class:`~.apply.Realized` region of a verified build's runtime choice."""
+    from cuvil_pgc.recompile.apply import CompiledRegion, Realized
+
+    runtimes.require(cand.backend, device, path)
+    member = choice.get("artifact")
+    if not member:
+        raise BuildError(f"plan chooses {cand.backend} for {choice['scope'] or '<model>'} but names no artifact",
+                         path=path, fix="rebuild the package with `cuvil-pgc recompile`")
+    info = choice.get("runtime") or {}
+    if cand.backend == "tensorrt":
+        _check_tensorrt(info, path)
+    stem = member.rsplit(".", 1)[0]
+    local = {}
+    for suffix in ARTIFACT_SUFFIXES[cand.backend]:   # only members the manifest verified are extracted
+        local[suffix] = str(vb.extract(stem + suffix, extract_dir))
+    first = local[ARTIFACT_SUFFIXES[cand.backend][0]]
+    outputs = info.get("outputs")
+    template = OutputTemplate.from_json(outputs) if outputs else None
+    if cand.backend == "ort":
+        runner: Any = OrtRunner(first, knobs_of(cand), template, module)
+    elif cand.backend == "openvino":
+        runner = OpenVinoRunner(first, knobs_of(cand), cand.precision, template, module)
+    else:
+        runner = tensorrt_runner(first, template, module)
+    region = CompiledRegion(module, runner, choice.get("input_signature"), cand.config, choice.get("input_spec"))
+    return Realized(region, first)
+
+
+def _check_tensorrt(info: dict[str, Any], path: str) -> None:
+    here = {"version": runtimes.version("tensorrt"), "gpu": _gpu_name()}
+    diffs = [f"{k}: built {info.get(k)!r}, here {v!r}" for k, v in here.items() if info.get(k) != v]
+    if diffs:
+        raise BuildError("the build's TensorRT engines were made for another GPU or TensorRT (" + "; ".join(diffs)
+                         + ")", path=path, fix="rebuild it on this machine with `cuvil-pgc recompile`, "
+                                               "or load it with fallback='eager'")

@@ -1,0 +1,468 @@
+"""Runtime backends (ONNX Runtime, OpenVINO; TensorRT through a fake) in the plan space, behind the
+module's own call, in signed builds; and what doctor says about them."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.errors import BuildError
+from cuvil_pgc.instrument import doctor
+from cuvil_pgc.recompile import runtimes
+from cuvil_pgc.recompile.apply import ExportError, ScopeInputs, exporter_of_reason, realize
+from cuvil_pgc.recompile.candidates import (
+    Candidate,
+    RuntimeSpace,
+    ScopeFeatures,
+    generate_space,
+    scope_candidates,
+)
+
+needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
+needs_ov = pytest.mark.skipif(not runtimes.check("openvino").ok, reason="openvino not installed")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def feats(label: str = "launch_overhead", scope: str = "", **kw) -> ScopeFeatures:
+    return ScopeFeatures(scope=scope, path=scope or "model", bottleneck=label, eager_us=500.0, ops=40,
+                         pointwise_ops=10, labels=[label], **kw)
+
+
+class Structured(nn.Module):
+    """Returns a dict with a None entry, a tuple holding a constant, and two tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> dict:
+        h = torch.relu(self.a(x))
+        out = self.b(h) if scale is None else self.b(h) * scale
+        return {"out": out, "nothing": None, "pair": (h, 3)}
+
+
+# -- the plan space ---------------------------------------------------------------------------------
+def test_every_scope_gets_the_runtimes_usable_here_with_their_knobs():
+    space = RuntimeSpace(("ort", "openvino"), native_bf16=True, threads=2)
+    root = {c.config for c in scope_candidates(feats("compute", rewrites=["lstm_cell:rnn"]), runtimes=space)}
+    assert {"ort", "openvino", "ort+rewrite", "openvino+rewrite", "ort+opt=extended", "ort+spin=off",
+            "ort+exec=parallel", "openvino+bf16"} <= root
+    sub = {c.key for c in generate_space([feats(), feats(scope="enc")], runtimes=space)}
+    assert {"<model>::ort", "enc::ort", "<model>::openvino", "enc::openvino"} <= sub
+    # one thread: no spinning or executor knobs; no native bf16: no OpenVINO bf16; idle: nothing
+    plain = {c.config for c in scope_candidates(feats("compute"), runtimes=RuntimeSpace(("ort", "openvino")))}
+    assert "ort" in plain and not {"ort+spin=off", "ort+exec=parallel", "openvino+bf16"} & plain
+    assert [c.config for c in scope_candidates(feats("idle"), runtimes=space)] == ["eager"]
+    # nothing installed: no runtime candidates at all
+    assert not any(c.backend in runtimes.RUNTIME_BACKENDS for c in scope_candidates(feats(), runtimes=RuntimeSpace()))
+
+
+def test_cuda_space_has_the_cuda_providers_and_tensorrt():
+    space = RuntimeSpace(("ort", "tensorrt"))
+    configs = {c.config for c in scope_candidates(feats("compute"), device="cuda", runtimes=space)}
+    assert {"ort+ep=cuda", "ort+ep=tensorrt", "tensorrt", "tensorrt+fp16"} <= configs
+    assert "ort" not in configs and not any(c.startswith("openvino") for c in configs)
+
+
+def test_backends_option_restricts_and_knobs_survive_json():
+    space = generate_space([feats()], backends=("ort",), runtimes=RuntimeSpace(("ort", "openvino")))
+    assert {c.backend for c in space} == {"eager", "ort"}
+    cand = Candidate("enc", "ort", knobs=(("opt", "extended"),))
+    assert Candidate.from_json(cand.to_json()) == cand and cand.config == "ort+opt=extended"
+
+
+def test_cli_accepts_runtime_backends():
+    from cuvil_pgc.recompile._cli import _backends
+
+    assert _backends("ort,openvino,aoti") == ("ort", "openvino", "aoti")
+
+
+# -- doctor -----------------------------------------------------------------------------------------
+def test_doctor_lists_each_runtime_and_the_extra_that_installs_a_missing_one(monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)     # import openvino now raises ImportError
+    runtimes.reset()
+    try:
+        checks = {c.name: c for c in doctor.run_checks([doctor._runtime_check(b) for b in runtimes.RUNTIME_BACKENDS])}
+        ov = checks["OpenVINO (recompile backend)"]
+        assert not ov.ok and "openvino is not importable" in ov.reason and "cuvil-pgc[openvino]" in ov.fix
+        assert "Torch-TensorRT (recompile backend)" in checks and "ONNX Runtime (recompile backend)" in checks
+        if runtimes.check("ort").ok:
+            assert checks["ONNX Runtime (recompile backend)"].ok
+            assert "CPUExecutionProvider" in checks["ONNX Runtime (recompile backend)"].detail
+    finally:
+        runtimes.reset()
+
+
+# -- regions on a runtime ---------------------------------------------------------------------------
+@pytest.mark.slow   # one ONNX export (~5-20 s on a shared 2-core machine)
+@needs_ort
+@needs_ov
+def test_runtime_regions_return_the_original_structure_and_fall_back_for_other_shapes():
+    torch.manual_seed(0)
+    model, x = Structured().eval(), torch.randn(3, 16)
+    inputs = ScopeInputs((x,))
+    with torch.no_grad():
+        ref = model(x)
+    for cand in (Candidate("", "ort"), Candidate("", "openvino"), Candidate("", "ort", knobs=(("opt", "basic"),))):
+        region = realize(model, cand, inputs, machine="t").module
+        with torch.no_grad():
+            out = region(x)
+        assert set(out) == {"out", "nothing", "pair"} and out["nothing"] is None and out["pair"][1] == 3
+        torch.testing.assert_close(out["out"], ref["out"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(out["pair"][0], ref["pair"][0], rtol=1e-4, atol=1e-5)
+        # a call the export was not made for runs the original module
+        with torch.no_grad():
+            other = region(torch.randn(5, 16))
+        assert other["out"].shape == (5, 4) and region.fallback_calls == 1
+    # the second ORT candidate reused the first one's export from the artifact cache
+    assert len(list((Path(os.environ["CUVIL_CACHE_DIR"]) / "artifacts").glob("*.onnx"))) == 1
+
+
+def test_export_error_names_its_exporter():
+    assert ExportError("torch.onnx.export failed: boom").exporter == "torch.onnx.export"
+    assert exporter_of_reason("ExportError: openvino.convert_model failed: x") == "openvino.convert_model"
+    assert exporter_of_reason("ExportError: torch.export failed: y") == "torch.export"
+
+
+# -- builds -----------------------------------------------------------------------------------------
+class TwoPart(nn.Module):
+    """An encoder and a head: a mixed plan runs them on different runtimes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32))
+        self.head = Structured()
+        self.head.a = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> dict:
+        return self.head(torch.tanh(self.enc(x)))
+
+
+def two_part(seed: int = 0):
+    torch.manual_seed(seed)
+    return TwoPart().eval(), (torch.randn(2, 16),)
+
+
+@pytest.fixture(scope="module")
+def mixed_build(tmp_path_factory):
+    """A build whose encoder runs on ONNX Runtime and whose head runs on OpenVINO, signed."""
+    from cuvil_pgc.recompile import recompile
+    from cuvil_pgc.recompile.signing import generate_keypair
+
+    if not (runtimes.check("ort").ok and runtimes.check("openvino").ok):
+        pytest.skip("onnxruntime and openvino are needed")
+    tmp = tmp_path_factory.mktemp("mixed")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUVIL_CACHE_DIR", str(tmp / "cache"))
+    try:
+        model, inputs = two_part()
+        plan = {"enc": Candidate("enc", "ort"), "head": Candidate("head", "openvino")}
+        build = recompile(model, inputs, plan=plan, records=False, rounds=3)
+        priv, pub = generate_keypair(tmp / "key")
+        path = build.save(tmp / "mixed.cuvilpkg", signing_key=priv)
+    finally:
+        mp.undo()
+    return path, pub, build
+
+
+@pytest.mark.slow   # two ONNX exports and an OpenVINO conversion (~20-40 s on a shared 2-core machine)
+def test_a_mixed_plan_ships_its_runtime_artifacts_signed_and_loads_them(mixed_build):
+    from cuvil_pgc.recompile import load_build
+    from cuvil_pgc.recompile.package import open_build
+
+    path, pub, build = mixed_build
+    with open_build(path, pub) as vb:
+        members = vb.members()
+        choices = {c["scope"]: c for c in json.loads(vb.read_bytes("plan.json"))["choices"]}
+    assert {"ort/0.onnx", "openvino/1.xml", "openvino/1.bin"} <= set(members)   # digests checked by open_build
+    assert choices["enc"]["artifact"] == "ort/0.onnx" and choices["head"]["artifact"] == "openvino/1.xml"
+    assert choices["enc"]["runtime"]["name"] == "ort" and choices["enc"]["runtime"]["version"] == runtimes.version("ort")
+    # the head's structure travels in the plan: two tensors, the None entry and the constant 3
+    assert choices["head"]["runtime"]["outputs"]["leaves"] == [["t", 0], ["c", None], ["t", 1], ["c", 3]]
+    model, inputs = two_part()
+    loaded = load_build(path, model, pubkey=pub)
+    assert loaded.cuvil_load_report.runtime_regions == 2
+    assert sorted(loaded.cuvil_load_report.applied) == ["enc: ort", "head: openvino"]
+    with torch.no_grad():
+        out, ref = loaded(*inputs), model(*inputs)
+    assert out["nothing"] is None and out["pair"][1] == 3
+    torch.testing.assert_close(out["out"], ref["out"], rtol=1e-4, atol=1e-5)
+    assert type(loaded.enc).__name__ == "CompiledRegion" and type(loaded.head).__name__ == "CompiledRegion"
+
+
+@pytest.mark.slow
+def test_a_tampered_runtime_artifact_is_refused_before_any_runtime_parses_it(mixed_build, tmp_path, monkeypatch):
+    import onnxruntime
+    import openvino
+
+    from cuvil_pgc.recompile import load_build
+    from tests._buildkit import rezip
+
+    path, pub, _ = mixed_build
+    parsed = []
+    monkeypatch.setattr(onnxruntime, "InferenceSession", lambda *a, **k: parsed.append(a))
+    monkeypatch.setattr(openvino, "Core", lambda *a, **k: parsed.append(a))
+
+    def flip(entries):
+        return [(info, data[:-1] + bytes([data[-1] ^ 1]) if info.filename == "ort/0.onnx" else data)
+                for info, data in entries]
+    bad = rezip(Path(path), tmp_path / "bad.cuvilpkg", flip)
+    model, _ = two_part()
+    with pytest.raises(BuildError, match="ort/0.onnx"):
+        load_build(bad, model, pubkey=pub)
+    assert parsed == []
+
+
+@pytest.mark.slow
+def test_load_without_the_runtime_names_the_extra_or_falls_back_to_eager(mixed_build, monkeypatch):
+    from cuvil_pgc.recompile import load_build
+
+    path, pub, _ = mixed_build
+    real = runtimes.check
+    monkeypatch.setattr(runtimes, "check", lambda backend, device="cpu": runtimes.RuntimeStatus(
+        backend, False, reason="openvino is not importable (No module named 'openvino')",
+        fix=runtimes.RUNTIMES[backend].fix) if backend == "openvino" else real(backend, device))
+    model, inputs = two_part()
+    with pytest.raises(BuildError, match=r"pip install 'cuvil-pgc\[openvino\]'"):
+        load_build(path, model, pubkey=pub)
+    with pytest.warns(RuntimeWarning, match="OpenVINO"):
+        same = load_build(path, model, pubkey=pub, fallback="eager")
+    assert same is model
+
+
+class Branchy(nn.Module):
+    """Data-dependent control flow: no exporter captures it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return torch.relu(self.fc(x))
+        return self.fc(x) - 1
+
+
+@pytest.mark.slow   # a search (its CPU probes) and one failing export
+@needs_ort
+@needs_ov
+def test_a_failed_onnx_export_rejects_every_candidate_through_it_without_building_them(monkeypatch):
+    from cuvil_pgc.recompile import runtime_build
+    from cuvil_pgc.recompile.search import SearchOptions, search
+
+    exports = []
+    real = runtime_build.export_onnx
+    monkeypatch.setattr(runtime_build, "export_onnx", lambda *a: (exports.append(a), real(*a)))
+    torch.manual_seed(0)
+    model, inputs = Branchy().eval(), (torch.ones(2, 8),)
+    result = search(model, inputs, None, options=SearchOptions(exhaustive=True, backends=("ort", "openvino"), rounds=3))
+    runtime_trials = [t for t in result.trials.values()
+                      if t.candidate.backend in ("ort", "openvino") and t.candidate.precision == "fp32"]
+    assert len(runtime_trials) >= 3 and all(t.status == "compile_error" for t in runtime_trials)
+    first = [t for t in runtime_trials if not t.reason.startswith("not built")]
+    assert len(first) == 1 and "torch.onnx.export failed" in first[0].reason and len(exports) == 1
+    for t in runtime_trials:
+        if t is not first[0]:
+            assert t.reason.startswith(f"not built: {first[0].candidate.config} showed that ExportError: "
+                                       "torch.onnx.export failed")
+    assert result.choices == {}    # eager: nothing else was in the space
+
+
+# -- TensorRT (through a fake torch_tensorrt at the import seam) ------------------------------------
+@pytest.fixture
+def fake_tensorrt(monkeypatch):
+    from cuvil_pgc.recompile import runtime_build
+    from tests.fakes import fake_torch_tensorrt
+
+    fake_torch_tensorrt.calls.clear()
+    monkeypatch.setitem(sys.modules, "torch_tensorrt", fake_torch_tensorrt)
+    monkeypatch.setattr(runtime_build, "_gpu_name", lambda: "NVIDIA H200")
+    runtimes.reset()
+    yield fake_torch_tensorrt
+    runtimes.reset()
+
+
+def test_tensorrt_regions_build_through_torch_tensorrt_and_are_tied_to_gpu_and_version(fake_tensorrt, monkeypatch):
+    from cuvil_pgc.recompile import runtime_build
+    from cuvil_pgc.recompile.apply import Realized
+
+    assert runtimes.check("tensorrt", "cuda").ok and not runtimes.check("tensorrt", "cpu").ok
+    torch.manual_seed(0)
+    model, x = Structured().eval(), torch.randn(3, 16)
+    realized = realize(model, Candidate("", "tensorrt", precision="fp16"), ScopeInputs((x,)), device="cuda")
+    call = fake_tensorrt.calls[-1]
+    assert call["ir"] == "dynamo" and call["enabled_precisions"] == {torch.float32, torch.float16}
+    with torch.no_grad():
+        out, ref = realized.module(x), model(x)
+    assert out["nothing"] is None and out["pair"][1] == 3
+    torch.testing.assert_close(out["out"], ref["out"])
+    assert realized.artifact.endswith(".ep")
+    info = runtime_build.runtime_info("tensorrt", realized)
+    assert info["gpu"] == "NVIDIA H200" and info["version"] == "2.9.0+fake"
+    runtime_build._check_tensorrt(info, "b.cuvilpkg")        # same GPU and version: fine
+    monkeypatch.setattr(runtime_build, "_gpu_name", lambda: "NVIDIA A10")
+    with pytest.raises(BuildError, match="another GPU or TensorRT.*gpu: built 'NVIDIA H200', here 'NVIDIA A10'"):
+        runtime_build._check_tensorrt(info, "b.cuvilpkg")
+    assert isinstance(realized, Realized)
+
+
+@needs_ort
+def test_ort_on_cuda_uses_the_cuda_and_tensorrt_providers(monkeypatch, tmp_path):
+    """The execution provider knob picks ONNX Runtime's providers (a fake session records them)."""
+    from cuvil_pgc.recompile import runtime_region
+
+    seen = {}
+
+    class FakeSession:
+        def __init__(self, path, options, providers):
+            seen["providers"], seen["threads"] = providers, options.intra_op_num_threads
+
+        def get_inputs(self):
+            return []
+
+        def get_outputs(self):
+            return []
+
+    import onnxruntime
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", FakeSession)
+    runtime_region.OrtRunner(str(tmp_path / "m.onnx"), {"ep": "tensorrt", "threads": "3"}, None)
+    assert seen == {"providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+                    "threads": 3}
+
+
+def test_a_build_choosing_a_configuration_with_unknown_fields_is_refused_not_silently_changed(tmp_path):
+    """A newer cuvil-pgc's knob must not vanish on load (Candidate.from_json would drop it)."""
+    from cuvil_pgc.recompile import load_build
+    from cuvil_pgc.recompile.manifest import current_fingerprint
+    from cuvil_pgc.recompile.matching import structural_hash
+    from cuvil_pgc.recompile.package import BuildWriter
+    from cuvil_pgc.recompile.signing import generate_keypair
+
+    model, _ = two_part()
+    cand = {**Candidate("enc", "ort").to_json(), "graph_capture": True}
+    plan = {"format": 1, "device": "cpu", "regions": [], "choices": [
+        {"scope": "enc", "candidate": cand, "config": "ort", "structure": structural_hash(model.enc),
+         "weights": None, "input_signature": None, "input_spec": None, "artifact": "ort/0.onnx"}]}
+    priv, pub = generate_keypair(tmp_path / "key")
+    path = tmp_path / "newer.cuvilpkg"
+    with BuildWriter(path, "m", 1, fingerprint=current_fingerprint("cpu"), model_hash=structural_hash(model)) as w:
+        w.add_bytes("plan.json", json.dumps(plan).encode())
+        w.add_bytes("ort/0.onnx", b"not parsed")
+        w.close(priv)
+    with pytest.raises(BuildError, match="fields this cuvil-pgc does not know \\(graph_capture\\)"):
+        load_build(path, model, pubkey=pub)
+    assert Candidate.unknown_fields(Candidate("x").to_json()) == []
+
+
+# -- knobs and the cost models ----------------------------------------------------------------------
+@needs_ort
+def test_knobs_become_the_runtimes_own_options():
+    import onnxruntime as ort
+
+    from cuvil_pgc.recompile.runtime_region import openvino_config, ort_session_options
+
+    so = ort_session_options(ort, {"opt": "basic", "exec": "parallel", "threads": "2", "spin": "off"})
+    assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert so.execution_mode == ort.ExecutionMode.ORT_PARALLEL and so.intra_op_num_threads == 2
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    default = ort_session_options(ort, {})
+    assert default.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    assert default.intra_op_num_threads == torch.get_num_threads()     # the deployment's threads
+    assert openvino_config({}, "fp32") == {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32",
+                                           "INFERENCE_NUM_THREADS": str(torch.get_num_threads())}
+    assert openvino_config({"hint": "throughput", "threads": "4"}, "bf16")["INFERENCE_PRECISION_HINT"] == "bf16"
+
+
+@pytest.mark.slow   # exports the probe to ONNX
+@needs_ort
+def test_calibration_measures_each_runtimes_fixed_cost_and_the_cost_model_learns_it(tmp_path, monkeypatch):
+    from cuvil_pgc.recompile import calibrate
+    from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostModel
+    from cuvil_pgc.recompile.records import RecordDB
+    from cuvil_pgc.recompile.search_records import refit_sample
+
+    monkeypatch.setattr(calibrate, "PROBE_CONFIGS", (Candidate(""),))          # eager only, no compiles
+    monkeypatch.setattr(calibrate.runtimes, "available", lambda device="cpu": ("ort",))
+    db = RecordDB(tmp_path / "records")
+    assert calibrate.calibrate_backends(db, "m", rounds=5) == 2
+    samples = [s for s in (refit_sample(r) for r in db.for_machine("m")) if s is not None]
+    assert {c.backend for c, _, _ in samples} == {"eager", "ort"}
+    model = PlanCostModel(MachineFigures())
+    model.refit(samples)
+    ort_us = next(m for c, f, m in samples if c.backend == "ort")
+    assert model.overhead.fixed_us["ort"] != PRIORS["fixed_us"]["ort"]    # moved towards this machine's probe
+    assert calibrate.calibrate_backends(db, "m", rounds=5) == 0 and ort_us > 0   # once per machine
+
+
+class Tagger(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.fc = nn.GRU(8, 8, batch_first=True), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, h = self.rnn(x)
+        return self.fc(out), h
+
+
+@pytest.mark.slow   # one ONNX export of an unrolled GRU
+@needs_ort
+def test_module_rewrites_apply_before_the_export():
+    torch.manual_seed(0)
+    model, x = Tagger().eval(), torch.randn(1, 4, 8)
+    realized = realize(model, Candidate("", "ort", rewrite=True), ScopeInputs((x,)), machine="t")
+    assert realized.rewrites == ["gru_cell:rnn"] and realized.artifact.endswith(".onnx")
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(realized.artifact).graph.node}
+    assert "GRU" not in ops         # the exported program is the rewritten cells, not ONNX's GRU op
+    with torch.no_grad():
+        out, ref = realized.module(x), model(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+# -- the search -------------------------------------------------------------------------------------
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+@pytest.mark.slow   # a search with its CPU probes and final race
+@needs_ort
+@needs_ov
+def test_the_search_measures_the_whole_model_on_each_runtime_at_its_defaults_first(monkeypatch):
+    """What a user would deploy instead of a build is always measured and raced, whatever the cost
+    models predict (builds are faked at the seam: every candidate runs the eager module)."""
+    from cuvil_pgc.recompile import search as search_mod
+    from cuvil_pgc.recompile.apply import Realized
+
+    built = []
+
+    def fake_realize(module, cand, inputs, **kw):
+        built.append(cand.key)
+        return Realized(module)
+    from cuvil_pgc.recompile import plan as plan_mod
+
+    monkeypatch.setattr(search_mod, "realize", fake_realize)
+    monkeypatch.setattr(plan_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    torch.manual_seed(0)
+    result = search_mod.search(Mlp().eval(), (torch.randn(2, 16),), None,
+                               options=search_mod.SearchOptions(budget=5, backends=("aoti", "ort", "openvino"),
+                                                                rounds=3))
+    assert set(built[:2]) == {"<model>::ort", "<model>::openvino"}
+    assert all(result.trials[k].status == "ok" for k in ("<model>::ort", "<model>::openvino"))
+    assert len(built) > 2 and result.measured <= 5    # the budget still holds, with room for others
