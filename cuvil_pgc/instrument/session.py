@@ -28,7 +28,7 @@ from cuvil_pgc.instrument._buffers import RegionRecorder
 from cuvil_pgc.instrument._eventlines import format_regions
 from cuvil_pgc.instrument.clock import SessionClock
 from cuvil_pgc.instrument.config import SessionConfig
-from cuvil_pgc.instrument.region import identify
+from cuvil_pgc.instrument.region import frame_path
 from cuvil_pgc.instrument.samplers import build_samplers
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
 from cuvil_pgc.trace import schema
@@ -64,8 +64,8 @@ class Session:
         self._writer: TraceWriter | None = None
         self._emitted: deque[list[dict[str, Any]]] = deque()
         self._retain = any(getattr(s, "needs_regions", False) for s in self.samplers)
-        self._kept: tuple[list[int], list[float], list[float], list[str]] = ([], [], [], [])
-        self._paths_json: dict[str, bytes] = {}
+        self._kept: tuple[list[int], list[float], list[float], list[Any]] = ([], [], [], [])
+        self._names_json: dict[str, bytes] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._io_lock = threading.Lock()
@@ -211,9 +211,9 @@ class Session:
         """An index over the regions completed so far, for attributing ops and kernels."""
         from cuvil_pgc.trace.attribution import RegionIndex
 
-        tids, starts, ends, paths = self._kept
-        n = min(len(tids), len(starts), len(ends), len(paths))
-        return RegionIndex(tids[:n], starts[:n], ends[:n]), paths[:n]
+        tids, starts, ends, frames = self._kept
+        n = min(len(tids), len(starts), len(ends), len(frames))
+        return RegionIndex(tids[:n], starts[:n], ends[:n]), _FramePaths(frames[:n])
 
     # -- writing ---------------------------------------------------------------------------
     def _flush_loop(self) -> None:
@@ -240,14 +240,14 @@ class Session:
     def _write_regions(self, tid: int, frames: list) -> None:
         """Serialise one thread's ended region frames as Chrome ``X`` event lines (_eventlines)."""
         if self._filter is not None:
-            for frame in frames:
-                identify(frame)
-            frames = [f for f in frames if self._filter(f[4])]
+            frames = [f for f in frames if self._filter(frame_path(f))]
             if not frames:
                 return
         s0 = self.clock.start_mono_ns
         head = b'{"ph":"X","cat":"region","pid":%d,"tid":%d,"name":' % (self.pid, tid)
-        data = format_regions(frames, head, s0, self._paths_json, _region_json, dumps)
+        decl_head = b'{"ph":"M","name":"%s","pid":%d,"tid":%d,"args":{"name":' % (
+            schema.META_REGION_EVENT.encode(), self.pid, tid)
+        data = format_regions(frames, head, decl_head, s0, self._names_json, _region_json, dumps)
         self._io(lambda w: w.write_raw(data, len(frames)))
         if self._otel is not None:
             unix0 = self.clock.start_unix_ns - s0
@@ -257,7 +257,7 @@ class Session:
             tids.extend([tid] * len(frames))
             starts.extend([(f[2] - s0) / 1000.0 for f in frames])
             ends.extend([(f[5] - s0) / 1000.0 for f in frames])
-            paths.extend(f[4] for f in frames)
+            paths.extend(frames)
 
     def _write_emitted(self) -> None:
         while self._emitted:
@@ -345,9 +345,26 @@ def _region_json(region: _region.ProfileRegion) -> tuple[bytes, bytes]:
     return region._json
 
 
+class _FramePaths:
+    """The paths of kept region frames, built only for the regions asked about (the samplers
+    attribute ops and kernels to a few of them; paths cost their length to build)."""
+
+    __slots__ = ("_frames",)
+
+    def __init__(self, frames: list) -> None:
+        self._frames = frames
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def __getitem__(self, i: int) -> str:
+        return frame_path(self._frames[i])
+
+
 def _span_row(frame: list, unix0: int, tid: int) -> tuple:
-    """One identified, ended region frame as an OtelRegionExporter row (times in Unix ns)."""
-    region, parent, start, rid, path, end = (frame[i] for i in range(6))
+    """One written (so identified), ended region frame as an OtelRegionExporter row (Unix ns)."""
+    region, parent, start, rid, end = frame[0], frame[1], frame[2], frame[3], frame[5]
+    path = frame_path(frame)
     root = frame
     while root[1] is not None:
         root = root[1]
