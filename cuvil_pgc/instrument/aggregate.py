@@ -227,6 +227,7 @@ class AggregateSession:
         self._metrics_exporter = otel_metrics_exporter
         self.metrics: Any = None              # OtelMetricsExporter while exporting
         self.otel_status: dict[str, Any] | None = None
+        self.pid = os.getpid()
 
     def start(self) -> AggregateSession:
         import numpy  # noqa: F401  (the folds use it; imported here, not in the first fold's time)
@@ -307,7 +308,10 @@ class AggregateSession:
                               "metadata": meta, "regions": regions}}
 
     def flush(self) -> None:
-        """Rewrite the summary file atomically. Never raises into the host program."""
+        """Rewrite the summary file atomically. Never raises into the host program, and never
+        from a forked child: the summary is its parent's."""
+        if os.getpid() != self.pid:
+            return
         try:
             from pathlib import Path
 

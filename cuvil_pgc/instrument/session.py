@@ -5,7 +5,14 @@ drains per-thread buffers into the partial trace file every ``flush_interval_s``
 finishes the file atomically (trace.writer). One session records per process at a time.
 
 Nothing here raises into the user's program once recording has started: failures of samplers or
-of the disk are logged once, counted, and reported in the trace metadata.
+of the disk are logged once, counted, and reported in the trace metadata. Starting does not raise
+for the disk either: a session that cannot create its file (no space, no permission) records
+itself unavailable (``Session.unavailable``, ``sampler_status["trace"]``, one log line) and the
+program runs unrecorded. A partial file left by a crashed writer is moved aside (trace._leftover,
+logged once); one a live process writes makes this session write ``<stem>.pid<N><suffix>``.
+The drop counters go into the partial file as they change (``cuvil_dropped`` events), so a trace
+recovered after a crash still says what was dropped. A forked child inherits no session: it
+never writes, finishes or removes its parent's file (``os.register_at_fork``).
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ from cuvil_pgc.instrument.region import frame_path
 from cuvil_pgc.instrument.samplers import build_samplers
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
 from cuvil_pgc.trace import schema
-from cuvil_pgc.trace.writer import TraceWriter, dumps
+from cuvil_pgc.trace._leftover import split_trace_path
+from cuvil_pgc.trace.writer import PartialInUse, TraceWriter, dumps
 
 log = logging.getLogger("cuvil_pgc")
 
@@ -70,6 +78,9 @@ class Session:
         self._thread: threading.Thread | None = None
         self._io_lock = threading.Lock()
         self._failed_io: str | None = None
+        self.unavailable: str | None = None      # why this session records nothing (its file failed)
+        self.leftover: dict[str, Any] | None = None
+        self._drops_written: dict[str, int] = {}
         self._logged: set[str] = set()
         self._recording = False
         self.steps = 0
@@ -89,8 +100,10 @@ class Session:
             if self.world_size > 1:
                 self.path = rank_path(self.config.path, self.rank)
             self.clock = SessionClock.now()
-            self._writer = TraceWriter(self.path, self._header())
+            self._writer = self._open_writer()
             _active = self
+        if self._writer is None:
+            return self
         self._start_samplers()
         self._start_otel()
         if record_regions:
@@ -102,9 +115,38 @@ class Session:
         self._thread.start()
         return self
 
+    def _open_writer(self) -> TraceWriter | None:
+        """The trace writer, or None with the reason in ``unavailable`` (never raises for the disk)."""
+        try:
+            try:
+                writer = TraceWriter(self.path, self._header())
+            except PartialInUse as busy:
+                stem, suffix = split_trace_path(self.path)
+                self.path = f"{stem}.pid{self.pid}{suffix}"
+                log.warning("cuvil-pgc: %s; this session records to %s instead", busy.problem, self.path)
+                writer = TraceWriter(self.path, self._header())
+        except (OSError, SessionError) as exc:
+            reason = exc.problem if isinstance(exc, SessionError) else f"{type(exc).__name__}: {exc}"
+            self.unavailable = f"cannot write {self.path}: {reason}"
+            log.warning("cuvil-pgc: recording is off for this session (%s); the program runs unrecorded",
+                        self.unavailable)
+            self.sampler_status["trace"] = {"status": schema.STATUS_UNAVAILABLE, "reason": self.unavailable}
+            for sampler in self.samplers:
+                self.sampler_status[sampler.name] = {"status": schema.STATUS_UNAVAILABLE,
+                                                     "reason": "the session has no trace file"}
+            return None
+        if writer.leftover is not None:
+            found = writer.leftover
+            self.leftover = {"path": found.partial, "moved_to": found.moved_to, "pid": found.pid,
+                             "reason": found.reason}
+            log.warning("cuvil-pgc: %s was left by a session that did not finish (%s); moved it to %s, where "
+                        "`cuvil-pgc summary %s` recovers it", found.partial, found.reason, found.moved_to,
+                        found.moved_to)
+        return writer
+
     def begin_recording(self) -> None:
         """Start recording regions (and keeping sampler events) from now on."""
-        if self._recording:
+        if self._recording or self._writer is None:
             return
         self._keep_from_us = self.clock.mono_to_us(time.perf_counter_ns())
         _region.set_sampling(self.config.sampling_policy())
@@ -226,6 +268,7 @@ class Session:
             for sampler in self._live_samplers():
                 self._guard(sampler, "flush", sampler.flush)
             self._write_emitted()
+            self._write_drop_counts()
             self._io(lambda w: w.flush())
 
     def _drain_regions(self) -> None:
@@ -258,6 +301,30 @@ class Session:
             starts.extend([(f[2] - s0) / 1000.0 for f in frames])
             ends.extend([(f[5] - s0) / 1000.0 for f in frames])
             paths.extend(frames)
+
+    def _drop_counts(self) -> dict[str, int]:
+        """Everything dropped so far, per source (the regions' buffers included)."""
+        counts = dict(self.dropped)
+        regions = self._recorder.dropped()
+        if regions:
+            counts["regions"] = counts.get("regions", 0) + regions
+        return counts
+
+    def _write_drop_counts(self) -> None:
+        """Append the drop counters to the partial file when they changed: a crash keeps them."""
+        counts = self._drop_counts()
+        if counts == self._drops_written:
+            return
+        self._drops_written = counts
+        event = {"ph": "M", "name": schema.META_DROPPED_EVENT, "pid": self.pid, "tid": 0, "args": counts}
+        self._io(lambda w: w.write_events([event]))
+
+    def _forked(self) -> None:
+        """In a forked child (see _after_fork_in_child): let go of everything the parent owns."""
+        self._recording = False
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.disown()
 
     def _write_emitted(self) -> None:
         while self._emitted:
@@ -330,6 +397,8 @@ class Session:
                                 "note": "root regions sampled; their subtrees follow; ops and kernels not sampled"}
         if self._failed_io:
             meta["io_error"] = self._failed_io
+        if self.leftover is not None:
+            meta["previous_partial"] = dict(self.leftover)
         return meta
 
     def _log_once(self, key: str, message: str) -> None:
@@ -387,12 +456,19 @@ def _rank_and_world() -> tuple[int, int]:
         return 0, 1
 
 
-def split_trace_path(path: str) -> tuple[str, str]:
-    """``out/run.trace.json.gz`` -> (``out/run``, ``.trace.json.gz``)."""
-    for suffix in (".trace.json.gz", ".trace.json", ".json.gz", ".json"):
-        if path.endswith(suffix) and len(path) > len(suffix):
-            return path[:-len(suffix)], suffix
-    return path, ""
+def _after_fork_in_child() -> None:
+    """A forked child inherits no session: the parent's stays the parent's (its file, its
+    regions); the child may start its own. Module state the parent's threads held is reset."""
+    global _active, _active_lock
+    _active_lock = threading.Lock()
+    session, _active = _active, None
+    if session is not None:
+        session._forked()
+    _region.set_sampling(None)
+    _region.set_recorder(None)        # aggregates and capture windows are the parent's too
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def rank_path(path: str, rank: int) -> str:

@@ -46,6 +46,9 @@ COUNTER_MEM_USED = "mem_used_bytes"
 META_SESSION_EVENT = "cuvil_session"
 # Metadata event declaring a region (name, id, parent) before a line names it (schema 2).
 META_REGION_EVENT = "cuvil_region"
+# Metadata event carrying the drop counters so far (per source), appended to the partial file
+# whenever they change, so a trace recovered after a crash still has ``dropped`` (schema 2).
+META_DROPPED_EVENT = "cuvil_dropped"
 
 
 class Kind(enum.IntEnum):
