@@ -57,7 +57,10 @@ def _register_profile(app: typer.Typer) -> None:
             code = _runner.run_module(session, module, list(target or []))
         else:
             code = _runner.run_script(session, target[0], target[1:])
-        typer.echo(f"trace written to {path}", err=True)
+        if getattr(session, "unavailable", None):
+            typer.echo(f"no trace written: {session.unavailable}", err=True)
+        else:
+            typer.echo(f"trace written to {getattr(session, 'path', path)}", err=True)
         if code:
             raise typer.Exit(code)
 
