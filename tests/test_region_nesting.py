@@ -185,3 +185,21 @@ def test_deep_paths_are_rebuilt_by_the_reader(tmp_path, pure):
     rows = trace.of_kind(Kind.REGION)
     paths = {trace.strings[trace.region[r]] for r in rows.tolist()}
     assert paths == {"/".join(["r"] * k) for k in range(1, depth + 1)}
+
+
+@pytest.mark.parametrize("pure", IMPLEMENTATIONS)
+def test_a_region_open_across_capture_windows_is_named_in_each(tmp_path, pure):
+    # Always-on aggregation keeps one recording epoch, so "serve" stays the parent of what each
+    # capture window records; each window's file must name it, not rely on an earlier file.
+    _run(tmp_path, pure, """
+        with profile(os.path.join(sys.argv[1], "always.summary.json"), mode="aggregate"):
+            with ProfileRegion("serve"):
+                for w in range(2):
+                    with session(f"window{w}.trace.json"):
+                        with ProfileRegion("step"):
+                            pass
+    """)
+    for w in range(2):
+        assert _paths(tmp_path / f"window{w}.trace.json") == ["serve/step"]
+        trace = load_trace(tmp_path / f"window{w}.trace.json")
+        assert [trace.strings[trace.region[r]] for r in trace.of_kind(Kind.REGION).tolist()] == ["serve/step"]

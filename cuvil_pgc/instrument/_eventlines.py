@@ -1,6 +1,6 @@
 """Event lines for completed regions: what the session's writer thread writes.
 
-``format_regions(frames, head, decl_head, s0, names_json, region_json, dumps)`` turns one
+``format_regions(frames, head, decl_head, s0, floor, names_json, region_json, dumps)`` turns one
 thread's ended region frames into bytes, one event per line (``{...},\\n``):
 
 - a Chrome ``X`` event per frame: ``head`` is the line's start up to ``"name":`` (ph, cat, pid,
@@ -13,7 +13,9 @@ thread's ended region frames into bytes, one event per line (``{...},\\n``):
   ``parent``. So every parent a line names is in the file before it, even after a crash.
 
 Every frame of the batch gets its id before any line is written (ids in batch order), so only
-ancestors outside the batch are declared. ``s0`` is the session's monotonic start in ns,
+ancestors outside the batch are declared. ``floor`` is the session's first id
+(region.reserve_id()): a frame with a smaller id got it in an earlier session's file (a region
+open across capture windows) and gets a new one, and a declaration, in this file. ``s0`` is the session's monotonic start in ns,
 ``names_json`` a cache str -> JSON text, ``region_json(region)`` gives a region's (name, attrs)
 JSON fragments and caches them on the region, ``dumps`` is the JSON encoder. ts and dur are
 microseconds with up to three decimals, written as Python's float repr of ``ns / 1000`` would.
@@ -30,13 +32,13 @@ from typing import Any
 from cuvil_pgc.instrument import region as _region
 
 
-def format_regions_py(frames: list[list], head: bytes, decl_head: bytes, s0: int, names_json: dict[str, bytes],
-                      region_json: Callable[[Any], tuple[bytes, bytes]],
+def format_regions_py(frames: list[list], head: bytes, decl_head: bytes, s0: int, floor: int,
+                      names_json: dict[str, bytes], region_json: Callable[[Any], tuple[bytes, bytes]],
                       dumps: Callable[[Any], bytes]) -> bytes:
     """The pure-Python formatter (see the module docstring)."""
     ids = _region._ids
     for frame in frames:
-        if frame[3] is None:
+        if frame[3] is None or frame[3] < floor:
             frame[3] = next(ids)
     ts = [(f[2] - s0) / 1000.0 for f in frames]
     dur = [(f[5] - f[2]) / 1000.0 for f in frames]
@@ -45,8 +47,8 @@ def format_regions_py(frames: list[list], head: bytes, decl_head: bytes, s0: int
         region = frame[0]
         name_json, attrs_json = _fragments(region, names_json, region_json, dumps)
         parent = frame[1]
-        if parent is not None and parent[3] is None:
-            _declare(lines, parent, decl_head, names_json, region_json, dumps)
+        if parent is not None and (parent[3] is None or parent[3] < floor):
+            _declare(lines, parent, floor, decl_head, names_json, region_json, dumps)
         lines.append(b'%s%s,"ts":%s,"dur":%s,"args":{"id":%d,"parent":%s%s}},\n' % (
             head, name_json, t, d, frame[3], b"null" if parent is None else b"%d" % parent[3], attrs_json))
     return b"".join(lines)
@@ -60,12 +62,12 @@ def _fragments(region: Any, names_json: dict[str, bytes], region_json: Callable[
     return region._json or region_json(region)
 
 
-def _declare(lines: list[bytes], frame: list, decl_head: bytes, names_json: dict[str, bytes],
+def _declare(lines: list[bytes], frame: list, floor: int, decl_head: bytes, names_json: dict[str, bytes],
              region_json: Callable[[Any], tuple[bytes, bytes]], dumps: Callable[[Any], bytes]) -> None:
-    """Ids for ``frame`` and its ancestors without one, then a declaration line for each."""
+    """Ids for ``frame`` and its ancestors without one in this file, then a declaration line each."""
     ids = _region._ids
     chain = []
-    while frame is not None and frame[3] is None:
+    while frame is not None and (frame[3] is None or frame[3] < floor):
         frame[3] = next(ids)
         chain.append(frame)
         frame = frame[1]
@@ -74,7 +76,7 @@ def _declare(lines: list[bytes], frame: list, decl_head: bytes, names_json: dict
         f = chain[i]
         name_json = _fragments(f[0], names_json, region_json, dumps)[0]
         parent = f[1]            # read once: a region ending elsewhere may re-parent f
-        if parent is not None and parent[3] is None:
+        if parent is not None and (parent[3] is None or parent[3] < floor):
             parent[3] = next(ids)
             chain.append(parent)
         lines.append(b'%s%s,"id":%d,"parent":%s}},\n' % (

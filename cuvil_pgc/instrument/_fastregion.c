@@ -16,7 +16,7 @@
  *   current_frame() the innermost active frame of the calling thread / task, or None.
  *   fold_index(frames, index, max_paths)
  *                   path numbers and durations of ended frames, for the aggregate histograms.
- *   format_regions(frames, head, decl_head, s0, names_json, region_json, dumps)
+ *   format_regions(frames, head, decl_head, s0, floor, names_json, region_json, dumps)
  *                   Chrome "X" event lines for ended frames, and a declaration line for each
  *                   ancestor that has no id yet, as _eventlines.format_regions_py.
  *
@@ -945,13 +945,13 @@ put_parent(Out *out, Frame *parent)
  * rebuilds paths from ids, and these are regions still open (or written later, or dropped),
  * whose children are written now. Ancestors get ids before any line names them. */
 static int
-declare(Out *out, Frame *frame, PyObject *decl_head, PyObject *names_json, PyObject *region_json,
-        PyObject *dumps)
+declare(Out *out, Frame *frame, long long floor, PyObject *decl_head, PyObject *names_json,
+        PyObject *region_json, PyObject *dumps)
 {
     FrameStack chain;
     stack_init(&chain);
     int rc = -1;
-    for (Frame *f = frame; f != NULL && f->id == 0; f = f->parent) {
+    for (Frame *f = frame; f != NULL && f->id < floor; f = f->parent) {
         if (stack_push(&chain, f) < 0)
             goto done;
         f->id = g_next_id++;
@@ -967,7 +967,7 @@ declare(Out *out, Frame *frame, PyObject *decl_head, PyObject *names_json, PyObj
         if (bad)
             goto done;
         Frame *parent = f->parent;   /* read once: a region ending elsewhere may re-parent f */
-        if (parent != NULL && parent->id == 0) {
+        if (parent != NULL && parent->id < floor) {
             if (stack_push(&chain, parent) < 0)
                 goto done;
             parent->id = g_next_id++;
@@ -984,8 +984,8 @@ done:
 }
 
 static int
-format_one(Out *out, PyObject *obj, PyObject *head, PyObject *decl_head, long long s0, PyObject *names_json,
-           PyObject *region_json, PyObject *dumps)
+format_one(Out *out, PyObject *obj, PyObject *head, PyObject *decl_head, long long s0, long long floor,
+           PyObject *names_json, PyObject *region_json, PyObject *dumps)
 {
     Frame *frame = (Frame *)obj;
     PyObject *name_json = NULL, *attrs_json = NULL;
@@ -994,7 +994,8 @@ format_one(Out *out, PyObject *obj, PyObject *head, PyObject *decl_head, long lo
     if (region_fragments(frame->region, region_json, names_json, dumps, &name_json, &attrs_json) < 0)
         goto done;
     parent = frame->parent ? (Frame *)Py_NewRef(frame->parent) : NULL;   /* after Python code ran */
-    if (parent != NULL && parent->id == 0 && declare(out, parent, decl_head, names_json, region_json, dumps) < 0)
+    if (parent != NULL && parent->id < floor
+            && declare(out, parent, floor, decl_head, names_json, region_json, dumps) < 0)
         goto done;
     if (put_bytes(out, head) < 0 || put_bytes(out, name_json) < 0 || out_reserve(out, 160) < 0)
         goto done;
@@ -1016,15 +1017,17 @@ done:
     return rc;
 }
 
-/* format_regions(frames, head, decl_head, s0, names_json, region_json, dumps) -> bytes. Every
- * frame of the batch gets its id first, so only ancestors outside the batch are declared. */
+/* format_regions(frames, head, decl_head, s0, floor, names_json, region_json, dumps) -> bytes.
+ * Every frame of the batch gets its id first, so only ancestors outside the batch are declared.
+ * Ids below `floor` (the session's first id, reserve_id()) were given by an earlier session, in
+ * another file: such frames (a region open across capture windows) get a new id, in this file. */
 static PyObject *
 format_regions(PyObject *module, PyObject *args)
 {
     PyObject *frames, *head, *decl_head, *names_json, *region_json, *dumps;
-    long long s0;
-    if (!PyArg_ParseTuple(args, "O!SSLO!OO:format_regions", &PyList_Type, &frames, &head, &decl_head, &s0,
-                          &PyDict_Type, &names_json, &region_json, &dumps))
+    long long s0, floor;
+    if (!PyArg_ParseTuple(args, "O!SSLLO!OO:format_regions", &PyList_Type, &frames, &head, &decl_head, &s0,
+                          &floor, &PyDict_Type, &names_json, &region_json, &dumps))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(frames);
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1033,7 +1036,7 @@ format_regions(PyObject *module, PyObject *args)
             PyErr_SetString(PyExc_TypeError, "format_regions() takes ended region frames");
             return NULL;
         }
-        if (((Frame *)obj)->id == 0)
+        if (((Frame *)obj)->id < floor)
             ((Frame *)obj)->id = g_next_id++;
     }
     Out out = {NULL, 0, 0};
@@ -1041,7 +1044,7 @@ format_regions(PyObject *module, PyObject *args)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *frame = Py_NewRef(PyList_GET_ITEM(frames, i));
-        int rc = format_one(&out, frame, head, decl_head, s0, names_json, region_json, dumps);
+        int rc = format_one(&out, frame, head, decl_head, s0, floor, names_json, region_json, dumps);
         Py_DECREF(frame);
         if (rc < 0) {
             Py_DECREF(out.bytes);
@@ -1051,6 +1054,12 @@ format_regions(PyObject *module, PyObject *args)
     if (_PyBytes_Resize(&out.bytes, (Py_ssize_t)out.len) < 0)
         return NULL;
     return out.bytes;
+}
+
+static PyObject *
+reserve_id(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromLongLong(g_next_id++);
 }
 
 /* ---- module ------------------------------------------------------------------------------ */
@@ -1063,7 +1072,8 @@ static PyMethodDef module_methods[] = {
     {"current_frame", current_frame, METH_NOARGS, "The innermost active frame of this context, or None."},
     {"frame_path", frame_path, METH_O, "A frame's path, cached on it and its ancestors."},
     {"format_regions", format_regions, METH_VARARGS,
-     "format_regions(frames, head, decl_head, s0, names_json, region_json, dumps) -> bytes of event lines."},
+     "format_regions(frames, head, decl_head, s0, floor, names_json, region_json, dumps) -> bytes of event lines."},
+    {"reserve_id", reserve_id, METH_NOARGS, "A region id no frame has: a session's id floor."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -174,6 +174,12 @@ def current_path() -> str | None:
 frame_path: Callable[[list], str] = _accel.frame_path if _accel is not None else _frame_path_py
 
 
+def reserve_id() -> int:
+    """A region id no frame has yet: a session's id floor (frames with smaller ids were written
+    by earlier sessions, into other files)."""
+    return _accel.reserve_id() if _accel is not None else next(_ids)
+
+
 def _live(frame: list | None) -> list | None:
     """The innermost frame at or above ``frame`` that has not ended, of this recording epoch."""
     while frame is not None and frame[_END] is not None:

@@ -81,6 +81,7 @@ class Session:
         self.unavailable: str | None = None      # why this session records nothing (its file failed)
         self.leftover: dict[str, Any] | None = None
         self._drops_written: dict[str, int] = {}
+        self._id_floor = 1 << 62                  # set at start: ids below it are earlier sessions'
         self._logged: set[str] = set()
         self._recording = False
         self.steps = 0
@@ -100,6 +101,7 @@ class Session:
             if self.world_size > 1:
                 self.path = rank_path(self.config.path, self.rank)
             self.clock = SessionClock.now()
+            self._id_floor = _region.reserve_id()
             self._writer = self._open_writer()
             _active = self
         if self._writer is None:
@@ -290,7 +292,7 @@ class Session:
         head = b'{"ph":"X","cat":"region","pid":%d,"tid":%d,"name":' % (self.pid, tid)
         decl_head = b'{"ph":"M","name":"%s","pid":%d,"tid":%d,"args":{"name":' % (
             schema.META_REGION_EVENT.encode(), self.pid, tid)
-        data = format_regions(frames, head, decl_head, s0, self._names_json, _region_json, dumps)
+        data = format_regions(frames, head, decl_head, s0, self._id_floor, self._names_json, _region_json, dumps)
         self._io(lambda w: w.write_raw(data, len(frames)))
         if self._otel is not None:
             unix0 = self.clock.start_unix_ns - s0
