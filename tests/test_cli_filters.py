@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests._regionlines import with_paths
+
 SCRIPT = """
 import torch
 from cuvil_pgc import ProfileRegion
@@ -48,7 +50,7 @@ def _events(path):
 @pytest.mark.slow
 def test_profile_filter_records_only_matches(traces):
     full, filtered = traces
-    regions = {e["args"]["path"] for e in _events(filtered) if e.get("cat") == "region"}
+    regions = {e["args"]["path"] for e in with_paths(_events(filtered))}
     assert regions == {"serve/matmul", "serve/softmax"}
     ops = {e["name"] for e in _events(filtered) if e.get("cat") == "cpu_op"}
     assert "aten::mm" in ops and "aten::relu" not in ops

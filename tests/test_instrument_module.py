@@ -10,6 +10,7 @@ import torch
 from cuvil_pgc import profile
 from cuvil_pgc.errors import ConfigError
 from cuvil_pgc.instrument.module import instrument_module
+from tests._regionlines import with_paths
 
 
 def _model():
@@ -26,7 +27,7 @@ def _state(model):
 
 def _region_paths(path):
     doc = json.loads(open(path, encoding="utf-8").read())
-    return [e["args"]["path"] for e in doc["traceEvents"] if e.get("cat") == "region"]
+    return [e["args"]["path"] for e in with_paths(doc["traceEvents"])]
 
 
 def test_regions_named_by_module_path_and_nested(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 
 from cuvil_pgc import ProfileRegion, profile
 from cuvil_pgc.instrument.aggregate import PathStats, bucket_bounds, bucket_of, merge_summaries
+from tests._regionlines import with_paths
 
 WORKER = os.path.join(os.path.dirname(__file__), "_on_demand_worker.py")
 
@@ -86,7 +87,7 @@ def _start_worker(tmp_path, seconds):
 
 def _regions_and_ops(path):
     doc = json.loads(open(path, encoding="utf-8").read())
-    regions = [e for e in doc["traceEvents"] if e.get("cat") == "region"]
+    regions = with_paths(doc["traceEvents"])
     ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
     return regions, ops
 

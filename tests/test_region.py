@@ -13,12 +13,11 @@ import pytest
 from cuvil_pgc import ProfileRegion, profile
 from cuvil_pgc.errors import RegionError
 from cuvil_pgc.instrument.region import current_path
+from tests._regionlines import region_events
 
 
 def _regions(path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    return [e for e in doc["traceEvents"] if e.get("cat") == "region"]
+    return region_events(path)
 
 
 def _session(tmp_path, **kw):

@@ -15,6 +15,7 @@ from cuvil_pgc.instrument import ProfileRegion, Session, SessionConfig
 from cuvil_pgc.instrument.samplers import _opcost
 from cuvil_pgc.instrument.samplers._opcost import estimate_cost
 from cuvil_pgc.instrument.samplers.torch_ops import TorchOpSampler, nesting_depths, read_ops
+from tests._regionlines import with_paths
 
 F4 = "float"
 
@@ -162,7 +163,7 @@ def _ops(trace, name=None):
 
 
 def _regions(trace):
-    return {e["args"]["path"]: e for e in trace["traceEvents"] if e.get("cat") == "region"}
+    return {e["args"]["path"]: e for e in with_paths(trace["traceEvents"])}
 
 
 def test_ops_attributed_to_innermost_region_and_none_outside(tmp_path):

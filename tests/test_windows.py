@@ -12,13 +12,14 @@ import cuvil_pgc
 from cuvil_pgc import ProfileRegion, profile
 from cuvil_pgc.errors import ConfigError
 from cuvil_pgc.instrument.schedule import Action, schedule
+from tests._regionlines import with_paths
 
 _QUIET = dict(ops=False, compile=False, sample_hz=0, gpu="off")
 
 
 def _region_events(path):
     doc = json.loads(open(path, encoding="utf-8").read())
-    return [e for e in doc["traceEvents"] if e.get("cat") == "region"], doc["cuvil"]
+    return with_paths(doc["traceEvents"]), doc["cuvil"]
 
 
 def test_schedule_matches_torch_profiler():

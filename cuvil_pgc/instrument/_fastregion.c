@@ -12,16 +12,21 @@
  *                   the root-sampling policy (or None), the ContextVar for the per-context
  *                   cursors of the active frame (see Cursor) and
  *                   a replacement clock (None: perf_counter_ns's clock; tests use one).
- *   identify(frame) assign id and path to a frame and its ancestors (writer thread).
+ *   frame_path(frame) a frame's path, cached on it and its ancestors (filters, aggregates).
  *   current_frame() the innermost active frame of the calling thread / task, or None.
  *   fold_index(frames, index, max_paths)
  *                   path numbers and durations of ended frames, for the aggregate histograms.
- *   format_regions(frames, head, s0, paths_json, region_json, dumps)
- *                   Chrome "X" event lines for ended frames, as _eventlines.format_regions_py.
+ *   format_regions(frames, head, decl_head, s0, floor, names_json, region_json, dumps)
+ *                   Chrome "X" event lines for ended frames, and a declaration line for each
+ *                   ancestor that has no id yet, as _eventlines.format_regions_py.
  *
  * Frames (the Frame type below) index like the Python version's lists
  * [region, parent, start_ns, id, path, end_ns]. Nothing on the hot path raises into the user's program: errors are cleared and the region is
  * skipped (the Python version cannot fail there either, short of running out of memory).
+ *
+ * Nothing recurses over the nesting depth (freeing, paths, ids): regions nested a million deep
+ * cost what flat ones cost per event. Regions need not nest (interleaved generators, a region
+ * ended on another thread): see region.py's docstring for the rules both versions follow.
  *
  * It relies on the GIL (a list append is atomic with respect to the writer's drain), so it is
  * not built for free-threaded Python.
@@ -49,6 +54,7 @@ static PyObject *g_clock = NULL;       /* a replacement clock (tests); NULL: per
 static unsigned long long g_sink_serial = 0;
 static Py_ssize_t g_sink_capacity = 0;
 static long long g_next_id = 1;
+static unsigned long long g_epoch = 0;   /* recording epochs: +1 when a recorder follows none */
 
 /* The calling thread's buffer of the configured sink (borrowed: the sink keeps it alive, and it
  * is used only while tls_serial equals the configured sink's serial). */
@@ -89,7 +95,7 @@ now_ns(void)
 
 /* One entry of a region. Indexable like the pure-Python frame list
  * [region, parent, start_ns, id, path, end_ns] (None for an unset id, path or end); id and path
- * are assignable (identify, the aggregate sink's path cache).
+ * are assignable (the writer's ids, frame_path's cache).
  *
  * Not a GC object: the thousands of frames waiting in the buffers must cost the garbage
  * collector nothing (as GC objects they triggered and slowed collections: a third of the cost of
@@ -115,13 +121,35 @@ is_frame(PyObject *obj)
     return obj != NULL && Py_IS_TYPE(obj, &FrameType);
 }
 
+/* Freeing a frame frees the ancestors only it held, in a loop: a chain a million frames deep
+ * must not recurse a million C calls deep. */
 static void
 frame_dealloc(Frame *self)
 {
+    Frame *parent = self->parent;
+    self->parent = NULL;
     Py_XDECREF(self->region);
-    Py_XDECREF(self->parent);
     Py_XDECREF(self->path);
     PyObject_Free(self);
+    while (parent != NULL) {
+        if (Py_REFCNT(parent) > 1) {
+            Py_DECREF(parent);
+            return;
+        }
+        Frame *next = parent->parent;     /* its reference to `next` passes to us */
+        parent->parent = NULL;
+        Py_DECREF(parent);
+        parent = next;
+    }
+}
+
+/* The innermost frame at or above `frame` that has not ended (borrowed), or NULL. */
+static inline Frame *
+live_frame(Frame *frame)
+{
+    while (frame != NULL && frame->end >= 0)
+        frame = frame->parent;
+    return frame;
 }
 
 static Py_ssize_t
@@ -224,6 +252,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *owner;           /* the contextvars.Context this cursor belongs to */
     Frame *current;            /* innermost active frame in that context, or NULL */
+    unsigned long long epoch;  /* the recording epoch of `current`: frames of earlier ones are no parents */
 } Cursor;
 
 static int
@@ -271,8 +300,13 @@ context_cursor(void)
     PyObject *context = PyThreadState_GET()->context;
     int is_cursor = Py_IS_TYPE(value, &CursorType);
     if (is_cursor && context != NULL && ((Cursor *)value)->owner == context) {
+        Cursor *cursor = (Cursor *)value;
+        if (cursor->epoch != g_epoch) {     /* a new session: a clean stack */
+            Py_CLEAR(cursor->current);
+            cursor->epoch = g_epoch;
+        }
         Py_DECREF(value);
-        return (Cursor *)value;
+        return cursor;
     }
     Cursor *cursor = PyObject_GC_New(Cursor, &CursorType);
     if (cursor == NULL) {
@@ -280,7 +314,8 @@ context_cursor(void)
         return NULL;
     }
     cursor->owner = NULL;
-    cursor->current = is_cursor && ((Cursor *)value)->current != NULL
+    cursor->epoch = g_epoch;
+    cursor->current = is_cursor && ((Cursor *)value)->current != NULL && ((Cursor *)value)->epoch == g_epoch
         ? (Frame *)Py_NewRef(((Cursor *)value)->current) : NULL;
     Py_DECREF(value);
     PyObject_GC_Track(cursor);
@@ -301,8 +336,9 @@ current_frame(PyObject *module, PyObject *unused)
     PyObject *value = NULL;
     if (PyContextVar_Get(g_current, Py_None, &value) < 0)
         return NULL;
-    PyObject *frame = Py_IS_TYPE(value, &CursorType) && ((Cursor *)value)->current != NULL
-        ? (PyObject *)((Cursor *)value)->current : Py_None;
+    Frame *live = Py_IS_TYPE(value, &CursorType) && ((Cursor *)value)->epoch == g_epoch
+        ? live_frame(((Cursor *)value)->current) : NULL;
+    PyObject *frame = live != NULL ? (PyObject *)live : Py_None;
     Py_INCREF(frame);
     Py_DECREF(value);
     return frame;
@@ -316,7 +352,7 @@ typedef struct {
     PyObject *attrs;           /* dict or None */
     PyObject *json;            /* (name, attrs) JSON fragments, cached by the writer; or None */
     PyObject *frame;           /* the latest entry's frame until it exits (None/NULL: none) */
-    PyObject *parent_path;     /* identify's cache: the path under that parent path */
+    PyObject *parent_path;     /* child_path's cache: the path under that parent path */
     PyObject *path;
 } RegionBase;
 
@@ -408,7 +444,8 @@ region_enter(PyObject *self, PyObject *unused)
         PyErr_Clear();
         return Py_NewRef(self);
     }
-    PyObject *parent = Py_NewRef(cursor->current ? (PyObject *)cursor->current : Py_None);
+    Frame *live = live_frame(cursor->current);      /* skip parents that ended out of order */
+    PyObject *parent = Py_NewRef(live ? (PyObject *)live : Py_None);
     Frame *frame = new_frame(self, parent, sampled_start(self, parent));
     Py_DECREF(parent);
     if (frame == NULL) {
@@ -476,6 +513,27 @@ deliver(PyObject *frame, long long end)
     Py_XDECREF(result);
 }
 
+#define ADOPT_LIMIT 32   /* region.py's ADOPT_LIMIT */
+
+/* `ended` ended out of order: a region started inside it that still runs (on the active chain
+ * from `top`) becomes a child of `ended`'s parent, so no region outlives its parent. */
+static void
+adopt(Frame *top, Frame *ended)
+{
+    for (int i = 0; i < ADOPT_LIMIT && top != NULL; i++) {
+        Frame *parent = top->parent;
+        if (parent == ended) {
+            if (top->end < 0) {
+                top->parent = ended->parent ? (Frame *)Py_NewRef(ended->parent) : NULL;
+                Py_CLEAR(top->path);
+                Py_DECREF(ended);          /* top's reference; `ended` is still held by our caller */
+            }
+            return;
+        }
+        top = parent;
+    }
+}
+
 static PyObject *
 region_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -488,14 +546,18 @@ region_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (cursor == NULL)
         PyErr_Clear();
     Frame *frame;
-    if (cursor != NULL && cursor->current != NULL && cursor->current->region == self) {
-        frame = cursor->current;            /* the cursor's reference passes to us */
-        cursor->current = frame->parent ? (Frame *)Py_NewRef(frame->parent) : NULL;
+    Frame *top = cursor != NULL ? live_frame(cursor->current) : NULL;
+    if (top != NULL && top->region == self) {
+        frame = (Frame *)Py_NewRef(top);
+        Frame *next = live_frame(top->parent);
+        Py_XSETREF(cursor->current, next ? (Frame *)Py_NewRef(next) : NULL);
     }
-    else {   /* ended from another context (start()/end() across callbacks): our own frame */
+    else {   /* ended out of order (interleaved generators) or from another context or thread */
         if (own == NULL)
             Py_RETURN_NONE;
         frame = (Frame *)Py_NewRef(own);
+        if (cursor != NULL)
+            adopt(cursor->current, frame);
     }
     Py_CLEAR(region->frame);
     if (frame->end < 0) {
@@ -560,6 +622,8 @@ configure(PyObject *module, PyObject *args)
             return NULL;
         }
     }
+    if (g_recorder == NULL && recorder != Py_None)
+        g_epoch++;
     Py_XSETREF(g_recorder, recorder == Py_None ? NULL : Py_NewRef(recorder));
     Py_XSETREF(g_sink, sink == Py_None ? NULL : Py_NewRef(sink));
     Py_XSETREF(g_sample, sample == Py_None ? NULL : Py_NewRef(sample));
@@ -577,11 +641,11 @@ set_checks(PyObject *module, PyObject *fn)
     Py_RETURN_NONE;
 }
 
-/* ---- identify ---------------------------------------------------------------------------- */
+/* ---- paths ------------------------------------------------------------------------------- */
 
 /* The path of `region` under `parent_path`, from the region's one-entry cache when the parent
- * path is the same string object as last time (usual: parents are identified first and their
- * paths come from the same caches), so repeated regions share one path string. */
+ * path is the same string object as last time (usual: parents' paths come from the same caches),
+ * so repeated regions share one path string. */
 static PyObject *
 child_path(PyObject *region, PyObject *parent_path)
 {
@@ -608,43 +672,90 @@ child_path(PyObject *region, PyObject *parent_path)
     return path;
 }
 
-/* A frame's path (cached on the frame), without assigning an id. */
-static PyObject *
-path_of(Frame *frame)
+/* A growable list of strong frame references (chains of ancestors, walked without recursion). */
+typedef struct {
+    Frame **items;
+    Py_ssize_t n, cap;
+    Frame *inline_items[32];
+} FrameStack;
+
+static void
+stack_init(FrameStack *st)
 {
-    if (frame->path == NULL) {
-        PyObject *parent_path = frame->parent ? path_of(frame->parent) : NULL;
-        if (frame->parent != NULL && parent_path == NULL)
-            return NULL;
-        frame->path = child_path(frame->region, parent_path);
-    }
-    return frame->path;
+    st->items = st->inline_items;
+    st->n = 0;
+    st->cap = 32;
 }
 
-/* Id and path of a frame and its ancestors (ancestors first, so ids grow from the root). */
 static int
-identify_frame(Frame *frame)
+stack_push(FrameStack *st, Frame *frame)
 {
-    if (frame->id != 0)
-        return 0;
-    if (frame->parent != NULL && identify_frame(frame->parent) < 0)
-        return -1;
-    if (path_of(frame) == NULL)
-        return -1;
-    frame->id = g_next_id++;
+    if (st->n == st->cap) {
+        Py_ssize_t cap = st->cap * 2;
+        Frame **items = st->items == st->inline_items ? PyMem_Malloc(cap * sizeof(Frame *))
+                                                      : PyMem_Realloc(st->items, cap * sizeof(Frame *));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (st->items == st->inline_items)
+            memcpy(items, st->inline_items, sizeof(st->inline_items));
+        st->items = items;
+        st->cap = cap;
+    }
+    st->items[st->n++] = (Frame *)Py_NewRef(frame);
     return 0;
 }
 
+static void
+stack_free(FrameStack *st)
+{
+    for (Py_ssize_t i = 0; i < st->n; i++)
+        Py_DECREF(st->items[i]);
+    if (st->items != st->inline_items)
+        PyMem_Free(st->items);
+}
+
+/* A frame's path, cached on it and on each ancestor that had none (borrowed; NULL on error).
+ * Built from the nearest ancestor with a path down, in a loop. */
 static PyObject *
-identify(PyObject *module, PyObject *frame)
+path_of(Frame *frame)
+{
+    if (frame->path != NULL)
+        return frame->path;
+    FrameStack chain;
+    stack_init(&chain);
+    Frame *f = frame;
+    for (; f != NULL && f->path == NULL; f = f->parent) {
+        if (stack_push(&chain, f) < 0) {
+            stack_free(&chain);
+            return NULL;
+        }
+    }
+    PyObject *parent_path = f != NULL ? f->path : NULL;
+    for (Py_ssize_t i = chain.n - 1; i >= 0; i--) {
+        Frame *c = chain.items[i];
+        if (c->path == NULL) {
+            PyObject *path = child_path(c->region, parent_path);
+            if (path == NULL)
+                break;
+            c->path = path;
+        }
+        parent_path = c->path;
+    }
+    stack_free(&chain);
+    return frame->path;
+}
+
+static PyObject *
+frame_path(PyObject *module, PyObject *frame)
 {
     if (!is_frame(frame)) {
-        PyErr_Format(PyExc_TypeError, "identify() takes a region frame, not %.80s", Py_TYPE(frame)->tp_name);
+        PyErr_Format(PyExc_TypeError, "frame_path() takes a region frame, not %.80s", Py_TYPE(frame)->tp_name);
         return NULL;
     }
-    if (identify_frame((Frame *)frame) < 0)
-        return NULL;
-    Py_RETURN_NONE;
+    PyObject *path = path_of((Frame *)frame);
+    return Py_XNewRef(path);
 }
 
 /* ---- fold_index -------------------------------------------------------------------------- */
@@ -774,7 +885,7 @@ put_bytes(Out *out, PyObject *obj)
     return 0;
 }
 
-/* JSON text of a str, from the writer's cache (paths_json: str -> bytes). */
+/* JSON text of a str, from the writer's cache (names_json: str -> bytes). */
 static PyObject *
 str_fragment(PyObject *text, PyObject *cache, PyObject *dumps)
 {
@@ -818,62 +929,124 @@ region_fragments(PyObject *region, PyObject *region_json, PyObject *cache, PyObj
     return 0;
 }
 
-static int
-format_one(Out *out, PyObject *obj, PyObject *head, long long s0, PyObject *paths_json,
-           PyObject *region_json, PyObject *dumps)
+/* `,"parent":N` or `,"parent":null`. */
+static void
+put_parent(Out *out, Frame *parent)
 {
-    if (!is_frame(obj) || ((Frame *)obj)->end < 0) {
-        PyErr_SetString(PyExc_TypeError, "format_regions() takes ended region frames");
-        return -1;
-    }
-    Frame *frame = (Frame *)obj;
-    PyObject *name_json = NULL, *attrs_json = NULL, *path_json = NULL;
+    put(out, ",\"parent\":", 10);
+    if (parent == NULL)
+        put(out, "null", 4);
+    else
+        put_uint(out, (unsigned long long)parent->id);
+}
+
+/* Give `frame` and each ancestor without an id an id, and write one declaration line for each
+ * ({"ph":"M","name":"cuvil_region",...,"args":{"name":...,"id":N,"parent":P}}): the reader
+ * rebuilds paths from ids, and these are regions still open (or written later, or dropped),
+ * whose children are written now. Ancestors get ids before any line names them. */
+static int
+declare(Out *out, Frame *frame, long long floor, PyObject *decl_head, PyObject *names_json,
+        PyObject *region_json, PyObject *dumps)
+{
+    FrameStack chain;
+    stack_init(&chain);
     int rc = -1;
-    if (identify_frame(frame) < 0
-            || region_fragments(frame->region, region_json, paths_json, dumps, &name_json, &attrs_json) < 0
-            || (path_json = str_fragment(frame->path, paths_json, dumps)) == NULL)
+    for (Frame *f = frame; f != NULL && f->id < floor; f = f->parent) {
+        if (stack_push(&chain, f) < 0)
+            goto done;
+        f->id = g_next_id++;
+    }
+    for (Py_ssize_t i = 0; i < chain.n; i++) {
+        Frame *f = chain.items[i];
+        PyObject *name_json = NULL, *attrs_json = NULL;
+        if (region_fragments(f->region, region_json, names_json, dumps, &name_json, &attrs_json) < 0)
+            goto done;
+        int bad = put_bytes(out, decl_head) < 0 || put_bytes(out, name_json) < 0 || out_reserve(out, 64) < 0;
+        Py_DECREF(name_json);
+        Py_DECREF(attrs_json);
+        if (bad)
+            goto done;
+        Frame *parent = f->parent;   /* read once: a region ending elsewhere may re-parent f */
+        if (parent != NULL && parent->id < floor) {
+            if (stack_push(&chain, parent) < 0)
+                goto done;
+            parent->id = g_next_id++;
+        }
+        put(out, ",\"id\":", 6);
+        put_uint(out, (unsigned long long)f->id);
+        put_parent(out, parent);
+        put(out, "}},\n", 4);
+    }
+    rc = 0;
+done:
+    stack_free(&chain);
+    return rc;
+}
+
+static int
+format_one(Out *out, PyObject *obj, PyObject *head, PyObject *decl_head, long long s0, long long floor,
+           PyObject *names_json, PyObject *region_json, PyObject *dumps)
+{
+    Frame *frame = (Frame *)obj;
+    PyObject *name_json = NULL, *attrs_json = NULL;
+    Frame *parent = NULL;
+    int rc = -1;
+    if (region_fragments(frame->region, region_json, names_json, dumps, &name_json, &attrs_json) < 0)
         goto done;
-    if (put_bytes(out, head) < 0 || put_bytes(out, name_json) < 0 || out_reserve(out, 128) < 0)
+    parent = frame->parent ? (Frame *)Py_NewRef(frame->parent) : NULL;   /* after Python code ran */
+    if (parent != NULL && parent->id < floor
+            && declare(out, parent, floor, decl_head, names_json, region_json, dumps) < 0)
+        goto done;
+    if (put_bytes(out, head) < 0 || put_bytes(out, name_json) < 0 || out_reserve(out, 160) < 0)
         goto done;
     put(out, ",\"ts\":", 6);
     put_us(out, frame->start - s0);
     put(out, ",\"dur\":", 7);
     put_us(out, frame->end - frame->start);
-    put(out, ",\"args\":{\"path\":", 16);
-    if (put_bytes(out, path_json) < 0 || out_reserve(out, 96) < 0)
-        goto done;
-    put(out, ",\"id\":", 6);
+    put(out, ",\"args\":{\"id\":", 14);
     put_uint(out, (unsigned long long)frame->id);
-    put(out, ",\"parent\":", 10);
-    if (frame->parent == NULL)
-        put(out, "null", 4);
-    else
-        put_uint(out, (unsigned long long)frame->parent->id);
+    put_parent(out, parent);
     if (put_bytes(out, attrs_json) < 0 || out_reserve(out, 4) < 0)
         goto done;
     put(out, "}},\n", 4);
     rc = 0;
 done:
+    Py_XDECREF(parent);
     Py_XDECREF(name_json);
     Py_XDECREF(attrs_json);
-    Py_XDECREF(path_json);
     return rc;
 }
 
+/* format_regions(frames, head, decl_head, s0, floor, names_json, region_json, dumps) -> bytes.
+ * Every frame of the batch gets its id first, so only ancestors outside the batch are declared.
+ * Ids below `floor` (the session's first id, reserve_id()) were given by an earlier session, in
+ * another file: such frames (a region open across capture windows) get a new id, in this file. */
 static PyObject *
 format_regions(PyObject *module, PyObject *args)
 {
-    PyObject *frames, *head, *paths_json, *region_json, *dumps;
-    long long s0;
-    if (!PyArg_ParseTuple(args, "O!SLO!OO:format_regions", &PyList_Type, &frames, &head, &s0,
-                          &PyDict_Type, &paths_json, &region_json, &dumps))
+    PyObject *frames, *head, *decl_head, *names_json, *region_json, *dumps;
+    long long s0, floor;
+    if (!PyArg_ParseTuple(args, "O!SSLLO!OO:format_regions", &PyList_Type, &frames, &head, &decl_head, &s0,
+                          &floor, &PyDict_Type, &names_json, &region_json, &dumps))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(frames);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *obj = PyList_GET_ITEM(frames, i);
+        if (!is_frame(obj) || ((Frame *)obj)->end < 0) {
+            PyErr_SetString(PyExc_TypeError, "format_regions() takes ended region frames");
+            return NULL;
+        }
+        if (((Frame *)obj)->id < floor)
+            ((Frame *)obj)->id = g_next_id++;
+    }
     Out out = {NULL, 0, 0};
-    if (out_reserve(&out, (size_t)(n + 1) * (size_t)(PyBytes_GET_SIZE(head) + 160)) < 0)
+    if (out_reserve(&out, (size_t)(n + 1) * (size_t)(PyBytes_GET_SIZE(head) + 128)) < 0)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (format_one(&out, PyList_GET_ITEM(frames, i), head, s0, paths_json, region_json, dumps) < 0) {
+        PyObject *frame = Py_NewRef(PyList_GET_ITEM(frames, i));
+        int rc = format_one(&out, frame, head, decl_head, s0, floor, names_json, region_json, dumps);
+        Py_DECREF(frame);
+        if (rc < 0) {
             Py_DECREF(out.bytes);
             return NULL;
         }
@@ -881,6 +1054,12 @@ format_regions(PyObject *module, PyObject *args)
     if (_PyBytes_Resize(&out.bytes, (Py_ssize_t)out.len) < 0)
         return NULL;
     return out.bytes;
+}
+
+static PyObject *
+reserve_id(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromLongLong(g_next_id++);
 }
 
 /* ---- module ------------------------------------------------------------------------------ */
@@ -891,9 +1070,10 @@ static PyMethodDef module_methods[] = {
     {"fold_index", fold_index, METH_VARARGS,
      "fold_index(frames, index, max_paths) -> (int64 path numbers, int64 durations) as bytes."},
     {"current_frame", current_frame, METH_NOARGS, "The innermost active frame of this context, or None."},
-    {"identify", identify, METH_O, "Assign id and path to a frame and its ancestors (writer thread only)."},
+    {"frame_path", frame_path, METH_O, "A frame's path, cached on it and its ancestors."},
     {"format_regions", format_regions, METH_VARARGS,
-     "format_regions(frames, head, s0, paths_json, region_json, dumps) -> bytes of Chrome X event lines."},
+     "format_regions(frames, head, decl_head, s0, floor, names_json, region_json, dumps) -> bytes of event lines."},
+    {"reserve_id", reserve_id, METH_NOARGS, "A region id no frame has: a session's id floor."},
     {NULL, NULL, 0, NULL},
 };
 

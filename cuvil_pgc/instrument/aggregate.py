@@ -185,7 +185,7 @@ def _fold_index_py(frames: list, index: dict[str, int], max_paths: int) -> tuple
 
     numbers = array.array("q")
     for frame in frames:
-        path = frame[4] or _cache_path(frame)
+        path = frame[4] or frame_path(frame)
         i = index.get(path)
         if i is None and len(index) < max_paths:
             i = index[path] = len(index)
@@ -194,12 +194,6 @@ def _fold_index_py(frames: list, index: dict[str, int], max_paths: int) -> tuple
 
 
 _fold_index = _region._accel.fold_index if _region._accel is not None else _fold_index_py
-
-
-def _cache_path(frame: list) -> str:
-    path = frame_path(frame)
-    frame[4] = path
-    return path
 
 
 def merge_summaries(docs: list[dict[str, Any]]) -> dict[str, PathStats]:
@@ -233,6 +227,7 @@ class AggregateSession:
         self._metrics_exporter = otel_metrics_exporter
         self.metrics: Any = None              # OtelMetricsExporter while exporting
         self.otel_status: dict[str, Any] | None = None
+        self.pid = os.getpid()
 
     def start(self) -> AggregateSession:
         import numpy  # noqa: F401  (the folds use it; imported here, not in the first fold's time)
@@ -313,7 +308,10 @@ class AggregateSession:
                               "metadata": meta, "regions": regions}}
 
     def flush(self) -> None:
-        """Rewrite the summary file atomically. Never raises into the host program."""
+        """Rewrite the summary file atomically. Never raises into the host program, and never
+        from a forked child: the summary is its parent's."""
+        if os.getpid() != self.pid:
+            return
         try:
             from pathlib import Path
 

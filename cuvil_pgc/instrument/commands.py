@@ -76,7 +76,10 @@ def _register_profile(app: typer.Typer) -> None:
             code = _runner.run_module(session, module, argv)
         else:
             code = _runner.run_script(session, target, argv)
-        typer.echo(f"trace written to {path}", err=True)
+        if getattr(session, "unavailable", None):
+            typer.echo(f"no trace written: {session.unavailable}", err=True)
+        else:
+            typer.echo(f"trace written to {getattr(session, 'path', path)}", err=True)
         _warn_if_busy("timings in the trace")
         if code:
             raise typer.Exit(code)

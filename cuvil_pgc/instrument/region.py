@@ -6,14 +6,22 @@ Contract:
 - Nesting is tracked with a ContextVar holding the active frame, so it is correct per thread and
   per asyncio task. A frame is a small list, never state on the ProfileRegion itself, so one
   instance may be entered from many threads, tasks or recursive calls at once. The hot path only
-  stores (region, parent frame, start); the writer thread fills in the id and the path
-  (:func:`identify`), so entering a region allocates one list and formats no string.
+  stores (region, parent frame, start); the writer thread gives frames their ids when it writes
+  them (the trace carries each region's id, parent id and name, never its path), and
+  :func:`frame_path` builds a path only where one is asked for (filters, aggregates, spans).
+  Entering a region allocates one list and formats no string, at any nesting depth.
+- Regions need not nest: generators and async generators interleave (``zip(g1, g2)``), and a
+  region may be ended from another thread or task than the one that started it. So a frame's
+  parent is the innermost frame that has not ended: entering skips ended parents, and a region
+  that ends while a region started inside it still runs hands that region over to its own
+  parent (:func:`_adopt`). Frames of an earlier recording epoch (sinks attached after none were)
+  are no parents, so a session starts with a clean stack whatever an earlier one left behind.
 - With no session recording, enter/exit test one module global and return: no torch, CUPTI or
   NVML is imported here, and nothing is allocated.
 - While a session records, exit hands ``(frame, end_ns)`` to the sinks (:func:`attach`); the
   session's RegionRecorder appends it to the calling thread's buffer. That path never raises into
   the user's code.
-- Enter/exit and :func:`identify` run in C when the optional accelerator (``_fastregion.c``) is
+- Enter/exit and :func:`frame_path` run in C when the optional accelerator (``_fastregion.c``) is
   built, else in the pure-Python versions below; both behave the same (tests run both), and
   ``CUVIL_PGC_PURE_PYTHON=1`` forces the Python ones.
 """
@@ -46,15 +54,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 MAX_NAME_CHARS = 65_536
 _ATTR_TYPES = (str, int, float, bool, type(None))
 
-# Frame layout: [region, parent_frame, start_ns, id, path, end_ns]; id and path are None until the
-# writer thread calls identify() on the frame, end_ns None until the region ends; start_ns is -1
-# for a sampled-out region. The C accelerator's Frame objects index the same way.
-_REGION, _PARENT, _START, _ID, _PATH, _END = range(6)
+# Frame layout: [region, parent_frame, start_ns, id, path, end_ns, epoch]; id is None until the
+# writer writes the frame (or an event naming it), path None until frame_path() builds it, end_ns
+# None until the region ends; start_ns is -1 for a sampled-out region. The C accelerator's Frame
+# objects index the same way (their epoch lives on the per-context cursor, not on the frame).
+_REGION, _PARENT, _START, _ID, _PATH, _END, _EPOCH = range(7)
 
 # The active frame per thread / task: the frame itself in pure Python; with the C accelerator a
 # cursor per context that points at it (one ContextVar update per context, not two per region).
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("cuvil_pgc_region", default=None)
+# How far up from the active frame a region ending out of order looks for a region it must hand
+# over to its parent (interleaved generators need 1 per generator in flight).
+ADOPT_LIMIT = 32
 _ids = itertools.count(1)
+_epoch = 0          # recording epochs: +1 whenever sinks are attached after none were
 _now = time.perf_counter_ns
 
 
@@ -105,7 +118,9 @@ def set_sampling(policy: Callable[[ProfileRegion], bool] | None) -> None:
 
 
 def _rebuild() -> None:
-    global _recorder
+    global _recorder, _epoch
+    if _recorder is None and _sinks:     # a new recording epoch: frames of earlier ones are no parents
+        _epoch += 1
     if not _sinks:
         _recorder = None
     elif len(_sinks) == 1:
@@ -132,19 +147,22 @@ def _configure_accel() -> None:
 
 def current_frame() -> list | None:
     """The innermost active region frame in this thread / task, or None."""
-    return _current.get() if _accel is None else _accel.current_frame()
+    return _live(_current.get()) if _accel is None else _accel.current_frame()
 
 
-def frame_path(frame: list) -> str:
-    """The ``outer/inner`` path of a frame, computed without touching the frame."""
-    names = []
-    while frame is not None:
-        if frame[_PATH] is not None:
-            names.append(frame[_PATH])
-            break
-        names.append(frame[_REGION].name)
+def _frame_path_py(frame: list) -> str:
+    """The ``outer/inner`` path of a frame, cached on it and its ancestors (index 4).
+
+    Iterative: a path costs its length to build once, and nothing is recursed at any depth."""
+    chain = []
+    while frame is not None and frame[_PATH] is None:
+        chain.append(frame)
         frame = frame[_PARENT]
-    return "/".join(reversed(names))
+    path = None if frame is None else frame[_PATH]
+    for f in reversed(chain):
+        path = f[_REGION].name if path is None else f"{path}/{f[_REGION].name}"
+        f[_PATH] = path
+    return path
 
 
 def current_path() -> str | None:
@@ -153,20 +171,35 @@ def current_path() -> str | None:
     return None if frame is None else frame_path(frame)
 
 
-def _identify(frame: list) -> None:
-    """Assign id and path to a frame and its ancestors (writer thread only)."""
-    if frame[_ID] is not None:
-        return
-    parent = frame[_PARENT]
-    if parent is None:
-        frame[_PATH] = frame[_REGION].name
-    else:
-        _identify(parent)
-        frame[_PATH] = f"{parent[_PATH]}/{frame[_REGION].name}"
-    frame[_ID] = next(_ids)
+frame_path: Callable[[list], str] = _accel.frame_path if _accel is not None else _frame_path_py
 
 
-identify: Callable[[list], None] = _accel.identify if _accel is not None else _identify
+def reserve_id() -> int:
+    """A region id no frame has yet: a session's id floor (frames with smaller ids were written
+    by earlier sessions, into other files)."""
+    return _accel.reserve_id() if _accel is not None else next(_ids)
+
+
+def _live(frame: list | None) -> list | None:
+    """The innermost frame at or above ``frame`` that has not ended, of this recording epoch."""
+    while frame is not None and frame[_END] is not None:
+        frame = frame[_PARENT]
+    return frame if frame is None or frame[_EPOCH] == _epoch else None
+
+
+def _adopt(top: list | None, ended: list) -> None:
+    """``ended`` ended out of order: a region started inside it that still runs (on the active
+    chain from ``top``) becomes a child of ``ended``'s parent, so no region outlives its parent."""
+    for _ in range(ADOPT_LIMIT):
+        if top is None:
+            return
+        parent = top[_PARENT]
+        if parent is ended:
+            if top[_END] is None:
+                top[_PARENT] = ended[_PARENT]
+                top[_PATH] = None
+            return
+        top = parent
 
 
 def _check_name(name: object) -> str:
@@ -223,12 +256,14 @@ class _PyRegionBase:
         if _recorder is None:
             return self
         parent = _current.get()
+        if parent is not None and (parent[5] is not None or parent[6] != _epoch):
+            parent = _live(parent)
         if _sample is None:
-            frame = [self, parent, _now(), None, None, None]
+            frame = [self, parent, _now(), None, None, None, _epoch]
         elif parent is None:
-            frame = [self, None, _now() if _keep_root(self) else -1, None, None, None]
+            frame = [self, None, _now() if _keep_root(self) else -1, None, None, None, _epoch]
         else:   # a sampled-out root's subtree is sampled out too (start -1)
-            frame = [self, parent, -1 if parent[2] < 0 else _now(), None, None, None]
+            frame = [self, parent, -1 if parent[2] < 0 else _now(), None, None, None, _epoch]
         _current.set(frame)
         self._frame = frame
         return self
@@ -238,14 +273,17 @@ class _PyRegionBase:
         if record is None and self._frame is None:
             return
         end = _now()
-        frame = _current.get()
+        top = _current.get()
+        frame = _live(top)
         if frame is None or frame[0] is not self:
-            # Ended from another context (start()/end() across callbacks): use our own frame.
+            # Ended out of order (interleaved generators) or from another context (start()/end()
+            # across callbacks or threads): our own frame.
             frame = self._frame
             if frame is None:
                 return
+            _adopt(top, frame)
         else:
-            _current.set(frame[1])
+            _current.set(_live(frame[1]))
         self._frame = None
         if frame[5] is None:
             frame[5] = end

@@ -5,7 +5,14 @@ drains per-thread buffers into the partial trace file every ``flush_interval_s``
 finishes the file atomically (trace.writer). One session records per process at a time.
 
 Nothing here raises into the user's program once recording has started: failures of samplers or
-of the disk are logged once, counted, and reported in the trace metadata.
+of the disk are logged once, counted, and reported in the trace metadata. Starting does not raise
+for the disk either: a session that cannot create its file (no space, no permission) records
+itself unavailable (``Session.unavailable``, ``sampler_status["trace"]``, one log line) and the
+program runs unrecorded. A partial file left by a crashed writer is moved aside (trace._leftover,
+logged once); one a live process writes makes this session write ``<stem>.pid<N><suffix>``.
+The drop counters go into the partial file as they change (``cuvil_dropped`` events), so a trace
+recovered after a crash still says what was dropped. A forked child inherits no session: it
+never writes, finishes or removes its parent's file (``os.register_at_fork``).
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ from cuvil_pgc.instrument._buffers import RegionRecorder
 from cuvil_pgc.instrument._eventlines import format_regions
 from cuvil_pgc.instrument.clock import SessionClock
 from cuvil_pgc.instrument.config import SessionConfig
-from cuvil_pgc.instrument.region import identify
+from cuvil_pgc.instrument.region import frame_path
 from cuvil_pgc.instrument.samplers import build_samplers
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
 from cuvil_pgc.trace import schema
-from cuvil_pgc.trace.writer import TraceWriter, dumps
+from cuvil_pgc.trace._leftover import split_trace_path
+from cuvil_pgc.trace.writer import PartialInUse, TraceWriter, dumps
 
 log = logging.getLogger("cuvil_pgc")
 
@@ -64,12 +72,16 @@ class Session:
         self._writer: TraceWriter | None = None
         self._emitted: deque[list[dict[str, Any]]] = deque()
         self._retain = any(getattr(s, "needs_regions", False) for s in self.samplers)
-        self._kept: tuple[list[int], list[float], list[float], list[str]] = ([], [], [], [])
-        self._paths_json: dict[str, bytes] = {}
+        self._kept: tuple[list[int], list[float], list[float], list[Any]] = ([], [], [], [])
+        self._names_json: dict[str, bytes] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._io_lock = threading.Lock()
         self._failed_io: str | None = None
+        self.unavailable: str | None = None      # why this session records nothing (its file failed)
+        self.leftover: dict[str, Any] | None = None
+        self._drops_written: dict[str, int] = {}
+        self._id_floor = 1 << 62                  # set at start: ids below it are earlier sessions'
         self._logged: set[str] = set()
         self._recording = False
         self.joinable = False       # `cuvil-pgc profile`: the program's own profile() joins this session
@@ -92,8 +104,11 @@ class Session:
             if self.world_size > 1:
                 self.path = rank_path(self.config.path, self.rank)
             self.clock = SessionClock.now()
-            self._writer = TraceWriter(self.path, self._header())
+            self._id_floor = _region.reserve_id()
+            self._writer = self._open_writer()
             _active = self
+        if self._writer is None:
+            return self
         self._start_samplers()
         self._start_otel()
         if record_regions:
@@ -105,9 +120,38 @@ class Session:
         self._thread.start()
         return self
 
+    def _open_writer(self) -> TraceWriter | None:
+        """The trace writer, or None with the reason in ``unavailable`` (never raises for the disk)."""
+        try:
+            try:
+                writer = TraceWriter(self.path, self._header())
+            except PartialInUse as busy:
+                stem, suffix = split_trace_path(self.path)
+                self.path = f"{stem}.pid{self.pid}{suffix}"
+                log.warning("cuvil-pgc: %s; this session records to %s instead", busy.problem, self.path)
+                writer = TraceWriter(self.path, self._header())
+        except (OSError, SessionError) as exc:
+            reason = exc.problem if isinstance(exc, SessionError) else f"{type(exc).__name__}: {exc}"
+            self.unavailable = f"cannot write {self.path}: {reason}"
+            log.warning("cuvil-pgc: recording is off for this session (%s); the program runs unrecorded",
+                        self.unavailable)
+            self.sampler_status["trace"] = {"status": schema.STATUS_UNAVAILABLE, "reason": self.unavailable}
+            for sampler in self.samplers:
+                self.sampler_status[sampler.name] = {"status": schema.STATUS_UNAVAILABLE,
+                                                     "reason": "the session has no trace file"}
+            return None
+        if writer.leftover is not None:
+            found = writer.leftover
+            self.leftover = {"path": found.partial, "moved_to": found.moved_to, "pid": found.pid,
+                             "reason": found.reason}
+            log.warning("cuvil-pgc: %s was left by a session that did not finish (%s); moved it to %s, where "
+                        "`cuvil-pgc summary %s` recovers it", found.partial, found.reason, found.moved_to,
+                        found.moved_to)
+        return writer
+
     def begin_recording(self) -> None:
         """Start recording regions (and keeping sampler events) from now on."""
-        if self._recording:
+        if self._recording or self._writer is None:
             return
         self._keep_from_us = self.clock.mono_to_us(time.perf_counter_ns())
         _region.set_sampling(self.config.sampling_policy())
@@ -214,9 +258,9 @@ class Session:
         """An index over the regions completed so far, for attributing ops and kernels."""
         from cuvil_pgc.trace.attribution import RegionIndex
 
-        tids, starts, ends, paths = self._kept
-        n = min(len(tids), len(starts), len(ends), len(paths))
-        return RegionIndex(tids[:n], starts[:n], ends[:n]), paths[:n]
+        tids, starts, ends, frames = self._kept
+        n = min(len(tids), len(starts), len(ends), len(frames))
+        return RegionIndex(tids[:n], starts[:n], ends[:n]), _FramePaths(frames[:n])
 
     # -- writing ---------------------------------------------------------------------------
     def _flush_loop(self) -> None:
@@ -229,6 +273,7 @@ class Session:
             for sampler in self._live_samplers():
                 self._guard(sampler, "flush", sampler.flush)
             self._write_emitted()
+            self._write_drop_counts()
             self._io(lambda w: w.flush())
 
     def _drain_regions(self) -> None:
@@ -243,14 +288,14 @@ class Session:
     def _write_regions(self, tid: int, frames: list) -> None:
         """Serialise one thread's ended region frames as Chrome ``X`` event lines (_eventlines)."""
         if self._filter is not None:
-            for frame in frames:
-                identify(frame)
-            frames = [f for f in frames if self._filter(f[4])]
+            frames = [f for f in frames if self._filter(frame_path(f))]
             if not frames:
                 return
         s0 = self.clock.start_mono_ns
         head = b'{"ph":"X","cat":"region","pid":%d,"tid":%d,"name":' % (self.pid, tid)
-        data = format_regions(frames, head, s0, self._paths_json, _region_json, dumps)
+        decl_head = b'{"ph":"M","name":"%s","pid":%d,"tid":%d,"args":{"name":' % (
+            schema.META_REGION_EVENT.encode(), self.pid, tid)
+        data = format_regions(frames, head, decl_head, s0, self._id_floor, self._names_json, _region_json, dumps)
         self._io(lambda w: w.write_raw(data, len(frames)))
         if self._otel is not None:
             unix0 = self.clock.start_unix_ns - s0
@@ -260,7 +305,31 @@ class Session:
             tids.extend([tid] * len(frames))
             starts.extend([(f[2] - s0) / 1000.0 for f in frames])
             ends.extend([(f[5] - s0) / 1000.0 for f in frames])
-            paths.extend(f[4] for f in frames)
+            paths.extend(frames)
+
+    def _drop_counts(self) -> dict[str, int]:
+        """Everything dropped so far, per source (the regions' buffers included)."""
+        counts = dict(self.dropped)
+        regions = self._recorder.dropped()
+        if regions:
+            counts["regions"] = counts.get("regions", 0) + regions
+        return counts
+
+    def _write_drop_counts(self) -> None:
+        """Append the drop counters to the partial file when they changed: a crash keeps them."""
+        counts = self._drop_counts()
+        if counts == self._drops_written:
+            return
+        self._drops_written = counts
+        event = {"ph": "M", "name": schema.META_DROPPED_EVENT, "pid": self.pid, "tid": 0, "args": counts}
+        self._io(lambda w: w.write_events([event]))
+
+    def _forked(self) -> None:
+        """In a forked child (see _after_fork_in_child): let go of everything the parent owns."""
+        self._recording = False
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.disown()
 
     def _write_emitted(self) -> None:
         while self._emitted:
@@ -337,6 +406,8 @@ class Session:
             meta["io_error"] = self._failed_io
         if self.joined:
             meta["joined"] = list(self.joined)
+        if self.leftover is not None:
+            meta["previous_partial"] = dict(self.leftover)
         return meta
 
     def _log_once(self, key: str, message: str) -> None:
@@ -352,9 +423,26 @@ def _region_json(region: _region.ProfileRegion) -> tuple[bytes, bytes]:
     return region._json
 
 
+class _FramePaths:
+    """The paths of kept region frames, built only for the regions asked about (the samplers
+    attribute ops and kernels to a few of them; paths cost their length to build)."""
+
+    __slots__ = ("_frames",)
+
+    def __init__(self, frames: list) -> None:
+        self._frames = frames
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def __getitem__(self, i: int) -> str:
+        return frame_path(self._frames[i])
+
+
 def _span_row(frame: list, unix0: int, tid: int) -> tuple:
-    """One identified, ended region frame as an OtelRegionExporter row (times in Unix ns)."""
-    region, parent, start, rid, path, end = (frame[i] for i in range(6))
+    """One written (so identified), ended region frame as an OtelRegionExporter row (Unix ns)."""
+    region, parent, start, rid, end = frame[0], frame[1], frame[2], frame[3], frame[5]
+    path = frame_path(frame)
     root = frame
     while root[1] is not None:
         root = root[1]
@@ -377,12 +465,19 @@ def _rank_and_world() -> tuple[int, int]:
         return 0, 1
 
 
-def split_trace_path(path: str) -> tuple[str, str]:
-    """``out/run.trace.json.gz`` -> (``out/run``, ``.trace.json.gz``)."""
-    for suffix in (".trace.json.gz", ".trace.json", ".json.gz", ".json"):
-        if path.endswith(suffix) and len(path) > len(suffix):
-            return path[:-len(suffix)], suffix
-    return path, ""
+def _after_fork_in_child() -> None:
+    """A forked child inherits no session: the parent's stays the parent's (its file, its
+    regions); the child may start its own. Module state the parent's threads held is reset."""
+    global _active, _active_lock
+    _active_lock = threading.Lock()
+    session, _active = _active, None
+    if session is not None:
+        session._forked()
+    _region.set_sampling(None)
+    _region.set_recorder(None)        # aggregates and capture windows are the parent's too
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def rank_path(path: str, rank: int) -> str:

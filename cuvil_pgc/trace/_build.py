@@ -28,7 +28,7 @@ import numpy as np
 
 from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace import _args as A
-from cuvil_pgc.trace import _ours
+from cuvil_pgc.trace import _ours, _region_tree
 from cuvil_pgc.trace._decode import Document, Event, KinetoDocument, KinetoEvent
 from cuvil_pgc.trace.columns import StringTable
 from cuvil_pgc.trace.schema import CAT_TO_KIND, Kind
@@ -115,10 +115,13 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
         args, given, paths = _kineto_args(xs, cols), np.zeros(len(xs), bool), None
     else:
         args, given, paths = _our_args(xs, cols, evs, path, strings)
+        tree_notes = _region_tree.fill_paths(cols, paths, evs.meta, strings)   # schema 2: paths from ids
     _flow_correlations(cols, evs)
     src = SourceColumns(cols=cols, args=args, region_path=paths, region_given=given,
                         counters=_counters(evs, strings, path))
     _names(evs, src, strings)
+    if fmt != "kineto":
+        src.notes.extend(tree_notes)
     if evs.skipped:
         src.notes.append("ignored events of phase " + ", ".join(
             f"{ph or '(none)'!r} x{n}" for ph, n in sorted(evs.skipped.items())))

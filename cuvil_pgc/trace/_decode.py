@@ -23,7 +23,7 @@ import msgspec
 from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace._args import NO_ARGS, Int64, KinetoArgs
 from cuvil_pgc.trace._input import RawInput
-from cuvil_pgc.trace.schema import META_SESSION_EVENT, PARTIAL_SUFFIX
+from cuvil_pgc.trace.schema import META_DROPPED_EVENT, META_SESSION_EVENT, PARTIAL_SUFFIX
 
 _NO_RAW = msgspec.Raw(b"")
 _NAN = float("nan")
@@ -219,4 +219,18 @@ def session_header(doc: Document | KinetoDocument) -> dict[str, Any] | None:
             except msgspec.DecodeError:
                 return None
             return value if isinstance(value, dict) else None
+    return None
+
+
+def partial_drop_counts(doc: Document | KinetoDocument) -> dict[str, int] | None:
+    """The latest ``cuvil_dropped`` counters of a partial file (per source, non-negative ints
+    kept), or None when it has none (written before schema 2, or nothing was dropped)."""
+    for ev in reversed(doc.trace_events):
+        if ev.ph == "M" and ev.name == META_DROPPED_EVENT and isinstance(ev.args, msgspec.Raw) and ev.args:
+            try:
+                value = msgspec.json.decode(ev.args)
+            except msgspec.DecodeError:
+                continue
+            if isinstance(value, dict):
+                return {k: v for k, v in value.items() if type(v) is int and v >= 0}
     return None

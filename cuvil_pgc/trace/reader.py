@@ -163,6 +163,9 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
     resolve_regions(cols, strings)
     if fmt == "cuvil":
         meta = dict(doc.cuvil if doc.cuvil is not None else header or {})
+        drops = _decode.partial_drop_counts(doc) if doc.cuvil is None else None
+        if drops is not None:                  # a partial: its latest drop counters stand in
+            meta.setdefault("dropped", drops)
         origin = _int_or_none(meta.get("start_unix_ns"))
     else:
         meta = _kineto_metadata(doc)

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import enum
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: region events carry ``args.id``/``args.parent`` and their name, no ``args.path`` (the reader
+rebuilds paths, trace._region_tree), and ``cuvil_region`` events declare regions written before
+they end; the partial file carries the drop counters (``cuvil_dropped`` events). 1: ``args.path``."""
 PARTIAL_SUFFIX = ".partial"
 
 # Event categories (`cat`) written by cuvil-pgc.
@@ -41,6 +44,11 @@ COUNTER_MEM_USED = "mem_used_bytes"
 
 # Metadata event carrying the session header, written first so partial files can be recovered.
 META_SESSION_EVENT = "cuvil_session"
+# Metadata event declaring a region (name, id, parent) before a line names it (schema 2).
+META_REGION_EVENT = "cuvil_region"
+# Metadata event carrying the drop counters so far (per source), appended to the partial file
+# whenever they change, so a trace recovered after a crash still has ``dropped`` (schema 2).
+META_DROPPED_EVENT = "cuvil_dropped"
 
 
 class Kind(enum.IntEnum):

@@ -6,6 +6,12 @@ recovers every complete line. ``close()`` appends the tail (final metadata), fsy
 the partial onto ``path`` in one ``os.replace``, so ``path`` is either absent, the previous file,
 or the complete new trace. ``.gz`` paths are written as gzip with a sync flush per interval, which
 keeps the partial file decodable up to the last flush.
+
+A partial already at ``<path>.partial`` is moved aside when its writer is gone and refused with
+:class:`PartialInUse` when one is writing it (trace._leftover). The file is unbuffered (each
+batch is one write), so a forked child holds no bytes of its parent's trace; :meth:`disown`
+makes sure it never writes or finishes it either. A writer that cannot start (no space, no
+permission) removes the partial it created: nothing is left to block the next start.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import orjson
 
 from cuvil_pgc._fsutil import fsync_dir
 from cuvil_pgc.errors import SessionError
+from cuvil_pgc.trace._leftover import Leftover, make_room
 from cuvil_pgc.trace.schema import META_SESSION_EVENT, PARTIAL_SUFFIX
 
 _HEAD = b'{"traceEvents":[\n'
@@ -48,31 +55,45 @@ def _sanitize(obj: Any) -> Any:
     return obj
 
 
+class PartialInUse(SessionError):
+    """Another live process is writing ``<path>.partial``."""
+
+    def __init__(self, leftover: Leftover, path: str) -> None:
+        super().__init__(f"{leftover.partial} is being written: {leftover.reason}", path=path,
+                         fix="give each process its own output path")
+        self.leftover = leftover
+
+
 class TraceWriter:
-    """Appends events to ``<path>.partial`` and finishes ``path`` atomically."""
+    """Appends events to ``<path>.partial`` and finishes ``path`` atomically.
+
+    ``leftover`` says what was found at the partial path and moved aside (None: nothing)."""
 
     def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]) -> None:
         self.path = os.fspath(path)
         self.partial_path = self.path + PARTIAL_SUFFIX
         self.events_written = 0
-        if os.path.exists(self.partial_path):
-            raise SessionError(
-                f"{self.partial_path} already exists: another session is writing it, or one crashed",
-                path=self.path,
-                fix=f"recover it with `cuvil-pgc summary {self.partial_path}`, then move or delete it",
-            )
+        self._disowned = False
         parent = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(parent):
             raise SessionError(f"directory {parent} does not exist", path=self.path,
                                fix="create it or choose another output path")
-        self._raw = open(self.partial_path, "xb")  # noqa: SIM115 - closed in close()
-        self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=5) \
-            if self.path.endswith(".gz") else None
-        self._out = self._gz or self._raw
-        session_event = {"ph": "M", "name": META_SESSION_EVENT, "pid": header.get("pid", 0), "tid": 0,
-                         "args": header}
-        self._out.write(_HEAD + dumps(session_event) + b",\n")
-        self.flush()
+        self.leftover = make_room(self.partial_path)
+        if self.leftover is not None and self.leftover.live:
+            raise PartialInUse(self.leftover, self.path)
+        self._raw = _PartialFile(self.partial_path)
+        try:
+            self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=5) \
+                if self.path.endswith(".gz") else None
+            self._out = self._gz or self._raw
+            session_event = {"ph": "M", "name": META_SESSION_EVENT, "pid": header.get("pid", 0), "tid": 0,
+                             "args": header}
+            self._out.write(_HEAD + dumps(session_event) + b",\n")
+            self.flush()
+        except BaseException:
+            self._raw.close()
+            os.unlink(self.partial_path)      # holds nothing yet; it must not block the next start
+            raise
 
     def write_events(self, events: Iterable[dict[str, Any]]) -> int:
         """Append events (already in trace clock); returns how many were written."""
@@ -88,10 +109,22 @@ class TraceWriter:
         self.events_written += count
 
     def flush(self) -> None:
-        """Make everything written so far survive a crash of this process."""
+        """Make everything written so far survive a crash of this process, and touch the file:
+        its modification time is the heartbeat that tells a live writer from a dead one."""
+        if self._disowned:
+            return
         if self._gz is not None:
             self._gz.flush(zlib.Z_SYNC_FLUSH)
         self._raw.flush()
+        os.utime(self._raw.fileno())
+
+    def disown(self) -> None:
+        """In a forked child: never write to, finish or remove the parent's partial file."""
+        self._disowned = True
+        if self._gz is not None:
+            self._gz.fileobj = None           # closing the GzipFile must not write a gzip trailer
+        self._out = _Refuse()
+        self._raw.close()                     # the child's copy of the descriptor only
 
     def close(self, last_events: list[dict[str, Any]], metadata: dict[str, Any]) -> str:
         """Write the tail, fsync, and atomically replace ``path``. Returns ``path``."""
@@ -112,9 +145,43 @@ class TraceWriter:
 
     def abandon(self) -> None:
         """Close without finishing: the partial file stays for recovery."""
+        if self._disowned:
+            return
         try:
             if self._gz is not None:
                 self._gz.flush(zlib.Z_SYNC_FLUSH)
             self._raw.close()
         except OSError:
             pass
+
+
+class _PartialFile:
+    """The partial file, unbuffered: each write reaches the OS whole, so no process (a forked
+    child included) ever holds bytes of it that a later flush or finalizer could write."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing is buffered here."""
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+class _Refuse:
+    """What a disowned writer writes into: nothing (a forked child's session must not write)."""
+
+    def write(self, data: bytes) -> int:
+        raise OSError("this trace belongs to the parent process (the session was forked)")
