@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from cuvil_pgc._fsutil import fsync_dir
+from cuvil_pgc._fsutil import create_private, fsync_dir
 from cuvil_pgc.errors import SessionError
 from cuvil_pgc.trace.schema import META_SESSION_EVENT, PARTIAL_SUFFIX
 
@@ -65,7 +65,7 @@ class TraceWriter:
         if not os.path.isdir(parent):
             raise SessionError(f"directory {parent} does not exist", path=self.path,
                                fix="create it or choose another output path")
-        self._raw = open(self.partial_path, "xb")  # noqa: SIM115 - closed in close()
+        self._raw = open(create_private(self.partial_path), "wb")  # noqa: SIM115 - closed in close(); 0600 by default
         self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=5) \
             if self.path.endswith(".gz") else None
         self._out = self._gz or self._raw
