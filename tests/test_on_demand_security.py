@@ -298,3 +298,63 @@ def test_capture_pid_must_be_a_positive_integer(pid):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "--pid must be a process id" in result.stderr
+
+
+@pytest.mark.slow
+def test_capture_finds_the_default_per_user_directory_end_to_end(tmp_path):
+    """A service and `cuvil-pgc capture` as separate processes, neither told where the channel is."""
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k != "CUVIL_PGC_CONTROL_DIR"}
+    env.update(XDG_RUNTIME_DIR=str(runtime), CUVIL_PGC_ON_DEMAND="1")
+    ready = tmp_path / "pid"
+    worker = os.path.join(os.path.dirname(__file__), "_on_demand_worker.py")
+    proc = subprocess.Popen([sys.executable, worker, str(ready), "30"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        result = subprocess.run([sys.executable, "-m", "cuvil_pgc", "capture", "--pid", str(proc.pid),
+                                 "--seconds", "1"], capture_output=True, text=True, timeout=120, env=env)
+        assert result.returncode == 0, result.stderr
+        trace = result.stdout.strip()
+        assert trace == str(runtime / "cuvil-pgc" / f"cuvil-pgc-{proc.pid}.0.trace.json")
+        assert _mode(runtime / "cuvil-pgc") == 0o700 and _mode(trace) == 0o600
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_request_arriving_while_a_window_closes_waits_for_it(ctl, monkeypatch):
+    """The watcher must not open a second window while the first one's trace is still being written."""
+    from cuvil_pgc.instrument import session as session_mod
+
+    ctl.start()
+    stop = session_mod.Session.stop
+
+    injected = []
+
+    def slow_stop(self):
+        if not injected:
+            injected.append(_request(ctl, {"id": "bbb", "seconds": 0.2}))   # the next request lands mid-close
+            time.sleep(0.4)                                                # several watcher polls
+        return stop(self)
+
+    monkeypatch.setattr(session_mod.Session, "stop", slow_stop)
+    try:
+        _request(ctl, {"id": "aaa", "seconds": 0.2})
+        deadline = time.monotonic() + 30
+        while not os.path.exists(done_path(ctl.pid, "bbb", ctl.directory)) and time.monotonic() < deadline:
+            with ProfileRegion("serve"):
+                time.sleep(0.005)
+        monkeypatch.setattr(session_mod.Session, "stop", stop)
+        answers = [orjson.loads(open(done_path(ctl.pid, i, ctl.directory), "rb").read()) for i in ("aaa", "bbb")]
+        assert [os.path.basename(a.get("trace") or "") for a in answers] == \
+            [f"cuvil-pgc-{ctl.pid}.0.trace.json", f"cuvil-pgc-{ctl.pid}.1.trace.json"], answers
+        assert not ctl.failures.counts
+    finally:
+        monkeypatch.setattr(session_mod.Session, "stop", stop)
+        ctl.stop()
