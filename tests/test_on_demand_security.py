@@ -281,6 +281,39 @@ def test_capture_of_another_users_process_says_what_it_needs(monkeypatch):
     assert "sudo" in str(info.value) and "only root" in str(info.value)
 
 
+@needs_root
+def test_root_hands_its_request_to_the_processes_user(tmp_path, monkeypatch):
+    """Root capturing another user's process: that user must be able to read (and trust) the request."""
+    directory = tmp_path / "their-ctl"
+    directory.mkdir(mode=0o700)
+    os.chown(directory, OTHER_UID, OTHER_UID)
+    pid = os.getpid()
+    monkeypatch.setattr(capture, "process_owner", lambda p: OTHER_UID)
+    seen = {}
+
+    def serve():
+        path = request_path(pid, str(directory))
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        st = os.lstat(path)
+        seen.update(uid=st.st_uid, mode=stat.S_IMODE(st.st_mode))
+        data = _control.read_control_file(path, {OTHER_UID, 0})
+        os.unlink(path)
+        trace = directory / f"cuvil-pgc-{pid}.0.trace.json"
+        trace.write_bytes(b"{}")
+        os.chown(trace, OTHER_UID, OTHER_UID)
+        answer = done_path(pid, orjson.loads(data)["id"], str(directory))
+        _control.write_control_file(answer, orjson.dumps({"trace": str(trace)}), owner=OTHER_UID)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert capture.request_capture(pid, seconds=0.1, directory=str(directory), timeout=20) == \
+        str(directory / f"cuvil-pgc-{pid}.0.trace.json")
+    thread.join()
+    assert seen == {"uid": OTHER_UID, "mode": 0o600}
+
+
 def test_root_finds_another_users_control_dir_in_its_environment(tmp_path):
     target = tmp_path / "their-ctl"
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],

@@ -26,7 +26,6 @@ import os
 import pwd
 import secrets
 import stat
-from pathlib import Path
 
 from cuvil_pgc.errors import CuvilError
 
@@ -145,11 +144,27 @@ def read_control_file(path: str, owners: set[int]) -> bytes | None:
         os.close(fd)
 
 
-def write_control_file(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data``, mode 0600, through a temporary file and one rename."""
-    from cuvil_pgc._fsutil import write_atomic
+def write_control_file(path: str, data: bytes, owner: int | None = None) -> None:
+    """Replace ``path`` with ``data``, mode 0600, through a temporary file and one rename.
 
-    write_atomic(Path(path), data, mode=0o600)
+    ``owner`` (root writing for another user's process) hands the file to that user, so that the
+    process can read it and knows it came from root or itself."""
+    from cuvil_pgc._fsutil import fsync_dir
+
+    tmp = temp_name(os.path.dirname(path), os.path.basename(path))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if owner is not None and owner != os.geteuid():
+                os.fchown(f.fileno(), owner, -1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    fsync_dir(os.path.dirname(path))
 
 
 def file_identity(path: str) -> tuple[int, int, int, int] | None:

@@ -38,7 +38,8 @@ def request_capture(pid: int, seconds: float = 10.0, steps: int | None = None, d
     directory = _checked_directory(pid, owner, directory)
     request_id = uuid.uuid4().hex[:12]
     target = request_path(pid, directory)
-    _control.write_control_file(target, orjson.dumps({"id": request_id, "seconds": seconds, "steps": steps}))
+    _control.write_control_file(target, orjson.dumps({"id": request_id, "seconds": seconds, "steps": steps}),
+                                owner=owner)
     answer = done_path(pid, request_id, directory)
     wait_s = (0 if steps else seconds) + timeout
     deadline = time.monotonic() + wait_s
