@@ -316,9 +316,10 @@ def test_root_hands_its_request_to_the_processes_user(tmp_path, monkeypatch):
 
 def test_root_finds_another_users_control_dir_in_its_environment(tmp_path):
     target = tmp_path / "their-ctl"
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                            env={**os.environ, "CUVIL_PGC_CONTROL_DIR": str(target)})
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                            env={**os.environ, "CUVIL_PGC_CONTROL_DIR": str(target)}, stdout=subprocess.PIPE, text=True)
     try:
+        assert proc.stdout.readline().strip() == "ready"     # its environment is in place once it runs
         assert capture._directory_of(proc.pid, os.geteuid()) == str(target)
     finally:
         proc.kill()
