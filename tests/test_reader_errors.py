@@ -209,7 +209,8 @@ def test_event_count_cap_and_lying_counts(tmp_path: Path, monkeypatch: pytest.Mo
               "otherData": {"count": 1e308}}
     trace = load_trace(_write(tmp_path, "claims.trace.json", json.dumps(claims)))
     assert len(trace) == 2
-    assert "start_unix_ns" in trace.sources[0].metadata
+    assert "start_unix_ns" not in trace.sources[0].metadata      # an anchor no clock can hold is ignored
+    assert any("cuvil.start_unix_ns" in n and "ignored" in n for n in trace.sources[0].notes)
 
 
 def test_not_a_path_argument() -> None:

@@ -113,3 +113,89 @@ def test_mutated_traces_load_or_raise_trace_error(case: tuple[str, bytes], with_
         assert "unexpectedly" not in message, message
         return
     assert_valid_trace(trace)
+
+
+# --- the `cuvil` metadata (issue 23, item 9) ---------------------------------------------------------------------
+
+META_FIELDS = ["schema_version", "host", "pid", "rank", "world_size", "python", "torch", "platform", "devices",
+               "start_unix_ns", "end_unix_ns", "start_monotonic_ns", "command", "dropped", "samplers", "sampling",
+               "config", "io_error"]
+FINITE_JSON = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([1e308, 1e30, 2**63, -1, 0, 1]),
+    st.text(max_size=6))
+META_VALUES = st.recursive(FINITE_JSON, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.sampled_from(["status", "reason", "notes", "scale", "every", "rate",
+                                                              "regions", "x"]), inner, max_size=3), max_leaves=6)
+_OURS = json.loads((DATA / "ours" / "regions.trace.json").read_bytes())
+
+
+def _metadata_file(overrides: dict, summary: bool) -> Path:
+    if summary:
+        doc = {"cuvil_summary": {"schema_version": 1, "bucket_scheme": {"per_octave": 8, "unit": "ns"},
+                                 "metadata": {**_OURS["cuvil"], **overrides},
+                                 "regions": [{"path": "serve", "count": 2, "sum_ns": 3000, "min_ns": 1000,
+                                              "max_ns": 2000, "buckets": [[79, 1], [88, 1]]}]}}
+        path = _DIR / "meta.summary.json"
+    else:
+        doc = {**_OURS, "cuvil": {**_OURS["cuvil"], **overrides}}
+        path = _DIR / "meta.trace.json"
+    path.write_bytes(json.dumps(doc).encode())
+    return path
+
+
+def _analyze_and_render(path: Path) -> None:
+    """What `analyze`, `summary` and `report` do with a loaded file."""
+    import io
+
+    from rich.console import Console
+
+    from cuvil_pgc.analyze import analyze
+    from cuvil_pgc.viewer import render_html
+    from cuvil_pgc.viewer.console import render_hot_regions
+
+    analysis = analyze(load_trace(path))
+    render_hot_regions(analysis, Console(file=io.StringIO()), top=5)
+    render_html(analysis)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("dropped", "lots"), ("sampling", {"scale": 1e308}), ("sampling", {"scale": "2"}), ("sampling", [2]),
+    ("dropped", {"regions": -3}), ("dropped", {"regions": 2**200}), ("rank", "0"), ("world_size", 0),
+])
+def test_bad_metadata_numbers_are_a_trace_error_naming_the_field(field, value):
+    for summary in (False, True):
+        path = _metadata_file({field: value}, summary)
+        prefix = "cuvil_summary.metadata" if summary else "cuvil"
+        with pytest.raises(TraceError, match=rf"{path}: {prefix}\.{field}"):
+            load_trace(path)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("start_unix_ns", 1e30), ("start_unix_ns", "soon"), ("start_unix_ns", 10**40), ("end_unix_ns", [1]),
+    ("samplers", ["cpu"]), ("samplers", {"cpu": {"status": "ok", "notes": 5}}), ("devices", "gpu"),
+    ("devices", [1, {"name": "A100"}]), ("command", 5), ("host", {"x": 1}),
+])
+def test_bad_descriptive_metadata_is_ignored_with_a_note(field, value, caplog):
+    path = _metadata_file({field: value}, summary=False)
+    trace = load_trace(path)
+    notes = trace.sources[0].notes
+    assert any(f"cuvil.{field}" in n and "ignored" in n for n in notes), notes
+    assert f"cuvil.{field}" in caplog.text
+    _analyze_and_render(path)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(overrides=st.dictionaries(st.sampled_from(META_FIELDS), META_VALUES, min_size=1, max_size=4),
+       summary=st.booleans())
+def test_any_metadata_analyzes_and_renders_or_names_the_field(overrides: dict, summary: bool) -> None:
+    """Whatever the metadata holds: a TraceError naming one of its fields, or analyze, summary and report work."""
+    path = _metadata_file(overrides, summary)
+    try:
+        load_trace(path)
+    except TraceError as exc:
+        prefix = "cuvil_summary.metadata" if summary else "cuvil"
+        assert any(f"{prefix}.{field}" in str(exc) for field in overrides), str(exc)
+        return
+    _analyze_and_render(path)

@@ -315,11 +315,11 @@ class AggregateSession:
         try:
             from pathlib import Path
 
-            from cuvil_pgc._fsutil import write_atomic
+            from cuvil_pgc._fsutil import trace_file_mode, write_atomic
             from cuvil_pgc.trace.writer import dumps
 
             doc = self.document()
-            write_atomic(Path(self.path), dumps(doc))
+            write_atomic(Path(self.path), dumps(doc), mode=trace_file_mode())
             self.flushes += 1
         except Exception as exc:
             log.warning("cuvil-pgc: writing the aggregate summary %s failed: %s", self.path, exc)

@@ -169,7 +169,7 @@ def _print_top_operators(trace, console, top: int, wide: bool) -> None:
 def _register_capture(app: typer.Typer) -> None:
     @app.command()
     def capture(
-        pid: int = typer.Option(..., "--pid", help="Process running with CUVIL_PGC_ON_DEMAND=1."),
+        pid: str = typer.Option(..., "--pid", metavar="PID", help="Process running with CUVIL_PGC_ON_DEMAND=1."),
         seconds: float = typer.Option(10.0, "--seconds", help="Length of the capture window."),
         steps: int | None = typer.Option(None, "--steps", help="Capture this many step() calls instead."),
         directory: str | None = typer.Option(None, "--dir", help="Control directory (CUVIL_PGC_CONTROL_DIR)."),
@@ -178,7 +178,16 @@ def _register_capture(app: typer.Typer) -> None:
         """Ask a running process for a detailed capture window and print its trace path."""
         from cuvil_pgc.instrument.capture import request_capture
 
-        typer.echo(request_capture(pid, seconds=seconds, steps=steps, directory=directory, timeout=timeout))
+        if not (pid.isascii() and pid.isdigit() and int(pid) > 0):
+            _usage_error(f"--pid must be a process id (a positive integer), got {pid!r}",
+                         "cuvil-pgc capture --pid PID [--seconds S | --steps N]")
+        typer.echo(request_capture(int(pid), seconds=seconds, steps=steps, directory=directory, timeout=timeout))
+
+
+def _usage_error(message: str, usage: str) -> None:
+    """One line on stderr and exit 2, as for the parser's own usage errors."""
+    typer.echo(f"cuvil-pgc: error: {message} (usage: {usage})", err=True)
+    raise typer.Exit(2)
 
 
 def _register_doctor(app: typer.Typer) -> None:

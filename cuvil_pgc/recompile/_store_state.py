@@ -61,10 +61,12 @@ class NameState(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class LogEntry(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One line of ``log.jsonl`` (see _store_log for the chain and how the state is replayed)."""
+
     time: str
-    op: str
+    op: str                 # push | promote | tag | rollback | checkpoint
     name: str
-    version: int
+    version: int            # 0 for a checkpoint
     user: str
     host: str
     pid: int
@@ -72,6 +74,10 @@ class LogEntry(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     previous: int | None = None
     manifest_sha256: str | None = None
     reason: str | None = None
+    prev: str | None = None                 # sha256 of the line before (None: the first line, or a legacy line)
+    record: VersionRecord | None = None     # push: what state.json records for the version
+    after: Pointer | None = None            # promote/tag/rollback: the pointer after the move
+    state: NameState | None = None          # checkpoint: the whole state (migration, repair --from-state)
 
 
 class PointerMove(msgspec.Struct):
@@ -139,46 +145,31 @@ def check_tag(tag: str) -> None:
         raise StoreError(f"tag {tag!r} is not usable", fix="use 1-32 lowercase letters, digits, '_' or '-'")
 
 
+def repair_hint(path: Path) -> str:
+    """The command that rebuilds ``<store>/<name>/state.json`` from the log beside ``path``."""
+    return f"`cuvil-pgc builds repair {path.parent.name} --store {path.parent.parent}` rebuilds it from log.jsonl"
+
+
 def read_state(path: Path, name: str) -> NameState:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return NameState(name=name)
+    except OSError as exc:      # a directory in its place, no permission, an I/O error
+        raise StoreError(f"store state cannot be read ({exc.strerror or exc})", path=path,
+                         fix=repair_hint(path)) from None
     try:
         state = msgspec.json.decode(data, type=NameState)
     except msgspec.DecodeError as exc:
-        raise StoreError(f"store state is corrupt ({exc})", path=path,
-                         fix="restore it from a backup; log.jsonl beside it has the full history") from None
+        raise StoreError(f"store state is corrupt ({exc})", path=path, fix=repair_hint(path)) from None
     if state.name != name or state.schema != STATE_SCHEMA:
         raise StoreError(f"store state describes {state.name!r} schema {state.schema}, expected {name!r} "
-                         f"schema {STATE_SCHEMA}", path=path, fix="restore it from a backup")
+                         f"schema {STATE_SCHEMA}", path=path, fix=repair_hint(path))
     return state
 
 
 def write_state(path: Path, state: NameState) -> None:
     write_atomic(path, msgspec.json.format(msgspec.json.encode(state), indent=2) + b"\n")
-
-
-def append_log(path: Path, entry: LogEntry) -> None:
-    """One line per operation, appended with O_APPEND and fsynced (callers hold the name lock)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, msgspec.json.encode(entry) + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_log(path: Path) -> list[LogEntry]:
-    try:
-        lines = path.read_bytes().splitlines()
-    except FileNotFoundError:
-        return []
-    try:
-        return [msgspec.json.decode(line, type=LogEntry) for line in lines if line.strip()]
-    except msgspec.DecodeError as exc:
-        raise StoreError(f"store log has a malformed line ({exc})", path=path,
-                         fix="the log is append-only: restore it from a backup") from None
 
 
 def log_entry(op: str, name: str, version: int, **fields: object) -> LogEntry:

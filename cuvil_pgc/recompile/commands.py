@@ -1,6 +1,6 @@
 """Commands of the recompile stage: ``keygen``, ``verify`` and the ``builds`` group (the build store).
 
-``builds push|list|promote|tag|rollback|log|trust`` take ``--store DIR`` or $CUVIL_STORE. Every
+``builds push|list|promote|tag|rollback|log|trust|repair`` take ``--store DIR`` or $CUVIL_STORE. Every
 command prints a rich table or one line on stdout, or with ``--json`` exactly one JSON document
 (through :func:`cuvil_pgc.cli.emit_json`). Failures raise CuvilError subclasses, which the CLI
 prints as one line on stderr with a non-zero exit.
@@ -168,6 +168,19 @@ def _register_builds(builds: typer.Typer) -> None:
         else:
             _show(_log_view(name, entries), csv_out, wide)
 
+    @builds.command("repair")
+    def repair(name: str = typer.Argument(...),
+               from_state: bool = typer.Option(False, "--from-state",
+                                               help="The log is damaged or missing: start a new one from state.json."),
+               store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+               as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+        """Make state.json agree with the log again (rewritten from the log; the old file is kept)."""
+        done = _store(store).repair(name, from_state=from_state)
+        if as_json:
+            _emit({"name": name, "done": done})
+        else:
+            typer.echo("\n".join(f"{name}: {line}" for line in done))
+
     @builds.command("trust")
     def trust(pubkey: str = typer.Argument(..., help="Public key whose signature every stored build must carry."),
               store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
@@ -230,7 +243,8 @@ def _log_view(name: str, entries):
                Column("move", "move"), Column("by", "by", drop=1),
                Column("reason", "reason", identifier=True)]      # prose: wraps at spaces when it must
     rows = [{"time": e.time, "op": e.op, "pointer": e.pointer or "",
-             "move": f"v{e.version}" if e.previous is None else f"v{e.previous} -> v{e.version}",
+             "move": "" if e.op == "checkpoint" else f"v{e.version}" if e.previous is None
+             else f"v{e.previous} -> v{e.version}",
              "by": f"{e.user}@{e.host}", "reason": e.reason or ""} for e in entries]
     return TableView(f"{name} history", columns, rows)
 

@@ -6,14 +6,16 @@ Layout of a store (a plain directory; it may be a shared mount)::
     <store>/.incoming/                copies being verified before they are published
     <store>/<name>/<version>.cuvilpkg immutable once listed in state.json
     <store>/<name>/state.json         versions and pointers (current, tags) with high-water marks
-    <store>/<name>/log.jsonl          append-only history of push, promote, tag and rollback
+    <store>/<name>/log.jsonl          append-only, hash-chained history: the source of truth (_store_log)
     <store>/<name>/.lock              flock taken by every change to <name>
 
 A version exists in the store when state.json lists it; a push copies the build into
 ``.incoming``, verifies the copy, then moves it into place and records it under the name's lock,
 so concurrent pushes from many processes each land completely or are refused. Pointer rules
-(anti-rollback) are in :mod:`cuvil_pgc.recompile._store_state`. Reading (list, resolve) takes no
-lock: state.json is only ever replaced atomically.
+(anti-rollback) are in :mod:`cuvil_pgc.recompile._store_state`. Every change first checks, under
+the lock, that the log chains and that state.json is what the log replays to (else StoreError
+with the repair command, :meth:`BuildStore.repair`), then appends its entry and rewrites
+state.json. Reading (list, resolve) takes no lock: state.json is only ever replaced atomically.
 
 References: ``store://NAME`` (current), ``store://NAME@3`` (a version), ``store://NAME@stable`` (a tag).
 """
@@ -32,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from cuvil_pgc._fsutil import fsync_dir, write_atomic
 from cuvil_pgc.errors import BuildError, StoreError
+from cuvil_pgc.recompile import _store_log as slog
 from cuvil_pgc.recompile import _store_state as st
 from cuvil_pgc.recompile import signing
 from cuvil_pgc.recompile.manifest import BUILD_NAME_RE, BUILD_SUFFIX
@@ -130,7 +133,7 @@ class BuildStore:
         directory = self.root / name
         directory.mkdir(exist_ok=True)
         with self._locked(name):
-            state = st.read_state(directory / "state.json", name)
+            state, chain = slog.checked_state(directory, name)
             existing = state.versions.get(version)
             target = directory / f"{version}{BUILD_SUFFIX}"
             result = PushResult(name, version, str(target), added=existing is None, signed=build.signed,
@@ -142,13 +145,13 @@ class BuildStore:
                                  path=self.root, fix="versions are never replaced: build a new version")
             os.replace(tmp, target)
             fsync_dir(directory)
-            state.versions[version] = st.VersionRecord(
+            record = state.versions[version] = st.VersionRecord(
                 manifest_sha256=build.manifest_sha256, size=target.stat().st_size,
                 created=build.manifest.created.isoformat().replace("+00:00", "Z"), pushed_at=st.utc_iso(),
                 pushed_by=f"{st.current_user()}@{socket.gethostname()}", signed=build.signed, key_id=build.key_id)
+            slog.append(directory / "log.jsonl", chain, st.log_entry(
+                "push", name, version, manifest_sha256=build.manifest_sha256, record=record))
             st.write_state(directory / "state.json", state)
-            st.append_log(directory / "log.jsonl", st.log_entry("push", name, version,
-                                                                manifest_sha256=build.manifest_sha256))
         return result
 
     # -- pointers ---------------------------------------------------------------------------------
@@ -169,27 +172,33 @@ class BuildStore:
         if tag is not None:
             st.check_tag(tag)
         with self._locked(self._existing_name(name)):
-            state = self.state(name)
+            state, chain = slog.checked_state(self.root / name, name)
             move = st.rollback_pointer(state, pointer, to, store=str(self.root))
             self._open_stored(name, move.version).close()
-            self._commit(state, "rollback", move, reason)
+            self._commit(state, chain, "rollback", move, reason)
         return move
 
     def _move(self, name: str, op: str, pointer: str, version: int, reason: str | None) -> st.PointerMove:
         self._open_stored(name, version).close()   # verify outside the lock; stored files never change
         with self._locked(self._existing_name(name)):
-            state = self.state(name)
+            state, chain = slog.checked_state(self.root / name, name)
             move = st.advance_pointer(state, pointer, version, store=str(self.root))
             if move.changed:
-                self._commit(state, op, move, reason)
+                self._commit(state, chain, op, move, reason)
         return move
 
-    def _commit(self, state: st.NameState, op: str, move: st.PointerMove, reason: str | None) -> None:
+    def _commit(self, state: st.NameState, chain: slog.Chain, op: str, move: st.PointerMove,
+                reason: str | None) -> None:
         directory = self.root / state.name
-        st.write_state(directory / "state.json", state)
-        st.append_log(directory / "log.jsonl", st.log_entry(
+        slog.append(directory / "log.jsonl", chain, st.log_entry(
             op, state.name, move.version, pointer=move.pointer, previous=move.previous, reason=reason,
-            manifest_sha256=state.versions[move.version].manifest_sha256))
+            manifest_sha256=state.versions[move.version].manifest_sha256, after=state.pointers[move.pointer]))
+        st.write_state(directory / "state.json", state)
+
+    def repair(self, name: str, *, from_state: bool = False) -> list[str]:
+        """Make ``name``'s state.json and log agree again; returns what was done (see _store_log)."""
+        with self._locked(self._existing_name(name)):
+            return slog.repair(self.root / name, name, from_state=from_state)
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -197,7 +206,7 @@ class BuildStore:
         if not self.root.is_dir():
             raise StoreError("store directory does not exist", path=self.root,
                              fix="push a build to create it, or check --store / $CUVIL_STORE")
-        return sorted(p.name for p in self.root.iterdir() if (p / "state.json").is_file())
+        return sorted(p.name for p in self.root.iterdir() if _has_name_files(p))
 
     def entries(self, name: str | None = None) -> list[BuildEntry]:
         """Every stored version (of ``name``, or of all names), newest first within a name."""
@@ -214,7 +223,7 @@ class BuildStore:
 
     def next_version(self, name: str) -> int:
         """One above the highest version stored under ``name`` (1 for a new name)."""
-        if not (self.root / name / "state.json").is_file():
+        if not _has_name_files(self.root / name):
             return 1
         return max(self.state(name).versions, default=0) + 1
 
@@ -223,8 +232,13 @@ class BuildStore:
         return st.read_state(self.root / name / "state.json", name)
 
     def log(self, name: str) -> list[st.LogEntry]:
+        """The verified history of ``name`` (StoreError when the log is missing, malformed or unchained)."""
         self._existing_name(name)
-        return st.read_log(self.root / name / "log.jsonl")
+        path = self.root / name / "log.jsonl"
+        if not os.path.lexists(path):
+            raise StoreError("store log is missing (state.json exists, so the history was deleted)", path=path,
+                             fix=slog._from_state_fix(path))
+        return slog.read_chain(path).entries
 
     def resolve(self, ref: str) -> tuple[str, int, Path]:
         """``store://NAME[@VERSION|@TAG]`` (or ``NAME[@...]``) → (name, version, path of the build file)."""
@@ -260,7 +274,7 @@ class BuildStore:
         return build
 
     def _existing_name(self, name: str) -> str:
-        if BUILD_NAME_RE.fullmatch(name) is None or not (self.root / name / "state.json").is_file():
+        if BUILD_NAME_RE.fullmatch(name) is None or not _has_name_files(self.root / name):
             have = ", ".join(self.names()) if self.root.is_dir() else "none"
             raise StoreError(f"no builds named {name!r} in the store (names: {have or 'none'})", path=self.root,
                              fix="push one with `cuvil-pgc builds push BUILD --store DIR`")
@@ -271,6 +285,11 @@ class BuildStore:
 
     def _locked(self, name: str):
         return st.exclusive_lock(self.root / name / ".lock", self.lock_timeout_s)
+
+
+def _has_name_files(directory: Path) -> bool:
+    """A name exists when its state or its log does (a damaged one is reported, not hidden)."""
+    return os.path.lexists(directory / "state.json") or os.path.lexists(directory / "log.jsonl")
 
 
 def _copy_durably(source: str | os.PathLike[str], target: Path) -> None:

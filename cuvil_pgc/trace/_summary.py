@@ -13,6 +13,7 @@ import orjson
 
 from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace._build import SourceColumns
+from cuvil_pgc.trace._metadata import check_metadata
 from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, Source
 
 KEY = b'"cuvil_summary"'
@@ -36,9 +37,11 @@ def summary_source(data: bytes, path: str, weight: float) -> Source:
         raise TraceError(f"uses bucket scheme {body.get('bucket_scheme')!r}; this version reads per_octave 8",
                          path=path, fix="upgrade cuvil-pgc")
     rows = [_checked_row(row, i, path) for i, row in enumerate(body["regions"])]
-    meta = dict(body.get("metadata") or {})
+    notes: list[str] = []
+    meta = check_metadata(body.get("metadata") or {}, path, notes, what="cuvil_summary.metadata")
     meta["summary_regions"] = rows
-    return Source(path=path, format="summary", metadata=meta, rank=int(meta.get("rank") or 0), weight=weight)
+    return Source(path=path, format="summary", metadata=meta, rank=int(meta.get("rank") or 0), weight=weight,
+                  notes=notes)
 
 
 def _checked_row(row: Any, i: int, path: str) -> dict[str, Any]:

@@ -34,8 +34,8 @@
   details, with the key names listed in ``_args``. Counters: one row per series, named as in
   ``_build`` (``sm_util.gpu0``, ``cpu_util.total``, or the plain name for ``value`` keys).
 - **Errors.** Unreadable input raises TraceError naming the file, the problem, the event index or
-  JSON path where one applies, and the fix. Limits: :data:`~cuvil_pgc.trace._input.MAX_TRACE_BYTES`
-  (``CUVIL_MAX_TRACE_BYTES``) decompressed bytes and :data:`MAX_TRACE_EVENTS`
+  JSON path where one applies, and the fix. Limits: :func:`~cuvil_pgc.trace._input.max_trace_bytes`
+  (``CUVIL_MAX_TRACE_BYTES``, default a quarter of the memory available) decompressed bytes and :data:`MAX_TRACE_EVENTS`
   (``CUVIL_MAX_TRACE_EVENTS``) events per file.
 """
 
@@ -54,6 +54,7 @@ from cuvil_pgc.errors import ConfigError, CuvilError, TraceError
 from cuvil_pgc.trace import _decode, _input, _summary
 from cuvil_pgc.trace._args import ArgsMap
 from cuvil_pgc.trace._build import SourceColumns, build_source
+from cuvil_pgc.trace._metadata import check_metadata
 from cuvil_pgc.trace._regions import resolve_regions
 from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, Source, StringTable, Trace
 
@@ -162,7 +163,7 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
     cols = build_source(doc, fmt, strings, file, lambda: _decode.decode_as_ours(raw).trace_events)
     resolve_regions(cols, strings)
     if fmt == "cuvil":
-        meta = dict(doc.cuvil if doc.cuvil is not None else header or {})
+        meta = check_metadata(doc.cuvil if doc.cuvil is not None else header or {}, file, notes)
         drops = _decode.partial_drop_counts(doc) if doc.cuvil is None else None
         if drops is not None:                  # a partial: its latest drop counters stand in
             meta.setdefault("dropped", drops)

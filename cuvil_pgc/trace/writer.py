@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from cuvil_pgc._fsutil import fsync_dir
+from cuvil_pgc._fsutil import create_private, fsync_dir
 from cuvil_pgc.errors import SessionError
 from cuvil_pgc.trace._leftover import Leftover, make_room
 from cuvil_pgc.trace.schema import META_SESSION_EVENT, PARTIAL_SUFFIX
@@ -160,7 +160,7 @@ class _PartialFile:
     child included) ever holds bytes of it that a later flush or finalizer could write."""
 
     def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        self._fd = create_private(path)      # never through a symlink; 0600 unless CUVIL_PGC_TRACE_MODE
 
     def write(self, data: bytes) -> int:
         view = memoryview(data)
