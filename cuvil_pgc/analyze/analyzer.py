@@ -55,7 +55,9 @@ def trace_facts(prep: Prepared, analysis: Analysis) -> None:
         "devices": meta.get("devices", []),
         "filter": prep.extras.get("filter"),
     })
-    analysis.trace.setdefault("warnings", [])
+    warnings = analysis.trace.setdefault("warnings", [])
+    for s in trace.sources:          # events the reader could not analyse, with their counts
+        warnings.extend(f"{os.path.basename(s.path)}: {w}" for w in s.warnings)
 
 
 def compile_summary(prep: Prepared, analysis: Analysis) -> None:

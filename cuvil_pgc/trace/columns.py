@@ -62,6 +62,7 @@ class Source:
     weight: float = 1.0
     recovered: bool = False     # read back from a partial file after a crash
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)   # events not analysed, with counts (also in notes)
 
 
 class StringTable:

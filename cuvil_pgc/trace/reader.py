@@ -60,7 +60,7 @@ from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, Source, Stri
 ENV_MAX_TRACE_EVENTS = "CUVIL_MAX_TRACE_EVENTS"
 #: Most events accepted in one file (each costs ~150 bytes while parsing).
 MAX_TRACE_EVENTS = 50_000_000
-EXTRA_COLUMNS = {"external_id": np.dtype(np.int64)}
+EXTRA_COLUMNS = {"external_id": np.dtype(np.int64), "fwdbwd": np.dtype(np.int64)}
 _UNIX_US_FLOOR = 1e14      # ts above this (1973 in Unix µs) is taken as absolute Unix µs
 
 
@@ -171,7 +171,7 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
     meta["process_names"] = cols.process_names
     weight *= _sampling_scale(meta)
     source = Source(path=file, format=fmt, metadata=meta, rank=_rank(meta), weight=weight,
-                    recovered=partial, notes=notes + cols.notes)
+                    recovered=partial, notes=notes + cols.notes, warnings=list(cols.warnings))
     if partial:
         source.notes.insert(0, f"recovered {len(cols.cols['ts'])} events from a partial file "
                                "(the session did not finish)")
@@ -241,6 +241,8 @@ def _kineto_metadata(doc: _decode.Document) -> dict[str, Any]:
 
 
 def _kineto_origin(doc: _decode.Document, cols: SourceColumns) -> int | None:
+    if cols.origin_ns is not None:             # the file counted in Unix ns
+        return cols.origin_ns
     if doc.base_time_ns is not None:
         return doc.base_time_ns
     first = _local_min(cols)
