@@ -22,6 +22,7 @@ from cuvil_pgc.analyze._roofs import roofs_of
 from cuvil_pgc.analyze.analysis import Analysis
 from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
 from cuvil_pgc.analyze.fusion import mine_fusion
+from cuvil_pgc.analyze.gpu_figures import gpu_figures
 from cuvil_pgc.analyze.hot_regions import region_stats, score_hotness
 from cuvil_pgc.analyze.merge import merge_traces, rank_skew
 from cuvil_pgc.analyze.timeline import build_timeline
@@ -90,7 +91,7 @@ def region_identity(prep: Prepared, analysis: Analysis) -> None:
 
 
 PASSES: list[Pass] = [trace_facts, region_stats, attribute_bottlenecks, score_hotness, region_identity, mine_fusion,
-                      rank_skew, build_timeline, compile_summary]
+                      rank_skew, build_timeline, compile_summary, gpu_figures]
 
 
 def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,

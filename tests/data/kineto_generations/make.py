@@ -84,7 +84,42 @@ def profiler_range() -> dict:
     return {"schemaVersion": 1, "baseTimeNanoseconds": 1700000000000000000, "traceEvents": ev}
 
 
+def gpu_figures() -> dict:
+    """Known GPU figures (worked out in tests/test_gpu_figures.py): two streams, a host-wait gap, a
+    kernel-wait gap, an other gap, an NCCL kernel overlapping a compute kernel, a memset whose
+    launch is outside the trace."""
+    cpu, gpu = 100, 0
+
+    def launch(name, ts, dur, corr):
+        return x("cuda_runtime", name, ts, dur, cpu, 1, correlation=corr)
+
+    def work(cat, name, ts, dur, stream, corr):
+        return x(cat, name, ts, dur, gpu, stream, device=0, stream=stream, correlation=corr)
+
+    ev = [launch("cudaLaunchKernel", 0, 5, 1), work("kernel", "gemm_a", 10, 20, 7, 1),
+          launch("cudaLaunchKernel", 6, 4, 2), work("kernel", "gemm_b", 32, 3, 7, 2),
+          launch("cudaLaunchKernel", 100, 5, 3), work("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 110, 40, 8, 3),
+          launch("cudaLaunchKernel", 101, 3, 4), work("kernel", "elementwise", 120, 10, 7, 4),
+          launch("cudaMemcpyAsync", 104, 2, 5), work("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 200, 5, 7, 5),
+          work("gpu_memset", "Memset (Device)", 210, 2, 8, 99)]
+    return {"schemaVersion": 1, "baseTimeNanoseconds": T0_NS,
+            "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "numSms": 108}], "traceEvents": ev}
+
+
+def one_kernel_16_memcpys() -> dict:
+    """A region whose GPU work is 1 kernel and 16 memcpys (issue 25 item 9: it was labelled "17 kernels")."""
+    cpu, gpu = 100, 0
+    ev = [x("user_annotation", "step", 0, 1000, cpu, 1)]
+    for k in range(17):
+        ev.append(x("cuda_runtime", "cudaLaunchKernel" if k == 0 else "cudaMemcpyAsync", 10 + 50 * k, 5, cpu, 1,
+                    correlation=k))
+        ev.append(x("kernel" if k == 0 else "gpu_memcpy", "gemm" if k == 0 else "Memcpy DtoH (Device -> Pinned)",
+                    20 + 50 * k, 2, gpu, 7, device=0, stream=7, correlation=k, bytes=4096))
+    return {"schemaVersion": 1, "baseTimeNanoseconds": T0_NS, "traceEvents": ev}
+
+
 if __name__ == "__main__":
     for name, doc in (("torch18_capitalised.json", torch18()), ("ns_flows.json", ns_flows()),
-                      ("profiler_range.json", profiler_range())):
+                      ("profiler_range.json", profiler_range()), ("gpu_figures.json", gpu_figures()),
+                      ("one_kernel_16_memcpys.json", one_kernel_16_memcpys())):
         (HERE / name).write_text(json.dumps(doc, indent=1) + "\n")
