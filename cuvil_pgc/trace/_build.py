@@ -27,7 +27,7 @@ String pids/tids (Kineto's ``"Spans"`` lanes) become negative ids: ``-2 - string
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
@@ -147,6 +147,84 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
 #: ``kineto__cuda_core_flops`` metric expands to them; an FMA is two FLOPs).
 SASS_FLOPS = {f"smsp__sass_thread_inst_executed_op_{op}_pred_on.sum": 2 if "fma" in op else 1
               for op in ("ffma", "fmul", "fadd", "hfma", "hmul", "hadd", "dfma", "dmul", "dadd")}
+
+
+class StreamFallback(Exception):
+    """A streamed file needs the whole-file path (which reports its problem precisely)."""
+
+
+class _Collected:
+    """Non-X events gathered over the chunks of a streamed file (the shape ``_Events`` has)."""
+
+    def __init__(self) -> None:
+        self.flows: list[Any] = []
+        self.counters: list[Any] = []
+        self.meta: list[Any] = []
+        self.skipped: dict[str, int] = {}
+
+    def file_index(self, k: int, ph: str = "X") -> int:
+        raise StreamFallback("an error message needs the event's index in the file")
+
+
+def build_kineto_chunks(chunks: Iterable[tuple[list[KinetoEvent], Callable[[], list[Event]]]],
+                        strings: StringTable, path: str) -> SourceColumns:
+    """Columns of a Kineto file read chunk by chunk (``_stream``): the same result as
+    :func:`build_source` on the whole file, without holding its bytes or its events at once.
+    Raises StreamFallback where the whole-file path must decide (bad times)."""
+    parts: list[dict[str, np.ndarray]] = []
+    exact: list[np.ndarray | None] = []
+    args: dict[int, Any] = {}
+    other_cats: dict[str, int] = {}
+    rest = _Collected()
+    base = 0
+    for events, raw_events in chunks:
+        evs = _Events(events)
+        if evs.counters:      # typed args drop counter series: read them raw, as copies
+            rest.counters += [msgspec.structs.replace(e, args=_copied(e.args))
+                              for e in raw_events() if e.ph == "C"]
+        xs = evs.xs
+        cols, cats = _basic_columns(xs, "kineto", strings)
+        ts_values = [e.ts for e in xs]
+        cols["ts"] = np.array(ts_values, dtype=np.float64)
+        cols["dur"] = np.array([e.dur for e in xs], dtype=np.float64)
+        big = not len(xs) or (bool(np.isfinite(cols["ts"]).all()) and float(cols["ts"].min()) > NS_FLOOR)
+        exact.append(np.array([int(v) for v in ts_values], dtype=np.int64) if big else None)
+        chunk_args = _kineto_args(xs, cols)
+        if cats.get(CAT_PROFILER_RANGE):
+            _profiler_ranges(xs, raw_events, cols, chunk_args)
+        args.update((r + base, a) for r, a in chunk_args.items())
+        base += len(xs)
+        parts.append(cols)
+        rest.flows += evs.flows
+        rest.meta += evs.meta
+        for table, more in ((rest.skipped, evs.skipped), (other_cats, cats)):
+            for k, v in more.items():
+                table[k] = table.get(k, 0) + v
+    if not parts:
+        raise StreamFallback("no events")
+    cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0])}   # one column at a time
+    del parts
+    origin_ns = None
+    ts = cols["ts"]
+    if len(ts) and bool(np.isfinite(ts).all()) and float(ts.min()) > NS_FLOOR:
+        if any(e is None for e in exact):
+            raise StreamFallback("mixed time units")
+        ints = np.concatenate(exact)
+        origin_ns = int(ints.min())
+        cols["ts"], cols["dur"] = (ints - origin_ns) / 1000.0, cols["dur"] / 1000.0
+    del exact
+    for col in (cols["ts"], cols["dur"]):
+        if (~np.isfinite(col) | (col < 0) | (col > MAX_TIME_US)).any():
+            raise StreamFallback("bad times")
+    _flows(cols, rest, strings, origin_ns)
+    src = SourceColumns(cols=cols, args=args, region_path=None, region_given=np.zeros(len(cols["ts"]), bool),
+                        counters=_counters(rest, strings, path, origin_ns), origin_ns=origin_ns)
+    _names(rest, src, strings)
+    if origin_ns is not None:
+        src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
+    src.warnings = _skipped_notes(rest, other_cats)
+    src.notes.extend(src.warnings)
+    return src
 
 
 def _profiler_ranges(xs: list[KinetoEvent], raw_events: Callable[[], list[Event]], cols: dict[str, np.ndarray],
@@ -294,7 +372,7 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
         args.update((r, xs[r].args) for r in rows)
     ops = np.nonzero(kinds == Kind.CPU_OP)[0].tolist()
     op_args = [xs[r].args for r in ops]
-    args.update(compress(zip(ops, op_args, strict=True), map(_SHAPES, op_args)))   # record_shapes rows
+    args.update(_shared_op_args(compress(zip(ops, op_args, strict=True), map(_SHAPES, op_args))))
     others = np.nonzero(kinds == Kind.OTHER)[0].tolist()
     if others:
         by_cat: dict[str, A.CatArgs] = {}
@@ -302,6 +380,25 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
             cat = xs[r].cat
             args[r] = by_cat.get(cat) or by_cat.setdefault(cat, A.CatArgs(cat))
     return args
+
+
+def _shared_op_args(rows_args: Iterable[tuple[int, A.KinetoArgs]]) -> Iterator[tuple[int, A.KinetoArgs]]:
+    """Operator args (record_shapes rows) as one shared struct per distinct (shapes, dtypes, strides,
+    concrete inputs), holding copies of those bytes: a loop repeats the same ops, and the structs
+    must not keep the file's (or a streamed chunk's) bytes alive."""
+    seen: dict[bytes, A.KinetoArgs] = {}
+    for r, a in rows_args:
+        key = b"\0".join((bytes(a.shapes), bytes(a.dtypes), bytes(a.strides), bytes(a.concrete_inputs)))
+        shared = seen.get(key)
+        if shared is None:
+            shared = seen[key] = msgspec.structs.replace(
+                a, shapes=_copied(a.shapes), dtypes=_copied(a.dtypes), strides=_copied(a.strides),
+                concrete_inputs=_copied(a.concrete_inputs), external_id=-1, external_id_v1=-1, correlation=-1)
+        yield r, shared
+
+
+def _copied(raw: msgspec.Raw) -> msgspec.Raw:
+    return msgspec.Raw(bytes(raw)) if raw else raw
 
 
 def _our_args(xs: list[Event], cols: dict[str, np.ndarray], evs: _Events, path: str,
