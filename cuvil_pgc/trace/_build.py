@@ -27,7 +27,7 @@ String pids/tids (Kineto's ``"Spans"`` lanes) become negative ids: ``-2 - string
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
@@ -372,7 +372,8 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
         args.update((r, xs[r].args) for r in rows)
     ops = np.nonzero(kinds == Kind.CPU_OP)[0].tolist()
     op_args = [xs[r].args for r in ops]
-    args.update(_shared_op_args(compress(zip(ops, op_args, strict=True), map(_SHAPES, op_args))))
+    with_shapes = list(map(_SHAPES, op_args))
+    args.update(_shared_op_args(list(compress(ops, with_shapes)), list(compress(op_args, with_shapes))))
     others = np.nonzero(kinds == Kind.OTHER)[0].tolist()
     if others:
         by_cat: dict[str, A.CatArgs] = {}
@@ -382,19 +383,22 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
     return args
 
 
-def _shared_op_args(rows_args: Iterable[tuple[int, A.KinetoArgs]]) -> Iterator[tuple[int, A.KinetoArgs]]:
+def _shared_op_args(rows: list[int], op_args: list[A.KinetoArgs]) -> dict[int, A.KinetoArgs]:
     """Operator args (record_shapes rows) as one shared struct per distinct (shapes, dtypes, strides,
     concrete inputs), holding copies of those bytes: a loop repeats the same ops, and the structs
     must not keep the file's (or a streamed chunk's) bytes alive."""
     seen: dict[bytes, A.KinetoArgs] = {}
-    for r, a in rows_args:
-        key = b"\0".join((bytes(a.shapes), bytes(a.dtypes), bytes(a.strides), bytes(a.concrete_inputs)))
+    out: dict[int, A.KinetoArgs] = {}
+    join = b"\0".join
+    for r, a in zip(rows, op_args, strict=True):
+        key = join((bytes(a.shapes), bytes(a.dtypes), bytes(a.strides), bytes(a.concrete_inputs)))
         shared = seen.get(key)
         if shared is None:
             shared = seen[key] = msgspec.structs.replace(
                 a, shapes=_copied(a.shapes), dtypes=_copied(a.dtypes), strides=_copied(a.strides),
                 concrete_inputs=_copied(a.concrete_inputs), external_id=-1, external_id_v1=-1, correlation=-1)
-        yield r, shared
+        out[r] = shared
+    return out
 
 
 def _copied(raw: msgspec.Raw) -> msgspec.Raw:

@@ -108,13 +108,13 @@ def _cut(rest: bytes) -> tuple[tuple[list[KinetoEvent], Callable[[], list[Event]
         if j <= 0:
             return None, rest
         pos = j
-        before = rest[:j].rstrip()
-        if not before.endswith(b","):
+        k = _skip_space_back(rest, j - 1)
+        if k < 0 or rest[k] != _COMMA:
             continue
-        piece = before[:-1].rstrip()
-        if not piece.endswith(b"}"):
+        k = _skip_space_back(rest, k - 1)
+        if k < 0 or rest[k] != _CLOSE:
             continue
-        array = b"[" + piece + b"]"
+        array = b"".join((b"[", memoryview(rest)[:k + 1], b"]"))      # one copy, no slices
         try:
             events = _EVENTS.decode(array)
         except msgspec.DecodeError:          # the cut fell inside a string: try an earlier one
@@ -123,6 +123,16 @@ def _cut(rest: bytes) -> tuple[tuple[list[KinetoEvent], Callable[[], list[Event]
             raise StreamFallback(str(exc)) from None
         return (events, lambda array=array: _RAW_EVENTS.decode(array)), rest[j:]
     raise StreamFallback("no event boundary found")
+
+
+_COMMA, _CLOSE = ord(","), ord("}")
+_SPACE = frozenset(b" \t\r\n")
+
+
+def _skip_space_back(data: bytes, k: int) -> int:
+    while k >= 0 and data[k] in _SPACE:
+        k -= 1
+    return k
 
 
 def _tail_array(rest: bytes) -> bytes:
