@@ -386,7 +386,8 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
 def _shared_op_args(rows: list[int], op_args: list[A.KinetoArgs]) -> dict[int, A.KinetoArgs]:
     """Operator args (record_shapes rows) as one shared struct per distinct (shapes, dtypes, strides,
     concrete inputs), holding copies of those bytes: a loop repeats the same ops, and the structs
-    must not keep the file's (or a streamed chunk's) bytes alive."""
+    must not keep the file's (or a streamed chunk's) bytes alive. (A loop of C-level map/zip/dict
+    steps measured 40% slower than this plain loop.)"""
     seen: dict[bytes, A.KinetoArgs] = {}
     out: dict[int, A.KinetoArgs] = {}
     join = b"\0".join

@@ -24,8 +24,15 @@
 - **Attribution** (see ``_regions``): ops and runtime calls get the innermost enclosing region on
   their thread, GPU rows the region of their launch (correlation id); a region our files already
   name in ``args.region`` is kept.
+- **Kineto generations** (see ``_build``): capitalised torch 1.8-1.10 categories, ``ac2g``,
+  ``async``/``launch`` and ``fwdbwd`` flows, Unix-µs, ``baseTimeNanoseconds`` and Unix-ns
+  timestamps. What is not analysed is counted in ``Source.warnings`` (and ``notes``).
+- **Streaming.** Kineto files of :data:`~cuvil_pgc.trace._stream.STREAM_MIN_BYTES` or more are read
+  in chunks (``_stream``): the same Trace, without the file's bytes and every event's struct in
+  memory at once; anything unexpected falls back to reading the file whole.
 - **Columns.** EVENT_COLUMNS plus ``events["external_id"]`` (int64, Kineto ``External id``, -1
-  none), sorted by ``ts`` (longer first on ties, so parents precede children). ``region_id`` is
+  none) and ``events["fwdbwd"]`` (int64, the ``fwdbwd`` flow id linking a forward op and its
+  backward op, -1 none), sorted by ``ts`` (longer first on ties, so parents precede children). ``region_id`` is
   unique within a source (``(source, region_id)`` across files). String pids/tids (Kineto's
   ``"Spans"``) are negative: ``trace.strings[-2 - pid]``. ``Trace.args`` is an
   :class:`~cuvil_pgc.trace._args.ArgsMap`, a ``dict[int, dict]`` whose rows are decoded when first
