@@ -325,7 +325,8 @@ def test_array_form_and_unknown_categories(tmp_path: Path) -> None:
     trace = load_trace(path)
     f = rows(trace, Kind.OTHER, "f")[0]
     assert trace.args[f] == {"cat": "python_function"}
-    assert trace.sources[0].notes == ["ignored events of phase 'i' x1"]
+    assert trace.sources[0].notes == ["ignored events of phase 'i' x1",
+                                      "kept as other events, not analysed: 'python_function' x1"]
 
 
 def test_equal_start_rows_put_the_longer_first(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from cuvil_pgc.analyze.analysis import Analysis
 from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
 from cuvil_pgc.analyze.contention import contention_pass
 from cuvil_pgc.analyze.fusion import mine_fusion
+from cuvil_pgc.analyze.gpu_figures import gpu_figures
 from cuvil_pgc.analyze.hot_regions import region_stats, score_hotness
 from cuvil_pgc.analyze.merge import merge_traces, rank_skew
 from cuvil_pgc.analyze.operators import operator_table
@@ -57,7 +58,9 @@ def trace_facts(prep: Prepared, analysis: Analysis) -> None:
         "devices": meta.get("devices", []),
         "filter": prep.extras.get("filter"),
     })
-    analysis.trace.setdefault("warnings", [])
+    warnings = analysis.trace.setdefault("warnings", [])
+    for s in trace.sources:          # events the reader could not analyse, with their counts
+        warnings.extend(f"{os.path.basename(s.path)}: {w}" for w in s.warnings)
 
 
 def compile_summary(prep: Prepared, analysis: Analysis) -> None:
@@ -90,7 +93,7 @@ def region_identity(prep: Prepared, analysis: Analysis) -> None:
 
 
 PASSES: list[Pass] = [trace_facts, region_stats, attribute_bottlenecks, score_hotness, region_identity, mine_fusion,
-                      rank_skew, build_timeline, compile_summary, operator_table, contention_pass]
+                      rank_skew, build_timeline, compile_summary, gpu_figures, operator_table, contention_pass]
 
 
 def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,

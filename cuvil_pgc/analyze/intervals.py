@@ -18,24 +18,44 @@ EMPTY: Intervals = (np.zeros(0), np.zeros(0))
 
 def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     """The union of intervals ``[starts[i], ends[i])`` as a sorted disjoint set (empty ones dropped)."""
-    s = np.asarray(starts, dtype=np.float64)
-    e = np.asarray(ends, dtype=np.float64)
-    keep = e > s
-    s, e = s[keep], e[keep]
-    if not len(s):
-        return EMPTY
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    run_end = np.maximum.accumulate(e)
+    s, e, _ = merge_with_openers(starts, ends)
+    return s, e
+
+
+merge = union     # the name the per-device GPU figures use
+
+
+def merge_with_openers(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`union`, plus for each merged interval the index (into the inputs) of the interval
+    that opens it (the earliest start; the first given on ties)."""
+    starts = np.asarray(starts, dtype=np.float64)
+    ends = np.asarray(ends, dtype=np.float64)
+    idx = np.nonzero(ends > starts)[0]
+    if not len(idx):
+        return np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+    idx = idx[np.argsort(starts[idx], kind="stable")]
+    s, e = starts[idx], ends[idx]
+    reach = np.maximum.accumulate(e)
     new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > run_end[:-1]          # touching intervals merge
+    new[1:] = s[1:] > reach[:-1]            # starts after everything before it ended; touching ones merge
     first = np.nonzero(new)[0]
-    last = np.append(first[1:] - 1, len(s) - 1)
-    return s[first], run_end[last]
+    last = np.append(first[1:], len(s)) - 1
+    return s[first], reach[last], idx[first]
 
 
 def total(iv: Intervals) -> float:
     return float(np.sum(iv[1] - iv[0]))
+
+
+def intersection_length(a: Intervals, b: Intervals) -> float:
+    """Length of the intersection of two interval sets (each as :func:`union` returns)."""
+    return total(intersect(a, b))
+
+
+def gaps(merged: Intervals) -> Intervals:
+    """The holes between consecutive intervals of a set: one fewer than them."""
+    s, e = merged
+    return e[:-1], s[1:]
 
 
 def union_length(starts: np.ndarray, ends: np.ndarray) -> float:

@@ -350,11 +350,40 @@ def fallback_machine(device: str = "cpu", identity: dict[str, Any] | None = None
 
 
 def _identity_or_generic(device: str) -> dict[str, Any]:
+    if device != "cpu" and not nvidia_gpu_visible():   # analysing a GPU trace here: no torch import
+        return _generic_gpu_identity(device)
     try:
         return machine_identity(device)
     except ConfigError:        # analysing a GPU trace on a machine without that GPU
-        identity = machine_identity("cpu")
-        return {**identity, "device": device, "gpu": "unknown GPU", "capability": "?", "cuda": "?"}
+        return _generic_gpu_identity(device)
+
+
+def _generic_gpu_identity(device: str) -> dict[str, Any]:
+    return {**machine_identity("cpu"), "device": device, "gpu": "unknown GPU", "capability": "?", "cuda": "?"}
+
+
+def nvidia_gpu_visible() -> bool:
+    """Whether this machine could have a CUDA device, decided without importing torch (2-3 s):
+    the NVIDIA driver lists its GPUs in /proc/driver/nvidia/gpus (Linux) and makes /dev/nvidia0..;
+    ``CUDA_VISIBLE_DEVICES`` set to nothing or -1 hides them. Elsewhere (no procfs), assume yes."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    if not os.path.isdir("/proc"):
+        return True
+    try:
+        if os.listdir("/proc/driver/nvidia/gpus"):
+            return True
+    except OSError:
+        pass
+    return any(name.startswith("nvidia") and name[6:].isdigit() for name in _dev_names())
+
+
+def _dev_names() -> list[str]:
+    try:
+        return os.listdir("/dev")
+    except OSError:
+        return []
 
 
 def default_machine(device: str = "cpu") -> MachineModel:

@@ -38,7 +38,8 @@ def merge_traces(traces: list[Trace]) -> Trace:
         for col in COUNTER_COLUMNS:
             counters[col].append(_remap(col, t.counters[col], m, src_base, shift))
         sources += [Source(path=s.path, format=s.format, metadata=s.metadata, rank=s.rank, weight=s.weight,
-                           recovered=s.recovered, notes=list(s.notes)) for s in t.sources]
+                           recovered=s.recovered, notes=list(s.notes), warnings=list(s.warnings))
+                    for s in t.sources]
         src_base += max(len(t.sources), 1)
     ev = {c: np.concatenate(v).astype(EVENT_COLUMNS[c]) for c, v in events.items()}
     order = np.argsort(ev["ts"], kind="stable")

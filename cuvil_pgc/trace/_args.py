@@ -37,6 +37,7 @@ KEY_NAMES = {
     "Input Strides": "strides", "Concrete Inputs": "concrete_inputs",
 }
 _RENAME = {ours: theirs for theirs, ours in KEY_NAMES.items()}
+_RENAME["external_id_v1"] = "external id"     # torch 1.8-1.10 wrote it lower-case on GPU and runtime rows
 
 
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
@@ -50,8 +51,10 @@ class KinetoArgs(msgspec.Struct, frozen=True, gc=False, rename=_RENAME):
     concrete inputs stay raw JSON until the row's args are read.
     """
 
-    COLUMN_FIELDS: ClassVar[frozenset[str]] = frozenset(("external_id", "correlation", "flops", "bytes"))
+    COLUMN_FIELDS: ClassVar[frozenset[str]] = frozenset(("external_id", "external_id_v1", "correlation",
+                                                         "flops", "bytes"))
     external_id: Int64 = -1
+    external_id_v1: Int64 = -1
     correlation: Int64 = -1
     flops: float = _NAN
     bytes: float = _NAN

@@ -1,10 +1,20 @@
 """Typed events of one file → columns of one source (before merging and sorting).
 
 Contract: ``build_source(doc, fmt, strings, path)`` turns the complete (``ph: "X"``) events into
-row columns (EVENT_COLUMNS plus ``external_id`` and ``lane``), the ``ph: "C"`` events into counter
-rows, ``M`` events into thread/process names, and ``ac2g`` flows into correlation ids where an
-event's args lack one. Times stay in the file's own units and origin; the reader aligns sources.
+row columns (EVENT_COLUMNS plus ``external_id``, ``fwdbwd`` and ``lane``), the ``ph: "C"`` events
+into counter rows, ``M`` events into thread/process names, and flows into links: ``ac2g`` (and
+torch 1.8-1.10's ``async``/``launch``) flows give correlation ids where an event's args lack one;
+``fwdbwd`` flows give the ``fwdbwd`` column (the flow id on the forward op and on the backward op
+it links to, -1 elsewhere). Times stay in the file's own origin, in µs; the reader aligns sources.
 Region paths, ids and attribution are filled in by :mod:`cuvil_pgc.trace._regions`.
+
+Kineto generations: categories are matched case-insensitively (torch 1.8-1.10 wrote ``Kernel``,
+``Operator``, ``Runtime``, ``Memcpy``, ``Memset``), the lower-case ``external id`` of that format is
+read, and timestamps in Unix nanoseconds (earliest ``ts`` above :data:`NS_FLOOR`) are converted to
+µs from the earliest one, exactly (``SourceColumns.origin_ns``). ``displayTimeUnit`` is a display
+preference in the Chrome trace format and does not change the unit of ``ts``. Every event that is
+not analysed is named in ``SourceColumns.notes`` with its count: phases other than X/C/M/flows,
+categories read as ``Kind.OTHER``, and ``cuda_profiler_range`` kernels (see ``schema``).
 
 Counters: an event ``{"ph": "C", "name": N, "args": {K: V, ...}}`` gives one counter row per
 numeric value, named ``N`` when the key ``K`` is ``"value"`` or equals ``N``, else ``"N.K"``
@@ -17,7 +27,7 @@ String pids/tids (Kineto's ``"Spans"`` lanes) become negative ids: ``-2 - string
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
@@ -31,7 +41,7 @@ from cuvil_pgc.trace import _args as A
 from cuvil_pgc.trace import _ours, _region_tree
 from cuvil_pgc.trace._decode import Document, Event, KinetoDocument, KinetoEvent
 from cuvil_pgc.trace.columns import StringTable
-from cuvil_pgc.trace.schema import CAT_TO_KIND, Kind
+from cuvil_pgc.trace.schema import CAT_PROFILER_RANGE, CAT_TO_KIND, Kind
 
 _EMPTY = msgspec.Raw(b"{}")
 _KINETO_KIND = dict(CAT_TO_KIND)
@@ -49,6 +59,9 @@ _KINETO_COLUMN_KINDS = {
 }
 #: Largest ts / dur accepted (µs; about year 5100 as Unix time): beyond it a file is damaged.
 MAX_TIME_US = 1e17
+#: A file whose earliest ts is above this counts in Unix nanoseconds (1e17 µs would be year 5100).
+NS_FLOOR = 1e17
+_FLOW_PHASES = ("s", "f", "t")
 
 
 @dataclass
@@ -63,6 +76,8 @@ class SourceColumns:
     thread_names: list[list[Any]] = field(default_factory=list)
     process_names: list[list[Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)   # what was not analysed, with counts
+    origin_ns: int | None = None                 # Unix ns of ts = 0 when the file counted in ns
 
 
 class _Events:
@@ -109,44 +124,184 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
     if evs.counters and raw_events is not None and isinstance(doc, KinetoDocument):
         evs.counters = [e for e in raw_events() if e.ph == "C"]
     xs = evs.xs
-    cols = _basic_columns(xs, fmt, strings)
-    _check_times(cols["ts"], cols["dur"], evs, path)
+    cols, other_cats = _basic_columns(xs, fmt, strings)
+    origin_ns = _times(cols, xs, evs, path)
     if fmt == "kineto":
         args, given, paths = _kineto_args(xs, cols), np.zeros(len(xs), bool), None
     else:
         args, given, paths = _our_args(xs, cols, evs, path, strings)
         tree_notes = _region_tree.fill_paths(cols, paths, evs.meta, strings)   # schema 2: paths from ids
-    _flow_correlations(cols, evs)
+    _flows(cols, evs, strings, origin_ns)
+    if other_cats.get(CAT_PROFILER_RANGE) and raw_events is not None and fmt == "kineto":
+        _profiler_ranges(xs, raw_events, cols, args)
     src = SourceColumns(cols=cols, args=args, region_path=paths, region_given=given,
-                        counters=_counters(evs, strings, path))
+                        counters=_counters(evs, strings, path, origin_ns), origin_ns=origin_ns)
     _names(evs, src, strings)
     if fmt != "kineto":
         src.notes.extend(tree_notes)
-    if evs.skipped:
-        src.notes.append("ignored events of phase " + ", ".join(
-            f"{ph or '(none)'!r} x{n}" for ph, n in sorted(evs.skipped.items())))
+    if origin_ns is not None:
+        src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
+    src.warnings = _skipped_notes(evs, other_cats)
+    src.notes.extend(src.warnings)
     return src
 
 
-def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> dict[str, np.ndarray]:
+#: SASS instruction counters of the CUPTI range profiler and the FLOPs per instruction (Kineto's
+#: ``kineto__cuda_core_flops`` metric expands to them; an FMA is two FLOPs).
+SASS_FLOPS = {f"smsp__sass_thread_inst_executed_op_{op}_pred_on.sum": 2 if "fma" in op else 1
+              for op in ("ffma", "fmul", "fadd", "hfma", "hmul", "hadd", "dfma", "dmul", "dadd")}
+
+
+class StreamFallback(Exception):
+    """A streamed file needs the whole-file path (which reports its problem precisely)."""
+
+
+class _Collected:
+    """Non-X events gathered over the chunks of a streamed file (the shape ``_Events`` has)."""
+
+    def __init__(self) -> None:
+        self.flows: list[Any] = []
+        self.counters: list[Any] = []
+        self.meta: list[Any] = []
+        self.skipped: dict[str, int] = {}
+
+    def file_index(self, k: int, ph: str = "X") -> int:
+        raise StreamFallback("an error message needs the event's index in the file")
+
+
+def build_kineto_chunks(chunks: Iterable[tuple[list[KinetoEvent], Callable[[], list[Event]]]],
+                        strings: StringTable, path: str) -> SourceColumns:
+    """Columns of a Kineto file read chunk by chunk (``_stream``): the same result as
+    :func:`build_source` on the whole file, without holding its bytes or its events at once.
+    Raises StreamFallback where the whole-file path must decide (bad times)."""
+    parts: list[dict[str, np.ndarray]] = []
+    exact: list[np.ndarray | None] = []
+    args: dict[int, Any] = {}
+    other_cats: dict[str, int] = {}
+    rest = _Collected()
+    base = 0
+    for events, raw_events in chunks:
+        evs = _Events(events)
+        if evs.counters:      # typed args drop counter series: read them raw, as copies
+            rest.counters += [msgspec.structs.replace(e, args=_copied(e.args))
+                              for e in raw_events() if e.ph == "C"]
+        xs = evs.xs
+        cols, cats = _basic_columns(xs, "kineto", strings)
+        ts_values = [e.ts for e in xs]
+        cols["ts"] = np.array(ts_values, dtype=np.float64)
+        cols["dur"] = np.array([e.dur for e in xs], dtype=np.float64)
+        big = not len(xs) or (bool(np.isfinite(cols["ts"]).all()) and float(cols["ts"].min()) > NS_FLOOR)
+        exact.append(np.array([int(v) for v in ts_values], dtype=np.int64) if big else None)
+        chunk_args = _kineto_args(xs, cols)
+        if cats.get(CAT_PROFILER_RANGE):
+            _profiler_ranges(xs, raw_events, cols, chunk_args)
+        args.update((r + base, a) for r, a in chunk_args.items())
+        base += len(xs)
+        parts.append(cols)
+        rest.flows += evs.flows
+        rest.meta += evs.meta
+        for table, more in ((rest.skipped, evs.skipped), (other_cats, cats)):
+            for k, v in more.items():
+                table[k] = table.get(k, 0) + v
+    if not parts:
+        raise StreamFallback("no events")
+    cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0])}   # one column at a time
+    del parts
+    origin_ns = None
+    ts = cols["ts"]
+    if len(ts) and bool(np.isfinite(ts).all()) and float(ts.min()) > NS_FLOOR:
+        if any(e is None for e in exact):
+            raise StreamFallback("mixed time units")
+        ints = np.concatenate(exact)
+        origin_ns = int(ints.min())
+        cols["ts"], cols["dur"] = (ints - origin_ns) / 1000.0, cols["dur"] / 1000.0
+    del exact
+    for col in (cols["ts"], cols["dur"]):
+        if (~np.isfinite(col) | (col < 0) | (col > MAX_TIME_US)).any():
+            raise StreamFallback("bad times")
+    _flows(cols, rest, strings, origin_ns)
+    src = SourceColumns(cols=cols, args=args, region_path=None, region_given=np.zeros(len(cols["ts"]), bool),
+                        counters=_counters(rest, strings, path, origin_ns), origin_ns=origin_ns)
+    _names(rest, src, strings)
+    if origin_ns is not None:
+        src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
+    src.warnings = _skipped_notes(rest, other_cats)
+    src.notes.extend(src.warnings)
+    return src
+
+
+def _profiler_ranges(xs: list[KinetoEvent], raw_events: Callable[[], list[Event]], cols: dict[str, np.ndarray],
+                     args: dict[int, Any]) -> None:
+    """``cuda_profiler_range`` rows: their counters as args (``{"cat", "counters"}``) and FLOPs from
+    the SASS instruction counters when recorded."""
+    rows = [i for i, e in enumerate(xs) if e.cat == CAT_PROFILER_RANGE]
+    raw_xs = [e for e in raw_events() if e.ph == "X"]
+    if len(raw_xs) != len(xs):
+        return
+    decoded = _DICTS.decode(b"[" + b",".join(raw_xs[r].args or _EMPTY for r in rows) + b"]")
+    for r, d in zip(rows, decoded, strict=True):
+        counters = {k: v for k, v in d.items() if type(v) in (int, float)}
+        args[r] = {"cat": CAT_PROFILER_RANGE, "counters": counters}
+        if SASS_FLOPS.keys() & counters.keys():
+            cols["flops"][r] = float(sum(counters.get(k, 0) * f for k, f in SASS_FLOPS.items()))
+
+
+def _skipped_notes(evs: _Events, other_cats: dict[str, int]) -> list[str]:
+    """What the reader did not analyse, with counts (the user must never lose events silently)."""
+    notes = []
+    if evs.skipped:
+        notes.append("ignored events of phase " + ", ".join(
+            f"{ph or '(none)'!r} x{n}" for ph, n in sorted(evs.skipped.items())))
+    ranges = other_cats.pop(CAT_PROFILER_RANGE, 0)
+    if ranges:
+        notes.append(f"{ranges:,} {CAT_PROFILER_RANGE} events (CUPTI range-profiler kernels: hardware counters "
+                     "per kernel, times synthesised by Kineto) are kept as other events and counted per device "
+                     "in trace.gpu, not as GPU busy time")
+    if other_cats:
+        notes.append("kept as other events, not analysed: " + ", ".join(
+            f"{cat or '(no cat)'!r} x{n:,}" for cat, n in sorted(other_cats.items())))
+    return notes
+
+
+def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """The columns every row has, and the count of rows per category read as Kind.OTHER."""
     n = len(xs)
     kinds_of = _KINETO_KIND if fmt == "kineto" else _OURS_KIND
     other = int(Kind.OTHER)
     cats = [e.cat for e in xs]
-    cat_kind = {c: kinds_of.get(c, other) for c in dict.fromkeys(cats)}
+    distinct = list(dict.fromkeys(cats))
+    code_of = {c: i for i, c in enumerate(distinct)}
+    codes = np.array(list(map(code_of.__getitem__, cats)), dtype=np.int32)
+    kind_of_code = np.array([kinds_of.get(c.lower(), other) for c in distinct] or [other], dtype=np.uint8)
+    per_code = np.bincount(codes, minlength=len(distinct))
+    other_cats = {c: int(per_code[i]) for i, c in enumerate(distinct) if kind_of_code[i] == other}
     cols = {
-        "kind": np.array(list(map(cat_kind.__getitem__, cats)), dtype=np.uint8),
+        "kind": kind_of_code[codes] if n else np.zeros(0, dtype=np.uint8),
         "name": np.array(_interned([e.name for e in xs], strings), dtype=np.int32),
-        "ts": np.array([e.ts for e in xs], dtype=np.float64),
-        "dur": np.array([e.dur for e in xs], dtype=np.float64),
         "pid": _ids([e.pid for e in xs], strings),
         "tid": _ids([e.tid for e in xs], strings),
     }
-    for col in ("region", "region_id", "parent_id", "correlation", "external_id"):
+    for col in ("region", "region_id", "parent_id", "correlation", "external_id", "fwdbwd"):
         cols[col] = np.full(n, -1, dtype=np.int32 if col == "region" else np.int64)
     cols["flops"] = np.full(n, np.nan)
     cols["bytes"] = np.full(n, np.nan)
-    return cols
+    return cols, other_cats
+
+
+def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str) -> int | None:
+    """``ts`` / ``dur`` columns in µs; returns the Unix-ns origin when the file counts in ns."""
+    ts_values = [e.ts for e in xs]
+    ts = np.array(ts_values, dtype=np.float64)
+    dur = np.array([e.dur for e in xs], dtype=np.float64)
+    origin_ns = None
+    if len(ts) and np.isfinite(ts).all() and float(ts.min()) > NS_FLOOR and float(ts.max()) < 2**63:
+        exact = np.array([int(v) for v in ts_values], dtype=np.int64)   # ints beyond 2**53 stay exact
+        origin_ns = int(exact.min())
+        ts = (exact - origin_ns) / 1000.0
+        dur = dur / 1000.0
+    _check_times(ts, dur, evs, path)
+    cols["ts"], cols["dur"] = ts, dur
+    return origin_ns
 
 
 def _interned(values: list[str], strings: StringTable) -> list[int]:
@@ -210,13 +365,18 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
         rows = np.nonzero(np.isin(kinds, only))[0]
         if len(rows):
             cols[col][rows] = list(map(getter, map(xs.__getitem__, rows.tolist())))
+    gpu_side = np.nonzero(np.isin(kinds, _FLOW_KINDS) & (cols["external_id"] < 0))[0]
+    if len(gpu_side):                                  # torch 1.8-1.10: "external id"
+        cols["external_id"][gpu_side] = list(map(attrgetter("args.external_id_v1"),
+                                                 map(xs.__getitem__, gpu_side.tolist())))
     args: dict[int, Any] = {}
     for kind in (Kind.KERNEL, Kind.RUNTIME, Kind.MEMCPY, Kind.MEMSET):
         rows = np.nonzero(kinds == kind)[0].tolist()
         args.update((r, xs[r].args) for r in rows)
     ops = np.nonzero(kinds == Kind.CPU_OP)[0].tolist()
     op_args = [xs[r].args for r in ops]
-    args.update(compress(zip(ops, op_args, strict=True), map(_SHAPES, op_args)))   # record_shapes rows
+    with_shapes = list(map(_SHAPES, op_args))
+    args.update(_shared_op_args(list(compress(ops, with_shapes)), list(compress(op_args, with_shapes))))
     others = np.nonzero(kinds == Kind.OTHER)[0].tolist()
     if others:
         by_cat: dict[str, A.CatArgs] = {}
@@ -224,6 +384,29 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
             cat = xs[r].cat
             args[r] = by_cat.get(cat) or by_cat.setdefault(cat, A.CatArgs(cat))
     return args
+
+
+def _shared_op_args(rows: list[int], op_args: list[A.KinetoArgs]) -> dict[int, A.KinetoArgs]:
+    """Operator args (record_shapes rows) as one shared struct per distinct (shapes, dtypes, strides,
+    concrete inputs), holding copies of those bytes: a loop repeats the same ops, and the structs
+    must not keep the file's (or a streamed chunk's) bytes alive. (A loop of C-level map/zip/dict
+    steps measured 40% slower than this plain loop.)"""
+    seen: dict[bytes, A.KinetoArgs] = {}
+    out: dict[int, A.KinetoArgs] = {}
+    join = b"\0".join
+    for r, a in zip(rows, op_args, strict=True):
+        key = join((bytes(a.shapes), bytes(a.dtypes), bytes(a.strides), bytes(a.concrete_inputs)))
+        shared = seen.get(key)
+        if shared is None:
+            shared = seen[key] = msgspec.structs.replace(
+                a, shapes=_copied(a.shapes), dtypes=_copied(a.dtypes), strides=_copied(a.strides),
+                concrete_inputs=_copied(a.concrete_inputs), external_id=-1, external_id_v1=-1, correlation=-1)
+        out[r] = shared
+    return out
+
+
+def _copied(raw: msgspec.Raw) -> msgspec.Raw:
+    return msgspec.Raw(bytes(raw)) if raw else raw
 
 
 def _our_args(xs: list[Event], cols: dict[str, np.ndarray], evs: _Events, path: str,
@@ -239,28 +422,53 @@ def _our_args(xs: list[Event], cols: dict[str, np.ndarray], evs: _Events, path: 
     return _ours.fill_columns(parsed, [e.args for e in xs], cols, strings, [e.cat for e in xs], fail)
 
 
-def _flow_correlations(cols: dict[str, np.ndarray], evs: _Events) -> None:
-    """Fill missing correlation ids of launches and GPU work from ``ac2g`` flow events."""
+def _flows(cols: dict[str, np.ndarray], evs: _Events, strings: StringTable, origin_ns: int | None) -> None:
+    """Links from flow events, matched to X rows on (pid, tid, ts) (see module docstring)."""
     if not evs.flows:
         return
+    launch = [f for f in evs.flows if type(f.id) is int and (f.cat == "ac2g" or (
+        f.cat.lower() == "async" and f.name == "launch"))]
     need = np.nonzero((cols["correlation"] < 0) & np.isin(cols["kind"], _FLOW_KINDS))[0]
-    if not len(need):
+    if launch and len(need):
+        _link(cols, need, launch, "correlation", strings, origin_ns)
+    fwdbwd = [f for f in evs.flows if f.cat == "fwdbwd" and type(f.id) is int]
+    ops = np.nonzero(cols["kind"] == Kind.CPU_OP)[0]
+    if fwdbwd and len(ops):
+        _link(cols, ops, fwdbwd, "fwdbwd", strings, origin_ns)
+
+
+def _link(cols: dict[str, np.ndarray], rows: np.ndarray, flows: list[Any], col: str, strings: StringTable,
+          origin_ns: int | None) -> None:
+    """Set ``cols[col][r]`` to the id of the flow event at row r's (pid, tid, ts); where several rows
+    start at one flow point (nested ops), the longest (outermost) gets it."""
+    key = np.dtype([("pid", np.int64), ("tid", np.int64), ("ts", np.float64)])
+    flow_keys = np.empty(len(flows), dtype=key)
+    flow_keys["pid"] = _ids([f.pid for f in flows], strings)
+    flow_keys["tid"] = _ids([f.tid for f in flows], strings)
+    if origin_ns is None:
+        flow_keys["ts"] = np.array([f.ts for f in flows], dtype=np.float64)
+    else:                                        # the same exact conversion as the rows' (see _times)
+        flow_keys["ts"] = (np.array([int(f.ts) for f in flows], dtype=np.int64) - origin_ns) / 1000.0
+    ids = np.array([f.id for f in flows], dtype=np.int64)
+    order = np.argsort(flow_keys, kind="stable")
+    flow_keys, ids = flow_keys[order], ids[order]
+    row_keys = np.empty(len(rows), dtype=key)
+    row_keys["pid"], row_keys["tid"], row_keys["ts"] = cols["pid"][rows], cols["tid"][rows], cols["ts"][rows]
+    pos = np.minimum(np.searchsorted(flow_keys, row_keys), len(flow_keys) - 1)
+    hit = np.nonzero(flow_keys[pos] == row_keys)[0]
+    if not len(hit):
         return
-    ends: dict[tuple[Any, Any, float], int] = {}
-    for f in evs.flows:
-        if f.cat == "ac2g" and type(f.id) is int:
-            ends[(f.pid, f.tid, f.ts)] = f.id
-    for r in need.tolist():
-        ev = evs.xs[r]
-        flow = ends.get((ev.pid, ev.tid, ev.ts))
-        if flow is not None:
-            cols["correlation"][r] = flow
+    by_point = hit[np.lexsort((-cols["dur"][rows[hit]], pos[hit]))]
+    first = np.ones(len(by_point), dtype=bool)
+    first[1:] = pos[by_point[1:]] != pos[by_point[:-1]]
+    chosen = by_point[first]
+    cols[col][rows[chosen]] = ids[pos[chosen]]
 
 
 _FLOW_KINDS = np.array([Kind.RUNTIME, Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.uint8)
 
 
-def _counters(evs: _Events, strings: StringTable, path: str) -> dict[str, np.ndarray]:
+def _counters(evs: _Events, strings: StringTable, path: str, origin_ns: int | None = None) -> dict[str, np.ndarray]:
     names: list[int] = []
     ts: list[float] = []
     values: list[float] = []
@@ -271,15 +479,16 @@ def _counters(evs: _Events, strings: StringTable, path: str) -> dict[str, np.nda
         raise TraceError(f"a counter event's args are not an object ({exc})", path=path,
                          fix='counter events carry {"series": number, ...} in args') from None
     for k, (e, d) in enumerate(zip(evs.counters, dicts, strict=True)):
-        if not 0 <= e.ts <= MAX_TIME_US:
+        if not 0 <= e.ts <= (MAX_TIME_US if origin_ns is None else 2**63 - 1):
             raise TraceError(f"counter event #{evs.file_index(k, 'C')} ({e.name!r}) has timestamp {e.ts!r}; "
                              f"it must be a number of microseconds in [0, {MAX_TIME_US:.0e}]", path=path)
+        t = e.ts if origin_ns is None else (int(e.ts) - origin_ns) / 1000.0
         for key, value in d.items():
             if type(value) not in (int, float) or not math.isfinite(value):
                 continue
             label = e.name if key in ("value", e.name) else f"{e.name}.{key}"
             names.append(strings.intern(label))
-            ts.append(e.ts)
+            ts.append(t)
             values.append(float(value))
             pids.append(e.pid)
     return {"name": np.array(names, dtype=np.int32), "ts": np.array(ts, dtype=np.float64),

@@ -37,8 +37,8 @@ class _EventFields(msgspec.Struct, gc=False):
     name: str = ""
     pid: Int64 | str = 0
     tid: Int64 | str = 0
-    ts: float = _NAN
-    dur: float = 0.0
+    ts: int | float = _NAN       # ints kept exact: Unix-ns timestamps do not fit a float64 to the ns
+    dur: int | float = 0.0
     id: Int64 | str | None = None
 
 

@@ -67,6 +67,7 @@ def no_rows() -> SourceColumns:
     """The (empty) columns of a summary source."""
     cols = {col: np.zeros(0, dtype=dtype) for col, dtype in EVENT_COLUMNS.items() if col != "source"}
     cols["external_id"] = np.zeros(0, dtype=np.int64)
+    cols["fwdbwd"] = np.zeros(0, dtype=np.int64)
     counters = {col: np.zeros(0, dtype=dtype) for col, dtype in COUNTER_COLUMNS.items() if col != "source"}
     return SourceColumns(cols=cols, args={}, region_path=None, region_given=np.zeros(0, dtype=bool),
                          counters=counters)

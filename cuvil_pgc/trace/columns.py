@@ -11,8 +11,10 @@ Conventions:
   the innermost enclosing region for ops, kernels and runtime calls), -1 for none.
 - ``flops`` / ``bytes`` are NaN when unknown.
 - ``source`` indexes ``sources`` (one per file read; ``rank`` and ``weight`` live there).
-- Optional extra column from ``load_trace``: ``events["external_id"]`` (int64, Kineto's
-  ``External id`` linking ops, launches and kernels; -1 none). Code that builds Traces may omit it.
+- Optional extra columns from ``load_trace``: ``events["external_id"]`` (int64, Kineto's
+  ``External id`` linking ops, launches and kernels; -1 none) and ``events["fwdbwd"]`` (int64, the
+  id of the ``fwdbwd`` flow from a forward op to its backward op, on both; -1 none). Code that
+  builds Traces may omit them.
 - ``args`` from ``load_trace`` is a ``trace._args.ArgsMap``: a ``dict[int, dict]`` decoded per row
   on first read (use ``.get``/``[]``/``in``/``items``, not ``isinstance(args, dict)``).
 """
@@ -62,6 +64,7 @@ class Source:
     weight: float = 1.0
     recovered: bool = False     # read back from a partial file after a crash
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)   # events not analysed, with counts (also in notes)
 
 
 class StringTable:

@@ -24,8 +24,15 @@
 - **Attribution** (see ``_regions``): ops and runtime calls get the innermost enclosing region on
   their thread, GPU rows the region of their launch (correlation id); a region our files already
   name in ``args.region`` is kept.
+- **Kineto generations** (see ``_build``): capitalised torch 1.8-1.10 categories, ``ac2g``,
+  ``async``/``launch`` and ``fwdbwd`` flows, Unix-µs, ``baseTimeNanoseconds`` and Unix-ns
+  timestamps. What is not analysed is counted in ``Source.warnings`` (and ``notes``).
+- **Streaming.** Kineto files of :data:`~cuvil_pgc.trace._stream.STREAM_MIN_BYTES` or more are read
+  in chunks (``_stream``): the same Trace, without the file's bytes and every event's struct in
+  memory at once; anything unexpected falls back to reading the file whole.
 - **Columns.** EVENT_COLUMNS plus ``events["external_id"]`` (int64, Kineto ``External id``, -1
-  none), sorted by ``ts`` (longer first on ties, so parents precede children). ``region_id`` is
+  none) and ``events["fwdbwd"]`` (int64, the ``fwdbwd`` flow id linking a forward op and its
+  backward op, -1 none), sorted by ``ts`` (longer first on ties, so parents precede children). ``region_id`` is
   unique within a source (``(source, region_id)`` across files). String pids/tids (Kineto's
   ``"Spans"``) are negative: ``trace.strings[-2 - pid]``. ``Trace.args`` is an
   :class:`~cuvil_pgc.trace._args.ArgsMap`, a ``dict[int, dict]`` whose rows are decoded when first
@@ -51,9 +58,9 @@ from typing import Any
 import numpy as np
 
 from cuvil_pgc.errors import ConfigError, CuvilError, TraceError
-from cuvil_pgc.trace import _decode, _input, _summary
+from cuvil_pgc.trace import _decode, _input, _stream, _summary
 from cuvil_pgc.trace._args import ArgsMap
-from cuvil_pgc.trace._build import SourceColumns, build_source
+from cuvil_pgc.trace._build import SourceColumns, StreamFallback, build_kineto_chunks, build_source
 from cuvil_pgc.trace._metadata import check_metadata
 from cuvil_pgc.trace._regions import resolve_regions
 from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, Source, StringTable, Trace
@@ -61,7 +68,7 @@ from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, Source, Stri
 ENV_MAX_TRACE_EVENTS = "CUVIL_MAX_TRACE_EVENTS"
 #: Most events accepted in one file (each costs ~150 bytes while parsing).
 MAX_TRACE_EVENTS = 50_000_000
-EXTRA_COLUMNS = {"external_id": np.dtype(np.int64)}
+EXTRA_COLUMNS = {"external_id": np.dtype(np.int64), "fwdbwd": np.dtype(np.int64)}
 _UNIX_US_FLOOR = 1e14      # ts above this (1973 in Unix µs) is taken as absolute Unix µs
 
 
@@ -148,6 +155,9 @@ def _load_guarded(path: str, strings: StringTable, weight: float) -> _Loaded:
 
 def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
     file, partial = _input.resolve(path)
+    streamed = None if partial else _load_streamed(file, strings, weight)
+    if streamed is not None:
+        return streamed
     raw = _input.read_bytes(file, partial)
     if not partial and _summary.looks_like_summary(raw.data):
         return _Loaded(_summary.summary_source(raw.data, file, weight), _summary.no_rows(), None)
@@ -161,6 +171,34 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
     header = _decode.session_header(doc)
     fmt = "cuvil" if isinstance(doc, _decode.Document) else "kineto"
     cols = build_source(doc, fmt, strings, file, lambda: _decode.decode_as_ours(raw).trace_events)
+    return _source(file, fmt, doc, header, cols, strings, weight, partial, notes)
+
+
+def _load_streamed(file: str, strings: StringTable, weight: float) -> _Loaded | None:
+    """A large Kineto file read in chunks (``_stream``); None: read it whole instead."""
+    streamed = _stream.stream_kineto(file)
+    if streamed is None:
+        return None
+    metadata, chunks = streamed
+    try:
+        cols = build_kineto_chunks(_limited(chunks, file), strings, file)
+        doc = metadata()
+    except StreamFallback:
+        return None
+    return _source(file, "kineto", doc, None, cols, strings, weight, False, [])
+
+
+def _limited(chunks: Iterable[tuple[list[Any], Any]], file: str) -> Iterable[tuple[list[Any], Any]]:
+    limit, seen = _max_events(), 0
+    for events, raw in chunks:
+        seen += len(events)
+        if seen > limit:
+            raise StreamFallback("over the event limit")     # the whole-file path says so
+        yield events, raw
+
+
+def _source(file: str, fmt: str, doc: Any, header: dict[str, Any] | None, cols: SourceColumns,
+            strings: StringTable, weight: float, partial: bool, notes: list[str]) -> _Loaded:
     resolve_regions(cols, strings)
     if fmt == "cuvil":
         meta = check_metadata(doc.cuvil if doc.cuvil is not None else header or {}, file, notes)
@@ -175,7 +213,7 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
     meta["process_names"] = cols.process_names
     weight *= _sampling_scale(meta)
     source = Source(path=file, format=fmt, metadata=meta, rank=_rank(meta), weight=weight,
-                    recovered=partial, notes=notes + cols.notes)
+                    recovered=partial, notes=notes + cols.notes, warnings=list(cols.warnings))
     if partial:
         source.notes.insert(0, f"recovered {len(cols.cols['ts'])} events from a partial file "
                                "(the session did not finish)")
@@ -245,6 +283,8 @@ def _kineto_metadata(doc: _decode.Document) -> dict[str, Any]:
 
 
 def _kineto_origin(doc: _decode.Document, cols: SourceColumns) -> int | None:
+    if cols.origin_ns is not None:             # the file counted in Unix ns
+        return cols.origin_ns
     if doc.base_time_ns is not None:
         return doc.base_time_ns
     first = _local_min(cols)
@@ -259,17 +299,28 @@ def _local_min(cols: SourceColumns) -> float | None:
 def _merge(loaded: list[_Loaded], strings: StringTable) -> Trace:
     offsets = _align(loaded)
     parts = [item.columns for item in loaded]
-    events = {col: np.concatenate([p.cols[col] for p in parts]).astype(dtype, copy=False)
-              for col, dtype in {**EVENT_COLUMNS, **EXTRA_COLUMNS}.items() if col != "source"}
-    events["source"] = np.concatenate([np.full(len(p.cols["ts"]), s, dtype=np.int16)
-                                       for s, p in enumerate(parts)])
-    events["ts"] = events["ts"] + np.concatenate([np.full(len(p.cols["ts"]), off)
-                                                  for p, off in zip(parts, offsets, strict=True)])
-    order = np.lexsort((-events["dur"], events["ts"]))
-    events = {col: arr[order] for col, arr in events.items()}
+    sizes = [len(p.cols["ts"]) for p in parts]
+    ts = np.concatenate([p.cols["ts"] + off for p, off in zip(parts, offsets, strict=True)])
+    dur = np.concatenate([p.cols["dur"] for p in parts])
+    order = np.lexsort((-dur, ts))
+    events = {"ts": ts[order], "dur": dur[order]}
+    del ts, dur
+    for col, dtype in {**EVENT_COLUMNS, **EXTRA_COLUMNS}.items():   # one column at a time: peak ~1x
+        if col in events:
+            continue
+        if col == "source":
+            whole = np.concatenate([np.full(n, s, dtype=np.int16) for s, n in enumerate(sizes)])
+        else:
+            whole = np.concatenate([p.cols.pop(col) for p in parts]).astype(dtype, copy=False)
+        events[col] = whole[order]
+        del whole
+    for p in parts:
+        p.cols.pop("ts", None)
+        p.cols.pop("dur", None)
+        p.cols.pop("lane", None)
     rank_of_row = np.empty(len(order), dtype=np.int64)
     rank_of_row[order] = np.arange(len(order))
-    args = _merge_args(parts, rank_of_row)
+    args = _merge_args(parts, sizes, rank_of_row)
     counters = _merge_counters(parts, offsets)
     return Trace(strings=strings, events=events, counters=counters, args=args,
                  sources=[item.source for item in loaded])
@@ -304,14 +355,15 @@ def _align(loaded: list[_Loaded]) -> list[float]:
     return offsets
 
 
-def _merge_args(parts: list[SourceColumns], rank_of_row: np.ndarray) -> ArgsMap:
+def _merge_args(parts: list[SourceColumns], sizes: list[int], rank_of_row: np.ndarray) -> ArgsMap:
     merged: dict[int, Any] = {}
     base = 0
-    for p in parts:
+    for p, n in zip(parts, sizes, strict=True):
         if p.args:
             rows = np.fromiter(p.args.keys(), dtype=np.int64, count=len(p.args)) + base
             merged.update(zip(rank_of_row[rows].tolist(), p.args.values(), strict=True))
-        base += len(p.cols["ts"])
+            p.args = {}
+        base += n
     return ArgsMap(merged)
 
 

@@ -76,7 +76,19 @@ CAT_TO_KIND: dict[str, Kind] = {
     CAT_MEMCPY: Kind.MEMCPY,
     CAT_MEMSET: Kind.MEMSET,
     CAT_COMPILE: Kind.COMPILE,
+    # torch 1.8-1.10 (Kineto's first format) wrote `Operator`, `Runtime`, `Kernel`, `Memcpy`,
+    # `Memset`; categories are matched case-insensitively, so these lower-case aliases cover them.
+    "runtime": Kind.RUNTIME,
+    "memcpy": Kind.MEMCPY,
+    "memset": Kind.MEMSET,
 }
+
+# Kineto categories read as Kind.OTHER rows on purpose (named in notes, never counted as GPU time):
+# the GPU-side span of a user annotation, and CUPTI range-profiler kernels, whose times Kineto
+# synthesises (it splits the profiling span evenly between the ranges) and whose args hold the
+# hardware counters of one kernel each.
+CAT_GPU_ANNOTATION = "gpu_user_annotation"
+CAT_PROFILER_RANGE = "cuda_profiler_range"
 
 # Keys of the top-level `cuvil` metadata object.
 META_KEYS = (

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.analyze.analysis import Analysis, RegionStats
+from cuvil_pgc.analyze.gpu_figures import work_label
 from cuvil_pgc.viewer.tables import Column, TableView, print_view
 
 _STYLE = {c.name: c.style for c in vocabulary.CLASSES}
@@ -46,14 +47,15 @@ def key_evidence(r: RegionStats) -> str:
     n = ev.get("kernel_count") if ev.get("device") == "cuda" else ev.get("op_count")
     what = "kernels" if ev.get("device") == "cuda" else "ops"
     med = ev.get("median_kernel_us") if ev.get("device") == "cuda" else ev.get("median_op_us")
+    counted = (work_label(ev) if ev.get("device") == "cuda" else None) or f"{n:.0f} {what}"
     if r.bottleneck == "launch_overhead":
         fixed = (ev.get("explained_us") or {}).get("launch_overhead")
         how = "launch gaps" if ev.get("device") == "cuda" else "per-op fixed cost + issue gaps"
         calls = (ev.get("runtime_calls_by_api") or {}).get("launch")
         launches = f", {calls:.0f} launch calls" if calls else ""
-        return f"{n:.0f} {what}, median {fmt_us(med)}{launches}; {how} ≈ {fmt_us(fixed)}"
+        return f"{counted}, median {fmt_us(med)}{launches}; {how} ≈ {fmt_us(fixed)}"
     if r.bottleneck in ("memory_bandwidth", "compute"):
-        parts = [f"{n:.0f} {what}"]
+        parts = [counted]
         if ev.get("frac_peak_bw") is not None:
             parts.append(f"{fmt_rate(ev.get('achieved_bytes_s'), 'B/s')} ({ev['frac_peak_bw']:.0%} of bw)")
         if ev.get("frac_peak_flops") is not None:
@@ -67,7 +69,8 @@ def key_evidence(r: RegionStats) -> str:
     uncovered = ev.get("uncovered_frac", 0.0)
     util = ev.get("cpu_util")
     tail = f", CPU {util:.0%}" if util is not None else ""
-    return f"{uncovered:.0%} of time outside {what}{tail}"
+    label = work_label(ev) if ev.get("device") == "cuda" else None
+    return f"{uncovered:.0%} of time outside {f'GPU work ({label})' if label else what}{tail}"
 
 
 _API_OF = {"sync_wait": "sync", "allocation": "alloc", "setup": "setup"}
@@ -188,10 +191,17 @@ def render_ranks(analysis: Analysis, console: Console, top: int = 10) -> None:
     console.print(table)
 
 
+def render_gpu(analysis: Analysis, console: Console) -> None:
+    from cuvil_pgc.viewer.console_gpu import render_gpu as render
+
+    render(analysis, console)
+
+
 def render_analysis(analysis: Analysis, console: Console, top: int = 20, wide: bool = False) -> None:
     """Everything ``cuvil-pgc analyze`` prints on stdout without --json (warnings go to stderr)."""
     render_machine(analysis, console)
     render_hot_regions(analysis, console, top, wide)
+    render_gpu(analysis, console)
     render_fusion(analysis, console)
     render_ranks(analysis, console)
 

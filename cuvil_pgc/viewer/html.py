@@ -4,7 +4,7 @@ The report reads an :class:`~cuvil_pgc.analyze.analysis.Analysis` (and optionall
 plan) and never raw events. It is one file that works offline: plotly.js inlined once (or, with
 ``plotly_js="cdn"``, referenced from the CDN with an SRI hash), the figures as one JSON block,
 and a small script of ours drawing them with ``Plotly.newPlot``. Sections, each with an id:
-``summary``, ``hot-regions``, ``operators``, ``timeline``, ``compile``, ``histograms``, ``roofline``, ``fusion``,
+``summary``, ``hot-regions``, ``gpu``, ``operators``, ``timeline``, ``compile``, ``histograms``, ``roofline``, ``fusion``,
 ``ranks`` and ``plan``; each shows a note when its data is missing. Escaping and the
 Content-Security-Policy are described in :mod:`cuvil_pgc.viewer._template`.
 """
@@ -25,7 +25,8 @@ from cuvil_pgc.viewer import figures as figs
 from cuvil_pgc.viewer._template import PLOTLY_MODES, page, text
 
 TEMPLATE_KEY = "_template"     # not a figure: the plotly template all figures share
-SECTIONS = (("summary", "Summary"), ("hot-regions", "Hot regions"), ("operators", "Operators"), ("timeline", "Timeline"),
+SECTIONS = (("summary", "Summary"), ("hot-regions", "Hot regions"), ("gpu", "GPU"), ("operators", "Operators"),
+            ("timeline", "Timeline"),
             ("compile", "Compile"), ("histograms", "Latency"), ("roofline", "Roofline"),
             ("fusion", "Fusion"), ("ranks", "Ranks"), ("plan", "Recompile plan"))
 
@@ -102,6 +103,12 @@ def _operators(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) ->
     return operators_section(analysis)
 
 
+def _gpu(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+    from cuvil_pgc.viewer._gpu_section import gpu_section
+
+    return gpu_section(analysis)
+
+
 def _timeline(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
     util = figs.utilization_series(analysis.timeline.counters or {})
     counts = (analysis.trace or {}).get("counts") or {}
@@ -169,7 +176,7 @@ def _plan(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
 
 
 SECTION_RENDERERS: list[Callable[[Any, Any, Any, dict[str, Any]], str]] = [
-    _summary, _hot, _operators, _timeline, _compile, _histograms, _roofline, _fusion, _ranks, _plan]
+    _summary, _hot, _gpu, _operators, _timeline, _compile, _histograms, _roofline, _fusion, _ranks, _plan]
 
 
 # ------------------------------------------------------------------ writing
