@@ -11,7 +11,8 @@ and in the ``traces`` table). Tables (each also has ``trace_key``, ``run_id``, `
   window index, from ``run.<N>.trace.json``), ``start_time`` (UTC timestamp of ``ts_us = 0``, the
   source's earliest row; null when the file has no wall-clock anchor), ``start_unix_ns``, ``format``
   (cuvil, kineto, summary), ``tool`` / ``tool_version`` (what recorded it), ``path``, ``weight``,
-  ``recovered``, ``events``, ``counters``, ``duration_us``, ``notes``, ``metadata`` (the source's
+  ``recovered``, ``events``, ``counters``, ``duration_us``, ``notes``, ``warnings`` (events not
+  analysed, with counts), ``metadata`` (the source's
   metadata as JSON), ``strings`` (interned strings in first-seen order), ``schema_version``,
   ``exported_by``.
 - ``regions`` (kind ``region``), ``ops`` (``cpu_op``, ``runtime``, ``other``), ``kernels``
@@ -21,7 +22,8 @@ and in the ``traces`` table). Tables (each also has ``trace_key``, ``run_id``, `
   ``ts_us`` from the source's earliest row), ``pid``, ``tid``, ``pid_label`` / ``tid_label``
   (string lanes such as Kineto's "Spans"), ``region`` (path of the row's region: its own for
   regions, the innermost enclosing one otherwise), ``region_id``, ``parent_id``, ``flops``,
-  ``bytes`` (null when unknown), ``correlation``, ``external_id`` (-1 none), ``args`` (JSON).
+  ``bytes`` (null when unknown), ``correlation``, ``external_id`` (-1 none), ``fwdbwd`` (the
+  ``fwdbwd`` flow id from a forward op to its backward op; -1 none), ``args`` (JSON).
 - ``counters``: ``row``, ``name``, ``ts_us``, ``value``, ``pid``.
 - ``histograms`` (aggregate summaries): ``path``, ``count``, ``sum_ns``, ``min_ns``, ``max_ns``,
   ``buckets`` (list of {bucket, count}, 8 log-linear buckets per octave of ns).
@@ -45,9 +47,10 @@ import orjson
 from cuvil_pgc.errors import ConfigError, TraceError
 from cuvil_pgc.trace._args import ArgsMap
 from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, Source, StringTable, Trace
+from cuvil_pgc.trace.reader import EXTRA_COLUMNS
 from cuvil_pgc.trace.schema import Kind
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2     # 2: events carry fwdbwd, traces carry warnings (version 1 still reads)
 EVENT_TABLES: dict[str, tuple[Kind, ...]] = {
     "regions": (Kind.REGION,),
     "ops": (Kind.CPU_OP, Kind.RUNTIME, Kind.OTHER),
@@ -79,7 +82,8 @@ def schemas() -> dict[str, Any]:
                    ("dur_us", pa.float64()), ("pid", pa.int64()), ("tid", pa.int64()), ("pid_label", pa.string()),
                    ("tid_label", pa.string()), ("region", pa.string()), ("region_id", pa.int64()),
                    ("parent_id", pa.int64()), ("flops", pa.float64()), ("bytes", pa.float64()),
-                   ("correlation", pa.int64()), ("external_id", pa.int64()), ("args", pa.string())]
+                   ("correlation", pa.int64()), ("external_id", pa.int64()), ("fwdbwd", pa.int64()),
+                   ("args", pa.string())]
     bucket = pa.struct([("bucket", pa.int32()), ("count", pa.int64())])
     fields = {
         "traces": key + [("world_size", pa.int32()), ("host", pa.string()), ("pid", pa.int64()),
@@ -88,6 +92,7 @@ def schemas() -> dict[str, Any]:
                          ("tool_version", pa.string()), ("path", pa.string()), ("weight", pa.float64()),
                          ("recovered", pa.bool_()), ("events", pa.int64()), ("counters", pa.int64()),
                          ("duration_us", pa.float64()), ("notes", pa.list_(pa.string())),
+                         ("warnings", pa.list_(pa.string())),
                          ("metadata", pa.string()), ("strings", pa.list_(pa.string())),
                          ("schema_version", pa.int32()), ("exported_by", pa.string())],
         **{name: event for name in EVENT_TABLES},
@@ -169,7 +174,7 @@ def _labels(trace: Trace, ids: np.ndarray) -> np.ndarray:
 
 def _event_columns(trace: Trace, rows: np.ndarray, base: float) -> dict[str, Any]:
     ev = trace.events
-    ext = ev.get("external_id")
+    ext, fwdbwd = ev.get("external_id"), ev.get("fwdbwd")
     cols: dict[str, Any] = {
         "row": np.arange(len(rows), dtype=np.int64),
         "kind": np.array(_KIND_NAMES, dtype=object)[ev["kind"][rows]],
@@ -180,6 +185,7 @@ def _event_columns(trace: Trace, rows: np.ndarray, base: float) -> dict[str, Any
         "parent_id": ev["parent_id"][rows], "flops": ev["flops"][rows], "bytes": ev["bytes"][rows],
         "correlation": ev["correlation"][rows],
         "external_id": ext[rows] if ext is not None else np.full(len(rows), -1, dtype=np.int64),
+        "fwdbwd": fwdbwd[rows] if fwdbwd is not None else np.full(len(rows), -1, dtype=np.int64),
     }
     cols["args"] = _args_json(trace, rows)
     return cols
@@ -293,7 +299,7 @@ def _trace_row(trace: Trace, source: Source, ids: dict[str, Any], rows: np.ndarr
         "format": source.format, "tool": tool, "tool_version": _str(version), "path": source.path,
         "weight": float(source.weight), "recovered": bool(source.recovered), "events": int(len(rows)),
         "counters": int(len(crow)), "duration_us": float((ts + dur).max() - ts.min()) if len(rows) else 0.0,
-        "notes": [str(n) for n in source.notes],
+        "notes": [str(n) for n in source.notes], "warnings": [str(w) for w in source.warnings],
         "metadata": _dumps({k: v for k, v in meta.items() if k != "summary_regions"}) or "{}",
         "strings": [trace.strings[int(i)] for i in used if i >= 0],
         "schema_version": SCHEMA_VERSION, "exported_by": f"cuvil-pgc {__version__}",
@@ -398,8 +404,9 @@ def _rebuild_events(table: Any, index: dict[str, int], offsets: list[float],
         "flops": col["flops"].to_numpy(zero_copy_only=False), "bytes": col["bytes"].to_numpy(zero_copy_only=False),
         "correlation": col["correlation"].to_numpy(), "source": src,
         "external_id": col["external_id"].to_numpy(),
+        "fwdbwd": col["fwdbwd"].to_numpy() if "fwdbwd" in col else np.full(len(src), -1, dtype=np.int64),
     }
-    dtypes = {**EVENT_COLUMNS, "external_id": np.dtype(np.int64)}
+    dtypes = {**EVENT_COLUMNS, **EXTRA_COLUMNS}
     events = {c: np.asarray(v)[order].astype(dtypes[c]) for c, v in raw.items()}
     texts = col["args"].to_pylist()
     args = ArgsMap({new: orjson.loads(texts[old]) for new, old in enumerate(order.tolist())
@@ -427,4 +434,5 @@ def _rebuild_source(facts: dict[str, Any], hist: list[dict[str, Any]]) -> Source
     weight = facts["weight"]
     return Source(path=facts["path"], format=facts["format"], metadata=meta, rank=int(facts["rank"] or 0),
                   weight=weight if weight is not None and math.isfinite(weight) and weight > 0 else 1.0,
-                  recovered=bool(facts["recovered"]), notes=list(facts["notes"] or []))
+                  recovered=bool(facts["recovered"]), notes=list(facts["notes"] or []),
+                  warnings=list(facts.get("warnings") or []))

@@ -47,7 +47,8 @@ def key_evidence(r: RegionStats) -> str:
     n = ev.get("kernel_count") if ev.get("device") == "cuda" else ev.get("op_count")
     what = "kernels" if ev.get("device") == "cuda" else "ops"
     med = ev.get("median_kernel_us") if ev.get("device") == "cuda" else ev.get("median_op_us")
-    counted = (work_label(ev) if ev.get("device") == "cuda" else None) or f"{n:.0f} {what}"
+    counted = (work_label(ev) if ev.get("device") == "cuda" else None) or \
+        (f"{n:.0f} {what}" if n is not None else f"{what} not recorded")    # summaries carry no counts
     if r.bottleneck == "launch_overhead":
         fixed = (ev.get("explained_us") or {}).get("launch_overhead")
         how = "launch gaps" if ev.get("device") == "cuda" else "per-op fixed cost + issue gaps"
@@ -82,7 +83,8 @@ def _gpu_evidence(r: RegionStats) -> str | None:
     ev = r.evidence
     if ev.get("device") != "cuda" or "gpu_busy_frac" not in ev:
         return None
-    busy = f"GPU busy {ev['gpu_busy_frac']:.0%}"
+    label = work_label(ev)
+    busy = f"GPU busy {ev['gpu_busy_frac']:.0%}" + (f" ({label})" if label else "")
     explained = fmt_us((ev.get("explained_us") or {}).get(r.bottleneck))
     if r.bottleneck == "communication":
         overlap = ev.get("comm_exposed_us", 0.0)
