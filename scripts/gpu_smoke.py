@@ -108,8 +108,20 @@ class Checks:
         return ok
 
 
+def name_regions(events: list) -> None:
+    """``args.region``: the path of each event's ``args.region_id`` (our files name regions by id)."""
+    from cuvil_pgc.trace._region_tree import paths_of_events
+
+    paths = paths_of_events(events)
+    for e in events:
+        args = e.get("args")
+        if isinstance(args, dict) and "region_id" in args:
+            args.setdefault("region", paths.get(args["region_id"]))
+
+
 def check_kernels(trace: dict, checks: Checks) -> None:
     meta, events = trace["cuvil"], trace["traceEvents"]
+    name_regions(events)
     steps = trace["_smoke"]["steps"]
     status = meta["samplers"].get("cupti", {})
     if not checks.expect(status.get("status") == "ok", f"cupti sampler ran (status: {status})"):

@@ -7,22 +7,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cuvil_pgc.trace._region_tree import paths_by_id
-from cuvil_pgc.trace.schema import META_REGION_EVENT
+from cuvil_pgc.trace._region_tree import paths_of_events
 
 
 def with_paths(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The region events of ``events`` (a traceEvents list), each with ``args.path`` filled in."""
-    table: dict[int, tuple[str, int | None]] = {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == META_REGION_EVENT:
-            table[e["args"]["id"]] = (e["args"]["name"], e["args"]["parent"])
+    """The region events of ``events`` (a traceEvents list), each with ``args.path`` filled in;
+    other events naming their region by ``args.region_id`` get its path as ``args.region``."""
+    paths = paths_of_events(events)
     regions = [e for e in events if e.get("cat") == "region"]
     for e in regions:
-        table[e["args"]["id"]] = (e["name"], e["args"]["parent"])
-    paths = paths_by_id(table)
-    for e in regions:
         e["args"].setdefault("path", paths[e["args"]["id"]])
+    for e in events:
+        args = e.get("args")
+        if e.get("cat") != "region" and isinstance(args, dict) and "region_id" in args:
+            args.setdefault("region", None if args["region_id"] is None else paths[args["region_id"]])
     return regions
 
 

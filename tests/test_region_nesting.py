@@ -203,3 +203,33 @@ def test_a_region_open_across_capture_windows_is_named_in_each(tmp_path, pure):
         assert _paths(tmp_path / f"window{w}.trace.json") == ["serve/step"]
         trace = load_trace(tmp_path / f"window{w}.trace.json")
         assert [trace.strings[trace.region[r]] for r in trace.of_kind(Kind.REGION).tolist()] == ["serve/step"]
+
+
+DEEP_OPS = """
+    import torch
+    x = torch.randn(4, 4)
+    with profile(os.path.join(sys.argv[1], "deep.trace.json"), ops=True, gpu="off", sample_hz=0, compile=False):
+        regions = [ProfileRegion("r").start() for _ in range({depth} - 1)]
+        with ProfileRegion("leaf"):
+            torch.neg(x)
+        torch.sigmoid(x)           # in the innermost "r", still open until the loop below
+        for r in reversed(regions):
+            r.end()
+"""
+
+
+@pytest.mark.parametrize("pure", IMPLEMENTATIONS)
+def test_ops_deep_inside_regions_cost_the_same_per_event(tmp_path, pure):
+    # Ops name their region by id (args.region_id), not by its path: each line stays small at any
+    # depth, and the reader still attributes each op to its region's full path.
+    depth = 5000
+    _run(tmp_path, pure, DEEP_OPS.format(depth=depth))
+    path = tmp_path / "deep.trace.json"
+    lines = path.read_bytes().splitlines()
+    events = [ln for ln in lines if ln.startswith(b'{"ph":') and b'"name":"cuvil_session"' not in ln]
+    assert len(events) > depth
+    assert sum(b'"cat":"cpu_op"' in ln for ln in events) == 2
+    assert max(map(len, events)) < 500
+    trace = load_trace(path)
+    ops = {trace.strings[trace.name[r]]: trace.strings[trace.region[r]] for r in trace.of_kind(Kind.CPU_OP).tolist()}
+    assert ops == {"aten::neg": "/".join(["r"] * (depth - 1) + ["leaf"]), "aten::sigmoid": "/".join(["r"] * (depth - 1))}

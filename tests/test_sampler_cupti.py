@@ -16,6 +16,7 @@ from cuvil_pgc.instrument import ProfileRegion, Session, SessionConfig
 from cuvil_pgc.instrument.samplers import cupti_kernels
 from cuvil_pgc.instrument.samplers.cupti_kernels import CuptiKernelSampler
 from cuvil_pgc.trace import schema
+from tests._regionlines import with_paths
 from tests.fakes.fake_cupti import OFFSET_NS, RECORD_CLASSES, FakeCupti
 
 
@@ -35,7 +36,9 @@ def record(tmp_path, body, flush_interval_s: float = 0.25):
     with Session(config, samplers=[sampler]):
         body()
     with open(tmp_path / "run.trace.json") as fh:
-        return json.load(fh), sampler
+        trace = json.load(fh)
+    with_paths(trace["traceEvents"])        # args.region: the path of each event's args.region_id
+    return trace, sampler
 
 
 def by_cat(trace: dict, cat: str) -> list[dict]:
@@ -193,7 +196,8 @@ def test_events_stream_out_during_the_session_once_their_region_ended(tmp_path, 
 
     trace, _ = record(tmp_path, body, flush_interval_s=0.05)
     line = next(ln for ln in seen["text"].splitlines() if b'"streamed"' in ln)
-    assert json.loads(line.rstrip(b","))["args"]["region"] == "step"
+    step_id = next(e["args"]["id"] for e in with_paths(trace["traceEvents"]) if e["args"]["path"] == "step")
+    assert json.loads(line.rstrip(b","))["args"]["region_id"] == step_id
     assert len(by_cat(trace, schema.CAT_KERNEL)) == 1
 
 

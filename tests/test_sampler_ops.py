@@ -158,6 +158,7 @@ def _record(tmp_path, body, **config):
 
 
 def _ops(trace, name=None):
+    with_paths(trace["traceEvents"])       # args.region: the path of the op's args.region_id
     return [e for e in trace["traceEvents"]
             if e.get("cat") == "cpu_op" and (name is None or e["name"] == name)]
 

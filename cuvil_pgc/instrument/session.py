@@ -260,7 +260,7 @@ class Session:
 
         tids, starts, ends, frames = self._kept
         n = min(len(tids), len(starts), len(ends), len(frames))
-        return RegionIndex(tids[:n], starts[:n], ends[:n]), _FramePaths(frames[:n])
+        return RegionIndex(tids[:n], starts[:n], ends[:n]), _FrameIds(frames[:n])
 
     # -- writing ---------------------------------------------------------------------------
     def _flush_loop(self) -> None:
@@ -301,11 +301,11 @@ class Session:
             unix0 = self.clock.start_unix_ns - s0
             self._otel.submit([_span_row(f, unix0, tid) for f in frames])
         if self._retain:
-            tids, starts, ends, paths = self._kept
+            tids, starts, ends, kept = self._kept
             tids.extend([tid] * len(frames))
             starts.extend([(f[2] - s0) / 1000.0 for f in frames])
             ends.extend([(f[5] - s0) / 1000.0 for f in frames])
-            paths.extend(frames)
+            kept.extend(frames)
 
     def _drop_counts(self) -> dict[str, int]:
         """Everything dropped so far, per source (the regions' buffers included)."""
@@ -341,9 +341,9 @@ class Session:
         cutoff, match = self._keep_from_us, self._filter
         if cutoff > float("-inf"):
             events = [e for e in events if e.get("ph") == "M" or e.get("ts", cutoff) >= cutoff]
-        if match is not None:
+        if match is not None:     # a region_id names a kept region: one the filter let through
             events = [e for e in events if e.get("ph") in ("M", "C") or match(e.get("name", ""))
-                      or match((e.get("args") or {}).get("region") or "\x00")]
+                      or (e.get("args") or {}).get("region_id") is not None]
         return events
 
     def _io(self, fn) -> None:
@@ -423,9 +423,9 @@ def _region_json(region: _region.ProfileRegion) -> tuple[bytes, bytes]:
     return region._json
 
 
-class _FramePaths:
-    """The paths of kept region frames, built only for the regions asked about (the samplers
-    attribute ops and kernels to a few of them; paths cost their length to build)."""
+class _FrameIds:
+    """The ids of kept region frames, as this file's region lines give them: ops and kernels name
+    their region by ``args.region_id`` (a path would cost its depth in bytes on every event)."""
 
     __slots__ = ("_frames",)
 
@@ -435,8 +435,8 @@ class _FramePaths:
     def __len__(self) -> int:
         return len(self._frames)
 
-    def __getitem__(self, i: int) -> str:
-        return frame_path(self._frames[i])
+    def __getitem__(self, i: int) -> int:
+        return self._frames[i][3]
 
 
 def _span_row(frame: list, unix0: int, tid: int) -> tuple:

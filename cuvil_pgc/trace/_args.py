@@ -107,7 +107,7 @@ class CatArgs:
 
 
 #: Keys of our files' args that became columns (dropped from Trace.args).
-OUR_COLUMN_KEYS = ("region", "flops", "bytes", "correlation", "external_id")
+OUR_COLUMN_KEYS = ("region", "region_id", "flops", "bytes", "correlation", "external_id")
 
 
 def raw_args(raw: msgspec.Raw) -> dict[str, Any]:

@@ -129,8 +129,8 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
     if fmt == "kineto":
         args, given, paths = _kineto_args(xs, cols), np.zeros(len(xs), bool), None
     else:
-        args, given, paths = _our_args(xs, cols, evs, path, strings)
-        tree_notes = _region_tree.fill_paths(cols, paths, evs.meta, strings)   # schema 2: paths from ids
+        args, given, paths, refs = _our_args(xs, cols, evs, path, strings)
+        tree_notes = _region_tree.fill_paths(cols, paths, evs.meta, strings, refs, given)   # schema 2: ids
     _flows(cols, evs, strings, origin_ns)
     if other_cats.get(CAT_PROFILER_RANGE) and raw_events is not None and fmt == "kineto":
         _profiler_ranges(xs, raw_events, cols, args)
@@ -410,7 +410,7 @@ def _copied(raw: msgspec.Raw) -> msgspec.Raw:
 
 
 def _our_args(xs: list[Event], cols: dict[str, np.ndarray], evs: _Events, path: str,
-              strings: StringTable) -> tuple[dict[int, Any], np.ndarray, list[str | None]]:
+              strings: StringTable) -> tuple[dict[int, Any], np.ndarray, list[str | None], dict[int, int]]:
     """Our files: column keys in one typed pass (see ``_ours``), the rest raw until read."""
     rows = list(range(len(xs)))
     parsed = _decode_batch(_ours.DECODER, xs, rows, evs, path)

@@ -7,7 +7,9 @@ row's own ``args`` stays raw JSON in ``Trace.args`` until read (``_args.ArgsMap`
 region rows, whose user attributes are decoded right away (few rows, and ``path``/``id``/
 ``parent`` leave them).
 
-Column keys and their rules: ``region`` (str or null; a region our file names is kept),
+Column keys and their rules: ``region`` (str or null; a region our file names is kept; schema
+version 1), ``region_id`` (the id of a region line or declaration of the same file, or null;
+schema 2: ops and kernels name their region by id, the path is rebuilt with the regions'),
 ``flops`` / ``bytes`` (finite non-negative numbers or null), ``correlation`` / ``external_id``
 (64-bit ints or null). On region rows these keys are user attributes: numeric ``flops`` /
 ``bytes`` also fill the columns, anything else is only an attribute.
@@ -36,6 +38,7 @@ class OurArgs(msgspec.Struct, frozen=True, gc=False):
     """The column keys of our events' args (everything else is skipped in this pass)."""
 
     region: Any = None
+    region_id: Any = None
     path: Any = None
     id: Any = None
     parent: Any = None
@@ -51,14 +54,16 @@ Fail = Callable[[int, str], Exception]
 
 def fill_columns(parsed: list[OurArgs], raws: list[msgspec.Raw], cols: dict[str, np.ndarray],
                  strings: StringTable, cats: list[str], fail: Fail) -> tuple[dict[int, Any], np.ndarray,
-                                                                            list[str | None]]:
-    """Columns from the parsed keys; returns (args entries, region-given mask, region paths).
+                                                                            list[str | None], dict[int, int]]:
+    """Columns from the parsed keys; returns (args entries, region-given mask, region paths, and
+    ``{row: region id}`` of the rows that name their region by ``args.region_id``).
 
     ``fail(row, problem)`` builds the TraceError for a row that breaks the rules.
     """
     n = len(parsed)
     region_rows = np.nonzero(cols["kind"] == Kind.REGION)[0].tolist()
     given = _region_column(parsed, region_rows, cols, strings, fail)
+    refs = _region_refs(parsed, region_rows, fail)
     for key in ("flops", "bytes"):
         _float_column(parsed, key, region_rows, cols, fail)
     for key in ("correlation", "external_id"):
@@ -73,7 +78,7 @@ def fill_columns(parsed: list[OurArgs], raws: list[msgspec.Raw], cols: dict[str,
     args.update(compress(zip(rows, row_raws, strict=True), map(_has_keys, row_raws)))
     for r in np.nonzero(cols["kind"] == Kind.OTHER)[0].tolist():
         args[r] = _OtherArgs(raws[r], cats[r])
-    return args, given, paths
+    return args, given, paths, refs
 
 
 def _has_keys(raw: msgspec.Raw) -> bool:
@@ -101,6 +106,14 @@ def _region_column(parsed, region_rows, cols, strings: StringTable, fail: Fail) 
     region = np.array([table[v] for v in values], dtype=np.int32)
     cols["region"] = region
     return region >= 0
+
+
+def _region_refs(parsed, region_rows, fail: Fail) -> dict[int, int]:
+    values = _values(parsed, "region_id", region_rows)
+    if not set(map(type, values)) <= {_NONE, int}:
+        r = _first_bad(values, (_NONE, int))
+        raise fail(r, f"args.region_id must be an integer or null, got {type(values[r]).__name__}")
+    return {r: v for r, v in enumerate(values) if v is not None}
 
 
 def _float_column(parsed, key: str, region_rows, cols, fail: Fail) -> None:

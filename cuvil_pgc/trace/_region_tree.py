@@ -6,6 +6,9 @@ children were written while they were still open (or that were dropped, or cut o
 are declared by a ``{"ph": "M", "name": "cuvil_region", "args": {"name", "id", "parent"}}`` line
 before the first line that names them. This module turns ids back into ``outer/inner`` paths,
 so ``Trace.region`` means what ``args.path`` meant in version 1 (whose files keep their paths).
+Operator and kernel events name their region by ``args.region_id`` (the id of a region line or
+declaration of the same file) where version 1 gave its path in ``args.region``: no event of ours
+costs its region's depth in bytes.
 
 Contract: ``paths_by_id(table)`` maps each id of ``{id: (name, parent id or None)}`` to its
 path, in a loop (no recursion at any depth). A parent the table lacks (lost lines) or a cycle
@@ -84,13 +87,31 @@ def paths_by_id(table: dict[int, tuple[str, int | None]],
     return paths
 
 
+def paths_of_events(events: list[dict[str, Any]]) -> dict[int, str]:
+    """``{region id: path}`` of a decoded traceEvents list (region lines and declarations), for
+    tools reading our files as plain JSON (the reader itself works on columns, :func:`fill_paths`)."""
+    table: dict[int, tuple[str, int | None]] = {}
+    for e in events:
+        args = e.get("args")
+        if not isinstance(args, dict) or type(args.get("id")) is not int:
+            continue
+        if e.get("ph") == "M" and e.get("name") == META_REGION_EVENT:
+            table[args["id"]] = (args.get("name"), args.get("parent"))
+        elif e.get("cat") == "region":
+            table[args["id"]] = (e.get("name"), args.get("parent"))
+    return paths_by_id(table)
+
+
 def fill_paths(cols: dict[str, np.ndarray], paths: list[str | None], meta: list[Any],
-               strings: StringTable) -> list[str]:
+               strings: StringTable, refs: dict[int, int] | None = None,
+               given: np.ndarray | None = None) -> list[str]:
     """Paths of the region rows that give an id and no ``args.path``, from ids, names and the
-    declarations among the ``M`` events ``meta``; returns notes on what could not be placed."""
+    declarations among the ``M`` events ``meta``; and the region of the rows ``refs`` (``{row:
+    region id}``: ops and kernels naming their region by ``args.region_id``) into ``cols["region"]``,
+    marked in ``given``. Returns notes on what could not be placed."""
     rows = np.nonzero((cols["kind"] == Kind.REGION) & (cols["region_id"] >= 0))[0].tolist()
     need = [r for r in rows if paths[r] is None]
-    if not need:
+    if not need and not refs:
         return []
     table: dict[int, tuple[str, int | None]] = {}
     for decl in _declarations(meta):
@@ -101,9 +122,34 @@ def fill_paths(cols: dict[str, np.ndarray], paths: list[str | None], meta: list[
         table[int(ids[r])] = (strings[int(names[r])], parent if parent >= 0 else None)
     problems = TreeProblems()
     resolved = paths_by_id(table, problems)
+    for r in rows:
+        if paths[r] is not None:       # schema 1: the path the region line gives
+            resolved[int(ids[r])] = paths[r]
     for r in need:
         paths[r] = resolved[int(ids[r])]
-    return problems.notes()
+    notes = problems.notes()
+    if refs:
+        notes.extend(_attribute_refs(cols, refs, resolved, strings, given))
+    return notes
+
+
+def _attribute_refs(cols: dict[str, np.ndarray], refs: dict[int, int], resolved: dict[int, str],
+                    strings: StringTable, given: np.ndarray | None) -> list[str]:
+    interned = {i: strings.intern(p) for i, p in resolved.items()}
+    region = cols["region"]
+    unknown = 0
+    for r, rid in refs.items():
+        code = interned.get(rid)
+        if code is None:
+            unknown += 1            # left to time nesting, like an event that names no region
+            continue
+        region[r] = code
+        if given is not None:
+            given[r] = True
+    if not unknown:
+        return []
+    return [f"{unknown} event(s) name a region id the file does not hold (lines lost or dropped); "
+            "they are attributed by time nesting instead"]
 
 
 def _declarations(meta: list[Any]) -> list[_Declaration]:

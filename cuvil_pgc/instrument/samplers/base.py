@@ -9,7 +9,7 @@ a sampler that cannot run here says so through ``unavailable`` and is recorded a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +29,9 @@ class SamplerContext:
     config: SessionConfig
     emit: Callable[[Iterable[dict[str, Any]]], None]
     count_dropped: Callable[[str, int], None]
-    # Regions completed so far as (index, paths): index over (native tid, start µs, end µs).
-    region_index: Callable[[], tuple[RegionIndex, list[str]]]
+    # Regions completed so far as (index, ids): index over (native tid, start µs, end µs), ids the
+    # regions' ids in this trace file (events name their region by ``args.region_id``).
+    region_index: Callable[[], tuple[RegionIndex, Sequence[int]]]
     pid: int = 0
     devices: list[dict[str, Any]] = field(default_factory=list)
 

@@ -18,7 +18,7 @@ Contract:
   ids are Linux tids (``set_thread_id_type(SYSTEM)``), the ids regions are recorded with.
   A region is known only once it has ended, and inner regions end before outer ones, so a record
   whose region is not found yet is held back (at most ``HOLD_RECORDS``) until a later flush or stop;
-  beyond that the oldest are written with ``region: null`` and counted in ``status["held_overflow"]``
+  beyond that the oldest are written with ``region_id: null`` and counted in ``status["held_overflow"]``
   (every event keeps its correlation id, so ``trace.reader`` still attributes them through their
   launch when the file is loaded).
 - When another tool already holds CUPTI (torch.profiler with CUDA activities, Nsight Systems,
@@ -307,11 +307,11 @@ class CuptiKernelSampler(Sampler):
                 del launches[corr]
 
     def _attribute(self, final: bool) -> None:
-        index, paths = self._ctx.region_index()
-        self._held_api = self._emit_found(self._held_api, self._api_points, self._api_event, index, paths, final)
-        self._held_gpu = self._emit_found(self._held_gpu, self._gpu_points, self._gpu_event, index, paths, final)
+        index, ids = self._ctx.region_index()
+        self._held_api = self._emit_found(self._held_api, self._api_points, self._api_event, index, ids, final)
+        self._held_gpu = self._emit_found(self._held_gpu, self._gpu_points, self._gpu_event, index, ids, final)
 
-    def _emit_found(self, held: list, points, make, index, paths: list[str], final: bool) -> list:
+    def _emit_found(self, held: list, points, make, index, ids, final: bool) -> list:
         """Emit the held records whose region is known (all of them when final); keep the rest."""
         tids, times = points(held)
         found = index.innermost(tids, times).tolist() if len(index) else [-1] * len(held)
@@ -321,7 +321,7 @@ class CuptiKernelSampler(Sampler):
             if where >= 0 or final or i < overflow:
                 if where < 0 and not final:
                     self.status["held_overflow"] = self.status.get("held_overflow", 0) + 1
-                events.append(make(rec, paths[where] if where >= 0 else None))
+                events.append(make(rec, ids[where] if where >= 0 else None))
             else:
                 kept.append(rec)
         if events:
@@ -337,29 +337,29 @@ class CuptiKernelSampler(Sampler):
         return [t for t, _ in launches], [ts for _, ts in launches]
 
     # -- event builders ------------------------------------------------------------------------
-    def _api_event(self, held: tuple, region: str | None) -> dict[str, Any]:
+    def _api_event(self, held: tuple, region: int | None) -> dict[str, Any]:
         rec, ts = held
         self._counts["runtime_calls"] += 1
         cat = schema.CAT_RUNTIME if rec[0] == _RUNTIME else "cuda_driver"
         return {"ph": "X", "cat": cat, "name": self._api_name(rec[0], rec[5]), "pid": self._ctx.pid,
                 "tid": rec[4], "ts": ts, "dur": (rec[2] - rec[1]) / 1000.0,
-                "args": {"correlation": rec[3], "region": region}}
+                "args": {"correlation": rec[3], "region_id": region}}
 
-    def _gpu_event(self, rec: tuple, region: str | None) -> dict[str, Any]:
+    def _gpu_event(self, rec: tuple, region: int | None) -> dict[str, Any]:
         if region is None:
             self._counts["unattributed"] += 1
         self._streams.add((rec[4], rec[5]))
         return self._kernel_event(rec, region) if rec[0] == _KERNEL else self._copy_event(rec, region)
 
-    def _kernel_event(self, rec: tuple, region: str | None) -> dict[str, Any]:
+    def _kernel_event(self, rec: tuple, region: int | None) -> dict[str, Any]:
         _, start, end, corr, device, stream, gx, gy, gz, bx, by, bz, registers, shared, name = rec
         self._counts["kernels"] += 1
         return {"ph": "X", "cat": schema.CAT_KERNEL, "name": _demangle(name or "?"), "pid": device, "tid": stream,
                 "ts": (start - self._base_ns) / 1000.0, "dur": (end - start) / 1000.0,
-                "args": {"region": region, "correlation": corr, "grid": [gx, gy, gz], "block": [bx, by, bz],
+                "args": {"region_id": region, "correlation": corr, "grid": [gx, gy, gz], "block": [bx, by, bz],
                          "registers": registers, "shared_memory": shared, "device": device, "stream": stream}}
 
-    def _copy_event(self, rec: tuple, region: str | None) -> dict[str, Any]:
+    def _copy_event(self, rec: tuple, region: int | None) -> dict[str, Any]:
         tag, start, end, corr, device, stream, nbytes, kind_value = rec
         if tag == _MEMCPY:
             self._counts["memcpys"] += 1
@@ -371,7 +371,7 @@ class CuptiKernelSampler(Sampler):
             cat, name = schema.CAT_MEMSET, f"Memset ({kind})"
         return {"ph": "X", "cat": cat, "name": name, "pid": device, "tid": stream,
                 "ts": (start - self._base_ns) / 1000.0, "dur": (end - start) / 1000.0,
-                "args": {"region": region, "correlation": corr, "bytes": nbytes, "kind": kind,
+                "args": {"region_id": region, "correlation": corr, "bytes": nbytes, "kind": kind,
                          "device": device, "stream": stream}}
 
     def _metadata_events(self) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ Contract (sampler name ``torch_ops``, DESIGN.md "Trace file"):
   emitted by ``flush`` and a crash loses the ops (regions and counters are still streamed).
 - ``stop`` disables the profiler and reads ``kineto_results.events()`` directly (no
   FunctionEvent / EventList building). Each ``cpu_op`` becomes an X event with
-  ``args: {"region", "shapes", "dtypes", "flops", "bytes", "depth"}`` and ``bytes_partial: true``
+  ``args: {"region_id", "shapes", "dtypes", "flops", "bytes", "depth"}`` and ``bytes_partial: true``
   when the output size could not be inferred (see ``_opcost``). Profiler bookkeeping is skipped:
   only Kineto activity type ``cpu_op`` is kept, so ``ProfilerStep#N``, ``record_function`` ranges
   (``user_annotation``), ``[memory]`` instants and Python-function events never appear as ops.
@@ -234,14 +234,14 @@ def to_trace_events(ops: OpColumns, ctx: SamplerContext) -> list[dict[str, Any]]
     ts = (starts_ns - ctx.clock.start_unix_ns) / 1000.0
     dur = (ends_ns - starts_ns) / 1000.0
     depth = nesting_depths(tids, starts_ns, ends_ns)
-    region_of = _regions(ctx, tids, ts)
+    region_of = _region_ids(ctx, tids, ts)
     with_shapes = bool(ops.shapes)
     costs: dict[Any, Any] = {}
     pid, cat = ctx.pid, schema.CAT_CPU_OP
     events = []
     for i, (name, tid, t, d, lvl, region) in enumerate(zip(
             ops.names, tids.tolist(), ts.tolist(), dur.tolist(), depth.tolist(), region_of, strict=True)):
-        args: dict[str, Any] = {"region": region, "shapes": None, "dtypes": None, "flops": None,
+        args: dict[str, Any] = {"region_id": region, "shapes": None, "dtypes": None, "flops": None,
                                 "bytes": None, "depth": lvl}
         if with_shapes:
             _add_cost(args, name, ops.shapes[i], ops.dtypes[i], ops.concrete[i], costs)
@@ -250,11 +250,11 @@ def to_trace_events(ops: OpColumns, ctx: SamplerContext) -> list[dict[str, Any]]
     return events
 
 
-def _regions(ctx: SamplerContext, tids: np.ndarray, ts: np.ndarray) -> list[str | None]:
-    index, paths = ctx.region_index()
+def _region_ids(ctx: SamplerContext, tids: np.ndarray, ts: np.ndarray) -> list[int | None]:
+    index, ids = ctx.region_index()
     if not len(index):
         return [None] * len(ts)
-    return [paths[j] if j >= 0 else None for j in index.innermost(tids, ts).tolist()]
+    return [ids[j] if j >= 0 else None for j in index.innermost(tids, ts).tolist()]
 
 
 def _add_cost(args: dict[str, Any], name: str, shapes: list, dtypes: list, concrete: Any,
