@@ -412,3 +412,32 @@ def test_cli_subprocess_prints_one_json_document(tmp_path: Path) -> None:
     assert model == MachineModel.load(out)
     assert model.source == "measured" and model.details["quick"] is True
     assert (tmp_path / "cache" / f"machine-{model.fingerprint}.json").is_file()
+
+
+# ---------------------------------------------------------------- a GPU's calibration, found without torch
+
+def test_local_gpu_names_come_from_nvml_where_the_driver_has_no_proc_files(cache: Path, monkeypatch,
+                                                                            tmp_path: Path) -> None:
+    from cuvil_pgc.instrument.samplers import nvml
+    from tests.fakes.fake_nvml import FakeGpu, FakeNvml
+
+    monkeypatch.setattr(mm, "NVIDIA_PROC_GPUS", str(tmp_path / "no-such-folder"))
+    monkeypatch.setattr(mm, "nvidia_gpu_visible", lambda: True)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(nvml, "_import_nvml", lambda: FakeNvml([FakeGpu(name="NVIDIA L4")]))
+    assert mm.local_gpu_names() == ["NVIDIA L4"]
+    identity = {**mm.machine_identity("cpu"), "device": "cuda:0", "gpu": "NVIDIA L4", "capability": "8.9",
+                "sms": 58, "cuda": "12.8"}
+    model = mm.measured_model(identity, {"peak_flops": {"fp32": 30e12}, "mem_bw": 3e11})
+    model.save(mm.cache_path(model.fingerprint))
+    assert model.details["gpu"] == {"name": "NVIDIA L4", "sms": 58}
+    assert mm.default_machine("cuda") == model
+    assert mm.cached_gpu_model("NVIDIA L4", 58) == model and mm.cached_gpu_model("NVIDIA L4", 60) is None
+
+
+def test_no_visible_gpu_has_no_names_and_asks_no_nvml(monkeypatch) -> None:
+    from cuvil_pgc.instrument.samplers import nvml
+
+    monkeypatch.setattr(mm, "nvidia_gpu_visible", lambda: False)
+    monkeypatch.setattr(nvml, "_import_nvml", lambda: pytest.fail("NVML asked"))
+    assert mm.local_gpu_names() == []

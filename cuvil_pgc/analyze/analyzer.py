@@ -203,19 +203,16 @@ def _trace_gpu_model(trace: Trace, warnings: list[str]) -> Any:
     entry in ``gpu_specs.GPUS``; None when the trace names no GPU (with a warning when it names
     one the table does not know). Never imports torch."""
     from cuvil_pgc.analyze import gpu_specs
-    from cuvil_pgc.analyze.machine import MachineModel, cache_dir
+    from cuvil_pgc.analyze.machine import cached_gpu_model
 
     props = gpu_specs.trace_gpu([d for s in trace.sources if isinstance(s.metadata, dict)
                                  for d in (s.metadata.get("devices") or [])])
     if props is None:
         return None
-    for path in sorted(cache_dir().glob("machine-*.json")) if cache_dir().is_dir() else ():
-        try:
-            cached = MachineModel.load(path)
-        except AnalysisError:
-            continue
-        if cached.device.startswith("cuda") and cached.name.split(" (")[0] == props["name"]:
-            return cached
+    sms = props.get("numSms")
+    cached = cached_gpu_model(props["name"], sms if isinstance(sms, int) else None)
+    if cached is not None:
+        return cached
     model = gpu_specs.gpu_from_properties(props)
     if model is None:
         warnings.append(f"the trace's GPU {props['name']!r} is not in the table of known GPUs "

@@ -5,8 +5,8 @@ bandwidth, and the fixed cost of one op: eager dispatch overhead on the CPU, ker
 a GPU. :func:`calibrate` measures them with short microbenchmarks (``_microbench``; <= 30 s on a
 CPU, <= 5 s with ``quick``) and caches the result per machine fingerprint (CPU model and ISA
 flags or GPU name, core count, torch version, device) under :func:`cache_dir`.
-:func:`default_machine` returns the cached model for this machine, or, when none was cached, a
-documented fallback (``source="fallback"``) with a one-time warning telling the user to run
+:func:`default_machine` returns the cached model for this machine (a GPU's found by its name, through
+:func:`cached_gpu_model`, without importing torch), or, when none was cached, a documented fallback (``source="fallback"``) with a one-time warning telling the user to run
 ``cuvil-pgc calibrate``.
 
 Files are JSON (``to_json`` / ``from_json``, ``save`` / ``load``); a file that is not a valid
@@ -278,8 +278,8 @@ def machine_identity(device: str = "cpu") -> dict[str, Any]:
 def _cuda_identity(device: str) -> dict[str, Any]:
     torch = require_cuda(device)
     index = int(device.split(":")[1])
-    major, minor = torch.cuda.get_device_capability(index)
-    return {"gpu": torch.cuda.get_device_name(index), "capability": f"{major}.{minor}",
+    props = torch.cuda.get_device_properties(index)
+    return {"gpu": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
             "cuda": torch.version.cuda}
 
 
@@ -350,16 +350,19 @@ def fallback_machine(device: str = "cpu", identity: dict[str, Any] | None = None
 
 
 def _identity_or_generic(device: str) -> dict[str, Any]:
-    if device != "cpu" and not nvidia_gpu_visible():   # analysing a GPU trace here: no torch import
-        return _generic_gpu_identity(device)
-    try:
+    if device == "cpu":
         return machine_identity(device)
-    except ConfigError:        # analysing a GPU trace on a machine without that GPU
-        return _generic_gpu_identity(device)
+    names = local_gpu_names()     # a GPU's identity without torch (2-3 s): analysis never imports it
+    index = int(device.split(":")[1])
+    return _generic_gpu_identity(device, names[index] if index < len(names) else "unknown GPU")
 
 
-def _generic_gpu_identity(device: str) -> dict[str, Any]:
-    return {**machine_identity("cpu"), "device": device, "gpu": "unknown GPU", "capability": "?", "cuda": "?"}
+def _generic_gpu_identity(device: str, gpu: str = "unknown GPU") -> dict[str, Any]:
+    return {**machine_identity("cpu"), "device": device, "gpu": gpu, "capability": "?", "cuda": "?"}
+
+
+# Where the NVIDIA driver describes each GPU (one folder per PCI address, with an ``information`` file).
+NVIDIA_PROC_GPUS = "/proc/driver/nvidia/gpus"
 
 
 def nvidia_gpu_visible() -> bool:
@@ -372,7 +375,7 @@ def nvidia_gpu_visible() -> bool:
     if not os.path.isdir("/proc"):
         return True
     try:
-        if os.listdir("/proc/driver/nvidia/gpus"):
+        if os.listdir(NVIDIA_PROC_GPUS):
             return True
     except OSError:
         pass
@@ -386,16 +389,89 @@ def _dev_names() -> list[str]:
         return []
 
 
+def local_gpu_names() -> list[str]:
+    """Model names of this machine's NVIDIA GPUs (e.g. ``NVIDIA H200``, as CUDA names them), without
+    torch: from the driver's ``/proc/driver/nvidia/gpus/*/information`` ("Model:"), in PCI order,
+    else from NVML; [] when no GPU is visible. The order is the driver's, which CUDA's device
+    numbering need not follow (CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES)."""
+    if not nvidia_gpu_visible():
+        return []
+    names = []
+    try:
+        folders = sorted(os.listdir(NVIDIA_PROC_GPUS))
+    except OSError:
+        folders = []
+    for folder in folders:
+        try:
+            with open(os.path.join(NVIDIA_PROC_GPUS, folder, "information"), encoding="utf-8",
+                      errors="replace") as fh:
+                for line in fh:
+                    key, sep, value = line.partition(":")
+                    if sep and key.strip() == "Model" and value.strip():
+                        names.append(value.strip())
+                        break
+        except OSError:
+            continue
+    return names or _nvml_gpu_names()
+
+
+def _nvml_gpu_names() -> list[str]:
+    from cuvil_pgc.instrument.samplers import nvml
+
+    try:
+        lib = nvml._import_nvml()
+        lib.nvmlInit()
+    except Exception:       # no pynvml, no driver: no names (the fallback figures are used)
+        return []
+    try:
+        return [str(lib.nvmlDeviceGetName(handle)) for _, handle in nvml.visible_devices(lib)]
+    except Exception:
+        return []
+    finally:
+        nvml._quietly(lib.nvmlShutdown)
+
+
+def cached_gpu_model(name: str, sms: int | None = None, device: str | None = None) -> MachineModel | None:
+    """The cached ``cuvil-pgc calibrate --device cuda`` calibration of a GPU named ``name`` (as
+    CUDA names it, e.g. ``NVIDIA H200``) with ``sms`` SMs where both sides know it; None when there
+    is none. Several: the one of ``device`` first, then the latest. Reads the cache files (their
+    fingerprints need torch to compute), never imports torch."""
+    folder = cache_dir()
+    found = []
+    for path in sorted(folder.glob("machine-*.json")) if folder.is_dir() else ():
+        try:
+            model = MachineModel.load(path)
+        except AnalysisError:
+            continue
+        gpu = model.details.get("gpu") if isinstance(model.details.get("gpu"), dict) else {}
+        cached_name = gpu.get("name") or model.name.split(" (")[0]     # before the record: describe()
+        cached_sms = gpu.get("sms")
+        if not model.device.startswith("cuda") or model.source != "measured" or cached_name != name:
+            continue
+        if sms is not None and cached_sms is not None and cached_sms != sms:
+            continue
+        found.append(model)
+    found.sort(key=lambda m: (m.device == device, m.measured_at or ""), reverse=True)
+    return found[0] if found else None
+
+
 def default_machine(device: str = "cpu") -> MachineModel:
-    """The cached calibration of this machine, else the fallback (warning once per device)."""
+    """The cached calibration of this machine, else the fallback (warning once per device).
+    A GPU's calibration is found by the name of this machine's GPU (:func:`cached_gpu_model`)."""
     device = normalize_device(device)
     identity = _identity_or_generic(device)
-    path = cache_path(fingerprint_of(identity))
-    if path.is_file():
-        try:
-            return MachineModel.load(path)
-        except AnalysisError as exc:
-            _warn_once(device, f"ignoring unusable cached machine model: {exc}")
+    if device == "cpu":
+        path = cache_path(fingerprint_of(identity))
+        if path.is_file():
+            try:
+                return MachineModel.load(path)
+            except AnalysisError as exc:
+                _warn_once(device, f"ignoring unusable cached machine model: {exc}")
+    else:
+        for name in dict.fromkeys([identity["gpu"], *local_gpu_names()]):
+            model = cached_gpu_model(name, device=device)
+            if model is not None:
+                return model
     _warn_once(device, "warning: " + uncalibrated_warning(device))
     return fallback_machine(device, identity)
 
@@ -431,14 +507,24 @@ def calibrate(device: str = "cpu", quick: bool = False, cache: bool = True) -> M
     identity = machine_identity(device)
     started = time.perf_counter()
     figures = _microbench.measure(device, quick)
-    model = MachineModel(device=device, name=describe(identity), fingerprint=fingerprint_of(identity),
-                         source="measured", torch_version=identity["torch"],
-                         measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                         **figures)
+    model = measured_model(identity, figures)
     model.details["calibration_s"] = round(time.perf_counter() - started, 3)
     model.details["quick"] = quick
     if "contention" in model.notes:
         log.warning("calibrate: %s", model.notes["contention"])
     if cache:
         model.save(cache_path(model.fingerprint))
+    return model
+
+
+def measured_model(identity: dict[str, Any], figures: dict[str, Any]) -> MachineModel:
+    """The model :func:`calibrate` caches for the machine ``identity`` from measured ``figures``.
+    A GPU's records its name and SM count (``details["gpu"]``): what analysis finds it by, since the
+    name is also in the trace's ``deviceProperties`` and the driver's /proc files, torch-free."""
+    model = MachineModel(device=identity["device"], name=describe(identity), fingerprint=fingerprint_of(identity),
+                         source="measured", torch_version=identity["torch"],
+                         measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                         **figures)
+    if "gpu" in identity:
+        model.details["gpu"] = {"name": identity["gpu"], "sms": identity.get("sms")}
     return model
