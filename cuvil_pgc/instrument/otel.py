@@ -43,21 +43,29 @@ OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 RegionRow = tuple[str, str, int, Any, int, int, int, int, Any]
 
 
+def exporter_kind(variable: str, protocol_variable: str) -> str:
+    """What a standard ``OTEL_*_EXPORTER`` variable asks for: ``otlp`` (the default; OTLP/HTTP
+    protobuf only, per ``protocol_variable`` or ``OTEL_EXPORTER_OTLP_PROTOCOL``), ``console`` or ``none``."""
+    kind = os.environ.get(variable, "otlp").split(",")[0].strip().lower()
+    if kind not in ("otlp", "console", "none"):
+        raise ConfigError(f"{variable}={kind!r} is not supported", fix="use otlp, console or none")
+    if kind == "otlp":
+        protocol = os.environ.get(protocol_variable, os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL, "http/protobuf"))
+        if protocol != "http/protobuf":
+            raise ConfigError(f"OTLP protocol {protocol!r} is not supported",
+                              fix="set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf")
+    return kind
+
+
 def exporter_from_env() -> Any:
     """The SpanExporter that the standard OTEL_* environment variables ask for."""
-    kind = os.environ.get(OTEL_TRACES_EXPORTER, "otlp").split(",")[0].strip().lower()
+    kind = exporter_kind(OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
     if kind == "none":
         return None
     if kind == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
-    if kind != "otlp":
-        raise ConfigError(f"{OTEL_TRACES_EXPORTER}={kind!r} is not supported", fix="use otlp, console or none")
-    protocol = os.environ.get(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
-                              os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL, "http/protobuf"))
-    if protocol != "http/protobuf":
-        raise ConfigError(f"OTLP protocol {protocol!r} is not supported", fix="set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf")
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:

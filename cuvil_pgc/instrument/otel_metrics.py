@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from typing import Any
 
@@ -29,6 +28,7 @@ from cuvil_pgc.errors import ConfigError
 log = logging.getLogger("cuvil_pgc")
 
 OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
+OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
 METRIC_NAME = "cuvil.region.duration"
 SCALE = 3                       # 2**SCALE buckets per octave, as the aggregate scheme's 8
 PATH_ATTRIBUTE = "cuvil.region.path"
@@ -36,15 +36,15 @@ PATH_ATTRIBUTE = "cuvil.region.path"
 
 def exporter_from_env() -> Any:
     """The MetricExporter that the standard OTEL_* environment variables ask for (None: ``none``)."""
-    kind = os.environ.get(OTEL_METRICS_EXPORTER, "otlp").split(",")[0].strip().lower()
+    from cuvil_pgc.instrument.otel import exporter_kind
+
+    kind = exporter_kind(OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL)
     if kind == "none":
         return None
     if kind == "console":
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
         return ConsoleMetricExporter()
-    if kind != "otlp":
-        raise ConfigError(f"{OTEL_METRICS_EXPORTER}={kind!r} is not supported", fix="use otlp, console or none")
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     except ImportError:
