@@ -204,13 +204,16 @@ def _print_compare(console: Any, r: ModelResult) -> None:
 
 
 def _print_summary(console: Any, results: list[ModelResult], key: str, seconds: float) -> None:
-    from rich.table import Table
+    from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup, print_view
 
-    table = Table(title=f"cuvil-pgc demo finished in {seconds:.0f} s", title_justify="left")
-    for col in ("model", "vs eager", "vs torch.compile", "trace", "report", "build"):
-        table.add_column(col, overflow="fold")
-    for r in results:
-        table.add_row(r.name, f"{r.speedup_vs_eager:.2f}x", f"{r.speedup_vs_compile:.2f}x", r.trace, r.report, r.build)
-    console.print(table)
+    columns = [Column("model", "model", identifier=True),
+               Column("vs_eager", "vs eager", fmt_speedup, "right"),
+               Column("vs_compile", "vs torch.compile", fmt_speedup, "right")]
+    rows = [{"model": r.name, "vs_eager": r.speedup_vs_eager, "vs_compile": r.speedup_vs_compile} for r in results]
+    print_view(TableView(f"cuvil-pgc demo finished in {seconds:.0f} s", columns, rows), console)
+    for r in results:      # paths on lines of their own: a table cell would fold them mid-name
+        console.print(f"{r.name}: trace {r.trace}", soft_wrap=True)
+        console.print(f"{' ' * len(r.name)}  report {r.report}", soft_wrap=True)
+        console.print(f"{' ' * len(r.name)}  build {r.build}", soft_wrap=True)
     console.print(f"signing key: {key} (public key {key}.pub); verify a build with "
-                  f"`cuvil-pgc verify BUILD --pubkey {key}.pub`")
+                  f"`cuvil-pgc verify BUILD --pubkey {key}.pub`", soft_wrap=True)
