@@ -43,6 +43,20 @@ def structural_hash(module: Any) -> str:
     return h.hexdigest()
 
 
+def module_tree_digest(module: Any) -> str:
+    """sha256 of the module tree alone: each submodule's name and class ``__qualname__``.
+
+    Coarser than :func:`structural_hash` on purpose. An edited forward, changed shapes or new
+    weights keep the tree (an earlier version of the same model: its changed regions run eagerly),
+    while another architecture that merely shares the class name (``Model``, ``Net``) changes it, so
+    a build made for it is refused instead of timing the eager model against itself (issue 22).
+    """
+    h = hashlib.sha256(b"cuvil-module-tree 1\n")
+    for name, sub in module.named_modules(remove_duplicate=False):
+        h.update(f"M {name} {type(sub).__qualname__}\n".encode())
+    return h.hexdigest()
+
+
 def weights_digest(module: Any) -> str:
     """sha256 of the values of the module's parameters and buffers (names, dtypes, shapes, bytes).
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from cuvil_pgc._structure import module_tree_digest
 from cuvil_pgc.cli import main
 from cuvil_pgc.errors import BuildError, ConfigError
 from cuvil_pgc.recompile import load_build
@@ -97,7 +98,8 @@ def write_build(path, model, *, key=None, choices=(), plan=None, members=None, t
     """A build for ``model`` on this machine; ``members`` adds raw members (a crafted .so)."""
     plan = plan if plan is not None else {"format": 1, "device": "cpu", "choices": list(choices), "regions": []}
     w = BuildWriter(path, "m", 1, fingerprint=current_fingerprint("cpu"), model_hash=structural_hash(model),
-                    model_class=type(model).__qualname__, threads=threads)
+                    model_class=type(model).__qualname__, threads=threads,
+                    model_tree=module_tree_digest(model))
     w.add_bytes("plan.json", plan if isinstance(plan, bytes) else json.dumps(plan).encode())
     for name, data in (members or {}).items():
         w.add_bytes(name, data)
@@ -270,6 +272,52 @@ def test_load_build_and_compare_refuse_a_build_made_for_another_model(tmp_path, 
     code, out, err = _cli(capsys, "compare", "--model", f"{factory}:build", "eager", str(path),
                           "--pubkey", str(keys[1]), "--rounds", "5", "--json")
     assert code == 1 and out == "" and "made for another model" in err
+
+
+class Wider(nn.Module):
+    """Another architecture that happens to share Small's class name (Model, Net ... are common)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+Wider.__qualname__ = "Small"
+
+
+def test_another_architecture_with_the_same_class_name_is_refused(tmp_path, keys, capsys):
+    model, _ = small()
+    whole = {"scope": "", "candidate": {"scope": "", "backend": "eager", "rewrite": True}, "config": "eager+rewrite",
+             "structure": structural_hash(model), "weights": None, "input_signature": "x", "input_spec": None,
+             "artifact": None}
+    path = write_build(tmp_path / "whole.cuvilpkg", model, key=keys[0], choices=[whole])
+    with pytest.raises(BuildError, match="made for another model: its submodules .* are not those of the Small"):
+        load_build(path, Wider().eval(), pubkey=keys[1])
+    # an edited forward keeps the tree: an earlier version's build, whose changed region runs eagerly
+    version2 = type("Small", (Small,), {"forward": lambda self, x: self.fc2(self.fc1(x))})().eval()
+    with pytest.warns(RuntimeWarning, match="changed since the build"):
+        report = load_build(path, version2, pubkey=keys[1]).cuvil_load_report
+    assert report.skipped and not report.applied
+
+
+def test_compare_refuses_a_build_none_of_whose_regions_applies(tmp_path, keys, capsys, monkeypatch):
+    model, _ = small()
+    whole = {"scope": "", "candidate": {"scope": "", "backend": "eager", "rewrite": True}, "config": "eager+rewrite",
+             "structure": structural_hash(model), "weights": None, "input_signature": "x", "input_spec": None,
+             "artifact": None}
+    path = write_build(tmp_path / "whole.cuvilpkg", model, key=keys[0], choices=[whole])
+    factory = tmp_path / "edited_model.py"
+    factory.write_text("import torch\nfrom tests.test_build_trust import Small\n"
+                       "class Edited(Small):\n    def forward(self, x):\n        return self.fc2(self.fc1(x))\n"
+                       "Edited.__qualname__ = 'Small'\n"
+                       "def build():\n    return Edited().eval(), (torch.randn(2, 8),)\n")
+    code, out, err = _cli(capsys, "compare", "--model", f"{factory}:build", "eager", str(path),
+                          "--pubkey", str(keys[1]), "--rounds", "5", "--json")
+    assert code == 1 and out == ""
+    assert "none of the build's 1 optimized region(s) applies" in err and "eager model against itself" in err
 
 
 # --- threads -----------------------------------------------------------------------------------------

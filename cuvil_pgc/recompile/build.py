@@ -76,6 +76,7 @@ class Build:
     path: str | None = None
     threads: int = 0                          # torch threads the search measured at (0: unknown)
     model_class: str = ""                     # the model's class __qualname__
+    model_tree: str = ""                      # digest of its module tree (_structure.module_tree_digest)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -87,7 +88,7 @@ class Build:
 
         writer = BuildWriter(path, name, version, fingerprint=self.fingerprint, model_hash=self.model_hash,
                              trace_hashes=self.trace_hashes, threads=self.threads,
-                             model_class=self.model_class)
+                             model_class=self.model_class, model_tree=self.model_tree)
         try:
             writer.add_bytes(PLAN_MEMBER, json.dumps(self.plan, indent=2, sort_keys=True).encode())
             for member, local in sorted(self.artifacts.items()):
@@ -155,6 +156,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
                calibrate: bool) -> Build:
     import torch
 
+    from cuvil_pgc._structure import module_tree_digest
     from cuvil_pgc.recompile.manifest import current_fingerprint
     from cuvil_pgc.recompile.matching import structural_hash
     from cuvil_pgc.recompile.plan_doc import plan_document
@@ -193,7 +195,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     return Build(module=result.module, plan=plan, artifacts=files,
                  cache_artifacts=cache, fingerprint=fingerprint, model_hash=model_hash,
                  trace_hashes=[_sha256_file(p) for p in paths], result=result,
-                 model_class=type(model).__qualname__)
+                 model_class=type(model).__qualname__, model_tree=module_tree_digest(model))
 
 
 def _artifact_members(result: Any) -> tuple[dict[str, str], dict[str, str]]:
@@ -353,12 +355,14 @@ def _check_threads(built: int, report: LoadReport, path: str) -> None:
 
 
 def check_model(manifest: Any, plan: dict[str, Any], model: Any, path: str) -> None:
-    """Refuse a build made for another model: another class, or none of its planned regions in this one.
+    """Refuse a build made for another model: another class, another module tree, or none of its
+    planned regions in this one.
 
-    A build of an earlier version of this model passes (same class, the planned submodules exist):
-    regions that changed since run eagerly (``stale``). A build for another model would only time
-    the eager model against itself.
+    A build of an earlier version of this model passes (same class and module tree, the planned
+    submodules exist): regions that changed since run eagerly (``stale``). A build for another model
+    would only time the eager model against itself.
     """
+    from cuvil_pgc._structure import module_tree_digest
     from cuvil_pgc.recompile.matching import structural_hash
 
     if not manifest.model_hash or structural_hash(model) == manifest.model_hash:
@@ -368,6 +372,9 @@ def check_model(manifest: Any, plan: dict[str, Any], model: Any, path: str) -> N
     names = {name for name, _ in model.named_modules()}
     if manifest.model_class and manifest.model_class != here:
         problem = f"it was recompiled from a {manifest.model_class}, this model is a {here}"
+    elif manifest.model_tree and manifest.model_tree != module_tree_digest(model):
+        problem = (f"its submodules (names and classes) are not those of the {manifest.model_class or here} "
+                   f"it was recompiled from, though the class names agree")
     elif scopes and not any(s and s in names for s in scopes) and "" not in scopes:
         shown = ", ".join(scopes[:5]) + (", ..." if len(scopes) > 5 else "")
         problem = f"none of the submodules its plan optimizes ({shown}) exists in this {here}"

@@ -25,7 +25,8 @@ def resolve_contender(spec: str, model: Any, *, store: Any = None, pubkey: Any =
     """``eager`` → the model; ``compile`` → torch.compile(model); else a build path or store ref.
 
     A build is loaded by :func:`load_build` with its defaults: refused unless a trusted key signed
-    it (or ``allow_unsigned``), and refused when it was made for another model.
+    it (or ``allow_unsigned``), and refused when it was made for another model or when every region
+    it optimizes changed since (the comparison would time the eager model against itself).
     """
     if spec == "eager":
         return model
@@ -33,10 +34,19 @@ def resolve_contender(spec: str, model: Any, *, store: Any = None, pubkey: Any =
         import torch
 
         return torch.compile(model)
+    from cuvil_pgc.errors import BuildError
     from cuvil_pgc.recompile.build import load_build
 
-    return load_build(spec, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned,
-                      example_inputs=example_inputs)
+    loaded = load_build(spec, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned,
+                        example_inputs=example_inputs)
+    report = loaded.cuvil_load_report
+    if report.skipped and not report.applied:
+        raise BuildError(f"none of the build's {len(report.skipped)} optimized region(s) applies to this model, "
+                         f"all changed since the build ({report.skipped[0]}"
+                         f"{', ...' if len(report.skipped) > 1 else ''}): comparing it would time the eager "
+                         f"model against itself", path=report.path,
+                         fix="recompile this version of the model with `cuvil-pgc recompile`")
+    return loaded
 
 
 def compare_runnables(a: Callable[..., Any], b: Callable[..., Any], example_inputs: tuple[Any, ...], *,

@@ -83,6 +83,9 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     threads: Annotated[int, msgspec.Meta(ge=0, le=MAX_THREADS)] = 0
     #: ``__qualname__`` of the model's class: a build for another model is refused by name
     model_class: ShortText = ""
+    #: sha256 of the model's module tree (submodule names and classes, ``_structure.module_tree_digest``):
+    #: a build for another architecture with the same class name is refused; "" in older builds
+    model_tree: Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{64})?\Z")] = ""
 
 
 class _VersionProbe(msgspec.Struct):
