@@ -56,6 +56,22 @@ def test_wide_keeps_every_column(deep_trace):
     wide = _invoke("analyze", "--wide", deep_trace).stdout
     assert "p99" in wide and "evidence" in wide
     assert "p99" not in narrow
+    assert "model.blocks.0.attention_projection" in wide     # names whole, not squeezed into 80 columns
+    assert "…" not in wide
+    header = next(line for line in _lines(wide) if "p99" in line)
+    assert len(header) > 80
+
+
+def test_wide_ops_prints_operator_names_whole(tmp_path):
+    import torch
+
+    from cuvil_pgc import profile
+
+    path = str(tmp_path / "ops.trace.json")
+    with profile(path, ops=True, gpu="off", sample_hz=0):
+        torch.nn.functional.layer_norm(torch.randn(4, 16), (16,))
+    wide = _invoke("ops", "--wide", path).stdout
+    assert "aten::layer_norm" in wide and "…" not in wide
 
 
 def test_summary_has_json_and_csv(deep_trace):

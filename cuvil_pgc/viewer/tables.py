@@ -131,9 +131,16 @@ def _stacked(view: TableView, columns: list[Column], width: int) -> dict[str, st
 
 def print_view(view: TableView, console: Any, wide: bool = False) -> list[Column]:
     """Print ``view`` on ``console``; returns the columns shown (so a caller can add what it dropped)."""
-    needed = _table_width(list(_natural_widths(view).values()))
     table, columns = render_view(view, console.width, wide)
-    console.print(table, width=max(console.width, needed) if wide else None, soft_wrap=wide)
+    needed = _table_width(list(_natural_widths(view).values()))
+    if wide and needed > console.width:
+        # Console.print(width=...) only narrows: a wider table needs a console of its own width on the
+        # same stream, or rich squeezes every column back into the terminal's (blank or cut names).
+        from rich.console import Console
+
+        console = Console(file=console.file, width=needed, color_system=console.color_system,
+                          force_terminal=console.is_terminal, no_color=console.no_color)
+    console.print(table, soft_wrap=wide)
     return columns
 
 
