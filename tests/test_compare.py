@@ -94,3 +94,18 @@ def test_compare_cli_build_vs_eager_json(tmp_path, capsys, monkeypatch):
         main(["compare", "--model", spec, "eager", str(tmp_path / "missing.cuvilpkg")])
     assert done.value.code == 1
     assert "missing.cuvilpkg" in capsys.readouterr().err
+
+
+def test_compare_cli_measures_at_the_threads_asked_for_and_restores_them(capsys):
+    import torch
+
+    from cuvil_pgc.cli import main
+
+    before = torch.get_num_threads()
+    target = 1 if before != 1 else 2
+    with pytest.raises(SystemExit) as done:
+        main(["compare", "--model", f"{os.path.abspath(__file__)}:tiny", "eager", "eager",
+              "--threads", str(target), "--rounds", "5", "--json"])
+    assert done.value.code == 0
+    assert json.loads(capsys.readouterr().out)["threads"] == target
+    assert torch.get_num_threads() == before

@@ -72,3 +72,17 @@ def test_demo_summary_fits_80_columns_without_cutting_paths():
     for path in (result.trace, result.report, result.build, f"{long}/demo-signing.key.pub"):
         assert path in text, path                                                  # never folded mid-name
     assert max(len(line) for line in text.splitlines() if "│" in line or "┃" in line) <= 80
+
+
+def test_demo_runs_at_the_threads_asked_for_and_restores_them(tmp_path, monkeypatch):
+    import torch
+
+    import cuvil_pgc.demo as demo
+
+    seen = []
+    monkeypatch.setattr(demo, "_run_demo", lambda out_dir, **kw: seen.append((torch.get_num_threads(), kw)) or [])
+    before = torch.get_num_threads()
+    target = 1 if before != 1 else 2
+    demo.run_demo(str(tmp_path), quick=True, threads=target)
+    assert seen[0][0] == target and seen[0][1]["threads"] == target and seen[0][1]["default"] is False
+    assert torch.get_num_threads() == before
