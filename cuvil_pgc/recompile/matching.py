@@ -114,7 +114,8 @@ def _structure_mismatch(stats: Any, module: Any) -> str:
     evidence = stats.evidence or {}
     recorded = evidence.get("structure")
     if recorded and not structural_hash(module).startswith(recorded):
-        return "module structure changed since the profile (parameter shapes, type or forward code)"
+        return ("module structure changed since the profile (parameter shapes, type or forward code), or the "
+                "profile was recorded by a cuvil-pgc with another structure hash: re-profile to apply it")
     module_type = evidence.get("module")
     if module_type and module_type != type(module).__name__:
         return f"module type changed: profiled {module_type}, now {type(module).__name__}"
