@@ -88,6 +88,21 @@ def test_summary_has_json_and_csv(deep_trace):
     assert float(rows[0]["total_us"]) > 0
 
 
+def test_summary_json_of_a_trace_without_regions_has_the_top_operators(tmp_path, deep_trace):
+    import torch
+
+    from cuvil_pgc import profile
+
+    path = str(tmp_path / "noregions.trace.json")
+    with profile(path, ops=True, gpu="off", sample_hz=0):
+        torch.nn.functional.layer_norm(torch.randn(4, 16), (16,))
+    doc = json.loads(_invoke("summary", "--json", "--top", "5", path).stdout)
+    names = [op["name"] for op in doc["operators"]]
+    assert "aten::layer_norm" in names and len(names) <= 5
+    assert doc["operators"][0]["calls"] >= 1 and "self_cpu_us" in doc["operators"][0]
+    assert "operators" not in json.loads(_invoke("summary", "--json", deep_trace).stdout)   # regions: as before
+
+
 def test_analyze_csv_carries_full_paths(deep_trace):
     rows = list(csv.DictReader(io.StringIO(_invoke("analyze", "--csv", deep_trace).stdout)))
     assert "/".join(DEEP) in {r["path"] for r in rows}
