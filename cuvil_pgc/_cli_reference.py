@@ -31,6 +31,8 @@ def _walk(group: Any, prefix: list[str]):
     for name in sorted(getattr(group, "commands", {})):
         command = group.commands[name]
         if hasattr(command, "commands"):
+            if getattr(command, "invoke_without_command", False):   # `cuvil-pgc cache` runs by itself too
+                yield " ".join(prefix + [name]), command
             yield from _walk(command, prefix + [name])
         else:
             yield " ".join(prefix + [name]), command
@@ -39,6 +41,8 @@ def _walk(group: Any, prefix: list[str]):
 def _command(name: str, command: Any) -> list[str]:
     ctx = command.context_class(command, info_name=name)
     usage = " ".join(command.collect_usage_pieces(ctx))
+    if hasattr(command, "commands"):      # a group that runs by itself: its subcommand is optional
+        usage = usage.replace("COMMAND [ARGS]...", "[COMMAND [ARGS]...]")
     summary = (command.help or "").strip().splitlines()[0] if command.help else ""
     out = [f"**`{name}`** {summary}", "", "```", f"{name} {usage}"]
     for param in command.params:

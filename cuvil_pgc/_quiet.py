@@ -9,6 +9,8 @@ warnings raised by cuvil_pgc code still reach the terminal, each message once). 
 captures nothing: everything streams as it comes.
 
 Offline code only: the file descriptors of the whole process are redirected meanwhile.
+:func:`kineto_chatter` is the narrow one for recording: around enabling and disabling
+torch.profiler only, it drops Kineto's routine ``USDT:``/``STAGE:``/``INFO:`` lines and passes the rest on.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -140,3 +144,37 @@ def _show_warning(terminal: IO[str], log: IO[str]) -> Any:
             return
         log.write(text)
     return show
+
+
+# Kineto's routine log lines: ``USDT:2026-12-02 00:42:31 31309:31309 SyncActivityProfilerHandler.cpp:52]
+# profiler_start``. Their level (USDT) is above anything KINETO_LOG_LEVEL filters, so they are caught.
+_KINETO_ROUTINE = re.compile(rb"^(USDT|STAGE|INFO):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def kineto_chatter() -> Iterator[None]:
+    """Keep Kineto's routine log lines (``USDT: ... profiler_start``) off the terminal while the
+    block runs (enabling or disabling torch.profiler): fd 2 goes to a temporary file meanwhile, and
+    every other line written there is passed on to ``sys.stderr`` afterwards. Never raises of its
+    own: when fd 2 cannot be redirected the block runs as is."""
+    try:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        held = tempfile.TemporaryFile()   # noqa: SIM115
+        saved = os.dup(2)
+        os.dup2(held.fileno(), 2)
+    except Exception:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        with contextlib.suppress(Exception):
+            held.seek(0)
+            other = [line for line in held.read().splitlines(keepends=True) if not _KINETO_ROUTINE.match(line)]
+            if other:
+                sys.stderr.write(b"".join(other).decode("utf-8", "replace"))
+                sys.stderr.flush()
+        held.close()

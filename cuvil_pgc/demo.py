@@ -32,6 +32,12 @@ class ModelResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     speedup_vs_eager: float = 0.0
     speedup_vs_compile: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "trace": self.trace, "report": self.report, "build": self.build,
+                "timings_ms": self.timings_ms, "speedup_vs_eager": self.speedup_vs_eager,
+                "speedup_vs_compile": self.speedup_vs_compile, "warnings": self.warnings}
 
 
 def register(app: typer.Typer) -> None:
@@ -43,29 +49,45 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
         verbose: bool = typer.Option(False, "-v", "--verbose",
                                      help="Stream the candidate builds' own output (default: a .build.log per model)."),
+        as_json: bool = typer.Option(False, "--json",
+                                     help="Print one JSON document (speedups, artifact paths); the rest goes to stderr."),
     ) -> None:
         """Run the whole loop on the bundled zoo: profile, analyze, report, recompile, compare."""
-        run_demo(output, quick=quick, threads=threads, quiet=quiet, verbose=verbose)
+        started = time.perf_counter()
+        results = run_demo(output, quick=quick, threads=threads, quiet=quiet, verbose=verbose, as_json=as_json)
+        if as_json:
+            from cuvil_pgc.cli import emit_json
+
+            emit_json(demo_json(output, results, time.perf_counter() - started))
 
 
 def run_demo(out_dir: str, *, quick: bool = False, models: tuple[str, ...] | None = None,
-             threads: int | None = None, quiet: bool = False, verbose: bool = False) -> list[ModelResult]:
-    """Run the demo into ``out_dir`` at ``threads`` torch threads (default: torch's); what each model produced."""
+             threads: int | None = None, quiet: bool = False, verbose: bool = False,
+             as_json: bool = False) -> list[ModelResult]:
+    """Run the demo into ``out_dir`` at ``threads`` torch threads (default: torch's); what each model
+    produced. ``as_json``: what it prints goes to stderr (stdout is left for the caller's JSON)."""
     from cuvil_pgc._threads import torch_threads
 
     default = default_threads()
     with torch_threads(threads) as count:
         return _run_demo(out_dir, quick=quick, models=models, threads=count, default=count == default,
-                         quiet=quiet, verbose=verbose)
+                         quiet=quiet, verbose=verbose, to_stderr=as_json)
+
+
+def demo_json(out_dir: str, results: list[ModelResult], seconds: float) -> dict[str, Any]:
+    """``demo --json``: per model its speedups, median timings, artifact paths and warnings."""
+    key = os.path.join(out_dir, "demo-signing.key")
+    return {"output": out_dir, "seconds": round(seconds, 3), "signing_key": key, "public_key": key + ".pub",
+            "models": [r.to_json() for r in results]}
 
 
 def _run_demo(out_dir: str, *, quick: bool, models: tuple[str, ...] | None, threads: int,
-              default: bool, quiet: bool, verbose: bool) -> list[ModelResult]:
+              default: bool, quiet: bool, verbose: bool, to_stderr: bool = False) -> list[ModelResult]:
     from rich.console import Console
 
     from cuvil_pgc.recompile.signing import generate_keypair
 
-    console = Console(stderr=False)
+    console = Console(stderr=to_stderr)
     os.makedirs(out_dir, exist_ok=True)
     key = os.path.join(out_dir, "demo-signing.key")
     if not os.path.exists(key):
@@ -122,6 +144,7 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, qui
 
     busy = load_warning(host_load(), "speedups")
     if busy:
+        result.warnings.append(busy)
         console.print(Text(f"warning: {busy}", style="yellow"))
     return result
 

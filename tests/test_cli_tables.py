@@ -55,7 +55,12 @@ def test_wide_keeps_every_column(deep_trace):
     narrow = _invoke("analyze", deep_trace).stdout
     wide = _invoke("analyze", "--wide", deep_trace).stdout
     assert "p99" in wide and "evidence" in wide
-    assert "p99" not in narrow
+    narrow_header = next(line for line in _lines(narrow) if "region" in line and "total" in line)
+    assert "p99" not in narrow_header
+    # the dropped columns are named once, with the way to see them (evidence is printed below instead)
+    flat = " ".join(narrow.split())
+    assert flat.count("hidden:") == 1 and "p99" in flat.split("hidden:")[1] and "(--wide shows them)" in flat
+    assert "evidence (--wide" not in flat and "hidden:" not in wide
     assert "model.blocks.0.attention_projection" in wide     # names whole, not squeezed into 80 columns
     assert "…" not in wide
     header = next(line for line in _lines(wide) if "p99" in line)
@@ -81,6 +86,21 @@ def test_summary_has_json_and_csv(deep_trace):
     rows = list(csv.DictReader(io.StringIO(_invoke("summary", "--csv", deep_trace).stdout)))
     assert {r["path"] for r in rows} == set(paths)
     assert float(rows[0]["total_us"]) > 0
+
+
+def test_summary_json_of_a_trace_without_regions_has_the_top_operators(tmp_path, deep_trace):
+    import torch
+
+    from cuvil_pgc import profile
+
+    path = str(tmp_path / "noregions.trace.json")
+    with profile(path, ops=True, gpu="off", sample_hz=0):
+        torch.nn.functional.layer_norm(torch.randn(4, 16), (16,))
+    doc = json.loads(_invoke("summary", "--json", "--top", "5", path).stdout)
+    names = [op["name"] for op in doc["operators"]]
+    assert "aten::layer_norm" in names and len(names) <= 5
+    assert doc["operators"][0]["calls"] >= 1 and "self_cpu_us" in doc["operators"][0]
+    assert "operators" not in json.loads(_invoke("summary", "--json", deep_trace).stdout)   # regions: as before
 
 
 def test_analyze_csv_carries_full_paths(deep_trace):
@@ -133,3 +153,60 @@ def test_builds_list_shows_dates_and_sizes_whole_at_80():
 
 def test_speedups_have_one_precision():
     assert fmt_speedup(1.0) == "1.00x" and fmt_speedup(3.23456) == "3.23x" and fmt_speedup(None) == "-"
+
+
+def _merged_plan() -> dict:
+    model = _plan("<model>")
+    model["regions"][0]["chosen"] = "compile:max-autotune-no-cudagraphs+freezing"
+    for i in range(2):
+        region = _plan(f"model/model.encoder_blocks/model.encoder_blocks.{i}")["regions"][0]
+        region["chosen"] = "merged into <model>: compile:max-autotune-no-cudagraphs+freezing"
+        model["regions"].append(region)
+    return model
+
+
+def test_plan_table_at_80_keeps_the_chosen_config_indented_and_more_columns():
+    from cuvil_pgc.recompile._cli import plan_view
+
+    console = Console(width=80, file=io.StringIO(), color_system=None)
+    print_view(plan_view(_merged_plan(), "out/model.cuvilpkg"), console)
+    out = console.file.getvalue()
+    lines = _lines(out)
+    assert max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if "region" in line)
+    assert "pred." in header and "speedup" in header       # the predicted speedup fits beside the measured one
+    # the whole model's row names the config; merged regions say so without repeating it
+    assert any(line.startswith("   compile:max-autotune-no-cudagraphs+freezing ") for line in lines)
+    merged = [line for line in lines if "merged into <model>" in line]
+    assert len(merged) == 2 and all(line.startswith("   merged into <model>") for line in merged)
+    assert not any(line.startswith(" compile:") for line in lines)      # nothing wraps back to the margin
+    flat = " ".join(out.split())
+    assert flat.count("hidden:") == 1 and "(--wide shows them)" in flat
+
+
+def test_plan_json_and_csv_keep_the_whole_chosen_value():
+    from cuvil_pgc.recompile._cli import plan_view
+    from cuvil_pgc.viewer.tables import view_json
+
+    rows = view_json(plan_view(_merged_plan()))["rows"]
+    assert rows[1]["chosen"] == "merged into <model>: compile:max-autotune-no-cudagraphs+freezing"
+
+
+def test_recompile_notes_wrap_at_words_within_80_columns(tmp_path, monkeypatch):
+    import cuvil_pgc.recompile.build as build_mod
+    from cuvil_pgc.recompile.trust import UNSIGNED_NOTE
+
+    monkeypatch.delenv("CUVIL_SIGNING_KEY", raising=False)
+    monkeypatch.setattr(build_mod, "recompile", lambda net, inputs, traces, **kw: SimpleNamespace(
+        plan=_plan("model"), save=lambda *a, **k: None))
+    trace = tmp_path / "t.trace.json"
+    trace.write_text("{}")
+    result = CliRunner().invoke(app, ["recompile", str(trace), "--model", "cuvil_pgc.zoo:mlp", "--threads", "2",
+                                      "-o", str(tmp_path / "m.cuvilpkg")], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    for stream in (result.stdout, result.stderr):
+        assert max(len(line) for line in stream.splitlines()) <= 80, stream
+    assert "measured at 2 torch thread(s)" in result.stdout
+    # wrapped between words: joining the lines with spaces gives the sentences back
+    assert "(--threads N: the deployment's)" in " ".join(result.stdout.split())
+    assert f"note: {UNSIGNED_NOTE}" in " ".join(result.stderr.split())

@@ -92,3 +92,40 @@ def test_report_says_the_histograms_come_from_a_busy_window():
 
     html = render_html(analyze(build_trace(_events(), counters=_util(total=100.0, process=20.0))), plotly_js="cdn")
     assert "Other processes saturated the CPU in 100%" in html and "other processes held 80%" in html
+
+
+def _fake_recompile(monkeypatch):
+    from types import SimpleNamespace
+
+    import cuvil_pgc.recompile.build as build_mod
+    from tests.test_cli_tables import _plan
+
+    monkeypatch.setattr(build_mod, "recompile", lambda net, inputs, traces, **kw: SimpleNamespace(
+        plan=_plan("model"), save=lambda *a, **k: None, to_json=lambda: {"build": "m.cuvilpkg"}))
+
+
+def test_recompile_warns_on_a_busy_machine(tmp_path, monkeypatch, busy_host):
+    import json
+
+    _fake_recompile(monkeypatch)
+    trace = tmp_path / "t.trace.json"
+    trace.write_text("{}")
+    args = ["recompile", str(trace), "--model", "cuvil_pgc.zoo:mlp", "-o", str(tmp_path / "m.cuvilpkg")]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "warning: the machine is busy: load average 8.0 on 2 cores" in " ".join(result.stderr.split())
+    assert "machine is busy" not in result.stdout
+    doc = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert len(doc["warnings"]) == 1 and "measured speedups include waiting for CPU" in doc["warnings"][0]
+
+
+def test_recompile_is_silent_about_load_on_a_quiet_machine(tmp_path, monkeypatch):
+    _fake_recompile(monkeypatch)
+    monkeypatch.setattr(contention, "_read_loadavg", lambda: (1.0, 1))
+    monkeypatch.setattr(contention, "_cores", lambda: 2)
+    trace = tmp_path / "t.trace.json"
+    trace.write_text("{}")
+    result = CliRunner().invoke(app, ["recompile", str(trace), "--model", "cuvil_pgc.zoo:mlp",
+                                      "-o", str(tmp_path / "m.cuvilpkg")])
+    assert result.exit_code == 0, result.output
+    assert "machine is busy" not in result.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -86,3 +87,54 @@ def test_demo_runs_at_the_threads_asked_for_and_restores_them(tmp_path, monkeypa
     demo.run_demo(str(tmp_path), quick=True, threads=target)
     assert seen[0][0] == target and seen[0][1]["threads"] == target and seen[0][1]["default"] is False
     assert torch.get_num_threads() == before
+
+
+@pytest.fixture
+def light_demo(monkeypatch):
+    """The demo with its slow steps faked (search, report, timing); profiling and analysis are real."""
+    from types import SimpleNamespace
+
+    import cuvil_pgc.demo as demo
+
+    def fake_recompile(model, inputs, trace, analysis, budget, quiet=False, terminal=None):
+        return SimpleNamespace(plan={}, save=lambda path, **kw: open(path, "wb").close())
+
+    monkeypatch.setattr(demo, "_recompile", fake_recompile)
+    monkeypatch.setattr(demo, "_report", lambda analysis, build, path, key: open(path, "w").close())
+    monkeypatch.setattr(demo, "_compare", lambda *a: {"eager": 2.0, "torch.compile": 1.5, "build": 1.0})
+    monkeypatch.setattr(demo, "QUICK_MODELS", ("mlp",))
+    return demo
+
+
+def test_demo_json_is_one_document_with_speedups_and_paths(tmp_path, light_demo):
+    import json
+
+    from typer.testing import CliRunner
+
+    from cuvil_pgc.cli import app
+
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(app, ["demo", "--quick", "--json", "-q", "-o", str(out)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)                 # nothing else on stdout
+    (model,) = doc["models"]
+    assert model["name"] == "mlp" and model["speedup_vs_eager"] == 2.0 and model["speedup_vs_compile"] == 1.5
+    assert [model["trace"], model["report"], model["build"]] == [
+        str(out / "mlp.trace.json"), str(out / "mlp.report.html"), str(out / "mlp.cuvilpkg")]
+    assert all(os.path.exists(model[k]) for k in ("trace", "report", "build"))
+    assert doc["public_key"] == str(out / "demo-signing.key.pub")
+    assert "demo finished" in result.stderr          # the human summary went to stderr
+
+
+def test_demo_warns_when_the_machine_is_busy(tmp_path, monkeypatch, light_demo, capsys):
+    from cuvil_pgc.analyze import contention
+
+    monkeypatch.setattr(contention, "_read_loadavg", lambda: (8.0, 9))
+    monkeypatch.setattr(contention, "_cores", lambda: 2)
+    (result,) = light_demo.run_demo(str(tmp_path / "demo"), quick=True, quiet=True)
+    assert len(result.warnings) == 1 and "load average 8.0 on 2 cores" in result.warnings[0]
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "warning: the machine is busy: load average 8.0 on 2 cores (4.0 per core); these speedups" in printed
+    monkeypatch.setattr(contention, "_read_loadavg", lambda: (1.0, 1))
+    (quiet,) = light_demo.run_demo(str(tmp_path / "demo2"), quick=True, quiet=True)
+    assert quiet.warnings == []

@@ -85,3 +85,19 @@ def test_two_sessions_in_a_program_get_an_error_saying_what_to_do(tmp_path):
     with profile(str(tmp_path / "a.trace.json"), ops=False, gpu="off", sample_hz=0):
         with pytest.raises(SessionError, match="active_session"):
             profile(str(tmp_path / "b.trace.json"), ops=False, gpu="off", sample_hz=0).start()
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ([], {"record_shapes": True, "with_stack": False, "profile_memory": False}),
+    (["--no-record-shapes", "--with-stack", "--profile-memory"],
+     {"record_shapes": False, "with_stack": True, "profile_memory": True}),
+])
+def test_torch_profiler_flags_reach_the_traces_config(tmp_path, monkeypatch, flags, expected):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work.py").write_text("import torch\ntorch.randn(8, 8) @ torch.randn(8, 8)\n")
+    result = CliRunner().invoke(app, ["profile", "--gpu", "off", "--sample-hz", "0", *flags,
+                                      "-o", "w.trace.json", "work.py"])
+    assert result.exit_code == 0, result.output
+    with open(tmp_path / "w.trace.json") as f:
+        config = json.load(f)["cuvil"]["config"]
+    assert {k: config[k] for k in expected} == expected

@@ -48,6 +48,59 @@ def test_search_reports_stages_candidates_and_the_incumbents_speedup(monkeypatch
     assert all(done <= total for done, total, _ in progress.updates)
 
 
+class KeepsBest(Recorder):
+    """A listener with a field for the incumbent's speedup, as the CLI's display has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str]] = []
+
+    def best(self, text: str) -> None:
+        self.events.append(("best", text))
+
+    def __call__(self, done: int, total: int, message: str) -> None:
+        super().__call__(done, total, message)
+        self.events.append(("message", message))
+
+
+@pytest.mark.slow
+def test_the_incumbents_speedup_stays_in_view_while_a_candidate_builds(monkeypatch):
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.search import SearchOptions, search
+    from tests.test_recompile import Analysis, chain, stats
+
+    def fake_time(fns, rounds):
+        return {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns}
+
+    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
+    model, inputs = chain()
+    progress = KeepsBest()
+    search(model, inputs, Analysis(regions=[stats("model", "launch_overhead", module="Chain")]),
+           machine_key="m", progress=progress, options=SearchOptions(budget=6, backends=("compile",), rounds=5))
+    kinds = [kind for kind, _ in progress.events]
+    assert "best" in kinds
+    first_best = kinds.index("best")
+    assert progress.events[first_best][1].startswith("model: best ") and progress.events[first_best][1].endswith("2.00x")
+    # a later candidate builds with the best still shown: its message does not replace it
+    assert any(kind == "message" and "building" in text for kind, text in progress.events[first_best:])
+    assert not any(text.startswith("model: best") for _, _, text in progress.updates)
+
+
+def test_display_shows_the_best_beside_the_building_candidate():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=160, color_system=None)
+    with search_progress(console=console) as display:
+        display.stage("searching")
+        display.best("model: best compile 2.92x")
+        display(3, 8, "candidate 4 of 8: building aoti")
+        display._progress.refresh()
+    text = out.getvalue()
+    assert "candidate 4 of 8: building aoti · model: best compile 2.92x" in text
+
+
 def test_display_shows_stage_step_and_message_on_a_terminal():
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=120, color_system=None)

@@ -75,3 +75,28 @@ def test_recompile_prints_the_log_path_and_keeps_stdout_clean(tmp_path, monkeypa
     assert log_path_for(out) == str(tmp_path / "model.build.log")
     assert f"lines): {log_path_for(out)}" in result.stderr
     assert "API call failed" in open(log_path_for(out)).read()
+
+
+def test_profile_keeps_kinetos_log_lines_off_the_terminal(tmp_path):
+    """Kineto writes ``USDT: ... SyncActivityProfilerHandler.cpp:52] profiler_start`` on fd 2 when
+    torch.profiler starts and stops; they cut into the progress display. A child process, so fd 2 is real."""
+    import subprocess
+
+    trace = str(tmp_path / "m.trace.json")
+    env = {**os.environ, "CUVIL_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "cuvil_pgc", "profile", "--iters", "2", "--warmup", "1",
+                           "-o", trace, "--model", "cuvil_pgc.zoo:mlp"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert os.path.exists(trace)
+    assert "profiler_start" not in done.stderr and "SyncActivityProfilerHandler" not in done.stderr, done.stderr
+
+
+def test_kineto_chatter_passes_other_lines_on(capfd):
+    from cuvil_pgc._quiet import kineto_chatter
+
+    with kineto_chatter():
+        os.write(2, b"USDT:2026-12-02 00:42:31 31309:31309 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"something the user's code said\n")
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "something the user's code said" in err

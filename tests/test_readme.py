@@ -25,3 +25,19 @@ def test_readme_opens_with_the_two_setup_commands():
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
     assert "python -m pytest -q" in ci and "python -m pytest -q" in block[1]
 
+
+
+def test_groups_that_run_by_themselves_have_an_entry():
+    """``cuvil-pgc cache`` prints the cache's size; it is a command as much as ``cache clear`` is."""
+    import typer.main
+
+    from cuvil_pgc.cli import app
+
+    text = reference()
+    root = typer.main.get_command(app)
+    runnable = [name for name, cmd in root.commands.items()
+                if hasattr(cmd, "commands") and getattr(cmd, "invoke_without_command", False)]
+    assert "cache" in runnable
+    for name in runnable:
+        assert f"**`cuvil-pgc {name}`**" in text, name
+    assert "cuvil-pgc cache [OPTIONS] [COMMAND [ARGS]...]" in text

@@ -391,7 +391,7 @@ def test_plan_section_counts_tried_as_the_cli_and_names_default_tolerances():
     cli = {r["path"]: r["tried"] for r in plan_view(plan).rows}
     assert cli["model/model.blocks/model.blocks.0/model.blocks.0.attn"] == "2/1"
     assert "<summary>2 / 1 (3 considered)</summary>" in html
-    assert "m v3, created 2026-01-02" in html and "model.blocks.0.attn</bdi>" in html
+    assert "m v3, created 2026-01-02" in html and "model.<wbr>blocks.<wbr>0.<wbr>attn</bdi>" in html   # breaks after separators only
     assert "rtol -" not in html and "defaults per output dtype (" in html and "float32 rtol 0.0001" in html
 
 

@@ -259,3 +259,86 @@ def test_report_polish_seen_in_the_browser(browser, hostile_page):
                             clip={"x": rect[0], "y": rect[1], "width": rect[2], "height": rect[3], "scale": 1})
         (hostile_page / f"{sid}.png").write_bytes(base64.b64decode(shot["data"]))
     assert browser.problems() == []
+
+
+MODULE_PATHS = [f"model/model.encoder_blocks/model.encoder_blocks.{i}/model.encoder_blocks.{i}.self_attention_projection"
+                for i in range(3)] + ["model/model.classifier_head"]
+
+
+def _module_report(folder: Path) -> Path:
+    """A report as instrument_module names regions, with a plan whose alternatives carry long reasons."""
+    trace = write_trace(folder / "modules.trace.json", names=MODULE_PATHS, gpu=False)
+    analysis = analyze(load_trace(str(trace)), machine=MACHINE)
+    alternatives = [{"config": f"compile:max-autotune+cfg{j}+freezing+cpp_wrapper", "scope": "", "predicted_ms": 0.9,
+                     "measured_ms": 1.1, "status": "ok" if j % 3 else "compile_error", "reused_record": False,
+                     "reason": None if j % 3 else "InductorError: LoweringException: a long reason " * 4}
+                    for j in range(8)]
+    plan = plan_doc([])
+    plan["regions"] = [{**plan["regions"][0], "chosen": "compile:max-autotune-no-cudagraphs+freezing",
+                        "alternatives": alternatives}]
+    plan["regions"] += [{"path": p, "scope": p.rpartition("/")[2], "bottleneck": "launch_overhead", "evidence": {},
+                         "chosen": "merged into <model>: compile:max-autotune-no-cudagraphs+freezing",
+                         "predicted_ms": 0.5, "measured_ms": 0.6, "baseline_ms": 1.0, "alternatives": alternatives[:3]}
+                        for p in MODULE_PATHS]
+    plan["stale"] = []
+    build = {"path": "out/model.cuvilpkg", "name": "model", "version": 1, "created": "2026-12-02", "signed": True}
+    return write_report(analysis, folder / "modules.html", plan=plan, build=build, title="modules")
+
+
+# Where an identifier's text wraps to a new line, the character before the break: only '.', '/'
+# (the <wbr> after them) or a space may end a line.
+MID_WORD_BREAKS = """(function () {
+  var bad = [];
+  document.querySelectorAll('.path').forEach(function (el) {
+    var walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT), node, prevTop = null, prev = '';
+    while ((node = walker.nextNode())) {
+      for (var i = 0; i < node.data.length; i++) {
+        var range = document.createRange(); range.setStart(node, i); range.setEnd(node, i + 1);
+        var rects = range.getClientRects();
+        if (!rects.length) { continue; }
+        if (prevTop !== null && rects[0].top > prevTop + 2 && './ '.indexOf(prev) < 0) {
+          bad.push(el.textContent.slice(0, i) + ' | ' + el.textContent.slice(i));
+        }
+        prevTop = rects[0].top; prev = node.data[i];
+      }
+    }
+  });
+  return bad;
+})()"""
+TABLE_OVERFLOW = """Array.from(document.querySelectorAll('table')).filter(function (t) {
+  var wrap = t.closest('.table-wrap');
+  var scrolls = wrap && ['auto', 'scroll'].indexOf(getComputedStyle(wrap).overflowX) >= 0;
+  return !scrolls && t.getBoundingClientRect().width > t.parentElement.clientWidth + 1;
+}).map(t => t.id || t.className)"""
+MODEBAR_ON_TITLES = """(function () {
+  var bar = document.querySelector('#plot-histograms .modebar').getBoundingClientRect();
+  return Array.from(document.querySelectorAll('#plot-histograms g.annotation text')).map(e => e.getBoundingClientRect())
+    .filter(t => t.left < bar.right && bar.left < t.right && t.top < bar.bottom && bar.top < t.bottom).length;
+})()"""
+
+
+def test_identifiers_wrap_at_separators_and_tables_stay_in_the_page(browser, tmp_path):
+    """Region names break only after '.' or '/' (not 'model.encoder_bloc / ks.0'); the plan table,
+    its opened alternatives included, fits the page or scrolls inside its frame; the modebar covers
+    no histogram title; timeline lanes sit close together."""
+    report = _module_report(tmp_path)
+    for width in (1400, 1000):
+        browser.call("Emulation.setDeviceMetricsOverride", width=width, height=1000, deviceScaleFactor=1, mobile=False)
+        try:
+            assert browser.open(report) == "1"
+            assert browser.js(MID_WORD_BREAKS) == []
+            assert browser.js(TABLE_OVERFLOW) == []
+            assert browser.js("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+            browser.js("document.querySelectorAll('#plan-table details').forEach(d => d.open = true)")
+            assert browser.js(MID_WORD_BREAKS) == [] and browser.js(TABLE_OVERFLOW) == []
+            if width == 1400:     # room enough: the whole plan table, opened lists too, without scrolling
+                assert browser.js("(function () { var t = document.getElementById('plan-table'); "
+                                  "return t.scrollWidth <= t.closest('.table-wrap').clientWidth; })()")
+                browser.screenshot(tmp_path / "modules.png")
+            assert browser.js(MODEBAR_ON_TITLES) == 0
+            lane_px = browser.js("(function () { var y = document.getElementById('plot-timeline')._fullLayout.yaxis; "
+                                 "return y._length / y.ticktext.length; })()")
+            assert 12 <= lane_px <= 40        # pixels of the region panel per lane: no empty band
+            assert browser.problems() == []
+        finally:
+            browser.call("Emulation.clearDeviceMetricsOverride")

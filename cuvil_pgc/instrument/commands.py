@@ -130,6 +130,10 @@ def _register_summary(app: typer.Typer) -> None:
         facts = analysis.trace
         head = {"traces": list(trace), "events": facts.get("events", 0),
                 "duration_us": facts.get("duration_us", 0.0)}
+        if json_out and _regionless(analysis):    # what the terminal shows instead of one "(outside regions)" row
+            from cuvil_pgc.analyze.operators import operator_stats
+
+            head["operators"] = [r.to_json() for r in operator_stats(loaded)[:top]]
         if json_out or csv_out:
             view = hot_regions_view(analysis, top)
             view.rows = hot_region_rows(view)

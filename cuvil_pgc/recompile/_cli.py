@@ -9,7 +9,6 @@ DESIGN.md document and nothing else on stdout. ``compare`` prints a rich table o
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any
 
 import typer
@@ -77,8 +76,10 @@ def register_recompile(app: typer.Typer) -> None:
         except BaseException:
             _log_note(captured)
             raise
+        from cuvil_pgc.viewer.notes import print_note
+
         if key is None:
-            print(f"note: {UNSIGNED_NOTE}", file=sys.stderr)
+            print_note(f"note: {UNSIGNED_NOTE}", err=True)
         busy = _busy_warnings("measured speedups")
         if as_json:
             from cuvil_pgc.cli import emit_json
@@ -89,7 +90,7 @@ def register_recompile(app: typer.Typer) -> None:
         from cuvil_pgc.viewer.tables import print_view
 
         print_view(plan_view(build.plan, output), Console(), wide)
-        Console(soft_wrap=True).print(
+        print_note(
             f"measured at {threads} torch thread(s){' (torch default here)' if is_default else ''}, "
             "recorded in the build: load_build warns in a process that runs another count "
             "(--threads N: the deployment's)")
@@ -150,8 +151,10 @@ def _busy_warnings(what: str) -> list[str]:
 
 
 def _print_warnings(warnings: list[str]) -> None:
+    from cuvil_pgc.viewer.notes import print_note
+
     for warning in warnings:
-        typer.echo(f"warning: {warning}", err=True)
+        print_note(f"warning: {warning}", err=True)
 
 
 def _log_note(captured: Any) -> None:
@@ -188,7 +191,7 @@ def plan_view(plan: dict[str, Any], path: str | None = None) -> Any:
     ms = _f
     columns = [Column("path", "region", display_path, identifier=True),
                Column("bottleneck", "bottleneck", drop=3),
-               Column("chosen", "chosen", identifier=True, stack_under="path"),
+               Column("chosen", "chosen", _chosen, identifier=True, stack_under="path"),
                Column("baseline_ms", "eager ms", ms, "right", drop=4),
                Column("predicted_ms", "pred. ms", ms, "right", drop=5),
                Column("measured_ms", "meas. ms", ms, "right"),
@@ -214,6 +217,13 @@ def plan_table(plan: dict[str, Any], path: str | None = None, width: int = 80) -
     from cuvil_pgc.viewer.tables import render_view
 
     return render_view(plan_view(plan, path), width)[0]
+
+
+def _chosen(value: str) -> str:
+    """``merged into <model>: CONFIG`` reads ``merged into <model>`` in the table: the <model> row
+    above names CONFIG (JSON and CSV keep the whole value)."""
+    merged = "merged into <model>"
+    return merged if str(value).startswith(merged + ":") else str(value)
 
 
 def _f(value: float | None) -> str:

@@ -63,7 +63,7 @@ from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
-from cuvil_pgc.recompile.progress import Progress, stage
+from cuvil_pgc.recompile.progress import Progress, show_best, stage
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.search_policy import (
     BATCH,
@@ -243,7 +243,10 @@ class _Search:
             if not self.opt.exhaustive:   # a scope of the same structure and inputs (layers.1 after
                 pending = self._reuse_records(pending)   # layers.0) reuses these now
             if self.progress:
-                self.progress(min(self.measured, total), total, self._incumbent_line(scope))
+                done, line = min(self.measured, total), self._incumbent_line(scope)
+                if show_best(self.progress, line):   # shown beside the next "building ..." message
+                    line = f"{done} of {total} candidates measured"
+                self.progress(done, total, line)
         for cand in pending:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]),
                                           reason="ranked below the measured candidates (budget)")

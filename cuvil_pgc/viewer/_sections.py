@@ -69,7 +69,15 @@ def badge(verdict: str) -> str:
 
 
 def path_text(path: Any) -> str:
-    return f'<bdi class="path">{text(path)}</bdi>'
+    """An identifier (region path, operator, file): it may wrap only after a ``.`` or ``/`` (a
+    ``<wbr>`` there; the CSS never breaks inside a word), so ``model.encoder_blocks.0`` never
+    reads ``model.encoder_bloc / ks.0``; a table too narrow for it scrolls sideways instead."""
+    return f'<bdi class="path">{_break_after_separators(text(path))}</bdi>'
+
+
+def _break_after_separators(markup: str) -> str:
+    # escaped markup holds no '.' or '/' of its own (entities are &lt; &#x27; ...), so this is safe
+    return markup.replace("/", "/<wbr>").replace(".", ".<wbr>")
 
 
 def _ms(ms: Any) -> str:

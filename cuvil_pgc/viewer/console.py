@@ -134,7 +134,7 @@ def hot_region_rows(view: TableView) -> list[dict]:
 def render_hot_regions(analysis: Analysis, console: Console, top: int = 20, wide: bool = False) -> None:
     """Print the hot-region table; the evidence goes below it when the width leaves no room."""
     view = hot_regions_view(analysis, top)
-    shown = print_view(view, console, wide)
+    shown = print_view(view, console, wide, elsewhere=("evidence",))
     if "evidence" not in {c.key for c in shown}:
         for r in view.rows:
             console.print(Text(f"{r['rank']:>2}. {r['bottleneck'].bottleneck}: {r['evidence']}", style="dim"),

@@ -36,6 +36,8 @@ MAX_UTIL_SERIES = 16
 HIST_REGIONS = 6
 SKEW_REGIONS = 12
 TEMPLATE = "plotly_white"
+LANE_PX = 26           # timeline: pixels per (lane, depth) row
+UTIL_PX = 200          # timeline: the utilization panel
 _FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
 
 
@@ -70,15 +72,20 @@ def timeline_figure(analysis: Any) -> dict[str, Any] | None:
     if not has_spans and not util:
         return None
     rows = (1 if has_spans else 0) + (1 if util else 0)
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.05,
-                        row_heights=[0.72, 0.28] if rows == 2 else [1.0])
-    n_rows, arrays = 0, []
+    # lanes LANE_PX apart whatever their number (a fixed share of the height spread 2 lanes ~90 px apart)
+    span_rows = _span_rows(spans) if has_spans else None
+    n_rows = len(span_rows[1]) if span_rows else 0
+    span_px = min(LANE_PX * n_rows + 24, 900) if has_spans else 0
+    util_px = UTIL_PX if util else 0
+    gap_px = 40 if rows == 2 else 0
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=gap_px / (span_px + util_px + gap_px),
+                        row_heights=[span_px, util_px] if rows == 2 else [1.0])
+    arrays = []
     if has_spans:
-        n_rows, arrays = _add_spans(fig, spans)
+        _, arrays = _add_spans(fig, spans, span_rows)
     if util:
         _add_utilization(fig, analysis.timeline.counters, util, row=rows)
-    span_px = max(220, min(26 * n_rows + 60, 900)) if has_spans else 0
-    fig.update_layout(_layout(height=span_px + (240 if util else 0) + 60))
+    fig.update_layout(_layout(height=span_px + util_px + gap_px + 80))
     fig.update_xaxes(title_text="time since trace start (ms)", row=rows, col=1)
     out = _json(fig)
     for i, data in enumerate(arrays):      # set after plotly's validation, which costs seconds on big lists
@@ -121,9 +128,11 @@ def _segments(ts: np.ndarray, dur: np.ndarray, row: np.ndarray) -> tuple[list, l
     return np.round(x, 4).tolist(), y.tolist()
 
 
-def _add_spans(fig: go.Figure, spans: dict[str, list]) -> tuple[int, list[dict[str, list]]]:
+def _add_spans(fig: go.Figure, spans: dict[str, list],
+               span_rows: tuple[np.ndarray, list[str]] | None = None) -> tuple[int, list[dict[str, list]]]:
     """Add one trace per hot path and one for the rest (first traces of ``fig``); returns the
-    number of rows and, per trace, the x/y/text arrays to put in after validation."""
+    number of rows and, per trace, the x/y/text arrays to put in after validation
+    (``span_rows``: :func:`_span_rows` of ``spans`` when the caller has it)."""
     ts = np.asarray(spans["ts_us"], dtype=float)
     dur = np.asarray(spans["dur_us"], dtype=float)
     paths = np.asarray(spans["path"], dtype=object)
@@ -131,7 +140,7 @@ def _add_spans(fig: go.Figure, spans: dict[str, list]) -> tuple[int, list[dict[s
     keep = np.arange(len(ts))
     if len(ts) > MAX_DRAWN_SPANS:
         keep = np.sort(np.argsort(-dur, kind="stable")[:MAX_DRAWN_SPANS])
-    rows, labels = _span_rows(spans)
+    rows, labels = span_rows or _span_rows(spans)
     ts, dur, paths, rows = ts[keep], dur[keep], paths[keep], rows[keep]
     verdict_of = {p: v for p, v in zip(spans["path"], verdicts, strict=False)}
     uniq, inv = np.unique(paths.astype(str), return_inverse=True)
@@ -307,7 +316,8 @@ def histogram_figure(analysis: Any, top: int = HIST_REGIONS) -> dict[str, Any] |
                       row=k // cols + 1, col=k % cols + 1)
     fig.update_xaxes(type="log", title_text="call latency (ms)")
     fig.update_yaxes(title_text="calls", rangemode="tozero")
-    fig.update_layout(_layout(height=row_px * rows + 60, margin={"l": 60, "r": 20, "t": 40, "b": 50}))
+    # top margin: the first row's titles sit below the modebar (about 30 px), not under it
+    fig.update_layout(_layout(height=row_px * rows + 84, margin={"l": 60, "r": 20, "t": 64, "b": 50}))
     return _json(fig)
 
 

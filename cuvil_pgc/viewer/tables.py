@@ -4,7 +4,8 @@ A command builds a :class:`TableView` (columns and rows of raw values) and hands
 :func:`print_view`, :func:`write_csv` or :func:`view_json`. On the terminal a table fits the
 console width (80 columns when piped) without cutting an identifier: columns with the highest
 ``drop`` rank go first until the rest fits, and ``wide=True`` keeps every column whatever the
-width. Identifiers (region paths, build names) are printed whole; other cells never wrap.
+width, and the caption names the columns it dropped. Identifiers (region paths, build names) are
+printed whole; other cells never wrap.
 CSV and JSON carry the raw values (full region paths, unrounded figures) of every column.
 """
 
@@ -16,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from rich.console import Group
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -81,13 +84,16 @@ def fitted_columns(view: TableView, width: int, wide: bool = False) -> list[Colu
     return columns
 
 
-def render_view(view: TableView, width: int, wide: bool = False) -> tuple[Table, list[Column]]:
-    """The rich table for ``view`` at ``width`` and the columns it kept."""
+def render_view(view: TableView, width: int, wide: bool = False,
+                elsewhere: Sequence[str] = ()) -> tuple[Table, list[Column]]:
+    """The rich table for ``view`` at ``width`` and the columns it kept. When columns were dropped,
+    the caption says which, once (``elsewhere``: keys of columns the caller prints another way)."""
     columns = fitted_columns(view, width, wide)
     stacked = _stacked(view, columns, width) if not wide else {}
     if stacked:
         columns = _readd(view, columns, stacked, width)
-    table = Table(title=view.title, title_justify="left", caption=view.caption, caption_justify="left",
+    caption = "\n".join(x for x in (view.caption, hidden_note(view, columns, elsewhere)) if x) or None
+    table = Table(title=view.title, title_justify="left", caption=caption, caption_justify="left",
                   show_edge=False)
     shown = [c for c in columns if c.key not in stacked]
     for c in shown:
@@ -96,10 +102,19 @@ def render_view(view: TableView, width: int, wide: bool = False) -> tuple[Table,
                          overflow="fold" if c.identifier else "ellipsis")
     for row in view.rows:
         cells = dict(zip((c.key for c in columns), view.cells(row, columns), strict=True))
-        for key, under in stacked.items():
-            cells[under] = Text.assemble(cells[under], "\n  ", cells[key])
+        for key, under in stacked.items():   # indented on every line it wraps to
+            cells[under] = Group(cells[under], Padding(cells[key], (0, 0, 0, 2)))
         table.add_row(*(cells[c.key] for c in shown))
     return table, columns
+
+
+def hidden_note(view: TableView, columns: Sequence[Column], elsewhere: Sequence[str] = ()) -> str | None:
+    """``2 columns hidden: pred. ms, tried/rej. (--wide shows them)``, or None when none is."""
+    kept = {c.key for c in columns} | set(elsewhere)
+    hidden = [c.header for c in view.columns if c.key not in kept]
+    if not hidden:
+        return None
+    return f"{len(hidden)} column{'s' if len(hidden) > 1 else ''} hidden: {', '.join(hidden)} (--wide shows them)"
 
 
 def _readd(view: TableView, columns: list[Column], stacked: dict[str, str], width: int) -> list[Column]:
@@ -129,9 +144,10 @@ def _stacked(view: TableView, columns: list[Column], width: int) -> dict[str, st
     return moved
 
 
-def print_view(view: TableView, console: Any, wide: bool = False) -> list[Column]:
-    """Print ``view`` on ``console``; returns the columns shown (so a caller can add what it dropped)."""
-    table, columns = render_view(view, console.width, wide)
+def print_view(view: TableView, console: Any, wide: bool = False, elsewhere: Sequence[str] = ()) -> list[Column]:
+    """Print ``view`` on ``console``; returns the columns shown (so a caller can add what it dropped,
+    naming those keys in ``elsewhere`` so the caption does not call them hidden)."""
+    table, columns = render_view(view, console.width, wide, elsewhere)
     needed = _table_width(list(_natural_widths(view).values()))
     if wide and needed > console.width:
         # Console.print(width=...) only narrows: a wider table needs a console of its own width on the

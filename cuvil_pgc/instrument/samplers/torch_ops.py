@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_pgc._quiet import kineto_chatter
 from cuvil_pgc.instrument.samplers._opcost import CONCRETE_OPS, VIEW_OPS, estimate_cost
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
 from cuvil_pgc.trace import schema
@@ -98,7 +99,8 @@ class TorchOpSampler(Sampler):
         if profiler is None or ctx is None:
             return
         t0 = time.perf_counter()
-        profiler.__exit__(None, None, None)
+        with kineto_chatter():
+            profiler.__exit__(None, None, None)
         t1 = time.perf_counter()
         # Tens of thousands of small lists and dicts: without this, each pass of the cyclic GC over
         # the heap torch built costs more than the conversion itself.
@@ -131,7 +133,8 @@ def _start_profiler(config: Any) -> tuple[Any, list[str]]:
     profiler = profile(use_kineto=True, use_cpu=True, record_shapes=config.record_shapes,
                        with_stack=config.with_stack, profile_memory=config.profile_memory,
                        experimental_config=_experimental_config(notes, config.profile_memory))
-    profiler.__enter__()
+    with kineto_chatter():
+        profiler.__enter__()
     return profiler, notes
 
 
