@@ -47,8 +47,8 @@ def run_model(session: Session, spec: str, iters: int, warmup: int, depth: int |
     import torch
 
     from cuvil_pgc._modelspec import load_model_spec
+    from cuvil_pgc._progress import stage
     from cuvil_pgc.instrument.module import instrument_module
-    from cuvil_pgc.recompile.progress import stage
 
     if iters < 1 or warmup < 0:
         raise ConfigError(f"--iters {iters} / --warmup {warmup}: need iters >= 1 and warmup >= 0")

@@ -1,6 +1,6 @@
 """On-demand capture windows for long-running processes.
 
-A process started with ``CUVIL_PGC_ON_DEMAND=1`` (checked when cuvil_pgc is imported) or using
+A process started with ``CUVIL_PGC_ON_DEMAND=1`` (checked when cuvil_pgc is imported: its one import-time side effect) or using
 ``profile(on_demand=True)`` keeps regions in always-on aggregate mode (instrument.aggregate) and
 opens a detailed capture window — region events, operator capture, samplers — when
 
@@ -46,10 +46,10 @@ from cuvil_pgc.errors import CuvilError
 from cuvil_pgc.instrument import _control
 from cuvil_pgc.instrument._control import ENV_CONTROL_DIR, FailureLog, Rejected
 from cuvil_pgc.instrument.aggregate import AggregateSession
+from cuvil_pgc.instrument.config import ENV_ON_DEMAND, on_demand_requested
 
 log = logging.getLogger("cuvil_pgc")
 
-ENV_ON_DEMAND = "CUVIL_PGC_ON_DEMAND"
 __all__ = ["ENV_CONTROL_DIR", "ENV_ON_DEMAND", "OnDemandController", "control_dir", "start_from_env"]
 DEFAULT_SECONDS = 10.0
 MAX_SECONDS = 86_400.0
@@ -295,9 +295,9 @@ _auto: OnDemandController | None = None
 
 
 def start_from_env() -> OnDemandController | None:
-    """Start on-demand mode when CUVIL_PGC_ON_DEMAND=1 (called once at import)."""
+    """Start on-demand mode when CUVIL_PGC_ON_DEMAND=1 (``import cuvil_pgc`` calls it then)."""
     global _auto
-    if _auto is None and os.environ.get(ENV_ON_DEMAND, "") not in ("", "0"):
+    if _auto is None and on_demand_requested():
         try:
             _auto = OnDemandController().start()
         except Exception as exc:

@@ -165,7 +165,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
         raise RecompileError(f"recompile needs a torch.nn.Module, got {type(model).__name__}")
     model = model.eval().to(device)
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
-    from cuvil_pgc.recompile.progress import stage
+    from cuvil_pgc._progress import stage
 
     paths = _trace_paths(traces)
     if analysis is None and paths:
@@ -237,8 +237,8 @@ def _trace_paths(traces: Any) -> list[str]:
 
 
 def _analyze(paths: list[str], machine: Any) -> Any:
-    from cuvil_pgc import load_trace
     from cuvil_pgc.analyze import analyze
+    from cuvil_pgc.trace.reader import load_trace
 
     return analyze(load_trace(*paths), machine)
 

@@ -281,7 +281,7 @@ def _run_and_window(source: Source, meta: dict[str, Any]) -> tuple[str, int | No
 
 def _trace_row(trace: Trace, source: Source, ids: dict[str, Any], rows: np.ndarray, crow: np.ndarray,
                base: float) -> dict[str, Any]:
-    from cuvil_pgc import __version__
+    from cuvil_pgc._version import __version__
 
     meta = source.metadata if isinstance(source.metadata, dict) else {}
     start = _start_unix_ns(source, meta, base)

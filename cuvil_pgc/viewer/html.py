@@ -72,7 +72,7 @@ def default_title(analysis: Any) -> str:
 
 
 def _header(title: str, analysis: Any) -> str:
-    from cuvil_pgc import __version__
+    from cuvil_pgc._version import __version__
 
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     n = len(analysis.regions)
@@ -88,7 +88,7 @@ def _nav() -> str:
 # ------------------------------------------------------------------ sections
 
 def _summary(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
-    from cuvil_pgc import __version__
+    from cuvil_pgc._version import __version__
 
     return sec.summary_section(analysis, __version__)
 

@@ -76,7 +76,7 @@ class SearchDisplay:
     """Progress of a long job with steps (recompile's candidates, a demo's models, profiling
     iterations): the stage, step i of N with what it is doing, elapsed and estimated time.
 
-    Called as ``display(done, total, message)`` (:data:`cuvil_pgc.recompile.progress.Progress`),
+    Called as ``display(done, total, message)`` (:data:`cuvil_pgc._progress.Progress`),
     and ``display.stage(name)`` when a stage begins.
     """
 
