@@ -101,7 +101,7 @@ def _max_rss() -> int:
 
 def _histograms(trace: Any, paths: set[str]) -> dict[str, dict[int, float]]:
     """Per region path: {bucket: weighted count} of its calls' durations (ns buckets)."""
-    from cuvil_pgc.instrument.aggregate import buckets_of
+    from cuvil_pgc.trace.summary import buckets_of
 
     out: dict[str, dict[int, float]] = {}
     for s in trace.sources:
@@ -185,7 +185,7 @@ def _add_histograms(hists: Any) -> dict[int, float]:
 
 
 def _midpoints_us(hist: dict[int, float]) -> tuple[np.ndarray, np.ndarray]:
-    from cuvil_pgc.instrument.aggregate import bucket_bounds
+    from cuvil_pgc.trace.summary import bucket_bounds
 
     keys = sorted(hist)
     return (np.array([sum(bucket_bounds(b)) / 2000.0 for b in keys]),
@@ -201,7 +201,7 @@ def _quantiles(hist: dict[int, float]) -> list[float]:
 
 
 def _histogram_doc(hist: dict[int, float]) -> dict[str, list[float]]:
-    from cuvil_pgc.instrument.aggregate import bucket_bounds
+    from cuvil_pgc.trace.summary import bucket_bounds
 
     keys = sorted(hist)
     if not keys:

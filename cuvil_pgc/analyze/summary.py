@@ -1,4 +1,4 @@
-"""Analysis of always-on aggregate summaries (instrument.aggregate): histograms, no timeline.
+"""Analysis of always-on aggregate summaries (:mod:`cuvil_pgc.trace.summary`): histograms, no timeline.
 
 A summary holds, per region path, the call count, the exact sum, min and max, and a log-linear
 histogram (8 buckets per octave). Merged over all summary sources (weighted), each path gets
@@ -18,8 +18,8 @@ import numpy as np
 
 from cuvil_pgc.analyze.analysis import Analysis, RegionStats
 from cuvil_pgc.errors import AnalysisError
-from cuvil_pgc.instrument.aggregate import PathStats, bucket_bounds
 from cuvil_pgc.trace.columns import Trace
+from cuvil_pgc.trace.summary import PathStats, bucket_bounds
 
 NO_OP_HOTNESS = 0.5        # the analyzer's fallback: half the self time when nothing else is known
 MAX_SAMPLES = 20_000       # per path, when histograms stand in for per-call samples (diff)

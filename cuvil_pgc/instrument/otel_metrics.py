@@ -61,7 +61,7 @@ def data_point(row: dict[str, Any], start_ns: int, now_ns: int) -> Any:
     """One summary region row ({path, count, sum_ns, min_ns, max_ns, buckets}) as a data point."""
     from opentelemetry.sdk.metrics.export import Buckets, ExponentialHistogramDataPoint
 
-    from cuvil_pgc.instrument.aggregate import bucket_bounds
+    from cuvil_pgc.trace.summary import bucket_bounds
 
     counts: dict[int, int] = {}
     zero = 0
@@ -95,7 +95,9 @@ def metrics_data(summary: dict[str, Any], resource: Any, now_ns: int) -> Any:
     )
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    body = summary["cuvil_summary"]
+    from cuvil_pgc.trace.summary import SUMMARY_KEY
+
+    body = summary[SUMMARY_KEY]
     start_ns = int(body["metadata"].get("start_unix_ns") or now_ns)
     points = [data_point(row, start_ns, now_ns) for row in body["regions"] if row["count"] > 0]
     metric = Metric(name=METRIC_NAME, description="Time in a profile region, per region path", unit="s",

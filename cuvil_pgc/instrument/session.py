@@ -33,6 +33,7 @@ from cuvil_pgc.errors import SessionError
 from cuvil_pgc.instrument import region as _region
 from cuvil_pgc.instrument._buffers import RegionRecorder
 from cuvil_pgc.instrument._eventlines import format_regions
+from cuvil_pgc.instrument._ranks import rank_and_world
 from cuvil_pgc.instrument.clock import SessionClock
 from cuvil_pgc.instrument.config import SessionConfig
 from cuvil_pgc.instrument.region import frame_path
@@ -59,7 +60,7 @@ class Session:
     def __init__(self, config: SessionConfig, samplers: list[Sampler] | None = None,
                  otel_exporter: Any = None) -> None:
         self.config = config
-        self.rank, self.world_size = _rank_and_world()
+        self.rank, self.world_size = rank_and_world()
         self._otel_exporter = otel_exporter
         self._otel: Any = None
         self.path = config.path
@@ -100,7 +101,7 @@ class Session:
                 raise SessionError(f"a session is already recording to {_active.path}",
                                    path=self.path, fix="stop it before starting another (one session per "
                                    "process), or record into it: cuvil_pgc.active_session()")
-            self.rank, self.world_size = _rank_and_world()
+            self.rank, self.world_size = rank_and_world()
             if self.world_size > 1:
                 self.path = rank_path(self.config.path, self.rank)
             self.clock = SessionClock.now()
@@ -448,21 +449,6 @@ def _span_row(frame: list, unix0: int, tid: int) -> tuple:
         root = root[1]
     return (region.name, path, rid, None if parent is None else parent[3], root[3],
             start + unix0, end + unix0, tid, region.attrs)
-
-
-def _rank_and_world() -> tuple[int, int]:
-    """(rank, world size): torch.distributed when initialised, else torchrun's RANK / WORLD_SIZE."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:
-        pass
-    env = os.environ
-    try:
-        return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
-    except ValueError:
-        return 0, 1
 
 
 def _after_fork_in_child() -> None:

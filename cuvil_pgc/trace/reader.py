@@ -8,7 +8,7 @@
   their nesting per thread), ``cpu_op``, ``kernel``, ``cuda_runtime``/``cuda_driver``,
   ``gpu_memcpy``, ``gpu_memset`` map to their kinds, ``ac2g`` flows supply missing correlation
   ids, other categories become ``Kind.OTHER`` rows with ``args = {"cat": ...}``.
-- **Aggregate summaries** (``{"cuvil_summary": ...}``, instrument.aggregate) load as a source of
+- **Aggregate summaries** (``{"cuvil_summary": ...}``, :mod:`.summary`) load as a source of
   format ``"summary"`` with no rows; their histograms are in ``metadata["summary_regions"]``.
 - **Sampling.** A session that sampled root regions (``cuvil.sampling.scale`` = N) loads with its
   weight multiplied by N, so counts and totals stand for the whole run.
@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from cuvil_pgc.errors import ConfigError, CuvilError, TraceError
-from cuvil_pgc.trace import _decode, _input, _stream, _summary
+from cuvil_pgc.trace import _decode, _input, _stream, _summary_source
 from cuvil_pgc.trace._args import ArgsMap
 from cuvil_pgc.trace._build import SourceColumns, StreamFallback, build_kineto_chunks, build_source
 from cuvil_pgc.trace._metadata import check_metadata
@@ -159,8 +159,8 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
     if streamed is not None:
         return streamed
     raw = _input.read_bytes(file, partial)
-    if not partial and _summary.looks_like_summary(raw.data):
-        return _Loaded(_summary.summary_source(raw.data, file, weight), _summary.no_rows(), None)
+    if not partial and _summary_source.looks_like_summary(raw.data):
+        return _Loaded(_summary_source.summary_source(raw.data, file, weight), _summary_source.no_rows(), None)
     _check_event_count(raw)
     notes = list(raw.notes)
     if partial:
