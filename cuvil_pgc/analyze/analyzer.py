@@ -25,11 +25,12 @@ from cuvil_pgc.analyze.contention import contention_pass
 from cuvil_pgc.analyze.fusion import mine_fusion
 from cuvil_pgc.analyze.gpu_figures import gpu_figures
 from cuvil_pgc.analyze.hot_regions import region_stats, score_hotness
-from cuvil_pgc.analyze.merge import merge_traces, rank_skew
 from cuvil_pgc.analyze.operators import operator_table
+from cuvil_pgc.analyze.ranks import rank_skew
 from cuvil_pgc.analyze.timeline import build_timeline
 from cuvil_pgc.errors import AnalysisError, ConfigError
 from cuvil_pgc.trace.columns import Trace
+from cuvil_pgc.trace.merge import merge_traces
 from cuvil_pgc.trace.schema import Kind
 
 Pass = Callable[[Prepared, Analysis], None]

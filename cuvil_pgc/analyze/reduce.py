@@ -17,7 +17,7 @@ partials arrive in (they are sorted by path first, and every sum runs in that or
 - fusion candidates add by (region, op sequence); compile summaries concatenate their graphs
   and add their totals and phases;
 - ``ranks``: per region, each rank's total over all its traces, the slowest and fastest rank,
-  skew over the median and the top stragglers (as ``merge.rank_skew`` for one merged trace);
+  skew over the median and the top stragglers (as ``ranks.rank_skew`` for one merged trace);
 - ``trace``: sources, events, counts, durations and drops of all traces; no timeline.
 
 One trace alone reduces to its own analysis unchanged.
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from cuvil_pgc.analyze.analysis import Analysis
-from cuvil_pgc.analyze.merge import TOP_STRAGGLERS
+from cuvil_pgc.analyze.ranks import TOP_STRAGGLERS
 from cuvil_pgc.trace.schema import Kind
 
 Partial = dict[str, Any]
