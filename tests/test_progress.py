@@ -72,7 +72,7 @@ def test_display_is_off_when_piped_or_quiet():
 
 def test_profile_model_reports_iterations(tmp_path):
     from cuvil_pgc.instrument import _runner
-    from cuvil_pgc.instrument.session import profile
+    from cuvil_pgc.instrument.factory import profile
 
     progress = Recorder()
     session = profile(str(tmp_path / "m.trace.json"), ops=False, gpu="off", sample_hz=0)

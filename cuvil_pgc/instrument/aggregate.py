@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from cuvil_pgc.instrument import region as _region
+from cuvil_pgc.instrument._accel import fastregion
 from cuvil_pgc.instrument._buffers import RegionRecorder
 from cuvil_pgc.instrument._ranks import rank_and_world
 from cuvil_pgc.instrument.region import frame_path
@@ -125,7 +126,7 @@ def _fold_index_py(frames: list, index: dict[str, int], max_paths: int) -> tuple
     return numbers.tobytes(), array.array("q", [f[5] - f[2] for f in frames]).tobytes()
 
 
-_fold_index = _region._accel.fold_index if _region._accel is not None else _fold_index_py
+_fold_index = fastregion.fold_index if fastregion is not None else _fold_index_py
 
 
 class AggregateSession:

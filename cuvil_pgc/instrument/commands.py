@@ -51,7 +51,7 @@ def _register_profile(app: typer.Typer) -> None:
         """
         from cuvil_pgc.instrument import _runner
         from cuvil_pgc.instrument._script_args import script_args
-        from cuvil_pgc.instrument.session import profile as make_session
+        from cuvil_pgc.instrument.factory import profile as make_session
 
         chosen = [x for x in (target, module, model) if x]
         argv = script_args(ctx)

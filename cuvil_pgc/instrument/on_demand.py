@@ -46,7 +46,8 @@ from cuvil_pgc.errors import CuvilError
 from cuvil_pgc.instrument import _control
 from cuvil_pgc.instrument._control import ENV_CONTROL_DIR, FailureLog, Rejected
 from cuvil_pgc.instrument.aggregate import AggregateSession
-from cuvil_pgc.instrument.config import ENV_ON_DEMAND, on_demand_requested
+from cuvil_pgc.instrument.config import ENV_ON_DEMAND, SessionConfig, on_demand_requested
+from cuvil_pgc.instrument.session import Session
 
 log = logging.getLogger("cuvil_pgc")
 
@@ -167,13 +168,14 @@ class OnDemandController:
         return request or self._read_request() or {}
 
     def _open_window(self, request: dict[str, Any]) -> None:
-        from cuvil_pgc.instrument.session import profile
-
         self._request_id = request.get("id")
         self._steps_left = request.get("steps")
         seconds = request.get("seconds") or self.seconds
         self._deadline = None if self._steps_left else time.monotonic() + seconds
-        self._window = profile(self._window_path(), **self.window_options).start()
+        options = dict(self.window_options)
+        exporter = options.pop("otel_exporter", None)
+        config = SessionConfig.from_env(path=self._window_path(), **options)
+        self._window = Session(config, otel_exporter=exporter).start()
 
     def _window_path(self) -> str:
         """The next window file whose trace and partial are both absent (a leftover never blocks)."""

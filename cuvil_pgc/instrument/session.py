@@ -1,4 +1,4 @@
-"""Recording sessions: ``with profile("run.trace.json") as session: ...``.
+"""Recording sessions: ``with profile("run.trace.json") as session: ...`` (``profile()`` is in :mod:`.factory`).
 
 A session installs the region recorder, starts the configured samplers and a writer thread that
 drains per-thread buffers into the partial trace file every ``flush_interval_s``. Stopping
@@ -40,7 +40,7 @@ from cuvil_pgc.instrument.region import frame_path
 from cuvil_pgc.instrument.samplers import build_samplers
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
 from cuvil_pgc.trace import schema
-from cuvil_pgc.trace._leftover import split_trace_path
+from cuvil_pgc.trace.schema import split_trace_path
 from cuvil_pgc.trace.writer import PartialInUse, TraceWriter, dumps
 
 log = logging.getLogger("cuvil_pgc")
@@ -470,49 +470,3 @@ def rank_path(path: str, rank: int) -> str:
     """``run.trace.json`` -> ``run.rank3.trace.json`` (each rank of a job writes its own file)."""
     stem, suffix = split_trace_path(path)
     return f"{stem}.rank{rank}{suffix}"
-
-
-def profile(path: str | os.PathLike[str] = "cuvil.trace.json", **options: Any) -> Any:
-    """Start recording into ``path`` when entered: ``with profile("run.trace.json", ops=True):``.
-
-    Keyword options are the fields of :class:`SessionConfig` (``ops``, ``gpu``, ``sample_hz``,
-    ``compile``, ``flush_interval_s``, ``otel``, ...). Environment variables fill what is not given.
-    ``otel_exporter=`` passes an OpenTelemetry SpanExporter instead of the one OTEL_* names.
-    ``schedule=cuvil_pgc.schedule(...)`` (with ``on_trace_ready``, ``max_files``, ``max_bytes``)
-    returns a :class:`~cuvil_pgc.instrument.windows.ScheduledSession` writing one file per window;
-    ``mode="aggregate"`` an :class:`~cuvil_pgc.instrument.aggregate.AggregateSession` (histograms
-    in ``path``, options ``flush_s``, ``max_paths``); ``on_demand=True`` an
-    :class:`~cuvil_pgc.instrument.on_demand.OnDemandController` (aggregates, windows on request,
-    written beside ``path``).
-    """
-    outer = _active
-    if outer is not None and outer.joinable:
-        from cuvil_pgc.instrument._joined import JoinedSession
-
-        return JoinedSession(outer, os.fspath(path))
-    otel_exporter = options.pop("otel_exporter", None)
-    mode = options.pop("mode", "events")
-    if options.pop("on_demand", False):
-        from cuvil_pgc.instrument.on_demand import OnDemandController
-
-        return OnDemandController(os.path.dirname(os.path.abspath(os.fspath(path))), **options)
-    if mode == "aggregate":
-        from cuvil_pgc.instrument.aggregate import AggregateSession
-
-        return AggregateSession(os.fspath(path), **options)
-    if mode != "events":
-        from cuvil_pgc.errors import ConfigError
-
-        raise ConfigError(f"mode={mode!r} is not 'events' or 'aggregate'")
-    window_options = {k: options.pop(k) for k in ("schedule", "on_trace_ready", "max_files", "max_bytes")
-                      if k in options}
-    config = SessionConfig.from_env(path=os.fspath(path), **options)
-    if window_options.get("schedule") is not None:
-        from cuvil_pgc.instrument.windows import ScheduledSession
-
-        return ScheduledSession(config, otel_exporter=otel_exporter, **window_options)
-    if window_options:
-        from cuvil_pgc.errors import ConfigError
-
-        raise ConfigError(f"{', '.join(window_options)} need schedule=cuvil_pgc.schedule(...)")
-    return Session(config, otel_exporter=otel_exporter)

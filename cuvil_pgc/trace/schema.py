@@ -19,6 +19,17 @@ SCHEMA_VERSION = 2
 rebuilds paths, trace._region_tree), and ``cuvil_region`` events declare regions written before
 they end; the partial file carries the drop counters (``cuvil_dropped`` events). 1: ``args.path``."""
 PARTIAL_SUFFIX = ".partial"
+TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".json.gz", ".json")
+
+
+def split_trace_path(path: str) -> tuple[str, str]:
+    """``out/run.trace.json.gz`` -> (``out/run``, ``.trace.json.gz``): where rank, window and pid
+    tags go in a trace file's name."""
+    for suffix in TRACE_SUFFIXES:
+        if path.endswith(suffix) and len(path) > len(suffix):
+            return path[:-len(suffix)], suffix
+    return path, ""
+
 
 # Event categories (`cat`) written by cuvil-pgc.
 CAT_REGION = "region"
