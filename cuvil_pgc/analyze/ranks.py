@@ -13,10 +13,13 @@ import numpy as np
 
 from cuvil_pgc.analyze._prepare import Prepared
 from cuvil_pgc.analyze.analysis import Analysis
+from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
+from cuvil_pgc.analyze.passes import requires
 
 TOP_STRAGGLERS = 10
 
 
+@requires(attribute_bottlenecks)  # regions, and the evidence it adds to
 def rank_skew(prep: Prepared, analysis: Analysis) -> None:
     """Pass: per-region cross-rank skew into ``analysis.ranks`` (only with more than one rank)."""
     ranks_of_source = np.array([s.rank for s in prep.trace.sources] or [0], dtype=np.int64)

@@ -31,6 +31,16 @@ def split_trace_path(path: str) -> tuple[str, str]:
     return path, ""
 
 
+def display_path(path: str) -> str:
+    """A region path (``parent/child``) without the ancestors its own name repeats: instrument_module
+    names regions by qualified module path, so ``model/model.layer1/model.layer1.0`` reads
+    ``model.layer1.0``; ``serve/model/model.fc`` reads ``serve/model.fc``. How every table and
+    figure shows a path, and a form ``ops --region`` accepts."""
+    parts = path.split("/")
+    kept = [p for p, nxt in zip(parts, parts[1:] + [""], strict=True) if not nxt.startswith(p + ".")]
+    return "/".join(kept)
+
+
 # Event categories (`cat`) written by cuvil-pgc.
 CAT_REGION = "region"
 CAT_CPU_OP = "cpu_op"

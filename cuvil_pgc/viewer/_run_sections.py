@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from cuvil_pgc.recompile.plan_doc import tried_counts
+from cuvil_pgc.trace.schema import display_path
 from cuvil_pgc.viewer._sections import (
     MAX_LIST_ITEMS,
     MAX_TABLE_ROWS,
@@ -25,7 +26,6 @@ from cuvil_pgc.viewer._sections import (
     table,
 )
 from cuvil_pgc.viewer._template import text
-from cuvil_pgc.viewer.console import display_path
 from cuvil_pgc.viewer.figures import _speedup
 
 NO_COMPILE = "No torch.compile activity recorded in this trace."

@@ -16,6 +16,7 @@ from rich.text import Text
 from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.analyze.analysis import Analysis, RegionStats
 from cuvil_pgc.analyze.gpu_figures import work_label
+from cuvil_pgc.trace.schema import display_path
 from cuvil_pgc.viewer.tables import Column, TableView, print_view
 
 _STYLE = {c.name: c.style for c in vocabulary.CLASSES}
@@ -142,15 +143,6 @@ def render_hot_regions(analysis: Analysis, console: Console, top: int = 20, wide
     hidden = len(analysis.regions) - top
     if hidden > 0:
         console.print(Text(f"... {hidden} more regions (--top N to show more)", style="dim"))
-
-
-def display_path(path: str) -> str:
-    """A region path without the ancestors its own name repeats: instrument_module names regions by
-    qualified module path, so ``model/model.layer1/model.layer1.0`` reads ``model.layer1.0``;
-    ``serve/model/model.fc`` reads ``serve/model.fc``."""
-    parts = path.split("/")
-    kept = [p for p, nxt in zip(parts, parts[1:] + [""], strict=True) if not nxt.startswith(p + ".")]
-    return "/".join(kept)
 
 
 def short_name(name: str, limit: int = 48) -> str:

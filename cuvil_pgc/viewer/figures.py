@@ -22,8 +22,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from cuvil_pgc.analyze import vocabulary
+from cuvil_pgc.trace.schema import display_path
 from cuvil_pgc.viewer._template import plot_text
-from cuvil_pgc.viewer.console import display_path
 
 BOTTLENECK_COLORS = {c.name: c.color for c in vocabulary.CLASSES}
 OTHER_COLOR = vocabulary.UNKNOWN_COLOR
