@@ -4,7 +4,8 @@ Each check is a plain function returning a :class:`BackendCheck`; :func:`run_che
 They never raise (a check that crashes reports that as its reason) and import their backend only
 when run. The GPU samplers' backends are asked through the samplers themselves
 (:meth:`~cuvil_pgc.instrument.samplers.base.Sampler.probe`), so doctor and a session agree.
-``cuvil-pgc doctor`` renders them; the viewer and README reuse the same data.
+``cuvil-pgc doctor`` (:mod:`cuvil_pgc.cli.doctor`) runs them and the recompiler's runtime
+checks, and renders the result.
 """
 
 from __future__ import annotations
@@ -176,25 +177,9 @@ def check_region_accel() -> BackendCheck:
 
 # CUPTI is probed before torch.profiler runs: on a CUDA build, starting torch.profiler makes Kineto
 # subscribe to CUPTI, and the CUPTI check would then report this very process as the other tool.
-def _runtime_check(backend: str) -> Callable[[], BackendCheck]:
-    """A check of one of the recompiler's runtime backends (see :mod:`cuvil_pgc.recompile.runtimes`)."""
-
-    def check() -> BackendCheck:
-        from cuvil_pgc.recompile import runtimes
-
-        status = runtimes.describe(backend)
-        name = f"{runtimes.RUNTIMES[backend].title} (recompile backend)"
-        return BackendCheck(name, status.ok, status.detail, status.reason, status.fix)
-
-    check.__name__ = f"check_{backend}"
-    check.__doc__ = f"The recompiler's {backend} backend is installed and can run."
-    return check
-
-
 CHECKS: list[Callable[[], BackendCheck]] = [
     check_torch, check_cuda, check_cupti, check_nvml, check_counter_permission, check_op_capture,
     check_compile, check_cpu_util, check_region_accel,
-    _runtime_check("ort"), _runtime_check("openvino"), _runtime_check("tensorrt"),
 ]
 
 

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_pgc.errors import BuildError, CuvilError, RecompileError
+from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
 
 log = logging.getLogger(__name__)
 
-PLAN_MEMBER = "plan.json"
 CACHE_MEMBER = "inductor_cache.bin"
 FALLBACKS = ("error", "eager")
 #: what load_build does with regions that changed since the build
@@ -473,7 +473,8 @@ def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport
 
 def _realize_lazy(module: Any, cand: Any, device: str) -> Any:
     """torch.compile candidates need no inputs to build: compilation happens on the first call."""
-    from cuvil_pgc.recompile.apply import Realized, prepare_module, realize
+    from cuvil_pgc.recompile.apply import prepare_module, realize
+    from cuvil_pgc.recompile.realized import Realized
 
     if cand.backend == "eager":
         prepared, applied = prepare_module(module, cand, device)

@@ -7,12 +7,13 @@ description and elapsed time, removed when done; anywhere else (pipes, files, CI
 runs) it prints nothing at all. Nothing is ever written to stdout. ``search_progress()`` yields a
 :class:`SearchDisplay` for jobs of many steps (recompile: stage, candidate i of N with its
 configuration, elapsed and estimated time, the incumbent's measured speedup); ``quiet`` turns it off.
+``count_progress()`` counts items done out of a total (the traces of ``analyze --engine``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -70,6 +71,30 @@ def stage_progress(total: int, *, console: Any = None, enabled: bool | None = No
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         yield StageProgress(progress, total)
+
+
+@contextlib.contextmanager
+def count_progress(description: str, *, console: Any = None,
+                   enabled: bool | None = None) -> Iterator[Callable[[int, int, str], None] | None]:
+    """A bar of items done out of a total (``analyze --engine``: traces analysed), on stderr.
+
+    Yields ``advance(done, total, item)`` on interactive terminals, None anywhere else."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    if not (interactive(console) if enabled is None else enabled):
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(description, total=None)
+
+        def advance(done: int, total: int, item: str) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield advance
 
 
 class SearchDisplay:
