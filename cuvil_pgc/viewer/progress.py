@@ -44,6 +44,37 @@ def interactive(console: Any) -> bool:
 
 
 @contextlib.contextmanager
+def _shown(console: Any, enabled: bool | None, columns: Callable[[Any], tuple[Any, ...]]) -> Iterator[Any]:
+    """A transient rich ``Progress`` with ``columns(rich.progress)`` on ``console`` (default:
+    stderr), or None where nothing may show (not an interactive terminal, unless ``enabled``)."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    if not (interactive(console) if enabled is None else enabled):
+        yield None
+        return
+    import rich.progress
+
+    with rich.progress.Progress(*columns(rich.progress), console=console, transient=True) as progress:
+        yield progress
+
+
+def _stage_columns(rp: Any) -> tuple[Any, ...]:
+    return (rp.SpinnerColumn(), rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
+            rp.TimeElapsedColumn())
+
+
+def _count_columns(rp: Any) -> tuple[Any, ...]:
+    return rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TimeElapsedColumn()
+
+
+def _search_columns(rp: Any) -> tuple[Any, ...]:
+    return (rp.SpinnerColumn(), rp.TextColumn("[bold]{task.fields[stage]}"), rp.BarColumn(bar_width=20),
+            rp.MofNCompleteColumn(), rp.TimeElapsedColumn(), rp.TextColumn("eta"), rp.TimeRemainingColumn(),
+            rp.TextColumn("{task.description}"))
+
+
+@contextlib.contextmanager
 def stage_progress(total: int, *, console: Any = None, enabled: bool | None = None) -> Iterator[StageProgress]:
     """A progress display over ``total`` steps, on stderr, shown only on interactive terminals.
 
@@ -52,24 +83,7 @@ def stage_progress(total: int, *, console: Any = None, enabled: bool | None = No
         console: a rich Console (default: one on stderr).
         enabled: force on or off (default: :func:`interactive`).
     """
-    from rich.console import Console
-
-    console = console or Console(stderr=True)
-    if not (interactive(console) if enabled is None else enabled):
-        yield StageProgress()
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with _shown(console, enabled, _stage_columns) as progress:
         yield StageProgress(progress, total)
 
 
@@ -79,16 +93,10 @@ def count_progress(description: str, *, console: Any = None,
     """A bar of items done out of a total (``analyze --engine``: traces analysed), on stderr.
 
     Yields ``advance(done, total, item)`` on interactive terminals, None anywhere else."""
-    from rich.console import Console
-
-    console = console or Console(stderr=True)
-    if not (interactive(console) if enabled is None else enabled):
-        yield None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
+    with _shown(console, enabled, _count_columns) as bar:
+        if bar is None:
+            yield None
+            return
         task = bar.add_task(description, total=None)
 
         def advance(done: int, total: int, item: str) -> None:
@@ -120,24 +128,5 @@ class SearchDisplay:
 def search_progress(*, quiet: bool = False, console: Any = None,
                     enabled: bool | None = None) -> Iterator[SearchDisplay | None]:
     """A :class:`SearchDisplay` on stderr, or None when not on a terminal or ``quiet``."""
-    from rich.console import Console
-
-    console = console or Console(stderr=True)
-    if quiet or not (interactive(console) if enabled is None else enabled):
-        yield None
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[stage]}"), BarColumn(bar_width=20),
-               MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-               TextColumn("{task.description}"))
-    with Progress(*columns, console=console, transient=True) as progress:
-        yield SearchDisplay(progress)
+    with _shown(console, False if quiet else enabled, _search_columns) as progress:
+        yield None if progress is None else SearchDisplay(progress)
