@@ -2,7 +2,7 @@
 
 ``analyze(trace, machine=None, filter=None) -> Analysis`` (see :mod:`.analyzer`); the trace diff is
 ``cuvil_pgc.analyze.diff.diff(a, b) -> dict`` (not re-exported here: the name is its module's).
-Attributes load lazily so that importing the package (the CLI does, to register commands) stays cheap.
+Attributes load lazily so that importing the package stays cheap.
 
 ``cuvil_pgc.analyze`` names both this package and the public function (``from cuvil_pgc import
 analyze``). Whichever of the two Python's import system leaves on ``cuvil_pgc`` (the package, once
