@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cuvil_pgc import _cache
+import cuvil_pgc._cache as _cache
 from cuvil_pgc.cli.output import emit
 from cuvil_pgc.errors import ConfigError
 

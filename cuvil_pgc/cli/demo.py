@@ -89,14 +89,14 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, qui
                verbose: bool = False) -> ModelResult:
     from rich.text import Text
 
-    from cuvil_pgc import zoo
     from cuvil_pgc._quiet import log_path_for, third_party_output
     from cuvil_pgc.analyze import analyze
     from cuvil_pgc.trace import load_trace
     from cuvil_pgc.viewer.console import render_hot_regions
     from cuvil_pgc.viewer.console_demo import print_compare, step
+    from cuvil_pgc.zoo import get as zoo_model
 
-    model, inputs = zoo.get(name)()
+    model, inputs = zoo_model(name)()
     trace = os.path.join(out_dir, f"{name}.trace.json")
     with step(console, f"profiling {name} ({PROFILE_ITERS} iterations, regions + operators)"):
         _profile(model, inputs, trace)
