@@ -1,7 +1,8 @@
 """Lazy package attributes: packages name their public objects without importing them.
 
-Importing ``cuvil_pgc`` (and each stage package) must stay cheap — the CLI imports every stage to
-register commands, and ProfileRegion users must not pay for numpy, torch or plotly. A package
+Importing ``cuvil_pgc`` (and each stage package) must stay cheap — every ``cuvil-pgc`` command
+starts by importing the CLI and the stages it names, and ProfileRegion users must not pay for
+numpy, torch or plotly. A package
 lists ``{name: (module, attribute)}`` and uses :func:`lazy_getattr` as its ``__getattr__``.
 """
 

@@ -26,9 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-import cuvil_pgc
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(cuvil_pgc.__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))   # this module sits at the package root
 
 
 @dataclass

@@ -37,7 +37,7 @@ def no_leftover_session():
     if leaked is not None:
         leaked.stop()
         pytest.fail(f"test left a session recording to {leaked.path}")
-    if _region._recorder is not None:
+    if _region.recording():
         _region.set_recorder(None)
         pytest.fail("test left a region recorder installed")
     for thread in threading.enumerate():

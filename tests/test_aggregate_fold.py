@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from cuvil_pgc import ProfileRegion, profile
 from cuvil_pgc.instrument import aggregate, region
-from cuvil_pgc.instrument.aggregate import AggregateRecorder, bucket_of, buckets_of
+from cuvil_pgc.instrument.aggregate import AggregateRecorder
+from cuvil_pgc.trace.summary import bucket_of, buckets_of
 
 
 @given(st.lists(st.integers(min_value=-5, max_value=2**62), min_size=1, max_size=200))

@@ -205,3 +205,29 @@ def test_public_analyze_is_callable_whatever_the_import_order():
             "print(analyze(build_trace(op_chain(['aten::add'] * 3, 0, 1, 1))).regions[0].path)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == OUTSIDE
+
+
+def test_a_pass_run_alone_gets_what_it_requires_first():
+    """HTA's rule: each analysis can run alone. attribute_bottlenecks needs the regions and their
+    top ops from region_stats; asked for alone it still gives the full analysis' verdicts."""
+    from cuvil_pgc.analyze.analyzer import PASSES
+    from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
+    from cuvil_pgc.analyze.fusion import mine_fusion
+    from cuvil_pgc.analyze.hot_regions import region_stats
+    from cuvil_pgc.analyze.hotness import score_hotness
+    from cuvil_pgc.analyze.passes import with_prerequisites
+
+    evs = [region("big", 0, 40_000), op("aten::add", 10, 39_900, bytes=384e6, flops=32e6)]
+    evs += [region("step", 50_000, 6_000)] + op_chain(["aten::mm", "aten::add", "aten::relu"] * 60, 50_010, 20, 5)
+    trace = build_trace(evs)
+    full = analyze(trace, machine=CPU)
+    assert full.fusion_candidates
+    alone = analyze(trace, machine=CPU, passes=[attribute_bottlenecks])
+    assert {r.path for r in alone.regions} == {r.path for r in full.regions}
+    for r in alone.regions:
+        whole = full.region(r.path)
+        assert r.top_ops == whole.top_ops and r.top_ops
+        assert (r.bottleneck, r.confidence) == (whole.bottleneck, whole.confidence)
+    assert with_prerequisites([mine_fusion]) == [region_stats, attribute_bottlenecks, score_hotness, mine_fusion]
+    assert analyze(trace, machine=CPU, passes=[mine_fusion]).fusion_candidates == full.fusion_candidates
+    assert with_prerequisites(PASSES) == PASSES        # the default list runs each pass after what it needs

@@ -432,7 +432,7 @@ def test_viewers_and_recompiler_read_the_vocabulary():
 
 def test_report_styles_every_class(tmp_path):
     from cuvil_pgc.analyze import vocabulary
-    from cuvil_pgc.viewer import _template
+    from cuvil_pgc.viewer import template as _template
 
     page = _template.page(title="t", header="", nav="", body="", figures={}, plotly_js="cdn")
     for name in vocabulary.NAMES:

@@ -1,17 +1,20 @@
-"""Merging traces (ranks, repeated runs, weights) and cross-rank skew."""
+"""Merging traces (ranks, repeated runs, weights; the one merge of trace.merge) and cross-rank skew."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from cuvil_pgc.analyze import analyze
 from cuvil_pgc.analyze.machine import MachineModel
-from cuvil_pgc.analyze.merge import merge_traces
 from cuvil_pgc.trace.columns import Source
+from cuvil_pgc.trace.merge import merge_traces
 from tests._tracebuild import build_trace, op_chain, region
 
 CPU = MachineModel(device="cpu", name="test cpu", fingerprint="t", peak_flops={"fp32": 100e9}, mem_bw=10e9,
                    dispatch_overhead_s=3e-6)
+DATA = os.path.join(os.path.dirname(__file__), "data")
 
 
 def _rank(rank: int, attn_us: float, weight: float = 1.0, start_ns: int | None = None):
@@ -67,3 +70,29 @@ def test_rank_skew_names_the_straggler():
 
 def test_single_rank_has_no_skew_section():
     assert analyze([_rank(0, 1000), _rank(0, 1200)], machine=CPU).ranks == {}
+
+
+def test_merge_orders_rows_as_the_reader_does_longest_first_on_ties():
+    parent = build_trace([region("step", 0, 500)], sources=[Source(path="a", format="cuvil", metadata={})])
+    child = build_trace([region("other", 0, 100)], sources=[Source(path="b", format="cuvil", metadata={})])
+    m = merge_traces([child, parent])         # same start: the longer row comes first, whatever the order given
+    assert m.events["dur"].tolist() == [500.0, 100.0]
+    assert [m.strings[i] for i in m.events["name"]] == ["step", "other"]
+
+
+@pytest.mark.parametrize("files", [["ours/regions.trace.json", "kineto_cpu/cpu_annotated.json"],
+                                   ["kineto_gpu/gpu_two_regions.json", "ours/regions.trace.json"]])
+def test_merging_loaded_traces_equals_loading_them_together(files):
+    from cuvil_pgc.trace import load_trace
+
+    paths = [os.path.join(DATA, f) for f in files]
+    together = load_trace(*paths)
+    apart = merge_traces([load_trace(p) for p in paths])
+    assert len(apart) == len(together)
+    for col in ("kind", "source", "pid", "tid", "dur"):
+        assert apart.events[col].tolist() == together.events[col].tolist(), col
+    assert apart.events["ts"] == pytest.approx(together.events["ts"], abs=1e-3)
+    names = [[t.strings[i] for i in t.events["name"]] for t in (apart, together)]
+    assert names[0] == names[1]
+    assert apart.counters["ts"] == pytest.approx(together.counters["ts"], abs=1e-3)
+    assert [apart.args.get(r) for r in range(len(apart))] == [together.args.get(r) for r in range(len(together))]

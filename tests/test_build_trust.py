@@ -396,7 +396,7 @@ def test_recompile_signs_with_the_configured_key_and_says_how_to_make_one(tmp_pa
 
 
 def test_profile_model_runs_at_the_threads_asked_for(tmp_path, capsys, monkeypatch):
-    import cuvil_pgc.instrument._runner as runner
+    import cuvil_pgc.instrument.runner as runner
 
     seen = []
     monkeypatch.setattr(runner, "run_model", lambda *a, **k: seen.append(torch.get_num_threads()) or 0)

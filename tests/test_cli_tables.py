@@ -127,7 +127,7 @@ def _plan(path: str) -> dict:
 
 
 def test_plan_table_fits_80_columns_with_whole_names():
-    from cuvil_pgc.recompile._cli import plan_view
+    from cuvil_pgc.viewer.console_recompile import plan_view
 
     console = Console(width=80, file=io.StringIO(), color_system=None)
     print_view(plan_view(_plan("/".join(DEEP)), "build.cuvilpkg"), console)
@@ -138,13 +138,13 @@ def test_plan_table_fits_80_columns_with_whole_names():
 
 
 def test_builds_list_shows_dates_and_sizes_whole_at_80():
-    from cuvil_pgc.recompile.commands import _entries_view
+    from cuvil_pgc.viewer.console_builds import entries_view
 
     entry = SimpleNamespace(name="sentiment_classifier", version=12, pointers=["current", "stable"],
                             created="2026-12-01T21:10:31+00:00", pushed_at="2026-12-01T21:11:00+00:00",
                             pushed_by="someone", signed=True, key_id="0123456789abcdef", size=123_456_789)
     console = Console(width=80, file=io.StringIO(), color_system=None)
-    print_view(_entries_view([entry]), console)
+    print_view(entries_view([entry]), console)
     out = console.file.getvalue()
     assert max(len(line) for line in _lines(out)) <= 80
     assert "2026-12-01 21:10" in out and "123.5 MB" in out and "sentiment_classifier" in out
@@ -166,7 +166,7 @@ def _merged_plan() -> dict:
 
 
 def test_plan_table_at_80_keeps_the_chosen_config_indented_and_more_columns():
-    from cuvil_pgc.recompile._cli import plan_view
+    from cuvil_pgc.viewer.console_recompile import plan_view
 
     console = Console(width=80, file=io.StringIO(), color_system=None)
     print_view(plan_view(_merged_plan(), "out/model.cuvilpkg"), console)
@@ -185,7 +185,7 @@ def test_plan_table_at_80_keeps_the_chosen_config_indented_and_more_columns():
 
 
 def test_plan_json_and_csv_keep_the_whole_chosen_value():
-    from cuvil_pgc.recompile._cli import plan_view
+    from cuvil_pgc.viewer.console_recompile import plan_view
     from cuvil_pgc.viewer.tables import view_json
 
     rows = view_json(plan_view(_merged_plan()))["rows"]

@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from cuvil_pgc.recompile.compare import compare_runnables, compare_table
+from cuvil_pgc.recompile.compare import compare_runnables
 from cuvil_pgc.recompile.measure import bootstrap_ci, median, ratio_ci, time_interleaved, verdict
+from cuvil_pgc.viewer.console_recompile import compare_table
 
 
 class Tiny(nn.Module):

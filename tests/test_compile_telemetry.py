@@ -22,6 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cuvil_pgc.instrument.factory import profile
 from cuvil_pgc.instrument.samplers import _compile_explain as explain
 from cuvil_pgc.instrument.samplers._compile_hooks import (
     HOOK_CALLBACKS,
@@ -31,7 +32,6 @@ from cuvil_pgc.instrument.samplers._compile_hooks import (
     StructuredTraceHandler,
 )
 from cuvil_pgc.instrument.samplers._compile_records import CompileRecordProcessor
-from cuvil_pgc.instrument.session import profile
 
 GOLDEN = Path(__file__).parent / "data" / "compile_records"
 CAPTURE_BREAK_LINE = next(i for i, line in enumerate((GOLDEN / "capture.py").read_text().splitlines(), 1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cuvil_pgc.viewer.console import display_path
+from cuvil_pgc.trace.schema import display_path
 
 
 def test_console_paths_drop_ancestors_the_name_repeats():

@@ -61,13 +61,14 @@ def test_demo_summary_fits_80_columns_without_cutting_paths():
 
     from rich.console import Console
 
-    from cuvil_pgc.demo import ModelResult, _print_summary
+    from cuvil_pgc.cli.demo import ModelResult
+    from cuvil_pgc.viewer.console_demo import print_summary
 
     out = io.StringIO()
     long = "/srv/a-rather-long-directory-name/cuvil-demo-output"
     result = ModelResult("lstm_step", f"{long}/lstm_step.trace.json", f"{long}/lstm_step.report.html",
                          f"{long}/lstm_step.cuvilpkg", speedup_vs_eager=3.8, speedup_vs_compile=4.18)
-    _print_summary(Console(file=out, width=80), [result], f"{long}/demo-signing.key", 42.0)
+    print_summary(Console(file=out, width=80), [result], f"{long}/demo-signing.key", 42.0)
     text = out.getvalue()
     assert "vs torch.compile" in text and "3.80x" in text and "4.18x" in text    # headers and figures whole
     for path in (result.trace, result.report, result.build, f"{long}/demo-signing.key.pub"):
@@ -78,7 +79,7 @@ def test_demo_summary_fits_80_columns_without_cutting_paths():
 def test_demo_runs_at_the_threads_asked_for_and_restores_them(tmp_path, monkeypatch):
     import torch
 
-    import cuvil_pgc.demo as demo
+    import cuvil_pgc.cli.demo as demo
 
     seen = []
     monkeypatch.setattr(demo, "_run_demo", lambda out_dir, **kw: seen.append((torch.get_num_threads(), kw)) or [])
@@ -94,7 +95,7 @@ def light_demo(monkeypatch):
     """The demo with its slow steps faked (search, report, timing); profiling and analysis are real."""
     from types import SimpleNamespace
 
-    import cuvil_pgc.demo as demo
+    import cuvil_pgc.cli.demo as demo
 
     def fake_recompile(model, inputs, trace, analysis, budget, quiet=False, terminal=None):
         return SimpleNamespace(plan={}, save=lambda path, **kw: open(path, "wb").close())

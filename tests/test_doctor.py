@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cuvil_pgc.cli import app
+from cuvil_pgc.cli.doctor import all_checks
 from cuvil_pgc.instrument import doctor
 from cuvil_pgc.instrument.samplers import cupti_kernels, nvml
 from tests.fakes.fake_cupti import FakeCupti
@@ -42,7 +43,9 @@ def test_json_is_one_document_with_every_check():
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     names = [c["name"] for c in document["checks"]]
-    assert names == [c.name for c in doctor.run_checks()]
+    assert names == [c.name for c in doctor.run_checks(all_checks())]
+    assert names[:len(doctor.CHECKS)] == [c.name for c in doctor.run_checks()]    # profiling, then runtimes
+    assert any("recompile backend" in name for name in names)
     assert document["ok"] == all(c["ok"] for c in document["checks"])
     assert {"name", "ok", "status", "detail", "reason", "fix"} <= set(document["checks"][0])
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from cuvil_pgc import ProfileRegion, profile
-from cuvil_pgc.instrument.aggregate import PathStats, bucket_bounds, bucket_of, merge_summaries
+from cuvil_pgc.trace.summary import PathStats, bucket_bounds, bucket_of, merge_summaries
 from tests._regionlines import with_paths
 
 WORKER = os.path.join(os.path.dirname(__file__), "_on_demand_worker.py")

@@ -10,8 +10,8 @@ from http.server import HTTPServer
 import pytest
 
 from cuvil_pgc import ProfileRegion, profile
-from cuvil_pgc.instrument.aggregate import bucket_bounds
 from cuvil_pgc.instrument.otel_metrics import SCALE, OtelMetricsExporter, data_point, exponential_index
+from cuvil_pgc.trace.summary import bucket_bounds
 from tests.test_otel import _Collector
 
 

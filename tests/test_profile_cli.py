@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cuvil_pgc.cli import app
-from cuvil_pgc.instrument._script_args import split_argv
+from cuvil_pgc.cli._script_args import split_argv
 
 QUIET = ["--no-ops", "--gpu", "off", "--sample-hz", "0"]
 VALUE_OPTIONS = {"-o", "--output", "-m", "--model", "--gpu"}

@@ -27,8 +27,8 @@ class Recorder:
 @pytest.mark.slow
 def test_search_reports_stages_candidates_and_the_incumbents_speedup(monkeypatch):
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
     from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
     from cuvil_pgc.recompile.search import SearchOptions, search
     from tests.test_recompile import Analysis, chain, stats
 
@@ -124,8 +124,8 @@ def test_display_is_off_when_piped_or_quiet():
 
 
 def test_profile_model_reports_iterations(tmp_path):
-    from cuvil_pgc.instrument import _runner
-    from cuvil_pgc.instrument.session import profile
+    from cuvil_pgc.instrument import runner as _runner
+    from cuvil_pgc.instrument.factory import profile
 
     progress = Recorder()
     session = profile(str(tmp_path / "m.trace.json"), ops=False, gpu="off", sample_hz=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cuvil_pgc._cli_reference import END, START, reference
+from cuvil_pgc.cli.reference import END, START, reference
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -13,7 +13,7 @@ def test_cli_reference_is_in_sync():
     text = README.read_text(encoding="utf-8")
     assert START in text and END in text, "README lacks the cli-reference markers"
     current = text[text.index(START):text.index(END) + len(END)]
-    assert current == reference(), "README's CLI reference is stale: run `python -m cuvil_pgc._cli_reference`" \
+    assert current == reference(), "README's CLI reference is stale: run `python -m cuvil_pgc.cli.reference --update README.md`" \
                                    " and paste its output between the markers"
 
 

@@ -292,8 +292,8 @@ def test_second_search_reuses_records_and_measures_less(tmp_path, monkeypatch):
 
 def test_records_of_earlier_searches_count_against_the_budget(tmp_path, monkeypatch):
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
     from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
 
     # Timings faked at the measurement seam: what the stop rule sees does not depend on the
     # machine's load (a real run measured 3 instead of 4 under load).
@@ -357,8 +357,8 @@ def test_challengers_are_timed_side_by_side_with_the_incumbent(monkeypatch):
     faster than the one measured before it. Through eager alone the later ones would look slower;
     timed next to the best so far, the order comes out right."""
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
     from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
 
     runs: list[list[str]] = []
     first_seen: list[str] = []
@@ -393,8 +393,8 @@ def scripted_batches(monkeypatch, order: list[str], model, inputs, module: str, 
     """Run a search whose cost models rank ``order`` first (in that order), where ``order[0]`` measures
     fastest and builds cost nothing; returns the configurations each timing run measured."""
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
     from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
 
     runs: list[list[str]] = []
 
@@ -445,8 +445,8 @@ class Twin(nn.Module):
 
 def test_an_incumbent_that_fails_later_is_dropped_not_raised(monkeypatch):
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
     from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
 
     built = []
 
@@ -482,8 +482,8 @@ def test_an_incumbent_that_fails_later_is_dropped_not_raised(monkeypatch):
 
 def test_a_repeated_block_reuses_what_the_search_just_measured_on_its_twin(tmp_path, monkeypatch):
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
     from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
 
     monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
     monkeypatch.setattr(search_mod, "time_interleaved",
@@ -511,8 +511,8 @@ def test_a_repeated_block_reuses_what_the_search_just_measured_on_its_twin(tmp_p
 
 def test_records_of_an_older_census_are_reused_but_refit_with_todays_features(tmp_path, monkeypatch):
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
     from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
 
     monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
     monkeypatch.setattr(search_mod, "time_interleaved",
@@ -634,8 +634,8 @@ def test_rounding_to_a_low_precision_is_admitted_only_by_tolerances_that_allow_i
 
 def test_low_precision_candidates_are_built_only_where_the_tolerances_can_pass(monkeypatch):
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
     from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
 
     built = []
     monkeypatch.setattr(search_mod, "realize",
@@ -888,8 +888,8 @@ def test_budget_default_is_a_quarter_and_exhaustive_measures_everything():
 @pytest.mark.parametrize("failures", [0, 1, 2])
 def test_a_small_space_times_one_candidate_and_one_more_when_the_top_ranked_one_fails(monkeypatch, failures):
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
     from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
 
     tried = []
 

@@ -12,10 +12,11 @@ import pytest
 import torch
 from torch import nn
 
+from cuvil_pgc.cli.doctor import runtime_check
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.instrument import doctor
 from cuvil_pgc.recompile import runtimes
-from cuvil_pgc.recompile.apply import ExportError, ScopeInputs, exporter_of_reason, realize
+from cuvil_pgc.recompile.apply import ScopeInputs, realize
 from cuvil_pgc.recompile.candidates import (
     Candidate,
     RuntimeSpace,
@@ -23,6 +24,7 @@ from cuvil_pgc.recompile.candidates import (
     generate_space,
     scope_candidates,
 )
+from cuvil_pgc.recompile.realized import ExportError, exporter_of_reason
 
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
 needs_ov = pytest.mark.skipif(not runtimes.check("openvino").ok, reason="openvino not installed")
@@ -82,7 +84,7 @@ def test_backends_option_restricts_and_knobs_survive_json():
 
 
 def test_cli_accepts_runtime_backends():
-    from cuvil_pgc.recompile._cli import _backends
+    from cuvil_pgc.cli.recompile import _backends
 
     assert _backends("ort,openvino,aoti") == ("ort", "openvino", "aoti")
 
@@ -92,7 +94,7 @@ def test_doctor_lists_each_runtime_and_the_extra_that_installs_a_missing_one(mon
     monkeypatch.setitem(sys.modules, "openvino", None)     # import openvino now raises ImportError
     runtimes.reset()
     try:
-        checks = {c.name: c for c in doctor.run_checks([doctor._runtime_check(b) for b in runtimes.RUNTIME_BACKENDS])}
+        checks = {c.name: c for c in doctor.run_checks([runtime_check(b) for b in runtimes.RUNTIME_BACKENDS])}
         ov = checks["OpenVINO (recompile backend)"]
         assert not ov.ok and "openvino is not importable" in ov.reason and "cuvil-pgc[openvino]" in ov.fix
         assert "Torch-TensorRT (recompile backend)" in checks and "ONNX Runtime (recompile backend)" in checks
@@ -294,7 +296,7 @@ def fake_tensorrt(monkeypatch):
 
 def test_tensorrt_regions_build_through_torch_tensorrt_and_are_tied_to_gpu_and_version(fake_tensorrt, monkeypatch):
     from cuvil_pgc.recompile import runtime_build
-    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.realized import Realized
 
     assert runtimes.check("tensorrt", "cuda").ok and not runtimes.check("tensorrt", "cpu").ok
     torch.manual_seed(0)
@@ -448,7 +450,7 @@ def test_the_search_measures_the_whole_model_on_each_runtime_at_its_defaults_fir
     """What a user would deploy instead of a build is always measured and raced, whatever the cost
     models predict (builds are faked at the seam: every candidate runs the eager module)."""
     from cuvil_pgc.recompile import search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
+    from cuvil_pgc.recompile.realized import Realized
 
     built = []
 

@@ -208,7 +208,7 @@ def test_large_timeline_is_decimated_and_compact():
     drawn = sum(len(t["x"]) for t in span_traces) // 3
     assert drawn == figures.MAX_DRAWN_SPANS
     assert len(span_traces) == figures.MAX_SPAN_TRACES + 1           # hot paths + "other regions"
-    from cuvil_pgc.viewer._template import script_json
+    from cuvil_pgc.viewer.template import script_json
 
     util = [t for t in fig["data"] if t.get("legendgroup") == "util"]
     assert len(util) == figures.MAX_UTIL_SERIES and util[0]["name"] == "cpu_util.process"
@@ -380,8 +380,8 @@ def test_partial_plan_and_kineto_gpu_trace_render():
 
 
 def test_plan_section_counts_tried_as_the_cli_and_names_default_tolerances():
-    from cuvil_pgc.recompile._cli import plan_view
     from cuvil_pgc.viewer._run_sections import plan_section
+    from cuvil_pgc.viewer.console_recompile import plan_view
     from tests._report_traces import plan_doc
 
     plan = plan_doc(["model/model.blocks/model.blocks.0/model.blocks.0.attn"])

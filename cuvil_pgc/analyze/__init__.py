@@ -1,8 +1,8 @@
-"""cuvil_pgc.analyze: hot regions, bottleneck attribution, fusion candidates, merge and diff.
+"""cuvil_pgc.analyze: hot regions, bottleneck attribution, fusion candidates, rank skew and diff.
 
 ``analyze(trace, machine=None, filter=None) -> Analysis`` (see :mod:`.analyzer`); the trace diff is
 ``cuvil_pgc.analyze.diff.diff(a, b) -> dict`` (not re-exported here: the name is its module's).
-Attributes load lazily so that importing the package (the CLI does, to register commands) stays cheap.
+Attributes load lazily so that importing the package stays cheap.
 
 ``cuvil_pgc.analyze`` names both this package and the public function (``from cuvil_pgc import
 analyze``). Whichever of the two Python's import system leaves on ``cuvil_pgc`` (the package, once
@@ -21,7 +21,7 @@ from cuvil_pgc._lazy import lazy_getattr
 _LAZY = {
     "analyze": ("cuvil_pgc.analyze.analyzer", "analyze"),
     "Analysis": ("cuvil_pgc.analyze.analysis", "Analysis"),
-    "merge_traces": ("cuvil_pgc.analyze.merge", "merge_traces"),
+    "merge_traces": ("cuvil_pgc.trace.merge", "merge_traces"),   # the trace data's merge, re-exported
 }
 
 __all__ = list(_LAZY)

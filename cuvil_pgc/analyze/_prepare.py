@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cuvil_pgc.analyze._roofs import Roofs
+from cuvil_pgc.analyze.analysis import OUTSIDE
 from cuvil_pgc.analyze.intervals import grouped_union_length
 from cuvil_pgc.trace.attribution import RegionIndex
 from cuvil_pgc.trace.columns import Trace
 from cuvil_pgc.trace.schema import Kind
 
-OUTSIDE = "(outside regions)"
 TINY_FACTOR = 4.0     # an op of unknown work lasting at most this many dispatch costs is all fixed cost
 GAP_FACTOR = 4.0      # a gap between consecutive ops up to this many dispatch costs is issue overhead
 _GPU_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)

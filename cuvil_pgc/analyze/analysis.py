@@ -15,6 +15,8 @@ from typing import Any
 from cuvil_pgc.analyze.vocabulary import NAMES
 
 BOTTLENECKS = NAMES          # the class names, from the one table (analyze.vocabulary)
+#: the pseudo-region of the ops and kernels outside every region
+OUTSIDE = "(outside regions)"
 
 
 @dataclass
@@ -74,6 +76,10 @@ class Analysis:
 
     def region(self, path: str) -> RegionStats | None:
         return next((r for r in self.regions if r.path == path), None)
+
+    def regionless(self) -> bool:
+        """Whether the trace had no regions: its only "region" is the time outside every region."""
+        return all(r.path == OUTSIDE for r in self.regions)
 
     def to_json(self, include_timeline: bool = False) -> dict[str, Any]:
         """The ``analyze --json`` document."""

@@ -2,17 +2,17 @@
 
 The analysis is the editable list ``PASSES`` of plain functions ``pass_(prep, analysis) -> None``
 run in order over one :class:`~cuvil_pgc.analyze._prepare.Prepared` view of the trace (built once,
-vectorised with numpy). Each pass fills its part of the :class:`Analysis`; later passes may read
-what earlier ones wrote. Inputs: a Trace, a path, or a list of either (merged, each source keeping
-its rank and weight). The machine model is the given one, else ``default_machine(device)`` (a
+vectorised with numpy). Each pass fills its part of the :class:`Analysis`; a pass that reads what
+others write declares them (:func:`~cuvil_pgc.analyze.passes.requires`), and ``analyze`` runs
+them first when ``passes=`` names a subset, so each pass can run alone. Inputs: a Trace, a path,
+or a list of either (merged, each source keeping its rank and weight). The machine model is the given one, else ``default_machine(device)`` (a
 cached calibration or the documented fallback, in which case ``analysis.trace["warnings"]`` says so).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,21 +21,25 @@ from cuvil_pgc.analyze._prepare import Prepared, prepare
 from cuvil_pgc.analyze._roofs import roofs_of
 from cuvil_pgc.analyze.analysis import Analysis
 from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
+from cuvil_pgc.analyze.compile_summary import summarize_compile
 from cuvil_pgc.analyze.contention import contention_pass
 from cuvil_pgc.analyze.fusion import mine_fusion
 from cuvil_pgc.analyze.gpu_figures import gpu_figures
-from cuvil_pgc.analyze.hot_regions import region_stats, score_hotness
-from cuvil_pgc.analyze.merge import merge_traces, rank_skew
+from cuvil_pgc.analyze.hot_regions import region_stats
+from cuvil_pgc.analyze.hotness import score_hotness
 from cuvil_pgc.analyze.operators import operator_table
+from cuvil_pgc.analyze.passes import Pass, requires, with_prerequisites
+from cuvil_pgc.analyze.ranks import rank_skew
 from cuvil_pgc.analyze.timeline import build_timeline
 from cuvil_pgc.errors import AnalysisError, ConfigError
 from cuvil_pgc.trace.columns import Trace
+from cuvil_pgc.trace.merge import merge_traces
 from cuvil_pgc.trace.schema import Kind
 
-Pass = Callable[[Prepared, Analysis], None]
 TraceInput = Trace | str | os.PathLike | Sequence[Trace | str | os.PathLike]
 
 
+@requires()
 def trace_facts(prep: Prepared, analysis: Analysis) -> None:
     """Pass: what the trace is (sources, duration, event counts, drops, samplers, devices)."""
     trace = prep.trace
@@ -63,16 +67,13 @@ def trace_facts(prep: Prepared, analysis: Analysis) -> None:
         warnings.extend(f"{os.path.basename(s.path)}: {w}" for w in s.warnings)
 
 
+@requires()
 def compile_summary(prep: Prepared, analysis: Analysis) -> None:
-    """Pass: ``analysis.compile`` from ``cuvil_pgc.analyze.compile_summary`` when that module exists."""
-    try:
-        module = importlib.import_module("cuvil_pgc.analyze.compile_summary")
-    except ModuleNotFoundError:
-        analysis.compile = {}
-        return
-    analysis.compile = module.summarize_compile(prep.trace)
+    """Pass: ``analysis.compile``, the torch.compile summary (:mod:`.compile_summary`)."""
+    analysis.compile = summarize_compile(prep.trace)
 
 
+@requires(attribute_bottlenecks)  # regions, and the evidence it adds to
 def region_identity(prep: Prepared, analysis: Analysis) -> None:
     """Pass: the module class and structural hash instrument_module recorded on a region go into its
     evidence (``module``, ``structure``), so the recompiler can tell a stale profile region."""
@@ -104,13 +105,13 @@ def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,
         trace: a Trace, a trace file path, or a list of them (merged with their source weights).
         machine: a MachineModel; default: ``default_machine`` for the trace's devices.
         filter: a regular expression; only region paths it matches (``re.search``) are analysed.
-        passes: replaces ``PASSES`` (advanced use).
+        passes: replaces ``PASSES`` (advanced use); what they require runs first.
     Returns: the Analysis, regions sorted by hotness.
     """
-    merged = _as_trace(trace)
+    merged = as_trace(trace)
     if any(s.format == "summary" for s in merged.sources):
         return _analyze_summaries(merged, filter)
-    _check_usable(merged)
+    check_usable(merged)
     models, warnings = _machines(merged, machine)
     prep = prepare(merged, roofs_of(*models), _compiled_filter(filter))
     prep.extras["filter"] = filter
@@ -119,7 +120,7 @@ def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,
                             fix=f"region paths in this trace include: {_some_paths(merged)}")
     analysis = Analysis(regions=[], machine=_machine_json(models),
                         trace={"warnings": warnings})
-    for p in (PASSES if passes is None else passes):
+    for p in with_prerequisites(PASSES if passes is None else passes):
         p(prep, analysis)
     return analysis
 
@@ -133,7 +134,8 @@ def _analyze_summaries(trace: Trace, filter: str | None) -> Analysis:
     return analyze_summary(trace, _compiled_filter(filter))
 
 
-def _as_trace(trace: TraceInput) -> Trace:
+def as_trace(trace: TraceInput) -> Trace:
+    """One Trace of a Trace, a path, or a list of either (files read in one ``load_trace``, then merged)."""
     items = [trace] if isinstance(trace, (Trace, str, os.PathLike)) else list(trace)
     if not items:
         raise AnalysisError("no trace given", fix="pass a Trace or a trace file path")
@@ -146,7 +148,8 @@ def _as_trace(trace: TraceInput) -> Trace:
     return merge_traces(loaded)
 
 
-def _check_usable(trace: Trace) -> None:
+def check_usable(trace: Trace) -> None:
+    """Raise AnalysisError when the trace has no regions, operators or kernels to analyse."""
     kind = trace.events["kind"]
     useful = np.isin(kind, (Kind.REGION, Kind.CPU_OP, Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET))
     if not useful.any():

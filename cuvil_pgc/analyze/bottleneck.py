@@ -54,7 +54,9 @@ from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.analyze._prepare import Prepared
 from cuvil_pgc.analyze.analysis import Analysis
 from cuvil_pgc.analyze.gpu_windows import split_windows
+from cuvil_pgc.analyze.hot_regions import region_stats
 from cuvil_pgc.analyze.intervals import grouped_union_length
+from cuvil_pgc.analyze.passes import requires
 from cuvil_pgc.analyze.runtime_api import CATEGORIES, COMPUTE_NAMES, is_comm
 from cuvil_pgc.trace.schema import COUNTER_CPU_UTIL, Kind
 
@@ -159,6 +161,7 @@ RULES: list[Rule] = [_RULES[name] for name in vocabulary.NAMES]
 NOT_WHEN_GPU_BUSY = ("host_bound", "launch_overhead")
 
 
+@requires(region_stats)          # the regions, and their top ops in prep.extras
 def attribute_bottlenecks(prep: Prepared, analysis: Analysis) -> None:
     """Pass: set ``bottleneck``, ``confidence`` and ``evidence`` on every region."""
     util = cpu_util_by_path(prep)

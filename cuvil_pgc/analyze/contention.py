@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
+from cuvil_pgc.analyze.passes import requires
+
 SATURATED_PCT = 85.0        # all cores busy ...
 OTHERS_PCT = 30.0           # ... and other processes hold this share of them
 LOAD_PER_CORE = 1.5         # run queue per core above which others wait for (and take) CPU
@@ -105,6 +108,7 @@ def _series(ts: np.ndarray, values: np.ndarray, mask: np.ndarray) -> dict[float,
     return dict(zip(ts[mask].tolist(), values[mask].tolist(), strict=True))
 
 
+@requires(attribute_bottlenecks)  # the verdicts whose confidence it lowers
 def contention_pass(prep: Any, analysis: Any) -> None:
     """Analyzer pass: record contention, warn, and lower the confidence of every verdict."""
     found = trace_contention(prep.trace)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil_pgc.analyze.analyzer import TraceInput, _as_trace, _check_usable
+from cuvil_pgc.analyze.analyzer import TraceInput, as_trace, check_usable
 from cuvil_pgc.trace.columns import Trace
 from cuvil_pgc.trace.schema import Kind
 
@@ -35,7 +35,7 @@ SEED = 20240607
 
 def diff(a: TraceInput, b: TraceInput, filter: str | None = None) -> dict[str, Any]:
     """Compare region timings of ``a`` (before) and ``b`` (after); see the module docstring."""
-    ta, tb = _as_trace(a), _as_trace(b)
+    ta, tb = as_trace(a), as_trace(b)
     calls_a, calls_b = _calls(ta, filter), _calls(tb, filter)
     rows = [compare_calls(p, calls_a[p], calls_b[p]) for p in sorted(calls_a.keys() & calls_b.keys())]
     rows.sort(key=lambda r: -abs(r["change_us"] * r["calls_b"]))
@@ -57,7 +57,7 @@ def _calls(trace: Trace, pattern: str | None) -> dict[str, np.ndarray]:
         import re
 
         return {p: v for p, v in summary_samples(trace).items() if pattern is None or re.search(pattern, p)}
-    _check_usable(trace)
+    check_usable(trace)
     return region_calls(trace, pattern)
 
 

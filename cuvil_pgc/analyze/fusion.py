@@ -25,6 +25,8 @@ import numpy as np
 
 from cuvil_pgc.analyze._prepare import Prepared
 from cuvil_pgc.analyze.analysis import Analysis, FusionCandidate
+from cuvil_pgc.analyze.hotness import score_hotness
+from cuvil_pgc.analyze.passes import requires
 from cuvil_pgc.trace.schema import Kind
 
 MIN_LEN, MAX_LEN = 2, 6
@@ -35,6 +37,7 @@ DEDUP_TOL = 0.1
 _PER_LENGTH = 200          # best sequences per length kept before deduplication
 
 
+@requires(score_hotness)          # mines the hottest regions
 def mine_fusion(prep: Prepared, analysis: Analysis) -> None:
     """Pass: fill ``analysis.fusion_candidates`` (highest estimated saving first)."""
     hot = [prep.paths.index(r.path) for r in analysis.regions[:HOT_REGIONS] if r.hotness > 0]

@@ -49,6 +49,8 @@ import numpy as np
 from cuvil_pgc.analyze import intervals
 from cuvil_pgc.analyze._prepare import Prepared
 from cuvil_pgc.analyze.analysis import Analysis
+from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
+from cuvil_pgc.analyze.passes import requires
 from cuvil_pgc.trace.columns import Trace
 from cuvil_pgc.trace.schema import CAT_PROFILER_RANGE, Kind
 
@@ -77,6 +79,7 @@ def kernel_kind(name: str, kind: int = Kind.KERNEL) -> str:
     return "other" if _NOT_COMPUTE.match(name) else "compute"
 
 
+@requires(attribute_bottlenecks)  # regions, and the evidence it adds to
 def gpu_figures(prep: Prepared, analysis: Analysis) -> None:
     """Pass: ``analysis.trace["gpu"]`` and ``["gpu_top_kernels"]`` (see module docstring), and per
     region the GPU work counts by kind (``evidence["gpu_work"]``)."""

@@ -416,19 +416,9 @@ def local_gpu_names() -> list[str]:
 
 
 def _nvml_gpu_names() -> list[str]:
-    from cuvil_pgc.instrument.samplers import nvml
+    from cuvil_pgc.instrument.samplers.nvml import gpu_names
 
-    try:
-        lib = nvml._import_nvml()
-        lib.nvmlInit()
-    except Exception:       # no pynvml, no driver: no names (the fallback figures are used)
-        return []
-    try:
-        return [str(lib.nvmlDeviceGetName(handle)) for _, handle in nvml.visible_devices(lib)]
-    except Exception:
-        return []
-    finally:
-        nvml._quietly(lib.nvmlShutdown)
+    return gpu_names()
 
 
 def cached_gpu_model(name: str, sms: int | None = None, device: str | None = None) -> MachineModel | None:

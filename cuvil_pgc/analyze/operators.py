@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_pgc.analyze.passes import requires
 from cuvil_pgc.errors import ConfigError
 from cuvil_pgc.trace.attribution import RegionIndex
 from cuvil_pgc.trace.columns import Trace
-from cuvil_pgc.trace.schema import Kind
+from cuvil_pgc.trace.schema import Kind, display_path
 
 SORT_KEYS = {"self_cpu": "self_cpu_us", "total_cpu": "total_cpu_us", "self_device": "self_device_us",
              "device": "device_us", "calls": "calls"}
@@ -80,6 +81,7 @@ def operator_stats(trace: Trace, *, sort: str = "self_cpu", group_by_shape: bool
     return rows
 
 
+@requires()
 def operator_table(prep: Any, analysis: Any) -> None:
     """Analyzer pass: the top operators by self CPU time into ``analysis.operators``."""
     analysis.operators = [r.to_json() for r in operator_stats(prep.trace)[:ANALYSIS_ROWS]]
@@ -146,8 +148,6 @@ def _propagate(self_dev: np.ndarray, parent: np.ndarray) -> np.ndarray:
 
 
 def _in_region(trace: Trace, ops: np.ndarray, region: str) -> np.ndarray:
-    from cuvil_pgc.viewer.console import display_path
-
     regions = trace.events["region"][ops]
     wanted = {}
     for code in np.unique(regions).tolist():

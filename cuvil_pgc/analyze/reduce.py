@@ -17,7 +17,7 @@ partials arrive in (they are sorted by path first, and every sum runs in that or
 - fusion candidates add by (region, op sequence); compile summaries concatenate their graphs
   and add their totals and phases;
 - ``ranks``: per region, each rank's total over all its traces, the slowest and fastest rank,
-  skew over the median and the top stragglers (as ``merge.rank_skew`` for one merged trace);
+  skew over the median and the top stragglers (as ``ranks.rank_skew`` for one merged trace);
 - ``trace``: sources, events, counts, durations and drops of all traces; no timeline.
 
 One trace alone reduces to its own analysis unchanged.
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from cuvil_pgc.analyze.analysis import Analysis
-from cuvil_pgc.analyze.merge import TOP_STRAGGLERS
+from cuvil_pgc.analyze.ranks import TOP_STRAGGLERS
 from cuvil_pgc.trace.schema import Kind
 
 Partial = dict[str, Any]
@@ -101,7 +101,7 @@ def _max_rss() -> int:
 
 def _histograms(trace: Any, paths: set[str]) -> dict[str, dict[int, float]]:
     """Per region path: {bucket: weighted count} of its calls' durations (ns buckets)."""
-    from cuvil_pgc.instrument.aggregate import buckets_of
+    from cuvil_pgc.trace.summary import buckets_of
 
     out: dict[str, dict[int, float]] = {}
     for s in trace.sources:
@@ -185,7 +185,7 @@ def _add_histograms(hists: Any) -> dict[int, float]:
 
 
 def _midpoints_us(hist: dict[int, float]) -> tuple[np.ndarray, np.ndarray]:
-    from cuvil_pgc.instrument.aggregate import bucket_bounds
+    from cuvil_pgc.trace.summary import bucket_bounds
 
     keys = sorted(hist)
     return (np.array([sum(bucket_bounds(b)) / 2000.0 for b in keys]),
@@ -201,7 +201,7 @@ def _quantiles(hist: dict[int, float]) -> list[float]:
 
 
 def _histogram_doc(hist: dict[int, float]) -> dict[str, list[float]]:
-    from cuvil_pgc.instrument.aggregate import bucket_bounds
+    from cuvil_pgc.trace.summary import bucket_bounds
 
     keys = sorted(hist)
     if not keys:

@@ -1,10 +1,10 @@
-"""Analysis of always-on aggregate summaries (instrument.aggregate): histograms, no timeline.
+"""Analysis of always-on aggregate summaries (:mod:`cuvil_pgc.trace.summary`): histograms, no timeline.
 
 A summary holds, per region path, the call count, the exact sum, min and max, and a log-linear
 histogram (8 buckets per octave). Merged over all summary sources (weighted), each path gets
 calls, total, self (total minus its direct children's totals), mean, p50/p95/p99 read from the
 histogram (bucket midpoints: within 6.25 %), share of the summarised wall time, and hotness by the
-analyzer's no-operator-data rule (half the self time, see hot_regions). With no operator or kernel
+analyzer's no-operator-data rule (half the self time, see hotness). With no operator or kernel
 data the bottleneck cannot be attributed: regions are labelled ``host_bound`` with confidence 0
 and the evidence says so. ``diff`` reads the same histograms as weighted per-call samples.
 """
@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from cuvil_pgc.analyze.analysis import Analysis, RegionStats
+from cuvil_pgc.analyze.hotness import NO_OP_DATA_SAVING  # the analyzer's rule without op data
 from cuvil_pgc.errors import AnalysisError
-from cuvil_pgc.instrument.aggregate import PathStats, bucket_bounds
 from cuvil_pgc.trace.columns import Trace
+from cuvil_pgc.trace.summary import PathStats, bucket_bounds
 
-NO_OP_HOTNESS = 0.5        # the analyzer's fallback: half the self time when nothing else is known
 MAX_SAMPLES = 20_000       # per path, when histograms stand in for per-call samples (diff)
 
 
@@ -74,7 +74,7 @@ def _region(path: str, s: PathStats, w: float, total: float, child_total: float,
     return RegionStats(
         path=path, calls=int(round(s.count * w)), total_us=total, self_us=self_us,
         mean_us=s.sum_ns / 1000.0 / s.count if s.count else 0.0, p50_us=q[0], p95_us=q[1], p99_us=q[2],
-        share=total / run_us if run_us > 0 else 0.0, hotness=NO_OP_HOTNESS * self_us, bottleneck="host_bound",
+        share=total / run_us if run_us > 0 else 0.0, hotness=NO_OP_DATA_SAVING * self_us, bottleneck="host_bound",
         confidence=0.0, parent=parent, depth=path.count("/"),
         evidence={"source": "aggregate summary", "min_us": s.min_ns / 1000.0, "max_us": s.max_ns / 1000.0,
                   "note": "no operator or kernel data: profile a capture window for the bottleneck class"},

@@ -17,12 +17,15 @@ import numpy as np
 
 from cuvil_pgc.analyze._prepare import Prepared
 from cuvil_pgc.analyze.analysis import Analysis, Timeline
+from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
+from cuvil_pgc.analyze.passes import requires
 from cuvil_pgc.trace.schema import Kind
 
 MAX_SPANS = 50_000
 MAX_POINTS = 2_000
 
 
+@requires(attribute_bottlenecks)  # spans are coloured by their region's bottleneck
 def build_timeline(prep: Prepared, analysis: Analysis) -> None:
     """Pass: fill ``analysis.timeline``."""
     analysis.timeline = Timeline(spans=_spans(prep, analysis), counters=_counters(prep),

@@ -29,17 +29,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cuvil_pgc.instrument import region as _region
+from cuvil_pgc.instrument._accel import fastregion
+from cuvil_pgc.instrument.region import reserve_id
 
 
 def format_regions_py(frames: list[list], head: bytes, decl_head: bytes, s0: int, floor: int,
                       names_json: dict[str, bytes], region_json: Callable[[Any], tuple[bytes, bytes]],
                       dumps: Callable[[Any], bytes]) -> bytes:
     """The pure-Python formatter (see the module docstring)."""
-    ids = _region._ids
     for frame in frames:
         if frame[3] is None or frame[3] < floor:
-            frame[3] = next(ids)
+            frame[3] = reserve_id()
     ts = [(f[2] - s0) / 1000.0 for f in frames]
     dur = [(f[5] - f[2]) / 1000.0 for f in frames]
     lines: list[bytes] = []
@@ -65,10 +65,9 @@ def _fragments(region: Any, names_json: dict[str, bytes], region_json: Callable[
 def _declare(lines: list[bytes], frame: list, floor: int, decl_head: bytes, names_json: dict[str, bytes],
              region_json: Callable[[Any], tuple[bytes, bytes]], dumps: Callable[[Any], bytes]) -> None:
     """Ids for ``frame`` and its ancestors without one in this file, then a declaration line each."""
-    ids = _region._ids
     chain = []
     while frame is not None and (frame[3] is None or frame[3] < floor):
-        frame[3] = next(ids)
+        frame[3] = reserve_id()
         chain.append(frame)
         frame = frame[1]
     i = 0
@@ -77,7 +76,7 @@ def _declare(lines: list[bytes], frame: list, floor: int, decl_head: bytes, name
         name_json = _fragments(f[0], names_json, region_json, dumps)[0]
         parent = f[1]            # read once: a region ending elsewhere may re-parent f
         if parent is not None and (parent[3] is None or parent[3] < floor):
-            parent[3] = next(ids)
+            parent[3] = reserve_id()
             chain.append(parent)
         lines.append(b'%s%s,"id":%d,"parent":%s}},\n' % (
             decl_head, name_json, f[3], b"null" if parent is None else b"%d" % parent[3]))
@@ -90,5 +89,4 @@ def _json_numbers(values: list[float], dumps: Callable[[Any], bytes]) -> list[by
     return dumps(values)[1:-1].split(b",") if values else []
 
 
-format_regions: Callable[..., bytes] = (
-    _region._accel.format_regions if _region._accel is not None else format_regions_py)
+format_regions: Callable[..., bytes] = fastregion.format_regions if fastregion is not None else format_regions_py

@@ -6,20 +6,13 @@ folded off the user's threads), nothing is written per call, and the summary fil
 rewritten atomically every ``flush_s`` seconds. ``analyze``, ``report`` and ``diff`` read a
 summary like a trace (no timeline; calls, totals, means and percentiles per path).
 
-Histogram: bucket ``b = 8*e + s`` holds durations in ``[2**e * (1 + s/8), 2**e * (1 + (s+1)/8))``
-ns — 8 linear buckets per octave, so a percentile read at a bucket's midpoint is within 6.25% of
-the true value. Histograms of the
-same scheme merge by adding counts, across threads, processes and ranks (:func:`merge_summaries`).
-
-Summary file (JSON): ``{"cuvil_summary": {"schema_version", "bucket_scheme": {"per_octave": 8,
-"unit": "ns"}, "metadata": {...like a trace's cuvil object...}, "regions": [{"path", "count",
-"sum_ns", "min_ns", "max_ns", "buckets": [[b, count], ...]}]}}``.
+The histogram scheme and the summary file's format are the trace data's
+(:mod:`cuvil_pgc.trace.summary`); this module records into them.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import sys
@@ -28,66 +21,15 @@ import time
 from typing import Any
 
 from cuvil_pgc.instrument import region as _region
+from cuvil_pgc.instrument._accel import fastregion
 from cuvil_pgc.instrument._buffers import RegionRecorder
+from cuvil_pgc.instrument._ranks import rank_and_world
 from cuvil_pgc.instrument.region import frame_path
+from cuvil_pgc.trace.summary import PathStats, buckets_of, summary_document
 
 log = logging.getLogger("cuvil_pgc")
 
-PER_OCTAVE = 8
-SUMMARY_KEY = "cuvil_summary"
-SUMMARY_SCHEMA_VERSION = 1
 FOLD_INTERVAL_S = 0.1   # buffers are checked this often: 2**18 slots per thread take 2.6M regions/s
-_frexp = math.frexp
-
-
-def bucket_of(ns: int) -> int:
-    """Histogram bucket of a duration in ns (0 for durations under 1 ns)."""
-    if ns <= 1:
-        return 0
-    mantissa, exponent = _frexp(ns)          # ns = m * 2**e with 0.5 <= m < 1
-    return (exponent - 1) * PER_OCTAVE + int((mantissa * 2.0 - 1.0) * PER_OCTAVE)
-
-
-def bucket_bounds(b: int) -> tuple[float, float]:
-    """[low, high) of bucket b in ns."""
-    octave, sub = divmod(b, PER_OCTAVE)
-    base = 2.0 ** octave
-    return base * (1 + sub / PER_OCTAVE), base * (1 + (sub + 1) / PER_OCTAVE)
-
-
-class PathStats:
-    __slots__ = ("count", "sum_ns", "min_ns", "max_ns", "buckets")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.sum_ns = 0
-        self.min_ns = 1 << 62
-        self.max_ns = 0
-        self.buckets: dict[int, int] = {}
-
-    def add_many(self, count: int, sum_ns: int, min_ns: int, max_ns: int) -> None:
-        """Fold in ``count`` durations with that sum, minimum and maximum (buckets apart)."""
-        self.count += count
-        self.sum_ns += sum_ns
-        self.min_ns = min(self.min_ns, min_ns)
-        self.max_ns = max(self.max_ns, max_ns)
-
-    def merge(self, other: PathStats) -> None:
-        self.add_many(other.count, other.sum_ns, other.min_ns, other.max_ns)
-        for b, c in list(other.buckets.items()):
-            self.buckets[b] = self.buckets.get(b, 0) + c
-
-    def to_json(self, path: str) -> dict[str, Any]:
-        return {"path": path, "count": self.count, "sum_ns": self.sum_ns, "min_ns": self.min_ns,
-                "max_ns": self.max_ns, "buckets": sorted(self.buckets.items())}
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> PathStats:
-        stats = cls()
-        stats.count, stats.sum_ns = int(doc["count"]), int(doc["sum_ns"])
-        stats.min_ns, stats.max_ns = int(doc["min_ns"]), int(doc["max_ns"])
-        stats.buckets = {int(b): int(c) for b, c in doc["buckets"]}
-        return stats
 
 
 class AggregateRecorder(RegionRecorder):
@@ -170,15 +112,6 @@ class _ThreadTable:
         return dropped
 
 
-def buckets_of(ns):
-    """:func:`bucket_of` of every duration in an int64 array."""
-    import numpy as np
-
-    mantissa, exponent = np.frexp(ns.astype(np.float64))
-    b = (exponent.astype(np.int64) - 1) * PER_OCTAVE + ((mantissa * 2.0 - 1.0) * PER_OCTAVE).astype(np.int64)
-    return np.where(ns <= 1, 0, b)
-
-
 def _fold_index_py(frames: list, index: dict[str, int], max_paths: int) -> tuple[bytes, bytes]:
     """Pure-Python ``_fastregion.fold_index``: path numbers and durations as int64 bytes."""
     import array
@@ -193,16 +126,7 @@ def _fold_index_py(frames: list, index: dict[str, int], max_paths: int) -> tuple
     return numbers.tobytes(), array.array("q", [f[5] - f[2] for f in frames]).tobytes()
 
 
-_fold_index = _region._accel.fold_index if _region._accel is not None else _fold_index_py
-
-
-def merge_summaries(docs: list[dict[str, Any]]) -> dict[str, PathStats]:
-    """Merge the ``regions`` of several summary documents (threads, processes, ranks)."""
-    merged: dict[str, PathStats] = {}
-    for doc in docs:
-        for row in doc[SUMMARY_KEY]["regions"]:
-            merged.setdefault(row["path"], PathStats()).merge(PathStats.from_json(row))
-    return merged
+_fold_index = fastregion.fold_index if fastregion is not None else _fold_index_py
 
 
 class AggregateSession:
@@ -254,13 +178,12 @@ class AggregateSession:
             return
         try:
             from cuvil_pgc.instrument.otel_metrics import OtelMetricsExporter, exporter_from_env, resource_for
-            from cuvil_pgc.instrument.session import _rank_and_world
 
             exporter = self._metrics_exporter or exporter_from_env()
             if exporter is None:
                 self.otel_status = {"status": "disabled", "reason": "OTEL_METRICS_EXPORTER=none"}
                 return
-            resource = resource_for(socket.gethostname(), _rank_and_world()[0], self.model, self.build_version)
+            resource = resource_for(socket.gethostname(), rank_and_world()[0], self.model, self.build_version)
             self.metrics = OtelMetricsExporter(exporter, resource)
             self.otel_status = {"status": "ok"}
         except Exception as exc:  # never into the host program
@@ -289,10 +212,8 @@ class AggregateSession:
                 next_flush = time.monotonic() + self.flush_s
 
     def document(self) -> dict[str, Any]:
-        from cuvil_pgc.instrument.session import _rank_and_world
-
-        rank, world = _rank_and_world()
-        regions = [s.to_json(p) for p, s in sorted(self.recorder.snapshot().items())]
+        rank, world = rank_and_world()
+        stats = self.recorder.snapshot()
         meta = {"host": socket.gethostname(), "pid": os.getpid(), "rank": rank, "world_size": world,
                 "python": sys.version.split()[0], "torch": getattr(sys.modules.get("torch"), "__version__", None),
                 "start_unix_ns": self.start_unix_ns, "end_unix_ns": time.time_ns(), "command": list(sys.argv),
@@ -303,9 +224,7 @@ class AggregateSession:
         if self.metrics is not None:
             meta["dropped"]["otel_metrics"] = self.metrics.dropped
             meta["samplers"]["otel_metrics"]["exported"] = self.metrics.exported
-        return {SUMMARY_KEY: {"schema_version": SUMMARY_SCHEMA_VERSION,
-                              "bucket_scheme": {"per_octave": PER_OCTAVE, "unit": "ns"},
-                              "metadata": meta, "regions": regions}}
+        return summary_document(meta, stats)
 
     def flush(self) -> None:
         """Rewrite the summary file atomically. Never raises into the host program, and never

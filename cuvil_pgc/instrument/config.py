@@ -10,8 +10,14 @@ from cuvil_pgc.errors import ConfigError
 ENV_FLUSH_INTERVAL = "CUVIL_FLUSH_INTERVAL_S"   # seconds between writes to the partial file
 ENV_BUFFER_EVENTS = "CUVIL_BUFFER_EVENTS"       # per-thread region buffer capacity
 ENV_OTEL = "CUVIL_OTEL"                         # "1": export regions as OpenTelemetry spans
+ENV_ON_DEMAND = "CUVIL_PGC_ON_DEMAND"           # "1": on-demand mode from import (instrument.on_demand)
 
 GPU_MODES = ("auto", "on", "off")
+
+
+def on_demand_requested() -> bool:
+    """Whether the environment asks for on-demand mode (``CUVIL_PGC_ON_DEMAND`` set and not 0)."""
+    return os.environ.get(ENV_ON_DEMAND, "") not in ("", "0")
 
 
 @dataclass

@@ -2,7 +2,10 @@
 
 Each check is a plain function returning a :class:`BackendCheck`; :func:`run_checks` runs them all.
 They never raise (a check that crashes reports that as its reason) and import their backend only
-when run. ``cuvil-pgc doctor`` renders them; the viewer and README reuse the same data.
+when run. The GPU samplers' backends are asked through the samplers themselves
+(:meth:`~cuvil_pgc.instrument.samplers.base.Sampler.probe`), so doctor and a session agree.
+``cuvil-pgc doctor`` (:mod:`cuvil_pgc.cli.doctor`) runs them and the recompiler's runtime
+checks, and renders the result.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cuvil_pgc.instrument.samplers import cupti_kernels, nvml
+from cuvil_pgc.instrument.samplers.base import Probe
+from cuvil_pgc.instrument.samplers.cupti_kernels import CuptiKernelSampler
+from cuvil_pgc.instrument.samplers.nvml import NvmlSampler
 
-GPU_EXTRA_FIX = "pip install 'cuvil-pgc[gpu]' (cupti-python and nvidia-ml-py)"
 NVIDIA_PARAMS = "/proc/driver/nvidia/params"
 PROFILING_PARAM = "RmProfilingAdminOnly"
 PROFILING_FIX = ("run as root, or set `options nvidia NVreg_RestrictProfilingToAdminUsers=0` in "
@@ -38,6 +42,11 @@ class BackendCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(asdict(self), status=self.status)
+
+    @classmethod
+    def of(cls, name: str, probe: Probe) -> BackendCheck:
+        """The check of a sampler's backend, as its :meth:`~cuvil_pgc.instrument.samplers.Sampler.probe` says."""
+        return cls(name, probe.ok, probe.detail, probe.reason, probe.fix)
 
 
 def check_torch() -> BackendCheck:
@@ -107,59 +116,12 @@ def check_cuda() -> BackendCheck:
 
 def check_cupti() -> BackendCheck:
     """cupti-python importable, libcupti and the driver loadable, and CUPTI not held by another tool."""
-    name = "CUPTI (kernels)"
-    try:
-        cupti = cupti_kernels._import_cupti()
-    except ImportError as exc:
-        return BackendCheck(name, False, reason=f"cupti-python is not importable ({exc})", fix=GPU_EXTRA_FIX)
-    try:
-        cupti.get_timestamp()
-    except Exception as exc:
-        return BackendCheck(name, False, reason=f"libcupti cannot run: {exc}",
-                            fix="install the NVIDIA driver and run on a GPU machine")
-    if cupti_kernels._active is not None:
-        return BackendCheck(name, True, "in use by this process's cuvil-pgc session")
-    try:
-        handle = cupti.subscribe(cupti_kernels._no_callbacks, None)
-    except Exception as exc:
-        status = cupti_kernels.cupti_status_name(exc)
-        if status in (cupti_kernels.MULTIPLE_SUBSCRIBERS, cupti_kernels.INSUFFICIENT_PRIVILEGES):
-            reason, _, fix = cupti_kernels._reason_for(status).partition("; ")
-            return BackendCheck(name, False, reason=reason, fix=fix)
-        return BackendCheck(name, False, reason=f"cuptiSubscribe failed: {exc}", fix="see the CUPTI documentation")
-    cupti.unsubscribe(handle)
-    return BackendCheck(name, True, "activity API ready (kernels, runtime, memcpy, memset)")
+    return BackendCheck.of("CUPTI (kernels)", CuptiKernelSampler().probe())
 
 
 def check_nvml() -> BackendCheck:
     """NVML starts, sees GPUs, and whether each supports GPM (SM activity and occupancy)."""
-    name = "NVML (utilization)"
-    try:
-        lib = nvml._import_nvml()
-    except ImportError as exc:
-        return BackendCheck(name, False, reason=f"nvidia-ml-py is not importable ({exc})", fix=GPU_EXTRA_FIX)
-    try:
-        lib.nvmlInit()
-    except Exception as exc:
-        return BackendCheck(name, False, reason=f"NVML cannot start: {nvml.nvml_error_reason(lib, exc)}",
-                            fix="install the NVIDIA driver (libnvidia-ml.so.1) and run on a GPU machine")
-    try:
-        parts = [_describe_gpu(lib, i, h) for i, h in nvml.visible_devices(lib)]
-    finally:
-        nvml._quietly(lib.nvmlShutdown)
-    if not parts:
-        return BackendCheck(name, False, reason="NVML sees no GPU", fix="check nvidia-smi and CUDA_VISIBLE_DEVICES")
-    return BackendCheck(name, True, f"{len(parts)} GPU(s): " + "; ".join(parts))
-
-
-def _describe_gpu(lib: Any, index: int, handle: Any) -> str:
-    label = f"gpu{index} {lib.nvmlDeviceGetName(handle)}"
-    try:
-        gpm = bool(lib.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
-    except Exception:
-        gpm = False
-    return label + (": GPM (SM activity, occupancy)" if gpm else
-                    ": no GPM, sm_util is the coarse utilization rate and sm_occupancy is unavailable")
+    return BackendCheck.of("NVML (utilization)", NvmlSampler().probe())
 
 
 def check_counter_permission(params_path: str = NVIDIA_PARAMS) -> BackendCheck:
@@ -215,25 +177,9 @@ def check_region_accel() -> BackendCheck:
 
 # CUPTI is probed before torch.profiler runs: on a CUDA build, starting torch.profiler makes Kineto
 # subscribe to CUPTI, and the CUPTI check would then report this very process as the other tool.
-def _runtime_check(backend: str) -> Callable[[], BackendCheck]:
-    """A check of one of the recompiler's runtime backends (see :mod:`cuvil_pgc.recompile.runtimes`)."""
-
-    def check() -> BackendCheck:
-        from cuvil_pgc.recompile import runtimes
-
-        status = runtimes.describe(backend)
-        name = f"{runtimes.RUNTIMES[backend].title} (recompile backend)"
-        return BackendCheck(name, status.ok, status.detail, status.reason, status.fix)
-
-    check.__name__ = f"check_{backend}"
-    check.__doc__ = f"The recompiler's {backend} backend is installed and can run."
-    return check
-
-
 CHECKS: list[Callable[[], BackendCheck]] = [
     check_torch, check_cuda, check_cupti, check_nvml, check_counter_permission, check_op_capture,
     check_compile, check_cpu_util, check_region_accel,
-    _runtime_check("ort"), _runtime_check("openvino"), _runtime_check("tensorrt"),
 ]
 
 

@@ -21,8 +21,7 @@ import functools
 from typing import Any
 
 from cuvil_pgc._structure import SHORT, structural_hash
-from cuvil_pgc.instrument import region as _region
-from cuvil_pgc.instrument.region import ProfileRegion
+from cuvil_pgc.instrument.region import ProfileRegion, recording
 
 
 class InstrumentHandle:
@@ -95,7 +94,7 @@ _ABSENT = object()
 def _wrap(forward: Any, region: ProfileRegion):
     @functools.wraps(forward)
     def forward_in_region(*args: Any, **kwargs: Any) -> Any:
-        if _region._recorder is None:
+        if not recording():
             return forward(*args, **kwargs)
         with region:
             return forward(*args, **kwargs)

@@ -1,6 +1,6 @@
 """On-demand capture windows for long-running processes.
 
-A process started with ``CUVIL_PGC_ON_DEMAND=1`` (checked when cuvil_pgc is imported) or using
+A process started with ``CUVIL_PGC_ON_DEMAND=1`` (checked when cuvil_pgc is imported: its one import-time side effect) or using
 ``profile(on_demand=True)`` keeps regions in always-on aggregate mode (instrument.aggregate) and
 opens a detailed capture window — region events, operator capture, samplers — when
 
@@ -46,10 +46,11 @@ from cuvil_pgc.errors import CuvilError
 from cuvil_pgc.instrument import _control
 from cuvil_pgc.instrument._control import ENV_CONTROL_DIR, FailureLog, Rejected
 from cuvil_pgc.instrument.aggregate import AggregateSession
+from cuvil_pgc.instrument.config import ENV_ON_DEMAND, SessionConfig, on_demand_requested
+from cuvil_pgc.instrument.session import Session
 
 log = logging.getLogger("cuvil_pgc")
 
-ENV_ON_DEMAND = "CUVIL_PGC_ON_DEMAND"
 __all__ = ["ENV_CONTROL_DIR", "ENV_ON_DEMAND", "OnDemandController", "control_dir", "start_from_env"]
 DEFAULT_SECONDS = 10.0
 MAX_SECONDS = 86_400.0
@@ -167,13 +168,14 @@ class OnDemandController:
         return request or self._read_request() or {}
 
     def _open_window(self, request: dict[str, Any]) -> None:
-        from cuvil_pgc.instrument.session import profile
-
         self._request_id = request.get("id")
         self._steps_left = request.get("steps")
         seconds = request.get("seconds") or self.seconds
         self._deadline = None if self._steps_left else time.monotonic() + seconds
-        self._window = profile(self._window_path(), **self.window_options).start()
+        options = dict(self.window_options)
+        exporter = options.pop("otel_exporter", None)
+        config = SessionConfig.from_env(path=self._window_path(), **options)
+        self._window = Session(config, otel_exporter=exporter).start()
 
     def _window_path(self) -> str:
         """The next window file whose trace and partial are both absent (a leftover never blocks)."""
@@ -295,9 +297,9 @@ _auto: OnDemandController | None = None
 
 
 def start_from_env() -> OnDemandController | None:
-    """Start on-demand mode when CUVIL_PGC_ON_DEMAND=1 (called once at import)."""
+    """Start on-demand mode when CUVIL_PGC_ON_DEMAND=1 (``import cuvil_pgc`` calls it then)."""
     global _auto
-    if _auto is None and os.environ.get(ENV_ON_DEMAND, "") not in ("", "0"):
+    if _auto is None and on_demand_requested():
         try:
             _auto = OnDemandController().start()
         except Exception as exc:

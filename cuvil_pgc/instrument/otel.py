@@ -57,23 +57,69 @@ def exporter_kind(variable: str, protocol_variable: str) -> str:
     return kind
 
 
-def exporter_from_env() -> Any:
-    """The SpanExporter that the standard OTEL_* environment variables ask for."""
-    kind = exporter_kind(OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+def exporter_for(variable: str, protocol_variable: str, console: tuple[str, str], otlp: tuple[str, str]) -> Any:
+    """The exporter a standard ``OTEL_*_EXPORTER`` variable asks for (None for ``none``): the
+    ``console`` or ``otlp`` class, each given as (module, class name); the OTLP/HTTP one comes with
+    the ``otel`` extra."""
+    import importlib
+
+    kind = exporter_kind(variable, protocol_variable)
     if kind == "none":
         return None
     if kind == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        return ConsoleSpanExporter()
+        return getattr(importlib.import_module(console[0]), console[1])()
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        module = importlib.import_module(otlp[0])
     except ImportError:
         raise ConfigError("the OTLP/HTTP exporter is not installed", fix="pip install 'cuvil-pgc[otel]'") from None
-    return OTLPSpanExporter()
+    return getattr(module, otlp[1])()
 
 
-class OtelRegionExporter:
+def exporter_from_env() -> Any:
+    """The SpanExporter that the standard OTEL_* environment variables ask for."""
+    return exporter_for(OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+                        ("opentelemetry.sdk.trace.export", "ConsoleSpanExporter"),
+                        ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "OTLPSpanExporter"))
+
+
+class BackgroundExport:
+    """One daemon thread that exports what was submitted when woken (or every ``interval_s``) and
+    what is left at :meth:`shutdown`. Subclasses set ``exporter`` and implement ``_export()``; the
+    exporter is third-party code, so nothing it raises leaves this class."""
+
+    what = "exporter"           # named in the log line of a failed shutdown
+
+    def _start(self, name: str, interval_s: float | None = None) -> None:
+        self._interval_s = interval_s
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Export what is waiting, then stop the thread and the exporter."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+        try:
+            self.exporter.shutdown()
+        except Exception as exc:  # the exporter is third-party code
+            log.warning("cuvil-pgc: OpenTelemetry %s shutdown failed: %s", self.what, exc)
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+            self._export()
+            if self._stop:
+                self._export()
+                return
+
+    def _export(self) -> None:
+        raise NotImplementedError
+
+
+class OtelRegionExporter(BackgroundExport):
     """Bounded queue of completed regions, exported as spans by one background thread."""
 
     def __init__(self, exporter: Any, rank: int = 0, max_queue: int = 65_536, batch_size: int = 512,
@@ -93,10 +139,7 @@ class OtelRegionExporter:
         self._queue: deque[RegionRow] = deque()
         self._resource = Resource.create({"cuvil.rank": rank})
         self._scope = InstrumentationScope("cuvil_pgc")
-        self._wake = threading.Event()
-        self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="cuvil-pgc-otel", daemon=True)
-        self._thread.start()
+        self._start("cuvil-pgc-otel", interval_s)
 
     def submit(self, rows: list[RegionRow]) -> None:
         """Queue completed regions; drops (and counts) what does not fit. Never blocks."""
@@ -108,26 +151,7 @@ class OtelRegionExporter:
         if len(self._queue) >= self.batch_size:
             self._wake.set()
 
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Export what is queued, then stop the thread and the exporter."""
-        self._stop = True
-        self._wake.set()
-        self._thread.join(timeout_s)
-        try:
-            self.exporter.shutdown()
-        except Exception as exc:  # the exporter is third-party code
-            log.warning("cuvil-pgc: OpenTelemetry exporter shutdown failed: %s", exc)
-
-    def _loop(self) -> None:
-        while True:
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
-            self._export_queued()
-            if self._stop:
-                self._export_queued()
-                return
-
-    def _export_queued(self) -> None:
+    def _export(self) -> None:
         while self._queue:
             n = min(self.batch_size, len(self._queue))
             pop = self._queue.popleft

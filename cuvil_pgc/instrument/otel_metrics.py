@@ -23,7 +23,7 @@ import math
 import threading
 from typing import Any
 
-from cuvil_pgc.errors import ConfigError
+from cuvil_pgc.instrument.otel import BackgroundExport, exporter_for
 
 log = logging.getLogger("cuvil_pgc")
 
@@ -36,20 +36,9 @@ PATH_ATTRIBUTE = "cuvil.region.path"
 
 def exporter_from_env() -> Any:
     """The MetricExporter that the standard OTEL_* environment variables ask for (None: ``none``)."""
-    from cuvil_pgc.instrument.otel import exporter_kind
-
-    kind = exporter_kind(OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL)
-    if kind == "none":
-        return None
-    if kind == "console":
-        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
-
-        return ConsoleMetricExporter()
-    try:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    except ImportError:
-        raise ConfigError("the OTLP/HTTP exporter is not installed", fix="pip install 'cuvil-pgc[otel]'") from None
-    return OTLPMetricExporter()
+    return exporter_for(OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
+                        ("opentelemetry.sdk.metrics.export", "ConsoleMetricExporter"),
+                        ("opentelemetry.exporter.otlp.proto.http.metric_exporter", "OTLPMetricExporter"))
 
 
 def exponential_index(seconds: float) -> int:
@@ -61,7 +50,7 @@ def data_point(row: dict[str, Any], start_ns: int, now_ns: int) -> Any:
     """One summary region row ({path, count, sum_ns, min_ns, max_ns, buckets}) as a data point."""
     from opentelemetry.sdk.metrics.export import Buckets, ExponentialHistogramDataPoint
 
-    from cuvil_pgc.instrument.aggregate import bucket_bounds
+    from cuvil_pgc.trace.summary import bucket_bounds
 
     counts: dict[int, int] = {}
     zero = 0
@@ -95,7 +84,9 @@ def metrics_data(summary: dict[str, Any], resource: Any, now_ns: int) -> Any:
     )
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    body = summary["cuvil_summary"]
+    from cuvil_pgc.trace.summary import SUMMARY_KEY
+
+    body = summary[SUMMARY_KEY]
     start_ns = int(body["metadata"].get("start_unix_ns") or now_ns)
     points = [data_point(row, start_ns, now_ns) for row in body["regions"] if row["count"] > 0]
     metric = Metric(name=METRIC_NAME, description="Time in a profile region, per region path", unit="s",
@@ -116,8 +107,10 @@ def resource_for(host: str, rank: int, model: str | None = None, build_version: 
     return Resource.create(attrs)
 
 
-class OtelMetricsExporter:
+class OtelMetricsExporter(BackgroundExport):
     """Exports submitted summaries from one background thread; the latest waiting summary wins."""
+
+    what = "metric exporter"
 
     def __init__(self, exporter: Any, resource: Any, timeout_s: float = 10.0) -> None:
         self.exporter = exporter
@@ -127,10 +120,7 @@ class OtelMetricsExporter:
         self.exported = 0
         self._pending: dict[str, Any] | None = None
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="cuvil-pgc-otel-metrics", daemon=True)
-        self._thread.start()
+        self._start("cuvil-pgc-otel-metrics")
 
     def submit(self, summary: dict[str, Any]) -> None:
         """Queue a summary for export. Never blocks on the exporter, never raises."""
@@ -140,26 +130,7 @@ class OtelMetricsExporter:
             self._pending = summary
         self._wake.set()
 
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Export what is waiting, then stop the thread and the exporter."""
-        self._stop = True
-        self._wake.set()
-        self._thread.join(timeout_s)
-        try:
-            self.exporter.shutdown()
-        except Exception as exc:  # third-party code
-            log.warning("cuvil-pgc: OpenTelemetry metric exporter shutdown failed: %s", exc)
-
-    def _loop(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            self._export_pending()
-            if self._stop:
-                self._export_pending()
-                return
-
-    def _export_pending(self) -> None:
+    def _export(self) -> None:
         import time
 
         with self._lock:

@@ -32,19 +32,12 @@ import contextvars
 import functools
 import inspect
 import itertools
-import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from cuvil_pgc.errors import RegionError
-
-try:
-    if os.environ.get("CUVIL_PGC_PURE_PYTHON"):
-        raise ImportError("CUVIL_PGC_PURE_PYTHON is set")
-    from cuvil_pgc.instrument import _fastregion as _accel
-except ImportError:
-    _accel = None
+from cuvil_pgc.instrument._accel import fastregion as _accel
 
 ACCELERATED = _accel is not None
 """Whether regions run the C accelerator (False: pure Python, e.g. no compiler at install)."""
@@ -100,6 +93,11 @@ def detach(recorder: Recorder) -> None:
     if recorder in _sinks:
         _sinks.remove(recorder)
     _rebuild()
+
+
+def recording() -> bool:
+    """Whether any sink records regions now (a cheap check for hooks that would open one)."""
+    return _recorder is not None
 
 
 def set_recorder(recorder: Recorder | None) -> None:

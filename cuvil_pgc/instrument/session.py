@@ -1,4 +1,4 @@
-"""Recording sessions: ``with profile("run.trace.json") as session: ...``.
+"""Recording sessions: ``with profile("run.trace.json") as session: ...`` (``profile()`` is in :mod:`.factory`).
 
 A session installs the region recorder, starts the configured samplers and a writer thread that
 drains per-thread buffers into the partial trace file every ``flush_interval_s``. Stopping
@@ -33,13 +33,14 @@ from cuvil_pgc.errors import SessionError
 from cuvil_pgc.instrument import region as _region
 from cuvil_pgc.instrument._buffers import RegionRecorder
 from cuvil_pgc.instrument._eventlines import format_regions
+from cuvil_pgc.instrument._ranks import rank_and_world
 from cuvil_pgc.instrument.clock import SessionClock
 from cuvil_pgc.instrument.config import SessionConfig
 from cuvil_pgc.instrument.region import frame_path
 from cuvil_pgc.instrument.samplers import build_samplers
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
 from cuvil_pgc.trace import schema
-from cuvil_pgc.trace._leftover import split_trace_path
+from cuvil_pgc.trace.schema import split_trace_path
 from cuvil_pgc.trace.writer import PartialInUse, TraceWriter, dumps
 
 log = logging.getLogger("cuvil_pgc")
@@ -59,7 +60,7 @@ class Session:
     def __init__(self, config: SessionConfig, samplers: list[Sampler] | None = None,
                  otel_exporter: Any = None) -> None:
         self.config = config
-        self.rank, self.world_size = _rank_and_world()
+        self.rank, self.world_size = rank_and_world()
         self._otel_exporter = otel_exporter
         self._otel: Any = None
         self.path = config.path
@@ -100,7 +101,7 @@ class Session:
                 raise SessionError(f"a session is already recording to {_active.path}",
                                    path=self.path, fix="stop it before starting another (one session per "
                                    "process), or record into it: cuvil_pgc.active_session()")
-            self.rank, self.world_size = _rank_and_world()
+            self.rank, self.world_size = rank_and_world()
             if self.world_size > 1:
                 self.path = rank_path(self.config.path, self.rank)
             self.clock = SessionClock.now()
@@ -450,21 +451,6 @@ def _span_row(frame: list, unix0: int, tid: int) -> tuple:
             start + unix0, end + unix0, tid, region.attrs)
 
 
-def _rank_and_world() -> tuple[int, int]:
-    """(rank, world size): torch.distributed when initialised, else torchrun's RANK / WORLD_SIZE."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:
-        pass
-    env = os.environ
-    try:
-        return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
-    except ValueError:
-        return 0, 1
-
-
 def _after_fork_in_child() -> None:
     """A forked child inherits no session: the parent's stays the parent's (its file, its
     regions); the child may start its own. Module state the parent's threads held is reset."""
@@ -484,49 +470,3 @@ def rank_path(path: str, rank: int) -> str:
     """``run.trace.json`` -> ``run.rank3.trace.json`` (each rank of a job writes its own file)."""
     stem, suffix = split_trace_path(path)
     return f"{stem}.rank{rank}{suffix}"
-
-
-def profile(path: str | os.PathLike[str] = "cuvil.trace.json", **options: Any) -> Any:
-    """Start recording into ``path`` when entered: ``with profile("run.trace.json", ops=True):``.
-
-    Keyword options are the fields of :class:`SessionConfig` (``ops``, ``gpu``, ``sample_hz``,
-    ``compile``, ``flush_interval_s``, ``otel``, ...). Environment variables fill what is not given.
-    ``otel_exporter=`` passes an OpenTelemetry SpanExporter instead of the one OTEL_* names.
-    ``schedule=cuvil_pgc.schedule(...)`` (with ``on_trace_ready``, ``max_files``, ``max_bytes``)
-    returns a :class:`~cuvil_pgc.instrument.windows.ScheduledSession` writing one file per window;
-    ``mode="aggregate"`` an :class:`~cuvil_pgc.instrument.aggregate.AggregateSession` (histograms
-    in ``path``, options ``flush_s``, ``max_paths``); ``on_demand=True`` an
-    :class:`~cuvil_pgc.instrument.on_demand.OnDemandController` (aggregates, windows on request,
-    written beside ``path``).
-    """
-    outer = _active
-    if outer is not None and outer.joinable:
-        from cuvil_pgc.instrument._joined import JoinedSession
-
-        return JoinedSession(outer, os.fspath(path))
-    otel_exporter = options.pop("otel_exporter", None)
-    mode = options.pop("mode", "events")
-    if options.pop("on_demand", False):
-        from cuvil_pgc.instrument.on_demand import OnDemandController
-
-        return OnDemandController(os.path.dirname(os.path.abspath(os.fspath(path))), **options)
-    if mode == "aggregate":
-        from cuvil_pgc.instrument.aggregate import AggregateSession
-
-        return AggregateSession(os.fspath(path), **options)
-    if mode != "events":
-        from cuvil_pgc.errors import ConfigError
-
-        raise ConfigError(f"mode={mode!r} is not 'events' or 'aggregate'")
-    window_options = {k: options.pop(k) for k in ("schedule", "on_trace_ready", "max_files", "max_bytes")
-                      if k in options}
-    config = SessionConfig.from_env(path=os.fspath(path), **options)
-    if window_options.get("schedule") is not None:
-        from cuvil_pgc.instrument.windows import ScheduledSession
-
-        return ScheduledSession(config, otel_exporter=otel_exporter, **window_options)
-    if window_options:
-        from cuvil_pgc.errors import ConfigError
-
-        raise ConfigError(f"{', '.join(window_options)} need schedule=cuvil_pgc.schedule(...)")
-    return Session(config, otel_exporter=otel_exporter)

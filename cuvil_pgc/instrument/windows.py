@@ -22,7 +22,8 @@ from typing import Any
 from cuvil_pgc.errors import ConfigError
 from cuvil_pgc.instrument.config import SessionConfig
 from cuvil_pgc.instrument.schedule import Action, Schedule
-from cuvil_pgc.instrument.session import Session, split_trace_path
+from cuvil_pgc.instrument.session import Session
+from cuvil_pgc.trace.schema import split_trace_path
 
 log = logging.getLogger("cuvil_pgc")
 

@@ -2,7 +2,7 @@
 
 ``recompile(model, example_inputs, traces, budget=...) -> Build`` (see :mod:`.build`),
 ``load_build(path_or_ref, model, fallback=...)``, ``compare`` (see :mod:`.compare`). Attributes load
-lazily so that importing the package (the CLI does, to register commands) stays cheap.
+lazily so that importing the package stays cheap (no torch until a function is used).
 """
 
 from __future__ import annotations

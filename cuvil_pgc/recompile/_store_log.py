@@ -72,34 +72,34 @@ def read_chain(path: Path) -> Chain:
         return Chain([], [])
     except OSError as exc:
         raise StoreError(f"store log cannot be read ({exc.strerror or exc})", path=path,
-                         fix=_from_state_fix(path)) from None
+                         fix=from_state_fix(path)) from None
     entries = []
     for n, line in enumerate(lines, 1):
         try:
             entries.append(_DECODER.decode(line))
         except msgspec.DecodeError as exc:
-            raise StoreError(f"store log line {n} is malformed ({exc})", path=path, fix=_from_state_fix(path)) from None
+            raise StoreError(f"store log line {n} is malformed ({exc})", path=path, fix=from_state_fix(path)) from None
     seen_chained = False
     for n, entry in enumerate(entries, 1):
         if entry.prev is None and not _replayable(entry):        # a line written before the chain
             if seen_chained:
                 raise StoreError(f"store log line {n} has no digest of the line before it: it was inserted or "
-                                 "edited", path=path, fix=_from_state_fix(path))
+                                 "edited", path=path, fix=from_state_fix(path))
             continue
         if n == 1 and entry.prev is not None:
             raise StoreError("the first line of the store log names a line before it: lines were removed from "
-                             "its start", path=path, fix=_from_state_fix(path))
+                             "its start", path=path, fix=from_state_fix(path))
         if n > 1 and entry.prev != digest(lines[n - 2]):
             raise StoreError(f"store log line {n} does not follow line {n - 1} (the digest of the line before it "
-                             "differs): a line was edited, removed or inserted", path=path, fix=_from_state_fix(path))
+                             "differs): a line was edited, removed or inserted", path=path, fix=from_state_fix(path))
         if n > 1 and not seen_chained and entry.op != "checkpoint":
             raise StoreError(f"store log line {n} is chained to lines written before the chain without a checkpoint",
-                             path=path, fix=_from_state_fix(path))
+                             path=path, fix=from_state_fix(path))
         seen_chained = True
     return Chain(entries, lines, legacy=bool(entries) and not seen_chained)
 
 
-def _from_state_fix(log: Path) -> str:
+def from_state_fix(log: Path) -> str:
     return (f"if state.json beside it is right, `{repair_command(log.parent, '--from-state')}` starts a new log "
             "from it (the damaged log is kept beside it); otherwise restore log.jsonl from a backup")
 
@@ -173,7 +173,7 @@ def checked_state(directory: Path, name: str) -> tuple[st.NameState, Chain]:
     if not os.path.lexists(log_path):
         if os.path.lexists(state_path):
             raise StoreError("store log is missing (state.json exists, so the history was deleted)", path=log_path,
-                             fix=_from_state_fix(log_path))
+                             fix=from_state_fix(log_path))
         return state, Chain([], [])
     chain = read_chain(log_path)
     if chain.legacy:
@@ -225,7 +225,7 @@ def repair(directory: Path, name: str, *, from_state: bool = False) -> list[str]
     chain = read_chain(log_path)
     if not chain.entries:
         raise StoreError("the store log is missing or empty: there is nothing to rebuild state.json from",
-                         path=log_path, fix=_from_state_fix(log_path))
+                         path=log_path, fix=from_state_fix(log_path))
     if chain.legacy:
         checked_state(directory, name)          # migrates when the state agrees, refuses otherwise
         return ["migrated the log: it is chained from now on"]

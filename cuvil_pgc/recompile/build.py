@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_pgc.errors import BuildError, CuvilError, RecompileError
+from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
 
 log = logging.getLogger(__name__)
 
-PLAN_MEMBER = "plan.json"
 CACHE_MEMBER = "inductor_cache.bin"
 FALLBACKS = ("error", "eager")
 #: what load_build does with regions that changed since the build
@@ -167,7 +167,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
         raise RecompileError(f"recompile needs a torch.nn.Module, got {type(model).__name__}")
     model = model.eval().to(device)
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
-    from cuvil_pgc.recompile.progress import stage
+    from cuvil_pgc._progress import stage
 
     paths = _trace_paths(traces)
     if analysis is None and paths:
@@ -239,8 +239,8 @@ def _trace_paths(traces: Any) -> list[str]:
 
 
 def _analyze(paths: list[str], machine: Any) -> Any:
-    from cuvil_pgc import load_trace
     from cuvil_pgc.analyze import analyze
+    from cuvil_pgc.trace.reader import load_trace
 
     return analyze(load_trace(*paths), machine)
 
@@ -480,7 +480,8 @@ def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport
 
 def _realize_lazy(module: Any, cand: Any, device: str) -> Any:
     """torch.compile candidates need no inputs to build: compilation happens on the first call."""
-    from cuvil_pgc.recompile.apply import Realized, prepare_module, realize
+    from cuvil_pgc.recompile.apply import prepare_module, realize
+    from cuvil_pgc.recompile.realized import Realized
 
     if cand.backend == "eager":
         prepared, applied = prepare_module(module, cand, device)

@@ -5,7 +5,8 @@ round; see :mod:`.measure`). The result follows DESIGN.md's ``compare --json`` s
 ``{"a": {"name", "median_ms", "ci95_ms"}, "b": {...}, "speedup", "speedup_ci95": [lo, hi], "verdict"}``
 where ``speedup`` = median(A) / median(B) (above 1: B is faster) and ``verdict`` is ``faster``,
 ``slower`` or ``same`` for B relative to A: ``same`` when the bootstrap 95 % CI of the ratio
-contains 1 (no significant difference).
+contains 1 (no significant difference). The table of a result is the viewer's
+(:mod:`cuvil_pgc.viewer.console_recompile`).
 """
 
 from __future__ import annotations
@@ -83,29 +84,3 @@ def compare(model: Any, example_inputs: tuple[Any, ...], a: str, b: str, *, stor
     run_a = resolve_contender(a, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned)
     run_b = resolve_contender(b, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned)
     return compare_runnables(run_a, run_b, example_inputs, names=(a, b), rounds=rounds)
-
-
-def compare_view(result: dict[str, Any]) -> Any:
-    """A compare result as a table view (one row per side)."""
-    from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup
-
-    title = (f"compare: B is {result['verdict']} than A" if result["verdict"] != "same"
-             else "compare: no significant difference")
-    ms = "{:.4f}".format
-    columns = [Column("side", ""), Column("name", "name", identifier=True),
-               Column("median_ms", "median ms", ms, "right"),
-               Column("ci95_ms", "95% CI ms", lambda ci: f"{ci[0]:.4f} – {ci[1]:.4f}", "right")]
-    rows = [{"side": side.upper(), "name": result[side]["name"], "median_ms": result[side]["median_ms"],
-             "ci95_ms": tuple(result[side]["ci95_ms"])} for side in ("a", "b")]
-    lo, hi = result["speedup_ci95"]
-    caption = (f"speedup A/B = {fmt_speedup(result['speedup'])} (95% CI {fmt_speedup(lo)} – {fmt_speedup(hi)}), "
-               f"{result['rounds']} interleaved rounds"
-               + (f", {result['threads']} torch thread(s)" if result.get("threads") else ""))
-    return TableView(title, columns, rows, caption)
-
-
-def compare_table(result: dict[str, Any]) -> Any:
-    """A rich table of a compare result."""
-    from cuvil_pgc.viewer.tables import render_view
-
-    return render_view(compare_view(result), 80)[0]

@@ -25,7 +25,7 @@ import zipfile
 import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -210,6 +210,18 @@ class VerifiedBuild:
     def close(self) -> None:
         self._zip.close()
         self._fh.close()
+
+    def summary(self) -> dict[str, Any]:
+        """What ``cuvil-pgc verify`` reports: path, manifest facts, signature and member digests."""
+        import msgspec
+
+        m = self.manifest
+        return {"path": self.path, "ok": True, "name": m.name, "version": m.version,
+                "created": m.created.isoformat(), "format_version": m.format_version,
+                "fingerprint": msgspec.to_builtins(m.fingerprint), "model_hash": m.model_hash,
+                "trace_hashes": list(m.trace_hashes), "manifest_sha256": self.manifest_sha256,
+                "signature": {"present": self.signed, "verified": self.signature_verified, "key_id": self.key_id},
+                "members": {n: msgspec.to_builtins(d) for n, d in m.members.items()}}
 
     def members(self) -> list[str]:
         """Names of the payload members (manifest and signature excluded), sorted."""

@@ -18,9 +18,10 @@ import torch
 
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.accuracy import check_outputs
-from cuvil_pgc.recompile.apply import Realized, apply_plan, realize
+from cuvil_pgc.recompile.apply import apply_plan, realize
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.measure import time_interleaved
+from cuvil_pgc.recompile.realized import Realized
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from typing import Any
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 
 PLAN_FORMAT = 1
+PLAN_MEMBER = "plan.json"      # the plan's name inside a build
 
 
 def _ms(us: float | None) -> float | None:
@@ -103,8 +104,47 @@ def _evidence(feats: Any) -> dict[str, Any]:
             "profile": feats.evidence.get("bottleneck_evidence", {})}
 
 
+def region_speedup(region: dict[str, Any], key: str) -> float | None:
+    """A plan region's ``baseline_ms`` over its ``key`` (``predicted_ms``, ``measured_ms``); None
+    unless both are positive finite numbers."""
+    base, t = region.get("baseline_ms"), region.get(key)
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in (base, t))
+    return base / t if ok else None
+
+
 def tried_counts(region: dict[str, Any]) -> tuple[int, int]:
     """(measured, rejected) alternatives of one plan region: the counts the CLI and the report show
     (alternatives ranked out by the budget were not tried)."""
     tried = [a for a in region.get("alternatives") or [] if isinstance(a, dict) and a.get("status") != "not_measured"]
     return len(tried), sum(1 for a in tried if a.get("status") != "ok")
+
+
+def read_build_plan(source: str, *, store: str | None = None, pubkey: str | None = None,
+                    allow_unsigned: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """plan.json of a verified build (a path or ``store://`` reference, opened only through
+    :func:`~cuvil_pgc.recompile.trust.open_trusted`) and facts about the build (path, name,
+    version, signature), as ``report --build`` shows them."""
+    import json
+
+    from cuvil_pgc.errors import BuildError
+    from cuvil_pgc.recompile._json_bounds import check_json_bounds
+    from cuvil_pgc.recompile.trust import open_trusted
+
+    with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
+        if PLAN_MEMBER not in vb.members():
+            raise BuildError(f"the build has no {PLAN_MEMBER}", path=vb.path,
+                             fix="pass a build written by `cuvil-pgc recompile`")
+        try:
+            data = vb.read_bytes(PLAN_MEMBER)
+            check_json_bounds(data, what=PLAN_MEMBER, path=vb.path)    # no RecursionError from deep JSON
+            plan = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BuildError(f"{PLAN_MEMBER} is not JSON ({exc})", path=vb.path,
+                             fix="rebuild the package with `cuvil-pgc recompile`") from None
+        if not isinstance(plan, dict):
+            raise BuildError(f"{PLAN_MEMBER} holds a JSON {type(plan).__name__}, not an object", path=vb.path,
+                             fix="rebuild the package with `cuvil-pgc recompile`")
+        m = vb.manifest
+        facts = {"path": vb.path, "name": m.name, "version": m.version, "created": m.created.isoformat(),
+                 "signed": vb.signed, "signature_verified": vb.signature_verified}
+    return plan, facts

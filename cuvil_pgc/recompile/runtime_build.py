@@ -68,7 +68,7 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
     ``prepared`` is the module to export (rewrites applied), ``reference`` its output for
     ``inputs`` (the output structure), ``key`` the artifact cache key of the scope and program.
     """
-    from cuvil_pgc.recompile.apply import ExportError
+    from cuvil_pgc.recompile.realized import ExportError
 
     template = OutputTemplate.of(reference)
     if cand.backend == "tensorrt":
@@ -92,7 +92,7 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
 
 def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int) -> None:
     """``torch.onnx.export(dynamo=True)`` of ``prepared`` for ``inputs`` into one ``.onnx`` file."""
-    from cuvil_pgc.recompile.apply import ExportError
+    from cuvil_pgc.recompile.realized import ExportError
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -162,7 +162,7 @@ def convert_openvino(onnx_path: Path, xml: Path) -> None:
 def _compile_tensorrt(prepared: nn.Module, cand: Any, inputs: Any, path: Path) -> None:
     import torch_tensorrt
 
-    from cuvil_pgc.recompile.apply import ExportError
+    from cuvil_pgc.recompile.realized import ExportError
 
     precisions = {torch.float32} | ({torch.float16} if cand.precision == "fp16" else set())
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -222,15 +222,15 @@ def runtime_info(backend: str, realized: Any) -> dict[str, Any]:
     info: dict[str, Any] = {"name": backend, "version": runtimes.version(backend)}
     if backend == "tensorrt":
         info["gpu"] = _gpu_name()
-    template = getattr(getattr(realized.module, "_compiled", None), "template", None)
+    template = getattr(getattr(realized.module, "compiled", None), "template", None)
     info["outputs"] = template.to_json() if template is not None else None
     return info
 
 
 def load_region(vb: Any, choice: dict[str, Any], module: nn.Module, cand: Any, extract_dir: Path, device: str,
                 path: str) -> Any:
-    """The :class:`~.apply.Realized` region of a verified build's runtime choice."""
-    from cuvil_pgc.recompile.apply import CompiledRegion, Realized
+    """The :class:`~.realized.Realized` region of a verified build's runtime choice."""
+    from cuvil_pgc.recompile.realized import CompiledRegion, Realized
 
     runtimes.require(cand.backend, device, path)
     member = choice.get("artifact")

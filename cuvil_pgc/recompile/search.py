@@ -39,19 +39,12 @@ from typing import Any
 
 import torch
 
+from cuvil_pgc._progress import Progress, show_best, stage
 from cuvil_pgc._structure import weights_digest
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import admits_rounding, check_outputs
-from cuvil_pgc.recompile.apply import (
-    LOW_PRECISION_DTYPES,
-    ExportError,
-    Realized,
-    ScopeInputs,
-    capture_scope_inputs,
-    exporter_of_reason,
-    realize,
-)
+from cuvil_pgc.recompile.apply import LOW_PRECISION_DTYPES, ScopeInputs, capture_scope_inputs, realize
 from cuvil_pgc.recompile.candidates import (
     RUNTIME_BACKENDS,
     Candidate,
@@ -63,7 +56,7 @@ from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
-from cuvil_pgc.recompile.progress import Progress, show_best, stage
+from cuvil_pgc.recompile.realized import ExportError, Realized, exporter_of_reason
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.search_policy import (
     BATCH,

@@ -237,7 +237,7 @@ class BuildStore:
         path = self.root / name / "log.jsonl"
         if not os.path.lexists(path):
             raise StoreError("store log is missing (state.json exists, so the history was deleted)", path=path,
-                             fix=slog._from_state_fix(path))
+                             fix=slog.from_state_fix(path))
         return slog.read_chain(path).entries
 
     def resolve(self, ref: str) -> tuple[str, int, Path]:

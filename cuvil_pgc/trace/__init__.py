@@ -12,6 +12,7 @@ _LAZY = {
     "StringTable": ("cuvil_pgc.trace.columns", "StringTable"),
     "Trace": ("cuvil_pgc.trace.columns", "Trace"),
     "load_trace": ("cuvil_pgc.trace.reader", "load_trace"),
+    "merge_traces": ("cuvil_pgc.trace.merge", "merge_traces"),
     "to_arrow": ("cuvil_pgc.trace.arrow", "to_arrow"),
     "from_arrow": ("cuvil_pgc.trace.arrow", "from_arrow"),
     "write_parquet": ("cuvil_pgc.trace.parquet", "write_parquet"),

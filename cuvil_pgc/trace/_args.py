@@ -162,6 +162,11 @@ class ArgsMap(MutableMapping):
     def __repr__(self) -> str:
         return f"ArgsMap({len(self._data)} rows)"
 
+    def stored(self) -> dict[int, Any]:
+        """The entries as stored: dicts, or raw JSON and typed structs not decoded yet. For code that
+        moves or re-encodes rows without reading them (merging, export); do not modify it."""
+        return self._data
+
     def materialize(self) -> ArgsMap:
         """Convert every entry to a dict now (releases the file bytes raw args point into)."""
         data = self._data
@@ -169,6 +174,11 @@ class ArgsMap(MutableMapping):
             if type(value) is not dict:
                 data[row] = _materialize(value)
         return self
+
+
+def stored_args(args: MutableMapping[int, Any]) -> MutableMapping[int, Any]:
+    """``args`` as stored (see :meth:`ArgsMap.stored`): a plain mapping is returned as it is."""
+    return args.stored() if isinstance(args, ArgsMap) else args
 
 
 def _materialize(value: Any) -> dict[str, Any]:

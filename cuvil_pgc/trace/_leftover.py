@@ -23,7 +23,7 @@ import socket
 import time
 import zlib
 
-from cuvil_pgc.trace.schema import PARTIAL_SUFFIX
+from cuvil_pgc.trace.schema import PARTIAL_SUFFIX, split_trace_path
 
 STALE_AFTER_S = 60.0
 """A partial not modified for this long has no live writer (writers touch it every <= 1 s)."""
@@ -40,14 +40,6 @@ class Leftover:
     live: bool
     reason: str               # why it is stale or live, in words
     moved_to: str | None = None
-
-
-def split_trace_path(path: str) -> tuple[str, str]:
-    """``out/run.trace.json.gz`` -> (``out/run``, ``.trace.json.gz``)."""
-    for suffix in (".trace.json.gz", ".trace.json", ".json.gz", ".json"):
-        if path.endswith(suffix) and len(path) > len(suffix):
-            return path[:-len(suffix)], suffix
-    return path, ""
 
 
 def make_room(partial: str) -> Leftover | None:

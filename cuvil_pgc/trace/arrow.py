@@ -45,9 +45,9 @@ import numpy as np
 import orjson
 
 from cuvil_pgc.errors import ConfigError, TraceError
-from cuvil_pgc.trace._args import ArgsMap
-from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, Source, StringTable, Trace
-from cuvil_pgc.trace.reader import EXTRA_COLUMNS
+from cuvil_pgc.trace._args import ArgsMap, stored_args
+from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, EXTRA_COLUMNS, Source, StringTable, Trace
+from cuvil_pgc.trace.merge import first_ts
 from cuvil_pgc.trace.schema import Kind
 
 SCHEMA_VERSION = 2     # 2: events carry fwdbwd, traces carry warnings (version 1 still reads)
@@ -158,8 +158,8 @@ def _table(pa: Any, schema: Any, cols: dict[str, Any], keys: dict[str, Any], n: 
 
 
 def _first_ts(trace: Trace, rows: np.ndarray, crow: np.ndarray) -> float:
-    mins = [float(a.min()) for a in (trace.events["ts"][rows], trace.counters["ts"][crow]) if len(a)]
-    return min(mins) if mins else 0.0
+    first = first_ts(trace.events["ts"][rows], trace.counters["ts"][crow])
+    return 0.0 if first is None else first
 
 
 def _strings(trace: Trace, idx: np.ndarray) -> np.ndarray:
@@ -203,9 +203,9 @@ def _args_json(trace: Trace, rows: np.ndarray) -> np.ndarray:
     # encoding such a struct as it is skips decoding that JSON only to encode it again (the
     # export of a torch.profiler trace took 3x as long as loading it). Anything else (our files'
     # raw args, dicts) goes through the public mapping.
-    raw = getattr(trace.args, "_data", None)
+    raw = stored_args(trace.args)
     for key, k in zip(keys[inside].tolist(), pos[inside].tolist(), strict=True):
-        value = raw.get(key) if raw is not None else None
+        value = raw.get(key)
         out[k] = _struct_json(value) if hasattr(value, "__struct_fields__") else _dumps(trace.args.get(key))
     return out
 
@@ -281,7 +281,7 @@ def _run_and_window(source: Source, meta: dict[str, Any]) -> tuple[str, int | No
 
 def _trace_row(trace: Trace, source: Source, ids: dict[str, Any], rows: np.ndarray, crow: np.ndarray,
                base: float) -> dict[str, Any]:
-    from cuvil_pgc import __version__
+    from cuvil_pgc._version import __version__
 
     meta = source.metadata if isinstance(source.metadata, dict) else {}
     start = _start_unix_ns(source, meta, base)

@@ -44,6 +44,9 @@ EVENT_COLUMNS: dict[str, np.dtype] = {
     "source": np.dtype(np.int16),
 }
 
+#: Optional event columns ``load_trace`` adds (module docstring); code that builds Traces may omit them.
+EXTRA_COLUMNS: dict[str, np.dtype] = {"external_id": np.dtype(np.int64), "fwdbwd": np.dtype(np.int64)}
+
 COUNTER_COLUMNS: dict[str, np.dtype] = {
     "name": np.dtype(np.int32),
     "ts": np.dtype(np.float64),

@@ -8,7 +8,7 @@
   their nesting per thread), ``cpu_op``, ``kernel``, ``cuda_runtime``/``cuda_driver``,
   ``gpu_memcpy``, ``gpu_memset`` map to their kinds, ``ac2g`` flows supply missing correlation
   ids, other categories become ``Kind.OTHER`` rows with ``args = {"cat": ...}``.
-- **Aggregate summaries** (``{"cuvil_summary": ...}``, instrument.aggregate) load as a source of
+- **Aggregate summaries** (``{"cuvil_summary": ...}``, :mod:`.summary`) load as a source of
   format ``"summary"`` with no rows; their histograms are in ``metadata["summary_regions"]``.
 - **Sampling.** A session that sampled root regions (``cuvil.sampling.scale`` = N) loads with its
   weight multiplied by N, so counts and totals stand for the whole run.
@@ -58,17 +58,16 @@ from typing import Any
 import numpy as np
 
 from cuvil_pgc.errors import ConfigError, CuvilError, TraceError
-from cuvil_pgc.trace import _decode, _input, _stream, _summary
-from cuvil_pgc.trace._args import ArgsMap
+from cuvil_pgc.trace import _decode, _input, _stream, _summary_source
 from cuvil_pgc.trace._build import SourceColumns, StreamFallback, build_kineto_chunks, build_source
 from cuvil_pgc.trace._metadata import check_metadata
 from cuvil_pgc.trace._regions import resolve_regions
-from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, Source, StringTable, Trace
+from cuvil_pgc.trace.columns import EXTRA_COLUMNS, Source, StringTable, Trace
+from cuvil_pgc.trace.merge import Part, align, combine, first_ts
 
 ENV_MAX_TRACE_EVENTS = "CUVIL_MAX_TRACE_EVENTS"
 #: Most events accepted in one file (each costs ~150 bytes while parsing).
 MAX_TRACE_EVENTS = 50_000_000
-EXTRA_COLUMNS = {"external_id": np.dtype(np.int64), "fwdbwd": np.dtype(np.int64)}
 _UNIX_US_FLOOR = 1e14      # ts above this (1973 in Unix µs) is taken as absolute Unix µs
 
 
@@ -159,8 +158,8 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
     if streamed is not None:
         return streamed
     raw = _input.read_bytes(file, partial)
-    if not partial and _summary.looks_like_summary(raw.data):
-        return _Loaded(_summary.summary_source(raw.data, file, weight), _summary.no_rows(), None)
+    if not partial and _summary_source.looks_like_summary(raw.data):
+        return _Loaded(_summary_source.summary_source(raw.data, file, weight), _summary_source.no_rows(), None)
     _check_event_count(raw)
     notes = list(raw.notes)
     if partial:
@@ -292,87 +291,34 @@ def _kineto_origin(doc: _decode.Document, cols: SourceColumns) -> int | None:
 
 
 def _local_min(cols: SourceColumns) -> float | None:
-    mins = [float(a.min()) for a in (cols.cols["ts"], cols.counters["ts"]) if len(a)]
-    return min(mins) if mins else None
+    return first_ts(cols.cols["ts"], cols.counters["ts"])
 
 
 def _merge(loaded: list[_Loaded], strings: StringTable) -> Trace:
-    offsets = _align(loaded)
-    parts = [item.columns for item in loaded]
-    sizes = [len(p.cols["ts"]) for p in parts]
-    ts = np.concatenate([p.cols["ts"] + off for p, off in zip(parts, offsets, strict=True)])
-    dur = np.concatenate([p.cols["dur"] for p in parts])
-    order = np.lexsort((-dur, ts))
-    events = {"ts": ts[order], "dur": dur[order]}
-    del ts, dur
-    for col, dtype in {**EVENT_COLUMNS, **EXTRA_COLUMNS}.items():   # one column at a time: peak ~1x
-        if col in events:
-            continue
-        if col == "source":
-            whole = np.concatenate([np.full(n, s, dtype=np.int16) for s, n in enumerate(sizes)])
-        else:
-            whole = np.concatenate([p.cols.pop(col) for p in parts]).astype(dtype, copy=False)
-        events[col] = whole[order]
-        del whole
-    for p in parts:
-        p.cols.pop("ts", None)
-        p.cols.pop("dur", None)
-        p.cols.pop("lane", None)
-    rank_of_row = np.empty(len(order), dtype=np.int64)
-    rank_of_row[order] = np.arange(len(order))
-    args = _merge_args(parts, sizes, rank_of_row)
-    counters = _merge_counters(parts, offsets)
-    return Trace(strings=strings, events=events, counters=counters, args=args,
-                 sources=[item.source for item in loaded])
-
-
-def _align(loaded: list[_Loaded]) -> list[float]:
-    """Per-source µs offsets putting every source on one clock starting at the earliest event.
-
-    The earliest anchored event is found and subtracted in µs relative to its own file's origin, not
-    through whole Unix nanoseconds: a file whose ts carry fractions of a nanosecond (1.6875 µs)
-    would otherwise start half a nanosecond off zero."""
+    """The files as one Trace through the one merge (:mod:`.merge`): aligned on absolute time."""
     firsts = [_local_min(item.columns) for item in loaded]
-    anchored: list[tuple[int, float]] = []          # (origin ns, first µs) of the anchored sources
-    for item, first in zip(loaded, firsts, strict=True):
-        if item.origin_ns is not None and first is not None:
-            anchored.append((item.origin_ns, first))
-            if item.source.format == "kineto":
-                item.source.metadata["start_unix_ns"] = item.origin_ns + round(first * 1000)
-    if anchored:
-        base = anchored[0][0]
-        zero_origin, zero_first = min(anchored, key=lambda a: (a[0] - base) / 1000.0 + a[1])
-    offsets: list[float] = []
-    for item, first in zip(loaded, firsts, strict=True):
-        if item.origin_ns is None or first is None:
-            offset = -(first or 0.0)
-            if first is not None and len(loaded) > 1:
-                item.source.notes.append("no absolute time anchor in this file; aligned to start at 0")
-        else:
-            offset = (item.origin_ns - zero_origin) / 1000.0 - zero_first
+    offsets = align([item.origin_ns for item in loaded], firsts)
+    _note_alignment(loaded, firsts, offsets)
+    parts = [_part(item) for item in loaded]
+    return combine(parts, offsets, strings, [item.source for item in loaded])
+
+
+def _note_alignment(loaded: list[_Loaded], firsts: list[float | None], offsets: list[float]) -> None:
+    """What the alignment did, in each source: ``ts_offset_us``, a Kineto file's ``start_unix_ns``
+    (its earliest event's wall time) and a note on a file without a time anchor."""
+    for item, first, offset in zip(loaded, firsts, offsets, strict=True):
+        anchored = item.origin_ns is not None and first is not None
+        if anchored and item.source.format == "kineto":
+            item.source.metadata["start_unix_ns"] = item.origin_ns + round(first * 1000)
+        if not anchored and first is not None and len(loaded) > 1:
+            item.source.notes.append("no absolute time anchor in this file; aligned to start at 0")
         item.source.metadata["ts_offset_us"] = offset
-        offsets.append(offset)
-    return offsets
 
 
-def _merge_args(parts: list[SourceColumns], sizes: list[int], rank_of_row: np.ndarray) -> ArgsMap:
-    merged: dict[int, Any] = {}
-    base = 0
-    for p, n in zip(parts, sizes, strict=True):
-        if p.args:
-            rows = np.fromiter(p.args.keys(), dtype=np.int64, count=len(p.args)) + base
-            merged.update(zip(rank_of_row[rows].tolist(), p.args.values(), strict=True))
-            p.args = {}
-        base += n
-    return ArgsMap(merged)
-
-
-def _merge_counters(parts: list[SourceColumns], offsets: list[float]) -> dict[str, np.ndarray]:
-    counters = {col: np.concatenate([p.counters[col] for p in parts]).astype(dtype, copy=False)
-                for col, dtype in COUNTER_COLUMNS.items() if col != "source"}
-    counters["source"] = np.concatenate([np.full(len(p.counters["ts"]), s, dtype=np.int16)
-                                         for s, p in enumerate(parts)])
-    counters["ts"] = counters["ts"] + np.concatenate([np.full(len(p.counters["ts"]), off)
-                                                      for p, off in zip(parts, offsets, strict=True)])
-    order = np.argsort(counters["ts"], kind="stable")
-    return {col: arr[order] for col, arr in counters.items()}
+def _part(item: _Loaded) -> Part:
+    """The file's columns handed over to the merge (the source keeps no reference to them)."""
+    cols = item.columns
+    part = Part(events=cols.cols, counters=cols.counters, args=cols.args, origin_ns=item.origin_ns,
+                extra=tuple(EXTRA_COLUMNS))
+    cols.cols, cols.counters, cols.args = {}, {}, {}
+    return part

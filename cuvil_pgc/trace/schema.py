@@ -19,6 +19,27 @@ SCHEMA_VERSION = 2
 rebuilds paths, trace._region_tree), and ``cuvil_region`` events declare regions written before
 they end; the partial file carries the drop counters (``cuvil_dropped`` events). 1: ``args.path``."""
 PARTIAL_SUFFIX = ".partial"
+TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".json.gz", ".json")
+
+
+def split_trace_path(path: str) -> tuple[str, str]:
+    """``out/run.trace.json.gz`` -> (``out/run``, ``.trace.json.gz``): where rank, window and pid
+    tags go in a trace file's name."""
+    for suffix in TRACE_SUFFIXES:
+        if path.endswith(suffix) and len(path) > len(suffix):
+            return path[:-len(suffix)], suffix
+    return path, ""
+
+
+def display_path(path: str) -> str:
+    """A region path (``parent/child``) without the ancestors its own name repeats: instrument_module
+    names regions by qualified module path, so ``model/model.layer1/model.layer1.0`` reads
+    ``model.layer1.0``; ``serve/model/model.fc`` reads ``serve/model.fc``. How every table and
+    figure shows a path, and a form ``ops --region`` accepts."""
+    parts = path.split("/")
+    kept = [p for p, nxt in zip(parts, parts[1:] + [""], strict=True) if not nxt.startswith(p + ".")]
+    return "/".join(kept)
+
 
 # Event categories (`cat`) written by cuvil-pgc.
 CAT_REGION = "region"

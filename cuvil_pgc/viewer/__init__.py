@@ -1,8 +1,9 @@
-"""cuvil_pgc.viewer: present an Analysis — the HTML report (``render_html``, ``write_report``) and
-the rich console renderers (:mod:`.console`). Nothing here analyses (DESIGN.md).
+"""cuvil_pgc.viewer: present an Analysis, a plan and the CLI's results — the HTML report
+(``render_html``, ``write_report``), renderers by name (:mod:`.renderers`), every console table
+(:mod:`.console` and the ``console_*`` modules) and progress displays. Nothing here analyses
+(DESIGN.md).
 
-Attributes load lazily so that importing the package (the CLI does, to register commands) does
-not import plotly.
+Attributes load lazily so that importing the package does not import plotly.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from cuvil_pgc.viewer import _sections as sec
-from cuvil_pgc.viewer._template import text
-from cuvil_pgc.viewer.console import fmt_us
 from cuvil_pgc.viewer.console_gpu import gpu_device_rows
+from cuvil_pgc.viewer.formats import fmt_us
+from cuvil_pgc.viewer.template import text
 
 TITLE = "GPU devices"
 _COLS = ("device", "work", "time", "busy", "idle", "launch delay", "queue", "comm overlap")

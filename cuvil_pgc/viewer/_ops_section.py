@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from cuvil_pgc.viewer._sections import cell, note, path_text, section, table
-from cuvil_pgc.viewer._template import text
-from cuvil_pgc.viewer.console import fmt_rate, fmt_us
+from cuvil_pgc.viewer.formats import fmt_rate, fmt_us
+from cuvil_pgc.viewer.template import text
 
 
 def operators_section(analysis: Any) -> str:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuvil_pgc.recompile.plan_doc import tried_counts
+from cuvil_pgc.recompile.plan_doc import region_speedup, tried_counts
+from cuvil_pgc.trace.schema import display_path
 from cuvil_pgc.viewer._sections import (
     MAX_LIST_ITEMS,
     MAX_TABLE_ROWS,
-    _ms,
-    _short,
     badge,
     cell,
     facts,
@@ -24,9 +23,8 @@ from cuvil_pgc.viewer._sections import (
     section,
     table,
 )
-from cuvil_pgc.viewer._template import text
-from cuvil_pgc.viewer.console import display_path
-from cuvil_pgc.viewer.figures import _speedup
+from cuvil_pgc.viewer.formats import clip, fmt_ms
+from cuvil_pgc.viewer.template import text
 
 NO_COMPILE = "No torch.compile activity recorded in this trace."
 
@@ -44,7 +42,7 @@ def compile_section(compile_doc: dict[str, Any], samplers: dict[str, Any], has_f
     phases = compile_doc.get("phases") or {}
     if phases:
         body += "<p>" + text("Phases (self time, all graphs): " + ", ".join(
-            f"{p} {_ms(ms)}" for p, ms in list(phases.items())[:12])) + "</p>"
+            f"{p} {fmt_ms(ms)}" for p, ms in list(phases.items())[:12])) + "</p>"
     body += plot("compile") if has_figure else note("No timed compile phases to draw.")
     if graphs:
         body += "<h3>Graphs</h3>" + _graph_table(graphs)
@@ -55,14 +53,14 @@ def _compile_totals(t: dict[str, Any]) -> list[tuple[str, str]]:
     def rate(x: Any) -> str:
         return "-" if not isinstance(x, (int, float)) else f"{x:.0%}"
 
-    return [("Compile time", text(_ms(t.get("compile_ms")))),
-            ("Compiled code ran", text(_ms(t.get("run_ms")))),
+    return [("Compile time", text(fmt_ms(t.get("compile_ms")))),
+            ("Compiled code ran", text(fmt_ms(t.get("run_ms")))),
             ("Compiles / graphs", text(f"{t.get('compiles', '-')} / {t.get('graphs', '-')}")),
             ("Recompiles", text(t.get("recompiles", "-"))),
             ("Graph breaks", text(t.get("graph_breaks", "-"))),
-            ("FX graph cache", text(f"hit rate {rate(t.get('cache_hit_rate'))} {_short(t.get('fx_cache') or {})}")),
-            ("AOTAutograd cache", text(f"hit rate {rate(t.get('aot_cache_hit_rate'))} {_short(t.get('aot_cache') or {})}")),
-            ("Outside any graph", text(_ms(t.get("unattributed_ms"))))]
+            ("FX graph cache", text(f"hit rate {rate(t.get('cache_hit_rate'))} {clip(t.get('fx_cache') or {})}")),
+            ("AOTAutograd cache", text(f"hit rate {rate(t.get('aot_cache_hit_rate'))} {clip(t.get('aot_cache') or {})}")),
+            ("Outside any graph", text(fmt_ms(t.get("unattributed_ms"))))]
 
 
 def _graph_table(graphs: list[dict[str, Any]]) -> str:
@@ -73,13 +71,13 @@ def _graph_table(graphs: list[dict[str, Any]]) -> str:
         where = f"{g.get('frame') or '?'}" + (f" ({g.get('file')}:{g.get('line')})" if g.get("file") else "")
         if g.get("caller"):
             where += f", called from {g['caller']}"
-        ran = "-" if g.get("run_ms") is None else f"{_ms(g.get('run_ms'))} in {g.get('run_calls', 0)} calls"
-        phases = ", ".join(f"{p} {_ms(ms)}" for p, ms in list((g.get("phases") or {}).items())[:4])
+        ran = "-" if g.get("run_ms") is None else f"{fmt_ms(g.get('run_ms'))} in {g.get('run_calls', 0)} calls"
+        phases = ", ".join(f"{p} {fmt_ms(ms)}" for p, ms in list((g.get("phases") or {}).items())[:4])
         cache = g.get("cache") or {}
         rows.append("<tr>" + cell(text(graph), graph) + cell(path_text(where), where)
-                    + cell(text(_ms(g.get("start_ms"))), g.get("start_ms"), True)
-                    + cell(text(_ms(g.get("total_ms"))), g.get("total_ms"), True)
-                    + cell(text(_ms(g.get("worker_ms"))), g.get("worker_ms") or 0.0, True) + cell(text(phases))
+                    + cell(text(fmt_ms(g.get("start_ms"))), g.get("start_ms"), True)
+                    + cell(text(fmt_ms(g.get("total_ms"))), g.get("total_ms"), True)
+                    + cell(text(fmt_ms(g.get("worker_ms"))), g.get("worker_ms") or 0.0, True) + cell(text(phases))
                     + cell(text(ran), g.get("run_ms") or 0.0, True)
                     + cell(text(f"fx {cache.get('fx') or '-'}, aot {cache.get('aot') or '-'}"))
                     + cell(_reasons(g.get("cache_misses"))) + cell(_reasons(g.get("recompiles")))
@@ -93,7 +91,7 @@ def _reasons(items: Any) -> str:
     items = [str(x) for x in (items or [])]
     if not items:
         return "-"
-    lis = "".join(f"<li>{text(_short(x, 400))}</li>" for x in items[:MAX_LIST_ITEMS])
+    lis = "".join(f"<li>{text(clip(x, 400))}</li>" for x in items[:MAX_LIST_ITEMS])
     return f"<ul>{lis}</ul>" + (text(f"… {len(items) - MAX_LIST_ITEMS} more") if len(items) > MAX_LIST_ITEMS else "")
 
 
@@ -137,7 +135,7 @@ def _plan_facts(plan: dict[str, Any], build: dict[str, Any]) -> list[tuple[str, 
     speed = plan.get("speedup_vs_eager")
     tol = plan.get("tolerances") or {}
     pairs += [("Device", text(plan.get("device", "-"))),
-              ("Whole model", text(f"eager {_ms(plan.get('baseline_ms'))} → plan {_ms(plan.get('plan_ms'))}"
+              ("Whole model", text(f"eager {fmt_ms(plan.get('baseline_ms'))} → plan {fmt_ms(plan.get('plan_ms'))}"
                                    + (f", speedup {speed:.2f}×" if isinstance(speed, (int, float)) else ""))),
               ("Search", text(f"{plan.get('measured_candidates', '-')} candidates measured of a space of "
                               f"{plan.get('space_size', '-')}, {plan.get('reused_records', 0)} reused records")),
@@ -162,10 +160,10 @@ def _or_dash(value: Any) -> str:
 def _plan_table(regions: list[dict[str, Any]]) -> str:
     rows = []
     for r in regions[:MAX_TABLE_ROWS]:
-        pred, meas = _speedup(r, "predicted_ms"), _speedup(r, "measured_ms")
+        pred, meas = region_speedup(r, "predicted_ms"), region_speedup(r, "measured_ms")
         rows.append("<tr>" + cell(path_text(display_path(r.get("path") or r.get("scope") or "-")), r.get("path") or "")
                     + cell(text(r.get("chosen", "-")), r.get("chosen", "")) + cell(badge(str(r.get("bottleneck") or "")), r.get("bottleneck") or "")
-                    + "".join(cell(text(_ms(r.get(k))), r.get(k) if isinstance(r.get(k), (int, float)) else -1, True)
+                    + "".join(cell(text(fmt_ms(r.get(k))), r.get(k) if isinstance(r.get(k), (int, float)) else -1, True)
                               for k in ("baseline_ms", "predicted_ms", "measured_ms"))
                     + cell("-" if pred is None else f"{pred:.2f}×", pred if pred is not None else -1, True)
                     + cell("-" if meas is None else f"{meas:.2f}×", meas if meas is not None else -1, True)
@@ -183,8 +181,8 @@ def _alternatives(alts: list[Any], region: dict[str, Any]) -> str:
     items = []
     for a in alts[:MAX_LIST_ITEMS]:
         a = a if isinstance(a, dict) else {"config": a}
-        line = (f"{a.get('config', '?')}: {a.get('status', '?')}, predicted {_ms(a.get('predicted_ms'))}, "
-                f"measured {_ms(a.get('measured_ms'))}" + (f" — {_short(a['reason'], 200)}" if a.get("reason") else ""))
+        line = (f"{a.get('config', '?')}: {a.get('status', '?')}, predicted {fmt_ms(a.get('predicted_ms'))}, "
+                f"measured {fmt_ms(a.get('measured_ms'))}" + (f" — {clip(a['reason'], 200)}" if a.get("reason") else ""))
         items.append(f"<li>{text(line)}</li>")
     more = f"<li>{text(f'… {len(alts) - MAX_LIST_ITEMS} more')}</li>" if len(alts) > MAX_LIST_ITEMS else ""
     summary = f"{tried} / {rejected}" + (f" ({len(alts)} considered)" if len(alts) != tried else "")

@@ -1,20 +1,20 @@
 """Markup of the report's sections (everything but the figures, which ``figures`` builds).
 
 Each ``*_section`` function returns one ``<section id=...>`` with a heading; it takes pure data and
-renders a note when its data is missing. Every user string goes through ``_template.text``; the
+renders a note when its data is missing. Every user string goes through ``template.text``; the
 markup carries no event-handler attributes and no links built from data.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from typing import Any
 
 from cuvil_pgc.analyze import vocabulary
-from cuvil_pgc.viewer._template import text
-from cuvil_pgc.viewer.console import fmt_rate, fmt_us, key_evidence
+from cuvil_pgc.viewer.console import key_evidence
+from cuvil_pgc.viewer.formats import clip, fmt_rate, fmt_us
+from cuvil_pgc.viewer.template import text
 
 MAX_TABLE_ROWS = 500
 MAX_LIST_ITEMS = 20
@@ -78,15 +78,6 @@ def path_text(path: Any) -> str:
 def _break_after_separators(markup: str) -> str:
     # escaped markup holds no '.' or '/' of its own (entities are &lt; &#x27; ...), so this is safe
     return markup.replace("/", "/<wbr>").replace(".", ".<wbr>")
-
-
-def _ms(ms: Any) -> str:
-    return "-" if not isinstance(ms, (int, float)) or isinstance(ms, bool) else fmt_us(float(ms) * 1e3)
-
-
-def _short(value: Any, limit: int = 200) -> str:
-    s = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
-    return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
 # ------------------------------------------------------------------ run summary
@@ -169,7 +160,7 @@ def _versions(runs: list[dict], cuvil_version: str) -> str:
             bits.append("started " + start.strftime("%Y-%m-%d %H:%M:%S UTC"))
         if r.get("command"):
             cmd = r["command"] if isinstance(r["command"], str) else " ".join(map(str, r["command"]))
-            bits.append("command: " + _short(cmd, 160))
+            bits.append("command: " + clip(cmd, 160))
         lines.append(", ".join(bits))
     return "<br>".join(text(line) for line in lines)
 
@@ -191,10 +182,10 @@ def _samplers(samplers: dict) -> str:
         st = st if isinstance(st, dict) else {"status": st}
         status = str(st.get("status", "?"))
         why = st.get("reason") or "; ".join(str(n) for n in st.get("notes") or [])
-        detail = ", ".join(f"{k} {_short(v, 60)}" for k, v in st.items()
+        detail = ", ".join(f"{k} {clip(v, 60)}" for k, v in st.items()
                            if k not in ("status", "reason", "notes") and isinstance(v, (int, float, str)))
         items.append(f'<li><b>{text(name)}</b>: <span class="status-{text(status)}">{text(status)}</span>'
-                     + (f" — {text(_short(why, 300))}" if why else "")
+                     + (f" — {text(clip(why, 300))}" if why else "")
                      + (f' <span class="count">({text(detail)})</span>' if detail else "") + "</li>")
     return f"<ul>{''.join(items)}</ul>"
 
@@ -246,7 +237,7 @@ def _evidence_value(v: Any) -> str:
         return f"{v:.4g}"
     if isinstance(v, dict):
         return ", ".join(f"{k} {_evidence_value(x)}" for k, x in v.items())
-    return _short(v, 300)
+    return clip(v, 300)
 
 
 # ------------------------------------------------------------------ fusion, ranks

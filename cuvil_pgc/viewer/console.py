@@ -16,29 +16,11 @@ from rich.text import Text
 from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.analyze.analysis import Analysis, RegionStats
 from cuvil_pgc.analyze.gpu_figures import work_label
+from cuvil_pgc.trace.schema import display_path
+from cuvil_pgc.viewer.formats import fmt_rate, fmt_us, short_name
 from cuvil_pgc.viewer.tables import Column, TableView, print_view
 
 _STYLE = {c.name: c.style for c in vocabulary.CLASSES}
-
-
-def fmt_us(us: float | None) -> str:
-    """µs as a short human figure: 850 µs, 12.3 ms, 4.56 s."""
-    if us is None:
-        return "-"
-    if abs(us) >= 1e6:
-        return f"{us / 1e6:.3g} s"
-    if abs(us) >= 1e3:
-        return f"{us / 1e3:.3g} ms"
-    return f"{us:.3g} µs"
-
-
-def fmt_rate(x: float | None, unit: str) -> str:
-    if x is None:
-        return "-"
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}"
 
 
 def key_evidence(r: RegionStats) -> str:
@@ -142,20 +124,6 @@ def render_hot_regions(analysis: Analysis, console: Console, top: int = 20, wide
     hidden = len(analysis.regions) - top
     if hidden > 0:
         console.print(Text(f"... {hidden} more regions (--top N to show more)", style="dim"))
-
-
-def display_path(path: str) -> str:
-    """A region path without the ancestors its own name repeats: instrument_module names regions by
-    qualified module path, so ``model/model.layer1/model.layer1.0`` reads ``model.layer1.0``;
-    ``serve/model/model.fc`` reads ``serve/model.fc``."""
-    parts = path.split("/")
-    kept = [p for p, nxt in zip(parts, parts[1:] + [""], strict=True) if not nxt.startswith(p + ".")]
-    return "/".join(kept)
-
-
-def short_name(name: str, limit: int = 48) -> str:
-    """Long kernel names (templates) cut to ``limit`` characters."""
-    return name if len(name) <= limit else name[:limit - 1] + "…"
 
 
 def render_fusion(analysis: Analysis, console: Console, top: int = 10) -> None:

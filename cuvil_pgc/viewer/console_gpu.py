@@ -13,11 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-
-def _us(us: float | None) -> str:
-    from cuvil_pgc.viewer.console import fmt_us
-
-    return fmt_us(us)
+from cuvil_pgc.viewer.formats import fmt_us, short_name
 
 
 def _pct(x: float | None) -> str:
@@ -34,7 +30,7 @@ def gpu_device_rows(fig: dict[str, Any]) -> dict[str, str]:
     q_max = [q["max"] for q in queues if q.get("max") is not None]
     overlap = fig.get("comm_compute_overlap")
     kinds = fig.get("kinds") or {}
-    work = ", ".join(f"{k} {_us(v.get('sum_us'))}" for k, v in kinds.items())
+    work = ", ".join(f"{k} {fmt_us(v.get('sum_us'))}" for k, v in kinds.items())
     counts = [f"{fig.get('kernel_count', 0):,} kernels"]
     counts += [f"{fig[k]:,} {what}" for k, what in (("memcpy_count", "memcpys"), ("memset_count", "memsets"))
                if fig.get(k)]
@@ -45,14 +41,14 @@ def gpu_device_rows(fig: dict[str, Any]) -> dict[str, str]:
         "device": fig.get("device", "?") + (f" ({fig['name']})" if fig.get("name") else ""),
         "work": "; ".join(counts),
         "time": work or "-",
-        "busy": f"{_us(fig.get('busy_us'))} ({_pct(fig.get('busy_frac'))} of {_us(fig.get('span_us'))})",
-        "idle": (f"{_us(idle)}: host wait {_us(causes.get('host_wait'))}, kernel wait "
-                 f"{_us(causes.get('kernel_wait'))}, other {_us(causes.get('other'))}") if idle else "-",
-        "launch delay": (f"p50 {_us(delay.get('p50'))}, p95 {_us(delay.get('p95'))}; "
+        "busy": f"{fmt_us(fig.get('busy_us'))} ({_pct(fig.get('busy_frac'))} of {fmt_us(fig.get('span_us'))})",
+        "idle": (f"{fmt_us(idle)}: host wait {fmt_us(causes.get('host_wait'))}, kernel wait "
+                 f"{fmt_us(causes.get('kernel_wait'))}, other {fmt_us(causes.get('other'))}") if idle else "-",
+        "launch delay": (f"p50 {fmt_us(delay.get('p50'))}, p95 {fmt_us(delay.get('p95'))}; "
                          f"{delay.get('longer_than_kernel', 0):,} of {delay.get('count', 0):,} launches outlast "
                          "their kernel") if delay.get("count") else "-",
         "queue": f"mean {max(q_mean):.1f}, max {max(q_max):.0f}" if q_mean else "-",
-        "comm overlap": "-" if not overlap else f"{_pct(overlap.get('ratio'))} of {_us(overlap.get('comm_us'))}",
+        "comm overlap": "-" if not overlap else f"{_pct(overlap.get('ratio'))} of {fmt_us(overlap.get('comm_us'))}",
     }
 
 
@@ -72,12 +68,10 @@ def render_gpu(analysis: Any, console: Console, top: int = 10) -> None:
     kernels = analysis.trace.get("gpu_top_kernels") or []
     if not kernels:
         return
-    from cuvil_pgc.viewer.console import short_name
-
     table = Table(title="Top GPU kernels (all devices)", title_justify="left")
     for col in ("kernel", "kind", "calls", "total", "mean", "share"):
         table.add_column(col, overflow="fold", justify="left" if col in ("kernel", "kind") else "right")
     for k in kernels[:top]:
-        table.add_row(Text(short_name(k["name"], 72)), k["kind"], f"{k['count']:,}", _us(k["sum_us"]),
-                      _us(k["mean_us"]), _pct(k["share"]))
+        table.add_row(Text(short_name(k["name"], 72)), k["kind"], f"{k['count']:,}", fmt_us(k["sum_us"]),
+                      fmt_us(k["mean_us"]), _pct(k["share"]))
     console.print(table)

@@ -7,7 +7,7 @@ the shapes column with ``--group-by-shape``.
 from __future__ import annotations
 
 from cuvil_pgc.analyze.operators import OperatorStats, has_device_time
-from cuvil_pgc.viewer.console import fmt_rate, fmt_us
+from cuvil_pgc.viewer.formats import fmt_rate, fmt_us
 from cuvil_pgc.viewer.tables import Column, TableView
 
 

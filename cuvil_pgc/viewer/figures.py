@@ -3,7 +3,7 @@
 Each builder takes pure data (an Analysis, derived roofline data, a plan dict) and returns a
 plotly figure as a JSON-ready dict (``{"data": [...], "layout": {...}}``), or None when there is
 nothing to draw (the section then shows a note instead). Nothing here analyses: the figures draw
-what the Analysis holds. Every user string passes through :func:`_template.plot_text`, never into
+what the Analysis holds. Every user string passes through :func:`.template.plot_text`, never into
 a ``hovertemplate`` (plotly would read ``%{...}`` in it).
 
 Big traces: the analysis already keeps at most ``timeline.MAX_SPANS`` region calls (the longest)
@@ -22,8 +22,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from cuvil_pgc.analyze import vocabulary
-from cuvil_pgc.viewer._template import plot_text
-from cuvil_pgc.viewer.console import display_path
+from cuvil_pgc.recompile.plan_doc import region_speedup
+from cuvil_pgc.trace.schema import display_path
+from cuvil_pgc.viewer.template import plot_text
 
 BOTTLENECK_COLORS = {c.name: c.color for c in vocabulary.CLASSES}
 OTHER_COLOR = vocabulary.UNKNOWN_COLOR
@@ -397,14 +398,14 @@ def ranks_figure(ranks: dict[str, Any], top: int = SKEW_REGIONS) -> dict[str, An
 
 def plan_figure(plan: dict[str, Any]) -> dict[str, Any] | None:
     """Predicted vs measured speedup over eager per planned region."""
-    rows = [r for r in plan.get("regions") or [] if _speedup(r, "predicted_ms") or _speedup(r, "measured_ms")]
+    rows = [r for r in plan.get("regions") or [] if region_speedup(r, "predicted_ms") or region_speedup(r, "measured_ms")]
     if not rows:
         return None
     paths = [display_path(r.get("path") or r.get("scope") or "?") for r in rows]
     names = [plot_text(p, 200) for p in paths]
     fig = go.Figure()
     for key, name, color in (("predicted_ms", "predicted", "#9bb1de"), ("measured_ms", "measured", "#3558a8")):
-        fig.add_trace(go.Bar(x=list(range(len(rows))), y=[_speedup(r, key) for r in rows], name=name,
+        fig.add_trace(go.Bar(x=list(range(len(rows))), y=[region_speedup(r, key) for r in rows], name=name,
                              marker={"color": color}, text=names, textposition="none",
                              hovertemplate="%{text}<br>" + name + " speedup %{y:.2f}×<extra></extra>"))
     fig.add_hline(y=1.0, line={"dash": "dot", "color": "#888"})
@@ -416,9 +417,3 @@ def plan_figure(plan: dict[str, Any]) -> dict[str, Any] | None:
 def _category_axis(paths: list[str]) -> dict[str, Any]:
     """Bars at 0..n-1 labelled by (shortened) paths: equal labels never merge two bars."""
     return {"tickvals": list(range(len(paths))), "ticktext": [plot_text(p, 36) for p in paths], "tickangle": 30}
-
-
-def _speedup(region: dict[str, Any], key: str) -> float | None:
-    base, t = region.get("baseline_ms"), region.get(key)
-    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in (base, t))
-    return base / t if ok else None

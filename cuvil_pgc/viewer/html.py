@@ -6,7 +6,7 @@ plan) and never raw events. It is one file that works offline: plotly.js inlined
 and a small script of ours drawing them with ``Plotly.newPlot``. Sections, each with an id:
 ``summary``, ``hot-regions``, ``gpu``, ``operators``, ``timeline``, ``compile``, ``histograms``, ``roofline``, ``fusion``,
 ``ranks`` and ``plan``; each shows a note when its data is missing. Escaping and the
-Content-Security-Policy are described in :mod:`cuvil_pgc.viewer._template`.
+Content-Security-Policy are described in :mod:`cuvil_pgc.viewer.template`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cuvil_pgc.errors import ConfigError
 from cuvil_pgc.viewer import _run_sections as runs
 from cuvil_pgc.viewer import _sections as sec
 from cuvil_pgc.viewer import figures as figs
-from cuvil_pgc.viewer._template import PLOTLY_MODES, page, text
+from cuvil_pgc.viewer.template import PLOTLY_MODES, page, text
 
 TEMPLATE_KEY = "_template"     # not a figure: the plotly template all figures share
 SECTIONS = (("summary", "Summary"), ("hot-regions", "Hot regions"), ("gpu", "GPU"), ("operators", "Operators"),
@@ -72,7 +72,7 @@ def default_title(analysis: Any) -> str:
 
 
 def _header(title: str, analysis: Any) -> str:
-    from cuvil_pgc import __version__
+    from cuvil_pgc._version import __version__
 
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     n = len(analysis.regions)
@@ -88,7 +88,7 @@ def _nav() -> str:
 # ------------------------------------------------------------------ sections
 
 def _summary(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
-    from cuvil_pgc import __version__
+    from cuvil_pgc._version import __version__
 
     return sec.summary_section(analysis, __version__)
 

@@ -7,12 +7,13 @@ description and elapsed time, removed when done; anywhere else (pipes, files, CI
 runs) it prints nothing at all. Nothing is ever written to stdout. ``search_progress()`` yields a
 :class:`SearchDisplay` for jobs of many steps (recompile: stage, candidate i of N with its
 configuration, elapsed and estimated time, the incumbent's measured speedup); ``quiet`` turns it off.
+``count_progress()`` counts items done out of a total (the traces of ``analyze --engine``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -43,6 +44,37 @@ def interactive(console: Any) -> bool:
 
 
 @contextlib.contextmanager
+def _shown(console: Any, enabled: bool | None, columns: Callable[[Any], tuple[Any, ...]]) -> Iterator[Any]:
+    """A transient rich ``Progress`` with ``columns(rich.progress)`` on ``console`` (default:
+    stderr), or None where nothing may show (not an interactive terminal, unless ``enabled``)."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    if not (interactive(console) if enabled is None else enabled):
+        yield None
+        return
+    import rich.progress
+
+    with rich.progress.Progress(*columns(rich.progress), console=console, transient=True) as progress:
+        yield progress
+
+
+def _stage_columns(rp: Any) -> tuple[Any, ...]:
+    return (rp.SpinnerColumn(), rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
+            rp.TimeElapsedColumn())
+
+
+def _count_columns(rp: Any) -> tuple[Any, ...]:
+    return rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TimeElapsedColumn()
+
+
+def _search_columns(rp: Any) -> tuple[Any, ...]:
+    return (rp.SpinnerColumn(), rp.TextColumn("[bold]{task.fields[stage]}"), rp.BarColumn(bar_width=20),
+            rp.MofNCompleteColumn(), rp.TimeElapsedColumn(), rp.TextColumn("eta"), rp.TimeRemainingColumn(),
+            rp.TextColumn("{task.description}"), rp.TextColumn("{task.fields[best]}"))
+
+
+@contextlib.contextmanager
 def stage_progress(total: int, *, console: Any = None, enabled: bool | None = None) -> Iterator[StageProgress]:
     """A progress display over ``total`` steps, on stderr, shown only on interactive terminals.
 
@@ -51,32 +83,33 @@ def stage_progress(total: int, *, console: Any = None, enabled: bool | None = No
         console: a rich Console (default: one on stderr).
         enabled: force on or off (default: :func:`interactive`).
     """
-    from rich.console import Console
-
-    console = console or Console(stderr=True)
-    if not (interactive(console) if enabled is None else enabled):
-        yield StageProgress()
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with _shown(console, enabled, _stage_columns) as progress:
         yield StageProgress(progress, total)
+
+
+@contextlib.contextmanager
+def count_progress(description: str, *, console: Any = None,
+                   enabled: bool | None = None) -> Iterator[Callable[[int, int, str], None] | None]:
+    """A bar of items done out of a total (``analyze --engine``: traces analysed), on stderr.
+
+    Yields ``advance(done, total, item)`` on interactive terminals, None anywhere else."""
+    with _shown(console, enabled, _count_columns) as bar:
+        if bar is None:
+            yield None
+            return
+        task = bar.add_task(description, total=None)
+
+        def advance(done: int, total: int, item: str) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield advance
 
 
 class SearchDisplay:
     """Progress of a long job with steps (recompile's candidates, a demo's models, profiling
     iterations): the stage, step i of N with what it is doing, elapsed and estimated time.
 
-    Called as ``display(done, total, message)`` (:data:`cuvil_pgc.recompile.progress.Progress`),
+    Called as ``display(done, total, message)`` (:data:`cuvil_pgc._progress.Progress`),
     ``display.stage(name)`` when a stage begins and ``display.best(text)`` when the incumbent's
     speedup changes (a field of its own: "candidate 4 of 8: building aoti · model: best compile 2.92x").
     """
@@ -100,24 +133,5 @@ class SearchDisplay:
 def search_progress(*, quiet: bool = False, console: Any = None,
                     enabled: bool | None = None) -> Iterator[SearchDisplay | None]:
     """A :class:`SearchDisplay` on stderr, or None when not on a terminal or ``quiet``."""
-    from rich.console import Console
-
-    console = console or Console(stderr=True)
-    if quiet or not (interactive(console) if enabled is None else enabled):
-        yield None
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[stage]}"), BarColumn(bar_width=20),
-               MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-               TextColumn("{task.description}"), TextColumn("{task.fields[best]}"))
-    with Progress(*columns, console=console, transient=True) as progress:
-        yield SearchDisplay(progress)
+    with _shown(console, False if quiet else enabled, _search_columns) as progress:
+        yield None if progress is None else SearchDisplay(progress)

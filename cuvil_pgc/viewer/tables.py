@@ -1,7 +1,8 @@
 """Tables of the CLI: one description, three outputs (a terminal table that fits, CSV, JSON).
 
 A command builds a :class:`TableView` (columns and rows of raw values) and hands it to
-:func:`print_view`, :func:`write_csv` or :func:`view_json`. On the terminal a table fits the
+:func:`print_view`, :func:`write_csv` or :func:`view_json` (``cuvil_pgc.cli.output.emit`` picks one
+for ``--json`` / ``--csv`` / neither). On the terminal a table fits the
 console width (80 columns when piped) without cutting an identifier: columns with the highest
 ``drop`` rank go first until the rest fits, and ``wide=True`` keeps every column whatever the
 width, and the caption names the columns it dropped. Identifiers (region paths, build names) are
@@ -28,6 +29,15 @@ CellFormat = Callable[[Any], "str | Text"]
 def fmt_speedup(x: float | None) -> str:
     """A speedup the same way everywhere: two decimals and an ``x`` (``1.94x``)."""
     return "-" if x is None else f"{x:.2f}x"
+
+
+def fmt_bytes(n: int, binary: bool = False) -> str:
+    """A size with one decimal: ``1.5 MB`` (powers of 1000), or ``1.5 MiB`` with ``binary``."""
+    units = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)) if binary else (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+    for unit, scale in units:
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def _text(value: Any) -> str | Text:
@@ -174,24 +184,6 @@ def view_json(view: TableView) -> dict[str, Any]:
     """``{"title", "columns", "rows"}`` with raw values, for ``--json``."""
     return {"title": view.title, "columns": [c.key for c in view.columns],
             "rows": [{c.key: _plain(r.get(c.key)) for c in view.columns} for r in view.rows]}
-
-
-def emit(view: TableView, console: Any, *, as_json: bool = False, as_csv: bool = False,
-         wide: bool = False, extra_json: dict[str, Any] | None = None) -> list[Column] | None:
-    """The one exit of a table command: JSON, CSV or the fitted table."""
-    if as_json and as_csv:
-        from cuvil_pgc.errors import ConfigError
-
-        raise ConfigError("--json and --csv are exclusive: pick one")
-    if as_json:
-        from cuvil_pgc.cli import emit_json
-
-        emit_json({**(extra_json or {}), **view_json(view)})
-        return None
-    if as_csv:
-        write_csv(view)
-        return None
-    return print_view(view, console, wide)
 
 
 def _plain(value: Any) -> Any:

@@ -4,7 +4,8 @@ A session starts each configured sampler, calls ``flush`` from its writer thread
 interval, and ``stop`` at the end. Samplers hand finished events (already on the trace clock,
 Chrome-trace dicts as in DESIGN.md) to ``ctx.emit``. They never raise into the user's program:
 the session catches what escapes, logs it once and records the sampler as failed with the reason;
-a sampler that cannot run here says so through ``unavailable`` and is recorded as such.
+a sampler that cannot run here says so through ``unavailable`` and is recorded as such;
+``probe`` says more, with the fix (``cuvil-pgc doctor`` asks every backend's sampler).
 """
 
 from __future__ import annotations
@@ -19,6 +20,20 @@ if TYPE_CHECKING:
     from cuvil_pgc.instrument.clock import SessionClock
     from cuvil_pgc.instrument.config import SessionConfig
     from cuvil_pgc.trace.attribution import RegionIndex
+
+
+GPU_EXTRA_FIX = "pip install 'cuvil-pgc[gpu]' (cupti-python and nvidia-ml-py)"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Whether a sampler's backend works on this machine: ``ok``, what was found (``detail``), and
+    if not ok, ``reason`` and ``fix`` (what ``cuvil-pgc doctor`` shows for it)."""
+
+    ok: bool
+    detail: str = ""
+    reason: str | None = None
+    fix: str | None = None
 
 
 @dataclass
@@ -47,6 +62,12 @@ class Sampler:
     def unavailable(self) -> str | None:
         """Why this sampler cannot run on this machine, or None if it can. Must not raise."""
         return None
+
+    def probe(self) -> Probe:
+        """A closer look at the backend than :meth:`unavailable`, for ``cuvil-pgc doctor``: it may
+        try more (claiming and releasing the backend) and says what to do. Leaves nothing running."""
+        why = self.unavailable()
+        return Probe(True) if why is None else Probe(False, reason=why)
 
     def start(self, ctx: SamplerContext) -> None:
         """Begin collecting. Called once, before the user's code runs."""

@@ -38,7 +38,7 @@ import sys
 import time
 from typing import Any
 
-from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
+from cuvil_pgc.instrument.samplers.base import GPU_EXTRA_FIX, Probe, Sampler, SamplerContext
 from cuvil_pgc.trace import schema
 
 log = logging.getLogger("cuvil_pgc")
@@ -137,6 +137,31 @@ class CuptiKernelSampler(Sampler):
         except Exception as exc:
             return f"CUPTI cannot run here: {type(exc).__name__}: {exc}"
         return None
+
+    def probe(self) -> Probe:
+        """cupti-python importable, libcupti and the driver loadable, and CUPTI not held by another
+        tool (subscribes and lets go at once); in use by this process's own session counts as ok."""
+        try:
+            cupti = _import_cupti()
+        except ImportError as exc:
+            return Probe(False, reason=f"cupti-python is not importable ({exc})", fix=GPU_EXTRA_FIX)
+        try:
+            cupti.get_timestamp()
+        except Exception as exc:
+            return Probe(False, reason=f"libcupti cannot run: {exc}",
+                         fix="install the NVIDIA driver and run on a GPU machine")
+        if _active is not None:
+            return Probe(True, "in use by this process's cuvil-pgc session")
+        try:
+            handle = cupti.subscribe(_no_callbacks, None)
+        except Exception as exc:
+            status = cupti_status_name(exc)
+            if status in (MULTIPLE_SUBSCRIBERS, INSUFFICIENT_PRIVILEGES):
+                reason, _, fix = _reason_for(status).partition("; ")
+                return Probe(False, reason=reason, fix=fix)
+            return Probe(False, reason=f"cuptiSubscribe failed: {exc}", fix="see the CUPTI documentation")
+        cupti.unsubscribe(handle)
+        return Probe(True, "activity API ready (kernels, runtime, memcpy, memset)")
 
     def start(self, ctx: SamplerContext) -> None:
         global _active

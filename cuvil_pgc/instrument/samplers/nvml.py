@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
+from cuvil_pgc.instrument.samplers.base import GPU_EXTRA_FIX, Probe, Sampler, SamplerContext
 from cuvil_pgc.trace import schema
 
 GPM_SOURCE = "gpm"
@@ -76,6 +76,21 @@ def cuda_present() -> bool:
         return nvml.nvmlDeviceGetCount() > 0
     except Exception:
         return False
+    finally:
+        _quietly(nvml.nvmlShutdown)
+
+
+def gpu_names() -> list[str]:
+    """Names of the GPUs this process sees, as NVML gives them ([] without pynvml or a driver)."""
+    try:
+        nvml = _import_nvml()
+        nvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        return [str(nvml.nvmlDeviceGetName(handle)) for _, handle in visible_devices(nvml)]
+    except Exception:
+        return []
     finally:
         _quietly(nvml.nvmlShutdown)
 
@@ -269,6 +284,26 @@ class NvmlSampler(Sampler):
             return why
         return None
 
+    def probe(self) -> Probe:
+        """NVML starts and sees GPUs, and whether each supports GPM (SM activity and occupancy).
+        Shuts NVML down again."""
+        try:
+            nvml = _import_nvml()
+        except ImportError as exc:
+            return Probe(False, reason=f"nvidia-ml-py is not importable ({exc})", fix=GPU_EXTRA_FIX)
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:
+            return Probe(False, reason=f"NVML cannot start: {nvml_error_reason(nvml, exc)}",
+                         fix="install the NVIDIA driver (libnvidia-ml.so.1) and run on a GPU machine")
+        try:
+            parts = [_describe_gpu(nvml, i, h) for i, h in visible_devices(nvml)]
+        finally:
+            _quietly(nvml.nvmlShutdown)
+        if not parts:
+            return Probe(False, reason="NVML sees no GPU", fix="check nvidia-smi and CUDA_VISIBLE_DEVICES")
+        return Probe(True, f"{len(parts)} GPU(s): " + "; ".join(parts))
+
     def start(self, ctx: SamplerContext) -> None:
         self._ctx = ctx
         nvml = self._nvml
@@ -368,6 +403,16 @@ class NvmlSampler(Sampler):
         if self._initialized:
             _quietly(self._nvml.nvmlShutdown)
             self._initialized = False
+
+
+def _describe_gpu(lib: Any, index: int, handle: Any) -> str:
+    label = f"gpu{index} {lib.nvmlDeviceGetName(handle)}"
+    try:
+        gpm = bool(lib.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+    except Exception:
+        gpm = False
+    return label + (": GPM (SM activity, occupancy)" if gpm else
+                    ": no GPM, sm_util is the coarse utilization rate and sm_occupancy is unavailable")
 
 
 def _quietly(fn, *args: Any) -> None:

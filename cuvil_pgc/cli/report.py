@@ -1,21 +1,18 @@
-"""Commands of the viewer stage: ``cuvil-pgc report TRACE... -o report.html``.
+"""``cuvil-pgc report TRACE... -o report.html``: load, analyse, render and write the HTML report.
 
-The command loads and analyses the traces (``load_trace`` + ``analyze``), optionally reads a
-build's plan.json (``--build``: a ``.cuvilpkg`` path or ``store://NAME[@VERSION|@TAG]``, opened only
-through ``recompile.trust.open_trusted``: signed by a trusted key, or ``--allow-unsigned``, and every
-member verified before anything is read), renders the
-report and writes it atomically. A progress bar shows on interactive terminals only.
+``--build`` (a ``.cuvilpkg`` path or ``store://NAME[@VERSION|@TAG]``) adds that build's recompile
+plan; the build is opened only through ``recompile.trust.open_trusted`` (signed by a trusted key,
+or ``--allow-unsigned``, every member verified before anything is read). The report is written
+atomically; a progress bar shows on interactive terminals only.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
 import typer
 
-PLAN_MEMBER = "plan.json"
+from cuvil_pgc.errors import ConfigError
 
 
 def register(app: typer.Typer) -> None:
@@ -35,8 +32,7 @@ def register(app: typer.Typer) -> None:
         title: str | None = typer.Option(None, "--title", help="Page title."),
     ) -> None:
         """Write a self-contained HTML report: hot regions, timelines, compile, roofline, plan."""
-        from cuvil_pgc.errors import ConfigError
-        from cuvil_pgc.viewer._template import PLOTLY_MODES
+        from cuvil_pgc.viewer.template import PLOTLY_MODES
 
         if plotly_js not in PLOTLY_MODES:
             raise ConfigError(f"--plotly-js {plotly_js!r} is not one of {', '.join(PLOTLY_MODES)}")
@@ -54,6 +50,7 @@ def make_report(traces: list[str], output: str, *, build: str | None = None, sto
     """Load, analyse, render and write; returns the path written."""
     from cuvil_pgc.analyze.analyzer import analyze
     from cuvil_pgc.analyze.machine import MachineModel
+    from cuvil_pgc.recompile.plan_doc import read_build_plan
     from cuvil_pgc.trace.reader import load_trace
     from cuvil_pgc.viewer.html import write_report
     from cuvil_pgc.viewer.progress import stage_progress
@@ -71,30 +68,3 @@ def make_report(traces: list[str], output: str, *, build: str | None = None, sto
         with progress.stage("rendering the report"):
             path = write_report(analysis, output, plan=plan, build=facts, plotly_js=plotly_js, title=title)
     return str(path)
-
-
-def read_build_plan(source: str, *, store: str | None = None, pubkey: str | None = None,
-                    allow_unsigned: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """plan.json of a verified build and facts about the build (path, name, version, signature)."""
-    from cuvil_pgc.errors import BuildError
-    from cuvil_pgc.recompile._json_bounds import check_json_bounds
-    from cuvil_pgc.recompile.trust import open_trusted
-
-    with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
-        if PLAN_MEMBER not in vb.members():
-            raise BuildError(f"the build has no {PLAN_MEMBER}", path=vb.path,
-                             fix="pass a build written by `cuvil-pgc recompile`")
-        try:
-            data = vb.read_bytes(PLAN_MEMBER)
-            check_json_bounds(data, what=PLAN_MEMBER, path=vb.path)    # no RecursionError from deep JSON
-            plan = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BuildError(f"{PLAN_MEMBER} is not JSON ({exc})", path=vb.path,
-                             fix="rebuild the package with `cuvil-pgc recompile`") from None
-        if not isinstance(plan, dict):
-            raise BuildError(f"{PLAN_MEMBER} holds a JSON {type(plan).__name__}, not an object", path=vb.path,
-                             fix="rebuild the package with `cuvil-pgc recompile`")
-        m = vb.manifest
-        facts = {"path": vb.path, "name": m.name, "version": m.version, "created": m.created.isoformat(),
-                 "signed": vb.signed, "signature_verified": vb.signature_verified}
-    return plan, facts

@@ -1,10 +1,12 @@
-"""How a recompile reports progress: ``progress(done, total, message)``, and optionally stages.
+"""How long work reports progress: ``progress(done, total, message)``, and optionally stages.
 
-Any callable taking (measured so far, candidates to measure, a message) works. An object that
-also has ``stage(name)`` hears of the stages (analysing, calibrating, searching, racing the plan,
-building), and one with ``best(text)`` hears of the incumbent's measured speedup as a field of its
-own, so it stays in view while the next candidate builds (a plain callable gets it as a message);
-:class:`cuvil_pgc.viewer.progress.SearchDisplay` is the CLI's one (rich, on stderr).
+Any callable taking (steps done, steps in all, a message) works: a recompile's measured candidates,
+``cuvil-pgc profile --model``'s iterations. An object that also has ``stage(name)`` hears of the
+stages (loading, analysing, searching, racing the plan, building), and one with ``best(text)``
+hears of the incumbent's measured speedup as a field of its own, so it stays in view while the next
+candidate builds (a plain callable gets it as a message);
+:class:`cuvil_pgc.viewer.progress.SearchDisplay` is the CLI's one (rich, on stderr). Foundation
+code: the stages that report progress import it, the viewer implements it, neither knows the other.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
-"""Commands for many traces: ``cuvil-pgc export --parquet DIR`` and ``cuvil-pgc sql``.
-
-(``analyze --engine local|ray`` lives with ``analyze`` in :mod:`cuvil_pgc.analyze.commands`.)
-"""
+"""Commands for many traces: ``cuvil-pgc export --parquet DIR`` and ``cuvil-pgc sql``, and the
+engine behind ``analyze --engine local|ray`` (directories and globs of traces)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import typer
+
+from cuvil_pgc.cli.output import emit_json
+from cuvil_pgc.errors import ConfigError
 
 
 def register(app: typer.Typer) -> None:
@@ -33,22 +35,14 @@ def _register_export(app: typer.Typer) -> None:
 
         paths = trace_files(traces)
         err = Console(stderr=True)
-        with err.status(f"exporting {len(paths)} trace(s)...") if err.is_terminal else _nothing():
+        with err.status(f"exporting {len(paths)} trace(s)...") if err.is_terminal else contextlib.nullcontext():
             result = export_files(paths, parquet_dir, workers=workers)
         if json_out:
-            from cuvil_pgc.cli import emit_json
-
             emit_json(result.to_json())
             return
         rows = ", ".join(f"{n:,} {name}" for name, n in sorted(result.rows.items()) if name != "traces")
         Console().print(f"exported {len(result.traces)} trace(s) to {result.directory}: {rows or 'no rows'} "
                         f"({result.files} files)", markup=False, highlight=False)
-
-
-def _nothing() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def _queries_help() -> str:
@@ -70,7 +64,6 @@ def _register_sql(app: typer.Typer) -> None:
         """SQL (DuckDB) over many traces: views traces, regions, ops, kernels, compile, counters, histograms."""
         from cuvil_pgc.analyze.sql import query_text
         from cuvil_pgc.analyze.sql import sql as run_sql
-        from cuvil_pgc.errors import ConfigError
 
         args = list(args or [])
         if query_name is not None:
@@ -93,8 +86,6 @@ def _register_sql(app: typer.Typer) -> None:
 def _print_table(table: Any, json_out: bool, csv_out: bool) -> None:
     rows = table.to_pylist()
     if json_out:
-        from cuvil_pgc.cli import emit_json
-
         emit_json({"columns": table.column_names, "rows": rows})
         return
     if csv_out:
@@ -106,17 +97,10 @@ def _print_table(table: Any, json_out: bool, csv_out: bool) -> None:
         writer.writerows([["" if r[c] is None else r[c] for c in table.column_names] for r in rows])
         return
     from rich.console import Console
-    from rich.table import Table
 
-    view = Table(show_lines=False)
-    for name in table.column_names:
-        view.add_column(name, overflow="fold")
-    for r in rows:
-        view.add_row(*["" if r[c] is None else f"{r[c]:,.3f}".rstrip("0").rstrip(".") if isinstance(r[c], float)
-                       else str(r[c]) for c in table.column_names])
-    console = Console()
-    console.print(view)
-    console.print(f"{len(rows)} row(s)", style="dim")
+    from cuvil_pgc.viewer.console_sql import print_rows
+
+    print_rows(table.column_names, rows, Console())
 
 
 def wants_engine(inputs: list[str]) -> bool:
@@ -133,21 +117,9 @@ def wants_engine(inputs: list[str]) -> bool:
 def analyze_on_engine(inputs: list[str], engine: str, address: str | None, workers: int | None,
                       machine: Any, filter: str | None) -> Any:
     """``analyze --engine``: the map on the engine with a progress bar (interactive stderr only)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from cuvil_pgc.analyze.engine import analyze_many
-    from cuvil_pgc.viewer.progress import interactive
+    from cuvil_pgc.viewer.progress import count_progress
 
-    err = Console(stderr=True)
-    if not interactive(err):
-        return analyze_many(inputs, engine, workers=workers, address=address, machine=machine, filter=filter)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task(f"analysing on {engine}", total=None)
-
-        def advance(done: int, total: int, path: str) -> None:
-            bar.update(task, completed=done, total=total)
-
+    with count_progress(f"analysing on {engine}") as advance:
         return analyze_many(inputs, engine, workers=workers, address=address, machine=machine, filter=filter,
-                            progress=advance)
+                            **({} if advance is None else {"progress": advance}))

@@ -1,6 +1,6 @@
 """Run a user's program under a session: a script, a module (``-m``) or a model factory.
 
-Used by ``cuvil-pgc profile``. The user's program runs as ``__main__`` with its own argv, like
+Used by ``cuvil-pgc profile`` (:mod:`cuvil_pgc.cli.profile`). The user's program runs as ``__main__`` with its own argv, like
 ``python -m cProfile``; its exit code is passed through. The trace is finished whether the
 program returns, exits or raises. A ``cuvil_pgc.profile()`` the program calls itself joins the
 session (:mod:`._joined`).
@@ -47,8 +47,8 @@ def run_model(session: Session, spec: str, iters: int, warmup: int, depth: int |
     import torch
 
     from cuvil_pgc._modelspec import load_model_spec
+    from cuvil_pgc._progress import stage
     from cuvil_pgc.instrument.module import instrument_module
-    from cuvil_pgc.recompile.progress import stage
 
     if iters < 1 or warmup < 0:
         raise ConfigError(f"--iters {iters} / --warmup {warmup}: need iters >= 1 and warmup >= 0")

@@ -1,32 +1,32 @@
-"""The ``cuvil-pgc`` command.
+"""The Typer app of ``cuvil-pgc``: the global ``--debug`` flag, every command registered from its
+module in this package, and :func:`main` with the error handling.
 
-This module owns the Typer app, the global ``--debug`` flag and error handling; each stage
-registers its own subcommands from ``<package>/commands.py`` (``register(app)``), listed in
-``COMMAND_MODULES``. Errors: a CuvilError prints one line on stderr and exits 1 (2 for usage);
-``--debug`` adds the traceback, never local variables (keys and user data live in locals).
-``--json`` commands print exactly one JSON document on stdout via :func:`emit_json`.
+Errors: a CuvilError prints one line on stderr and exits 1 (2 for usage); ``--debug`` adds the
+traceback, never local variables (keys and user data live in locals). ``--json`` commands print
+exactly one JSON document on stdout (:func:`cuvil_pgc.cli.output.emit_json`).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
-from typing import Any
 
 import typer
 
-from cuvil_pgc.errors import CuvilError
-
-COMMAND_MODULES = (
-    "cuvil_pgc.instrument.commands",
-    "cuvil_pgc.analyze.commands",
-    "cuvil_pgc.analyze.fleet_commands",
-    "cuvil_pgc.viewer.commands",
-    "cuvil_pgc.recompile.commands",
-    "cuvil_pgc.demo",
-    "cuvil_pgc.cache_commands",
+from cuvil_pgc.cli import (
+    analyze,
+    builds,
+    cache,
+    calibrate,
+    demo,
+    doctor,
+    fleet,
+    ops,
+    profile,
+    recompile,
+    report,
 )
+from cuvil_pgc.errors import CuvilError
 
 app = typer.Typer(
     name="cuvil-pgc",
@@ -38,6 +38,14 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+#: every command, in the order ``cuvil-pgc --help`` lists them (command groups come last there)
+REGISTRATIONS = (
+    profile.register_profile, analyze.register_summary, profile.register_capture, doctor.register,
+    calibrate.register, analyze.register_analyze, analyze.register_diff, ops.register, fleet.register,
+    report.register, builds.register_signing, builds.register_store, recompile.register, demo.register,
+    cache.register,
+)
+
 _state = {"debug": False}
 
 
@@ -47,27 +55,8 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on 
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(message)s")
 
 
-def emit_json(obj: Any) -> None:
-    """Print one JSON document on stdout (the only thing a --json command prints there)."""
-    import orjson
-
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
-                                         | orjson.OPT_NON_STR_KEYS) + b"\n")
-    sys.stdout.flush()
-
-
-def _register_all() -> None:
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:   # that stage has no commands yet
-                continue
-            raise
-        module.register(app)
-
-
-_register_all()
+for _register in REGISTRATIONS:
+    _register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

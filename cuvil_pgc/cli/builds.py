@@ -1,9 +1,9 @@
-"""Commands of the recompile stage: ``keygen``, ``verify`` and the ``builds`` group (the build store).
+"""The commands of builds and the build store: ``keygen`` and ``verify`` (signing), and the
+``builds`` group (``push|list|promote|tag|rollback|log|trust|repair``, with ``--store DIR`` or
+$CUVIL_STORE).
 
-``builds push|list|promote|tag|rollback|log|trust|repair`` take ``--store DIR`` or $CUVIL_STORE. Every
-command prints a rich table or one line on stdout, or with ``--json`` exactly one JSON document
-(through :func:`cuvil_pgc.cli.emit_json`). Failures raise CuvilError subclasses, which the CLI
-prints as one line on stderr with a non-zero exit.
+Every command prints a table or one line on stdout, or with ``--json`` exactly one JSON document.
+Failures raise CuvilError subclasses, which the CLI prints as one line on stderr with a non-zero exit.
 """
 
 from __future__ import annotations
@@ -12,24 +12,23 @@ from typing import Any
 
 import typer
 
+from cuvil_pgc.cli.output import emit, emit_json
+
 _STORE_HELP = "Build store directory (default: $CUVIL_STORE)."
 
 
-def register(app: typer.Typer) -> None:
+def register_signing(app: typer.Typer) -> None:
+    """``keygen`` and ``verify``."""
     _register_keygen(app)
     _register_verify(app)
+
+
+def register_store(app: typer.Typer) -> None:
+    """The ``builds`` group."""
     builds = typer.Typer(name="builds", help="Versioned build store: push, promote, tag, roll back.",
                          no_args_is_help=True)
     _register_builds(builds)
     app.add_typer(builds, name="builds")
-    _register_recompile(app)
-
-
-def _register_recompile(app: typer.Typer) -> None:
-    """``recompile`` and ``compare`` (implemented in :mod:`._cli`)."""
-    from cuvil_pgc.recompile._cli import register_recompile
-
-    register_recompile(app)
 
 
 def _register_keygen(app: typer.Typer) -> None:
@@ -60,48 +59,19 @@ def _register_verify(app: typer.Typer) -> None:
         $CUVIL_TRUSTED_KEY), or --allow-unsigned is given.
         """
         from cuvil_pgc.recompile.trust import open_trusted
+        from cuvil_pgc.viewer.console_builds import verify_table
 
         with open_trusted(build, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned or None) as verified:
-            summary = _build_summary(verified)
+            summary = verified.summary()
         if as_json:
-            _emit(summary)
+            emit_json(summary)
             return
-        _print(_verify_table(summary))
+        from rich.console import Console
+
+        Console(soft_wrap=True).print(verify_table(summary))
         if not summary["signature"]["verified"]:
             typer.echo("warning: signature not checked (--allow-unsigned); pass --pubkey KEY.pub to require one",
                        err=True)
-
-
-def _build_summary(build) -> dict[str, Any]:
-    import msgspec
-
-    m = build.manifest
-    return {"path": build.path, "ok": True, "name": m.name, "version": m.version,
-            "created": m.created.isoformat(), "format_version": m.format_version,
-            "fingerprint": msgspec.to_builtins(m.fingerprint), "model_hash": m.model_hash,
-            "trace_hashes": list(m.trace_hashes), "manifest_sha256": build.manifest_sha256,
-            "signature": {"present": build.signed, "verified": build.signature_verified, "key_id": build.key_id},
-            "members": {n: msgspec.to_builtins(d) for n, d in m.members.items()}}
-
-
-def _verify_table(summary: dict[str, Any]):
-    from rich.table import Table
-
-    sig = summary["signature"]
-    signature = ("verified, key " + sig["key_id"]) if sig["verified"] else \
-        (f"present (key {sig['key_id']}), NOT checked" if sig["present"] else "unsigned")
-    table = Table(title=f"{summary['name']} v{summary['version']}  ({summary['path']})", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    rows = [("signature", signature), ("created", summary["created"]),
-            ("format", str(summary["format_version"])), ("manifest sha256", summary["manifest_sha256"]),
-            *((k, v) for k, v in summary["fingerprint"].items()),
-            ("model hash", summary["model_hash"] or "-"), ("traces", str(len(summary["trace_hashes"])))]
-    for key, value in rows:
-        table.add_row(key, value)
-    for name, digest in sorted(summary["members"].items()):
-        table.add_row(f"  {name}", f"{digest['size']:,} B  sha256 {digest['sha256'][:16]}…")
-    return table
 
 
 def _register_builds(builds: typer.Typer) -> None:
@@ -123,11 +93,13 @@ def _register_builds(builds: typer.Typer) -> None:
                     csv_out: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
                     wide: bool = typer.Option(False, "--wide", help="Every column, whatever the width.")) -> None:
         """List stored versions and the pointers (current, tags) at each."""
+        from cuvil_pgc.viewer.console_builds import entries_view
+
         entries = _store(store).entries(name)
         if as_json:
-            _emit({"builds": [_builtins(e) for e in entries]})
+            emit_json({"builds": [_builtins(e) for e in entries]})
         else:
-            _show(_entries_view(entries), csv_out, wide)
+            emit(entries_view(entries), _console(), as_csv=csv_out, wide=wide)
 
     @builds.command("promote")
     def promote(name: str = typer.Argument(...), version: int = typer.Argument(...),
@@ -162,11 +134,13 @@ def _register_builds(builds: typer.Typer) -> None:
             csv_out: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
             wide: bool = typer.Option(False, "--wide", help="Every column, whatever the width.")) -> None:
         """Show the append-only history of pushes, promotions, tags and rollbacks."""
+        from cuvil_pgc.viewer.console_builds import log_view
+
         entries = _store(store).log(name)
         if as_json:
-            _emit({"log": [_builtins(e) for e in entries]})
+            emit_json({"log": [_builtins(e) for e in entries]})
         else:
-            _show(_log_view(name, entries), csv_out, wide)
+            emit(log_view(name, entries), _console(), as_csv=csv_out, wide=wide)
 
     @builds.command("repair")
     def repair(name: str = typer.Argument(...),
@@ -177,7 +151,7 @@ def _register_builds(builds: typer.Typer) -> None:
         """Make state.json agree with the log again (rewritten from the log; the old file is kept)."""
         done = _store(store).repair(name, from_state=from_state)
         if as_json:
-            _emit({"name": name, "done": done})
+            emit_json({"name": name, "done": done})
         else:
             typer.echo("\n".join(f"{name}: {line}" for line in done))
 
@@ -206,55 +180,9 @@ def _report_move(as_json: bool, move) -> None:
 
 def _report(as_json: bool, obj: Any, text: str) -> None:
     if as_json:
-        _emit(_builtins(obj))
+        emit_json(_builtins(obj))
     else:
         typer.echo(text)
-
-
-def _entries_view(entries):
-    from cuvil_pgc.viewer.tables import Column, TableView
-
-    columns = [Column("name", "name", identifier=True), Column("version", "ver", justify="right"),
-               Column("pointers", "pointers", lambda p: ", ".join(p) or "-"),
-               Column("created", "created", _minutes, drop=2), Column("pushed_at", "pushed", _minutes, drop=4),
-               Column("pushed_by", "by", drop=5), Column("key", "signed by key", drop=3),
-               Column("size", "size", _size, "right")]
-    rows = [{"name": e.name, "version": e.version, "pointers": list(e.pointers), "created": e.created,
-             "pushed_at": e.pushed_at, "pushed_by": e.pushed_by, "key": e.key_id if e.signed else "unsigned",
-             "size": e.size} for e in entries]
-    return TableView("builds", columns, rows)
-
-
-def _minutes(iso: str) -> str:
-    return iso[:16].replace("T", " ")
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def _log_view(name: str, entries):
-    from cuvil_pgc.viewer.tables import Column, TableView
-
-    columns = [Column("time", "time", lambda t: t[:19].replace("T", " ")), Column("op", "op"), Column("pointer", "pointer"),
-               Column("move", "move"), Column("by", "by", drop=1),
-               Column("reason", "reason", identifier=True)]      # prose: wraps at spaces when it must
-    rows = [{"time": e.time, "op": e.op, "pointer": e.pointer or "",
-             "move": "" if e.op == "checkpoint" else f"v{e.version}" if e.previous is None
-             else f"v{e.previous} -> v{e.version}",
-             "by": f"{e.user}@{e.host}", "reason": e.reason or ""} for e in entries]
-    return TableView(f"{name} history", columns, rows)
-
-
-def _show(view, csv_out: bool, wide: bool) -> None:
-    from rich.console import Console
-
-    from cuvil_pgc.viewer.tables import emit
-
-    emit(view, Console(), as_csv=csv_out, wide=wide)
 
 
 def _builtins(obj: Any) -> Any:
@@ -263,13 +191,7 @@ def _builtins(obj: Any) -> Any:
     return msgspec.to_builtins(obj)
 
 
-def _emit(obj: Any) -> None:
-    from cuvil_pgc.cli import emit_json
-
-    emit_json(obj)
-
-
-def _print(renderable) -> None:
+def _console() -> Any:
     from rich.console import Console
 
-    Console(soft_wrap=True).print(renderable)
+    return Console()

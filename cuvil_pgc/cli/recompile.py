@@ -1,9 +1,10 @@
-"""The ``recompile`` and ``compare`` commands (registered by :mod:`.commands`).
+"""``cuvil-pgc recompile`` (search a faster plan guided by the profile, write a verified build) and
+``compare`` (two ways of running the model, interleaved).
 
 ``recompile`` shows its progress on stderr (stage, candidate i of N, elapsed and estimated time,
-the incumbent's speedup; interactive terminals only, off with ``--quiet``) and the plan as a rich table with predicted vs measured speedups; with ``--json`` the
-DESIGN.md document and nothing else on stdout. ``compare`` prints a rich table or the
-``compare --json`` document.
+the incumbent's speedup; interactive terminals only, off with ``--quiet``) and the plan as a table
+with predicted vs measured speedups; with ``--json`` the DESIGN.md document and nothing else on
+stdout. ``compare`` prints a table, CSV or the ``compare --json`` document.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any
 import typer
 
 from cuvil_pgc._threads import THREADS_HELP, default_threads
+from cuvil_pgc.cli.output import busy_warnings, emit_json, print_warnings
 
 
-def register_recompile(app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     @app.command("recompile")
     def recompile_command(
         traces: list[str] = typer.Argument(..., help="Trace files of the model (cuvil-pgc profile, torch.profiler)."),
@@ -80,13 +82,12 @@ def register_recompile(app: typer.Typer) -> None:
 
         if key is None:
             print_note(f"note: {UNSIGNED_NOTE}", err=True)
-        busy = _busy_warnings("measured speedups")
+        busy = busy_warnings("measured speedups")
         if as_json:
-            from cuvil_pgc.cli import emit_json
-
             emit_json({**build.to_json(), "warnings": busy})
             _log_note(captured)
             return
+        from cuvil_pgc.viewer.console_recompile import plan_view
         from cuvil_pgc.viewer.tables import print_view
 
         print_view(plan_view(build.plan, output), Console(), wide)
@@ -95,7 +96,7 @@ def register_recompile(app: typer.Typer) -> None:
             "recorded in the build: load_build warns in a process that runs another count "
             "(--threads N: the deployment's)")
         _log_note(captured)
-        _print_warnings(busy)
+        print_warnings(busy)
 
     @app.command("compare")
     def compare_command(
@@ -116,45 +117,31 @@ def register_recompile(app: typer.Typer) -> None:
         from cuvil_pgc._modelspec import load_model_spec
         from cuvil_pgc._threads import torch_threads
         from cuvil_pgc.analyze.contention import spread_warning
-        from cuvil_pgc.recompile.compare import compare, compare_table
+        from cuvil_pgc.recompile.compare import compare
 
         net, inputs = load_model_spec(model)
         with torch_threads(threads):
             result = compare(net, inputs, a, b, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned or None,
                              rounds=rounds)
-        result["warnings"] = _busy_warnings("timings") + [
+        result["warnings"] = busy_warnings("timings") + [
             w for side in ("a", "b") if (w := spread_warning(result[side]["name"], result[side]["median_ms"],
                                                              result[side]["ci95_ms"]))]
         if as_json:
-            from cuvil_pgc.cli import emit_json
-
             emit_json(result)
             return
         if csv_out:
-            from cuvil_pgc.recompile.compare import compare_view
+            from cuvil_pgc.viewer.console_recompile import compare_view
             from cuvil_pgc.viewer.tables import write_csv
 
             write_csv(compare_view(result))
-            _print_warnings(result["warnings"])
+            print_warnings(result["warnings"])
             return
         from rich.console import Console
 
+        from cuvil_pgc.viewer.console_recompile import compare_table
+
         Console().print(compare_table(result))
-        _print_warnings(result["warnings"])
-
-
-def _busy_warnings(what: str) -> list[str]:
-    from cuvil_pgc.analyze.contention import host_load, load_warning
-
-    warning = load_warning(host_load(), what)
-    return [warning] if warning else []
-
-
-def _print_warnings(warnings: list[str]) -> None:
-    from cuvil_pgc.viewer.notes import print_note
-
-    for warning in warnings:
-        print_note(f"warning: {warning}", err=True)
+        print_warnings(result["warnings"])
 
 
 def _log_note(captured: Any) -> None:
@@ -180,55 +167,3 @@ def _backends(value: str | None) -> tuple[str, ...] | None:
 def _build_name(spec: str) -> str:
     factory = spec.rpartition(":")[2]
     return re.sub(r"[^A-Za-z0-9._-]", "_", factory)[:64] or "model"
-
-
-def plan_view(plan: dict[str, Any], path: str | None = None) -> Any:
-    """The plan as a table view: per region, chosen config, predicted vs measured times and speedups."""
-    from cuvil_pgc.recompile.plan_doc import tried_counts
-    from cuvil_pgc.viewer.console import display_path
-    from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup
-
-    ms = _f
-    columns = [Column("path", "region", display_path, identifier=True),
-               Column("bottleneck", "bottleneck", drop=3),
-               Column("chosen", "chosen", _chosen, identifier=True, stack_under="path"),
-               Column("baseline_ms", "eager ms", ms, "right", drop=4),
-               Column("predicted_ms", "pred. ms", ms, "right", drop=5),
-               Column("measured_ms", "meas. ms", ms, "right"),
-               Column("predicted_speedup", "pred.", fmt_speedup, "right", drop=2),
-               Column("measured_speedup", "speedup", fmt_speedup, "right"),
-               Column("tried", "tried/rej.", justify="right", drop=1)]
-    rows = []
-    for r in plan["regions"]:
-        tried, rejected = tried_counts(r)
-        base, pred, meas = r["baseline_ms"], r["predicted_ms"], r["measured_ms"]
-        rows.append({"path": r["path"], "bottleneck": r["bottleneck"], "chosen": r["chosen"], "baseline_ms": base,
-                     "predicted_ms": pred, "measured_ms": meas, "predicted_speedup": _ratio(base, pred),
-                     "measured_speedup": _ratio(base, meas), "tried": f"{tried}/{rejected}"})
-    stale = ", ".join(s["path"] for s in plan["stale"]) or "none"
-    caption = (f"whole model: eager {_f(plan['baseline_ms'])} ms → {_f(plan['plan_ms'])} ms "
-               f"({fmt_speedup(plan['speedup_vs_eager'])}); measured {plan['measured_candidates']} of "
-               f"{plan['space_size']} candidates, {plan['reused_records']} from records; stale regions: {stale}")
-    return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
-
-
-def plan_table(plan: dict[str, Any], path: str | None = None, width: int = 80) -> Any:
-    """The plan as a rich table fitted to ``width``."""
-    from cuvil_pgc.viewer.tables import render_view
-
-    return render_view(plan_view(plan, path), width)[0]
-
-
-def _chosen(value: str) -> str:
-    """``merged into <model>: CONFIG`` reads ``merged into <model>`` in the table: the <model> row
-    above names CONFIG (JSON and CSV keep the whole value)."""
-    merged = "merged into <model>"
-    return merged if str(value).startswith(merged + ":") else str(value)
-
-
-def _f(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
-
-
-def _ratio(base: float | None, value: float | None) -> float | None:
-    return None if not base or not value else base / value

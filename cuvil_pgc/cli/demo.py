@@ -16,6 +16,7 @@ from typing import Any
 import typer
 
 from cuvil_pgc._threads import THREADS_HELP, default_threads
+from cuvil_pgc.cli.output import busy_warnings, emit_json
 
 QUICK_MODELS = ("lstm_step",)
 FULL_MODELS = ("lstm_step", "mlp", "cnn", "transformer", "mixed")
@@ -56,8 +57,6 @@ def register(app: typer.Typer) -> None:
         started = time.perf_counter()
         results = run_demo(output, quick=quick, threads=threads, quiet=quiet, verbose=verbose, as_json=as_json)
         if as_json:
-            from cuvil_pgc.cli import emit_json
-
             emit_json(demo_json(output, results, time.perf_counter() - started))
 
 
@@ -86,6 +85,7 @@ def _run_demo(out_dir: str, *, quick: bool, models: tuple[str, ...] | None, thre
     from rich.console import Console
 
     from cuvil_pgc.recompile.signing import generate_keypair
+    from cuvil_pgc.viewer.console_demo import print_summary
 
     console = Console(stderr=to_stderr)
     os.makedirs(out_dir, exist_ok=True)
@@ -101,7 +101,7 @@ def _run_demo(out_dir: str, *, quick: bool, models: tuple[str, ...] | None, thre
         console.rule(f"[bold]{name}[/] (model {i} of {len(names)}, {time.perf_counter() - started:.0f} s so far)")
         results.append(_one_model(console, name, out_dir, key, QUICK_BUDGET if quick else FULL_BUDGET,
                                   quiet, verbose))
-    _print_summary(console, results, key, time.perf_counter() - started)
+    print_summary(console, results, key, time.perf_counter() - started)
     return results
 
 
@@ -109,29 +109,30 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, qui
                verbose: bool = False) -> ModelResult:
     from rich.text import Text
 
-    from cuvil_pgc import zoo
     from cuvil_pgc._quiet import log_path_for, third_party_output
     from cuvil_pgc.analyze import analyze
     from cuvil_pgc.trace import load_trace
     from cuvil_pgc.viewer.console import render_hot_regions
+    from cuvil_pgc.viewer.console_demo import print_compare, step
+    from cuvil_pgc.zoo import get as zoo_model
 
-    model, inputs = zoo.get(name)()
+    model, inputs = zoo_model(name)()
     trace = os.path.join(out_dir, f"{name}.trace.json")
-    with _step(console, f"profiling {name} ({PROFILE_ITERS} iterations, regions + operators)"):
+    with step(console, f"profiling {name} ({PROFILE_ITERS} iterations, regions + operators)"):
         _profile(model, inputs, trace)
-    with _step(console, "analyzing"):
+    with step(console, "analyzing"):
         analysis = analyze(load_trace(trace))
     render_hot_regions(analysis, console, top=8)
     build_path = os.path.join(out_dir, f"{name}.cuvilpkg")
     log = log_path_for(build_path)
-    with _step(console, f"recompiling (budget {budget} measured candidates)"):
+    with step(console, f"recompiling (budget {budget} measured candidates)"):
         with third_party_output(log, verbose=verbose) as captured:
             build = _recompile(model, inputs, trace, analysis, budget, quiet, captured.terminal)
             build.save(build_path, name=name, version=1, signing_key=key)
     report = os.path.join(out_dir, f"{name}.report.html")
-    with _step(console, "writing the HTML report"):
+    with step(console, "writing the HTML report"):
         _report(analysis, build, report, key)
-    with _step(console, "comparing eager, torch.compile and the build (interleaved)"):
+    with step(console, "comparing eager, torch.compile and the build (interleaved)"):
         with third_party_output(log, verbose=verbose) as captured:
             timings = _compare(model, inputs, build_path, key)
     if captured.summary():
@@ -139,37 +140,17 @@ def _one_model(console: Any, name: str, out_dir: str, key: str, budget: int, qui
     result = ModelResult(name, trace, report, build_path, timings,
                          speedup_vs_eager=timings["eager"] / timings["build"],
                          speedup_vs_compile=timings["torch.compile"] / timings["build"])
-    _print_compare(console, result)
-    from cuvil_pgc.analyze.contention import host_load, load_warning
-
-    busy = load_warning(host_load(), "speedups")
-    if busy:
+    print_compare(console, result.name, result.timings_ms)
+    for busy in busy_warnings("speedups"):
         result.warnings.append(busy)
         console.print(Text(f"warning: {busy}", style="yellow"))
     return result
 
 
-def _step(console: Any, what: str) -> _Announce:
-    # a line per step, not a spinner: the recompile step shows its own live display on stderr
-    return _Announce(console, what)
-
-
-class _Announce:
-    def __init__(self, console: Any, what: str) -> None:
-        self.console, self.what = console, what
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.console.print(f"[dim]{self.what} ...[/]")
-
-    def __exit__(self, *exc: object) -> None:
-        self.console.print(f"[dim]  done in {time.perf_counter() - self.t0:.1f} s[/]")
-
-
 def _profile(model: Any, inputs: tuple[Any, ...], trace: str) -> None:
     import torch
 
-    from cuvil_pgc import profile
+    from cuvil_pgc.instrument.factory import profile
     from cuvil_pgc.instrument.module import instrument_module
 
     with torch.inference_mode():
@@ -193,8 +174,8 @@ def _recompile(model: Any, inputs: tuple[Any, ...], trace: str, analysis: Any, b
 
 
 def _report(analysis: Any, build: Any, path: str, key: str) -> None:
-    from cuvil_pgc.viewer import write_report
-    from cuvil_pgc.viewer.commands import read_build_plan
+    from cuvil_pgc.recompile.plan_doc import read_build_plan
+    from cuvil_pgc.viewer.html import write_report
 
     _plan, facts = read_build_plan(build.path, pubkey=key + ".pub")   # the saved build, verified
     write_report(analysis, path, plan=build.plan, title=f"cuvil-pgc demo: {os.path.basename(path)}", build=facts)
@@ -212,31 +193,3 @@ def _compare(model: Any, inputs: tuple[Any, ...], build_path: str, key: str) -> 
     with torch.inference_mode():
         samples = time_interleaved({k: (lambda f=f: f(*inputs)) for k, f in runs.items()}, rounds=15, warmup=3)
     return {k: s.median_ms for k, s in samples.items()}
-
-
-def _print_compare(console: Any, r: ModelResult) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"{r.name}: median per call, interleaved runs", title_justify="left")
-    table.add_column("runs")
-    table.add_column("median", justify="right")
-    table.add_column("build speedup", justify="right")
-    for k, ms in r.timings_ms.items():
-        table.add_row(k, f"{ms:.3f} ms", f"{ms / r.timings_ms['build']:.2f}x")
-    console.print(table)
-
-
-def _print_summary(console: Any, results: list[ModelResult], key: str, seconds: float) -> None:
-    from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup, print_view
-
-    columns = [Column("model", "model", identifier=True),
-               Column("vs_eager", "vs eager", fmt_speedup, "right"),
-               Column("vs_compile", "vs torch.compile", fmt_speedup, "right")]
-    rows = [{"model": r.name, "vs_eager": r.speedup_vs_eager, "vs_compile": r.speedup_vs_compile} for r in results]
-    print_view(TableView(f"cuvil-pgc demo finished in {seconds:.0f} s", columns, rows), console)
-    for r in results:      # paths on lines of their own: a table cell would fold them mid-name
-        console.print(f"{r.name}: trace {r.trace}", soft_wrap=True)
-        console.print(f"{' ' * len(r.name)}  report {r.report}", soft_wrap=True)
-        console.print(f"{' ' * len(r.name)}  build {r.build}", soft_wrap=True)
-    console.print(f"signing key: {key} (public key {key}.pub); verify a build with "
-                  f"`cuvil-pgc verify BUILD --pubkey {key}.pub`", soft_wrap=True)

@@ -1,4 +1,4 @@
-"""Reading aggregate summary files (instrument.aggregate) as a Source with no rows.
+"""Reading aggregate summary files (format: :mod:`.summary`) as a Source with no rows.
 
 The histograms are validated here (types, non-negative counts, buckets summing to the count) so
 the analyzer can trust them; a bad file is a TraceError naming the region and the field.
@@ -15,8 +15,9 @@ from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace._build import SourceColumns
 from cuvil_pgc.trace._metadata import check_metadata
 from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, Source
+from cuvil_pgc.trace.summary import PER_OCTAVE, SUMMARY_KEY
 
-KEY = b'"cuvil_summary"'
+KEY = f'"{SUMMARY_KEY}"'.encode()
 _INT_FIELDS = ("count", "sum_ns", "min_ns", "max_ns")
 
 
@@ -30,11 +31,11 @@ def summary_source(data: bytes, path: str, weight: float) -> Source:
     except orjson.JSONDecodeError as exc:
         raise TraceError(f"is not valid JSON ({exc})", path=path,
                          fix="summary files are rewritten atomically; use the latest complete one") from None
-    body = doc.get("cuvil_summary") if isinstance(doc, dict) else None
+    body = doc.get(SUMMARY_KEY) if isinstance(doc, dict) else None
     if not isinstance(body, dict) or not isinstance(body.get("regions"), list):
         raise TraceError("is not an aggregate summary: missing cuvil_summary.regions", path=path)
-    if body.get("bucket_scheme", {}).get("per_octave") != 8:
-        raise TraceError(f"uses bucket scheme {body.get('bucket_scheme')!r}; this version reads per_octave 8",
+    if body.get("bucket_scheme", {}).get("per_octave") != PER_OCTAVE:
+        raise TraceError(f"uses bucket scheme {body.get('bucket_scheme')!r}; this version reads per_octave {PER_OCTAVE}",
                          path=path, fix="upgrade cuvil-pgc")
     rows = [_checked_row(row, i, path) for i, row in enumerate(body["regions"])]
     notes: list[str] = []

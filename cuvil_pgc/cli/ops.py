@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from cuvil_pgc.cli.output import emit
 
-def register_ops(app: typer.Typer) -> None:
+
+def register(app: typer.Typer) -> None:
     @app.command()
     def ops(
         traces: list[str] = typer.Argument(..., metavar="TRACE...", help="Trace files (ours or torch.profiler)."),
@@ -24,7 +26,6 @@ def register_ops(app: typer.Typer) -> None:
         from cuvil_pgc.trace.reader import load_trace
         from cuvil_pgc.viewer.console_ops import operators_view
         from cuvil_pgc.viewer.progress import stage_progress
-        from cuvil_pgc.viewer.tables import emit
 
         with stage_progress(2) as progress:
             with progress.stage(f"loading {len(traces)} trace(s)"):

@@ -1,0 +1,108 @@
+"""What realizing a candidate gives: a :class:`Realized` region, its :class:`CompiledRegion`
+module, and :class:`ExportError` when an exporter cannot capture the module.
+
+Shared by :mod:`.apply` (torch.compile, AOTInductor, CUDA graphs) and :mod:`.runtime_build`
+(ONNX Runtime, OpenVINO, TensorRT), which builds regions for ``apply`` and so sits below it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile.matching import input_signature
+
+log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warnings always had
+
+
+@dataclass
+class Realized:
+    module: nn.Module
+    artifact: str | None = None        # AOTInductor package path, when the backend made one
+    rewrites: list[str] = field(default_factory=list)
+
+
+class CompiledRegion(nn.Module):
+    """Runs ``compiled`` for inputs matching the captured ones; the original module otherwise.
+
+    ``spec`` ([shape, dtype, device, strides] per positional tensor) makes the per-call check a
+    few attribute comparisons; without it the slower hashed ``signature`` is compared.
+    """
+
+    def __init__(self, original: nn.Module, compiled: Any, signature: str | None, config: str,
+                 spec: list[list[Any]] | None = None) -> None:
+        super().__init__()
+        self.original = original
+        self._compiled = compiled          # not a submodule: an AOTI runner or an OptimizedModule
+        self.signature = signature
+        self.config = config
+        self._spec = None if spec is None else [(torch.Size(shape), getattr(torch, dtype), torch.device(dev),
+                                                 tuple(strides)) for shape, dtype, dev, strides in spec]
+        self._fast = _FastAOTI(compiled) if self._spec is not None and hasattr(compiled, "loader") else None
+        self.fallback_calls = 0
+
+    @property
+    def compiled(self) -> Any:
+        """What runs for the captured inputs (an AOTInductor runner, a compiled module, a runtime session)."""
+        return self._compiled
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.signature is None:
+            return self._compiled(*args, **kwargs)
+        if self._matches(args, kwargs):
+            if self._fast is not None and not kwargs:
+                return self._fast(args)
+            return self._compiled(*args, **kwargs)
+        self.fallback_calls += 1
+        if self.fallback_calls == 1:
+            log.warning("cuvil-pgc: %s was built for other input shapes; running the original module", self.config)
+        return self.original(*args, **kwargs)
+
+    def _matches(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        spec = self._spec
+        if spec is None or kwargs or len(args) != len(spec):
+            return input_signature((args, kwargs)) == self.signature
+        for a, (shape, dtype, device, strides) in zip(args, spec, strict=True):
+            if not isinstance(a, torch.Tensor) or a.shape != shape or a.dtype != dtype or a.device != device \
+                    or a.stride() != strides:
+                return False
+        return True
+
+
+class _FastAOTI:
+    """Calls an AOTInductor runner with positional tensors without re-parsing its call spec each time.
+
+    ``AOTICompiledModel.__call__`` deserializes both tree specs on every call (tens of µs); for
+    inputs that are exactly the captured positional tensors, the flat input list is the args.
+    """
+
+    def __init__(self, compiled: Any) -> None:
+        self.loader = compiled.loader
+        self.out_spec = torch.utils._pytree.treespec_loads(self.loader.get_call_spec()[1])
+        self.single = self.out_spec.is_leaf()
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        out = self.loader.boxed_run(list(args))
+        return out[0] if self.single else torch.utils._pytree.tree_unflatten(out, self.out_spec)
+
+
+class ExportError(RuntimeError):
+    """An exporter cannot capture a module (data-dependent control flow, unsupported Python or
+    operators): every build of that module through the same exporter fails the same way, whatever
+    its options. The message starts with the exporter's name (``torch.export failed: ...``,
+    ``torch.onnx.export failed: ...``; see :func:`~.runtime_build.exporters`)."""
+
+    @property
+    def exporter(self) -> str:
+        return exporter_of_reason(str(self))
+
+
+def exporter_of_reason(reason: str) -> str:
+    """The exporter named at the start of an ExportError's message (or of a rejection reason)."""
+    return reason.removeprefix(f"{ExportError.__name__}: ").split(" failed", 1)[0]
+
+

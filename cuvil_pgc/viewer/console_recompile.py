@@ -1,0 +1,74 @@
+"""Tables of the recompiler's results: the plan (``cuvil-pgc recompile``) and an A/B comparison
+(``cuvil-pgc compare``), as TableViews (terminal, CSV, JSON alike) and fitted rich tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuvil_pgc.recompile.plan_doc import region_speedup, tried_counts
+from cuvil_pgc.trace.schema import display_path
+from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup, render_view
+
+
+def plan_view(plan: dict[str, Any], path: str | None = None) -> TableView:
+    """The plan as a table view: per region, chosen config, predicted vs measured times and speedups."""
+    ms = _ms
+    columns = [Column("path", "region", display_path, identifier=True),
+               Column("bottleneck", "bottleneck", drop=3),
+               Column("chosen", "chosen", _chosen, identifier=True, stack_under="path"),
+               Column("baseline_ms", "eager ms", ms, "right", drop=4),
+               Column("predicted_ms", "pred. ms", ms, "right", drop=5),
+               Column("measured_ms", "meas. ms", ms, "right"),
+               Column("predicted_speedup", "pred.", fmt_speedup, "right", drop=2),
+               Column("measured_speedup", "speedup", fmt_speedup, "right"),
+               Column("tried", "tried/rej.", justify="right", drop=1)]
+    rows = []
+    for r in plan["regions"]:
+        tried, rejected = tried_counts(r)
+        rows.append({"path": r["path"], "bottleneck": r["bottleneck"], "chosen": r["chosen"],
+                     "baseline_ms": r["baseline_ms"], "predicted_ms": r["predicted_ms"], "measured_ms": r["measured_ms"],
+                     "predicted_speedup": region_speedup(r, "predicted_ms"),
+                     "measured_speedup": region_speedup(r, "measured_ms"), "tried": f"{tried}/{rejected}"})
+    stale = ", ".join(s["path"] for s in plan["stale"]) or "none"
+    caption = (f"whole model: eager {_ms(plan['baseline_ms'])} ms → {_ms(plan['plan_ms'])} ms "
+               f"({fmt_speedup(plan['speedup_vs_eager'])}); measured {plan['measured_candidates']} of "
+               f"{plan['space_size']} candidates, {plan['reused_records']} from records; stale regions: {stale}")
+    return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
+
+
+def _chosen(value: str) -> str:
+    """``merged into <model>: CONFIG`` reads ``merged into <model>`` in the table: the <model> row
+    above names CONFIG (JSON and CSV keep the whole value)."""
+    merged = "merged into <model>"
+    return merged if str(value).startswith(merged + ":") else str(value)
+
+
+def plan_table(plan: dict[str, Any], path: str | None = None, width: int = 80) -> Any:
+    """The plan as a rich table fitted to ``width``."""
+    return render_view(plan_view(plan, path), width)[0]
+
+
+def compare_view(result: dict[str, Any]) -> TableView:
+    """A compare result as a table view (one row per side)."""
+    title = (f"compare: B is {result['verdict']} than A" if result["verdict"] != "same"
+             else "compare: no significant difference")
+    ms = "{:.4f}".format
+    columns = [Column("side", ""), Column("name", "name", identifier=True),
+               Column("median_ms", "median ms", ms, "right"),
+               Column("ci95_ms", "95% CI ms", lambda ci: f"{ci[0]:.4f} – {ci[1]:.4f}", "right")]
+    rows = [{"side": side.upper(), "name": result[side]["name"], "median_ms": result[side]["median_ms"],
+             "ci95_ms": tuple(result[side]["ci95_ms"])} for side in ("a", "b")]
+    lo, hi = result["speedup_ci95"]
+    caption = (f"speedup A/B = {fmt_speedup(result['speedup'])} (95% CI {fmt_speedup(lo)} – {fmt_speedup(hi)}), "
+               f"{result['rounds']} interleaved rounds"
+               + (f", {result['threads']} torch thread(s)" if result.get("threads") else ""))
+    return TableView(title, columns, rows, caption)
+
+
+def compare_table(result: dict[str, Any]) -> Any:
+    """A rich table of a compare result."""
+    return render_view(compare_view(result), 80)[0]
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
