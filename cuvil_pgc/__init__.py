@@ -7,11 +7,10 @@ Public API re-exports only. ``ProfileRegion`` and ``profile`` import nothing hea
 from __future__ import annotations
 
 from cuvil_pgc._lazy import lazy_getattr
+from cuvil_pgc._version import __version__ as __version__
 from cuvil_pgc.errors import CuvilError
 from cuvil_pgc.instrument import ProfileRegion, Session, SessionConfig, profile
 from cuvil_pgc.instrument.on_demand import start_from_env as _start_on_demand
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "instrument_module": ("cuvil_pgc.instrument.module", "instrument_module"),

@@ -205,3 +205,18 @@ def test_export_in_two_processes_writes_what_one_process_writes(tmp_path):
     for name in a:
         sort = [("trace_key", "ascending")] + ([("row", "ascending")] if "row" in a[name].column_names else [])
         assert a[name].sort_by(sort).equals(b[name].sort_by(sort)), name
+
+
+def test_our_traces_and_summaries_export_the_cuvil_pgc_version_that_recorded_them(tmp_path):
+    from cuvil_pgc import ProfileRegion, __version__
+
+    for path, options in ((tmp_path / "run.trace.json", {"ops": False, "gpu": "off"}),
+                          (tmp_path / "serve.summary.json", {"mode": "aggregate"})):
+        with profile(path, **options):
+            with ProfileRegion("request"):
+                pass
+        trace = load_trace(path)
+        assert trace.sources[0].metadata["version"] == __version__
+        facts = to_arrow(trace)["traces"].to_pylist()[0]
+        assert (facts["tool"], facts["tool_version"]) == ("cuvil-pgc", __version__), path.name
+

@@ -288,7 +288,7 @@ def _trace_row(trace: Trace, source: Source, ids: dict[str, Any], rows: np.ndarr
     ts, dur = trace.events["ts"][rows], trace.events["dur"][rows]
     kineto = meta.get("kineto") if isinstance(meta.get("kineto"), dict) else {}
     tool, version = ("kineto", kineto.get("schemaVersion")) if source.format == "kineto" else \
-        ("cuvil-pgc", meta.get("version") or meta.get("cuvil_pgc"))
+        ("cuvil-pgc", meta.get("version"))
     used = np.unique(np.concatenate([trace.events[c][rows] for c in ("name", "region")]
                                     + [trace.counters["name"][crow]]
                                     + [-2 - trace.events[c][rows][trace.events[c][rows] <= -2] for c in ("pid", "tid")]))
