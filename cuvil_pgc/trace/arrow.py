@@ -5,7 +5,10 @@ summaries) into the tables below; ``from_arrow(tables)`` rebuilds a Trace that a
 :mod:`cuvil_pgc.trace.parquet` writes and reads them as a partitioned Parquet dataset.
 
 Schema version :data:`SCHEMA_VERSION` (in every table's schema metadata ``cuvil.schema_version``
-and in the ``traces`` table). Tables (each also has ``trace_key``, ``run_id``, ``rank``):
+and in the ``traces`` table). Versions: 1, the first; 2 adds ``fwdbwd`` to the event tables and
+``warnings`` to ``traces``. Readers take every version up to theirs: a column an older file lacks
+reads as its :data:`ADDED_COLUMNS` default (``fwdbwd`` -1, ``warnings`` empty). Tables (each also
+has ``trace_key``, ``run_id``, ``rank``):
 
 - ``traces``: one row per source file: ``world_size``, ``host``, ``pid``, ``window`` (the schedule
   window index, from ``run.<N>.trace.json``), ``start_time`` (UTC timestamp of ``ts_us = 0``, the
@@ -51,6 +54,11 @@ from cuvil_pgc.trace.reader import EXTRA_COLUMNS
 from cuvil_pgc.trace.schema import Kind
 
 SCHEMA_VERSION = 2     # 2: events carry fwdbwd, traces carry warnings (version 1 still reads)
+#: Columns added after version 1: table -> {column: the value rows of older files read as}.
+ADDED_COLUMNS: dict[str, dict[str, Any]] = {
+    **{name: {"fwdbwd": -1} for name in ("regions", "ops", "kernels", "compile")},
+    "traces": {"warnings": []},
+}
 EVENT_TABLES: dict[str, tuple[Kind, ...]] = {
     "regions": (Kind.REGION,),
     "ops": (Kind.CPU_OP, Kind.RUNTIME, Kind.OTHER),
@@ -104,6 +112,21 @@ def schemas() -> dict[str, Any]:
     fields["compile"] = event + [(f, pa.string()) for f in COMPILE_FIELDS]
     meta = {b"cuvil.schema_version": str(SCHEMA_VERSION).encode()}
     return {name: pa.schema(f, metadata={**meta, b"cuvil.table": name.encode()}) for name, f in fields.items()}
+
+
+def fill_added_columns(name: str, table: Any) -> Any:
+    """``table`` (of table ``name``, in its full schema) with the nulls that files older than a
+    column leave in it replaced by the column's :data:`ADDED_COLUMNS` default."""
+    pa = pyarrow()
+    import pyarrow.compute as pc
+
+    for column, default in ADDED_COLUMNS.get(name, {}).items():
+        i = table.schema.get_field_index(column)
+        values = table.column(i)
+        if values.null_count:
+            table = table.set_column(i, table.schema.field(i),
+                                     pc.coalesce(values, pa.scalar(default, type=values.type)))
+    return table
 
 
 def to_arrow(trace: Trace) -> dict[str, Any]:
