@@ -111,3 +111,65 @@ def test_analyze_cli_on_a_directory_uses_the_engine(run_dir):
     single = _doc(analyze_many([run_dir], workers=1))
     doc["trace"].pop("engine")
     assert json.loads(json.dumps(single)) == doc
+
+
+def test_a_parquet_export_directory_is_analysed_one_trace_per_unit(run_dir, tmp_path):
+    pytest.importorskip("pyarrow")
+    from cuvil_pgc.analyze.engine import work_units
+    from cuvil_pgc.trace.parquet import export_files
+    from tests.test_fleet_export import _same
+
+    files = trace_files([run_dir])
+    export_files(files, tmp_path / "ds", workers=1)
+    units = work_units([tmp_path / "ds"])
+    assert len(units) == len(files) and all(u.endswith(".parquet") for u in units)
+    from_files = _doc(analyze_many(files, workers=1))
+    _same(_doc(analyze_many([tmp_path / "ds"], engine="local", workers=2)), from_files)
+    run = subprocess.run([sys.executable, "-m", "cuvil_pgc", "analyze", str(tmp_path / "ds"), "--engine", "local",
+                          "--workers", "2", "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["trace"]["engine"]["traces"] == len(files) and doc["ranks"]["ranks"] == [0, 1, 2, 3]
+
+
+def _map_and_look(path, machine, filter):
+    """map_trace, then what the worker still holds: run in the pool's worker processes."""
+    import gc
+    import os
+
+    from cuvil_pgc.trace.columns import Trace
+
+    partial = map_trace(path, machine, filter)
+    live = sum(1 for o in gc.get_objects() if isinstance(o, Trace))
+    return {**partial, "probe": {"given": type(path).__name__, "live_traces": live, "pid": os.getpid()}}
+
+
+def _plain(value):
+    """Whether ``value`` is made of JSON-like builtins only (no Trace, no numpy arrays)."""
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))      # numpy.float64 is a float
+
+
+def test_workers_get_one_path_at_a_time_and_return_small_reduced_results(run_dir, monkeypatch):
+    """What bounds a worker's memory by its largest trace (the figures are in benchmarks/fleet_scale.py):
+    the map is called once per trace with one path, keeps no Trace once it returns, and returns a
+    plain, small result rather than the trace."""
+    import pickle
+
+    from cuvil_pgc.analyze import engine
+
+    seen = []
+    monkeypatch.setattr(engine, "map_trace", _map_and_look)
+    monkeypatch.setattr(engine, "reduce_partials", lambda partials: seen.extend(partials) or reduce_partials(partials))
+    analyze_many([run_dir], workers=2)
+    paths = trace_files([run_dir])
+    assert sorted(p["unit"] for p in seen) == sorted(paths)              # each trace once
+    assert {p["probe"]["given"] for p in seen} == {"str"}                # a path, never a list of them
+    assert {p["probe"]["live_traces"] for p in seen} == {0}              # nothing kept between traces
+    assert len({p["probe"]["pid"] for p in seen}) <= 2
+    for p in seen:
+        assert _plain(p)
+        assert len(pickle.dumps(p)) < 0.5 * (run_dir / p["unit"]).stat().st_size

@@ -45,13 +45,14 @@ _QUANTILES = (0.5, 0.95, 0.99)
 
 
 def map_trace(path: str, machine: dict[str, Any] | None = None, filter: str | None = None) -> Partial:
-    """Load and analyse one trace; return what the reduce needs (see module docstring)."""
+    """Load and analyse one trace — a trace file, or one trace of a Parquet export named by its
+    ``traces`` file (:func:`cuvil_pgc.trace.parquet.trace_units`) — and return what the reduce
+    needs (see module docstring)."""
     from cuvil_pgc.analyze.analyzer import analyze
     from cuvil_pgc.analyze.machine import MachineModel
-    from cuvil_pgc.trace.reader import load_trace
 
     t0, c0 = time.perf_counter(), time.process_time()
-    trace = load_trace(path)
+    trace = _load_unit(path)
     model = MachineModel.from_json(machine) if machine else None
     # The fallback-machine warning travels in analysis.trace["warnings"]; every worker logging it
     # again would print it once per trace.
@@ -65,13 +66,24 @@ def map_trace(path: str, machine: dict[str, Any] | None = None, filter: str | No
     source = trace.sources[0]
     doc = analysis.to_json()
     paths = {r["path"] for r in doc["regions"]}
-    partial = {"path": os.fspath(path), "rank": int(source.rank), "weight": float(source.weight),
-               "analysis": doc, "histograms": _histograms(trace, paths)}
+    # "path": the trace file (for an exported trace: the file it was exported from), so a dataset
+    # reduces as its files do; "unit": what the map was given, unique, to order ties.
+    partial = {"path": source.path, "unit": os.fspath(path), "rank": int(source.rank),
+               "weight": float(source.weight), "analysis": doc, "histograms": _histograms(trace, paths)}
     del trace, analysis
     _release_memory()
     partial["timing"] = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                          "max_rss_bytes": _max_rss(), "pid": os.getpid()}
     return partial
+
+
+def _load_unit(path: str) -> Any:
+    from cuvil_pgc.trace import parquet
+    from cuvil_pgc.trace.reader import load_trace
+
+    if parquet.is_unit(path):
+        return parquet.read_unit(path)
+    return load_trace(path)
 
 
 def _release_memory() -> None:
@@ -129,7 +141,7 @@ def _histograms(trace: Any, paths: set[str]) -> dict[str, dict[int, float]]:
 
 def reduce_partials(partials: list[Partial]) -> Analysis:
     """One Analysis from the partials of many traces (see module docstring)."""
-    parts = sorted(partials, key=lambda p: p["path"])
+    parts = sorted(partials, key=lambda p: (p["path"], p.get("unit", "")))
     if len(parts) == 1:
         return Analysis.from_json(parts[0]["analysis"])
     docs = [p["analysis"] for p in parts]

@@ -21,12 +21,12 @@ from __future__ import annotations
 import glob
 import os
 import secrets
-
-import orjson
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace import arrow
@@ -205,6 +205,31 @@ def _read(files: dict[str, list[tuple[str, list[str]]]], where: str | None) -> d
     if "traces" in out:
         arrow.check_version(out["traces"], where)
     return out
+
+
+def trace_units(directory: str | os.PathLike[str]) -> list[str]:
+    """One item of work per trace of a dataset: its file in the ``traces`` table (sorted), which
+    :func:`read_unit` turns into that trace alone. ``analyze DIR --engine`` maps over them."""
+    return table_files(directory, "traces")
+
+
+def is_unit(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a trace's file in a dataset's ``traces`` table (see :func:`trace_units`)."""
+    p = Path(path)
+    return (p.suffix == ".parquet" and len(p.parents) >= 4 and p.parents[2].name == "traces"
+            and p.parent.name.startswith("rank=") and p.parents[1].name.startswith("run_id="))
+
+
+def read_unit(path: str | os.PathLike[str]) -> Trace:
+    """The Trace of the one exported trace whose ``traces`` file is ``path``: its rows of every
+    table, read from the files of the same partition and key, nothing else."""
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError("does not exist", path=p, fix="check the path")
+    root, part = p.parents[3], p.relative_to(p.parents[2])
+    d = os.fspath(root)
+    files = {name: [(d, [os.fspath(f)] if (f := root / name / part).is_file() else [])] for name in arrow.TABLES}
+    return arrow.from_arrow(_read(files, os.fspath(p)))
 
 
 def read_parquet(*directories: str | os.PathLike[str]) -> Trace:
