@@ -132,6 +132,20 @@ def test_a_parquet_export_directory_is_analysed_one_trace_per_unit(run_dir, tmp_
     assert doc["trace"]["engine"]["traces"] == len(files) and doc["ranks"]["ranks"] == [0, 1, 2, 3]
 
 
+def test_the_engine_refuses_summaries_with_event_traces_as_one_process_does(run_dir, tmp_path):
+    from cuvil_pgc import ProfileRegion, profile
+    from cuvil_pgc.errors import AnalysisError
+
+    summary = tmp_path / "serve.summary.json"
+    with profile(summary, mode="aggregate"):
+        with ProfileRegion("request"):
+            pass
+    with pytest.raises(AnalysisError, match="cannot be analysed together"):
+        analyze(load_trace(summary, *trace_files([run_dir])))
+    with pytest.raises(AnalysisError, match="serve.summary.json.* cannot be analysed together"):
+        analyze_many([run_dir, summary], workers=2)
+
+
 def _map_and_look(path, machine, filter):
     """map_trace, then what the worker still holds: run in the pool's worker processes."""
     import gc

@@ -6,7 +6,9 @@ weighted latency histogram in the aggregate scheme (8 log-linear buckets per oct
 ``instrument.aggregate``), so histograms of any number of traces merge by adding counts.
 
 ``reduce_partials(partials)`` merges them into one :class:`Analysis`, the same whatever order the
-partials arrive in (they are sorted by path first, and every sum runs in that order):
+partials arrive in (they are sorted by path first, and every sum runs in that order). Aggregate
+summaries and event traces are refused together, as :func:`~cuvil_pgc.analyze.analyzer.analyze`
+refuses them in one merged trace:
 
 - per region path: ``calls``, ``total_us``, ``self_us`` and ``hotness`` add (each trace's are
   already weighted by its source weight); ``mean_us`` = total / calls; p50/p95/p99 and the
@@ -145,6 +147,14 @@ def reduce_partials(partials: list[Partial]) -> Analysis:
     if len(parts) == 1:
         return Analysis.from_json(parts[0]["analysis"])
     docs = [p["analysis"] for p in parts]
+    formats = {d["trace"].get("format", "events") for d in docs}
+    if len(formats) > 1:                    # as analyze() of one merged trace refuses them
+        from cuvil_pgc.errors import AnalysisError
+
+        summaries = [p["path"] for p, d in zip(parts, docs, strict=True) if d["trace"].get("format") == "summary"]
+        raise AnalysisError(f"aggregate summaries ({', '.join(summaries[:3])}{', ...' if len(summaries) > 3 else ''})"
+                            " and event traces cannot be analysed together",
+                            fix="analyse the .summary.json files and the .trace.json files separately")
     duration = sum(float(d["trace"].get("duration_us") or d["trace"].get("run_duration_us") or 0.0) for d in docs)
     regions = _merge_regions(parts, duration)
     analysis = Analysis(regions=regions, fusion_candidates=_merge_fusion(docs), compile=_merge_compile(docs, parts),
