@@ -155,7 +155,7 @@ def source_tables(trace: Trace, i: int) -> dict[str, Any]:
     kinds = trace.events["kind"][rows]
     for name, members in EVENT_TABLES.items():
         take = np.flatnonzero(np.isin(kinds, np.array(members, dtype=np.uint8)))
-        cols = {c: v[take] for c, v in events.items()}
+        cols = {c: v.take(take) if isinstance(v, pa.Array) else v[take] for c, v in events.items()}
         if name == "compile":
             cols.update(_compile_fields(cols["args"]))
         out[name] = _table(pa, sch[name], cols, n_keys, len(take))
@@ -174,7 +174,9 @@ def _table(pa: Any, schema: Any, cols: dict[str, Any], keys: dict[str, Any], n: 
     arrays = []
     for field in schema:
         if field.name in keys:
-            arrays.append(pa.array([keys[field.name]] * n, type=field.type))
+            arrays.append(pa.repeat(pa.scalar(keys[field.name], type=field.type), n))
+        elif isinstance(cols[field.name], pa.Array):
+            arrays.append(cols[field.name].cast(field.type))
         else:
             arrays.append(pa.array(cols[field.name], type=field.type, from_pandas=True))
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -185,9 +187,11 @@ def _first_ts(trace: Trace, rows: np.ndarray, crow: np.ndarray) -> float:
     return min(mins) if mins else 0.0
 
 
-def _strings(trace: Trace, idx: np.ndarray) -> np.ndarray:
-    table = np.array(trace.strings.strings + [None], dtype=object)
-    return table[np.where(idx >= 0, idx, len(table) - 1)]
+def _strings(trace: Trace, idx: np.ndarray) -> Any:
+    """The strings of interned ids (-1: null) as an Arrow array, taken in C from the string table."""
+    pa = pyarrow()
+    idx = np.asarray(idx, dtype=np.int64)
+    return pa.array(trace.strings.strings, type=pa.string()).take(pa.array(idx, mask=idx < 0))
 
 
 def _labels(trace: Trace, ids: np.ndarray) -> np.ndarray:
@@ -200,7 +204,7 @@ def _event_columns(trace: Trace, rows: np.ndarray, base: float) -> dict[str, Any
     ext, fwdbwd = ev.get("external_id"), ev.get("fwdbwd")
     cols: dict[str, Any] = {
         "row": np.arange(len(rows), dtype=np.int64),
-        "kind": np.array(_KIND_NAMES, dtype=object)[ev["kind"][rows]],
+        "kind": pyarrow().array(_KIND_NAMES, type=pyarrow().string()).take(ev["kind"][rows].astype(np.int64)),
         "name": _strings(trace, ev["name"][rows]), "ts_us": ev["ts"][rows] - base, "dur_us": ev["dur"][rows],
         "pid": ev["pid"][rows], "tid": ev["tid"][rows],
         "pid_label": _labels(trace, ev["pid"][rows]), "tid_label": _labels(trace, ev["tid"][rows]),
@@ -214,35 +218,66 @@ def _event_columns(trace: Trace, rows: np.ndarray, base: float) -> dict[str, Any
     return cols
 
 
-def _args_json(trace: Trace, rows: np.ndarray) -> np.ndarray:
-    """Each row's args as JSON text (None: no args), ``rows`` ascending."""
-    out = np.full(len(rows), None, dtype=object)
+def _args_json(trace: Trace, rows: np.ndarray) -> Any:
+    """Each row's args as JSON text (null: no args), ``rows`` ascending: one Arrow string array
+    built from a single buffer the rows are encoded into, with no Python string per row."""
+    pa = pyarrow()
+    n = len(rows)
     if not len(trace.args):
-        return out
+        return pa.nulls(n, pa.string())
     keys = np.fromiter(trace.args.keys(), dtype=np.int64, count=len(trace.args))
     pos = np.searchsorted(rows, keys)
-    inside = (pos < len(rows)) & (rows[np.minimum(pos, len(rows) - 1)] == keys)
+    inside = (pos < n) & (rows[np.minimum(pos, n - 1)] == keys)
+    keys, pos = keys[inside], pos[inside]
+    order = np.argsort(pos, kind="stable")
     # The reader keeps Kineto args as typed structs whose shapes and dtypes are still raw JSON;
     # encoding such a struct as it is skips decoding that JSON only to encode it again (the
     # export of a torch.profiler trace took 3x as long as loading it). Anything else (our files'
     # raw args, dicts) goes through the public mapping.
     raw = getattr(trace.args, "_data", None)
-    for key, k in zip(keys[inside].tolist(), pos[inside].tolist(), strict=True):
+    buf = bytearray()
+    lengths = np.zeros(n, dtype=np.int64)
+    encode_into = _ENCODER.encode_into
+    for key, k in zip(keys[order].tolist(), pos[order].tolist(), strict=True):
         value = raw.get(key) if raw is not None else None
-        out[k] = _struct_json(value) if hasattr(value, "__struct_fields__") else _dumps(trace.args.get(key))
-    return out
+        start = len(buf)
+        mirror = _mirror(type(value)) if value is not None else None
+        if mirror is not None:
+            cls, first = mirror
+            encode_into(cls(*msgspec.structs.astuple(value)[first:]), buf, -1)
+            if len(buf) - start == 2:            # "{}": nothing but column fields and defaults
+                del buf[start:]
+        else:
+            text = _dumps(trace.args.get(key))
+            if text:
+                buf += text.encode()
+        lengths[k] = len(buf) - start
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    valid = pa.py_buffer(np.packbits(lengths > 0, bitorder="little"))
+    array = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(bytes(buf)), valid)
+    return array.cast(pa.string())
 
 
-def _struct_json(value: Any) -> str | None:
-    """What ``json.dumps(value.to_args())`` gives for a Kineto args struct, without decoding its raw fields."""
-    skip = getattr(value, "COLUMN_FIELDS", ())
-    doc = {}
-    for key in value.__struct_fields__:
-        v = getattr(value, key)
-        if key in skip or v is None or (type(v) is msgspec.Raw and not v):
-            continue
-        doc[key] = v
-    return msgspec.json.encode(doc).decode() if doc else None
+_ENCODER = msgspec.json.Encoder()
+_MIRRORS: dict[type, tuple[type, int] | None] = {}
+
+
+def _mirror(cls: type) -> tuple[type, int] | None:
+    """For an args struct type whose column fields come first: a struct of its other fields, with
+    the same defaults, that leaves defaults out when encoded, and the index of its first field.
+    Encoding it gives what ``json.dumps(value.to_args())`` gives, without decoding the raw fields."""
+    if cls not in _MIRRORS:
+        fields = getattr(cls, "__struct_fields__", None)
+        skip = getattr(cls, "COLUMN_FIELDS", None)
+        first = sum(1 for f in fields or () if f in (skip or ()))
+        if fields is None or skip is None or any(f in skip for f in fields[first:]):
+            _MIRRORS[cls] = None
+        else:
+            defaults = cls.__struct_defaults__[len(cls.__struct_defaults__) - len(fields):]
+            spec = [(f, Any, d) for f, d in zip(fields[first:], defaults[first:], strict=True)]
+            _MIRRORS[cls] = (msgspec.defstruct(f"{cls.__name__}Export", spec, omit_defaults=True, gc=False), first)
+    return _MIRRORS[cls]
 
 
 def _dumps(value: Any) -> str | None:
@@ -251,9 +286,9 @@ def _dumps(value: Any) -> str | None:
     return orjson.dumps(value, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
 
 
-def _compile_fields(args: np.ndarray) -> dict[str, list]:
+def _compile_fields(args: Any) -> dict[str, list]:
     out: dict[str, list] = {f: [] for f in COMPILE_FIELDS}
-    for text in args:
+    for text in args.to_pylist():
         doc = orjson.loads(text) if text else {}
         for f in COMPILE_FIELDS:
             v = doc.get(f) if isinstance(doc, dict) else None

@@ -33,6 +33,10 @@ from cuvil_pgc.trace import arrow
 from cuvil_pgc.trace.columns import Trace
 
 PARTITIONS = ("run_id", "rank")
+#: Columns of few distinct values, written dictionary-encoded. Not the others: dictionary pages
+#: of ``args`` JSON or timestamps are built, overflow and are thrown away (a third of the write time).
+DICTIONARY_COLUMNS = frozenset(("trace_key", "kind", "name", "region", "pid_label", "tid_label", "phase", "cache",
+                                "compile_id"))
 MARKER = "_cuvil_dataset.json"
 #: What a directory written before :data:`MARKER` existed may hold.
 UNMARKED_VERSIONS = frozenset({1, 2})
@@ -101,7 +105,8 @@ def _write(pq: Any, table: Any, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd",
+                       use_dictionary=[c for c in table.column_names if c in DICTIONARY_COLUMNS])
         os.replace(tmp, target)
     except OSError as exc:
         raise TraceError(f"cannot be written ({exc.strerror or exc})", path=target,
