@@ -234,7 +234,7 @@ def test_ray_addresses_and_authentication_failures_are_told_apart():
 
 @pytest.mark.slow
 def test_analyze_through_address_on_a_cluster_started_with_ray_start(run_dir, tmp_path):
-    """``ray start --head`` (token authentication, Ray's default since 2.52) in a subprocess; the CLI
+    """``ray start --head`` (token authentication, Ray 2.60's default when a token exists) in a subprocess; the CLI
     joins it through --address with RAY_AUTH_MODE=token, and without it says so. The head and what it
     started are stopped through their own session (``ray stop`` would stop every Ray on the machine)."""
     import os

@@ -6,9 +6,10 @@ on this machine) unless Ray is already initialised, and disconnects only what it
 Before ``ray.init`` a ``HOST:PORT`` (or ``ray://HOST:PORT``) address is probed with a TCP connect
 of :data:`PROBE_TIMEOUT_S` seconds, so an address nothing listens on fails at once with that
 reason (``ray.init`` itself retries for minutes). When the port answers but ``ray.init`` fails,
-the error says whether the cluster refused this process's authentication: Ray 2.52 and later
-start clusters with token authentication, which a driver joins only with ``RAY_AUTH_MODE=token``
-and the cluster's token (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN_PATH`` or ``RAY_AUTH_TOKEN``).
+the error says whether the cluster refused this process's authentication: recent Ray (2.60)
+starts clusters with token authentication whenever a token exists, which a driver joins only
+with ``RAY_AUTH_MODE=token`` and the cluster's token (``~/.ray/auth_token``,
+``RAY_AUTH_TOKEN_PATH`` or ``RAY_AUTH_TOKEN``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _connect(ray: Any, address: str | None) -> None:
     endpoint = host_and_port(target)
     if endpoint is not None:
         probe(*endpoint, shown=target or "")
-    auth_error = getattr(ray.exceptions, "AuthenticationError", RuntimeError)      # Ray >= 2.52
+    auth_error = getattr(ray.exceptions, "AuthenticationError", RuntimeError)      # recent Ray only
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  logging_level="ERROR", configure_logging=False)
