@@ -219,8 +219,8 @@ def _event_columns(trace: Trace, rows: np.ndarray, base: float) -> dict[str, Any
 
 
 def _args_json(trace: Trace, rows: np.ndarray) -> Any:
-    """Each row's args as JSON text (null: no args), ``rows`` ascending: one Arrow string array
-    built from a single buffer the rows are encoded into, with no Python string per row."""
+    """Each row's args as JSON text (null: no args), ``rows`` ascending, as an Arrow string array
+    built from encoded buffers, with no Python string per row."""
     pa = pyarrow()
     n = len(rows)
     if not len(trace.args):
@@ -230,33 +230,62 @@ def _args_json(trace: Trace, rows: np.ndarray) -> Any:
     inside = (pos < n) & (rows[np.minimum(pos, n - 1)] == keys)
     keys, pos = keys[inside], pos[inside]
     order = np.argsort(pos, kind="stable")
+    keys, pos = keys[order], pos[order]
     # The reader keeps Kineto args as typed structs whose shapes and dtypes are still raw JSON;
     # encoding such a struct as it is skips decoding that JSON only to encode it again (the
     # export of a torch.profiler trace took 3x as long as loading it). Anything else (our files'
     # raw args, dicts) goes through the public mapping.
     raw = getattr(trace.args, "_data", None)
-    buf = bytearray()
-    lengths = np.zeros(n, dtype=np.int64)
-    encode_into = _ENCODER.encode_into
-    for key, k in zip(keys[order].tolist(), pos[order].tolist(), strict=True):
-        value = raw.get(key) if raw is not None else None
-        start = len(buf)
-        mirror = _mirror(type(value)) if value is not None else None
-        if mirror is not None:
-            cls, first = mirror
-            encode_into(cls(*msgspec.structs.astuple(value)[first:]), buf, -1)
-            if len(buf) - start == 2:            # "{}": nothing but column fields and defaults
-                del buf[start:]
-        else:
-            text = _dumps(trace.args.get(key))
-            if text:
-                buf += text.encode()
-        lengths[k] = len(buf) - start
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    valid = pa.py_buffer(np.packbits(lengths > 0, bitorder="little"))
-    array = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(bytes(buf)), valid)
-    return array.cast(pa.string())
+    values = [raw.get(k) for k in keys.tolist()] if raw is not None else [None] * len(keys)
+    kinds = [type(v) for v in values]
+    parts, where = [], np.full(n, -1, dtype=np.int64)     # row -> index into the parts, concatenated
+    done = np.zeros(len(keys), dtype=bool)
+    for cls in set(kinds):
+        mirror = _mirror(cls)
+        if mirror is None:
+            continue
+        members = np.flatnonzero(np.fromiter((k is cls for k in kinds), dtype=bool, count=len(kinds)))
+        mirror_cls, first = mirror
+        astuple = msgspec.structs.astuple
+        array = _json_lines(pa, [mirror_cls(*astuple(values[m])[first:]) for m in members.tolist()])
+        where[pos[members]] = sum(len(p) for p in parts) + np.arange(len(members))
+        parts.append(array)
+        done[members] = True
+    rest = np.flatnonzero(~done)
+    if len(rest):
+        texts = [_dumps(trace.args.get(key)) for key in keys[rest].tolist()]
+        where[pos[rest]] = sum(len(p) for p in parts) + np.arange(len(rest))
+        parts.append(pa.array(texts, type=pa.string()))
+    if not parts:
+        return pa.nulls(n, pa.string())
+    joined = pa.concat_arrays([p.cast(pa.string()) for p in parts])
+    return joined.take(pa.array(where, mask=where < 0))
+
+
+def _json_lines(pa: Any, items: list) -> Any:
+    """``items`` JSON-encoded, one string each ("{}", an object of nothing but defaults: null), from
+    one newline-delimited encode split in numpy; a row whose raw JSON holds a newline makes it fall
+    back to one encode per item."""
+    data = _ENCODER.encode_lines(items)
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+    if len(ends) == len(items):
+        offsets = np.concatenate([[0], ends + 1]).astype(np.int64)
+        lengths = np.diff(offsets) - 1                    # without the newline
+        buffer = data
+    else:
+        encoded = [_ENCODER.encode(item) for item in items]
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        offsets = np.zeros(len(items) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        buffer = b"".join(encoded)
+    valid = pa.py_buffer(np.packbits(lengths > 2, bitorder="little"))
+    starts = pa.py_buffer(offsets)
+    array = pa.LargeStringArray.from_buffers(len(items), starts, pa.py_buffer(buffer), valid)
+    if len(ends) == len(items):          # drop each string's trailing newline
+        import pyarrow.compute as pc
+
+        return pc.utf8_rtrim(array, characters="\n")
+    return array
 
 
 _ENCODER = msgspec.json.Encoder()
