@@ -265,3 +265,22 @@ def test_a_version_1_dataset_reads_in_python_analyze_and_sql(tmp_path):
         [("job", 1, []), ("job", 1, []), ("later", SCHEMA_VERSION, [])]
     assert sql("SELECT count(*) AS n FROM regions", ds).column("n").to_pylist() == [3 * 40]
     assert len(read_parquet(ds).sources) == 3
+
+
+def test_args_with_newlines_in_their_raw_json_export_whole(tmp_path):
+    """Kineto args stay raw JSON until read; one holding a newline (a pretty-printed file) must not
+    split the newline-delimited encode of the args column."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10 + i, "dur": 1,
+               "args": {"External id": i + 1, "Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}}
+              for i in range(3)]
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1, "tid": 1, "ts": 20, "dur": 1})
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events})
+    text = text.replace('"Input Dims": [[2, 3]', '"Input Dims": [[2,\n 3]', 1)       # the first op only
+    path = tmp_path / "pretty.pt.trace.json"
+    path.write_text(text)
+    trace = load_trace(path)
+    ops = to_arrow(trace)["ops"].to_pylist()
+    by_row = {r["row"]: r for r in ops}
+    assert [json.loads(r["args"]) if r["args"] else {} for r in ops] == \
+        [{k: v for k, v in trace.args.get(i, {}).items()} for i in sorted(by_row)]
+    assert json.loads(ops[0]["args"])["shapes"] == [[2, 3], [3, 4]] and ops[-1]["args"] is None
