@@ -137,6 +137,11 @@ def engines(n: int, events: int, workers: int) -> None:
         print(f"{name:45s} wall {r['wall_s']:7.2f} s   cpu {r['cpu_s']:7.2f} s   peak RSS {r['peak_rss_mb']:7.0f} MB")
     print(f"local / single-process: {local['wall_s'] / single['wall_s']:.2f}x wall (goal <= 0.6), "
           f"CPU {local['cpu_s'] / single['cpu_s']:.2f}x; vs the one-merge analyze {local['wall_s'] / merge['wall_s']:.2f}x")
+    # What the machine gave each run: a pool of N on N idle cores uses N; under other people's
+    # load it gets what the scheduler leaves, and the wall ratio says more about the load than us.
+    print(f"cores used (CPU / wall): one process {single['cpu_s'] / single['wall_s']:.2f}, local "
+          f"{local['cpu_s'] / local['wall_s']:.2f} of {workers}; load average {os.getloadavg()[0]:.1f}. "
+          f"With {workers} idle cores the CPU ratio would give about {local['cpu_s'] / single['cpu_s'] / workers:.2f}x")
     print(f"ray / local: {ray['wall_s'] / local['wall_s']:.2f}x wall (goal <= 1.3)")
     same = ray["result"] == local["result"] == single["result"]
     print(f"same result single / local / ray: {same}")

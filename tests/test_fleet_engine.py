@@ -111,3 +111,183 @@ def test_analyze_cli_on_a_directory_uses_the_engine(run_dir):
     single = _doc(analyze_many([run_dir], workers=1))
     doc["trace"].pop("engine")
     assert json.loads(json.dumps(single)) == doc
+
+
+def test_a_parquet_export_directory_is_analysed_one_trace_per_unit(run_dir, tmp_path):
+    pytest.importorskip("pyarrow")
+    from cuvil_pgc.analyze.engine import work_units
+    from cuvil_pgc.trace.parquet import export_files
+    from tests.test_fleet_export import _same
+
+    files = trace_files([run_dir])
+    export_files(files, tmp_path / "ds", workers=1)
+    units = work_units([tmp_path / "ds"])
+    assert len(units) == len(files) and all(u.endswith(".parquet") for u in units)
+    from_files = _doc(analyze_many(files, workers=1))
+    _same(_doc(analyze_many([tmp_path / "ds"], engine="local", workers=2)), from_files)
+    run = subprocess.run([sys.executable, "-m", "cuvil_pgc", "analyze", str(tmp_path / "ds"), "--engine", "local",
+                          "--workers", "2", "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["trace"]["engine"]["traces"] == len(files) and doc["ranks"]["ranks"] == [0, 1, 2, 3]
+
+
+def test_the_engine_refuses_summaries_with_event_traces_as_one_process_does(run_dir, tmp_path):
+    from cuvil_pgc import ProfileRegion, profile
+    from cuvil_pgc.errors import AnalysisError
+
+    summary = tmp_path / "serve.summary.json"
+    with profile(summary, mode="aggregate"):
+        with ProfileRegion("request"):
+            pass
+    with pytest.raises(AnalysisError, match="cannot be analysed together"):
+        analyze(load_trace(summary, *trace_files([run_dir])))
+    with pytest.raises(AnalysisError, match="serve.summary.json.* cannot be analysed together"):
+        analyze_many([run_dir, summary], workers=2)
+
+
+def _map_and_look(path, machine, filter):
+    """map_trace, then what the worker still holds: run in the pool's worker processes."""
+    import gc
+    import os
+
+    from cuvil_pgc.trace.columns import Trace
+
+    partial = map_trace(path, machine, filter)
+    live = sum(1 for o in gc.get_objects() if isinstance(o, Trace))
+    return {**partial, "probe": {"given": type(path).__name__, "live_traces": live, "pid": os.getpid()}}
+
+
+def _plain(value):
+    """Whether ``value`` is made of JSON-like builtins only (no Trace, no numpy arrays)."""
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))      # numpy.float64 is a float
+
+
+def test_workers_get_one_path_at_a_time_and_return_small_reduced_results(run_dir, monkeypatch):
+    """What bounds a worker's memory by its largest trace (the figures are in benchmarks/fleet_scale.py):
+    the map is called once per trace with one path, keeps no Trace once it returns, and returns a
+    plain, small result rather than the trace."""
+    import pickle
+
+    from cuvil_pgc.analyze import engine
+
+    seen = []
+    monkeypatch.setattr(engine, "map_trace", _map_and_look)
+    monkeypatch.setattr(engine, "reduce_partials", lambda partials: seen.extend(partials) or reduce_partials(partials))
+    analyze_many([run_dir], workers=2)
+    paths = trace_files([run_dir])
+    assert sorted(p["unit"] for p in seen) == sorted(paths)              # each trace once
+    assert {p["probe"]["given"] for p in seen} == {"str"}                # a path, never a list of them
+    assert {p["probe"]["live_traces"] for p in seen} == {0}              # nothing kept between traces
+    assert len({p["probe"]["pid"] for p in seen}) <= 2
+    for p in seen:
+        assert _plain(p)
+        assert len(pickle.dumps(p)) < 0.5 * (run_dir / p["unit"]).stat().st_size
+
+
+def _closed_port():
+    """A loopback port nothing listens on (bound, never listened, closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_ray_address_fails_at_once_with_a_clear_error(run_dir, monkeypatch):
+    ray = pytest.importorskip("ray")
+
+    def never(*args, **kwargs):
+        raise AssertionError("ray.init was called: it retries an unreachable address for minutes")
+
+    monkeypatch.setattr(ray, "init", never)
+    address = f"127.0.0.1:{_closed_port()}"
+    with pytest.raises(ConfigError, match=rf"cannot reach the Ray cluster at {address}: .*refused.*--address"):
+        analyze_many([run_dir], engine="ray", address=address)
+    monkeypatch.setenv("RAY_ADDRESS", f"ray://{address}")
+    with pytest.raises(ConfigError, match="cannot reach the Ray cluster at ray://127.0.0.1"):
+        analyze_many([run_dir], engine="ray")
+
+
+def test_ray_addresses_and_authentication_failures_are_told_apart():
+    from cuvil_pgc.analyze._ray_engine import auth_failure, host_and_port
+
+    assert host_and_port("head:6379") == ("head", 6379)
+    assert host_and_port("ray://10.0.0.5:10001") == ("10.0.0.5", 10001)
+    assert host_and_port("[::1]:6379") == ("::1", 6379)
+    assert host_and_port("auto") is None and host_and_port("local") is None and host_and_port(None) is None
+    ray = pytest.importorskip("ray")
+    try:       # how Ray 2.60's ray.init reports a cluster refusing a driver without the token
+        try:
+            raise RuntimeError("Failed to connect to GCS. Last connection error: ... Unauthenticated: RPC error: "
+                               "InvalidAuthToken: Authentication token is missing or incorrect")
+        except RuntimeError as inner:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379") from inner
+    except ConnectionError as exc:
+        assert auth_failure(exc, ray)
+    assert not auth_failure(ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379"), ray)
+
+
+@pytest.mark.slow
+def test_analyze_through_address_on_a_cluster_started_with_ray_start(run_dir, tmp_path):
+    """``ray start --head`` (token authentication, Ray 2.60's default when a token exists) in a subprocess; the CLI
+    joins it through --address with RAY_AUTH_MODE=token, and without it says so. The head and what it
+    started are stopped through their own session (``ray stop`` would stop every Ray on the machine)."""
+    import os
+    import secrets
+    import shutil
+    import signal
+    import socket
+    import tempfile
+    import time
+
+    pytest.importorskip("ray")
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    port = _closed_port()
+    temp = tempfile.mkdtemp(prefix="cr", dir="/tmp")            # Ray's socket paths must stay short
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    # The cluster's token in a home of its own: ray start enables token authentication when one exists
+    (tmp_path / "home" / ".ray").mkdir(parents=True)
+    (tmp_path / "home" / ".ray" / "auth_token").write_text(secrets.token_hex(32))
+    env.update(HOME=str(tmp_path / "home"), RAY_ENABLE_UV_RUN_RUNTIME_ENV="0",
+               RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0", RAY_USAGE_STATS_ENABLED="0")
+    head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
+                             "--include-dashboard", "false", "--temp-dir", temp, "--disable-usage-stats"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        for _ in range(240):
+            assert head.poll() is None, head.stderr.read().decode()[-2000:]
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        cmd = [sys.executable, "-m", "cuvil_pgc", "analyze", str(run_dir), "--engine", "ray",
+               "--address", f"127.0.0.1:{port}", "--json"]
+        run = subprocess.run(cmd, env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        doc = json.loads(run.stdout)
+        assert doc["trace"]["engine"]["name"] == "ray" and doc["trace"]["traces"] == 6
+        doc["trace"].pop("engine")
+        assert doc == json.loads(json.dumps(_doc(analyze_many([run_dir], workers=1))))
+        # without RAY_AUTH_MODE=token (ray.init's own retries cut to a second)
+        run = subprocess.run(cmd, env={**env, "RAY_gcs_server_port_wait_time_s": "1"}, capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 1
+        last = run.stderr.strip().splitlines()[-1]
+        assert "requires token authentication" in last and "RAY_AUTH_MODE=token" in last, run.stderr[-3000:]
+        assert "Traceback" not in run.stderr
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(60)
+        finally:
+            try:
+                os.killpg(head.pid, signal.SIGKILL)           # whatever of that session is left
+            except ProcessLookupError:
+                pass
+            shutil.rmtree(temp, ignore_errors=True)

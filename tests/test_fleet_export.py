@@ -205,3 +205,82 @@ def test_export_in_two_processes_writes_what_one_process_writes(tmp_path):
     for name in a:
         sort = [("trace_key", "ascending")] + ([("row", "ascending")] if "row" in a[name].column_names else [])
         assert a[name].sort_by(sort).equals(b[name].sort_by(sort)), name
+
+
+def test_our_traces_and_summaries_export_the_cuvil_pgc_version_that_recorded_them(tmp_path):
+    from cuvil_pgc import ProfileRegion, __version__
+
+    for path, options in ((tmp_path / "run.trace.json", {"ops": False, "gpu": "off"}),
+                          (tmp_path / "serve.summary.json", {"mode": "aggregate"})):
+        with profile(path, **options):
+            with ProfileRegion("request"):
+                pass
+        trace = load_trace(path)
+        assert trace.sources[0].metadata["version"] == __version__
+        facts = to_arrow(trace)["traces"].to_pylist()[0]
+        assert (facts["tool"], facts["tool_version"]) == ("cuvil-pgc", __version__), path.name
+
+
+def _downgrade_to_version_1(directory):
+    """An export as version 1 wrote it: no fwdbwd column, no warnings field, no marker file."""
+    for f in Path(directory).rglob("*.parquet"):
+        t = pq.read_table(f)
+        drop = [c for c in ("fwdbwd", "warnings") if c in t.column_names]
+        t = t.drop_columns(drop)
+        if "schema_version" in t.column_names:
+            t = t.set_column(t.schema.get_field_index("schema_version"), "schema_version",
+                             pa.array([1] * t.num_rows, pa.int32()))
+        pq.write_table(t.replace_schema_metadata({b"cuvil.schema_version": b"1"}), f)
+    (Path(directory) / "_cuvil_dataset.json").unlink()
+
+
+def test_a_version_1_dataset_reads_in_python_analyze_and_sql(tmp_path):
+    from cuvil_pgc import sql
+
+    paths = write_run(tmp_path / "in", "job", ranks=2)
+    ds = tmp_path / "ds"
+    for p in paths:
+        write_parquet(load_trace(p), ds)
+    assert json.loads((ds / "_cuvil_dataset.json").read_text()) == {"schema_versions": [SCHEMA_VERSION]}
+    expected = _analysis_doc(read_parquet(ds))
+    _downgrade_to_version_1(ds)
+    assert "fwdbwd" not in pq.read_schema(next((ds / "regions").rglob("*.parquet"))).names
+    back = read_parquet(ds)
+    assert set(back.events["fwdbwd"].tolist()) == {-1} and all(s.warnings == [] for s in back.sources)
+    _same(_analysis_doc(back), expected)
+    run = subprocess.run([sys.executable, "-m", "cuvil_pgc", "analyze", str(ds), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert {r["path"] for r in json.loads(run.stdout)["regions"]} == {"request", "request/decode"}
+    rows = sql("SELECT schema_version, warnings FROM traces", ds).to_pylist()
+    assert rows == [{"schema_version": 1, "warnings": []}] * 2
+    fwd = sql("SELECT DISTINCT fwdbwd FROM ops", ds).column("fwdbwd").to_pylist()
+    assert fwd == [-1]
+    # a version-2 export into the same directory: both versions read together
+    (extra,) = write_run(tmp_path / "in2", "later", ranks=1)
+    write_parquet(load_trace(extra), ds)
+    assert json.loads((ds / "_cuvil_dataset.json").read_text()) == {"schema_versions": [1, 2]}
+    rows = sql("SELECT run_id, schema_version, warnings FROM traces ORDER BY run_id, rank", ds).to_pylist()
+    assert [(r["run_id"], r["schema_version"], r["warnings"]) for r in rows] == \
+        [("job", 1, []), ("job", 1, []), ("later", SCHEMA_VERSION, [])]
+    assert sql("SELECT count(*) AS n FROM regions", ds).column("n").to_pylist() == [3 * 40]
+    assert len(read_parquet(ds).sources) == 3
+
+
+def test_args_with_newlines_in_their_raw_json_export_whole(tmp_path):
+    """Kineto args stay raw JSON until read; one holding a newline (a pretty-printed file) must not
+    split the newline-delimited encode of the args column."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10 + i, "dur": 1,
+               "args": {"External id": i + 1, "Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}}
+              for i in range(3)]
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1, "tid": 1, "ts": 20, "dur": 1})
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events})
+    text = text.replace('"Input Dims": [[2, 3]', '"Input Dims": [[2,\n 3]', 1)       # the first op only
+    path = tmp_path / "pretty.pt.trace.json"
+    path.write_text(text)
+    trace = load_trace(path)
+    ops = to_arrow(trace)["ops"].to_pylist()
+    by_row = {r["row"]: r for r in ops}
+    assert [json.loads(r["args"]) if r["args"] else {} for r in ops] == \
+        [{k: v for k, v in trace.args.get(i, {}).items()} for i in sorted(by_row)]
+    assert json.loads(ops[0]["args"])["shapes"] == [[2, 3], [3, 4]] and ops[-1]["args"] is None

@@ -124,3 +124,35 @@ def test_a_failing_exporter_is_counted_in_the_summary(tmp_path):
     session.flush()                          # after stop: the earlier export's failure is in the file
     meta = json.loads(path.read_text())["cuvil_summary"]["metadata"]
     assert meta["dropped"]["otel_metrics"] >= 1
+
+
+def test_on_demand_otel_true_exports_the_aggregate_as_metrics(tmp_path, monkeypatch):
+    """profile(on_demand=True, otel=True) exports metrics without CUVIL_OTEL (it used to pass otel to
+    the capture windows only)."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    _Collector.received = []
+    server = HTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    ctl = tmp_path / "ctl"
+    ctl.mkdir(mode=0o700)
+    try:
+        monkeypatch.delenv("CUVIL_OTEL", raising=False)
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+        with profile(ctl / "serve.trace.json", on_demand=True, otel=True, flush_s=60, model="ranker",
+                     ops=False, gpu="off", sample_hz=0, compile=False) as controller:
+            _work()
+    finally:
+        server.shutdown()
+        thread.join()
+    assert controller.aggregate.otel is True and "model" not in controller.window_options
+    assert controller.window_options["otel"] is True        # the windows export spans as before
+    bodies = [body for path, body in _Collector.received if path == "/v1/metrics"]
+    assert bodies, f"no metrics posted: {[p for p, _ in _Collector.received]}"
+    (rm,) = ExportMetricsServiceRequest.FromString(bodies[-1]).resource_metrics
+    attrs = {a.key: a.value for a in rm.resource.attributes}
+    assert attrs["cuvil.model"].string_value == "ranker"
+    points = rm.scope_metrics[0].metrics[0].exponential_histogram.data_points
+    assert {p.attributes[0].value.string_value for p in points} == {"request", "request/decode"}

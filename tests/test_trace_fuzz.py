@@ -119,7 +119,7 @@ def test_mutated_traces_load_or_raise_trace_error(case: tuple[str, bytes], with_
 
 META_FIELDS = ["schema_version", "host", "pid", "rank", "world_size", "python", "torch", "platform", "devices",
                "start_unix_ns", "end_unix_ns", "start_monotonic_ns", "command", "dropped", "samplers", "sampling",
-               "config", "io_error"]
+               "config", "io_error", "version"]
 FINITE_JSON = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([1e308, 1e30, 2**63, -1, 0, 1]),
@@ -174,7 +174,7 @@ def test_bad_metadata_numbers_are_a_trace_error_naming_the_field(field, value):
 @pytest.mark.parametrize("field, value", [
     ("start_unix_ns", 1e30), ("start_unix_ns", "soon"), ("start_unix_ns", 10**40), ("end_unix_ns", [1]),
     ("samplers", ["cpu"]), ("samplers", {"cpu": {"status": "ok", "notes": 5}}), ("devices", "gpu"),
-    ("devices", [1, {"name": "A100"}]), ("command", 5), ("host", {"x": 1}),
+    ("devices", [1, {"name": "A100"}]), ("command", 5), ("host", {"x": 1}), ("version", 3),
 ])
 def test_bad_descriptive_metadata_is_ignored_with_a_note(field, value, caplog):
     path = _metadata_file({field: value}, summary=False)

@@ -1,8 +1,8 @@
 """Analysis of many traces on an engine: ``analyze_many(paths, engine="local"|"ray")``.
 
-The map (:func:`cuvil_pgc.analyze.reduce.map_trace`: one trace loaded and analysed where it lies)
-runs one trace at a time per worker, so a worker's memory is bounded by the largest trace it
-reads; the reduce (:func:`~cuvil_pgc.analyze.reduce.reduce_partials`) runs in the caller and is
+The map (:func:`cuvil_pgc.analyze.reduce.map_trace`: one trace loaded and analysed where it lies;
+a trace file, or one trace of a Parquet export directory) runs one trace at a time per worker, so
+a worker's memory is bounded by the largest trace it reads; the reduce (:func:`~cuvil_pgc.analyze.reduce.reduce_partials`) runs in the caller and is
 order-independent, so the merged Analysis is the same whichever engine ran the map.
 
 - ``local`` (default): a process pool over this machine's cores (``workers``, default
@@ -37,7 +37,7 @@ def analyze_many(inputs: Sequence[str | os.PathLike[str]], engine: str = "local"
     """Analyse every trace of ``inputs`` on ``engine`` and merge the results (module docstring)."""
     if engine not in ENGINES:
         raise ConfigError(f"--engine {engine!r} is not an engine", fix=f"use one of: {', '.join(ENGINES)}")
-    paths = trace_files(inputs)
+    paths = work_units(inputs)
     if not paths:
         raise TraceError("no trace files given", fix="pass trace files, a directory or a glob")
     if workers is not None and workers < 1:
@@ -57,6 +57,19 @@ def analyze_many(inputs: Sequence[str | os.PathLike[str]], engine: str = "local"
         "map_cpu_s": sum(t["cpu_s"] for t in timings), "max_worker_rss_bytes": max(t["max_rss_bytes"] for t in timings),
     }
     return analysis
+
+
+def work_units(inputs: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """What the map runs over: trace files (files, globs, directories of traces) and, for a Parquet
+    export directory, each trace in it (:func:`cuvil_pgc.trace.parquet.trace_units`)."""
+    from cuvil_pgc.trace import parquet
+
+    units: list[str] = []
+    for item in inputs:
+        text = os.fspath(item)
+        units += parquet.trace_units(text) if parquet.is_dataset(text) else trace_files([text])
+    seen: set[str] = set()
+    return [u for u in units if not (u in seen or seen.add(u))]
 
 
 def _local_map(paths: list[str], machine: dict | None, filter: str | None, workers: int | None,

@@ -6,7 +6,9 @@ weighted latency histogram in the aggregate scheme (8 log-linear buckets per oct
 ``instrument.aggregate``), so histograms of any number of traces merge by adding counts.
 
 ``reduce_partials(partials)`` merges them into one :class:`Analysis`, the same whatever order the
-partials arrive in (they are sorted by path first, and every sum runs in that order):
+partials arrive in (they are sorted by path first, and every sum runs in that order). Aggregate
+summaries and event traces are refused together, as :func:`~cuvil_pgc.analyze.analyzer.analyze`
+refuses them in one merged trace:
 
 - per region path: ``calls``, ``total_us``, ``self_us`` and ``hotness`` add (each trace's are
   already weighted by its source weight); ``mean_us`` = total / calls; p50/p95/p99 and the
@@ -45,13 +47,14 @@ _QUANTILES = (0.5, 0.95, 0.99)
 
 
 def map_trace(path: str, machine: dict[str, Any] | None = None, filter: str | None = None) -> Partial:
-    """Load and analyse one trace; return what the reduce needs (see module docstring)."""
+    """Load and analyse one trace — a trace file, or one trace of a Parquet export named by its
+    ``traces`` file (:func:`cuvil_pgc.trace.parquet.trace_units`) — and return what the reduce
+    needs (see module docstring)."""
     from cuvil_pgc.analyze.analyzer import analyze
     from cuvil_pgc.analyze.machine import MachineModel
-    from cuvil_pgc.trace.reader import load_trace
 
     t0, c0 = time.perf_counter(), time.process_time()
-    trace = load_trace(path)
+    trace = _load_unit(path)
     model = MachineModel.from_json(machine) if machine else None
     # The fallback-machine warning travels in analysis.trace["warnings"]; every worker logging it
     # again would print it once per trace.
@@ -65,13 +68,24 @@ def map_trace(path: str, machine: dict[str, Any] | None = None, filter: str | No
     source = trace.sources[0]
     doc = analysis.to_json()
     paths = {r["path"] for r in doc["regions"]}
-    partial = {"path": os.fspath(path), "rank": int(source.rank), "weight": float(source.weight),
-               "analysis": doc, "histograms": _histograms(trace, paths)}
+    # "path": the trace file (for an exported trace: the file it was exported from), so a dataset
+    # reduces as its files do; "unit": what the map was given, unique, to order ties.
+    partial = {"path": source.path, "unit": os.fspath(path), "rank": int(source.rank),
+               "weight": float(source.weight), "analysis": doc, "histograms": _histograms(trace, paths)}
     del trace, analysis
     _release_memory()
     partial["timing"] = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                          "max_rss_bytes": _max_rss(), "pid": os.getpid()}
     return partial
+
+
+def _load_unit(path: str) -> Any:
+    from cuvil_pgc.trace import parquet
+    from cuvil_pgc.trace.reader import load_trace
+
+    if parquet.is_unit(path):
+        return parquet.read_unit(path)
+    return load_trace(path)
 
 
 def _release_memory() -> None:
@@ -129,10 +143,18 @@ def _histograms(trace: Any, paths: set[str]) -> dict[str, dict[int, float]]:
 
 def reduce_partials(partials: list[Partial]) -> Analysis:
     """One Analysis from the partials of many traces (see module docstring)."""
-    parts = sorted(partials, key=lambda p: p["path"])
+    parts = sorted(partials, key=lambda p: (p["path"], p.get("unit", "")))
     if len(parts) == 1:
         return Analysis.from_json(parts[0]["analysis"])
     docs = [p["analysis"] for p in parts]
+    formats = {d["trace"].get("format", "events") for d in docs}
+    if len(formats) > 1:                    # as analyze() of one merged trace refuses them
+        from cuvil_pgc.errors import AnalysisError
+
+        summaries = [p["path"] for p, d in zip(parts, docs, strict=True) if d["trace"].get("format") == "summary"]
+        raise AnalysisError(f"aggregate summaries ({', '.join(summaries[:3])}{', ...' if len(summaries) > 3 else ''})"
+                            " and event traces cannot be analysed together",
+                            fix="analyse the .summary.json files and the .trace.json files separately")
     duration = sum(float(d["trace"].get("duration_us") or d["trace"].get("run_duration_us") or 0.0) for d in docs)
     regions = _merge_regions(parts, duration)
     analysis = Analysis(regions=regions, fusion_candidates=_merge_fusion(docs), compile=_merge_compile(docs, parts),

@@ -127,28 +127,63 @@ def connect(*sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     ``tables``: the views to build over the sources (default all); the others are empty views
     (binding a view over a thousand Parquet files reads their footers: ~0.06 s a table)."""
     files, dirs = resolve_sources(sources)
+    for d in dirs:
+        _check_versions(d)
     db = duckdb()
     con = db.connect(":memory:")
     memory = _load_files(files)
     sch = arrow.schemas()
+    current = frozenset({arrow.SCHEMA_VERSION})
     for name in arrow.TABLES:
         cols = ", ".join(f'"{c}"' for c in sch[name].names)
         parts = []
         wanted = tables is None or name in tables
+        con.register(f"_empty_{name}", sch[name].empty_table())
         if memory is not None and wanted:
             con.register(f"_mem_{name}", memory[name])
             parts.append(f"SELECT {cols} FROM _mem_{name}")
-        patterns = [parquet.table_glob(d, name) for d in dirs if wanted and parquet.has_files(d, name)]
-        if patterns:
-            # One schema version per file set: union_by_name would read every footer (0.5 s per 1,000 files).
-            paths = ", ".join(_literal(f) for f in patterns)
-            parts.append(f"SELECT {cols} FROM read_parquet([{paths}], hive_partitioning = true, "
-                         "hive_types = {'run_id': VARCHAR, 'rank': INTEGER})")
+        with_files = [d for d in dirs if wanted and parquet.has_files(d, name)]
+        same = [d for d in with_files if parquet.schema_versions(d) == current]
+        mixed = [d for d in with_files if d not in same]
+        if same:
+            # Files of this version only: union_by_name would read every footer (0.5 s per 1,000 files).
+            parts.append(f"SELECT {cols} FROM {_read(name, same)}")
+        if mixed:
+            # Older files lack the columns added since: merge by name, then the full schema's columns
+            # (from the empty table) with each added column's default where a file had none.
+            parts.append(f"SELECT {_with_defaults(name, sch[name].names)} FROM (SELECT * FROM "
+                         f"{_read(name, mixed, union_by_name=True)} UNION ALL BY NAME SELECT * FROM _empty_{name})")
         if not parts:
-            con.register(f"_empty_{name}", sch[name].empty_table())
             parts.append(f"SELECT {cols} FROM _empty_{name}")
         con.execute(f'CREATE VIEW "{name}" AS ' + " UNION ALL BY NAME ".join(parts))
     return con
+
+
+def _read(name: str, dirs: list[str], union_by_name: bool = False) -> str:
+    paths = ", ".join(_literal(parquet.table_glob(d, name)) for d in dirs)
+    merge = ", union_by_name = true" if union_by_name else ""
+    return (f"read_parquet([{paths}], hive_partitioning = true, "
+            f"hive_types = {{'run_id': VARCHAR, 'rank': INTEGER}}{merge})")
+
+
+def _with_defaults(name: str, columns: Sequence[str]) -> str:
+    added = arrow.ADDED_COLUMNS.get(name, {})
+    out = []
+    for c in columns:
+        if c in added:
+            default = added[c]
+            value = "[]::VARCHAR[]" if default == [] else repr(default)
+            out.append(f'coalesce("{c}", {value}) AS "{c}"')
+        else:
+            out.append(f'"{c}"')
+    return ", ".join(out)
+
+
+def _check_versions(directory: str) -> None:
+    newer = max(parquet.schema_versions(directory))
+    if newer > arrow.SCHEMA_VERSION:
+        raise TraceError(f"holds Parquet schema version {newer}; this cuvil-pgc reads up to {arrow.SCHEMA_VERSION}",
+                         path=directory, fix="upgrade cuvil-pgc")
 
 
 def _literal(path: str) -> str:

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from cuvil_pgc._version import __version__
 from cuvil_pgc.instrument import region as _region
 from cuvil_pgc.instrument._accel import fastregion
 from cuvil_pgc.instrument._buffers import RegionRecorder
@@ -214,7 +215,8 @@ class AggregateSession:
     def document(self) -> dict[str, Any]:
         rank, world = rank_and_world()
         stats = self.recorder.snapshot()
-        meta = {"host": socket.gethostname(), "pid": os.getpid(), "rank": rank, "world_size": world,
+        meta = {"version": __version__, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank,
+                "world_size": world,
                 "python": sys.version.split()[0], "torch": getattr(sys.modules.get("torch"), "__version__", None),
                 "start_unix_ns": self.start_unix_ns, "end_unix_ns": time.time_ns(), "command": list(sys.argv),
                 "dropped": {"aggregate_paths": self.recorder.dropped_paths,

@@ -17,7 +17,9 @@ logged once with a count (``failures``). A window lasts ``seconds`` (default 10,
 ``<control dir>/cuvil-pgc-<pid>.<window>.trace.json`` and, for a request file, the answer
 ``cuvil-pgc-<pid>.<id>.done`` (``{"trace": path}`` or ``{"error": why}``, mode 0600) beside it.
 If the directory is unsafe the controller logs why and stays off (``unavailable``); it never
-raises into the host program.
+raises into the host program. Options go to the windows (``profile`` options) except
+:data:`AGGREGATE_OPTIONS`, which go to the always-on aggregate; ``otel=True`` goes to both (metrics
+from the aggregate, spans from the windows).
 
 torch.profiler records operators only on the thread that started it, so windows open and close
 on the main thread, inside the SIGUSR2 handler; the watcher thread turns request files and
@@ -57,6 +59,8 @@ MAX_SECONDS = 86_400.0
 MAX_STEPS = 10**9
 POLL_S = 0.1
 REQUEST_ID_RE = re.compile(r"[0-9a-f]{1,32}")
+#: Options of ``profile(on_demand=True, ...)`` that go to the always-on aggregate, not the windows.
+AGGREGATE_OPTIONS = ("max_paths", "otel_metrics_exporter", "model", "build_version")
 
 
 def control_dir() -> str:
@@ -79,6 +83,11 @@ class OnDemandController:
                  flush_s: float = 10.0, **window_options: Any) -> None:
         self.directory = os.path.abspath(directory or control_dir())
         self.seconds = seconds
+        # The aggregate's own options; ``otel`` applies to both: metrics from the aggregate,
+        # spans from the windows (as CUVIL_OTEL=1 does).
+        aggregate_options = {k: window_options.pop(k) for k in AGGREGATE_OPTIONS if k in window_options}
+        if "otel" in window_options:
+            aggregate_options["otel"] = window_options["otel"]
         self.window_options = {"ops": True, **window_options}
         self.pid = os.getpid()
         self.uid = os.geteuid()
@@ -86,7 +95,7 @@ class OnDemandController:
         self.unavailable: str | None = None    # why the controller stayed off (unsafe directory)
         self._stuck: set[tuple[int, int, int, int]] = set()   # request files seen that cannot be removed
         self.aggregate = AggregateSession(os.path.join(self.directory, f"cuvil-pgc-{self.pid}.summary.json"),
-                                          flush_s=flush_s)
+                                          flush_s=flush_s, **aggregate_options)
         self.windows: list[str] = []
         self._window: Any = None
         self._deadline: float | None = None

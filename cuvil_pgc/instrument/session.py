@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from cuvil_pgc._version import __version__
 from cuvil_pgc.errors import SessionError
 from cuvil_pgc.instrument import region as _region
 from cuvil_pgc.instrument._buffers import RegionRecorder
@@ -376,6 +377,7 @@ class Session:
         rank, world = self.rank, self.world_size
         return {
             "schema_version": schema.SCHEMA_VERSION,
+            "version": __version__,
             "host": socket.gethostname(),
             "pid": self.pid,
             "rank": rank,

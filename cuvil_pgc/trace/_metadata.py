@@ -12,10 +12,10 @@ and ranges. Two regimes:
   ``analyze`` and the report) and one log warning: ``start_unix_ns`` / ``end_unix_ns`` /
   ``start_monotonic_ns`` (integers in [0, 2**63) ns; without a valid anchor the source is aligned
   to start at 0, as for any file without one), ``host``, ``python``, ``torch``, ``platform``,
-  ``io_error`` (strings), ``pid``, ``schema_version`` (integers), ``command`` (list of
-  strings), ``devices`` (list of objects), ``samplers`` (object of objects whose ``status`` and
-  ``reason`` are strings and ``notes`` a list), ``config`` (object). A bad sampler or device
-  entry is dropped alone.
+  ``io_error``, ``version`` (the cuvil-pgc that recorded the file; strings), ``pid``,
+  ``schema_version`` (integers), ``command`` (list of strings), ``devices`` (list of objects),
+  ``samplers`` (object of objects whose ``status`` and ``reason`` are strings and ``notes`` a
+  list), ``config`` (object). A bad sampler or device entry is dropped alone.
 
 Unknown keys are kept as they are (later versions may add fields; nothing here reads them).
 """
@@ -81,7 +81,7 @@ def _string(v: Any) -> bool:
 
 _TIMES = ("start_unix_ns", "end_unix_ns", "start_monotonic_ns")
 _LENIENT: dict[str, tuple[Callable[[Any], bool], str]] = {
-    **{k: (_string, "a string") for k in ("host", "python", "torch", "platform", "io_error")},
+    **{k: (_string, "a string") for k in ("host", "python", "torch", "platform", "io_error", "version")},
     **{k: (lambda v: _is_int(v, 0, _I63), "an integer number of nanoseconds in [0, 2**63)") for k in _TIMES},
     "pid": (lambda v: v is None or _is_int(v, -_I63, _I63), "an integer"),
     "schema_version": (lambda v: v is None or _is_int(v, 0, _I31), "an integer"),

@@ -5,7 +5,10 @@ summaries) into the tables below; ``from_arrow(tables)`` rebuilds a Trace that a
 :mod:`cuvil_pgc.trace.parquet` writes and reads them as a partitioned Parquet dataset.
 
 Schema version :data:`SCHEMA_VERSION` (in every table's schema metadata ``cuvil.schema_version``
-and in the ``traces`` table). Tables (each also has ``trace_key``, ``run_id``, ``rank``):
+and in the ``traces`` table). Versions: 1, the first; 2 adds ``fwdbwd`` to the event tables and
+``warnings`` to ``traces``. Readers take every version up to theirs: a column an older file lacks
+reads as its :data:`ADDED_COLUMNS` default (``fwdbwd`` -1, ``warnings`` empty). Tables (each also
+has ``trace_key``, ``run_id``, ``rank``):
 
 - ``traces``: one row per source file: ``world_size``, ``host``, ``pid``, ``window`` (the schedule
   window index, from ``run.<N>.trace.json``), ``start_time`` (UTC timestamp of ``ts_us = 0``, the
@@ -51,6 +54,11 @@ from cuvil_pgc.trace.merge import first_ts
 from cuvil_pgc.trace.schema import Kind
 
 SCHEMA_VERSION = 2     # 2: events carry fwdbwd, traces carry warnings (version 1 still reads)
+#: Columns added after version 1: table -> {column: the value rows of older files read as}.
+ADDED_COLUMNS: dict[str, dict[str, Any]] = {
+    **{name: {"fwdbwd": -1} for name in ("regions", "ops", "kernels", "compile")},
+    "traces": {"warnings": []},
+}
 EVENT_TABLES: dict[str, tuple[Kind, ...]] = {
     "regions": (Kind.REGION,),
     "ops": (Kind.CPU_OP, Kind.RUNTIME, Kind.OTHER),
@@ -106,6 +114,21 @@ def schemas() -> dict[str, Any]:
     return {name: pa.schema(f, metadata={**meta, b"cuvil.table": name.encode()}) for name, f in fields.items()}
 
 
+def fill_added_columns(name: str, table: Any) -> Any:
+    """``table`` (of table ``name``, in its full schema) with the nulls that files older than a
+    column leave in it replaced by the column's :data:`ADDED_COLUMNS` default."""
+    pa = pyarrow()
+    import pyarrow.compute as pc
+
+    for column, default in ADDED_COLUMNS.get(name, {}).items():
+        i = table.schema.get_field_index(column)
+        values = table.column(i)
+        if values.null_count:
+            table = table.set_column(i, table.schema.field(i),
+                                     pc.coalesce(values, pa.scalar(default, type=values.type)))
+    return table
+
+
 def to_arrow(trace: Trace) -> dict[str, Any]:
     """The tables of ``trace`` (every source), keyed by table name (see the module docstring)."""
     parts = [source_tables(trace, i) for i in range(len(trace.sources))]
@@ -132,7 +155,7 @@ def source_tables(trace: Trace, i: int) -> dict[str, Any]:
     kinds = trace.events["kind"][rows]
     for name, members in EVENT_TABLES.items():
         take = np.flatnonzero(np.isin(kinds, np.array(members, dtype=np.uint8)))
-        cols = {c: v[take] for c, v in events.items()}
+        cols = {c: v.take(take) if isinstance(v, pa.Array) else v[take] for c, v in events.items()}
         if name == "compile":
             cols.update(_compile_fields(cols["args"]))
         out[name] = _table(pa, sch[name], cols, n_keys, len(take))
@@ -151,7 +174,9 @@ def _table(pa: Any, schema: Any, cols: dict[str, Any], keys: dict[str, Any], n: 
     arrays = []
     for field in schema:
         if field.name in keys:
-            arrays.append(pa.array([keys[field.name]] * n, type=field.type))
+            arrays.append(pa.repeat(pa.scalar(keys[field.name], type=field.type), n))
+        elif isinstance(cols[field.name], pa.Array):
+            arrays.append(cols[field.name].cast(field.type))
         else:
             arrays.append(pa.array(cols[field.name], type=field.type, from_pandas=True))
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -162,9 +187,11 @@ def _first_ts(trace: Trace, rows: np.ndarray, crow: np.ndarray) -> float:
     return 0.0 if first is None else first
 
 
-def _strings(trace: Trace, idx: np.ndarray) -> np.ndarray:
-    table = np.array(trace.strings.strings + [None], dtype=object)
-    return table[np.where(idx >= 0, idx, len(table) - 1)]
+def _strings(trace: Trace, idx: np.ndarray) -> Any:
+    """The strings of interned ids (-1: null) as an Arrow array, taken in C from the string table."""
+    pa = pyarrow()
+    idx = np.asarray(idx, dtype=np.int64)
+    return pa.array(trace.strings.strings, type=pa.string()).take(pa.array(idx, mask=idx < 0))
 
 
 def _labels(trace: Trace, ids: np.ndarray) -> np.ndarray:
@@ -177,7 +204,7 @@ def _event_columns(trace: Trace, rows: np.ndarray, base: float) -> dict[str, Any
     ext, fwdbwd = ev.get("external_id"), ev.get("fwdbwd")
     cols: dict[str, Any] = {
         "row": np.arange(len(rows), dtype=np.int64),
-        "kind": np.array(_KIND_NAMES, dtype=object)[ev["kind"][rows]],
+        "kind": pyarrow().array(_KIND_NAMES, type=pyarrow().string()).take(ev["kind"][rows].astype(np.int64)),
         "name": _strings(trace, ev["name"][rows]), "ts_us": ev["ts"][rows] - base, "dur_us": ev["dur"][rows],
         "pid": ev["pid"][rows], "tid": ev["tid"][rows],
         "pid_label": _labels(trace, ev["pid"][rows]), "tid_label": _labels(trace, ev["tid"][rows]),
@@ -191,35 +218,95 @@ def _event_columns(trace: Trace, rows: np.ndarray, base: float) -> dict[str, Any
     return cols
 
 
-def _args_json(trace: Trace, rows: np.ndarray) -> np.ndarray:
-    """Each row's args as JSON text (None: no args), ``rows`` ascending."""
-    out = np.full(len(rows), None, dtype=object)
+def _args_json(trace: Trace, rows: np.ndarray) -> Any:
+    """Each row's args as JSON text (null: no args), ``rows`` ascending, as an Arrow string array
+    built from encoded buffers, with no Python string per row."""
+    pa = pyarrow()
+    n = len(rows)
     if not len(trace.args):
-        return out
+        return pa.nulls(n, pa.string())
     keys = np.fromiter(trace.args.keys(), dtype=np.int64, count=len(trace.args))
     pos = np.searchsorted(rows, keys)
-    inside = (pos < len(rows)) & (rows[np.minimum(pos, len(rows) - 1)] == keys)
+    inside = (pos < n) & (rows[np.minimum(pos, n - 1)] == keys)
+    keys, pos = keys[inside], pos[inside]
+    order = np.argsort(pos, kind="stable")
+    keys, pos = keys[order], pos[order]
     # The reader keeps Kineto args as typed structs whose shapes and dtypes are still raw JSON;
     # encoding such a struct as it is skips decoding that JSON only to encode it again (the
     # export of a torch.profiler trace took 3x as long as loading it). Anything else (our files'
     # raw args, dicts) goes through the public mapping.
     raw = stored_args(trace.args)
-    for key, k in zip(keys[inside].tolist(), pos[inside].tolist(), strict=True):
-        value = raw.get(key)
-        out[k] = _struct_json(value) if hasattr(value, "__struct_fields__") else _dumps(trace.args.get(key))
-    return out
-
-
-def _struct_json(value: Any) -> str | None:
-    """What ``json.dumps(value.to_args())`` gives for a Kineto args struct, without decoding its raw fields."""
-    skip = getattr(value, "COLUMN_FIELDS", ())
-    doc = {}
-    for key in value.__struct_fields__:
-        v = getattr(value, key)
-        if key in skip or v is None or (type(v) is msgspec.Raw and not v):
+    values = [raw.get(k) for k in keys.tolist()]
+    kinds = [type(v) for v in values]
+    parts, where = [], np.full(n, -1, dtype=np.int64)     # row -> index into the parts, concatenated
+    done = np.zeros(len(keys), dtype=bool)
+    for cls in set(kinds):
+        mirror = _mirror(cls)
+        if mirror is None:
             continue
-        doc[key] = v
-    return msgspec.json.encode(doc).decode() if doc else None
+        members = np.flatnonzero(np.fromiter((k is cls for k in kinds), dtype=bool, count=len(kinds)))
+        mirror_cls, first = mirror
+        astuple = msgspec.structs.astuple
+        array = _json_lines(pa, [mirror_cls(*astuple(values[m])[first:]) for m in members.tolist()])
+        where[pos[members]] = sum(len(p) for p in parts) + np.arange(len(members))
+        parts.append(array)
+        done[members] = True
+    rest = np.flatnonzero(~done)
+    if len(rest):
+        texts = [_dumps(trace.args.get(key)) for key in keys[rest].tolist()]
+        where[pos[rest]] = sum(len(p) for p in parts) + np.arange(len(rest))
+        parts.append(pa.array(texts, type=pa.string()))
+    if not parts:
+        return pa.nulls(n, pa.string())
+    joined = pa.concat_arrays([p.cast(pa.string()) for p in parts])
+    return joined.take(pa.array(where, mask=where < 0))
+
+
+def _json_lines(pa: Any, items: list) -> Any:
+    """``items`` JSON-encoded, one string each ("{}", an object of nothing but defaults: null), from
+    one newline-delimited encode split in numpy; a row whose raw JSON holds a newline makes it fall
+    back to one encode per item."""
+    data = _ENCODER.encode_lines(items)
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+    if len(ends) == len(items):
+        offsets = np.concatenate([[0], ends + 1]).astype(np.int64)
+        lengths = np.diff(offsets) - 1                    # without the newline
+        buffer = data
+    else:
+        encoded = [_ENCODER.encode(item) for item in items]
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        offsets = np.zeros(len(items) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        buffer = b"".join(encoded)
+    valid = pa.py_buffer(np.packbits(lengths > 2, bitorder="little"))
+    starts = pa.py_buffer(offsets)
+    array = pa.LargeStringArray.from_buffers(len(items), starts, pa.py_buffer(buffer), valid)
+    if len(ends) == len(items):          # drop each string's trailing newline
+        import pyarrow.compute as pc
+
+        return pc.utf8_rtrim(array, characters="\n")
+    return array
+
+
+_ENCODER = msgspec.json.Encoder()
+_MIRRORS: dict[type, tuple[type, int] | None] = {}
+
+
+def _mirror(cls: type) -> tuple[type, int] | None:
+    """For an args struct type whose column fields come first: a struct of its other fields, with
+    the same defaults, that leaves defaults out when encoded, and the index of its first field.
+    Encoding it gives what ``json.dumps(value.to_args())`` gives, without decoding the raw fields."""
+    if cls not in _MIRRORS:
+        fields = getattr(cls, "__struct_fields__", None)
+        skip = getattr(cls, "COLUMN_FIELDS", None)
+        first = sum(1 for f in fields or () if f in (skip or ()))
+        if fields is None or skip is None or any(f in skip for f in fields[first:]):
+            _MIRRORS[cls] = None
+        else:
+            defaults = cls.__struct_defaults__[len(cls.__struct_defaults__) - len(fields):]
+            spec = [(f, Any, d) for f, d in zip(fields[first:], defaults[first:], strict=True)]
+            _MIRRORS[cls] = (msgspec.defstruct(f"{cls.__name__}Export", spec, omit_defaults=True, gc=False), first)
+    return _MIRRORS[cls]
 
 
 def _dumps(value: Any) -> str | None:
@@ -228,9 +315,9 @@ def _dumps(value: Any) -> str | None:
     return orjson.dumps(value, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
 
 
-def _compile_fields(args: np.ndarray) -> dict[str, list]:
+def _compile_fields(args: Any) -> dict[str, list]:
     out: dict[str, list] = {f: [] for f in COMPILE_FIELDS}
-    for text in args:
+    for text in args.to_pylist():
         doc = orjson.loads(text) if text else {}
         for f in COMPILE_FIELDS:
             v = doc.get(f) if isinstance(doc, dict) else None
@@ -288,7 +375,7 @@ def _trace_row(trace: Trace, source: Source, ids: dict[str, Any], rows: np.ndarr
     ts, dur = trace.events["ts"][rows], trace.events["dur"][rows]
     kineto = meta.get("kineto") if isinstance(meta.get("kineto"), dict) else {}
     tool, version = ("kineto", kineto.get("schemaVersion")) if source.format == "kineto" else \
-        ("cuvil-pgc", meta.get("version") or meta.get("cuvil_pgc"))
+        ("cuvil-pgc", meta.get("version"))
     used = np.unique(np.concatenate([trace.events[c][rows] for c in ("name", "region")]
                                     + [trace.counters["name"][crow]]
                                     + [-2 - trace.events[c][rows][trace.events[c][rows] <= -2] for c in ("pid", "tid")]))
