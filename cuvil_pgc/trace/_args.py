@@ -8,8 +8,9 @@ load time. Unread raw fields keep the file's bytes alive; ``ArgsMap.materialize(
 them.
 
 Normalised ``Trace.args`` keys (Kineto name → ours):
-``Input Dims`` → ``shapes``, ``Input type`` → ``dtypes``, ``Input Strides`` → ``strides``,
-``Concrete Inputs`` → ``concrete_inputs``, ``External id`` → ``external_id`` (a column),
+``Input Dims`` → ``shapes``, ``Input type`` → ``dtypes``, ``Input Strides`` → ``strides`` and
+``Concrete Inputs`` → ``concrete_inputs`` (our files only: Kineto's are skipped at decode),
+``External id`` → ``external_id`` (a column),
 ``registers per thread`` →
 ``registers_per_thread``, ``shared memory`` → ``shared_memory``, ``blocks per SM`` →
 ``blocks_per_sm``, ``warps per SM`` → ``warps_per_sm``, ``est. achieved occupancy %`` →
@@ -47,8 +48,9 @@ class KinetoArgs(msgspec.Struct, frozen=True, gc=False, rename=_RENAME):
     """The ``args`` of a Kineto event, decoded inline with the event (one struct for all categories).
 
     Column fields (``external_id``, ``correlation``, ``flops``, ``bytes``) are typed and checked;
-    the rest are informational and kept as they are. Operator shapes, dtypes, strides and
-    concrete inputs stay raw JSON until the row's args are read.
+    the rest are informational and kept as they are. Operator shapes and dtypes stay raw JSON
+    until the row's args are read; ``Input Strides`` and ``Concrete Inputs`` are not read (nothing
+    downstream uses them, and skipping them halves the cost of sharing operator args).
     """
 
     COLUMN_FIELDS: ClassVar[frozenset[str]] = frozenset(("external_id", "external_id_v1", "correlation",
@@ -60,8 +62,6 @@ class KinetoArgs(msgspec.Struct, frozen=True, gc=False, rename=_RENAME):
     bytes: float = _NAN
     shapes: msgspec.Raw = _NO_RAW
     dtypes: msgspec.Raw = _NO_RAW
-    strides: msgspec.Raw = _NO_RAW
-    concrete_inputs: msgspec.Raw = _NO_RAW
     device: Any = None
     stream: Any = None
     grid: Any = None

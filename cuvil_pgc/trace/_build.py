@@ -387,20 +387,19 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
 
 
 def _shared_op_args(rows: list[int], op_args: list[A.KinetoArgs]) -> dict[int, A.KinetoArgs]:
-    """Operator args (record_shapes rows) as one shared struct per distinct (shapes, dtypes, strides,
-    concrete inputs), holding copies of those bytes: a loop repeats the same ops, and the structs
-    must not keep the file's (or a streamed chunk's) bytes alive. (A loop of C-level map/zip/dict
-    steps measured 40% slower than this plain loop.)"""
+    """Operator args (record_shapes rows) as one shared struct per distinct (shapes, dtypes),
+    holding copies of those bytes: a loop repeats the same ops, and the structs must not keep the
+    file's (or a streamed chunk's) bytes alive. (A loop of C-level map/zip/dict steps measured 40%
+    slower than this plain loop.)"""
     seen: dict[bytes, A.KinetoArgs] = {}
     out: dict[int, A.KinetoArgs] = {}
-    join = b"\0".join
     for r, a in zip(rows, op_args, strict=True):
-        key = join((bytes(a.shapes), bytes(a.dtypes), bytes(a.strides), bytes(a.concrete_inputs)))
+        key = bytes(a.shapes) + b"\0" + bytes(a.dtypes)
         shared = seen.get(key)
         if shared is None:
             shared = seen[key] = msgspec.structs.replace(
-                a, shapes=_copied(a.shapes), dtypes=_copied(a.dtypes), strides=_copied(a.strides),
-                concrete_inputs=_copied(a.concrete_inputs), external_id=-1, external_id_v1=-1, correlation=-1)
+                a, shapes=_copied(a.shapes), dtypes=_copied(a.dtypes), external_id=-1, external_id_v1=-1,
+                correlation=-1)
         out[r] = shared
     return out
 
