@@ -215,6 +215,23 @@ def test_runtime_time_is_not_launch_overhead(tmp_path):
     assert r.evidence["explained_us"]["launch_overhead"] < 0.05 * r.self_us
 
 
+def test_eager_op_around_a_launch_is_host_work_not_launch_overhead(tmp_path):
+    """Launch overhead is the launch calls and the GPU idle they cause, nothing else: 90 µs of an
+    op's host work before its 4 µs launch leaves the GPU idle, and that is host_bound (the eager op
+    around the launch was counted as launch overhead)."""
+    k = Kineto()
+    k.region("r", 0, 50 * 100.0 + 10)
+    for i in range(50):
+        t = 5 + i * 100.0
+        k.op("aten::conv2d", t, 98.0)
+        k.launch(GEMM, t + 90, 4.0, t + 95, 2.0)
+    r = run(k, tmp_path).region("r")
+    launch_and_wait = 50 * (4.0 + 1.0)
+    assert r.evidence["explained_us"]["launch_overhead"] <= launch_and_wait * 1.01
+    assert r.evidence["gpu_idle_by_host_us"]["op_launch"] == pytest.approx(50 * (90.0 + 1.0))   # before and after
+    assert r.bottleneck == "host_bound"
+
+
 def test_blocking_copy_waiting_for_other_work_is_sync_wait(tmp_path):
     """A postprocess region that waits 138.8 ms in a blocking D2H copy of 2 µs, the GPU busy with the
     previous region's kernels: the host is blocked on sync (was launch_overhead 0.98)."""
