@@ -454,3 +454,36 @@ def test_report_styles_every_class(tmp_path):
     page = _template.page(title="t", header="", nav="", body="", figures={}, plotly_js="cdn")
     for name in vocabulary.NAMES:
         assert f".b-{name} " in page
+
+
+def test_gpu_busy_guard_overrules_launch_and_host_components(tmp_path, monkeypatch):
+    """The guard itself: a region whose windows have the GPU >= 90% busy is never host_bound or
+    launch_overhead, whatever its other components say. On a split that is consistent (busy + idle
+    = window) the busy classes already outweigh those (>= 30% against <= 10%), so the split is
+    doctored here: launch-call and op idle beyond what the window leaves, as a per-device split or
+    a rule counting host time instead of GPU idle would give. Without the guard the verdict is
+    launch_overhead."""
+    from cuvil_pgc.analyze import bottleneck, gpu_windows, hot_regions
+
+    original = gpu_windows.split_windows
+
+    def doctored(prep):
+        out = original(prep)
+        i = prep.paths.index("step")
+        w = out["window"][i]
+        out["busy"][i], out["own_busy"][i] = 0.95 * w, 0.95 * w
+        out["comm_exposed"][i], out["sync_foreign"][i] = 0.45 * w, 0.45 * w
+        out["idle_launch"][i], out["idle_op"][i] = 0.6 * w, 0.55 * w
+        return out
+
+    monkeypatch.setattr(bottleneck, "split_windows", doctored)
+    monkeypatch.setattr(hot_regions, "split_windows", doctored)
+    k = Kineto()
+    k.region("step", 0, 1_000)
+    k.launch(GEMM, 5, 5, 20, 950)
+    r = run(k, tmp_path).region("step")
+    assert r.evidence["gpu_busy_frac"] >= 0.9
+    explained = r.evidence["explained_us"]
+    assert explained["launch_overhead"] > max(explained["compute"], explained["communication"],
+                                              explained["sync_wait"], explained["memory_bandwidth"])
+    assert r.bottleneck not in ("host_bound", "launch_overhead")
