@@ -487,3 +487,29 @@ def test_gpu_busy_guard_overrules_launch_and_host_components(tmp_path, monkeypat
     assert explained["launch_overhead"] > max(explained["compute"], explained["communication"],
                                               explained["sync_wait"], explained["memory_bandwidth"])
     assert r.bottleneck not in ("host_bound", "launch_overhead")
+
+
+def test_autograd_thread_with_regions_of_its_own_works_for_the_backward_region(tmp_path):
+    """The autograd thread has regions of its own (a hook's record_function) and a loader thread
+    has a region over the whole window: the backward ops outside the hook region still work for
+    ``## backward ##`` on the main thread, which fwdbwd flows (forward op -> backward op) name."""
+    k = Kineto()
+    k.region("forward", 0, 2_000)
+    k.region("## backward ##", 2_000, 10_000)
+    k.region("loader", 1_500, 11_000, tid=300)
+    k.region("grad_hook", 2_050, 90, tid=200)
+    k.op("aten::add", 2_060, 50, tid=200)
+    for i in range(100):
+        fwd_ts, bwd_ts = 10 + i * 19.0, 2_150 + i * 99.0
+        k.op("aten::mm", fwd_ts, 15)
+        k.op("autograd::engine::evaluate_function: MmBackward0", bwd_ts, 20, tid=200)
+        k.launch(GEMM, bwd_ts + 2, 5, bwd_ts + 20, 98)
+        for ph, ts, tid in (("s", fwd_ts, HOST), ("f", bwd_ts, 200)):
+            k.events.append({"ph": ph, "cat": "fwdbwd", "name": "fwdbwd", "id": i + 1, "pid": HOST, "tid": tid,
+                             "ts": BASE + ts, **({"bp": "e"} if ph == "f" else {})})
+    a = run(k, tmp_path)
+    r = a.region("## backward ##")
+    assert r.evidence["op_count"] == 100 and r.evidence["kernel_count"] == 100
+    assert r.bottleneck == "compute"
+    assert a.region("## backward ##/grad_hook") is None and a.region("grad_hook").evidence["op_count"] == 1
+    assert a.region("loader").evidence["op_count"] == 0
