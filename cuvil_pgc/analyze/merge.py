@@ -86,10 +86,13 @@ def _merge_args(traces: list[Trace], order: np.ndarray) -> Any:
     out: dict[int, Any] = {}
     base = 0
     for t in traces:
-        raw = getattr(t.args, "_data", t.args)
-        if raw:
-            rows = np.fromiter(raw.keys(), dtype=np.int64, count=len(raw))
-            out.update(zip(new_pos[base + rows].tolist(), raw.values(), strict=True))
+        if hasattr(t.args, "raw_items"):
+            rows, values = t.args.raw_items()
+        else:
+            rows = np.fromiter(t.args.keys(), dtype=np.int64, count=len(t.args))
+            values = list(t.args.values())
+        if len(rows):
+            out.update(zip(new_pos[base + rows].tolist(), values, strict=True))
         base += len(t)
     try:
         from cuvil_pgc.trace._args import ArgsMap

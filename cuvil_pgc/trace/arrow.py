@@ -196,17 +196,20 @@ def _args_json(trace: Trace, rows: np.ndarray) -> np.ndarray:
     out = np.full(len(rows), None, dtype=object)
     if not len(trace.args):
         return out
-    keys = np.fromiter(trace.args.keys(), dtype=np.int64, count=len(trace.args))
+    if hasattr(trace.args, "raw_items"):
+        keys, values = trace.args.raw_items()
+    else:
+        keys = np.fromiter(trace.args.keys(), dtype=np.int64, count=len(trace.args))
+        values = [None] * len(keys)
     pos = np.searchsorted(rows, keys)
     inside = (pos < len(rows)) & (rows[np.minimum(pos, len(rows) - 1)] == keys)
     # The reader keeps Kineto args as typed structs whose shapes and dtypes are still raw JSON;
     # encoding such a struct as it is skips decoding that JSON only to encode it again (the
     # export of a torch.profiler trace took 3x as long as loading it). Anything else (our files'
     # raw args, dicts) goes through the public mapping.
-    raw = getattr(trace.args, "_data", None)
-    for key, k in zip(keys[inside].tolist(), pos[inside].tolist(), strict=True):
-        value = raw.get(key) if raw is not None else None
-        out[k] = _struct_json(value) if hasattr(value, "__struct_fields__") else _dumps(trace.args.get(key))
+    for i in np.nonzero(inside)[0].tolist():
+        value, key = values[i], int(keys[i])
+        out[pos[i]] = _struct_json(value) if hasattr(value, "__struct_fields__") else _dumps(trace.args.get(key))
     return out
 
 

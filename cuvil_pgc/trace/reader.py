@@ -59,7 +59,7 @@ import numpy as np
 
 from cuvil_pgc.errors import ConfigError, CuvilError, TraceError
 from cuvil_pgc.trace import _decode, _input, _stream, _summary
-from cuvil_pgc.trace._args import ArgsMap
+from cuvil_pgc.trace._args import ArgsMap, RowArgs
 from cuvil_pgc.trace._build import SourceColumns, StreamFallback, build_kineto_chunks, build_source
 from cuvil_pgc.trace._metadata import check_metadata
 from cuvil_pgc.trace._regions import resolve_regions
@@ -356,15 +356,13 @@ def _align(loaded: list[_Loaded]) -> list[float]:
 
 
 def _merge_args(parts: list[SourceColumns], sizes: list[int], rank_of_row: np.ndarray) -> ArgsMap:
-    merged: dict[int, Any] = {}
-    base = 0
-    for p, n in zip(parts, sizes, strict=True):
-        if p.args:
-            rows = np.fromiter(p.args.keys(), dtype=np.int64, count=len(p.args)) + base
-            merged.update(zip(rank_of_row[rows].tolist(), p.args.values(), strict=True))
-            p.args = {}
-        base += n
-    return ArgsMap(merged)
+    """Every source's args as one int32 column of codes (in merged row order) into their values."""
+    whole = RowArgs.concat([p.args for p in parts], sizes)
+    for p in parts:
+        p.args = {}
+    codes = np.empty(len(whole.codes), dtype=np.int32)
+    codes[rank_of_row] = whole.codes
+    return ArgsMap(codes=codes, values=whole.values)
 
 
 def _merge_counters(parts: list[SourceColumns], offsets: list[float]) -> dict[str, np.ndarray]:
