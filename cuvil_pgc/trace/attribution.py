@@ -80,41 +80,36 @@ def enclosing_parents(lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -
 
     The parent is the innermost earlier interval of the lane still open at the interval's start
     (an interval ending at ``t`` is closed at ``t``; an empty interval encloses nothing), as a
-    stack walk in that order finds it. Vectorised: a sweep over start and end points gives each
-    interval's depth (open intervals at its start); its parent is the last interval one level up
-    that starts before it on the lane.
+    stack walk in that order finds it. Vectorised: each interval's depth (intervals open at its
+    start) comes from one sort of the end points; its parent is the last interval one level up
+    that starts before it on the lane. Lanes whose intervals overlap without nesting (the parent
+    found does not contain the child) are walked with a stack instead.
     """
     n = len(starts)
     parent = np.full(n, -1, dtype=np.int64)
     if not n:
         return parent
-    pos = np.arange(n, dtype=np.int64)
-    live = pos[ends > starts]
     first = np.ones(n, dtype=bool)
     first[1:] = lanes[1:] != lanes[:-1]
     lane_code = np.cumsum(first) - 1
-    # points: every start (+1 if it can enclose, else 0), every non-empty end (-1); at one time,
-    # ends before starts, starts in sorted order
-    t = np.concatenate([starts, ends[live]])
-    kind = np.concatenate([np.ones(n, dtype=np.int8), np.zeros(len(live), dtype=np.int8)])
-    who = np.concatenate([pos, live])
-    step = np.concatenate([(ends > starts).astype(np.int64), -np.ones(len(live), dtype=np.int64)])
-    order = np.lexsort((who, kind, t, lane_code[who]))
-    running = np.cumsum(step[order])
-    at_start = kind[order] == 1
-    depth = np.empty(n, dtype=np.int64)
-    depth[who[order][at_start]] = (running - step[order])[at_start]
+    is_live = ends > starts
+    # depth = live intervals before it (in the order) minus those closed by its start; on one time
+    # axis with each lane above the previous ones, earlier lanes count in both and cancel
+    lo = float(min(starts.min(), ends.min()))
+    shift = lane_code * (float(max(starts.max(), ends.max())) - lo + 1.0) - lo
+    closed = np.searchsorted(np.sort((ends + shift)[is_live]), starts + shift, side="right")
+    depth = np.cumsum(is_live) - is_live - closed
     need = np.nonzero(depth > 0)[0]
+    live = np.nonzero(is_live)[0]
     if not len(need) or not len(live):
         return parent
-    top = int(depth.max()) + 1
-    key = (lane_code[live] * top + depth[live]) * n + live          # ascending: live is sorted
+    key = depth[live] * n + live
     key_sort = np.argsort(key, kind="stable")
     key, cand = key[key_sort], live[key_sort]
-    want = (lane_code[need] * top + depth[need] - 1) * n + need
+    want = (depth[need] - 1) * n + need
     k = np.searchsorted(key, want) - 1
     ok = k >= 0
-    ok[ok] = key[k[ok]] // n == want[ok] // n
+    ok[ok] = (key[k[ok]] // n == want[ok] // n) & (lane_code[cand[k[ok]]] == lane_code[need[ok]])
     parent[need[ok]] = cand[k[ok]]
     has = parent >= 0
     bad = has.copy()          # improper nesting (overlapping, not nested): the stack walk decides
