@@ -69,7 +69,7 @@ def _reference(events: list[dict]) -> dict[str, tuple]:
         return best
 
     parent = [innermost(lane[i], o["ts"], o["ts"] + o["dur"], o["dur"]) for i, o in enumerate(ops)]
-    self_cpu = [o["dur"] - sum(c["dur"] for c, p in zip(ops, parent) if p == i) for i, o in enumerate(ops)]
+    self_cpu = [o["dur"] - sum(c["dur"] for c, p in zip(ops, parent, strict=True) if p == i) for i, o in enumerate(ops)]
     launches = {(e["source"], e["correlation"]): e for e in events if e["kind"] == "runtime"}
     self_dev = [0.0] * len(ops)
     for k in (e for e in events if e["kind"] == "kernel"):
