@@ -215,6 +215,23 @@ def test_runtime_time_is_not_launch_overhead(tmp_path):
     assert r.evidence["explained_us"]["launch_overhead"] < 0.05 * r.self_us
 
 
+def test_eager_op_around_a_launch_is_host_work_not_launch_overhead(tmp_path):
+    """Launch overhead is the launch calls and the GPU idle they cause, nothing else: 90 µs of an
+    op's host work before its 4 µs launch leaves the GPU idle, and that is host_bound (the eager op
+    around the launch was counted as launch overhead)."""
+    k = Kineto()
+    k.region("r", 0, 50 * 100.0 + 10)
+    for i in range(50):
+        t = 5 + i * 100.0
+        k.op("aten::conv2d", t, 98.0)
+        k.launch(GEMM, t + 90, 4.0, t + 95, 2.0)
+    r = run(k, tmp_path).region("r")
+    launch_and_wait = 50 * (4.0 + 1.0)
+    assert r.evidence["explained_us"]["launch_overhead"] <= launch_and_wait * 1.01
+    assert r.evidence["gpu_idle_by_host_us"]["op_launch"] == pytest.approx(50 * (90.0 + 1.0))   # before and after
+    assert r.bottleneck == "host_bound"
+
+
 def test_blocking_copy_waiting_for_other_work_is_sync_wait(tmp_path):
     """A postprocess region that waits 138.8 ms in a blocking D2H copy of 2 µs, the GPU busy with the
     previous region's kernels: the host is blocked on sync (was launch_overhead 0.98)."""
@@ -437,3 +454,62 @@ def test_report_styles_every_class(tmp_path):
     page = _template.page(title="t", header="", nav="", body="", figures={}, plotly_js="cdn")
     for name in vocabulary.NAMES:
         assert f".b-{name} " in page
+
+
+def test_gpu_busy_guard_overrules_launch_and_host_components(tmp_path, monkeypatch):
+    """The guard itself: a region whose windows have the GPU >= 90% busy is never host_bound or
+    launch_overhead, whatever its other components say. On a split that is consistent (busy + idle
+    = window) the busy classes already outweigh those (>= 30% against <= 10%), so the split is
+    doctored here: launch-call and op idle beyond what the window leaves, as a per-device split or
+    a rule counting host time instead of GPU idle would give. Without the guard the verdict is
+    launch_overhead."""
+    from cuvil_pgc.analyze import bottleneck, gpu_windows, hot_regions
+
+    original = gpu_windows.split_windows
+
+    def doctored(prep):
+        out = original(prep)
+        i = prep.paths.index("step")
+        w = out["window"][i]
+        out["busy"][i], out["own_busy"][i] = 0.95 * w, 0.95 * w
+        out["comm_exposed"][i], out["sync_foreign"][i] = 0.45 * w, 0.45 * w
+        out["idle_launch"][i], out["idle_op"][i] = 0.6 * w, 0.55 * w
+        return out
+
+    monkeypatch.setattr(bottleneck, "split_windows", doctored)
+    monkeypatch.setattr(hot_regions, "split_windows", doctored)
+    k = Kineto()
+    k.region("step", 0, 1_000)
+    k.launch(GEMM, 5, 5, 20, 950)
+    r = run(k, tmp_path).region("step")
+    assert r.evidence["gpu_busy_frac"] >= 0.9
+    explained = r.evidence["explained_us"]
+    assert explained["launch_overhead"] > max(explained["compute"], explained["communication"],
+                                              explained["sync_wait"], explained["memory_bandwidth"])
+    assert r.bottleneck not in ("host_bound", "launch_overhead")
+
+
+def test_autograd_thread_with_regions_of_its_own_works_for_the_backward_region(tmp_path):
+    """The autograd thread has regions of its own (a hook's record_function) and a loader thread
+    has a region over the whole window: the backward ops outside the hook region still work for
+    ``## backward ##`` on the main thread, which fwdbwd flows (forward op -> backward op) name."""
+    k = Kineto()
+    k.region("forward", 0, 2_000)
+    k.region("## backward ##", 2_000, 10_000)
+    k.region("loader", 1_500, 11_000, tid=300)
+    k.region("grad_hook", 2_050, 90, tid=200)
+    k.op("aten::add", 2_060, 50, tid=200)
+    for i in range(100):
+        fwd_ts, bwd_ts = 10 + i * 19.0, 2_150 + i * 99.0
+        k.op("aten::mm", fwd_ts, 15)
+        k.op("autograd::engine::evaluate_function: MmBackward0", bwd_ts, 20, tid=200)
+        k.launch(GEMM, bwd_ts + 2, 5, bwd_ts + 20, 98)
+        for ph, ts, tid in (("s", fwd_ts, HOST), ("f", bwd_ts, 200)):
+            k.events.append({"ph": ph, "cat": "fwdbwd", "name": "fwdbwd", "id": i + 1, "pid": HOST, "tid": tid,
+                             "ts": BASE + ts, **({"bp": "e"} if ph == "f" else {})})
+    a = run(k, tmp_path)
+    r = a.region("## backward ##")
+    assert r.evidence["op_count"] == 100 and r.evidence["kernel_count"] == 100
+    assert r.bottleneck == "compute"
+    assert a.region("## backward ##/grad_hook") is None and a.region("grad_hook").evidence["op_count"] == 1
+    assert a.region("loader").evidence["op_count"] == 0

@@ -1,11 +1,11 @@
 """The analyzer on two real ResNet-50 training traces recorded on a V100 (shared/traces/kineto-resnet50).
 
-Their categories are the older capitalised ones (``Operator``, ``Kernel``, ...); until the reader
-takes those, the test reads a copy with today's lowercase names. Every figure is checked against
-the same figure computed here straight from the JSON (within 1%); the verdicts are those the traces
-support: the GPU is busy 56% (num_workers=0) and 72% (num_workers=4) of the steps, so ``compute``
-(cuDNN convolutions) is primary, and with num_workers=0 the DataLoader on the main thread leaves the
-GPU idle for a third of each step (``host_bound`` second), which 4 workers remove.
+The files are read as they are: torch 1.8-1.10 wrote the older capitalised categories
+(``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``, ``Memset``), which the reader takes. Every figure is
+checked against the same figure computed here straight from the JSON (within 1%); the verdicts are
+those the traces support: the GPU is busy 56% (num_workers=0) and 72% (num_workers=4) of the steps,
+so ``compute`` (cuDNN convolutions) is primary, and with num_workers=0 the DataLoader on the main
+thread leaves the GPU idle for a third of each step (``host_bound`` second), which 4 workers remove.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ import pytest
 from cuvil_pgc.analyze import analyze
 from cuvil_pgc.trace.reader import load_trace
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces" / "kineto-resnet50"
-if not TRACES.is_dir():
-    TRACES = Path("/work/shared/traces/kineto-resnet50")
-LOWER = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy",
-         "Memset": "gpu_memset"}
+# the shared traces sit next to the checkout (../shared/traces from the repository root)
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto-resnet50"
+GPU_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset")
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not TRACES.is_dir(), reason="shared real traces not on this machine")]
+              pytest.mark.skipif(not TRACES.is_dir(), reason=f"the shared real traces are not on this machine ({TRACES})")]
 
 
 def _merged(iv):
@@ -46,23 +44,20 @@ def _overlap(xs, ws):
 
 
 @pytest.fixture(scope="module", params=["num_workers_0", "num_workers_4"])
-def real(request, tmp_path_factory):
+def real(request):
     src = next(TRACES.glob(f"resnet50_{request.param}_*.json.gz"))
     doc = json.load(gzip.open(src))
-    for e in doc["traceEvents"]:
-        if e.get("cat") in LOWER:
-            e["cat"] = LOWER[e["cat"]]
-    path = tmp_path_factory.mktemp("real") / "trace.json"
-    path.write_text(json.dumps(doc))
-    return request.param, doc, analyze(load_trace(str(path)))
+    assert {e.get("cat") for e in doc["traceEvents"]} >= {"Operator", "Kernel", "Runtime"}   # the old format
+    return request.param, doc, analyze(load_trace(str(src)))
 
 
 def test_real_resnet_figures_match_the_json(real):
     _, doc, a = real
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     steps = [(e["ts"], e["ts"] + e["dur"]) for e in ev if re.match(r"ProfilerStep#\d+$", e["name"])]
-    gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    launches = [e for e in ev if e.get("cat") == "cuda_runtime" and e["name"] == "cudaLaunchKernel"
+    gpu = [e for e in ev if str(e.get("cat")).lower() in GPU_CATS]
+    launches = [e for e in ev if str(e.get("cat")).lower() in ("cuda_runtime", "runtime")
+                and e["name"] == "cudaLaunchKernel"
                 and any(a0 <= e["ts"] < b0 for a0, b0 in steps)]
     step = a.region("ProfilerStep")
     assert step.calls == len(steps) == 6
@@ -83,6 +78,13 @@ def test_real_resnet_verdicts(real):
     assert step.bottleneck == "compute"
     host = step.evidence["explained_us"]["host_bound"] / step.self_us
     if name == "num_workers_0":
-        assert host > 0.25           # DataLoader on the main thread: the GPU idles
+        assert host > 0.35           # DataLoader on the main thread: the GPU idles
     else:
-        assert host < 0.10           # four loader processes keep the GPU fed
+        assert host < 0.25           # four loader processes keep the GPU fed; what is left is eager
+        # host work with the GPU idle (input copies in aten::to, the zero_grad loop, conv / batch
+        # norm dispatch), which is not launch overhead
+    # launch overhead is the GPU idle in launch calls (and the wait for their kernels), nothing else:
+    # num_workers_4 had 128 ms of eager ops around launches counted as 161 ms of launch overhead
+    ev = step.evidence
+    assert ev["explained_us"]["launch_overhead"] == pytest.approx(ev["gpu_idle_by_host_us"]["launch"])
+    assert ev["explained_us"]["launch_overhead"] < ev["runtime_by_api_us"]["launch"]

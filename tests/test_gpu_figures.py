@@ -127,3 +127,40 @@ def test_real_resnet50_figures_match_the_json(path: Path, tmp_path: Path) -> Non
         assert dev[key] == pytest.approx(want, rel=1e-9), key
     assert dev["name"] == "Tesla V100-DGXS-32GB"
     assert sum(dev["idle_causes_us"].values()) == pytest.approx(dev["idle_us"])
+
+
+GPU_ROW = ("cuda:0 (NVIDIA A100-SXM4-80GB)", "4 kernels; 1 memcpy; 1 memset", "70 µs (35% of 202 µs)",
+           "132 µs: host wait 75 µs, kernel wait 7 µs, other 50 µs",
+           "p50 16 µs, p95 79.6 µs; 1 of 5 launches outlast their kernel", "mean 1.0, max 2", "25% of 40 µs")
+
+
+def test_terminal_gpu_tables_show_the_figures() -> None:
+    """``cuvil-pgc analyze`` prints the device's kernel count, busy time and idle causes, and the
+    top kernels, as trace.gpu has them (test_known_figures_of_a_two_stream_trace)."""
+    import io
+
+    from rich.console import Console
+
+    from cuvil_pgc.viewer.console import render_analysis
+
+    console = Console(record=True, width=300, file=io.StringIO())
+    render_analysis(analyze(GEN / "gpu_figures.json"), console)
+    out = console.export_text()
+    section = out[out.index("GPU devices"):]
+    for cell in GPU_ROW:
+        assert cell in section, cell
+    kernels = section[section.index("Top GPU kernels"):]
+    nccl = next(line for line in kernels.splitlines() if "ncclDevKernel_AllReduce" in line)
+    assert "communication" in nccl and "40 µs" in nccl and "55%" in nccl
+
+
+def test_report_gpu_section_shows_the_figures() -> None:
+    from cuvil_pgc.viewer.html import render_html
+
+    html = render_html(analyze(GEN / "gpu_figures.json"))
+    table = html[html.index('id="gpu-table"'):]
+    table = table[:table.index("</table>")]
+    for cell in (*GPU_ROW, "compute 33 µs, communication 40 µs, memory 7 µs"):
+        assert f"<td>{cell}</td>" in table, cell
+    kernels = html[html.index('id="gpu-kernels-table"'):]
+    assert '<td data-v="ncclDevKernel_AllReduce_Sum_f32_RING_LL">' in kernels and "54.8%" in kernels

@@ -163,7 +163,7 @@ def test_op_attribution_uses_thread_and_innermost_enclosing_region(tmp_path: Pat
         x("cpu_op", "after_inner", 30, 1, tid=1),
         x("cpu_op", "other_thread", 25, 1, tid=2),           # a thread without regions: works for tid 1
         x("user_annotation", "own", 60, 10, tid=3),
-        x("cpu_op", "thread_with_regions", 25, 1, tid=3),    # outside its own regions: stays outside
+        x("cpu_op", "thread_with_regions", 25, 1, tid=3),    # outside its own regions, in tid 1's window
         x("cpu_op", "at_end", 50, 1, tid=1),
         x("cpu_op", "other_pid", 25, 1, tid=1, pid=2),
         x("cuda_runtime", "cudaLaunchKernel", 26, 1, tid=1, correlation=3),
@@ -172,7 +172,8 @@ def test_op_attribution_uses_thread_and_innermost_enclosing_region(tmp_path: Pat
     got = {trace.strings[trace.name[r]]: region_of(trace, r) for r in range(len(trace))
            if trace.kind[r] != Kind.REGION}
     assert got == {"at_start": "outer", "in_inner": "outer/inner", "after_inner": "outer",
-                   "other_thread": "outer/inner", "thread_with_regions": None, "at_end": None, "other_pid": None,
+                   "other_thread": "outer/inner", "thread_with_regions": "outer/inner", "at_end": None,
+                   "other_pid": None,
                    "cudaLaunchKernel": "outer/inner"}
 
 

@@ -149,7 +149,7 @@ def top_level(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.nda
     n = len(ts)
     if not n:
         return np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)
-    order = _lane_time_order(lane, ts, dur)
+    order = lane_time_order(lane, ts, dur)
     ln, s, e = lane[order], ts[order], ts[order] + np.maximum(dur[order], 0.0)
     first = np.ones(n, dtype=bool)
     first[1:] = ln[1:] != ln[:-1]
@@ -170,7 +170,7 @@ def top_level(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.nda
     return top, ancestor
 
 
-def _lane_time_order(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+def lane_time_order(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
     """Order by lane, then start, longest first on ties. Rows of a Trace are already in time order
     (the reader puts longer rows first on ties): then one stable sort by lane is enough."""
     same_ts = ts[1:] == ts[:-1]

@@ -33,9 +33,11 @@ at each instant (:mod:`.gpu_windows`), every instant counted once:
 - GPU idle, by what the host was doing for the region (on any of its threads), in this priority:
   a sync call or blocking copy → ``sync_wait``; an allocation call → ``allocation``; a context /
   setup call → ``setup``; a collective call or op (gloo) → ``communication``; a launch call (and
-  the wait for its kernel to start) or a CPU op that launches GPU work → ``launch_overhead``;
-  another op or nothing recorded → ``host_bound`` / ``idle`` by the ``cpu_util`` counter as on the
-  CPU path (all ``host_bound`` without one).
+  the wait for its kernel to start) → ``launch_overhead``; an op (also the eager op around a
+  launch: its dispatch, cuDNN setup, a host-side copy or a Python-level optimizer loop is host
+  work, not the launch; the evidence keeps it apart as ``gpu_idle_by_host_us.op_launch``) or
+  nothing recorded → ``host_bound`` / ``idle`` by the ``cpu_util`` counter as on the CPU path (all
+  ``host_bound`` without one).
 A region whose windows have the GPU at least GPU_BUSY_FRAC busy is never ``host_bound`` or
 ``launch_overhead``: the host kept the GPU fed.
 
@@ -309,8 +311,8 @@ def _gpu_components(ev: dict[str, Any], split: dict[str, float]) -> dict[str, fl
             "comm": comm_busy + idle.get("comm", 0.0),
             "sync": sync_busy + idle.get("sync", 0.0),
             "alloc": idle.get("alloc", 0.0), "setup": idle.get("setup", 0.0),
-            "launch": idle.get("launch", 0.0) + idle.get("op_launch", 0.0),
-            "host": idle.get("op", 0.0) + idle.get("none", 0.0) * (1 - idle_frac),
+            "launch": idle.get("launch", 0.0),
+            "host": idle.get("op", 0.0) + idle.get("op_launch", 0.0) + idle.get("none", 0.0) * (1 - idle_frac),
             "idle": idle.get("none", 0.0) * idle_frac}
 
 

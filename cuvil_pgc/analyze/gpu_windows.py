@@ -13,7 +13,8 @@ calls of regions nested directly in it) by two questions at every instant:
   priority: a blocking ``sync`` call, an ``alloc`` call, a ``setup`` call, a collective (``comm``)
   op or call, a ``launch`` call (extended to its kernel's start when the GPU sat idle, up to
   LAUNCH_WAIT_US: the launch latency it causes), a CPU op that launches GPU work
-  (``op_launch``: eager dispatch in front of a launch), another op or runtime call (``op``), or
+  (``op_launch``: kept apart as evidence; the analyzer counts it as host work, not launch
+  overhead), another op or runtime call (``op``), or
   nothing recorded (``none``: Python, or waiting).
 
 Outputs (per path, weighted by source weight, µs) in ``prep.extras["gpu_windows"]``:

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_pgc.analyze._prepare import lane_keys, lane_time_order
 from cuvil_pgc.analyze.passes import requires
 from cuvil_pgc.errors import ConfigError
-from cuvil_pgc.trace.attribution import RegionIndex
+from cuvil_pgc.trace.attribution import RegionIndex, enclosing_parents
 from cuvil_pgc.trace.columns import Trace
 from cuvil_pgc.trace.schema import Kind, display_path
 
@@ -50,35 +51,53 @@ class OperatorStats:
 
 def operator_stats(trace: Trace, *, sort: str = "self_cpu", group_by_shape: bool = False,
                    region: str | None = None) -> list[OperatorStats]:
-    """Operators of ``trace`` grouped and sorted (descending by ``sort``, one of SORT_KEYS)."""
+    """Operators of ``trace`` grouped and sorted (descending by ``sort``, one of SORT_KEYS).
+
+    Nesting is per thread of one file (source, pid, tid), and a kernel belongs to the launch with
+    its correlation id in its own file: ranks and processes never mix.
+    """
     if sort not in SORT_KEYS:
         raise ConfigError(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}")
     ev = trace.events
     ops = np.nonzero(ev["kind"] == Kind.CPU_OP)[0]
     if not len(ops):
         return []
-    self_cpu, parent = _self_times(ev["tid"][ops], ev["ts"][ops], ev["dur"][ops])
-    self_dev = _device_self(trace, ops)
+    lane = lane_keys(trace)
+    self_cpu, parent = _self_times(lane[ops], ev["ts"][ops], ev["dur"][ops])
+    self_dev = _device_self(trace, ops, lane)
     total_dev = _propagate(self_dev, parent)
-    keep = _in_region(trace, ops, region) if region else np.ones(len(ops), dtype=bool)
-    groups: dict[tuple[str, str | None], list[float]] = {}
-    names = ev["name"][ops]
-    for i in np.nonzero(keep)[0].tolist():
-        row = int(ops[i])
-        key = (trace.strings[int(names[i])], _shapes(trace, row) if group_by_shape else None)
-        acc = groups.setdefault(key, [0, 0.0, 0.0, 0.0, 0.0, math.nan, math.nan])
-        acc[0] += 1
-        acc[1] += float(self_cpu[i])
-        acc[2] += float(ev["dur"][row])
-        acc[3] += float(self_dev[i])
-        acc[4] += float(total_dev[i])
-        acc[5] = _nan_add(acc[5], float(ev["flops"][row]))
-        acc[6] = _nan_add(acc[6], float(ev["bytes"][row]))
-    rows = [OperatorStats(name, shapes, int(a[0]), a[1], a[2], a[3], a[4], _known(a[5]), _known(a[6]))
-            for (name, shapes), a in groups.items()]
+    keep = np.nonzero(_in_region(trace, ops, region))[0] if region else np.arange(len(ops))
+    rows = ops[keep]
+    key = ev["name"][rows].astype(np.int64)
+    shape_text: list[str | None] = []
+    if group_by_shape:
+        shape_code, shape_text = _shape_codes(trace, rows)
+        key = key * (len(shape_text) + 1) + shape_code
+    uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    g = len(uniq)
+
+    def per_group(values: np.ndarray) -> np.ndarray:
+        return np.bincount(inv, weights=values, minlength=g)
+
+    calls = np.bincount(inv, minlength=g)
+    sums = [per_group(x) for x in (self_cpu[keep], ev["dur"][rows], self_dev[keep], total_dev[keep])]
+    known = []
+    for col in ("flops", "bytes"):
+        v = ev[col][rows]
+        ok = ~np.isnan(v)
+        total = per_group(np.where(ok, v, 0.0))
+        known.append(np.where(np.bincount(inv[ok], minlength=g) > 0, total, np.nan))
+    names = trace.strings.strings
+    out = []
+    for j in np.argsort(first, kind="stable").tolist():     # groups in order of first appearance
+        name_id = int(uniq[j]) // (len(shape_text) + 1) if group_by_shape else int(uniq[j])
+        shapes = shape_text[int(uniq[j]) % (len(shape_text) + 1) - 1] if group_by_shape else None
+        out.append(OperatorStats(names[name_id], shapes, int(calls[j]), *(float(x[j]) for x in sums),
+                                 _known(float(known[0][j])), _known(float(known[1][j]))))
     attr = SORT_KEYS[sort]
-    rows.sort(key=lambda r: (-getattr(r, attr), r.name))
-    return rows
+    out.sort(key=lambda r: (-getattr(r, attr), r.name))
+    return out
 
 
 @requires()
@@ -91,59 +110,60 @@ def has_device_time(rows: list[OperatorStats]) -> bool:
     return any(r.device_us > 0 for r in rows)
 
 
-def _self_times(tids: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Self time of each op (its duration minus its direct children's) and its parent (-1: none)."""
+def _self_times(lanes: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Self time of each op (its duration minus its direct children's) and its parent (-1: none),
+    nesting per lane."""
     n = len(ts)
-    order = np.lexsort((-dur, ts, tids))
-    self_t = dur.astype(np.float64).copy()
+    order = lane_time_order(lanes, ts, dur)
+    p_sorted = enclosing_parents(lanes[order], ts[order], (ts + dur)[order])
     parent = np.full(n, -1, dtype=np.int64)
-    stack: list[int] = []
-    prev = None
-    t_l, s_l, e_l = tids[order].tolist(), ts[order].tolist(), (ts + dur)[order].tolist()
-    end_of = {}
-    for j, i in enumerate(order.tolist()):
-        if t_l[j] != prev:
-            stack.clear()
-            prev = t_l[j]
-        while stack and end_of[stack[-1]] <= s_l[j]:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-            self_t[stack[-1]] -= dur[i]
-        end_of[i] = e_l[j]
-        stack.append(i)
+    parent[order] = np.where(p_sorted >= 0, order[np.maximum(p_sorted, 0)], -1)
+    child = parent >= 0
+    self_t = dur.astype(np.float64) - np.bincount(parent[child], weights=dur[child], minlength=n)
     return np.maximum(self_t, 0.0), parent
 
 
-def _device_self(trace: Trace, ops: np.ndarray) -> np.ndarray:
-    """Device time of the kernels each op launched itself (through its runtime call's correlation)."""
+def _device_self(trace: Trace, ops: np.ndarray, lane: np.ndarray) -> np.ndarray:
+    """Device time of the kernels each op launched itself: the kernel's runtime call has its
+    correlation id in the same source, and the innermost op around that call on its lane owns it."""
     ev = trace.events
     out = np.zeros(len(ops), dtype=np.float64)
     dev = np.nonzero(np.isin(ev["kind"], DEVICE_KINDS) & (ev["correlation"] >= 0))[0]
     runtime = np.nonzero((ev["kind"] == Kind.RUNTIME) & (ev["correlation"] >= 0))[0]
     if not len(dev) or not len(runtime):
         return out
-    launch = dict(zip(ev["correlation"][runtime].tolist(), runtime.tolist(), strict=True))
-    pairs = [(k, launch[c]) for k, c in zip(dev.tolist(), ev["correlation"][dev].tolist(), strict=True)
-             if c in launch]
-    if not pairs:
+    key_rt = _source_key(ev, runtime)
+    order = np.argsort(key_rt, kind="stable")
+    sorted_keys = key_rt[order]
+    want = _source_key(ev, dev)
+    k = np.searchsorted(sorted_keys, want, side="right") - 1      # the last call with that id
+    hit = k >= 0
+    hit[hit] = sorted_keys[k[hit]] == want[hit]
+    if not hit.any():
         return out
-    kernels, launches = (np.asarray(x, dtype=np.int64) for x in zip(*pairs, strict=True))
-    index = RegionIndex(ev["tid"][ops], ev["ts"][ops], ev["ts"][ops] + ev["dur"][ops])
-    owner = index.innermost(ev["tid"][launches], ev["ts"][launches])
+    kernels, launches = dev[hit], runtime[order[k[hit]]]
+    index = RegionIndex(lane[ops], ev["ts"][ops], ev["ts"][ops] + ev["dur"][ops])
+    owner = index.innermost(lane[launches], ev["ts"][launches])
     found = owner >= 0
-    np.add.at(out, owner[found], ev["dur"][kernels][found])
+    out += np.bincount(owner[found], weights=ev["dur"][kernels][found], minlength=len(ops))
     return out
 
 
+def _source_key(ev: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """(source, correlation) as one int64 (correlation ids restart in every file)."""
+    return ev["source"][rows].astype(np.int64) << 48 | (ev["correlation"][rows].astype(np.int64) & (2**48 - 1))
+
+
 def _propagate(self_dev: np.ndarray, parent: np.ndarray) -> np.ndarray:
-    """Each op's device time plus that of every op nested in it."""
+    """Each op's device time plus that of every op nested in it (each level climbs at once)."""
     total = self_dev.copy()
-    for i in np.nonzero(self_dev > 0)[0].tolist():
-        p = parent[i]
-        while p >= 0:
-            total[p] += self_dev[i]
-            p = parent[p]
+    rows = np.nonzero(self_dev > 0)[0]
+    value, up = self_dev[rows], parent[rows]
+    while len(up):
+        ok = up >= 0
+        value, up = value[ok], up[ok]
+        total += np.bincount(up, weights=value, minlength=len(total))
+        up = parent[up]
     return total
 
 
@@ -163,18 +183,21 @@ def _in_region(trace: Trace, ops: np.ndarray, region: str) -> np.ndarray:
     return np.isin(regions, list(wanted))
 
 
+def _shape_codes(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, list[str | None]]:
+    """Per row: 1 + index of its input shapes in the returned list (the shapes as tables print them)."""
+    texts: dict[str | None, int] = {}
+    codes = np.empty(len(rows), dtype=np.int64)
+    for i, row in enumerate(rows.tolist()):
+        codes[i] = texts.setdefault(_shapes(trace, row), len(texts)) + 1
+    return codes, list(texts)
+
+
 def _shapes(trace: Trace, row: int) -> str | None:
     args = trace.args.get(row) if trace.args is not None else None
     shapes = args.get("shapes") if args else None
     if not shapes:
         return None
     return ", ".join("[" + ", ".join(str(d) for d in s) + "]" if isinstance(s, list) else str(s) for s in shapes)
-
-
-def _nan_add(acc: float, x: float) -> float:
-    if math.isnan(x):
-        return acc
-    return x if math.isnan(acc) else acc + x
 
 
 def _known(x: float) -> float | None:

@@ -8,8 +8,9 @@ load time. Unread raw fields keep the file's bytes alive; ``ArgsMap.materialize(
 them.
 
 Normalised ``Trace.args`` keys (Kineto name → ours):
-``Input Dims`` → ``shapes``, ``Input type`` → ``dtypes``, ``Input Strides`` → ``strides``,
-``Concrete Inputs`` → ``concrete_inputs``, ``External id`` → ``external_id`` (a column),
+``Input Dims`` → ``shapes``, ``Input type`` → ``dtypes``, ``Input Strides`` → ``strides`` and
+``Concrete Inputs`` → ``concrete_inputs`` (our files only: Kineto's are skipped at decode),
+``External id`` → ``external_id`` (a column),
 ``registers per thread`` →
 ``registers_per_thread``, ``shared memory`` → ``shared_memory``, ``blocks per SM`` →
 ``blocks_per_sm``, ``warps per SM`` → ``warps_per_sm``, ``est. achieved occupancy %`` →
@@ -20,10 +21,11 @@ not know (Kind.OTHER) carry ``{"cat": <category>}``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Annotated, Any, ClassVar
 
 import msgspec
+import numpy as np
 
 _NAN = float("nan")
 _NO_RAW = msgspec.Raw(b"")
@@ -47,8 +49,9 @@ class KinetoArgs(msgspec.Struct, frozen=True, gc=False, rename=_RENAME):
     """The ``args`` of a Kineto event, decoded inline with the event (one struct for all categories).
 
     Column fields (``external_id``, ``correlation``, ``flops``, ``bytes``) are typed and checked;
-    the rest are informational and kept as they are. Operator shapes, dtypes, strides and
-    concrete inputs stay raw JSON until the row's args are read.
+    the rest are informational and kept as they are. Operator shapes and dtypes stay raw JSON
+    until the row's args are read; ``Input Strides`` and ``Concrete Inputs`` are not read (nothing
+    downstream uses them, and skipping them halves the cost of sharing operator args).
     """
 
     COLUMN_FIELDS: ClassVar[frozenset[str]] = frozenset(("external_id", "external_id_v1", "correlation",
@@ -60,8 +63,6 @@ class KinetoArgs(msgspec.Struct, frozen=True, gc=False, rename=_RENAME):
     bytes: float = _NAN
     shapes: msgspec.Raw = _NO_RAW
     dtypes: msgspec.Raw = _NO_RAW
-    strides: msgspec.Raw = _NO_RAW
-    concrete_inputs: msgspec.Raw = _NO_RAW
     device: Any = None
     stream: Any = None
     grid: Any = None
@@ -125,21 +126,85 @@ def raw_args(raw: msgspec.Raw) -> dict[str, Any]:
     return out
 
 
+class RowArgs:
+    """One source's args while it loads: an int32 code per row (-1: none) into ``values``, so rows
+    sharing one struct (a loop's operators) share one entry and no per-row dict is built."""
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, n: int) -> None:
+        self.codes = np.full(n, -1, dtype=np.int32)
+        self.values: list[Any] = []
+
+    def put(self, rows: np.ndarray, values: list[Any], codes: np.ndarray | None = None) -> None:
+        """Give ``rows`` the ``values`` (one per row), or ``values[codes[i]]`` when codes are given."""
+        start = len(self.values)
+        self.values.extend(values)
+        local = np.arange(len(rows)) if codes is None else codes
+        self.codes[rows] = (local + start).astype(np.int32)
+
+    def __setitem__(self, row: int, value: Any) -> None:
+        self.put(np.array([row]), [value])
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.codes >= 0))
+
+    @classmethod
+    def concat(cls, parts: list[RowArgs | Mapping[int, Any]], sizes: list[int]) -> RowArgs:
+        """Rows of ``parts`` one after the other (mappings, an ArgsMap included: ``{row: value}``)."""
+        out = cls(0)
+        codes = []
+        for part, n in zip(parts, sizes, strict=True):
+            if not isinstance(part, RowArgs):
+                part = cls.from_mapping(part, n)
+            off = len(out.values)
+            codes.append(np.where(part.codes >= 0, part.codes + off, -1).astype(np.int32))
+            out.values.extend(part.values)
+        out.codes = np.concatenate(codes) if codes else out.codes
+        return out
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[int, Any], n: int) -> RowArgs:
+        """``n`` rows whose args are ``data``'s values as stored (not decoded)."""
+        out = cls(n)
+        rows, values = stored_items(data)
+        if len(rows):
+            out.put(rows, values)
+        return out
+
+
 class ArgsMap(MutableMapping):
     """``Trace.args``: row → dict, materialising typed args structs on first access.
 
     Behaves as a ``dict[int, dict]`` for reading and writing (``get``, ``[]``, ``in``, ``items``,
     assignment); values stored as raw JSON (our files) or typed structs (Kineto) are converted
-    to dicts when first read.
+    to dicts when first read (and kept, so changes to them stay). The reader's rows live in an int32
+    column of codes into deduplicated values (``codes``, ``values``); explicit entries (``data``)
+    take precedence over it.
     """
 
-    __slots__ = ("_data",)
+    __slots__ = ("_codes", "_data", "_values")
 
-    def __init__(self, data: dict[int, Any] | None = None) -> None:
+    def __init__(self, data: dict[int, Any] | None = None, *, codes: np.ndarray | None = None,
+                 values: list[Any] | None = None) -> None:
         self._data: dict[int, Any] = data if data is not None else {}
+        self._codes = codes
+        self._values: list[Any] = values if values is not None else []
+
+    def _code(self, row: object) -> int:
+        codes = self._codes
+        if codes is None or type(row) not in (int, np.int64, np.int32) or not 0 <= row < len(codes):
+            return -1
+        return int(codes[row])
 
     def __getitem__(self, row: int) -> dict[str, Any]:
-        value = self._data[row]
+        value = self._data.get(row)
+        if value is None:
+            code = self._code(row)
+            if code < 0:
+                raise KeyError(row)
+            value = self._values[code]
+            row = int(row)
         if type(value) is not dict:
             value = self._data[row] = _materialize(value)
         return value
@@ -148,37 +213,59 @@ class ArgsMap(MutableMapping):
         self._data[row] = value
 
     def __delitem__(self, row: int) -> None:
-        del self._data[row]
+        code = self._code(row)
+        if row not in self._data and code < 0:
+            raise KeyError(row)
+        self._data.pop(row, None)
+        if code >= 0:
+            self._codes[row] = -1
 
     def __contains__(self, row: object) -> bool:
-        return row in self._data
+        return row in self._data or self._code(row) >= 0
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._data)
+        rows, _ = self.raw_items()
+        return iter(rows.tolist())
 
     def __len__(self) -> int:
-        return len(self._data)
+        if self._codes is None:
+            return len(self._data)
+        extra = sum(1 for r in self._data if self._code(r) < 0)
+        return int(np.count_nonzero(self._codes >= 0)) + extra
 
     def __repr__(self) -> str:
-        return f"ArgsMap({len(self._data)} rows)"
+        return f"ArgsMap({len(self)} rows)"
 
-    def stored(self) -> dict[int, Any]:
-        """The entries as stored: dicts, or raw JSON and typed structs not decoded yet. For code that
-        moves or re-encodes rows without reading them (merging, export); do not modify it."""
-        return self._data
+    def raw_items(self) -> tuple[np.ndarray, list[Any]]:
+        """(rows, values) of every entry, ascending by row, values as stored (typed structs, raw
+        JSON or dicts): for code that re-keys or exports args without decoding them."""
+        rows = np.zeros(0, dtype=np.int64)
+        if self._codes is not None:
+            rows = np.nonzero(self._codes >= 0)[0]
+        if self._data:
+            rows = np.union1d(rows, np.fromiter(self._data.keys(), dtype=np.int64, count=len(self._data)))
+        data, values, codes = self._data, self._values, self._codes
+        out = [data[r] if r in data else values[codes[r]] for r in rows.tolist()]
+        return rows, out
 
     def materialize(self) -> ArgsMap:
         """Convert every entry to a dict now (releases the file bytes raw args point into)."""
-        data = self._data
-        for row, value in data.items():
-            if type(value) is not dict:
-                data[row] = _materialize(value)
+        rows, values = self.raw_items()
+        self._data = {r: v if type(v) is dict else _materialize(v)
+                      for r, v in zip(rows.tolist(), values, strict=True)}
+        self._codes, self._values = None, []
         return self
 
 
-def stored_args(args: MutableMapping[int, Any]) -> MutableMapping[int, Any]:
-    """``args`` as stored (see :meth:`ArgsMap.stored`): a plain mapping is returned as it is."""
-    return args.stored() if isinstance(args, ArgsMap) else args
+def stored_items(args: Mapping[int, Any]) -> tuple[np.ndarray, list[Any]]:
+    """(rows ascending, values as stored) of ``args``: :meth:`ArgsMap.raw_items`, or a plain
+    mapping's items. For code that moves or re-encodes rows without reading them (merge, export)."""
+    if isinstance(args, ArgsMap):
+        return args.raw_items()
+    rows = np.fromiter(args.keys(), dtype=np.int64, count=len(args))
+    order = np.argsort(rows, kind="stable")
+    values = list(args.values())
+    return rows[order], [values[i] for i in order.tolist()]
 
 
 def _materialize(value: Any) -> dict[str, Any]:

@@ -69,7 +69,7 @@ class SourceColumns:
     """Rows and counters of one file, in file order, on the file's clock."""
 
     cols: dict[str, np.ndarray]
-    args: dict[int, Any]                         # row → dict or typed args struct
+    args: A.RowArgs | dict[int, Any]             # row → dict or typed args struct
     region_path: list[str | None] | None         # ours: args.path of region rows (None elsewhere)
     region_given: np.ndarray                     # bool: the file named this row's region
     counters: dict[str, np.ndarray]
@@ -176,7 +176,7 @@ def build_kineto_chunks(chunks: Iterable[tuple[list[KinetoEvent], Callable[[], l
     Raises StreamFallback where the whole-file path must decide (bad times)."""
     parts: list[dict[str, np.ndarray]] = []
     exact: list[np.ndarray | None] = []
-    args: dict[int, Any] = {}
+    arg_parts: list[A.RowArgs] = []
     other_cats: dict[str, int] = {}
     rest = _Collected()
     base = 0
@@ -195,7 +195,7 @@ def build_kineto_chunks(chunks: Iterable[tuple[list[KinetoEvent], Callable[[], l
         chunk_args = _kineto_args(xs, cols)
         if cats.get(CAT_PROFILER_RANGE):
             _profiler_ranges(xs, raw_events, cols, chunk_args)
-        args.update((r + base, a) for r, a in chunk_args.items())
+        arg_parts.append(chunk_args)
         base += len(xs)
         parts.append(cols)
         rest.flows += evs.flows
@@ -207,6 +207,8 @@ def build_kineto_chunks(chunks: Iterable[tuple[list[KinetoEvent], Callable[[], l
         raise StreamFallback("no events")
     cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0])}   # one column at a time
     del parts
+    args = A.RowArgs.concat(arg_parts, [len(p.codes) for p in arg_parts])
+    del arg_parts
     origin_ns = None
     ts = cols["ts"]
     if len(ts) and bool(np.isfinite(ts).all()) and float(ts.min()) > NS_FLOOR:
@@ -231,7 +233,7 @@ def build_kineto_chunks(chunks: Iterable[tuple[list[KinetoEvent], Callable[[], l
 
 
 def _profiler_ranges(xs: list[KinetoEvent], raw_events: Callable[[], list[Event]], cols: dict[str, np.ndarray],
-                     args: dict[int, Any]) -> None:
+                     args: A.RowArgs) -> None:
     """``cuda_profiler_range`` rows: their counters as args (``{"cat", "counters"}``) and FLOPs from
     the SASS instruction counters when recorded."""
     rows = [i for i, e in enumerate(xs) if e.cat == CAT_PROFILER_RANGE]
@@ -354,7 +356,7 @@ def _decode_batch(decoder: msgspec.json.Decoder, xs: list[Event], rows: list[int
                          fix="the file does not follow the Chrome/Kineto trace format") from None
 
 
-def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int, Any]:
+def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> A.RowArgs:
     """Columns from the inline-decoded args; the sparse args entries (materialised lazily)."""
     kinds = cols["kind"]
     for col, only in _KINETO_COLUMN_KINDS.items():   # each column from the categories Kineto writes it for
@@ -369,40 +371,40 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> dict[int
     if len(gpu_side):                                  # torch 1.8-1.10: "external id"
         cols["external_id"][gpu_side] = list(map(attrgetter("args.external_id_v1"),
                                                  map(xs.__getitem__, gpu_side.tolist())))
-    args: dict[int, Any] = {}
-    for kind in (Kind.KERNEL, Kind.RUNTIME, Kind.MEMCPY, Kind.MEMSET):
-        rows = np.nonzero(kinds == kind)[0].tolist()
-        args.update((r, xs[r].args) for r in rows)
+    args = A.RowArgs(len(xs))
+    launched = np.nonzero(np.isin(kinds, _FLOW_KINDS))[0]          # kernels, runtime calls, memcpy, memset
+    args.put(launched, list(map(attrgetter("args"), map(xs.__getitem__, launched.tolist()))))
     ops = np.nonzero(kinds == Kind.CPU_OP)[0].tolist()
     op_args = [xs[r].args for r in ops]
     with_shapes = list(map(_SHAPES, op_args))
-    args.update(_shared_op_args(list(compress(ops, with_shapes)), list(compress(op_args, with_shapes))))
-    others = np.nonzero(kinds == Kind.OTHER)[0].tolist()
-    if others:
-        by_cat: dict[str, A.CatArgs] = {}
-        for r in others:
-            cat = xs[r].cat
-            args[r] = by_cat.get(cat) or by_cat.setdefault(cat, A.CatArgs(cat))
+    codes, shared = _shared_op_args(list(compress(op_args, with_shapes)))
+    args.put(np.array(list(compress(ops, with_shapes)), dtype=np.int64), shared, codes)
+    others = np.nonzero(kinds == Kind.OTHER)[0]
+    if len(others):
+        cats = [xs[r].cat for r in others.tolist()]
+        distinct = list(dict.fromkeys(cats))
+        code_of = {c: i for i, c in enumerate(distinct)}
+        args.put(others, [A.CatArgs(c) for c in distinct], np.array([code_of[c] for c in cats], dtype=np.int64))
     return args
 
 
-def _shared_op_args(rows: list[int], op_args: list[A.KinetoArgs]) -> dict[int, A.KinetoArgs]:
-    """Operator args (record_shapes rows) as one shared struct per distinct (shapes, dtypes, strides,
-    concrete inputs), holding copies of those bytes: a loop repeats the same ops, and the structs
+def _shared_op_args(op_args: list[A.KinetoArgs]) -> tuple[np.ndarray, list[A.KinetoArgs]]:
+    """Operator args (record_shapes rows) as a code per row into one shared struct per distinct
+    (shapes, dtypes), holding copies of those bytes: a loop repeats the same ops, and the structs
     must not keep the file's (or a streamed chunk's) bytes alive. (A loop of C-level map/zip/dict
     steps measured 40% slower than this plain loop.)"""
-    seen: dict[bytes, A.KinetoArgs] = {}
-    out: dict[int, A.KinetoArgs] = {}
-    join = b"\0".join
-    for r, a in zip(rows, op_args, strict=True):
-        key = join((bytes(a.shapes), bytes(a.dtypes), bytes(a.strides), bytes(a.concrete_inputs)))
-        shared = seen.get(key)
-        if shared is None:
-            shared = seen[key] = msgspec.structs.replace(
-                a, shapes=_copied(a.shapes), dtypes=_copied(a.dtypes), strides=_copied(a.strides),
-                concrete_inputs=_copied(a.concrete_inputs), external_id=-1, external_id_v1=-1, correlation=-1)
-        out[r] = shared
-    return out
+    seen: dict[bytes, int] = {}
+    shared: list[A.KinetoArgs] = []
+    codes: list[int] = []
+    for a in op_args:
+        key = bytes(a.shapes) + b"\0" + bytes(a.dtypes)
+        code = seen.get(key)
+        if code is None:
+            code = seen[key] = len(shared)
+            shared.append(msgspec.structs.replace(a, shapes=_copied(a.shapes), dtypes=_copied(a.dtypes),
+                                                  external_id=-1, external_id_v1=-1, correlation=-1))
+        codes.append(code)
+    return np.array(codes, dtype=np.int64), shared
 
 
 def _copied(raw: msgspec.Raw) -> msgspec.Raw:

@@ -10,9 +10,11 @@ Contract (``resolve_regions(src, strings)``):
   in newer ones) are regions, all with the path ``ProfilerStep``: one region with a call per step.
 - Host rows (ops, runtime/driver calls, compile phases, other host events) without a region
   named by the file get the innermost region enclosing their start on their (pid, tid).
-  Rows on a thread of the process that has no region of its own (the autograd engine's threads,
-  which run a ``## backward ##`` region's ops while the main thread waits) get the innermost region
-  enclosing their start on another thread of the same pid: work done on the region's behalf.
+  Rows still outside every region of their thread (the autograd engine's threads, which run a
+  ``## backward ##`` region's ops while the main thread waits, whether or not they have regions of
+  their own) get a region of another thread of the same pid: work done on its behalf, in its
+  window. The thread is the forward op's where a ``fwdbwd`` flow links the row's enclosing op to
+  one (autograd), else any (the innermost region enclosing the row's start).
 - GPU rows (kernels, memcpy, memset) without a named region get the region of the runtime call
   with the same correlation id (from args or the ``ac2g`` flow), else of the host event with
   the same External id; otherwise none (-1).
@@ -69,18 +71,59 @@ def region_name(name: str) -> str:
 
 
 def _attribute_other_threads(cols, lane: np.ndarray, reg: np.ndarray, given: np.ndarray) -> None:
-    """Host rows still outside every region, on threads without regions of their own: the innermost
-    region enclosing their start on another thread of the same process."""
+    """Host rows still outside every region (on any thread, with regions of its own or not): work
+    done on behalf of a region of another thread of the process, in that region's window.
+
+    The thread it is done for comes from ``fwdbwd`` flows where present: a backward op on another
+    thread than its forward op (the autograd engine's) works for the forward op's thread, and so
+    does everything nested in it. Then the row takes the innermost region of that thread enclosing
+    its start. Rows without a flow take the innermost region enclosing their start on another
+    thread of the same process (the window rule).
+    """
     rows = np.nonzero(np.isin(cols["kind"], _HOST) & ~given & (cols["region"] < 0))[0]
-    rows = rows[~np.isin(lane[rows], np.unique(lane[reg]))]
+    if not len(rows):
+        return
+    ts, end = cols["ts"], cols["ts"] + cols["dur"]
+    owner = _flow_owner_lanes(cols, lane, rows)
+    by_flow = owner >= 0
+    if by_flow.any():
+        own_index = RegionIndex(lane[reg], ts[reg], end[reg])
+        inner = own_index.innermost(owner[by_flow], ts[rows[by_flow]])
+        hit = inner >= 0
+        cols["region"][rows[by_flow][hit]] = cols["region"][reg[inner[hit]]]
+    rows = rows[~by_flow]
     if not len(rows):
         return
     pid = cols["pid"]
-    ts, end = cols["ts"], cols["ts"] + cols["dur"]
     by_pid = RegionIndex(pid[reg], ts[reg], end[reg])
     inner = by_pid.innermost(pid[rows], ts[rows])
     hit = inner >= 0
     cols["region"][rows[hit]] = cols["region"][reg[inner[hit]]]
+
+
+def _flow_owner_lanes(cols, lane: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per row: the lane its work is done for, from ``fwdbwd`` flows (-1: no flow says)."""
+    out = np.full(len(rows), -1, dtype=np.int64)
+    fwdbwd = cols.get("fwdbwd")
+    if fwdbwd is None:
+        return out
+    linked = np.nonzero((fwdbwd >= 0) & (cols["kind"] == Kind.CPU_OP))[0]
+    if len(linked) < 2:
+        return out
+    ts = cols["ts"]
+    order = linked[np.lexsort((ts[linked], fwdbwd[linked]))]     # per flow id: forward op first
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = fwdbwd[order[1:]] != fwdbwd[order[:-1]]
+    fwd_of = order[np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))]
+    back = ~first & (lane[order] != lane[fwd_of])
+    bwd, fwd = order[back], fwd_of[back]
+    if not len(bwd):
+        return out
+    index = RegionIndex(lane[bwd], ts[bwd], ts[bwd] + cols["dur"][bwd])
+    inside = index.innermost(lane[rows], ts[rows])
+    hit = inside >= 0
+    out[hit] = lane[fwd[inside[hit]]]
+    return out
 
 
 def lanes(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:

@@ -48,7 +48,7 @@ import numpy as np
 import orjson
 
 from cuvil_pgc.errors import ConfigError, TraceError
-from cuvil_pgc.trace._args import ArgsMap, stored_args
+from cuvil_pgc.trace._args import ArgsMap, stored_items
 from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, EXTRA_COLUMNS, Source, StringTable, Trace
 from cuvil_pgc.trace.merge import first_ts
 from cuvil_pgc.trace.schema import Kind
@@ -225,18 +225,17 @@ def _args_json(trace: Trace, rows: np.ndarray) -> Any:
     n = len(rows)
     if not len(trace.args):
         return pa.nulls(n, pa.string())
-    keys = np.fromiter(trace.args.keys(), dtype=np.int64, count=len(trace.args))
+    keys, stored = stored_items(trace.args)
     pos = np.searchsorted(rows, keys)
     inside = (pos < n) & (rows[np.minimum(pos, n - 1)] == keys)
-    keys, pos = keys[inside], pos[inside]
-    order = np.argsort(pos, kind="stable")
-    keys, pos = keys[order], pos[order]
+    picked = np.flatnonzero(inside)
+    picked = picked[np.argsort(pos[picked], kind="stable")]
+    keys, pos = keys[picked], pos[picked]
     # The reader keeps Kineto args as typed structs whose shapes and dtypes are still raw JSON;
     # encoding such a struct as it is skips decoding that JSON only to encode it again (the
     # export of a torch.profiler trace took 3x as long as loading it). Anything else (our files'
     # raw args, dicts) goes through the public mapping.
-    raw = stored_args(trace.args)
-    values = [raw.get(k) for k in keys.tolist()]
+    values = [stored[i] for i in picked.tolist()]
     kinds = [type(v) for v in values]
     parts, where = [], np.full(n, -1, dtype=np.int64)     # row -> index into the parts, concatenated
     done = np.zeros(len(keys), dtype=bool)

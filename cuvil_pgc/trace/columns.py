@@ -16,7 +16,9 @@ Conventions:
   id of the ``fwdbwd`` flow from a forward op to its backward op, on both; -1 none). Code that
   builds Traces may omit them.
 - ``args`` from ``load_trace`` is a ``trace._args.ArgsMap``: a ``dict[int, dict]`` decoded per row
-  on first read (use ``.get``/``[]``/``in``/``items``, not ``isinstance(args, dict)``).
+  on first read (use ``.get``/``[]``/``in``/``items``, not ``isinstance(args, dict)``), held as an
+  int32 column of codes into deduplicated values (a loop's operators share one entry), not a
+  per-row dict; ``raw_items()`` gives (rows, stored values) without decoding them.
 """
 
 from __future__ import annotations

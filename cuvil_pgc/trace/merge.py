@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil_pgc.trace._args import ArgsMap, stored_args
+from cuvil_pgc.trace._args import ArgsMap, RowArgs
 from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, EXTRA_COLUMNS, Source, StringTable, Trace
 
 
@@ -38,7 +38,7 @@ class Part:
 
     events: dict[str, np.ndarray]
     counters: dict[str, np.ndarray]
-    args: Mapping[int, Any]
+    args: RowArgs | Mapping[int, Any]   # row -> args as stored (not decoded)
     sources: int = 1                     # how many sources the part brings
     origin_ns: int | None = None         # Unix ns of the part's ts = 0, when known
     extra: tuple[str, ...] = field(default=())  # extra event columns it carries
@@ -118,7 +118,7 @@ def _part(trace: Trace, strings: StringTable) -> Part:
     remap = np.array([strings.intern(s) for s in trace.strings.strings] + [-1], dtype=np.int64)
     events = {c: _remapped(c, trace.events[c], remap) for c in (*EVENT_COLUMNS, *EXTRA_COLUMNS) if c in trace.events}
     counters = {c: _remapped(c, trace.counters[c], remap) for c in COUNTER_COLUMNS}
-    return Part(events=events, counters=counters, args=stored_args(trace.args), sources=max(len(trace.sources), 1),
+    return Part(events=events, counters=counters, args=trace.args, sources=max(len(trace.sources), 1),
                 origin_ns=_origin_ns(trace), extra=tuple(c for c in EXTRA_COLUMNS if c in trace.events))
 
 
@@ -156,15 +156,13 @@ def _sources(columns: dict[str, np.ndarray], n: int, base: int) -> np.ndarray:
 
 
 def _combine_args(parts: list[Part], sizes: list[int], rank_of_row: np.ndarray) -> ArgsMap:
-    merged: dict[int, Any] = {}
-    base = 0
-    for p, n in zip(parts, sizes, strict=True):
-        if p.args:
-            rows = np.fromiter(p.args.keys(), dtype=np.int64, count=len(p.args)) + base
-            merged.update(zip(rank_of_row[rows].tolist(), p.args.values(), strict=True))
-            p.args = {}
-        base += n
-    return ArgsMap(merged)
+    """Every part's args as one int32 column of codes (in merged row order) into their values."""
+    whole = RowArgs.concat([p.args for p in parts], sizes)
+    for p in parts:
+        p.args = {}
+    codes = np.empty(len(whole.codes), dtype=np.int32)
+    codes[rank_of_row] = whole.codes
+    return ArgsMap(codes=codes, values=whole.values)
 
 
 def _combine_counters(parts: list[Part], offsets: Sequence[float], bases: list[int]) -> dict[str, np.ndarray]:

@@ -32,8 +32,8 @@ def gpu_device_rows(fig: dict[str, Any]) -> dict[str, str]:
     kinds = fig.get("kinds") or {}
     work = ", ".join(f"{k} {fmt_us(v.get('sum_us'))}" for k, v in kinds.items())
     counts = [f"{fig.get('kernel_count', 0):,} kernels"]
-    counts += [f"{fig[k]:,} {what}" for k, what in (("memcpy_count", "memcpys"), ("memset_count", "memsets"))
-               if fig.get(k)]
+    counts += [f"{fig[k]:,} {what}{'s' if fig[k] != 1 else ''}"
+               for k, what in (("memcpy_count", "memcpy"), ("memset_count", "memset")) if fig.get(k)]
     ranges = fig.get("profiler_ranges")
     if ranges:
         counts.append(f"{ranges['count']:,} profiler-range kernels")
