@@ -12,6 +12,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cuvil_pgc.cli import app
+from cuvil_pgc.recompile.plan_doc import Plan
 from cuvil_pgc.viewer.tables import Column, TableView, fitted_columns, fmt_speedup, print_view
 
 DEEP = ["model", "model.blocks", "model.blocks.0", "model.blocks.0.attention_projection"]
@@ -110,7 +111,7 @@ def test_plan_table_fits_80_columns_with_whole_names():
     from cuvil_pgc.recompile._cli import plan_view
 
     console = Console(width=80, file=io.StringIO(), color_system=None)
-    print_view(plan_view(_plan("/".join(DEEP)), "build.cuvilpkg"), console)
+    print_view(plan_view(Plan.from_json(_plan("/".join(DEEP))), "build.cuvilpkg"), console)
     out = console.file.getvalue()
     assert max(len(line) for line in _lines(out)) <= 80
     assert "model.blocks.0.attention_projection" in out and "compile:max-autotune-no-cudagraphs" in out

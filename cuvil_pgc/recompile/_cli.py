@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from cuvil_pgc._threads import THREADS_HELP, default_threads
+
+if TYPE_CHECKING:
+    from cuvil_pgc.recompile.plan_doc import Plan
 
 
 def register_recompile(app: typer.Typer) -> None:
@@ -179,9 +182,8 @@ def _build_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", factory)[:64] or "model"
 
 
-def plan_view(plan: dict[str, Any], path: str | None = None) -> Any:
+def plan_view(plan: Plan, path: str | None = None) -> Any:
     """The plan as a table view: per region, chosen config, predicted vs measured times and speedups."""
-    from cuvil_pgc.recompile.plan_doc import tried_counts
     from cuvil_pgc.viewer.console import display_path
     from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup
 
@@ -196,24 +198,32 @@ def plan_view(plan: dict[str, Any], path: str | None = None) -> Any:
                Column("measured_speedup", "speedup", fmt_speedup, "right"),
                Column("tried", "tried/rej.", justify="right", drop=1)]
     rows = []
-    for r in plan["regions"]:
-        tried, rejected = tried_counts(r)
-        base, pred, meas = r["baseline_ms"], r["predicted_ms"], r["measured_ms"]
-        rows.append({"path": r["path"], "bottleneck": r["bottleneck"], "chosen": r["chosen"], "baseline_ms": base,
+    for r in plan.regions:
+        tried, rejected = r.tried_counts()
+        base, pred, meas = r.baseline_ms, r.predicted_ms, r.measured_ms
+        rows.append({"path": r.path, "bottleneck": r.bottleneck, "chosen": r.chosen, "baseline_ms": base,
                      "predicted_ms": pred, "measured_ms": meas, "predicted_speedup": _ratio(base, pred),
                      "measured_speedup": _ratio(base, meas), "tried": f"{tried}/{rejected}"})
-    stale = ", ".join(s["path"] for s in plan["stale"]) or "none"
-    caption = (f"whole model: eager {_f(plan['baseline_ms'])} ms → {_f(plan['plan_ms'])} ms "
-               f"({fmt_speedup(plan['speedup_vs_eager'])}); measured {plan['measured_candidates']} of "
-               f"{plan['space_size']} candidates, {plan['reused_records']} from records; stale regions: {stale}")
+    stale = ", ".join(str(s.get("path")) for s in plan.stale) or "none"
+    caption = (f"whole model: eager {_f(plan.baseline_ms)} ms → {_f(plan.plan_ms)} ms "
+               f"({fmt_speedup(plan.speedup_vs_eager)}); measured {plan.measured_candidates} of "
+               f"{plan.space_size} candidates, {plan.reused_records} from records; stale regions: {stale}"
+               + _runtime_defaults(plan))
     return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
 
 
-def plan_table(plan: dict[str, Any], path: str | None = None, width: int = 80) -> Any:
+def plan_table(plan: Plan, path: str | None = None, width: int = 80) -> Any:
     """The plan as a rich table fitted to ``width``."""
     from cuvil_pgc.viewer.tables import render_view
 
     return render_view(plan_view(plan, path), width)[0]
+
+
+def _runtime_defaults(plan: Plan) -> str:
+    """``; runtimes at defaults: ort 1.2 ms, openvino failed`` (the baselines the search measured)."""
+    parts = [f"{d.get('config')} {_f(d.get('measured_ms'))} ms" if d.get("status") == "ok" else
+             f"{d.get('config')} {d.get('status')}" for d in plan.runtime_defaults]
+    return f"; runtimes at defaults: {', '.join(parts)}" if parts else ""
 
 
 def _f(value: float | None) -> str:

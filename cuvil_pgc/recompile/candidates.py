@@ -19,6 +19,7 @@ them (see :mod:`.cost_models`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ class Candidate:
     precision: str = "fp32"          # fp32 | bf16 | fp16
     #: a runtime backend's own options, sorted (name, value) pairs: see :mod:`.runtime_region`
     knobs: tuple[tuple[str, str], ...] = ()
+    #: fields of a newer cuvil-pgc this version does not know, sorted (name, JSON text) pairs: kept
+    #: so a round trip through this version does not drop them (a loader refuses to run them)
+    extra: tuple[tuple[str, str], ...] = ()
 
     @property
     def config(self) -> str:
@@ -53,6 +57,7 @@ class Candidate:
         if self.backend in ("compile", "aoti") and self.mode != "default":
             parts.append(self.mode)
         parts += [f"{name}={value}" for name, value in self.knobs]
+        parts += [f"{name}={value}" for name, value in self.extra]
         parts += [name for name, on in (("freezing", self.freezing), ("cpp_wrapper", self.cpp_wrapper),
                                         ("rewrite", self.rewrite), ("channels_last", self.channels_last)) if on]
         if self.precision != "fp32":
@@ -68,21 +73,28 @@ class Candidate:
     def key(self) -> str:
         return f"{self.scope or '<model>'}::{self.config}"
 
+    @property
+    def unknown(self) -> list[str]:
+        """The fields of a newer cuvil-pgc this candidate carries (see ``extra``)."""
+        return [name for name, _ in self.extra]
+
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
+        del doc["extra"]
         doc["knobs"] = [list(k) for k in self.knobs]
-        return doc
+        return {**{name: json.loads(value) for name, value in self.extra}, **doc}
 
     @classmethod
     def unknown_fields(cls, doc: dict[str, Any]) -> list[str]:
         """Fields of a candidate document this version does not know (a newer cuvil-pgc's knobs):
-        :func:`from_json` would drop them, so a loader refuses such a candidate instead."""
-        return sorted(set(doc) - set(cls.__dataclass_fields__))
+        :func:`from_json` keeps them in ``extra``; a loader refuses to run such a candidate."""
+        return sorted(set(doc) - (set(cls.__dataclass_fields__) - {"extra"}))
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Candidate:
-        fields = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        fields = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__ and k != "extra"}
         fields["knobs"] = tuple(sorted((str(k), str(v)) for k, v in fields.get("knobs") or ()))
+        fields["extra"] = tuple(sorted((k, json.dumps(doc[k], sort_keys=True)) for k in cls.unknown_fields(doc)))
         return cls(**fields)
 
 

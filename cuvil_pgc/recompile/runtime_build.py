@@ -11,10 +11,12 @@ exporter, so the search rejects that exporter's other candidates of the scope wi
 them.
 
 In a build the files are members ``<backend>/<n><suffix>`` of the signed package; the plan's
-choice names the first one and records the runtime (its version; TensorRT also the GPU, since
-an engine runs only on the GPU and TensorRT version it was built for) and the output structure.
-:func:`load_region` reads them only after the package was verified (an ONNX protobuf from an
-unverified file is untrusted input).
+choice names the first one and records the runtime (its version) and the output structure. An
+engine runs only on the GPU and TensorRT version it was built for: a build with TensorRT regions
+records them in its manifest (:func:`engine_target`; builds of plan format 1 in the choice's
+``runtime``), and :func:`check_engines` refuses another GPU or TensorRT before any engine is read.
+It reads the files only after the package was verified (an ONNX protobuf from an unverified file
+is untrusted input).
 """
 
 from __future__ import annotations
@@ -217,29 +219,33 @@ def package_members(backend: str, index: int, first: str) -> dict[str, str]:
 
 
 def runtime_info(backend: str, realized: Any) -> dict[str, Any]:
-    """What plan.json records about a region's runtime: its version (TensorRT: and the GPU), and
-    the output structure the runner rebuilds (None where it cannot be serialized)."""
+    """What plan.json records about a region's runtime: its version and the output structure the
+    runner rebuilds (None where it cannot be serialized)."""
     info: dict[str, Any] = {"name": backend, "version": runtimes.version(backend)}
-    if backend == "tensorrt":
-        info["gpu"] = _gpu_name()
     template = getattr(getattr(realized.module, "_compiled", None), "template", None)
     info["outputs"] = template.to_json() if template is not None else None
     return info
 
 
-def load_region(vb: Any, choice: dict[str, Any], module: nn.Module, cand: Any, extract_dir: Path, device: str,
-                path: str) -> Any:
-    """The :class:`~.apply.Realized` region of a verified build's runtime choice."""
+def engine_target() -> Any:
+    """The :class:`~.manifest.EngineTarget` of TensorRT engines built here."""
+    from cuvil_pgc.recompile.manifest import EngineTarget
+
+    return EngineTarget(version=runtimes.version("tensorrt"), gpu=_gpu_name())
+
+
+def load_region(vb: Any, choice: Any, module: nn.Module, extract_dir: Path, device: str, path: str) -> Any:
+    """The :class:`~.apply.Realized` region of a verified build's runtime choice (a
+    :class:`~.plan_doc.PlanChoice`); the loader ran :func:`check_engines` before."""
     from cuvil_pgc.recompile.apply import CompiledRegion, Realized
 
+    cand = choice.candidate
     runtimes.require(cand.backend, device, path)
-    member = choice.get("artifact")
+    member = choice.artifact
     if not member:
-        raise BuildError(f"plan chooses {cand.backend} for {choice['scope'] or '<model>'} but names no artifact",
+        raise BuildError(f"plan chooses {cand.backend} for {choice.label} but names no artifact",
                          path=path, fix="rebuild the package with `cuvil-pgc recompile`")
-    info = choice.get("runtime") or {}
-    if cand.backend == "tensorrt":
-        _check_tensorrt(info, path)
+    info = choice.runtime or {}
     stem = member.rsplit(".", 1)[0]
     local = {}
     for suffix in ARTIFACT_SUFFIXES[cand.backend]:   # only members the manifest verified are extracted
@@ -253,13 +259,34 @@ def load_region(vb: Any, choice: dict[str, Any], module: nn.Module, cand: Any, e
         runner = OpenVinoRunner(first, knobs_of(cand), cand.precision, template, module)
     else:
         runner = tensorrt_runner(first, template, module)
-    region = CompiledRegion(module, runner, choice.get("input_signature"), cand.config, choice.get("input_spec"))
+    region = CompiledRegion(module, runner, choice.input_signature, cand.config, choice.input_spec)
     return Realized(region, first)
 
 
-def _check_tensorrt(info: dict[str, Any], path: str) -> None:
-    here = {"version": runtimes.version("tensorrt"), "gpu": _gpu_name()}
-    diffs = [f"{k}: built {info.get(k)!r}, here {v!r}" for k, v in here.items() if info.get(k) != v]
+def check_engines(manifest: Any, plan: Any, path: str) -> None:
+    """Refuse a build whose TensorRT engines were made for another GPU or TensorRT version, before
+    the model moves or any engine is read: the manifest's ``tensorrt``
+    (:class:`~.manifest.EngineTarget`), or in older builds without it each TensorRT choice's
+    ``runtime`` record in plan.json. A build with TensorRT regions on a machine without
+    torch_tensorrt is refused naming the pip extra (see :func:`.runtimes.require`)."""
+    import msgspec
+
+    from cuvil_pgc.recompile.manifest import EngineTarget
+
+    chosen = [c for c in plan.choices if c.candidate.backend == "tensorrt"]
+    if not chosen:
+        return
+    runtimes.require("tensorrt", plan.device, path)
+    target = manifest.tensorrt
+    targets = [target] if target is not msgspec.UNSET else \
+        [EngineTarget(version=str((c.runtime or {}).get("version")), gpu=str((c.runtime or {}).get("gpu")))
+         for c in chosen]
+    for t in targets:
+        _check_tensorrt(t, path)
+
+
+def _check_tensorrt(target: Any, path: str) -> None:
+    diffs = target.mismatches(engine_target())
     if diffs:
         raise BuildError("the build's TensorRT engines were made for another GPU or TensorRT (" + "; ".join(diffs)
                          + ")", path=path, fix="rebuild it on this machine with `cuvil-pgc recompile`, "

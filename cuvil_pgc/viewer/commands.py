@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from cuvil_pgc.recompile.plan_doc import Plan
 
 PLAN_MEMBER = "plan.json"
 
@@ -74,10 +77,11 @@ def make_report(traces: list[str], output: str, *, build: str | None = None, sto
 
 
 def read_build_plan(source: str, *, store: str | None = None, pubkey: str | None = None,
-                    allow_unsigned: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """plan.json of a verified build and facts about the build (path, name, version, signature)."""
+                    allow_unsigned: bool | None = None) -> tuple[Plan, dict[str, Any]]:
+    """The plan of a verified build and facts about the build (path, name, version, signature)."""
     from cuvil_pgc.errors import BuildError
     from cuvil_pgc.recompile._json_bounds import check_json_bounds
+    from cuvil_pgc.recompile.plan_doc import Plan, PlanFormatError
     from cuvil_pgc.recompile.trust import open_trusted
 
     with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
@@ -91,9 +95,11 @@ def read_build_plan(source: str, *, store: str | None = None, pubkey: str | None
         except (ValueError, UnicodeDecodeError) as exc:
             raise BuildError(f"{PLAN_MEMBER} is not JSON ({exc})", path=vb.path,
                              fix="rebuild the package with `cuvil-pgc recompile`") from None
-        if not isinstance(plan, dict):
-            raise BuildError(f"{PLAN_MEMBER} holds a JSON {type(plan).__name__}, not an object", path=vb.path,
-                             fix="rebuild the package with `cuvil-pgc recompile`")
+        try:
+            plan = Plan.from_json(plan)
+        except PlanFormatError as exc:
+            raise BuildError(f"{PLAN_MEMBER} is not a plan this cuvil-pgc reads ({exc})", path=vb.path,
+                             fix="upgrade cuvil-pgc or rebuild the package with `cuvil-pgc recompile`") from None
         m = vb.manifest
         facts = {"path": vb.path, "name": m.name, "version": m.version, "created": m.created.isoformat(),
                  "signed": vb.signed, "signature_verified": vb.signature_verified}

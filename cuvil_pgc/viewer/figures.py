@@ -15,7 +15,7 @@ with x in ms rounded to 0.1 µs, so a timeline costs a few bytes per span.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -24,6 +24,9 @@ from plotly.subplots import make_subplots
 from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.viewer._template import plot_text
 from cuvil_pgc.viewer.console import display_path
+
+if TYPE_CHECKING:
+    from cuvil_pgc.recompile.plan_doc import Plan, PlanRegion
 
 BOTTLENECK_COLORS = {c.name: c.color for c in vocabulary.CLASSES}
 OTHER_COLOR = vocabulary.UNKNOWN_COLOR
@@ -385,12 +388,12 @@ def ranks_figure(ranks: dict[str, Any], top: int = SKEW_REGIONS) -> dict[str, An
 
 # ------------------------------------------------------------------ recompile plan
 
-def plan_figure(plan: dict[str, Any]) -> dict[str, Any] | None:
+def plan_figure(plan: Plan) -> dict[str, Any] | None:
     """Predicted vs measured speedup over eager per planned region."""
-    rows = [r for r in plan.get("regions") or [] if _speedup(r, "predicted_ms") or _speedup(r, "measured_ms")]
+    rows = [r for r in plan.regions if _speedup(r, "predicted_ms") or _speedup(r, "measured_ms")]
     if not rows:
         return None
-    paths = [display_path(r.get("path") or r.get("scope") or "?") for r in rows]
+    paths = [display_path(r.path or r.scope or "?") for r in rows]
     names = [plot_text(p, 200) for p in paths]
     fig = go.Figure()
     for key, name, color in (("predicted_ms", "predicted", "#9bb1de"), ("measured_ms", "measured", "#3558a8")):
@@ -408,7 +411,7 @@ def _category_axis(paths: list[str]) -> dict[str, Any]:
     return {"tickvals": list(range(len(paths))), "ticktext": [plot_text(p, 36) for p in paths], "tickangle": 30}
 
 
-def _speedup(region: dict[str, Any], key: str) -> float | None:
-    base, t = region.get("baseline_ms"), region.get(key)
+def _speedup(region: PlanRegion, key: str) -> float | None:
+    base, t = region.baseline_ms, getattr(region, key)
     ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in (base, t))
     return base / t if ok else None
