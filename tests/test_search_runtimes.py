@@ -1,0 +1,153 @@
+"""The search over runtime backends with measurements faked at their seam (``time_interleaved``) and
+builds faked at ``realize``: the runtime defaults are always measured as baselines, and a search
+reaches a mixed plan (different runtimes per region) on its own."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.analyze.analysis import Analysis, RegionStats
+from cuvil_pgc.recompile import candidates
+from cuvil_pgc.recompile.apply import Realized
+from cuvil_pgc.recompile.candidates import Candidate, RuntimeSpace
+from cuvil_pgc.recompile.measure import Samples
+
+
+def stats(path: str, mean_us: float, module: str) -> RegionStats:
+    return RegionStats(path=path, calls=10, total_us=mean_us * 10, self_us=mean_us * 10, mean_us=mean_us,
+                       p50_us=mean_us, p95_us=mean_us, p99_us=mean_us, share=0.5, hotness=mean_us * 10,
+                       bottleneck="launch_overhead", confidence=0.9, evidence={"module": module})
+
+
+class Tagged(nn.Module):
+    """A fake build of ``key``: runs the original module and says it ran."""
+
+    ran: list[str] = []
+
+    def __init__(self, inner: nn.Module, key: str) -> None:
+        super().__init__()
+        self.inner, self.key = inner, key
+
+    def forward(self, *args, **kwargs):
+        Tagged.ran.append(self.key)
+        return self.inner(*args, **kwargs)
+
+
+def fake_measurements(monkeypatch, eager_ms: dict[str, float], ms: dict[str, float], other: float = 0.9):
+    """Builds cost nothing; a candidate ``scope::config`` takes ``ms`` (else ``other`` x its scope's
+    eager time); a whole plan takes the model's eager time less what its regions save."""
+    import cuvil_pgc.recompile.plan as plan_mod
+    import cuvil_pgc.recompile.search as search_mod
+
+    built: list[str] = []
+
+    def realize(module, cand, inputs, **kw):
+        built.append(cand.key)
+        return Realized(Tagged(module, cand.key))
+
+    def cost(key: str) -> float:
+        scope = key.split("::")[0].replace("<model>", "")
+        return ms.get(key, other * eager_ms[scope])
+
+    def plan_time(fn) -> float:
+        Tagged.ran = []
+        with torch.no_grad():
+            fn()
+        ran = set(Tagged.ran)
+        whole = [k for k in ran if k.startswith("<model>::")]
+        if whole:
+            return cost(whole[0])
+        return eager_ms[""] - sum(eager_ms[k.split("::")[0]] - cost(k) for k in ran)
+
+    def time_interleaved(fns, rounds=25, **kw):
+        scopes = {k.split("::")[0].replace("<model>", "") for k in fns if "::" in k}
+        out = {}
+        for key, fn in fns.items():
+            if key == "eager":
+                t = eager_ms[next(iter(scopes))] if scopes else eager_ms[""]
+            else:
+                t = cost(key) if "::" in key else plan_time(fn)
+            out[key] = Samples(key, [t / 1e3])
+        return out
+
+    for mod in (search_mod, plan_mod):
+        monkeypatch.setattr(mod, "realize", realize)
+        monkeypatch.setattr(mod, "time_interleaved", time_interleaved)
+    monkeypatch.setattr(candidates.RuntimeSpace, "here",
+                        classmethod(lambda cls, device="cpu": RuntimeSpace(("ort", "openvino"), False, 1)))
+    return built
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def test_runtime_defaults_are_measured_as_baselines_outside_even_a_spent_budget(monkeypatch):
+    """A budget with no room left (before: both defaults silently skipped, eager shipped) still
+    measures ONNX Runtime and OpenVINO at their defaults; they are counted apart and can win."""
+    from cuvil_pgc.recompile.plan_doc import plan_document
+    from cuvil_pgc.recompile.search import SearchOptions, search
+
+    built = fake_measurements(monkeypatch, {"": 1.0}, {"<model>::ort": 0.4, "<model>::openvino": 0.6})
+    torch.manual_seed(0)
+    an = Analysis(regions=[stats("model", 300.0, "Mlp")])
+    result = search(Mlp().eval(), (torch.randn(2, 16),), an,
+                    options=SearchOptions(budget=1, backends=("aoti", "ort", "openvino"), rounds=3))
+    assert set(built[:2]) == {"<model>::ort", "<model>::openvino"}
+    assert result.measured == 1 and result.baselines_measured == 2       # the budget: eager alone
+    assert {t.candidate.config: t.status for t in result.runtime_defaults} == {"ort": "ok", "openvino": "ok"}
+    assert result.choices == {"": Candidate("", "ort")}
+    plan = plan_document(result, device="cpu", model_hash="", rtol=None, atol=None, artifacts={})
+    assert {d["config"]: d["measured_ms"] for d in plan.runtime_defaults} == {"ort": 0.4, "openvino": 0.6}
+    assert plan.measured_candidates == 1
+
+
+def test_a_runtime_left_out_of_the_space_is_logged_not_silently_skipped(monkeypatch, caplog):
+    from cuvil_pgc.recompile.search import SearchOptions, search
+
+    fake_measurements(monkeypatch, {"": 1.0}, {"<model>::ort": 0.4})
+    torch.manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="cuvil_pgc.recompile.search"):
+        result = search(Mlp().eval(), (torch.randn(2, 16),), Analysis(regions=[stats("model", 300.0, "Mlp")]),
+                        options=SearchOptions(budget=3, backends=("aoti", "ort"), rounds=3))
+    assert [t.candidate.config for t in result.runtime_defaults] == ["ort"]
+    assert "OpenVINO at its defaults is not measured as a baseline" in caplog.text
+
+
+class TwoPart(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32))
+        self.head = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(x))
+
+
+def test_a_search_reaches_a_mixed_plan_on_its_own(monkeypatch):
+    """The encoder runs fastest on ONNX Runtime, the head on OpenVINO, the whole model on either is
+    slower than both regions apart: the search's own plan is the mixed one."""
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.search import SearchOptions, search
+
+    fake_measurements(monkeypatch, {"": 1.0, "enc": 0.45, "head": 0.45},
+                      {"enc::ort": 0.15, "enc::openvino": 0.3, "head::openvino": 0.1, "head::ort": 0.3,
+                       "<model>::ort": 0.8, "<model>::openvino": 0.8})
+    monkeypatch.setattr(search_mod, "MIN_EXPLORE", 10**6)     # no stop rule: every candidate is tried
+    torch.manual_seed(0)
+    an = Analysis(regions=[stats("model", 300.0, "TwoPart"), stats("model/model.enc", 140.0, "Sequential"),
+                           stats("model/model.head", 140.0, "Sequential")])
+    result = search(TwoPart().eval(), (torch.randn(2, 16),), an,
+                    options=SearchOptions(budget=100, backends=("ort", "openvino"), rounds=3))
+    assert result.choices == {"enc": Candidate("enc", "ort"), "head": Candidate("head", "openvino")}
+    assert result.plan_us == pytest.approx(1000.0 - 300.0 - 350.0)
+    assert {type(m).__name__ for n, m in result.module.named_children()} == {"Tagged"}
