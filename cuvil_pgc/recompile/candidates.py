@@ -222,7 +222,8 @@ def _runtime_configs(feats: ScopeFeatures, device: str, space: RuntimeSpace, lab
     latency hint, both at the deployment's threads), on the rewritten module too where rewrites
     apply, and the knobs worth a measurement here: ONNX Runtime's extended level (no NCHWc layout
     transformation, which loses on small convolutions and matrix-vector work); without spinning
-    and with the parallel executor where there are threads to spin or share; OpenVINO in bf16
+    and with the parallel executor where there are threads to spin or share; ONNX Runtime's
+    transformer optimizer fusions where the scope holds attention (``fuse``); OpenVINO in bf16
     where the CPU runs it natively and the scope computes; CUDA and TensorRT execution providers
     and Torch-TensorRT (fp16 too) on CUDA."""
     scope, out = feats.scope, []
@@ -240,6 +241,9 @@ def _runtime_configs(feats: ScopeFeatures, device: str, space: RuntimeSpace, lab
             out.append(Candidate(scope, "tensorrt", rewrite=rw))
     if "ort" in space.backends and not cuda:
         out.append(Candidate(scope, "ort", knobs=(("opt", "extended"),)))
+        attention = feats.evidence.get("attention")
+        if isinstance(attention, dict):    # the transformer optimizer's fusions (see .ort_fusion)
+            out.append(Candidate(scope, "ort", knobs=(("fuse", str(attention.get("model_type", "bert"))),)))
         if space.threads > 1:
             out += [Candidate(scope, "ort", knobs=(("spin", "off"),)),
                     Candidate(scope, "ort", knobs=(("exec", "parallel"),))]

@@ -20,6 +20,7 @@ from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.recompile.candidates import ScopeFeatures
 from cuvil_pgc.recompile.matching import RegionMatch
 from cuvil_pgc.recompile.measure import gemm_us
+from cuvil_pgc.recompile.ort_fusion import attention_shape
 from cuvil_pgc.recompile.rewrites import (
     CELL_REWRITES,
     cell_rewrite_applies,
@@ -226,6 +227,9 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     if census["attention_calls"]:
         evidence["attention_calls"] = census["attention_calls"] * calls
         evidence["attention_scores"] = census["attention_scores"] * calls
+    attention = attention_shape(module)
+    if attention:      # what ONNX Runtime's transformer optimizer needs (the ort fuse knob)
+        evidence["attention"] = attention
     if census["conv_flops"] and census["flops"]:
         evidence["conv_share"] = census["conv_flops"] / census["flops"]
     if census["deconv_calls"]:

@@ -82,6 +82,8 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
     if not onnx_path.exists():
         export_onnx(prepared, inputs, onnx_path, len(template.tensors))
     if cand.backend == "ort":
+        if "fuse" in knobs_of(cand):
+            onnx_path = _fused(onnx_path, prepared, cand, key)
         return OrtRunner(str(onnx_path), knobs_of(cand), template, module), str(onnx_path)
     xml = _cache_path(key, "openvino", None, ".xml")
     if not xml.exists():
@@ -90,6 +92,19 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
         except Exception as exc:
             raise ExportError(f"openvino.convert_model failed: {_why(exc)}") from exc
     return OpenVinoRunner(str(xml), knobs_of(cand), cand.precision, template, module), str(xml)
+
+
+def _fused(onnx_path: Path, prepared: nn.Module, cand: Any, key: str) -> Path:
+    """The region's ONNX file fused by ONNX Runtime's transformer optimizer (see :mod:`.ort_fusion`);
+    a failure raises FusionError, which rejects this candidate only."""
+    from cuvil_pgc.recompile.ort_fusion import attention_shape, fuse_transformer
+
+    shape = attention_shape(prepared) or {}
+    shape["model_type"] = knobs_of(cand)["fuse"]
+    fused = _cache_path(key, f"onnx-fused-{shape['model_type']}", None, ".onnx")
+    if not fused.exists():
+        fuse_transformer(onnx_path, fused, shape)
+    return fused
 
 
 def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int) -> None:
@@ -192,8 +207,8 @@ def _cache_path(key: str, kind: str, cand: Any, suffix: str) -> Path:
     from cuvil_pgc.recompile.records import cache_dir
 
     versions = [f"onnx-export-v{ONNX_EXPORT_VERSION}", f"opset-{OPSET}"]
-    if kind == "openvino":
-        versions.append(f"openvino-{runtimes.version('openvino')}")
+    if kind == "openvino" or kind.startswith("onnx-fused"):
+        versions.append(f"{kind.split('-')[0]}-{runtimes.version('openvino' if kind == 'openvino' else 'ort')}")
     if kind == "tensorrt":
         versions += [f"tensorrt-{runtimes.version('tensorrt')}", cand.config, _gpu_name()]
     digest = hashlib.sha256("|".join([key, kind, *versions]).encode()).hexdigest()[:32]
