@@ -151,3 +151,34 @@ def test_a_search_reaches_a_mixed_plan_on_its_own(monkeypatch):
     assert result.choices == {"enc": Candidate("enc", "ort"), "head": Candidate("head", "openvino")}
     assert result.plan_us == pytest.approx(1000.0 - 300.0 - 350.0)
     assert {type(m).__name__ for n, m in result.module.named_children()} == {"Tagged"}
+
+
+def test_the_profile_steers_the_runtime_knobs_and_keeps_the_space_bounded():
+    """Overhead-bound scopes get ORT's basic level and one-thread runtimes, scopes with work the
+    spinning and executor knobs, batched inputs OpenVINO's throughput hint; batch 1 keeps latency."""
+    from cuvil_pgc.recompile.candidates import ScopeFeatures, scope_candidates
+
+    def configs(label: str, threads: int = 2, batch: int = 1) -> set[str]:
+        feats = ScopeFeatures(scope="", path="m", bottleneck=label, eager_us=500.0, labels=[label],
+                              evidence={"batch": batch})
+        return {c.config for c in scope_candidates(feats, runtimes=RuntimeSpace(("ort", "openvino"), False, threads))
+                if c.backend in ("ort", "openvino")}
+
+    small = configs("launch_overhead")
+    assert {"ort+opt=basic", "ort+threads=1", "openvino+threads=1"} <= small
+    assert not {"ort+spin=off", "ort+exec=parallel", "openvino+hint=throughput"} & small
+    work = configs("compute")
+    assert {"ort+spin=off", "ort+exec=parallel"} <= work and not {"ort+opt=basic", "ort+threads=1"} & work
+    assert "openvino+hint=throughput" not in work                    # batch 1: the latency hint only
+    assert "openvino+hint=throughput" in configs("compute", batch=8)
+    assert "openvino+hint=throughput" not in configs("compute", threads=1, batch=8)
+    assert not {"ort+threads=1", "openvino+threads=1"} & configs("launch_overhead", threads=1)
+    assert max(len(configs(label, 4, 8)) for label in ("launch_overhead", "compute", "memory_bandwidth")) <= 8
+
+
+def test_the_features_record_the_batch():
+    from cuvil_pgc.recompile.apply import ScopeInputs
+    from cuvil_pgc.recompile.features import scope_features
+
+    feats = scope_features("", Mlp().eval(), ScopeInputs((torch.randn(4, 16),)), None, None, 1.0, 1.0)
+    assert feats.evidence["batch"] == 4

@@ -225,7 +225,7 @@ def _runtime_configs(feats: ScopeFeatures, device: str, space: RuntimeSpace, lab
     and with the parallel executor where there are threads to spin or share; ONNX Runtime's
     transformer optimizer fusions where the scope holds attention (``fuse``); OpenVINO in bf16
     where the CPU runs it natively and the scope computes; CUDA and TensorRT execution providers
-    and Torch-TensorRT (fp16 too) on CUDA."""
+    and Torch-TensorRT (fp16 too) on CUDA. The profile steers the rest (:func:`_steered_knobs`)."""
     scope, out = feats.scope, []
     cuda = device.startswith("cuda")
     for rw in ([False, True] if feats.rewrites else [False]):
@@ -244,13 +244,44 @@ def _runtime_configs(feats: ScopeFeatures, device: str, space: RuntimeSpace, lab
         attention = feats.evidence.get("attention")
         if isinstance(attention, dict):    # the transformer optimizer's fusions (see .ort_fusion)
             out.append(Candidate(scope, "ort", knobs=(("fuse", str(attention.get("model_type", "bert"))),)))
-        if space.threads > 1:
-            out += [Candidate(scope, "ort", knobs=(("spin", "off"),)),
-                    Candidate(scope, "ort", knobs=(("exec", "parallel"),))]
     if "openvino" in space.backends and not cuda and space.native_bf16 and labels & WORK_LABELS:
         out.append(Candidate(scope, "openvino", precision="bf16"))
+    if not cuda:
+        out += _steered_knobs(feats, space, labels)
     if "tensorrt" in space.backends and cuda and labels & WORK_LABELS:
         out.append(Candidate(scope, "tensorrt", precision="fp16"))
+    return out
+
+
+def _steered_knobs(feats: ScopeFeatures, space: RuntimeSpace, labels: set[str]) -> list[Candidate]:
+    """The CPU runtimes' knobs the profile says are worth one measurement (the cost models do not
+    tell a runtime's settings apart, so the space offers only those the bottleneck makes plausible,
+    at most three per runtime and scope):
+
+    - overhead-bound scopes (per-call cost, little work per op): ONNX Runtime's basic level (its
+      layout and fusion passes add nodes and copies that a small graph does not earn back) and,
+      with several threads, each runtime on one thread (waking a pool costs more than it saves);
+    - scopes with work and several threads: ONNX Runtime without spinning and with the parallel
+      executor;
+    - OpenVINO's throughput hint only for batched inputs on several threads (batch-1 inference
+      keeps the latency hint, the default).
+    """
+    scope, out = feats.scope, []
+    overhead = bool(labels & set(OVERHEAD_LABELS))
+    several = space.threads > 1
+    if "ort" in space.backends:
+        if overhead:
+            out.append(Candidate(scope, "ort", knobs=(("opt", "basic"),)))
+        if several and overhead:
+            out.append(Candidate(scope, "ort", knobs=(("threads", "1"),)))
+        if several and labels & WORK_LABELS:
+            out += [Candidate(scope, "ort", knobs=(("spin", "off"),)),
+                    Candidate(scope, "ort", knobs=(("exec", "parallel"),))]
+    if "openvino" in space.backends:
+        if several and overhead:
+            out.append(Candidate(scope, "openvino", knobs=(("threads", "1"),)))
+        if several and float(feats.evidence.get("batch") or 1) > 1:
+            out.append(Candidate(scope, "openvino", knobs=(("hint", "throughput"),)))
     return out
 
 

@@ -227,6 +227,9 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     if census["attention_calls"]:
         evidence["attention_calls"] = census["attention_calls"] * calls
         evidence["attention_scores"] = census["attention_scores"] * calls
+    batch = _batch(inputs)
+    if batch:          # batch-1 inference keeps OpenVINO's latency hint (see candidates._steered_knobs)
+        evidence["batch"] = batch
     attention = attention_shape(module)
     if attention:      # what ONNX Runtime's transformer optimizer needs (the ort fuse knob)
         evidence["attention"] = attention
@@ -244,6 +247,13 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
         has_conv=any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) for m in module.modules()),
         rewrites=_rewrites_that_apply(module, census), labels=[stats.bottleneck] if stats else list(ALL_LABELS),
         evidence=evidence)
+
+
+def _batch(inputs: Any) -> int:
+    """The leading dimension of the scope's first input tensor of two or more dimensions (0: none)."""
+    leaves = torch.utils._pytree.tree_leaves((inputs.args, inputs.kwargs))
+    first = next((t for t in leaves if isinstance(t, torch.Tensor) and t.dim() >= 2), None)
+    return int(first.shape[0]) if first is not None else 0
 
 
 def _rewrites_that_apply(module: Any, census: dict[str, Any]) -> list[str]:
