@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from cuvil_pgc.errors import BuildError, CuvilError, RecompileError
 
 if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
     from cuvil_pgc.recompile.plan_doc import Plan
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class Build:
 
 # ----------------------------------------------------------------------------- recompile
 
-def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *, analysis: Any = None,
+def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *, analysis: Analysis | None = None,
               budget: int | None = None, exhaustive: bool = False, rtol: float | None = None,
               atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
               progress: Any = None, rounds: int = 25, backends: tuple[str, ...] | None = None,
@@ -155,7 +156,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     return build
 
 
-def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, analysis: Any, budget: int | None,
+def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, analysis: Analysis | None, budget: int | None,
                exhaustive: bool, rtol: float | None, atol: float | None, device: str, records: Any,
                machine: Any, progress: Any, rounds: int, backends: tuple[str, ...] | None, plan: Plan | dict[str, Any] | None,
                calibrate: bool) -> Build:

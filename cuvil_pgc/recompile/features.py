@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,6 +29,9 @@ from cuvil_pgc.recompile.rewrites import (
     math_attention_applies,
     rewrite_opportunities,
 )
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
 
 #: labels of a scope without a profiled region: launch overhead and every class of the "work" remedy
 ALL_LABELS = ["launch_overhead", *(c.name for c in vocabulary.CLASSES if c.remedy == "work")]
@@ -209,7 +212,7 @@ def rnn_cell_gemms(rnn: torch.nn.RNNBase, args: tuple[Any, ...], stepwise: bool 
     return out
 
 
-def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | None, analysis: Any,
+def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | None, analysis: Analysis | None,
                    root_calls: float, scale: float) -> ScopeFeatures:
     """Features of one scope; ``scale`` converts profiled µs to measured µs (instrumentation)."""
     census = op_census(module, inputs.args, inputs.kwargs)
@@ -263,7 +266,7 @@ def _rewrites_that_apply(module: Any, census: dict[str, Any]) -> list[str]:
             if not r.startswith(CELL_REWRITES) or r.split(":", 1)[1] in census["cell_rnns"]]
 
 
-def _profile_evidence(stats: Any, analysis: Any, root_calls: float, scale: float) -> dict[str, Any]:
+def _profile_evidence(stats: Any, analysis: Analysis | None, root_calls: float, scale: float) -> dict[str, Any]:
     out: dict[str, Any] = {"bottleneck_evidence": stats.evidence, "confidence": stats.confidence}
     rnn_us = sum(float(op.get("total_us", 0.0)) for op in stats.top_ops or []
                  if any(k in str(op.get("name", "")).lower() for k in ("lstm", "gru", "rnn")))
@@ -276,7 +279,7 @@ def _profile_evidence(stats: Any, analysis: Any, root_calls: float, scale: float
     return out
 
 
-def root_labels(analysis: Any, matched: list[RegionMatch], top: int = 5) -> list[str]:
+def root_labels(analysis: Analysis | None, matched: list[RegionMatch], top: int = 5) -> list[str]:
     """Bottleneck labels the whole-model scope must address: the root's and the hottest regions'."""
     if analysis is None or not matched:
         return list(ALL_LABELS)

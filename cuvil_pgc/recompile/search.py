@@ -38,7 +38,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -78,6 +78,9 @@ from cuvil_pgc.recompile.search_policy import (
     with_neighbour,
 )
 from cuvil_pgc.recompile.search_records import SearchRecords
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +148,7 @@ def _ms(us: float | None) -> float | None:
 
 
 class _Search:
-    def __init__(self, model: Any, example_inputs: tuple[Any, ...], analysis: Any, options: SearchOptions,
+    def __init__(self, model: Any, example_inputs: tuple[Any, ...], analysis: Analysis | None, options: SearchOptions,
                  records: RecordDB | None, machine_key: str, progress: Progress | None) -> None:
         self.model, self.inputs, self.analysis, self.opt = model, example_inputs, analysis, options
         self.db = records if options.use_records else None
@@ -515,7 +518,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(str(exc))}"
 
 
-def search(model: Any, example_inputs: tuple[Any, ...], analysis: Any, *, options: SearchOptions | None = None,
+def search(model: Any, example_inputs: tuple[Any, ...], analysis: Analysis | None, *, options: SearchOptions | None = None,
            records: RecordDB | None = None, machine_key: str = "", progress: Progress | None = None) -> SearchResult:
     """Explore the plan space of ``model`` guided by ``analysis``; returns the trials and the choices."""
     from cuvil_pgc.recompile.plan import choose_plan

@@ -10,11 +10,14 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.viewer._template import text
 from cuvil_pgc.viewer.console import fmt_rate, fmt_us, key_evidence
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
 
 MAX_TABLE_ROWS = 500
 MAX_LIST_ITEMS = 20
@@ -83,7 +86,7 @@ def _short(value: Any, limit: int = 200) -> str:
 
 # ------------------------------------------------------------------ run summary
 
-def summary_section(analysis: Any, cuvil_version: str) -> str:
+def summary_section(analysis: Analysis, cuvil_version: str) -> str:
     tr = analysis.trace or {}
     pairs = [("Sources", _sources(tr.get("sources") or [])),
              ("Duration", text(fmt_us(tr.get("duration_us")))),
@@ -193,7 +196,7 @@ def _samplers(samplers: dict) -> str:
 
 # ------------------------------------------------------------------ hot regions
 
-def hot_regions_section(analysis: Any) -> str:
+def hot_regions_section(analysis: Analysis) -> str:
     regions = analysis.regions[:MAX_TABLE_ROWS]
     if not regions:
         return section("hot-regions", "Hot regions", note("No regions in this analysis (the filter matched none?)."))
@@ -243,7 +246,7 @@ def _evidence_value(v: Any) -> str:
 
 # ------------------------------------------------------------------ fusion, ranks
 
-def fusion_section(analysis: Any) -> str:
+def fusion_section(analysis: Analysis) -> str:
     cands = analysis.fusion_candidates[:MAX_TABLE_ROWS]
     if not cands:
         return section("fusion", "Fusion candidates",

@@ -26,6 +26,7 @@ from cuvil_pgc.viewer._template import plot_text
 from cuvil_pgc.viewer.console import display_path
 
 if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
     from cuvil_pgc.recompile.plan_doc import Plan, PlanRegion
 
 BOTTLENECK_COLORS = {c.name: c.color for c in vocabulary.CLASSES}
@@ -65,7 +66,7 @@ def _json(fig: go.Figure) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ region timeline + utilization
 
-def timeline_figure(analysis: Any) -> dict[str, Any] | None:
+def timeline_figure(analysis: Analysis) -> dict[str, Any] | None:
     """Region spans per lane and depth above the SM (GPU) or CPU utilization, one shared x axis."""
     spans = analysis.timeline.spans or {}
     util = utilization_series(analysis.timeline.counters or {})
@@ -198,7 +199,7 @@ def _add_utilization(fig: go.Figure, counters: dict[str, dict[str, list]], serie
 
 # ------------------------------------------------------------------ compile timeline
 
-def compile_figure(analysis: Any) -> dict[str, Any] | None:
+def compile_figure(analysis: Analysis) -> dict[str, Any] | None:
     """Gantt of compile phases per graph (bars) with cache lookups, graph breaks and recompiles."""
     cs = analysis.timeline.compile_spans or {}
     if not cs.get("ts_us"):
@@ -288,7 +289,7 @@ def _add_compile_marks(fig: go.Figure, cs: dict[str, list], marks: list[int]) ->
 
 # ------------------------------------------------------------------ latency histograms
 
-def histogram_figure(analysis: Any, top: int = HIST_REGIONS) -> dict[str, Any] | None:
+def histogram_figure(analysis: Analysis, top: int = HIST_REGIONS) -> dict[str, Any] | None:
     """Call-latency histograms (log-spaced bins) of the hottest regions, small multiples."""
     drawable = [r for r in analysis.regions if (r.histogram or {}).get("counts")]
     regions = ([r for r in drawable if r.calls > 1] or drawable)[:top]
