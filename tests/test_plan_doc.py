@@ -85,6 +85,8 @@ def test_another_format_or_a_malformed_choice_is_refused():
         Plan.from_json({**FORMAT_1, "choices": [{"scope": "x"}]})
     with pytest.raises(PlanFormatError, match="not an object"):
         Plan.from_json([])
+    with pytest.raises(PlanFormatError, match="malformed candidate"):
+        Plan.from_json({**FORMAT_1, "choices": [{"scope": "x", "candidate": {"scope": "x", "knobs": 3}}]})
 
 
 def test_mistyped_display_fields_take_their_defaults():

@@ -117,7 +117,10 @@ class PlanChoice:
         known, extra = _split(cls, doc, "a plan choice")
         if not isinstance(known.get("candidate"), dict):
             raise PlanFormatError(f"the choice for {known.get('scope')!r} has no candidate object")
-        candidate = Candidate.from_json(known["candidate"])
+        try:
+            candidate = Candidate.from_json(known["candidate"])
+        except (TypeError, ValueError) as exc:    # a field of the wrong type (knobs not pairs ...)
+            raise PlanFormatError(f"the choice for {known.get('scope')!r} has a malformed candidate ({exc})") from None
         if extra.get("config") == candidate.config:
             del extra["config"]            # derived from the candidate
         runtime = known.get("runtime")
