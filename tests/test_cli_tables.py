@@ -99,19 +99,20 @@ def test_columns_are_dropped_by_rank_identifiers_never():
     assert [c.key for c in fitted_columns(view, 50, wide=True)] == ["id", "a", "b", "c"]
 
 
-def _plan(path: str) -> dict:
+def _plan(path: str) -> Plan:
     alternatives = [{"status": "ok"}, {"status": "rejected"}, {"status": "not_measured"}]
     region = {"path": path, "bottleneck": "launch_overhead", "chosen": "compile:max-autotune-no-cudagraphs",
               "baseline_ms": 1.23456, "predicted_ms": 0.61, "measured_ms": 0.5, "alternatives": alternatives}
-    return {"regions": [region], "stale": [], "baseline_ms": 2.0, "plan_ms": 1.0, "speedup_vs_eager": 2.0000001,
-            "measured_candidates": 2, "space_size": 10, "reused_records": 0}
+    return Plan.from_json({"regions": [region], "stale": [], "baseline_ms": 2.0, "plan_ms": 1.0,
+                           "speedup_vs_eager": 2.0000001, "measured_candidates": 2, "space_size": 10,
+                           "reused_records": 0})
 
 
 def test_plan_table_fits_80_columns_with_whole_names():
     from cuvil_pgc.recompile._cli import plan_view
 
     console = Console(width=80, file=io.StringIO(), color_system=None)
-    print_view(plan_view(Plan.from_json(_plan("/".join(DEEP))), "build.cuvilpkg"), console)
+    print_view(plan_view(_plan("/".join(DEEP)), "build.cuvilpkg"), console)
     out = console.file.getvalue()
     assert max(len(line) for line in _lines(out)) <= 80
     assert "model.blocks.0.attention_projection" in out and "compile:max-autotune-no-cudagraphs" in out
