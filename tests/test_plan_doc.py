@@ -106,3 +106,16 @@ def test_a_pinned_plan_with_a_newer_knob_is_refused():
     newer["choices"][0]["candidate"]["graph_capture"] = True
     with pytest.raises(RecompileError, match=r"fields this cuvil-pgc does not know \(graph_capture\)"):
         _pinned(newer)
+
+
+def test_the_report_and_the_cli_show_the_runtime_baselines():
+    from cuvil_pgc.recompile._cli import plan_view
+    from cuvil_pgc.viewer._run_sections import plan_section
+
+    plan = Plan.from_json({**FORMAT_1, "format": 2, "runtime_defaults": [
+        {"config": "ort", "status": "ok", "measured_ms": 0.25},
+        {"config": "openvino", "status": "compile_error", "reason": "ExportError: <b>boom</b>"}]})
+    html = plan_section(plan, None, False)
+    assert "Runtimes at their defaults" in html and "openvino: compile_error ExportError: &lt;b&gt;boom" in html
+    caption = plan_view(plan).caption
+    assert "runtimes at defaults: ort 0.2500 ms, openvino compile_error" in caption
