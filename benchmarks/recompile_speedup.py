@@ -155,12 +155,12 @@ def run_model(name: str, args, workdir: str, peak_flops: float) -> dict:
     torch._dynamo.reset()
     others, failed = runtime_baselines(model, inputs)
     medians = race({**baselines(model, inputs), **others, "build": build.module}, inputs, args.rounds)
-    row = {"model": name, "labels": labels, "medians_ms": medians, "plan": build.plan, "runtime_failed": failed,
-           "measured": build.plan["measured_candidates"], "space": build.plan["space_size"],
+    row = {"model": name, "labels": labels, "medians_ms": medians, "plan": build.plan.to_json(), "runtime_failed": failed,
+           "measured": build.plan.measured_candidates, "space": build.plan.space_size,
            "search_s": t2 - t1, "profile_s": t1 - t0, "floor_ms": compute_floor_ms(model, inputs, peak_flops)}
     again = recompile(model, inputs, analysis=analysis, budget=args.budget, records=records)
-    row["second_measured"] = again.plan["measured_candidates"]
-    row["second_reused"] = again.plan["reused_records"]
+    row["second_measured"] = again.plan.measured_candidates
+    row["second_reused"] = again.plan.reused_records
     if name in args.exhaustive_models.split(","):
         row["exhaustive"] = exhaustive(model, inputs, analysis, build, workdir, name, args.rounds)
     return row
@@ -178,14 +178,13 @@ def exhaustive(model, inputs, analysis, guided, workdir: str, name: str, rounds:
                      records=RecordDB(os.path.join(workdir, f"records-exhaustive-{name}")))
     elapsed = time.perf_counter() - t0
     torch._dynamo.reset()
-    same = [c["config"] for c in full.plan["choices"]] == [c["config"] for c in guided.plan["choices"]] and \
-        [c["scope"] for c in full.plan["choices"]] == [c["scope"] for c in guided.plan["choices"]]
+    same = full.plan.candidates() == guided.plan.candidates()
     # a near tie between two builds is decided with as many rounds as the search's own final race
     medians = race({"guided": guided.module, "exhaustive": full.module}, inputs, max(2 * rounds, FINAL_RACE_ROUNDS))
-    return {"measured": full.plan["measured_candidates"], "space": full.plan["space_size"],
-            "guided_measured": guided.plan["measured_candidates"], "identical": same,
+    return {"measured": full.plan.measured_candidates, "space": full.plan.space_size,
+            "guided_measured": guided.plan.measured_candidates, "identical": same,
             "reached": 1.0 if same else medians["exhaustive"] / medians["guided"], "medians_ms": medians,
-            "chosen": [c["config"] for c in full.plan["choices"]], "search_s": elapsed}
+            "chosen": [c.config for c in full.plan.choices], "search_s": elapsed}
 
 
 def geomean(values: list[float]) -> float:

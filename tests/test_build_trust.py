@@ -364,6 +364,7 @@ def test_written_manifest_has_the_new_format_and_fields(tmp_path, keys):
 
 def test_recompile_signs_with_the_configured_key_and_says_how_to_make_one(tmp_path, keys, capsys, monkeypatch):
     import cuvil_pgc.recompile.build as build_mod
+    from cuvil_pgc.recompile.plan_doc import Plan
 
     seen = []
 
@@ -372,7 +373,7 @@ def test_recompile_signs_with_the_configured_key_and_says_how_to_make_one(tmp_pa
         plan = {"format": 1, "device": "cpu", "choices": [], "regions": [], "measured_candidates": 1,
                 "reused_records": 0, "space_size": 1, "speedup_vs_eager": 1.0, "baseline_ms": 1.0,
                 "plan_ms": 1.0, "stale": []}
-        return build_mod.Build(module=model, plan=plan, artifacts={}, cache_artifacts=None,
+        return build_mod.Build(module=model, plan=Plan.from_json(plan), artifacts={}, cache_artifacts=None,
                                fingerprint=current_fingerprint("cpu"), model_hash=structural_hash(model),
                                trace_hashes=[], threads=kw["threads"], model_class=type(model).__qualname__)
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cuvil_pgc.cli import app
+from cuvil_pgc.recompile.plan_doc import Plan
 from cuvil_pgc.viewer.tables import Column, TableView, fitted_columns, fmt_speedup, print_view
 
 DEEP = ["model", "model.blocks", "model.blocks.0", "model.blocks.0.attention_projection"]
@@ -118,12 +119,13 @@ def test_columns_are_dropped_by_rank_identifiers_never():
     assert [c.key for c in fitted_columns(view, 50, wide=True)] == ["id", "a", "b", "c"]
 
 
-def _plan(path: str) -> dict:
+def _plan(path: str) -> Plan:
     alternatives = [{"status": "ok"}, {"status": "rejected"}, {"status": "not_measured"}]
     region = {"path": path, "bottleneck": "launch_overhead", "chosen": "compile:max-autotune-no-cudagraphs",
               "baseline_ms": 1.23456, "predicted_ms": 0.61, "measured_ms": 0.5, "alternatives": alternatives}
-    return {"regions": [region], "stale": [], "baseline_ms": 2.0, "plan_ms": 1.0, "speedup_vs_eager": 2.0000001,
-            "measured_candidates": 2, "space_size": 10, "reused_records": 0}
+    return Plan.from_json({"regions": [region], "stale": [], "baseline_ms": 2.0, "plan_ms": 1.0,
+                           "speedup_vs_eager": 2.0000001, "measured_candidates": 2, "space_size": 10,
+                           "reused_records": 0})
 
 
 def test_plan_table_fits_80_columns_with_whole_names():
@@ -155,13 +157,13 @@ def test_speedups_have_one_precision():
     assert fmt_speedup(1.0) == "1.00x" and fmt_speedup(3.23456) == "3.23x" and fmt_speedup(None) == "-"
 
 
-def _merged_plan() -> dict:
+def _merged_plan() -> Plan:
     model = _plan("<model>")
-    model["regions"][0]["chosen"] = "compile:max-autotune-no-cudagraphs+freezing"
+    model.regions[0].chosen = "compile:max-autotune-no-cudagraphs+freezing"
     for i in range(2):
-        region = _plan(f"model/model.encoder_blocks/model.encoder_blocks.{i}")["regions"][0]
-        region["chosen"] = "merged into <model>: compile:max-autotune-no-cudagraphs+freezing"
-        model["regions"].append(region)
+        region = _plan(f"model/model.encoder_blocks/model.encoder_blocks.{i}").regions[0]
+        region.chosen = "merged into <model>: compile:max-autotune-no-cudagraphs+freezing"
+        model.regions.append(region)
     return model
 
 

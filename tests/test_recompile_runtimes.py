@@ -310,12 +310,70 @@ def test_tensorrt_regions_build_through_torch_tensorrt_and_are_tied_to_gpu_and_v
     torch.testing.assert_close(out["out"], ref["out"])
     assert realized.artifact.endswith(".ep")
     info = runtime_build.runtime_info("tensorrt", realized)
-    assert info["gpu"] == "NVIDIA H200" and info["version"] == "2.9.0+fake"
-    runtime_build._check_tensorrt(info, "b.cuvilpkg")        # same GPU and version: fine
+    assert info["version"] == "2.9.0+fake" and "gpu" not in info          # the GPU goes into the manifest
+    target = runtime_build.engine_target()
+    assert (target.gpu, target.version) == ("NVIDIA H200", "2.9.0+fake")
+    runtime_build._check_tensorrt(target, "b.cuvilpkg")        # same GPU and version: fine
     monkeypatch.setattr(runtime_build, "_gpu_name", lambda: "NVIDIA A10")
     with pytest.raises(BuildError, match="another GPU or TensorRT.*gpu: built 'NVIDIA H200', here 'NVIDIA A10'"):
-        runtime_build._check_tensorrt(info, "b.cuvilpkg")
+        runtime_build._check_tensorrt(target, "b.cuvilpkg")
     assert isinstance(realized, Realized)
+
+
+def _tensorrt_build(path, model, key, *, plan_format=2, target=None, runtime=None):
+    """A signed build whose head runs a TensorRT engine (its bytes would not parse: a loader that
+    refuses the build first never reads them)."""
+    from cuvil_pgc.recompile.manifest import current_fingerprint
+    from cuvil_pgc.recompile.matching import structural_hash
+    from cuvil_pgc.recompile.package import BuildWriter
+
+    choice = {"scope": "head", "candidate": Candidate("head", "tensorrt").to_json(), "config": "tensorrt",
+              "structure": structural_hash(model.head), "weights": None, "input_signature": None,
+              "input_spec": None, "artifact": "tensorrt/0.ep", "runtime": runtime or {"name": "tensorrt"}}
+    plan = {"format": plan_format, "device": "cuda", "choices": [choice], "regions": []}
+    with BuildWriter(path, "m", 1, fingerprint=current_fingerprint("cuda"), model_hash=structural_hash(model),
+                     tensorrt=target) as w:
+        w.add_bytes("plan.json", json.dumps(plan).encode())
+        w.add_bytes("tensorrt/0.ep", b"not an engine")
+        w.close(key)
+    return path
+
+
+def test_a_tensorrt_build_for_another_gpu_or_version_is_refused_before_its_engine_is_read(
+        fake_tensorrt, monkeypatch, tmp_path):
+    """The manifest ties the engines to their GPU and TensorRT version (older builds: plan.json's
+    runtime record); load_build refuses another one before the model moves or an engine is parsed."""
+    from cuvil_pgc.recompile import load_build, runtime_build
+    from cuvil_pgc.recompile.manifest import EngineTarget
+    from cuvil_pgc.recompile.package import open_build
+    from cuvil_pgc.recompile.signing import generate_keypair
+
+    loads = []
+    monkeypatch.setattr(fake_tensorrt, "load", lambda *a, **k: loads.append(a))
+    priv, pub = generate_keypair(tmp_path / "key")
+    model, _ = two_part()
+    a10 = _tensorrt_build(tmp_path / "a10.cuvilpkg", model, priv,
+                          target=EngineTarget(version="2.9.0+fake", gpu="NVIDIA A10"))
+    with open_build(a10, pub) as vb:
+        assert vb.manifest.tensorrt == EngineTarget(version="2.9.0+fake", gpu="NVIDIA A10")
+    with pytest.raises(BuildError, match="another GPU or TensorRT.*gpu: built 'NVIDIA A10', here 'NVIDIA H200'"):
+        load_build(a10, model, pubkey=pub)
+    older_trt = _tensorrt_build(tmp_path / "v1.cuvilpkg", model, priv,
+                                target=EngineTarget(version="2.8.0", gpu="NVIDIA H200"))
+    with pytest.raises(BuildError, match="version: built '2.8.0', here '2.9.0\\+fake'"):
+        load_build(older_trt, model, pubkey=pub)
+    # a build of plan format 1 has no manifest entry: the choice's runtime record is checked
+    format_1 = _tensorrt_build(tmp_path / "f1.cuvilpkg", model, priv, plan_format=1,
+                               runtime={"name": "tensorrt", "version": "2.9.0+fake", "gpu": "NVIDIA A10"})
+    with pytest.raises(BuildError, match="gpu: built 'NVIDIA A10', here 'NVIDIA H200'"):
+        load_build(format_1, model, pubkey=pub)
+    assert loads == []
+    # the same GPU and version pass the check (what follows needs a GPU)
+    with open_build(_tensorrt_build(tmp_path / "ok.cuvilpkg", model, priv, target=runtime_build.engine_target()),
+                    pub) as vb:
+        from cuvil_pgc.recompile.build import _read_plan
+
+        runtime_build.check_engines(vb.manifest, _read_plan(vb, vb.path), vb.path)
 
 
 @needs_ort

@@ -14,6 +14,7 @@ import pytest
 from cuvil_pgc.analyze.analysis import Analysis, RegionStats, Timeline
 from cuvil_pgc.analyze.analyzer import analyze
 from cuvil_pgc.analyze.machine import MachineModel
+from cuvil_pgc.recompile.plan_doc import Plan
 from cuvil_pgc.trace.reader import load_trace
 from cuvil_pgc.viewer import render_html, write_report
 from cuvil_pgc.viewer.html import SECTIONS
@@ -86,7 +87,7 @@ def hostile_document(gpu_two_ranks) -> str:
     plan = plan_doc([r.path for r in gpu_two_ranks.regions[:5]])
     build = {"path": HOSTILE[1] + ".cuvilpkg", "name": HOSTILE[0], "version": 1, "created": HOSTILE[2],
              "signed": False, "signature_verified": False}
-    return render_html(gpu_two_ranks, plan=plan, build=build, title=HOSTILE[2])
+    return render_html(gpu_two_ranks, plan=Plan.from_json(plan), build=build, title=HOSTILE[2])
 
 
 def _figures(page: Page) -> dict:
@@ -363,14 +364,14 @@ def test_histograms_prefer_regions_with_several_calls_and_plan_speedups():
     assert fig["data"][0]["y"] == [4.0, 1.0, 1.0] and fig["layout"]["xaxis"]["type"] == "log"
     plan = {"regions": [{"path": "a", "baseline_ms": 2.0, "predicted_ms": 1.0, "measured_ms": 0.8},
                         {"path": "b", "baseline_ms": None, "predicted_ms": 1.0}]}
-    fig = plan_figure(plan)
+    fig = plan_figure(Plan.from_json(plan))
     assert [t["y"] for t in fig["data"]] == [[2.0], [2.5]]
-    assert plan_figure({"regions": []}) is None
+    assert plan_figure(Plan()) is None
 
 
 def test_partial_plan_and_kineto_gpu_trace_render():
     page = parse(render_html(analyze("tests/data/kineto_gpu/gpu_two_regions.json", machine=MACHINE),
-                             plan={"format": 1}))
+                             plan=Plan.from_json({"format": 1})))
     text = " ".join(page.text)
     assert "The plan lists no regions." in text and "NVIDIA H100" in text
     assert "No torch.compile activity recorded in this trace." in text
@@ -387,6 +388,7 @@ def test_plan_section_counts_tried_as_the_cli_and_names_default_tolerances():
     plan = plan_doc(["model/model.blocks/model.blocks.0/model.blocks.0.attn"])
     plan["regions"][1]["alternatives"] += [{"config": "aoti", "status": "ok"}, {"config": "x", "status": "not_measured"}]
     plan["tolerances"] = {"rtol": None, "atol": None}        # the defaults were used
+    plan = Plan.from_json(plan)
     html = plan_section(plan, {"path": "b.cuvilpkg", "name": "m", "version": 3, "created": "2026-01-02"}, False)
     cli = {r["path"]: r["tried"] for r in plan_view(plan).rows}
     assert cli["model/model.blocks/model.blocks.0/model.blocks.0.attn"] == "2/1"

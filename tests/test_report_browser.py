@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from cuvil_pgc.analyze.analyzer import analyze
+from cuvil_pgc.recompile.plan_doc import Plan
 from cuvil_pgc.trace.reader import load_trace
 from cuvil_pgc.viewer.html import SECTIONS, write_report
 from tests._report_traces import plan_doc, write_trace
@@ -152,7 +153,7 @@ def _hostile_report(folder: Path) -> Path:
     plan = plan_doc([r.path for r in analysis.regions[:5]])
     build = {"path": "</script><script>alert(13)</script>.cuvilpkg", "name": "m", "version": 1, "created": "-",
              "signed": False}
-    return write_report(analysis, folder / "hostile.html", plan=plan, build=build,
+    return write_report(analysis, folder / "hostile.html", plan=Plan.from_json(plan), build=build,
                         title="<img src=x onerror=alert(14)>")
 
 

@@ -14,6 +14,7 @@ _LAZY = {
     "load_build": ("cuvil_pgc.recompile.build", "load_build"),
     "Build": ("cuvil_pgc.recompile.build", "Build"),
     "LoadReport": ("cuvil_pgc.recompile.build", "LoadReport"),
+    "Plan": ("cuvil_pgc.recompile.plan_doc", "Plan"),
     "compare": ("cuvil_pgc.recompile.compare", "compare"),
 }
 

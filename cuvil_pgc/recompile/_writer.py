@@ -27,6 +27,7 @@ from cuvil_pgc.recompile.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     SIGNATURE_NAME,
+    EngineTarget,
     Fingerprint,
     Manifest,
     MemberDigest,
@@ -54,7 +55,7 @@ class BuildWriter:
     def __init__(self, path: str | os.PathLike[str], name: str, version: int, *,
                  fingerprint: Fingerprint | Mapping[str, str], model_hash: str = "",
                  trace_hashes: Iterable[str] = (), created=None, threads: int = 0,
-                 model_class: str = "", model_tree: str = "") -> None:
+                 model_class: str = "", model_tree: str = "", tensorrt: EngineTarget | None = None) -> None:
         check_build_name(name)
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise BuildError(f"build version {version!r} must be an integer >= 1", path=path)
@@ -67,6 +68,8 @@ class BuildWriter:
                             fingerprint=_as_fingerprint(fingerprint), model_hash=model_hash,
                             trace_hashes=list(trace_hashes), threads=threads, model_class=model_class,
                             model_tree=model_tree)
+        if tensorrt is not None:
+            self._header["tensorrt"] = tensorrt
         self._manifest({})   # refuse a malformed header now, not after the members were written
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):

@@ -31,10 +31,14 @@ import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuvil_pgc.errors import BuildError, CuvilError, RecompileError
 from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
+    from cuvil_pgc.recompile.plan_doc import Plan
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +70,7 @@ class LoadReport:
 @dataclass
 class Build:
     module: Any
-    plan: dict[str, Any]
+    plan: Plan
     artifacts: dict[str, str]                 # member name -> local file (AOTInductor packages)
     cache_artifacts: bytes | None
     fingerprint: Any
@@ -77,6 +81,7 @@ class Build:
     threads: int = 0                          # torch threads the search measured at (0: unknown)
     model_class: str = ""                     # the model's class __qualname__
     model_tree: str = ""                      # digest of its module tree (_structure.module_tree_digest)
+    tensorrt: Any = None                      # manifest.EngineTarget of its TensorRT engines (None: none)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -88,9 +93,9 @@ class Build:
 
         writer = BuildWriter(path, name, version, fingerprint=self.fingerprint, model_hash=self.model_hash,
                              trace_hashes=self.trace_hashes, threads=self.threads,
-                             model_class=self.model_class, model_tree=self.model_tree)
+                             model_class=self.model_class, model_tree=self.model_tree, tensorrt=self.tensorrt)
         try:
-            writer.add_bytes(PLAN_MEMBER, json.dumps(self.plan, indent=2, sort_keys=True).encode())
+            writer.add_bytes(PLAN_MEMBER, json.dumps(self.plan.to_json(), indent=2, sort_keys=True).encode())
             for member, local in sorted(self.artifacts.items()):
                 writer.add_file(member, local)
             if self.cache_artifacts:
@@ -105,21 +110,22 @@ class Build:
     def to_json(self) -> dict[str, Any]:
         """The ``recompile --json`` document (DESIGN.md)."""
         plan = self.plan
-        regions = [{k: r[k] for k in ("path", "chosen", "predicted_ms", "measured_ms", "baseline_ms",
-                                      "alternatives", "bottleneck", "scope")} for r in plan["regions"]]
-        return {"build": self.path, "regions": regions, "measured_candidates": plan["measured_candidates"],
-                "reused_records": plan["reused_records"], "space_size": plan["space_size"],
-                "speedup_vs_eager": plan["speedup_vs_eager"], "baseline_ms": plan["baseline_ms"],
-                "plan_ms": plan["plan_ms"], "stale": plan["stale"], "threads": self.threads}
+        regions = [{k: getattr(r, k) for k in ("path", "chosen", "predicted_ms", "measured_ms", "baseline_ms",
+                                               "alternatives", "bottleneck", "scope")} for r in plan.regions]
+        return {"build": self.path, "regions": regions, "measured_candidates": plan.measured_candidates,
+                "reused_records": plan.reused_records, "space_size": plan.space_size,
+                "speedup_vs_eager": plan.speedup_vs_eager, "baseline_ms": plan.baseline_ms,
+                "plan_ms": plan.plan_ms, "stale": plan.stale, "runtime_defaults": plan.runtime_defaults,
+                "threads": self.threads}
 
 
 # ----------------------------------------------------------------------------- recompile
 
-def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *, analysis: Any = None,
+def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *, analysis: Analysis | None = None,
               budget: int | None = None, exhaustive: bool = False, rtol: float | None = None,
               atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
               progress: Any = None, rounds: int = 25, backends: tuple[str, ...] | None = None,
-              plan: Any = None, calibrate: bool = True, threads: int | None = None) -> Build:
+              plan: Plan | dict[str, Any] | None = None, calibrate: bool = True, threads: int | None = None) -> Build:
     """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
 
     ``model`` is put in eval mode and moved to ``device`` in place; its weights are shared with the
@@ -133,8 +139,8 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
         rtol, atol: accuracy-guard tolerances (default: per dtype, see :mod:`.accuracy`).
         records: a RecordDB, or False to neither read nor write records.
         backends: restrict the plan space to these backends (eager always stays).
-        plan: pin a plan instead of searching: ``{scope: Candidate}`` or a plan.json document
-            (e.g. to rebuild a known plan on a new machine).
+        plan: pin a plan instead of searching: ``{scope: Candidate}``, a :class:`~.plan_doc.Plan` or
+            a plan.json document (e.g. to rebuild a known plan on a new machine).
         calibrate: measure the backends' fixed costs once per machine into the record database
             (see :mod:`.calibrate`) before the first search there.
         threads: torch intra-op threads to measure at, the deployment's (default: what torch uses
@@ -150,9 +156,9 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     return build
 
 
-def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, analysis: Any, budget: int | None,
+def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, analysis: Analysis | None, budget: int | None,
                exhaustive: bool, rtol: float | None, atol: float | None, device: str, records: Any,
-               machine: Any, progress: Any, rounds: int, backends: tuple[str, ...] | None, plan: Any,
+               machine: Any, progress: Any, rounds: int, backends: tuple[str, ...] | None, plan: Plan | dict[str, Any] | None,
                calibrate: bool) -> Build:
     import torch
 
@@ -195,7 +201,17 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     return Build(module=result.module, plan=plan, artifacts=files,
                  cache_artifacts=cache, fingerprint=fingerprint, model_hash=model_hash,
                  trace_hashes=[_sha256_file(p) for p in paths], result=result,
-                 model_class=type(model).__qualname__, model_tree=module_tree_digest(model))
+                 model_class=type(model).__qualname__, model_tree=module_tree_digest(model),
+                 tensorrt=_engine_target(result))
+
+
+def _engine_target(result: Any) -> Any:
+    """The GPU and TensorRT version the plan's TensorRT engines are tied to (None without any)."""
+    if not any(c.backend == "tensorrt" for c in result.choices.values()):
+        return None
+    from cuvil_pgc.recompile.runtime_build import engine_target
+
+    return engine_target()
 
 
 def _artifact_members(result: Any) -> tuple[dict[str, str], dict[str, str]]:
@@ -216,14 +232,28 @@ def _artifact_members(result: Any) -> tuple[dict[str, str], dict[str, str]]:
     return named, files
 
 
-def _pinned(plan: Any) -> dict[str, Any] | None:
+def _pinned(plan: Plan | dict[str, Any] | None) -> dict[str, Any] | None:
+    """``{scope: Candidate}`` of a pinned plan; one naming fields this version does not know is
+    refused (building it without them would build another configuration)."""
     from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.plan_doc import Plan, PlanFormatError
 
     if plan is None:
         return None
     if isinstance(plan, dict) and "choices" in plan:
-        return {c["scope"]: Candidate.from_json(c["candidate"]) for c in plan["choices"]}
-    return {scope: c if isinstance(c, Candidate) else Candidate.from_json(c) for scope, c in plan.items()}
+        try:
+            plan = Plan.from_json(plan)
+        except PlanFormatError as exc:
+            raise RecompileError(f"the pinned plan is not usable: {exc}", fix="pin a plan.json this version wrote, "
+                                 "or {scope: Candidate}") from None
+    pinned = plan.candidates() if isinstance(plan, Plan) else \
+        {scope: c if isinstance(c, Candidate) else Candidate.from_json(c) for scope, c in plan.items()}
+    for scope, cand in pinned.items():
+        if cand.unknown:
+            raise RecompileError(f"the pinned plan chooses for {scope or '<model>'} a configuration with fields this "
+                                 f"cuvil-pgc does not know ({', '.join(cand.unknown)})",
+                                 fix="upgrade cuvil-pgc to build that plan")
+    return pinned
 
 
 def _trace_paths(traces: Any) -> list[str]:
@@ -322,12 +352,14 @@ def _one_line(exc: BaseException) -> str:
 
 def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool | None,
           example_inputs: tuple[Any, ...] | None, stale: str) -> Any:
+    from cuvil_pgc.recompile.runtime_build import check_engines
     from cuvil_pgc.recompile.trust import open_trusted
 
     with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
         path = vb.path
         _check_environment(vb.manifest, path)
         plan = _read_plan(vb, path)
+        check_engines(vb.manifest, plan, path)
         check_model(vb.manifest, plan, model, path)
         report = LoadReport(path=path, threads=vb.manifest.threads)
         _check_threads(vb.manifest.threads, report, path)
@@ -354,7 +386,7 @@ def _check_threads(built: int, report: LoadReport, path: str) -> None:
         warnings.warn(f"cuvil-pgc: {path}: {note}", RuntimeWarning, stacklevel=4)
 
 
-def check_model(manifest: Any, plan: dict[str, Any], model: Any, path: str) -> None:
+def check_model(manifest: Any, plan: Plan, model: Any, path: str) -> None:
     """Refuse a build made for another model: another class, another module tree, or none of its
     planned regions in this one.
 
@@ -368,7 +400,7 @@ def check_model(manifest: Any, plan: dict[str, Any], model: Any, path: str) -> N
     if not manifest.model_hash or structural_hash(model) == manifest.model_hash:
         return
     here = type(model).__qualname__
-    scopes = [c.get("scope", "") if isinstance(c, dict) else "" for c in plan["choices"]]
+    scopes = [c.scope for c in plan.choices]
     names = {name for name, _ in model.named_modules()}
     if manifest.model_class and manifest.model_class != here:
         problem = f"it was recompiled from a {manifest.model_class}, this model is a {here}"
@@ -397,8 +429,9 @@ def _check_environment(manifest: Any, path: str) -> None:
                          fix="rebuild it here with `cuvil-pgc recompile`, or load it with fallback='eager'")
 
 
-def _read_plan(vb: Any, path: str) -> dict[str, Any]:
+def _read_plan(vb: Any, path: str) -> Plan:
     from cuvil_pgc.recompile._json_bounds import check_json_bounds
+    from cuvil_pgc.recompile.plan_doc import Plan, PlanFormatError
 
     try:
         data = vb.read_bytes(PLAN_MEMBER)
@@ -407,11 +440,14 @@ def _read_plan(vb: Any, path: str) -> dict[str, Any]:
     except (KeyError, ValueError, BuildError) as exc:
         raise BuildError(f"{PLAN_MEMBER} is missing or unreadable ({exc})", path=path,
                          fix="rebuild the package with `cuvil-pgc recompile`") from None
-    if not isinstance(plan, dict) or plan.get("format") != 1 or not isinstance(plan.get("choices"), list):
-        raise BuildError(f"{PLAN_MEMBER} has an unknown format "
-                         f"{plan.get('format') if isinstance(plan, dict) else type(plan).__name__!r}", path=path,
-                         fix="upgrade cuvil-pgc or rebuild the package")
-    return plan
+    if not isinstance(plan, dict) or not isinstance(plan.get("choices"), list):
+        raise BuildError(f"{PLAN_MEMBER} is not a plan (no list of choices)", path=path,
+                         fix="rebuild the package with `cuvil-pgc recompile`")
+    try:
+        return Plan.from_json(plan)
+    except PlanFormatError as exc:
+        raise BuildError(f"{PLAN_MEMBER} has an unknown format or shape ({exc})", path=path,
+                         fix="upgrade cuvil-pgc or rebuild the package") from None
 
 
 def _load_cache_artifacts(vb: Any) -> str:
@@ -427,48 +463,47 @@ def _load_cache_artifacts(vb: Any) -> str:
     return "loaded" if info is not None else "unusable: torch could not deserialize them (other torch version?)"
 
 
-def _apply_choices(vb: Any, plan: dict[str, Any], model: Any, report: LoadReport, path: str, stale: str) -> Any:
+def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: str, stale: str) -> Any:
     from cuvil_pgc._structure import weights_digest
     from cuvil_pgc.recompile.apply import apply_plan, realize
-    from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
+    from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS
     from cuvil_pgc.recompile.matching import structural_hash
     from cuvil_pgc.recompile.runtime_build import load_region
 
     artifact_backends = ("aoti", *RUNTIME_BACKENDS)
 
-    model = model.eval().to(plan.get("device", "cpu"))
+    model = model.eval().to(plan.device)
     modules = dict(model.named_modules())
     realized = {}
     extract_dir = _extract_dir(vb)
-    for choice in plan["choices"]:
-        unknown = Candidate.unknown_fields(choice["candidate"])
-        if unknown:
-            raise BuildError(f"{PLAN_MEMBER} chooses for {choice['scope'] or '<model>'} a configuration with fields "
-                             f"this cuvil-pgc does not know ({', '.join(unknown)}): a newer version made it, and "
-                             "running it without them would run another configuration", path=path,
+    for choice in plan.choices:
+        scope, cand = choice.scope, choice.candidate
+        if cand.unknown:
+            raise BuildError(f"{PLAN_MEMBER} chooses for {choice.label} a configuration with fields "
+                             f"this cuvil-pgc does not know ({', '.join(cand.unknown)}): a newer version made it, "
+                             "and running it without them would run another configuration", path=path,
                              fix="upgrade cuvil-pgc, or rebuild the package with this version")
-        scope, cand = choice["scope"], Candidate.from_json(choice["candidate"])
         module = modules.get(scope)
-        if module is None or structural_hash(module) != choice["structure"]:
+        if module is None or structural_hash(module) != choice.structure:
             report.skipped.append(f"{scope or '<model>'}: module {'missing' if module is None else 'changed'} "
                                   "since the build; running it eagerly")
             continue
-        if cand.backend in artifact_backends and choice.get("weights") not in (None, weights_digest(module)):
+        if cand.backend in artifact_backends and choice.weights not in (None, weights_digest(module)):
             report.skipped.append(f"{scope or '<model>'}: weights changed since the build (its {cand.backend} "
                                   "artifact holds the build's weights); running it eagerly")
             continue
         if cand.backend in RUNTIME_BACKENDS:
-            realized[scope] = load_region(vb, choice, module, cand, extract_dir, plan.get("device", "cpu"), path)
+            realized[scope] = load_region(vb, choice, module, extract_dir, plan.device, path)
             report.runtime_regions += 1
         elif cand.backend == "aoti":
-            if not choice.get("artifact"):
-                raise BuildError(f"plan chooses AOTInductor for {scope or '<model>'} but names no package", path=path)
-            local = str(vb.extract(choice["artifact"], extract_dir))
-            realized[scope] = realize(module, cand, None, artifact=local, signature=choice["input_signature"],
-                                      spec=choice.get("input_spec"))
+            if not choice.artifact:
+                raise BuildError(f"plan chooses AOTInductor for {choice.label} but names no package", path=path)
+            local = str(vb.extract(choice.artifact, extract_dir))
+            realized[scope] = realize(module, cand, None, artifact=local, signature=choice.input_signature,
+                                      spec=choice.input_spec)
             report.aoti_packages += 1
         else:
-            realized[scope] = _realize_lazy(module, cand, plan.get("device", "cpu"))
+            realized[scope] = _realize_lazy(module, cand, plan.device)
             report.compiled_regions += cand.backend != "eager"
         report.applied.append(f"{scope or '<model>'}: {cand.config}")
     if report.skipped and stale == "error":

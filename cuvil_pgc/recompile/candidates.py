@@ -19,6 +19,7 @@ them (see :mod:`.cost_models`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ class Candidate:
     precision: str = "fp32"          # fp32 | bf16 | fp16
     #: a runtime backend's own options, sorted (name, value) pairs: see :mod:`.runtime_region`
     knobs: tuple[tuple[str, str], ...] = ()
+    #: fields of a newer cuvil-pgc this version does not know, sorted (name, JSON text) pairs: kept
+    #: so a round trip through this version does not drop them (a loader refuses to run them)
+    extra: tuple[tuple[str, str], ...] = ()
 
     @property
     def config(self) -> str:
@@ -53,6 +57,7 @@ class Candidate:
         if self.backend in ("compile", "aoti") and self.mode != "default":
             parts.append(self.mode)
         parts += [f"{name}={value}" for name, value in self.knobs]
+        parts += [f"{name}={value}" for name, value in self.extra]
         parts += [name for name, on in (("freezing", self.freezing), ("cpp_wrapper", self.cpp_wrapper),
                                         ("rewrite", self.rewrite), ("channels_last", self.channels_last)) if on]
         if self.precision != "fp32":
@@ -68,21 +73,28 @@ class Candidate:
     def key(self) -> str:
         return f"{self.scope or '<model>'}::{self.config}"
 
+    @property
+    def unknown(self) -> list[str]:
+        """The fields of a newer cuvil-pgc this candidate carries (see ``extra``)."""
+        return [name for name, _ in self.extra]
+
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
+        del doc["extra"]
         doc["knobs"] = [list(k) for k in self.knobs]
-        return doc
+        return {**{name: json.loads(value) for name, value in self.extra}, **doc}
 
     @classmethod
     def unknown_fields(cls, doc: dict[str, Any]) -> list[str]:
         """Fields of a candidate document this version does not know (a newer cuvil-pgc's knobs):
-        :func:`from_json` would drop them, so a loader refuses such a candidate instead."""
-        return sorted(set(doc) - set(cls.__dataclass_fields__))
+        :func:`from_json` keeps them in ``extra``; a loader refuses to run such a candidate."""
+        return sorted(set(doc) - (set(cls.__dataclass_fields__) - {"extra"}))
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Candidate:
-        fields = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        fields = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__ and k != "extra"}
         fields["knobs"] = tuple(sorted((str(k), str(v)) for k, v in fields.get("knobs") or ()))
+        fields["extra"] = tuple(sorted((k, json.dumps(doc[k], sort_keys=True)) for k in cls.unknown_fields(doc)))
         return cls(**fields)
 
 
@@ -210,9 +222,10 @@ def _runtime_configs(feats: ScopeFeatures, device: str, space: RuntimeSpace, lab
     latency hint, both at the deployment's threads), on the rewritten module too where rewrites
     apply, and the knobs worth a measurement here: ONNX Runtime's extended level (no NCHWc layout
     transformation, which loses on small convolutions and matrix-vector work); without spinning
-    and with the parallel executor where there are threads to spin or share; OpenVINO in bf16
+    and with the parallel executor where there are threads to spin or share; ONNX Runtime's
+    transformer optimizer fusions where the scope holds attention (``fuse``); OpenVINO in bf16
     where the CPU runs it natively and the scope computes; CUDA and TensorRT execution providers
-    and Torch-TensorRT (fp16 too) on CUDA."""
+    and Torch-TensorRT (fp16 too) on CUDA. The profile steers the rest (:func:`_steered_knobs`)."""
     scope, out = feats.scope, []
     cuda = device.startswith("cuda")
     for rw in ([False, True] if feats.rewrites else [False]):
@@ -228,13 +241,47 @@ def _runtime_configs(feats: ScopeFeatures, device: str, space: RuntimeSpace, lab
             out.append(Candidate(scope, "tensorrt", rewrite=rw))
     if "ort" in space.backends and not cuda:
         out.append(Candidate(scope, "ort", knobs=(("opt", "extended"),)))
-        if space.threads > 1:
-            out += [Candidate(scope, "ort", knobs=(("spin", "off"),)),
-                    Candidate(scope, "ort", knobs=(("exec", "parallel"),))]
+        attention = feats.evidence.get("attention")
+        if isinstance(attention, dict):    # the transformer optimizer's fusions (see .ort_fusion)
+            out.append(Candidate(scope, "ort", knobs=(("fuse", str(attention.get("model_type", "bert"))),)))
     if "openvino" in space.backends and not cuda and space.native_bf16 and labels & WORK_LABELS:
         out.append(Candidate(scope, "openvino", precision="bf16"))
+    if not cuda:
+        out += _steered_knobs(feats, space, labels)
     if "tensorrt" in space.backends and cuda and labels & WORK_LABELS:
         out.append(Candidate(scope, "tensorrt", precision="fp16"))
+    return out
+
+
+def _steered_knobs(feats: ScopeFeatures, space: RuntimeSpace, labels: set[str]) -> list[Candidate]:
+    """The CPU runtimes' knobs the profile says are worth one measurement (the cost models do not
+    tell a runtime's settings apart, so the space offers only those the bottleneck makes plausible,
+    at most three per runtime and scope):
+
+    - overhead-bound scopes (per-call cost, little work per op): ONNX Runtime's basic level (its
+      layout and fusion passes add nodes and copies that a small graph does not earn back) and,
+      with several threads, each runtime on one thread (waking a pool costs more than it saves);
+    - scopes with work and several threads: ONNX Runtime without spinning and with the parallel
+      executor;
+    - OpenVINO's throughput hint only for batched inputs on several threads (batch-1 inference
+      keeps the latency hint, the default).
+    """
+    scope, out = feats.scope, []
+    overhead = bool(labels & set(OVERHEAD_LABELS))
+    several = space.threads > 1
+    if "ort" in space.backends:
+        if overhead:
+            out.append(Candidate(scope, "ort", knobs=(("opt", "basic"),)))
+        if several and overhead:
+            out.append(Candidate(scope, "ort", knobs=(("threads", "1"),)))
+        if several and labels & WORK_LABELS:
+            out += [Candidate(scope, "ort", knobs=(("spin", "off"),)),
+                    Candidate(scope, "ort", knobs=(("exec", "parallel"),))]
+    if "openvino" in space.backends:
+        if several and overhead:
+            out.append(Candidate(scope, "openvino", knobs=(("threads", "1"),)))
+        if several and float(feats.evidence.get("batch") or 1) > 1:
+            out.append(Candidate(scope, "openvino", knobs=(("hint", "throughput"),)))
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -20,6 +20,7 @@ from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.recompile.candidates import ScopeFeatures
 from cuvil_pgc.recompile.matching import RegionMatch
 from cuvil_pgc.recompile.measure import gemm_us
+from cuvil_pgc.recompile.ort_fusion import attention_shape
 from cuvil_pgc.recompile.rewrites import (
     CELL_REWRITES,
     cell_rewrite_applies,
@@ -28,6 +29,9 @@ from cuvil_pgc.recompile.rewrites import (
     math_attention_applies,
     rewrite_opportunities,
 )
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
 
 #: labels of a scope without a profiled region: launch overhead and every class of the "work" remedy
 ALL_LABELS = ["launch_overhead", *(c.name for c in vocabulary.CLASSES if c.remedy == "work")]
@@ -208,7 +212,7 @@ def rnn_cell_gemms(rnn: torch.nn.RNNBase, args: tuple[Any, ...], stepwise: bool 
     return out
 
 
-def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | None, analysis: Any,
+def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | None, analysis: Analysis | None,
                    root_calls: float, scale: float) -> ScopeFeatures:
     """Features of one scope; ``scale`` converts profiled µs to measured µs (instrumentation)."""
     census = op_census(module, inputs.args, inputs.kwargs)
@@ -226,6 +230,12 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     if census["attention_calls"]:
         evidence["attention_calls"] = census["attention_calls"] * calls
         evidence["attention_scores"] = census["attention_scores"] * calls
+    batch = _batch(inputs)
+    if batch:          # batch-1 inference keeps OpenVINO's latency hint (see candidates._steered_knobs)
+        evidence["batch"] = batch
+    attention = attention_shape(module)
+    if attention:      # what ONNX Runtime's transformer optimizer needs (the ort fuse knob)
+        evidence["attention"] = attention
     if census["conv_flops"] and census["flops"]:
         evidence["conv_share"] = census["conv_flops"] / census["flops"]
     if census["deconv_calls"]:
@@ -242,6 +252,13 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
         evidence=evidence)
 
 
+def _batch(inputs: Any) -> int:
+    """The leading dimension of the scope's first input tensor of two or more dimensions (0: none)."""
+    leaves = torch.utils._pytree.tree_leaves((inputs.args, inputs.kwargs))
+    first = next((t for t in leaves if isinstance(t, torch.Tensor) and t.dim() >= 2), None)
+    return int(first.shape[0]) if first is not None else 0
+
+
 def _rewrites_that_apply(module: Any, census: dict[str, Any]) -> list[str]:
     """The module's rewrite opportunities, less the cell rewrites of RNNs whose calls the cell math
     does not cover (packed sequences, long sequences): rewritten, they would run as before."""
@@ -249,7 +266,7 @@ def _rewrites_that_apply(module: Any, census: dict[str, Any]) -> list[str]:
             if not r.startswith(CELL_REWRITES) or r.split(":", 1)[1] in census["cell_rnns"]]
 
 
-def _profile_evidence(stats: Any, analysis: Any, root_calls: float, scale: float) -> dict[str, Any]:
+def _profile_evidence(stats: Any, analysis: Analysis | None, root_calls: float, scale: float) -> dict[str, Any]:
     out: dict[str, Any] = {"bottleneck_evidence": stats.evidence, "confidence": stats.confidence}
     rnn_us = sum(float(op.get("total_us", 0.0)) for op in stats.top_ops or []
                  if any(k in str(op.get("name", "")).lower() for k in ("lstm", "gru", "rnn")))
@@ -262,7 +279,7 @@ def _profile_evidence(stats: Any, analysis: Any, root_calls: float, scale: float
     return out
 
 
-def root_labels(analysis: Any, matched: list[RegionMatch], top: int = 5) -> list[str]:
+def root_labels(analysis: Analysis | None, matched: list[RegionMatch], top: int = 5) -> list[str]:
     """Bottleneck labels the whole-model scope must address: the root's and the hottest regions'."""
     if analysis is None or not matched:
         return list(ALL_LABELS)

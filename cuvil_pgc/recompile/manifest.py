@@ -68,6 +68,18 @@ class MemberDigest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     size: Annotated[int, msgspec.Meta(ge=0)]
 
 
+class EngineTarget(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What the build's TensorRT engines were built for: an engine runs only on that GPU model and
+    TensorRT version, so ``load_build`` compares them with this machine before any engine is parsed."""
+
+    version: ShortText        # torch_tensorrt's version
+    gpu: ShortText            # torch.cuda.get_device_name()
+
+    def mismatches(self, here: EngineTarget) -> list[str]:
+        return [f"{name}: built {getattr(self, name)!r}, here {getattr(here, name)!r}"
+                for name in self.__struct_fields__ if getattr(self, name) != getattr(here, name)]
+
+
 class Manifest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Contents of ``manifest.json``; ``members`` lists every member except manifest and signature."""
 
@@ -86,6 +98,9 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     #: sha256 of the model's module tree (submodule names and classes, ``_structure.module_tree_digest``):
     #: a build for another architecture with the same class name is refused; "" in older builds
     model_tree: Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{64})?\Z")] = ""
+    #: the GPU and TensorRT version of the build's TensorRT engines; absent (not written) in builds
+    #: without any, and in older builds, whose plan.json records them per choice instead
+    tensorrt: EngineTarget | msgspec.UnsetType = msgspec.UNSET
 
 
 class _VersionProbe(msgspec.Struct):

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuvil_pgc._structure import structural_hash  # noqa: F401  (re-exported: recompile's name for it)
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
 
 
 @dataclass
@@ -71,7 +74,7 @@ def region_module_name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def match_regions(analysis: Any, model: Any) -> MatchResult:
+def match_regions(analysis: Analysis | None, model: Any) -> MatchResult:
     """Map the analysis' regions to ``model``'s submodules by module path and structure."""
     modules = dict(model.named_modules())
     roots = _root_prefixes(analysis)
@@ -96,7 +99,7 @@ def match_regions(analysis: Any, model: Any) -> MatchResult:
     return result
 
 
-def _root_prefixes(analysis: Any) -> set[str]:
+def _root_prefixes(analysis: Analysis | None) -> set[str]:
     """Names of root regions: dot-free names whose children are named ``name.child``."""
     names = {region_module_name(r.path) for r in analysis.regions}
     dotted = {n.split(".", 1)[0] for n in names if "." in n}

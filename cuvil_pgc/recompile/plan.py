@@ -2,7 +2,8 @@
 
 Per scope the fastest accurate measured trial wins. Plans then compete: the whole model as one
 compile boundary (its best trial, and up to two runners-up measured within 10 % of it: a search
-measures each candidate once, so near ties are decided again side by side) and the *composite* of
+measures each candidate once, so near ties are decided again side by side; and the fastest runtime at
+its defaults, what a user would deploy instead, however far behind the search measured it) and the *composite* of
 the best sub-region choices (disjoint regions, each compiled alone, the rest eager, predicted from
 their measured savings). All are rebuilt (AOTInductor packages come from the artifact cache), checked end to end with the accuracy
 guard, and timed interleaved with eager; the fastest wins, and eager itself wins when nothing beats
@@ -53,6 +54,14 @@ def runners_up(trials: dict[str, Any], best: Any, within: float = RUNNER_UP_WITH
     return [t.candidate for t in close[:most]]
 
 
+def fastest_runtime_default(trials: dict[str, Any], defaults: list[Candidate]) -> Candidate | None:
+    """The fastest whole-model runtime at its defaults that passed the guard (None: none did): it
+    always runs in the final race, so the build is never slower than it as far as one race can tell."""
+    ok = [trials[c.key] for c in defaults if c.key in trials and trials[c.key].status == "ok"
+          and trials[c.key].measured_us is not None]
+    return min(ok, key=lambda t: t.measured_us).candidate if ok else None
+
+
 def composite_choice(best: dict[str, Any], features: dict[str, Any]) -> tuple[dict[str, Candidate], float]:
     """Disjoint sub-scopes with a measured saving, biggest first; returns choices and predicted µs."""
     chosen: dict[str, Candidate] = {}
@@ -88,6 +97,9 @@ def choose_plan(s: Any, result: Any) -> None:
         plans["model"] = {"": root.candidate}
         for cand in runners_up(s.trials, root):
             plans[cand.key] = {"": cand}
+        baseline = fastest_runtime_default(s.trials, getattr(s, "runtime_defaults", []))
+        if baseline is not None and baseline != root.candidate:
+            plans.setdefault(baseline.key, {"": baseline})
     composite, composite_us = composite_choice(best, s.features)
     # a new candidate, measured in the final race: within the budget, or beyond it when it is the
     # only plan that beat eager (built from measured parts, it costs no compile and one race)

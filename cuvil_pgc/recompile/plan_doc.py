@@ -1,71 +1,277 @@
 """plan.json: the human- and machine-readable record of what the search chose and why.
 
-Shape (``format`` 1)::
+:class:`Plan` is the one object search, build, ``load_build``, the viewer and the CLI pass around;
+``plan.json`` is its :meth:`Plan.to_json`. Shape (``format`` 2)::
 
-    {"format": 1, "device", "machine", "model_hash", "tolerances": {"rtol", "atol"},
+    {"format": 2, "device", "machine", "model_hash", "tolerances": {"rtol", "atol"},
      "choices": [{"scope", "candidate": {...}, "config", "structure", "weights", "input_signature",
                   "input_spec", "artifact": member name | null,
-                  "runtime": {"name", "version", "gpu" (TensorRT), "outputs"} (runtime backends only)}],
-     "regions": [{"path", "scope", "chosen", "bottleneck", "evidence", "predicted_ms", "measured_ms",
-                  "baseline_ms", "alternatives": [{"config", "scope", "predicted_ms", "measured_ms",
-                  "status", "reason", "reused_record"}]}],
+                  "runtime": {"name", "version", "outputs"} (runtime backends only)}],
+     "regions": [{"path", "scope", "chosen", "bottleneck", "labels", "evidence", "predicted_ms",
+                  "measured_ms", "baseline_ms", "alternatives": [{"config", "scope", "predicted_ms",
+                  "measured_ms", "status", "reason", "reused_record"}]}],
      "stale": [{"path", "reason"}], "unmatched": [...],
-     "measured_candidates", "reused_records", "space_size", "baseline_ms", "plan_ms", "speedup_vs_eager"}
+     "measured_candidates", "reused_records", "space_size", "baseline_ms", "plan_ms", "speedup_vs_eager",
+     "final_medians_ms", "runtime_defaults": [{"config", "measured_ms", "status", "reason"}]}
+
+Format 1 (still read) is the same without ``runtime_defaults``, and its TensorRT choices carry the
+engine's GPU and TensorRT version in ``runtime`` (format 2 records them in the manifest, see
+:mod:`.manifest`). Fields this version does not know, at any level, are kept in ``extra`` and
+written back by :meth:`Plan.to_json`: a plan read by an older cuvil-pgc and written again keeps a
+newer one's fields (the candidate's own, see :meth:`Candidate.from_json`, too).
 
 ``regions`` has one entry per searched scope (the whole model first); "chosen" says what runs
 there, including ``merged into <model>: CONFIG`` when the whole model is one compile boundary.
 The whole model's ``measured_ms`` and ``baseline_ms`` come from the final interleaved race (the
 same figures as ``plan_ms`` and ``baseline_ms``), so its speedup is one race's; a region's come
-from the search batch that measured it.
+from the search batch that measured it. ``runtime_defaults`` are the whole model on each runtime
+backend at its default settings, measured as baselines outside the budget (what a user would
+deploy instead of the build).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2
+#: plan.json formats this version reads
+READ_FORMATS = (1, 2)
 PLAN_MEMBER = "plan.json"      # the plan's name inside a build
 
+
+class PlanFormatError(ValueError):
+    """plan.json is not a plan this version reads (its loaders turn this into a BuildError)."""
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else None
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else value if isinstance(value, str) else str(value)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _split(cls: Any, doc: Any, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(known fields, the others) of a JSON object decoding into dataclass ``cls``."""
+    if not isinstance(doc, dict):
+        raise PlanFormatError(f"{what} is a JSON {type(doc).__name__}, not an object")
+    names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+    return ({k: v for k, v in doc.items() if k in names},
+            {k: v for k, v in doc.items() if k not in names})
+
+
+def _with_extra(doc: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    return {**{k: v for k, v in extra.items() if k not in doc}, **doc}
+
+
+@dataclass
+class PlanChoice:
+    """What runs in one scope of the built model, and what the loader needs to rebuild it."""
+
+    scope: str
+    candidate: Candidate
+    structure: str = ""                    # structural hash of the scope's module at build time
+    weights: str | None = None             # weights digest (artifact backends refuse other weights)
+    input_signature: Any = None
+    input_spec: Any = None
+    artifact: str | None = None            # the member holding its AOTInductor package / runtime file
+    runtime: dict[str, Any] | None = None  # {"name", "version", "outputs"} (runtime backends)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def config(self) -> str:
+        return self.candidate.config
+
+    @property
+    def label(self) -> str:
+        return self.scope or "<model>"
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {"scope": self.scope, "candidate": self.candidate.to_json(),
+               "config": self.extra.get("config", self.config),   # a newer version's spelling, kept
+               "structure": self.structure, "weights": self.weights, "input_signature": self.input_signature,
+               "input_spec": self.input_spec, "artifact": self.artifact}
+        if self.runtime is not None:
+            doc["runtime"] = self.runtime
+        return _with_extra(doc, self.extra)
+
+    @classmethod
+    def from_json(cls, doc: Any) -> PlanChoice:
+        known, extra = _split(cls, doc, "a plan choice")
+        if not isinstance(known.get("candidate"), dict):
+            raise PlanFormatError(f"the choice for {known.get('scope')!r} has no candidate object")
+        try:
+            candidate = Candidate.from_json(known["candidate"])
+        except (TypeError, ValueError) as exc:    # a field of the wrong type (knobs not pairs ...)
+            raise PlanFormatError(f"the choice for {known.get('scope')!r} has a malformed candidate ({exc})") from None
+        if extra.get("config") == candidate.config:
+            del extra["config"]            # derived from the candidate
+        runtime = known.get("runtime")
+        return cls(scope=_text(known.get("scope")), candidate=candidate,
+                   structure=_text(known.get("structure")), weights=known.get("weights"),
+                   input_signature=known.get("input_signature"), input_spec=known.get("input_spec"),
+                   artifact=known.get("artifact") if isinstance(known.get("artifact"), str) else None,
+                   runtime=runtime if isinstance(runtime, dict) else None, extra=extra)
+
+
+@dataclass
+class PlanRegion:
+    """One searched scope: what was chosen there, the profile's evidence and the alternatives."""
+
+    path: str
+    scope: str
+    chosen: str
+    bottleneck: str = ""
+    labels: list[str] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    predicted_ms: float | None = None
+    measured_ms: float | None = None
+    baseline_ms: float | None = None
+    alternatives: list[dict[str, Any]] = field(default_factory=list)   # Trial.to_json documents
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return _with_extra(doc, self.extra)
+
+    @classmethod
+    def from_json(cls, doc: Any) -> PlanRegion:
+        known, extra = _split(cls, doc, "a plan region")
+        alternatives = [a if isinstance(a, dict) else {"config": _text(a)} for a in _list(known.get("alternatives"))]
+        return cls(path=_text(known.get("path")), scope=_text(known.get("scope")), chosen=_text(known.get("chosen")),
+                   bottleneck=_text(known.get("bottleneck")), labels=[_text(x) for x in _list(known.get("labels"))],
+                   evidence=_dict(known.get("evidence")), predicted_ms=_number(known.get("predicted_ms")),
+                   measured_ms=_number(known.get("measured_ms")), baseline_ms=_number(known.get("baseline_ms")),
+                   alternatives=alternatives, extra=extra)
+
+    def tried_counts(self) -> tuple[int, int]:
+        """(measured, rejected) alternatives: the counts the CLI and the report show
+        (alternatives ranked out by the budget were not tried)."""
+        tried = [a for a in self.alternatives if a.get("status") != "not_measured"]
+        return len(tried), sum(1 for a in tried if a.get("status") != "ok")
+
+
+@dataclass
+class Plan:
+    """A build's plan: the choices per scope, the searched regions and the search's figures."""
+
+    device: str = "cpu"
+    machine: str = ""
+    model_hash: str = ""
+    tolerances: dict[str, Any] = field(default_factory=lambda: {"rtol": None, "atol": None})
+    choices: list[PlanChoice] = field(default_factory=list)
+    regions: list[PlanRegion] = field(default_factory=list)
+    stale: list[dict[str, Any]] = field(default_factory=list)      # {"path", "reason"}
+    unmatched: list[Any] = field(default_factory=list)
+    measured_candidates: int = 0
+    reused_records: int = 0
+    space_size: int = 0
+    baseline_ms: float | None = None
+    plan_ms: float | None = None
+    speedup_vs_eager: float | None = None
+    final_medians_ms: dict[str, float | None] = field(default_factory=dict)
+    #: the whole model on each runtime at its defaults, measured as baselines outside the budget
+    runtime_defaults: list[dict[str, Any]] = field(default_factory=list)
+    format: int = PLAN_FORMAT        # the format it was read in; to_json writes PLAN_FORMAT
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def choice(self, scope: str) -> PlanChoice | None:
+        return next((c for c in self.choices if c.scope == scope), None)
+
+    def candidates(self) -> dict[str, Candidate]:
+        """scope -> the chosen candidate (what ``recompile(plan=...)`` pins)."""
+        return {c.scope: c.candidate for c in self.choices}
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        doc["format"] = PLAN_FORMAT
+        doc["choices"] = [c.to_json() for c in self.choices]
+        doc["regions"] = [r.to_json() for r in self.regions]
+        return _with_extra(doc, self.extra)
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Plan:
+        """The plan of a plan.json document of any format in :data:`READ_FORMATS`; missing fields
+        take their defaults, fields of the wrong type are dropped, unknown ones go to ``extra``.
+        Raises :class:`PlanFormatError` for another format or a malformed choice."""
+        known, extra = _split(cls, doc, "plan.json")
+        fmt = known.get("format", 1)
+        if fmt not in READ_FORMATS or isinstance(fmt, bool):
+            raise PlanFormatError(f"plan.json has format {fmt!r}; this cuvil-pgc reads formats "
+                                  f"{', '.join(map(str, READ_FORMATS))}")
+        if "choices" in known and not isinstance(known["choices"], list):
+            raise PlanFormatError("plan.json's choices are not a list")
+        tolerances = _dict(known.get("tolerances")) or {"rtol": None, "atol": None}
+        medians = {_text(k): _number(v) for k, v in _dict(known.get("final_medians_ms")).items()}
+        return cls(device=_text(known.get("device")) or "cpu", machine=_text(known.get("machine")),
+                   model_hash=_text(known.get("model_hash")), tolerances=tolerances,
+                   choices=[PlanChoice.from_json(c) for c in _list(known.get("choices"))],
+                   regions=[PlanRegion.from_json(r) for r in _list(known.get("regions")) if isinstance(r, dict)],
+                   stale=[s if isinstance(s, dict) else {"path": _text(s), "reason": ""}
+                          for s in _list(known.get("stale"))],
+                   unmatched=_list(known.get("unmatched")), measured_candidates=_count(known.get("measured_candidates")),
+                   reused_records=_count(known.get("reused_records")), space_size=_count(known.get("space_size")),
+                   baseline_ms=_number(known.get("baseline_ms")), plan_ms=_number(known.get("plan_ms")),
+                   speedup_vs_eager=_number(known.get("speedup_vs_eager")), final_medians_ms=medians,
+                   runtime_defaults=[d for d in _list(known.get("runtime_defaults")) if isinstance(d, dict)],
+                   format=fmt, extra=extra)
+
+
+# ----------------------------------------------------------------------------- from a search
 
 def _ms(us: float | None) -> float | None:
     return None if us is None or (isinstance(us, float) and math.isnan(us)) else round(us / 1e3, 6)
 
 
 def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | None, atol: float | None,
-                  artifacts: dict[str, str]) -> dict[str, Any]:
-    choices = [{"scope": scope, "candidate": cand.to_json(), "config": cand.config,
-                "structure": result.structures[scope], "weights": result.weights.get(scope),
-                "input_signature": result.scope_inputs[scope].signature,
-                "input_spec": result.scope_inputs[scope].spec,
-                "artifact": artifacts.get(scope), **_runtime(result, scope, cand)}
+                  artifacts: dict[str, str]) -> Plan:
+    """The :class:`Plan` of a search result (``artifacts``: scope -> the member its choice names)."""
+    choices = [PlanChoice(scope=scope, candidate=cand, structure=result.structures[scope],
+                          weights=result.weights.get(scope), input_signature=result.scope_inputs[scope].signature,
+                          input_spec=result.scope_inputs[scope].spec, artifact=artifacts.get(scope),
+                          runtime=_runtime(result, scope, cand))
                for scope, cand in sorted(result.choices.items())]
-    return {
-        "format": PLAN_FORMAT, "device": device, "machine": result.machine, "model_hash": model_hash,
-        "tolerances": {"rtol": rtol, "atol": atol}, "choices": choices,
-        "regions": [_region(result, scope) for scope in result.features],
-        "stale": [{"path": s.path, "reason": s.reason} for s in result.matches.stale],
-        "unmatched": list(result.matches.unmatched),
-        "measured_candidates": result.measured, "reused_records": result.reused, "space_size": result.space_size,
-        "baseline_ms": _ms(result.baseline_us), "plan_ms": _ms(result.plan_us),
-        "speedup_vs_eager": round(result.speedup, 4) if not math.isnan(result.speedup) else None,
-        "final_medians_ms": {k: _ms(v) for k, v in result.final_medians_us.items()},
-    }
+    return Plan(
+        device=device, machine=result.machine, model_hash=model_hash, tolerances={"rtol": rtol, "atol": atol},
+        choices=choices, regions=[_region(result, scope) for scope in result.features],
+        stale=[{"path": s.path, "reason": s.reason} for s in result.matches.stale],
+        unmatched=list(result.matches.unmatched), measured_candidates=result.measured,
+        reused_records=result.reused, space_size=result.space_size,
+        baseline_ms=_ms(result.baseline_us), plan_ms=_ms(result.plan_us),
+        speedup_vs_eager=round(result.speedup, 4) if not math.isnan(result.speedup) else None,
+        final_medians_ms={k: _ms(v) for k, v in result.final_medians_us.items()},
+        runtime_defaults=[t.to_json() for t in getattr(result, "runtime_defaults", [])],
+    )
 
 
-def _runtime(result: Any, scope: str, cand: Candidate) -> dict[str, Any]:
-    """``{"runtime": {...}}`` for a region exported to a runtime (see
-    :func:`~.runtime_build.runtime_info`), else nothing."""
+def _runtime(result: Any, scope: str, cand: Candidate) -> dict[str, Any] | None:
+    """What a region exported to a runtime records (see :func:`~.runtime_build.runtime_info`)."""
     if cand.backend not in RUNTIME_BACKENDS or scope not in result.realized:
-        return {}
+        return None
     from cuvil_pgc.recompile.runtime_build import runtime_info
 
-    return {"runtime": runtime_info(cand.backend, result.realized[scope])}
+    return runtime_info(cand.backend, result.realized[scope])
 
 
-def _region(result: Any, scope: str) -> dict[str, Any]:
+def _region(result: Any, scope: str) -> PlanRegion:
     feats = result.features[scope]
     trials = [t for t in result.trials.values() if t.candidate.scope == scope]
     chosen_cand = result.choices.get(scope)
@@ -83,13 +289,13 @@ def _region(result: Any, scope: str) -> dict[str, Any]:
     baseline_us = eager_trial.measured_us if eager_trial and eager_trial.measured_us else feats.eager_us
     if not scope and result.final_medians_us:   # the whole model: both sides of the final race
         measured_us, baseline_us = result.plan_us, result.baseline_us
-    return {
-        "path": feats.path or (scope or "<model>"), "scope": scope or "<model>", "chosen": chosen,
-        "bottleneck": feats.bottleneck, "labels": feats.labels, "evidence": _evidence(feats),
-        "predicted_ms": _ms(chosen_trial.predicted_us) if chosen_trial else None,
-        "measured_ms": _ms(measured_us), "baseline_ms": _ms(baseline_us),
-        "alternatives": [t.to_json() for t in sorted(trials, key=_trial_order) if t.candidate != chosen_cand],
-    }
+    return PlanRegion(
+        path=feats.path or (scope or "<model>"), scope=scope or "<model>", chosen=chosen,
+        bottleneck=feats.bottleneck, labels=list(feats.labels), evidence=_evidence(feats),
+        predicted_ms=_ms(chosen_trial.predicted_us) if chosen_trial else None,
+        measured_ms=_ms(measured_us), baseline_ms=_ms(baseline_us),
+        alternatives=[t.to_json() for t in sorted(trials, key=_trial_order) if t.candidate != chosen_cand],
+    )
 
 
 def _trial_order(t: Any) -> tuple[int, float]:
@@ -104,24 +310,22 @@ def _evidence(feats: Any) -> dict[str, Any]:
             "profile": feats.evidence.get("bottleneck_evidence", {})}
 
 
-def region_speedup(region: dict[str, Any], key: str) -> float | None:
+def region_speedup(region: PlanRegion, key: str) -> float | None:
     """A plan region's ``baseline_ms`` over its ``key`` (``predicted_ms``, ``measured_ms``); None
     unless both are positive finite numbers."""
-    base, t = region.get("baseline_ms"), region.get(key)
+    base, t = region.baseline_ms, getattr(region, key)
     ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in (base, t))
     return base / t if ok else None
 
 
-def tried_counts(region: dict[str, Any]) -> tuple[int, int]:
-    """(measured, rejected) alternatives of one plan region: the counts the CLI and the report show
-    (alternatives ranked out by the budget were not tried)."""
-    tried = [a for a in region.get("alternatives") or [] if isinstance(a, dict) and a.get("status") != "not_measured"]
-    return len(tried), sum(1 for a in tried if a.get("status") != "ok")
+def tried_counts(region: PlanRegion) -> tuple[int, int]:
+    """(measured, rejected) alternatives of one plan region (see :meth:`PlanRegion.tried_counts`)."""
+    return region.tried_counts()
 
 
 def read_build_plan(source: str, *, store: str | None = None, pubkey: str | None = None,
-                    allow_unsigned: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """plan.json of a verified build (a path or ``store://`` reference, opened only through
+                    allow_unsigned: bool | None = None) -> tuple[Plan, dict[str, Any]]:
+    """The plan of a verified build (a path or ``store://`` reference, opened only through
     :func:`~cuvil_pgc.recompile.trust.open_trusted`) and facts about the build (path, name,
     version, signature), as ``report --build`` shows them."""
     import json
@@ -137,13 +341,15 @@ def read_build_plan(source: str, *, store: str | None = None, pubkey: str | None
         try:
             data = vb.read_bytes(PLAN_MEMBER)
             check_json_bounds(data, what=PLAN_MEMBER, path=vb.path)    # no RecursionError from deep JSON
-            plan = json.loads(data)
+            doc = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BuildError(f"{PLAN_MEMBER} is not JSON ({exc})", path=vb.path,
                              fix="rebuild the package with `cuvil-pgc recompile`") from None
-        if not isinstance(plan, dict):
-            raise BuildError(f"{PLAN_MEMBER} holds a JSON {type(plan).__name__}, not an object", path=vb.path,
-                             fix="rebuild the package with `cuvil-pgc recompile`")
+        try:
+            plan = Plan.from_json(doc)
+        except PlanFormatError as exc:
+            raise BuildError(f"{PLAN_MEMBER} is not a plan this cuvil-pgc reads ({exc})", path=vb.path,
+                             fix="upgrade cuvil-pgc or rebuild the package with `cuvil-pgc recompile`") from None
         m = vb.manifest
         facts = {"path": vb.path, "name": m.name, "version": m.version, "created": m.created.isoformat(),
                  "signed": vb.signed, "signature_verified": vb.signature_verified}

@@ -11,10 +11,12 @@ exporter, so the search rejects that exporter's other candidates of the scope wi
 them.
 
 In a build the files are members ``<backend>/<n><suffix>`` of the signed package; the plan's
-choice names the first one and records the runtime (its version; TensorRT also the GPU, since
-an engine runs only on the GPU and TensorRT version it was built for) and the output structure.
-:func:`load_region` reads them only after the package was verified (an ONNX protobuf from an
-unverified file is untrusted input).
+choice names the first one and records the runtime (its version) and the output structure. An
+engine runs only on the GPU and TensorRT version it was built for: a build with TensorRT regions
+records them in its manifest (:func:`engine_target`; builds of plan format 1 in the choice's
+``runtime``), and :func:`check_engines` refuses another GPU or TensorRT before any engine is read.
+It reads the files only after the package was verified (an ONNX protobuf from an unverified file
+is untrusted input).
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
     if not onnx_path.exists():
         export_onnx(prepared, inputs, onnx_path, len(template.tensors))
     if cand.backend == "ort":
+        if "fuse" in knobs_of(cand):
+            onnx_path = _fused(onnx_path, prepared, cand, key)
         return OrtRunner(str(onnx_path), knobs_of(cand), template, module), str(onnx_path)
     xml = _cache_path(key, "openvino", None, ".xml")
     if not xml.exists():
@@ -88,6 +92,19 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
         except Exception as exc:
             raise ExportError(f"openvino.convert_model failed: {_why(exc)}") from exc
     return OpenVinoRunner(str(xml), knobs_of(cand), cand.precision, template, module), str(xml)
+
+
+def _fused(onnx_path: Path, prepared: nn.Module, cand: Any, key: str) -> Path:
+    """The region's ONNX file fused by ONNX Runtime's transformer optimizer (see :mod:`.ort_fusion`);
+    a failure raises FusionError, which rejects this candidate only."""
+    from cuvil_pgc.recompile.ort_fusion import attention_shape, fuse_transformer
+
+    shape = attention_shape(prepared) or {}
+    shape["model_type"] = knobs_of(cand)["fuse"]
+    fused = _cache_path(key, f"onnx-fused-{shape['model_type']}", None, ".onnx")
+    if not fused.exists():
+        fuse_transformer(onnx_path, fused, shape)
+    return fused
 
 
 def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int) -> None:
@@ -190,8 +207,8 @@ def _cache_path(key: str, kind: str, cand: Any, suffix: str) -> Path:
     from cuvil_pgc.recompile.records import cache_dir
 
     versions = [f"onnx-export-v{ONNX_EXPORT_VERSION}", f"opset-{OPSET}"]
-    if kind == "openvino":
-        versions.append(f"openvino-{runtimes.version('openvino')}")
+    if kind == "openvino" or kind.startswith("onnx-fused"):
+        versions.append(f"{kind.split('-')[0]}-{runtimes.version('openvino' if kind == 'openvino' else 'ort')}")
     if kind == "tensorrt":
         versions += [f"tensorrt-{runtimes.version('tensorrt')}", cand.config, _gpu_name()]
     digest = hashlib.sha256("|".join([key, kind, *versions]).encode()).hexdigest()[:32]
@@ -217,29 +234,33 @@ def package_members(backend: str, index: int, first: str) -> dict[str, str]:
 
 
 def runtime_info(backend: str, realized: Any) -> dict[str, Any]:
-    """What plan.json records about a region's runtime: its version (TensorRT: and the GPU), and
-    the output structure the runner rebuilds (None where it cannot be serialized)."""
+    """What plan.json records about a region's runtime: its version and the output structure the
+    runner rebuilds (None where it cannot be serialized)."""
     info: dict[str, Any] = {"name": backend, "version": runtimes.version(backend)}
-    if backend == "tensorrt":
-        info["gpu"] = _gpu_name()
     template = getattr(getattr(realized.module, "compiled", None), "template", None)
     info["outputs"] = template.to_json() if template is not None else None
     return info
 
 
-def load_region(vb: Any, choice: dict[str, Any], module: nn.Module, cand: Any, extract_dir: Path, device: str,
-                path: str) -> Any:
-    """The :class:`~.realized.Realized` region of a verified build's runtime choice."""
+def engine_target() -> Any:
+    """The :class:`~.manifest.EngineTarget` of TensorRT engines built here."""
+    from cuvil_pgc.recompile.manifest import EngineTarget
+
+    return EngineTarget(version=runtimes.version("tensorrt"), gpu=_gpu_name())
+
+
+def load_region(vb: Any, choice: Any, module: nn.Module, extract_dir: Path, device: str, path: str) -> Any:
+    """The :class:`~.realized.Realized` region of a verified build's runtime choice (a
+    :class:`~.plan_doc.PlanChoice`); the loader ran :func:`check_engines` before."""
     from cuvil_pgc.recompile.realized import CompiledRegion, Realized
 
+    cand = choice.candidate
     runtimes.require(cand.backend, device, path)
-    member = choice.get("artifact")
+    member = choice.artifact
     if not member:
-        raise BuildError(f"plan chooses {cand.backend} for {choice['scope'] or '<model>'} but names no artifact",
+        raise BuildError(f"plan chooses {cand.backend} for {choice.label} but names no artifact",
                          path=path, fix="rebuild the package with `cuvil-pgc recompile`")
-    info = choice.get("runtime") or {}
-    if cand.backend == "tensorrt":
-        _check_tensorrt(info, path)
+    info = choice.runtime or {}
     stem = member.rsplit(".", 1)[0]
     local = {}
     for suffix in ARTIFACT_SUFFIXES[cand.backend]:   # only members the manifest verified are extracted
@@ -253,13 +274,34 @@ def load_region(vb: Any, choice: dict[str, Any], module: nn.Module, cand: Any, e
         runner = OpenVinoRunner(first, knobs_of(cand), cand.precision, template, module)
     else:
         runner = tensorrt_runner(first, template, module)
-    region = CompiledRegion(module, runner, choice.get("input_signature"), cand.config, choice.get("input_spec"))
+    region = CompiledRegion(module, runner, choice.input_signature, cand.config, choice.input_spec)
     return Realized(region, first)
 
 
-def _check_tensorrt(info: dict[str, Any], path: str) -> None:
-    here = {"version": runtimes.version("tensorrt"), "gpu": _gpu_name()}
-    diffs = [f"{k}: built {info.get(k)!r}, here {v!r}" for k, v in here.items() if info.get(k) != v]
+def check_engines(manifest: Any, plan: Any, path: str) -> None:
+    """Refuse a build whose TensorRT engines were made for another GPU or TensorRT version, before
+    the model moves or any engine is read: the manifest's ``tensorrt``
+    (:class:`~.manifest.EngineTarget`), or in older builds without it each TensorRT choice's
+    ``runtime`` record in plan.json. A build with TensorRT regions on a machine without
+    torch_tensorrt is refused naming the pip extra (see :func:`.runtimes.require`)."""
+    import msgspec
+
+    from cuvil_pgc.recompile.manifest import EngineTarget
+
+    chosen = [c for c in plan.choices if c.candidate.backend == "tensorrt"]
+    if not chosen:
+        return
+    runtimes.require("tensorrt", plan.device, path)
+    target = manifest.tensorrt
+    targets = [target] if target is not msgspec.UNSET else \
+        [EngineTarget(version=str((c.runtime or {}).get("version")), gpu=str((c.runtime or {}).get("gpu")))
+         for c in chosen]
+    for t in targets:
+        _check_tensorrt(t, path)
+
+
+def _check_tensorrt(target: Any, path: str) -> None:
+    diffs = target.mismatches(engine_target())
     if diffs:
         raise BuildError("the build's TensorRT engines were made for another GPU or TensorRT (" + "; ".join(diffs)
                          + ")", path=path, fix="rebuild it on this machine with `cuvil-pgc recompile`, "

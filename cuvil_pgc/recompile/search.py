@@ -20,8 +20,11 @@ models); once a few measurements are in, only candidates predicted to beat the b
 of their scope by 2 % are tried, their predictions made optimistic by the spread of this search's
 prediction errors so far, and a batch pairs the models' favourite with the best-ranked one-knob
 neighbour of the scope's incumbent (those rules: :mod:`.search_policy`). Before all that, the whole
-model on each runtime backend at its defaults (ONNX Runtime, OpenVINO) is measured, within the
-budget: what a user would deploy instead is always known and in the race. ``budget`` caps the measurements, eager references, the
+model on each runtime backend usable here at its defaults (ONNX Runtime, OpenVINO) is measured as a
+baseline, whatever the budget: what a user would deploy instead is always known and in the race.
+These baselines are counted apart (``SearchResult.baselines_measured``, the plan's
+``runtime_defaults``), not against the budget; a runtime left out of the space is logged with the
+reason. ``budget`` caps the other measurements, eager references, the
 composite plan and the records of earlier searches reused at the start included, so a second
 search of the same model measures only what the first one left (default: a quarter of the space,
 at least 2, one more when every candidate measured failed; the composite goes beyond it only when
@@ -35,7 +38,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -68,6 +71,9 @@ from cuvil_pgc.recompile.search_policy import (
     with_neighbour,
 )
 from cuvil_pgc.recompile.search_records import SearchRecords
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +127,9 @@ class SearchResult:
     realized: dict[str, Realized] = field(default_factory=dict)
     module: Any = None
     final_medians_us: dict[str, float] = field(default_factory=dict)
+    #: the whole model on each runtime at its defaults: baselines measured outside the budget
+    runtime_defaults: list[Trial] = field(default_factory=list)
+    baselines_measured: int = 0
 
     @property
     def speedup(self) -> float:
@@ -132,7 +141,7 @@ def _ms(us: float | None) -> float | None:
 
 
 class _Search:
-    def __init__(self, model: Any, example_inputs: tuple[Any, ...], analysis: Any, options: SearchOptions,
+    def __init__(self, model: Any, example_inputs: tuple[Any, ...], analysis: Analysis | None, options: SearchOptions,
                  records: RecordDB | None, machine_key: str, progress: Progress | None) -> None:
         self.model, self.inputs, self.analysis, self.opt = model, example_inputs, analysis, options
         self.db = records if options.use_records else None
@@ -147,6 +156,8 @@ class _Search:
         self.left_out: list[tuple[Candidate, str]] = []   # candidates the guard cannot pass, with the reason
         self.unexportable: dict[tuple[str, bool, str], str] = {}   # (scope, rewritten, exporter) -> why it failed
         self.measured = self.reused = 0
+        self.baselines_measured = 0          # runtime defaults measured outside the budget
+        self.runtime_defaults: list[Candidate] = []
 
     # ------------------------------------------------------------------ preparation
     def prepare(self) -> list[Candidate]:
@@ -256,16 +267,34 @@ class _Search:
         return f"{label}: best {trial.candidate.key} {1 / trial.ratio:.2f}x"
     def _measure_runtime_defaults(self, pending: list[Candidate]) -> list[Candidate]:
         """Measure the whole model on each runtime at its defaults first, whatever the cost models
-        predict: that is what a user would deploy instead of a build, so the search always knows
-        it (and the final race can pick it) before spending the rest of the budget on beating it.
-        Within the budget, leaving room for one more candidate; returns what is still pending."""
-        defaults = [c for c in pending if c.scope == "" and c.backend in RUNTIME_BACKENDS and not c.knobs
-                    and not c.rewrite and c.precision == "fp32"]
-        if not defaults or self.opt.exhaustive or self.measured + len(defaults) + 1 > self._cap():
+        predict and whatever the budget: that is what a user would deploy instead of a build, so
+        the search always knows it (and the final race can pick it) before spending the budget on
+        beating it. They are baselines, counted apart from the budget (an exhaustive search counts
+        them as candidates); returns what is still pending."""
+        self.runtime_defaults = [c for c in self.space if is_runtime_default(c)]
+        self._log_missing_runtime_defaults()
+        todo = {c.key for c in self.runtime_defaults} & {c.key for c in pending}
+        if not todo:
             return pending
-        self._measure_batch("", [(c, self.cost.predict(c, self.features[""])) for c in defaults])
-        done = {c.key for c in defaults}
-        return [c for c in pending if c.key not in done and not self._reject_unexportable(c)]
+        before = self.measured
+        self._measure_batch("", [(c, self.cost.predict(c, self.features[""])) for c in pending if c.key in todo])
+        if not self.opt.exhaustive:
+            self.baselines_measured += self.measured - before
+            self.measured = before
+        return [c for c in pending if c.key not in todo and not self._reject_unexportable(c)]
+
+    def _log_missing_runtime_defaults(self) -> None:
+        """Say which runtime baselines the race will lack, and why (not installed, restricted away)."""
+        from cuvil_pgc.recompile import runtimes
+
+        have = {c.backend for c in self.runtime_defaults}
+        for backend in ("ort", "openvino"):
+            if backend in have:
+                continue
+            status = runtimes.check(backend, self.opt.device)
+            why = (f"restricted away by backends={self.opt.backends}" if status.ok else status.reason)
+            log.info("cuvil-pgc: %s at its defaults is not measured as a baseline: %s",
+                     runtimes.RUNTIMES[backend].title, why)
 
     def _cap(self) -> int:
         """The most measurements now (:func:`~.search_policy.budget_cap`; a budget the user set is
@@ -446,6 +475,12 @@ class _Search:
             self.records.add(trial, self.features[scope], eager_us)
 
 
+def is_runtime_default(cand: Candidate) -> bool:
+    """The whole model on a runtime at its default settings (what a user would deploy instead)."""
+    return (cand.scope == "" and cand.backend in RUNTIME_BACKENDS and not cand.rewrite and cand.precision == "fp32"
+            and all(name == "ep" for name, _ in cand.knobs))       # on CUDA: each execution provider
+
+
 def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFeatures],
                   modules: dict[str, Any]) -> None:
     """A scope's RNN time (what a cell rewrite can remove) includes its profiled RNN submodules'."""
@@ -479,7 +514,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(str(exc))}"
 
 
-def search(model: Any, example_inputs: tuple[Any, ...], analysis: Any, *, options: SearchOptions | None = None,
+def search(model: Any, example_inputs: tuple[Any, ...], analysis: Analysis | None, *, options: SearchOptions | None = None,
            records: RecordDB | None = None, machine_key: str = "", progress: Progress | None = None) -> SearchResult:
     """Explore the plan space of ``model`` guided by ``analysis``; returns the trials and the choices."""
     from cuvil_pgc.recompile.plan import choose_plan
@@ -494,7 +529,9 @@ def search(model: Any, example_inputs: tuple[Any, ...], analysis: Any, *, option
             s.features.update(_pinned_features(s, opt.fixed))
         result = SearchResult(trials=s.trials, features=s.features, matches=s.matches,
                               scope_inputs=s.scope_inputs, structures=s.structures, weights=s.weights, measured=s.measured,
-                              reused=s.reused, space_size=len(space), machine=machine_key)
+                              reused=s.reused, space_size=len(space), machine=machine_key,
+                              runtime_defaults=[s.trials[c.key] for c in s.runtime_defaults if c.key in s.trials],
+                              baselines_measured=s.baselines_measured)
         torch._dynamo.reset()
         stage(progress, "racing the plan against eager")
         choose_plan(s, result)

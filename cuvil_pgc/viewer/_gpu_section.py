@@ -5,12 +5,15 @@ Same cells as the terminal table (``console_gpu.gpu_device_rows``); every string
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cuvil_pgc.viewer import _sections as sec
 from cuvil_pgc.viewer.console_gpu import gpu_device_rows
 from cuvil_pgc.viewer.formats import fmt_us
 from cuvil_pgc.viewer.template import text
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
 
 TITLE = "GPU devices"
 _COLS = ("device", "work", "time", "busy", "idle", "launch delay", "queue", "comm overlap")
@@ -18,7 +21,7 @@ _HEADERS = ["device", "work", "time by kind", "busy (union)", "idle and its caus
             "stream queue", "comm / compute overlap"]
 
 
-def gpu_section(analysis: Any) -> str:
+def gpu_section(analysis: Analysis) -> str:
     gpu = analysis.trace.get("gpu") or {}
     if not gpu:
         return sec.section("gpu", TITLE, sec.note("No GPU kernels, memcpy or memset in this trace."))

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuvil_pgc.viewer._sections import cell, note, path_text, section, table
 from cuvil_pgc.viewer.formats import fmt_rate, fmt_us
 from cuvil_pgc.viewer.template import text
 
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
 
-def operators_section(analysis: Any) -> str:
+
+def operators_section(analysis: Analysis) -> str:
     rows = analysis.operators or []
     title = "Operators"
     if not rows:

@@ -1,15 +1,16 @@
 """Markup of the compile and recompile-plan sections (their figures come from ``figures``).
 
 Input shapes: ``analysis.compile`` as ``analyze.compile_summary`` writes it, and a plan.json
-document (``recompile.plan_doc``) with optional build facts. Both are read defensively: a key
-that is missing shows as "-", never as an error.
+:class:`~cuvil_pgc.recompile.plan_doc.Plan` with optional build facts. The analysis is read
+defensively (a key that is missing shows as "-", never as an error); the plan is typed, its
+reader already gave missing or mistyped fields their defaults.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from cuvil_pgc.recompile.plan_doc import region_speedup, tried_counts
+from cuvil_pgc.recompile.plan_doc import Plan, PlanRegion, region_speedup
 from cuvil_pgc.trace.schema import display_path
 from cuvil_pgc.viewer._sections import (
     MAX_LIST_ITEMS,
@@ -105,25 +106,27 @@ def _breaks(items: Any) -> str:
 
 # ------------------------------------------------------------------ recompile plan
 
-def plan_section(plan: dict[str, Any] | None, build: dict[str, Any] | None, has_figure: bool) -> str:
+def plan_section(plan: Plan | None, build: dict[str, Any] | None, has_figure: bool) -> str:
     title = "Recompile plan"
     if plan is None:
         return section("plan", title, note("No recompile plan: pass --build BUILD (a .cuvilpkg or store://NAME) "
                                            "to show what `cuvil-pgc recompile` chose for each region."))
     body = facts(_plan_facts(plan, build or {}))
     body += plot("plan") if has_figure else note("No region has both a baseline and a predicted or measured time.")
-    regions = plan.get("regions") or []
-    body += _plan_table(regions) if regions else note("The plan lists no regions.")
-    stale = plan.get("stale") or []
-    if stale:
+    body += _plan_table(plan.regions) if plan.regions else note("The plan lists no regions.")
+    if plan.runtime_defaults:
+        body += "<h3>Runtimes at their defaults (whole model, measured as baselines)</h3>" + _reasons(
+            [f"{d.get('config')}: " + (f"{fmt_ms(d.get('measured_ms'))}" if d.get("status") == "ok" else
+                                       f"{d.get('status')} {d.get('reason') or ''}") for d in plan.runtime_defaults])
+    if plan.stale:
         body += "<h3>Stale regions (changed since the build; skipped at load)</h3>" + _reasons(
-            [f"{s.get('path')}: {s.get('reason')}" if isinstance(s, dict) else s for s in stale])
-    if plan.get("unmatched"):
-        body += "<h3>Profiled regions not matched to a module</h3>" + _reasons(plan["unmatched"])
+            [f"{s.get('path')}: {s.get('reason')}" for s in plan.stale])
+    if plan.unmatched:
+        body += "<h3>Profiled regions not matched to a module</h3>" + _reasons(plan.unmatched)
     return section("plan", title, body)
 
 
-def _plan_facts(plan: dict[str, Any], build: dict[str, Any]) -> list[tuple[str, str]]:
+def _plan_facts(plan: Plan, build: dict[str, Any]) -> list[tuple[str, str]]:
     pairs = []
     if build:
         signed = "signed, signature verified" if build.get("signature_verified") else (
@@ -132,14 +135,13 @@ def _plan_facts(plan: dict[str, Any], build: dict[str, Any]) -> list[tuple[str, 
                   ("Name / version", text(f"{build.get('name', '-')} v{build.get('version', '-')}, "
                                           f"created {build.get('created', '-')}")),
                   ("Signature", text(signed))]
-    speed = plan.get("speedup_vs_eager")
-    tol = plan.get("tolerances") or {}
-    pairs += [("Device", text(plan.get("device", "-"))),
-              ("Whole model", text(f"eager {fmt_ms(plan.get('baseline_ms'))} → plan {fmt_ms(plan.get('plan_ms'))}"
-                                   + (f", speedup {speed:.2f}×" if isinstance(speed, (int, float)) else ""))),
-              ("Search", text(f"{plan.get('measured_candidates', '-')} candidates measured of a space of "
-                              f"{plan.get('space_size', '-')}, {plan.get('reused_records', 0)} reused records")),
-              ("Accuracy tolerances", text(_tolerances(tol)))]
+    speed = plan.speedup_vs_eager
+    pairs += [("Device", text(plan.device)),
+              ("Whole model", text(f"eager {fmt_ms(plan.baseline_ms)} → plan {fmt_ms(plan.plan_ms)}"
+                                   + (f", speedup {speed:.2f}×" if speed is not None else ""))),
+              ("Search", text(f"{plan.measured_candidates} candidates measured of a space of "
+                              f"{plan.space_size}, {plan.reused_records} reused records")),
+              ("Accuracy tolerances", text(_tolerances(plan.tolerances)))]
     return pairs
 
 
@@ -157,30 +159,29 @@ def _or_dash(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _plan_table(regions: list[dict[str, Any]]) -> str:
+def _plan_table(regions: list[PlanRegion]) -> str:
     rows = []
     for r in regions[:MAX_TABLE_ROWS]:
         pred, meas = region_speedup(r, "predicted_ms"), region_speedup(r, "measured_ms")
-        rows.append("<tr>" + cell(path_text(display_path(r.get("path") or r.get("scope") or "-")), r.get("path") or "")
-                    + cell(text(r.get("chosen", "-")), r.get("chosen", "")) + cell(badge(str(r.get("bottleneck") or "")), r.get("bottleneck") or "")
-                    + "".join(cell(text(fmt_ms(r.get(k))), r.get(k) if isinstance(r.get(k), (int, float)) else -1, True)
-                              for k in ("baseline_ms", "predicted_ms", "measured_ms"))
+        times = (r.baseline_ms, r.predicted_ms, r.measured_ms)
+        rows.append("<tr>" + cell(path_text(display_path(r.path or r.scope or "-")), r.path)
+                    + cell(text(r.chosen or "-"), r.chosen) + cell(badge(r.bottleneck), r.bottleneck)
+                    + "".join(cell(text(fmt_ms(t)), t if t is not None else -1, True) for t in times)
                     + cell("-" if pred is None else f"{pred:.2f}×", pred if pred is not None else -1, True)
                     + cell("-" if meas is None else f"{meas:.2f}×", meas if meas is not None else -1, True)
-                    + cell(_alternatives(r.get("alternatives") or [], r), tried_counts(r)[0]) + "</tr>")
+                    + cell(_alternatives(r.alternatives, r), r.tried_counts()[0]) + "</tr>")
     return table(["region", "chosen", "bottleneck", "eager", "predicted", "measured", "predicted speedup",
                   "measured speedup", "tried / rejected"], rows, table_id="plan-table", sortable=True,
                  num_cols=(3, 4, 5, 6, 7))
 
 
-def _alternatives(alts: list[Any], region: dict[str, Any]) -> str:
+def _alternatives(alts: list[dict[str, Any]], region: PlanRegion) -> str:
     """``measured / rejected`` as the CLI counts them, with every alternative in a details list."""
     if not alts:
         return "-"
-    tried, rejected = tried_counts(region)
+    tried, rejected = region.tried_counts()
     items = []
     for a in alts[:MAX_LIST_ITEMS]:
-        a = a if isinstance(a, dict) else {"config": a}
         line = (f"{a.get('config', '?')}: {a.get('status', '?')}, predicted {fmt_ms(a.get('predicted_ms'))}, "
                 f"measured {fmt_ms(a.get('measured_ms'))}" + (f" — {clip(a['reason'], 200)}" if a.get("reason") else ""))
         items.append(f"<li>{text(line)}</li>")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.viewer.console import key_evidence
 from cuvil_pgc.viewer.formats import clip, fmt_rate, fmt_us
 from cuvil_pgc.viewer.template import text
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
 
 MAX_TABLE_ROWS = 500
 MAX_LIST_ITEMS = 20
@@ -82,7 +85,7 @@ def _break_after_separators(markup: str) -> str:
 
 # ------------------------------------------------------------------ run summary
 
-def summary_section(analysis: Any, cuvil_version: str) -> str:
+def summary_section(analysis: Analysis, cuvil_version: str) -> str:
     tr = analysis.trace or {}
     pairs = [("Sources", _sources(tr.get("sources") or [])),
              ("Duration", text(fmt_us(tr.get("duration_us")))),
@@ -192,7 +195,7 @@ def _samplers(samplers: dict) -> str:
 
 # ------------------------------------------------------------------ hot regions
 
-def hot_regions_section(analysis: Any) -> str:
+def hot_regions_section(analysis: Analysis) -> str:
     regions = analysis.regions[:MAX_TABLE_ROWS]
     if not regions:
         return section("hot-regions", "Hot regions", note("No regions in this analysis (the filter matched none?)."))
@@ -242,7 +245,7 @@ def _evidence_value(v: Any) -> str:
 
 # ------------------------------------------------------------------ fusion, ranks
 
-def fusion_section(analysis: Any) -> str:
+def fusion_section(analysis: Analysis) -> str:
     cands = analysis.fusion_candidates[:MAX_TABLE_ROWS]
     if not cands:
         return section("fusion", "Fusion candidates",

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuvil_pgc.recompile.plan_doc import region_speedup, tried_counts
+from cuvil_pgc.recompile.plan_doc import Plan, region_speedup
 from cuvil_pgc.trace.schema import display_path
 from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup, render_view
 
 
-def plan_view(plan: dict[str, Any], path: str | None = None) -> TableView:
+def plan_view(plan: Plan, path: str | None = None) -> TableView:
     """The plan as a table view: per region, chosen config, predicted vs measured times and speedups."""
     ms = _ms
     columns = [Column("path", "region", display_path, identifier=True),
@@ -23,17 +23,25 @@ def plan_view(plan: dict[str, Any], path: str | None = None) -> TableView:
                Column("measured_speedup", "speedup", fmt_speedup, "right"),
                Column("tried", "tried/rej.", justify="right", drop=1)]
     rows = []
-    for r in plan["regions"]:
-        tried, rejected = tried_counts(r)
-        rows.append({"path": r["path"], "bottleneck": r["bottleneck"], "chosen": r["chosen"],
-                     "baseline_ms": r["baseline_ms"], "predicted_ms": r["predicted_ms"], "measured_ms": r["measured_ms"],
+    for r in plan.regions:
+        tried, rejected = r.tried_counts()
+        rows.append({"path": r.path, "bottleneck": r.bottleneck, "chosen": r.chosen,
+                     "baseline_ms": r.baseline_ms, "predicted_ms": r.predicted_ms, "measured_ms": r.measured_ms,
                      "predicted_speedup": region_speedup(r, "predicted_ms"),
                      "measured_speedup": region_speedup(r, "measured_ms"), "tried": f"{tried}/{rejected}"})
-    stale = ", ".join(s["path"] for s in plan["stale"]) or "none"
-    caption = (f"whole model: eager {_ms(plan['baseline_ms'])} ms → {_ms(plan['plan_ms'])} ms "
-               f"({fmt_speedup(plan['speedup_vs_eager'])}); measured {plan['measured_candidates']} of "
-               f"{plan['space_size']} candidates, {plan['reused_records']} from records; stale regions: {stale}")
+    stale = ", ".join(str(s.get("path")) for s in plan.stale) or "none"
+    caption = (f"whole model: eager {_ms(plan.baseline_ms)} ms → {_ms(plan.plan_ms)} ms "
+               f"({fmt_speedup(plan.speedup_vs_eager)}); measured {plan.measured_candidates} of "
+               f"{plan.space_size} candidates, {plan.reused_records} from records; stale regions: {stale}"
+               + _runtime_defaults(plan))
     return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
+
+
+def _runtime_defaults(plan: Plan) -> str:
+    """``; runtimes at defaults: ort 1.2 ms, openvino failed`` (the baselines the search measured)."""
+    parts = [f"{d.get('config')} {_ms(d.get('measured_ms'))} ms" if d.get("status") == "ok" else
+             f"{d.get('config')} {d.get('status')}" for d in plan.runtime_defaults]
+    return f"; runtimes at defaults: {', '.join(parts)}" if parts else ""
 
 
 def _chosen(value: str) -> str:
@@ -43,7 +51,7 @@ def _chosen(value: str) -> str:
     return merged if str(value).startswith(merged + ":") else str(value)
 
 
-def plan_table(plan: dict[str, Any], path: str | None = None, width: int = 80) -> Any:
+def plan_table(plan: Plan, path: str | None = None, width: int = 80) -> Any:
     """The plan as a rich table fitted to ``width``."""
     return render_view(plan_view(plan, path), width)[0]
 

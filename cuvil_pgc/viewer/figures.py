@@ -15,7 +15,7 @@ with x in ms rounded to 0.1 µs, so a timeline costs a few bytes per span.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -25,6 +25,10 @@ from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.recompile.plan_doc import region_speedup
 from cuvil_pgc.trace.schema import display_path
 from cuvil_pgc.viewer.template import plot_text
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
+    from cuvil_pgc.recompile.plan_doc import Plan
 
 BOTTLENECK_COLORS = {c.name: c.color for c in vocabulary.CLASSES}
 OTHER_COLOR = vocabulary.UNKNOWN_COLOR
@@ -65,7 +69,7 @@ def _json(fig: go.Figure) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ region timeline + utilization
 
-def timeline_figure(analysis: Any) -> dict[str, Any] | None:
+def timeline_figure(analysis: Analysis) -> dict[str, Any] | None:
     """Region spans per lane and depth above the SM (GPU) or CPU utilization, one shared x axis."""
     spans = analysis.timeline.spans or {}
     util = utilization_series(analysis.timeline.counters or {})
@@ -205,7 +209,7 @@ def _add_utilization(fig: go.Figure, counters: dict[str, dict[str, list]], serie
 
 # ------------------------------------------------------------------ compile timeline
 
-def compile_figure(analysis: Any) -> dict[str, Any] | None:
+def compile_figure(analysis: Analysis) -> dict[str, Any] | None:
     """Gantt of compile phases per graph (bars) with cache lookups, graph breaks and recompiles."""
     cs = analysis.timeline.compile_spans or {}
     if not cs.get("ts_us"):
@@ -295,7 +299,7 @@ def _add_compile_marks(fig: go.Figure, cs: dict[str, list], marks: list[int]) ->
 
 # ------------------------------------------------------------------ latency histograms
 
-def histogram_figure(analysis: Any, top: int = HIST_REGIONS) -> dict[str, Any] | None:
+def histogram_figure(analysis: Analysis, top: int = HIST_REGIONS) -> dict[str, Any] | None:
     """Call-latency histograms (log-spaced bins) of the hottest regions, small multiples."""
     drawable = [r for r in analysis.regions if (r.histogram or {}).get("counts")]
     regions = ([r for r in drawable if r.calls > 1] or drawable)[:top]
@@ -396,12 +400,12 @@ def ranks_figure(ranks: dict[str, Any], top: int = SKEW_REGIONS) -> dict[str, An
 
 # ------------------------------------------------------------------ recompile plan
 
-def plan_figure(plan: dict[str, Any]) -> dict[str, Any] | None:
+def plan_figure(plan: Plan) -> dict[str, Any] | None:
     """Predicted vs measured speedup over eager per planned region."""
-    rows = [r for r in plan.get("regions") or [] if region_speedup(r, "predicted_ms") or region_speedup(r, "measured_ms")]
+    rows = [r for r in plan.regions if region_speedup(r, "predicted_ms") or region_speedup(r, "measured_ms")]
     if not rows:
         return None
-    paths = [display_path(r.get("path") or r.get("scope") or "?") for r in rows]
+    paths = [display_path(r.path or r.scope or "?") for r in rows]
     names = [plot_text(p, 200) for p in paths]
     fig = go.Figure()
     for key, name, color in (("predicted_ms", "predicted", "#9bb1de"), ("measured_ms", "measured", "#3558a8")):

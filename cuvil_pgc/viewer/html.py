@@ -16,13 +16,17 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuvil_pgc.errors import ConfigError
 from cuvil_pgc.viewer import _run_sections as runs
 from cuvil_pgc.viewer import _sections as sec
 from cuvil_pgc.viewer import figures as figs
 from cuvil_pgc.viewer.template import PLOTLY_MODES, page, text
+
+if TYPE_CHECKING:
+    from cuvil_pgc.analyze.analysis import Analysis
+    from cuvil_pgc.recompile.plan_doc import Plan
 
 TEMPLATE_KEY = "_template"     # not a figure: the plotly template all figures share
 SECTIONS = (("summary", "Summary"), ("hot-regions", "Hot regions"), ("gpu", "GPU"), ("operators", "Operators"),
@@ -31,13 +35,13 @@ SECTIONS = (("summary", "Summary"), ("hot-regions", "Hot regions"), ("gpu", "GPU
             ("fusion", "Fusion"), ("ranks", "Ranks"), ("plan", "Recompile plan"))
 
 
-def render_html(analysis: Any, *, plan: dict[str, Any] | None = None, plotly_js: str = "inline",
+def render_html(analysis: Analysis, *, plan: Plan | None = None, plotly_js: str = "inline",
                 title: str | None = None, build: dict[str, Any] | None = None) -> str:
     """The report as one HTML document.
 
     Args:
         analysis: the Analysis to present.
-        plan: a recompile plan document (plan.json of a build), shown in the ``plan`` section.
+        plan: a build's recompile :class:`~cuvil_pgc.recompile.plan_doc.Plan`, shown in the ``plan`` section.
         plotly_js: ``"inline"`` (self-contained, works offline) or ``"cdn"`` (smaller file).
         title: page title; default names the trace files.
         build: facts about the build the plan came from (path, name, version, created, signed).
@@ -51,7 +55,7 @@ def render_html(analysis: Any, *, plan: dict[str, Any] | None = None, plotly_js:
                 plotly_js=plotly_js)
 
 
-def build_figures(analysis: Any, plan: dict[str, Any] | None) -> dict[str, Any]:
+def build_figures(analysis: Analysis, plan: Plan | None) -> dict[str, Any]:
     """Figure JSON by key (the ``data-figure`` of its div); sections without data have none."""
     from cuvil_pgc.analyze.roofline import roofline_data
 
@@ -65,13 +69,13 @@ def build_figures(analysis: Any, plan: dict[str, Any] | None) -> dict[str, Any]:
     return figures
 
 
-def default_title(analysis: Any) -> str:
+def default_title(analysis: Analysis) -> str:
     sources = [Path(str(s.get("path", ""))).name for s in (analysis.trace or {}).get("sources") or []]
     label = ", ".join(sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
     return f"cuvil-pgc report — {label}" if label else "cuvil-pgc report"
 
 
-def _header(title: str, analysis: Any) -> str:
+def _header(title: str, analysis: Analysis) -> str:
     from cuvil_pgc._version import __version__
 
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -87,29 +91,29 @@ def _nav() -> str:
 
 # ------------------------------------------------------------------ sections
 
-def _summary(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _summary(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     from cuvil_pgc._version import __version__
 
     return sec.summary_section(analysis, __version__)
 
 
-def _hot(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _hot(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     return sec.hot_regions_section(analysis)
 
 
-def _operators(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _operators(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     from cuvil_pgc.viewer._ops_section import operators_section
 
     return operators_section(analysis)
 
 
-def _gpu(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _gpu(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     from cuvil_pgc.viewer._gpu_section import gpu_section
 
     return gpu_section(analysis)
 
 
-def _timeline(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _timeline(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     util = figs.utilization_series(analysis.timeline.counters or {})
     counts = (analysis.trace or {}).get("counts") or {}
     gpu_run = bool(counts.get("kernel") or (analysis.trace or {}).get("devices"))
@@ -130,12 +134,12 @@ def _timeline(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> 
     return sec.section("timeline", title, intro + "".join(sec.note(n) for n in notes) + sec.plot("timeline"))
 
 
-def _compile(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _compile(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     samplers = (analysis.trace or {}).get("samplers") or {}
     return runs.compile_section(analysis.compile or {}, samplers, "compile" in figures)
 
 
-def _histograms(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _histograms(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     title = "Latency histograms of the top regions"
     if "histograms" not in figures:
         return sec.section("histograms", title, sec.note("No region call latencies recorded."))
@@ -146,7 +150,7 @@ def _histograms(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -
     return sec.section("histograms", title, warn + sec.plot("histograms"))
 
 
-def _roofline(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _roofline(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     title = "Roofline"
     if "roofline" not in figures:
         return sec.section("roofline", title, sec.note("No machine roofs and no region with known FLOPs and bytes."))
@@ -163,15 +167,15 @@ def _roofline(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> 
                        + sec.plot("roofline"))
 
 
-def _fusion(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _fusion(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     return sec.fusion_section(analysis)
 
 
-def _ranks(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _ranks(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     return sec.ranks_section(analysis.ranks or {}, "ranks" in figures)
 
 
-def _plan(analysis: Any, plan: Any, build: Any, figures: dict[str, Any]) -> str:
+def _plan(analysis: Analysis, plan: Plan | None, build: Any, figures: dict[str, Any]) -> str:
     return runs.plan_section(plan, build, "plan" in figures)
 
 
@@ -181,7 +185,7 @@ SECTION_RENDERERS: list[Callable[[Any, Any, Any, dict[str, Any]], str]] = [
 
 # ------------------------------------------------------------------ writing
 
-def write_report(analysis: Any, path: str | os.PathLike[str], **options: Any) -> Path:
+def write_report(analysis: Analysis, path: str | os.PathLike[str], **options: Any) -> Path:
     """Render and write the report atomically (a reader never sees half a file); returns the path.
 
     ``options`` are those of :func:`render_html`.

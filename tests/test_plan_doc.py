@@ -1,0 +1,121 @@
+"""The typed Plan (plan.json): round trips keep a newer version's fields, format 1 still reads, and
+the build, the loader, the report and the CLI all take the Plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.plan_doc import PLAN_FORMAT, Plan, PlanChoice, PlanFormatError, PlanRegion
+
+#: a plan.json as cuvil-pgc 0.x wrote it (format 1): the TensorRT choice records GPU and version
+FORMAT_1 = {
+    "format": 1, "device": "cpu", "machine": "m1", "model_hash": "ab" * 32,
+    "tolerances": {"rtol": None, "atol": None},
+    "choices": [{"scope": "enc", "candidate": Candidate("enc", "ort", knobs=(("opt", "extended"),)).to_json(),
+                 "config": "ort+opt=extended", "structure": "s1", "weights": "w1", "input_signature": [[2, 16]],
+                 "input_spec": None, "artifact": "ort/0.onnx",
+                 "runtime": {"name": "ort", "version": "1.32.0", "outputs": None}},
+                {"scope": "head", "candidate": Candidate("head", "tensorrt").to_json(), "config": "tensorrt",
+                 "structure": "s2", "weights": None, "input_signature": None, "input_spec": None,
+                 "artifact": "tensorrt/1.ep",
+                 "runtime": {"name": "tensorrt", "version": "2.9.0", "gpu": "NVIDIA H200", "outputs": None}}],
+    "regions": [{"path": "model", "scope": "<model>", "chosen": "eager", "bottleneck": "host_bound",
+                 "labels": ["host_bound"], "evidence": {"ops_per_forward": 3}, "predicted_ms": None,
+                 "measured_ms": 2.0, "baseline_ms": 2.4,
+                 "alternatives": [{"config": "aoti", "status": "ok"}, {"config": "x", "status": "compile_error"},
+                                  {"config": "y", "status": "not_measured"}]}],
+    "stale": [{"path": "gone", "reason": "module changed"}], "unmatched": ["a/b"],
+    "measured_candidates": 7, "reused_records": 1, "space_size": 24, "baseline_ms": 2.4, "plan_ms": 2.0,
+    "speedup_vs_eager": 1.2, "final_medians_ms": {"eager": 2.4, "model": 2.0},
+}
+
+
+def test_format_1_reads_into_the_typed_plan():
+    plan = Plan.from_json(json.loads(json.dumps(FORMAT_1)))
+    assert plan.format == 1 and plan.device == "cpu" and plan.measured_candidates == 7
+    enc, head = plan.choices
+    assert isinstance(enc, PlanChoice) and enc.candidate == Candidate("enc", "ort", knobs=(("opt", "extended"),))
+    assert enc.config == "ort+opt=extended" and enc.artifact == "ort/0.onnx" and enc.input_signature == [[2, 16]]
+    assert head.runtime["gpu"] == "NVIDIA H200"          # where format 1 kept the engine's GPU
+    region = plan.regions[0]
+    assert isinstance(region, PlanRegion) and region.tried_counts() == (2, 1)
+    assert plan.candidates() == {"enc": enc.candidate, "head": head.candidate}
+    assert plan.runtime_defaults == [] and plan.extra == {}
+    out = plan.to_json()
+    assert out["format"] == PLAN_FORMAT == 2          # written back in the current format
+    assert out["choices"] == FORMAT_1["choices"] and out["regions"][0] == FORMAT_1["regions"][0]
+
+
+def test_a_newer_plans_unknown_fields_survive_a_round_trip_at_every_level():
+    newer = json.loads(json.dumps(FORMAT_1))
+    newer["format"], newer["runtime_defaults"] = 2, [{"config": "ort", "status": "ok", "measured_ms": 1.0}]
+    newer["calibration"] = {"probe": "v3"}                          # plan level
+    newer["choices"][0]["graph_capture_stats"] = [1, 2]             # choice level
+    newer["choices"][0]["candidate"]["graph_capture"] = True        # the candidate's own knob
+    newer["regions"][0]["energy_j"] = 0.4                           # region level
+    plan = Plan.from_json(newer)
+    assert plan.extra == {"calibration": {"probe": "v3"}}
+    # the newer version's config spelling is kept beside its field
+    assert plan.choices[0].extra == {"graph_capture_stats": [1, 2], "config": "ort+opt=extended"}
+    assert plan.choices[0].candidate.unknown == ["graph_capture"]
+    assert "graph_capture=true" in plan.choices[0].candidate.config        # shown, not hidden
+    assert plan.regions[0].extra == {"energy_j": 0.4}
+    again = json.loads(json.dumps(plan.to_json()))
+    assert again == newer
+    assert Plan.from_json(again).to_json() == again
+
+
+def test_candidate_from_json_keeps_unknown_fields_and_a_known_one_is_unchanged():
+    doc = {**Candidate("x", "ort").to_json(), "graph_capture": True, "ep_options": {"a": 1}}
+    cand = Candidate.from_json(doc)
+    assert cand.unknown == ["ep_options", "graph_capture"] and cand.to_json() == doc
+    assert cand != Candidate("x", "ort")           # not silently the configuration without the knob
+    plain = Candidate("x", "aoti", freezing=True)
+    assert Candidate.from_json(plain.to_json()) == plain and plain.to_json().keys() == doc.keys() - {
+        "graph_capture", "ep_options"}
+
+
+def test_another_format_or_a_malformed_choice_is_refused():
+    with pytest.raises(PlanFormatError, match="format 3"):
+        Plan.from_json({**FORMAT_1, "format": 3})
+    with pytest.raises(PlanFormatError, match="no candidate"):
+        Plan.from_json({**FORMAT_1, "choices": [{"scope": "x"}]})
+    with pytest.raises(PlanFormatError, match="not an object"):
+        Plan.from_json([])
+    with pytest.raises(PlanFormatError, match="malformed candidate"):
+        Plan.from_json({**FORMAT_1, "choices": [{"scope": "x", "candidate": {"scope": "x", "knobs": 3}}]})
+
+
+def test_mistyped_display_fields_take_their_defaults():
+    plan = Plan.from_json({"format": 1, "choices": [], "measured_candidates": "7", "plan_ms": float("nan"),
+                           "regions": [{"path": 3, "predicted_ms": "fast", "alternatives": ["aoti"]}, "junk"]})
+    assert plan.measured_candidates == 0 and plan.plan_ms is None
+    assert plan.regions[0].path == "3" and plan.regions[0].predicted_ms is None
+    assert plan.regions[0].alternatives == [{"config": "aoti"}] and len(plan.regions) == 1
+
+
+def test_a_pinned_plan_with_a_newer_knob_is_refused():
+    from cuvil_pgc.errors import RecompileError
+    from cuvil_pgc.recompile.build import _pinned
+
+    newer = json.loads(json.dumps(FORMAT_1))
+    assert _pinned(newer) == Plan.from_json(newer).candidates()
+    newer["choices"][0]["candidate"]["graph_capture"] = True
+    with pytest.raises(RecompileError, match=r"fields this cuvil-pgc does not know \(graph_capture\)"):
+        _pinned(newer)
+
+
+def test_the_report_and_the_cli_show_the_runtime_baselines():
+    from cuvil_pgc.viewer._run_sections import plan_section
+    from cuvil_pgc.viewer.console_recompile import plan_view
+
+    plan = Plan.from_json({**FORMAT_1, "format": 2, "runtime_defaults": [
+        {"config": "ort", "status": "ok", "measured_ms": 0.25},
+        {"config": "openvino", "status": "compile_error", "reason": "ExportError: <b>boom</b>"}]})
+    html = plan_section(plan, None, False)
+    assert "Runtimes at their defaults" in html and "openvino: compile_error ExportError: &lt;b&gt;boom" in html
+    caption = plan_view(plan).caption
+    assert "runtimes at defaults: ort 0.2500 ms, openvino compile_error" in caption

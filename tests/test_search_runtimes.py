@@ -1,0 +1,200 @@
+"""The search over runtime backends with measurements faked at their seam (``time_interleaved``) and
+builds faked at ``realize``: the runtime defaults are always measured as baselines, and a search
+reaches a mixed plan (different runtimes per region) on its own."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.analyze.analysis import Analysis, RegionStats
+from cuvil_pgc.recompile import candidates
+from cuvil_pgc.recompile.apply import Realized
+from cuvil_pgc.recompile.candidates import Candidate, RuntimeSpace
+from cuvil_pgc.recompile.measure import Samples
+
+
+def stats(path: str, mean_us: float, module: str) -> RegionStats:
+    return RegionStats(path=path, calls=10, total_us=mean_us * 10, self_us=mean_us * 10, mean_us=mean_us,
+                       p50_us=mean_us, p95_us=mean_us, p99_us=mean_us, share=0.5, hotness=mean_us * 10,
+                       bottleneck="launch_overhead", confidence=0.9, evidence={"module": module})
+
+
+class Tagged(nn.Module):
+    """A fake build of ``key``: runs the original module and says it ran."""
+
+    ran: list[str] = []
+
+    def __init__(self, inner: nn.Module, key: str) -> None:
+        super().__init__()
+        self.inner, self.key = inner, key
+
+    def forward(self, *args, **kwargs):
+        Tagged.ran.append(self.key)
+        return self.inner(*args, **kwargs)
+
+
+def fake_measurements(monkeypatch, eager_ms: dict[str, float], ms: dict[str, float], other: float = 0.9,
+                      final_ms: dict[str, float] | None = None):
+    """Builds cost nothing; a candidate ``scope::config`` takes ``ms`` (else ``other`` x its scope's
+    eager time; ``final_ms`` overrides it in the final race); a whole plan takes the model's eager
+    time less what its regions save."""
+    import cuvil_pgc.recompile.plan as plan_mod
+    import cuvil_pgc.recompile.search as search_mod
+
+    built: list[str] = []
+
+    def realize(module, cand, inputs, **kw):
+        built.append(cand.key)
+        return Realized(Tagged(module, cand.key))
+
+    def cost(key: str) -> float:
+        scope = key.split("::")[0].replace("<model>", "")
+        return ms.get(key, other * eager_ms[scope])
+
+    def plan_time(fn) -> float:
+        Tagged.ran = []
+        with torch.no_grad():
+            fn()
+        ran = set(Tagged.ran)
+        whole = [k for k in ran if k.startswith("<model>::")]
+        if whole:
+            return (final_ms or {}).get(whole[0], cost(whole[0]))
+        return eager_ms[""] - sum(eager_ms[k.split("::")[0]] - cost(k) for k in ran)
+
+    def search_batch(fns, rounds=25, **kw):      # a scope's eager module and its candidates
+        scopes = {k.split("::")[0].replace("<model>", "") for k in fns if "::" in k}
+        eager = eager_ms[next(iter(scopes))] if scopes else eager_ms[""]
+        return {k: Samples(k, [(eager if k == "eager" else cost(k)) / 1e3]) for k in fns}
+
+    def final_race(fns, rounds=25, **kw):        # whole plans
+        return {k: Samples(k, [(eager_ms[""] if k == "eager" else plan_time(fn)) / 1e3]) for k, fn in fns.items()}
+
+    for mod in (search_mod, plan_mod):
+        monkeypatch.setattr(mod, "realize", realize)
+    monkeypatch.setattr(search_mod, "time_interleaved", search_batch)
+    monkeypatch.setattr(plan_mod, "time_interleaved", final_race)
+    monkeypatch.setattr(candidates.RuntimeSpace, "here",
+                        classmethod(lambda cls, device="cpu": RuntimeSpace(("ort", "openvino"), False, 1)))
+    return built
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def test_runtime_defaults_are_measured_as_baselines_outside_even_a_spent_budget(monkeypatch):
+    """A budget with no room left (before: both defaults silently skipped, eager shipped) still
+    measures ONNX Runtime and OpenVINO at their defaults; they are counted apart and can win."""
+    from cuvil_pgc.recompile.plan_doc import plan_document
+    from cuvil_pgc.recompile.search import SearchOptions, search
+
+    built = fake_measurements(monkeypatch, {"": 1.0}, {"<model>::ort": 0.4, "<model>::openvino": 0.6})
+    torch.manual_seed(0)
+    an = Analysis(regions=[stats("model", 300.0, "Mlp")])
+    result = search(Mlp().eval(), (torch.randn(2, 16),), an,
+                    options=SearchOptions(budget=1, backends=("aoti", "ort", "openvino"), rounds=3))
+    assert set(built[:2]) == {"<model>::ort", "<model>::openvino"}
+    assert result.measured == 1 and result.baselines_measured == 2       # the budget: eager alone
+    assert {t.candidate.config: t.status for t in result.runtime_defaults} == {"ort": "ok", "openvino": "ok"}
+    assert result.choices == {"": Candidate("", "ort")}
+    plan = plan_document(result, device="cpu", model_hash="", rtol=None, atol=None, artifacts={})
+    assert {d["config"]: d["measured_ms"] for d in plan.runtime_defaults} == {"ort": 0.4, "openvino": 0.6}
+    assert plan.measured_candidates == 1
+
+
+def test_a_runtime_left_out_of_the_space_is_logged_not_silently_skipped(monkeypatch, caplog):
+    from cuvil_pgc.recompile.search import SearchOptions, search
+
+    fake_measurements(monkeypatch, {"": 1.0}, {"<model>::ort": 0.4})
+    torch.manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="cuvil_pgc.recompile.search"):
+        result = search(Mlp().eval(), (torch.randn(2, 16),), Analysis(regions=[stats("model", 300.0, "Mlp")]),
+                        options=SearchOptions(budget=3, backends=("aoti", "ort"), rounds=3))
+    assert [t.candidate.config for t in result.runtime_defaults] == ["ort"]
+    assert "OpenVINO at its defaults is not measured as a baseline" in caplog.text
+
+
+class TwoPart(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32))
+        self.head = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(x))
+
+
+def test_a_search_reaches_a_mixed_plan_on_its_own(monkeypatch):
+    """The encoder runs fastest on ONNX Runtime, the head on OpenVINO, the whole model on either is
+    slower than both regions apart: the search's own plan is the mixed one."""
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.search import SearchOptions, search
+
+    fake_measurements(monkeypatch, {"": 1.0, "enc": 0.45, "head": 0.45},
+                      {"enc::ort": 0.15, "enc::openvino": 0.3, "head::openvino": 0.1, "head::ort": 0.3,
+                       "<model>::ort": 0.8, "<model>::openvino": 0.8})
+    monkeypatch.setattr(search_mod, "MIN_EXPLORE", 10**6)     # no stop rule: every candidate is tried
+    torch.manual_seed(0)
+    an = Analysis(regions=[stats("model", 300.0, "TwoPart"), stats("model/model.enc", 140.0, "Sequential"),
+                           stats("model/model.head", 140.0, "Sequential")])
+    result = search(TwoPart().eval(), (torch.randn(2, 16),), an,
+                    options=SearchOptions(budget=100, backends=("ort", "openvino"), rounds=3))
+    assert result.choices == {"enc": Candidate("enc", "ort"), "head": Candidate("head", "openvino")}
+    assert result.plan_us == pytest.approx(1000.0 - 300.0 - 350.0)
+    assert {type(m).__name__ for n, m in result.module.named_children()} == {"Tagged"}
+
+
+def test_the_profile_steers_the_runtime_knobs_and_keeps_the_space_bounded():
+    """Overhead-bound scopes get ORT's basic level and one-thread runtimes, scopes with work the
+    spinning and executor knobs, batched inputs OpenVINO's throughput hint; batch 1 keeps latency."""
+    from cuvil_pgc.recompile.candidates import ScopeFeatures, scope_candidates
+
+    def configs(label: str, threads: int = 2, batch: int = 1) -> set[str]:
+        feats = ScopeFeatures(scope="", path="m", bottleneck=label, eager_us=500.0, labels=[label],
+                              evidence={"batch": batch})
+        return {c.config for c in scope_candidates(feats, runtimes=RuntimeSpace(("ort", "openvino"), False, threads))
+                if c.backend in ("ort", "openvino")}
+
+    small = configs("launch_overhead")
+    assert {"ort+opt=basic", "ort+threads=1", "openvino+threads=1"} <= small
+    assert not {"ort+spin=off", "ort+exec=parallel", "openvino+hint=throughput"} & small
+    work = configs("compute")
+    assert {"ort+spin=off", "ort+exec=parallel"} <= work and not {"ort+opt=basic", "ort+threads=1"} & work
+    assert "openvino+hint=throughput" not in work                    # batch 1: the latency hint only
+    assert "openvino+hint=throughput" in configs("compute", batch=8)
+    assert "openvino+hint=throughput" not in configs("compute", threads=1, batch=8)
+    assert not {"ort+threads=1", "openvino+threads=1"} & configs("launch_overhead", threads=1)
+    assert max(len(configs(label, 4, 8)) for label in ("launch_overhead", "compute", "memory_bandwidth")) <= 8
+
+
+def test_the_features_record_the_batch():
+    from cuvil_pgc.recompile.apply import ScopeInputs
+    from cuvil_pgc.recompile.features import scope_features
+
+    feats = scope_features("", Mlp().eval(), ScopeInputs((torch.randn(4, 16),)), None, None, 1.0, 1.0)
+    assert feats.evidence["batch"] == 4
+
+
+def test_the_fastest_runtime_default_always_runs_in_the_final_race(monkeypatch):
+    """The search measured OpenVINO's defaults 20 % behind AOTInductor (no near tie); the final race,
+    side by side, finds it faster: the build is OpenVINO, not the slower AOTInductor package."""
+    from cuvil_pgc.recompile.search import SearchOptions, search
+
+    fake_measurements(monkeypatch, {"": 1.0}, {"<model>::aoti": 0.5, "<model>::openvino": 0.6, "<model>::ort": 0.7},
+                      final_ms={"<model>::openvino": 0.4})
+    monkeypatch.setattr("cuvil_pgc.recompile.search.MIN_EXPLORE", 10**6)
+    torch.manual_seed(0)
+    result = search(Mlp().eval(), (torch.randn(2, 16),), Analysis(regions=[stats("model", 300.0, "Mlp")]),
+                    options=SearchOptions(budget=100, backends=("aoti", "ort", "openvino"), rounds=3))
+    assert result.trials["<model>::aoti"].status == "ok"
+    assert "<model>::openvino" in result.final_medians_us and "<model>::ort" not in result.final_medians_us
+    assert result.choices == {"": Candidate("", "openvino")}
