@@ -404,3 +404,18 @@ def test_timeline_lanes_are_labelled_alike():
         "thread 7 · depth 0", "thread 7 · depth 1", "thread 9 · depth 0"]
     assert lane_labels([("r0 pid 5 tid 7", 0), ("r1 pid 6 tid 7", 0)]) == [
         "r0 pid 5 tid 7 · depth 0", "r1 pid 6 tid 7 · depth 0"]
+
+
+def test_a_plan_json_document_renders_as_its_typed_plan(gpu_two_ranks):
+    """write_report/render_html take build.plan or a plan.json dict alike; a document that is not a
+    plan is a ConfigError, not an AttributeError from deep inside the renderer."""
+    from cuvil_pgc.errors import ConfigError
+
+    doc = plan_doc(["step/encoder"])
+    typed = render_html(gpu_two_ranks, plan=Plan.from_json(doc), title="t")
+    as_dict = render_html(gpu_two_ranks, plan=doc, title="t")
+    assert 'id="plan-table"' in as_dict
+    generated = re.compile(r"generated [0-9-]+ [0-9:]+ UTC")       # the header's clock
+    assert generated.sub("", as_dict) == generated.sub("", typed)
+    with pytest.raises(ConfigError, match="not a plan"):
+        render_html(gpu_two_ranks, plan={"choices": "nope", "regions": 3}, title="t")

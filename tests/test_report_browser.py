@@ -283,7 +283,7 @@ def _module_report(folder: Path) -> Path:
                         for p in MODULE_PATHS]
     plan["stale"] = []
     build = {"path": "out/model.cuvilpkg", "name": "model", "version": 1, "created": "2026-12-02", "signed": True}
-    return write_report(analysis, folder / "modules.html", plan=plan, build=build, title="modules")
+    return write_report(analysis, folder / "modules.html", plan=Plan.from_json(plan), build=build, title="modules")
 
 
 # Where an identifier's text wraps to a new line, the character before the break: only '.', '/'

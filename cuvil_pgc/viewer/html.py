@@ -41,13 +41,22 @@ def render_html(analysis: Analysis, *, plan: Plan | None = None, plotly_js: str 
 
     Args:
         analysis: the Analysis to present.
-        plan: a build's recompile :class:`~cuvil_pgc.recompile.plan_doc.Plan`, shown in the ``plan`` section.
+        plan: a build's recompile :class:`~cuvil_pgc.recompile.plan_doc.Plan` (or its plan.json
+            document), shown in the ``plan`` section.
         plotly_js: ``"inline"`` (self-contained, works offline) or ``"cdn"`` (smaller file).
         title: page title; default names the trace files.
         build: facts about the build the plan came from (path, name, version, created, signed).
     """
     if plotly_js not in PLOTLY_MODES:
         raise ConfigError(f"--plotly-js {plotly_js!r} is not one of {', '.join(PLOTLY_MODES)}")
+    if isinstance(plan, dict):              # a plan.json document, as the API took before plans were typed
+        from cuvil_pgc.recompile.plan_doc import Plan, PlanFormatError
+
+        try:
+            plan = Plan.from_json(plan)
+        except PlanFormatError as exc:
+            raise ConfigError(f"the plan is not a plan this cuvil-pgc reads ({exc})",
+                              fix="pass build.plan or the plan.json of a build written by `cuvil-pgc recompile`") from None
     figures = build_figures(analysis, plan)
     title = title or default_title(analysis)
     body = "".join(s(analysis, plan, build, figures) for s in SECTION_RENDERERS)
