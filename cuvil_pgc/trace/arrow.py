@@ -43,12 +43,12 @@ import os
 import re
 from typing import Any
 
-import msgspec
 import numpy as np
 import orjson
 
 from cuvil_pgc.errors import ConfigError, TraceError
-from cuvil_pgc.trace._args import ArgsMap, stored_items
+from cuvil_pgc.trace._args import ArgsMap
+from cuvil_pgc.trace._arrow_args import args_json, dumps_json
 from cuvil_pgc.trace.columns import COUNTER_COLUMNS, EVENT_COLUMNS, EXTRA_COLUMNS, Source, StringTable, Trace
 from cuvil_pgc.trace.merge import first_ts
 from cuvil_pgc.trace.schema import Kind
@@ -214,104 +214,8 @@ def _event_columns(trace: Trace, rows: np.ndarray, base: float) -> dict[str, Any
         "external_id": ext[rows] if ext is not None else np.full(len(rows), -1, dtype=np.int64),
         "fwdbwd": fwdbwd[rows] if fwdbwd is not None else np.full(len(rows), -1, dtype=np.int64),
     }
-    cols["args"] = _args_json(trace, rows)
+    cols["args"] = args_json(pyarrow(), trace, rows)
     return cols
-
-
-def _args_json(trace: Trace, rows: np.ndarray) -> Any:
-    """Each row's args as JSON text (null: no args), ``rows`` ascending, as an Arrow string array
-    built from encoded buffers, with no Python string per row."""
-    pa = pyarrow()
-    n = len(rows)
-    if not len(trace.args):
-        return pa.nulls(n, pa.string())
-    keys, stored = stored_items(trace.args)
-    pos = np.searchsorted(rows, keys)
-    inside = (pos < n) & (rows[np.minimum(pos, n - 1)] == keys)
-    picked = np.flatnonzero(inside)
-    picked = picked[np.argsort(pos[picked], kind="stable")]
-    keys, pos = keys[picked], pos[picked]
-    # The reader keeps Kineto args as typed structs whose shapes and dtypes are still raw JSON;
-    # encoding such a struct as it is skips decoding that JSON only to encode it again (the
-    # export of a torch.profiler trace took 3x as long as loading it). Anything else (our files'
-    # raw args, dicts) goes through the public mapping.
-    values = [stored[i] for i in picked.tolist()]
-    kinds = [type(v) for v in values]
-    parts, where = [], np.full(n, -1, dtype=np.int64)     # row -> index into the parts, concatenated
-    done = np.zeros(len(keys), dtype=bool)
-    for cls in set(kinds):
-        mirror = _mirror(cls)
-        if mirror is None:
-            continue
-        members = np.flatnonzero(np.fromiter((k is cls for k in kinds), dtype=bool, count=len(kinds)))
-        mirror_cls, first = mirror
-        astuple = msgspec.structs.astuple
-        array = _json_lines(pa, [mirror_cls(*astuple(values[m])[first:]) for m in members.tolist()])
-        where[pos[members]] = sum(len(p) for p in parts) + np.arange(len(members))
-        parts.append(array)
-        done[members] = True
-    rest = np.flatnonzero(~done)
-    if len(rest):
-        texts = [_dumps(trace.args.get(key)) for key in keys[rest].tolist()]
-        where[pos[rest]] = sum(len(p) for p in parts) + np.arange(len(rest))
-        parts.append(pa.array(texts, type=pa.string()))
-    if not parts:
-        return pa.nulls(n, pa.string())
-    joined = pa.concat_arrays([p.cast(pa.string()) for p in parts])
-    return joined.take(pa.array(where, mask=where < 0))
-
-
-def _json_lines(pa: Any, items: list) -> Any:
-    """``items`` JSON-encoded, one string each ("{}", an object of nothing but defaults: null), from
-    one newline-delimited encode split in numpy; a row whose raw JSON holds a newline makes it fall
-    back to one encode per item."""
-    data = _ENCODER.encode_lines(items)
-    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-    if len(ends) == len(items):
-        offsets = np.concatenate([[0], ends + 1]).astype(np.int64)
-        lengths = np.diff(offsets) - 1                    # without the newline
-        buffer = data
-    else:
-        encoded = [_ENCODER.encode(item) for item in items]
-        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-        offsets = np.zeros(len(items) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        buffer = b"".join(encoded)
-    valid = pa.py_buffer(np.packbits(lengths > 2, bitorder="little"))
-    starts = pa.py_buffer(offsets)
-    array = pa.LargeStringArray.from_buffers(len(items), starts, pa.py_buffer(buffer), valid)
-    if len(ends) == len(items):          # drop each string's trailing newline
-        import pyarrow.compute as pc
-
-        return pc.utf8_rtrim(array, characters="\n")
-    return array
-
-
-_ENCODER = msgspec.json.Encoder()
-_MIRRORS: dict[type, tuple[type, int] | None] = {}
-
-
-def _mirror(cls: type) -> tuple[type, int] | None:
-    """For an args struct type whose column fields come first: a struct of its other fields, with
-    the same defaults, that leaves defaults out when encoded, and the index of its first field.
-    Encoding it gives what ``json.dumps(value.to_args())`` gives, without decoding the raw fields."""
-    if cls not in _MIRRORS:
-        fields = getattr(cls, "__struct_fields__", None)
-        skip = getattr(cls, "COLUMN_FIELDS", None)
-        first = sum(1 for f in fields or () if f in (skip or ()))
-        if fields is None or skip is None or any(f in skip for f in fields[first:]):
-            _MIRRORS[cls] = None
-        else:
-            defaults = cls.__struct_defaults__[len(cls.__struct_defaults__) - len(fields):]
-            spec = [(f, Any, d) for f, d in zip(fields[first:], defaults[first:], strict=True)]
-            _MIRRORS[cls] = (msgspec.defstruct(f"{cls.__name__}Export", spec, omit_defaults=True, gc=False), first)
-    return _MIRRORS[cls]
-
-
-def _dumps(value: Any) -> str | None:
-    if not value:
-        return None
-    return orjson.dumps(value, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
 
 
 def _compile_fields(args: Any) -> dict[str, list]:
@@ -386,7 +290,7 @@ def _trace_row(trace: Trace, source: Source, ids: dict[str, Any], rows: np.ndarr
         "weight": float(source.weight), "recovered": bool(source.recovered), "events": int(len(rows)),
         "counters": int(len(crow)), "duration_us": float((ts + dur).max() - ts.min()) if len(rows) else 0.0,
         "notes": [str(n) for n in source.notes], "warnings": [str(w) for w in source.warnings],
-        "metadata": _dumps({k: v for k, v in meta.items() if k != "summary_regions"}) or "{}",
+        "metadata": dumps_json({k: v for k, v in meta.items() if k != "summary_regions"}) or "{}",
         "strings": [trace.strings[int(i)] for i in used if i >= 0],
         "schema_version": SCHEMA_VERSION, "exported_by": f"cuvil-pgc {__version__}",
     }
