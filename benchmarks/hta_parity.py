@@ -1,6 +1,6 @@
 """Side by side: ``analyze``'s ``trace.gpu`` figures against HolisticTraceAnalysis (HTA) on the same traces.
 
-For each trace (default: the two real ResNet-50 traces in /work/shared/traces/kineto-resnet50),
+For each trace (default: the two real ResNet-50 traces in tests/data/kineto_resnet50),
 HTA (``pip install HolisticTraceAnalysis``, the ``bench`` extra) runs its temporal breakdown,
 kernel-type breakdown, idle-time breakdown, queue-length summary and kernel-launch statistics,
 and the table shows each figure next to ours with the relative difference. HTA runs with
@@ -21,7 +21,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-DEFAULT = sorted(Path("/work/shared/traces/kineto-resnet50").glob("*.json.gz"))
+DEFAULT = sorted((Path(__file__).resolve().parents[1] / "tests" / "data" / "kineto_resnet50").glob("*.json.gz"))
 
 
 def hta_figures(path: Path) -> dict[str, float]:
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     if not args.traces:
-        sys.exit("no traces given and none in /work/shared/traces/kineto-resnet50")
+        sys.exit("no traces given and none in tests/data/kineto_resnet50")
     for path in args.traces:
         hta, ours = hta_figures(path), our_figures(path)
         print(f"\n{path.name}")

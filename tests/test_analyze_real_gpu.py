@@ -1,4 +1,5 @@
-"""The analyzer on two real ResNet-50 training traces recorded on a V100 (shared/traces/kineto-resnet50).
+"""The analyzer on two real ResNet-50 training traces recorded on a V100 (tests/data/kineto_resnet50,
+copied from shared/traces/kineto-resnet50).
 
 The files are read as they are: torch 1.8-1.10 wrote the older capitalised categories
 (``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``, ``Memset``), which the reader takes. Every figure is
@@ -20,12 +21,11 @@ import pytest
 from cuvil_pgc.analyze import analyze
 from cuvil_pgc.trace.reader import load_trace
 
-# the shared traces sit next to the checkout (../shared/traces from the repository root)
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto-resnet50"
+TRACES = Path(__file__).resolve().parent / "data" / "kineto_resnet50"     # see its README
 GPU_CATS = ("kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset")
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not TRACES.is_dir(), reason=f"the shared real traces are not on this machine ({TRACES})")]
+              pytest.mark.skipif(not TRACES.is_dir(), reason=f"the real traces are missing ({TRACES})")]
 
 
 def _merged(iv):

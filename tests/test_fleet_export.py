@@ -24,7 +24,7 @@ DATA = Path(__file__).parent / "data"
 KINETO_GPU = DATA / "kineto_gpu" / "gpu_two_regions.json"
 KINETO_CPU = DATA / "kineto_cpu" / "cpu_annotated.json.gz"
 OURS = DATA / "ours" / "regions.trace.json"
-RESNET = sorted(Path("/work/shared/traces/kineto-resnet50").glob("*.json.gz"))
+RESNET = sorted((Path(__file__).resolve().parent / "data" / "kineto_resnet50").glob("*.json.gz"))
 
 
 def _same(a, b, path="$"):

@@ -14,7 +14,7 @@ from cuvil_pgc.trace.schema import Kind
 from tests.test_reader_invariants import DATA, assert_valid_trace
 
 GEN = DATA / "kineto_generations"
-RESNET = Path("/work/shared/traces/kineto-resnet50")
+RESNET = Path(__file__).resolve().parent / "data" / "kineto_resnet50"
 RESNET_FILES = sorted(RESNET.glob("*.json.gz")) if RESNET.is_dir() else []
 needs_resnet = pytest.mark.skipif(not RESNET_FILES, reason=f"the real ResNet-50 traces are not at {RESNET}")
 
