@@ -21,7 +21,7 @@ from __future__ import annotations
 import glob
 import os
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,10 +103,16 @@ def _export_one(path: str, directory: str) -> ExportResult:
 
 def _write(pq: Any, table: Any, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
+    _atomically(target, lambda tmp: pq.write_table(
+        table, tmp, compression="zstd", use_dictionary=[c for c in table.column_names if c in DICTIONARY_COLUMNS]))
+
+
+def _atomically(target: Path, write: Callable[[Path], object]) -> None:
+    """``write`` a temporary file beside ``target``, then rename it over ``target`` (readers never
+    see half a file); an OSError is a TraceError naming ``target``."""
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
     try:
-        pq.write_table(table, tmp, compression="zstd",
-                       use_dictionary=[c for c in table.column_names if c in DICTIONARY_COLUMNS])
+        write(tmp)
         os.replace(tmp, target)
     except OSError as exc:
         raise TraceError(f"cannot be written ({exc.strerror or exc})", path=target,
@@ -138,16 +144,8 @@ def mark_version(root: Path) -> None:
     if arrow.SCHEMA_VERSION in versions and (root / MARKER).exists():
         return
     root.mkdir(parents=True, exist_ok=True)
-    target = root / MARKER
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        tmp.write_bytes(orjson.dumps({"schema_versions": sorted(versions | {arrow.SCHEMA_VERSION})}))
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise TraceError(f"cannot be written ({exc.strerror or exc})", path=target,
-                         fix="check that the export directory is writable and has space") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    doc = orjson.dumps({"schema_versions": sorted(versions | {arrow.SCHEMA_VERSION})})
+    _atomically(root / MARKER, lambda tmp: tmp.write_bytes(doc))
 
 
 def _parquet() -> Any:
