@@ -19,8 +19,10 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
+import textwrap
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,7 +67,10 @@ class _OnceHandler(logging.Handler):
         self.seen.add(message)
         try:
             prefixed = message.startswith(("cuvil-pgc", "warning:"))
-            self.stream.write(("" if prefixed else "warning: ") + message + "\n")
+            line = ("" if prefixed else "warning: ") + message
+            # at words, to the terminal's width ($COLUMNS, else 80 when piped), as the CLI's notes
+            width = shutil.get_terminal_size((80, 24)).columns
+            self.stream.write(textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) + "\n")
             self.stream.flush()
         except Exception:
             pass

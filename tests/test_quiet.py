@@ -41,6 +41,19 @@ def test_third_party_output_goes_to_the_log_and_ours_to_the_terminal(tmp_path, m
     assert captured.summary().endswith(f"{log} (--verbose streams it)")
 
 
+def test_our_warnings_wrap_at_words_to_the_terminal_width(tmp_path, monkeypatch):
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setenv("COLUMNS", "80")
+    long = ("this machine's cpu is not calibrated: bottleneck figures use documented fallback peaks; "
+            "run `cuvil-pgc calibrate` once (about 20 s) to measure them")
+    with third_party_output(str(tmp_path / "m.build.log")):
+        logging.getLogger("cuvil_pgc.analyze.machine").warning(long)
+    lines = terminal.getvalue().splitlines()
+    assert len(lines) > 1 and all(len(line) <= 80 for line in lines)
+    assert " ".join(lines) == "warning: " + long
+
+
 def test_verbose_streams_and_writes_no_log(tmp_path, capfd):
     log = str(tmp_path / "m.build.log")
     with third_party_output(log, verbose=True) as captured:
@@ -73,7 +86,8 @@ def test_recompile_prints_the_log_path_and_keeps_stdout_clean(tmp_path, monkeypa
     assert result.exit_code == 0, result.output
     assert "AUTOTUNE" not in result.stdout and "recompile plan" in result.stdout
     assert log_path_for(out) == str(tmp_path / "model.build.log")
-    assert f"lines): {log_path_for(out)}" in result.stderr
+    assert f"lines): {log_path_for(out)}" in " ".join(result.stderr.split())    # wrapped at words
+    assert all(len(line) <= 80 or " " not in line for line in result.stderr.splitlines())
     assert "API call failed" in open(log_path_for(out)).read()
 
 

@@ -146,9 +146,11 @@ def register(app: typer.Typer) -> None:
 
 def _log_note(captured: Any) -> None:
     """Where the candidate builds' own output went (stderr; nothing when there was none)."""
+    from cuvil_pgc.viewer.notes import print_note
+
     note = captured.summary() if captured is not None else None
     if note:
-        typer.echo(note, err=True)
+        print_note(note, err=True)
 
 
 def _backends(value: str | None) -> tuple[str, ...] | None:
