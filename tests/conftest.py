@@ -45,3 +45,20 @@ def no_leftover_session():
             thread.join(timeout=2.0)
             if thread.is_alive():
                 pytest.fail(f"test left thread {thread.name!r} running")
+
+
+@pytest.fixture
+def build_env(tmp_path, monkeypatch):
+    """A cache of the test's own and no trust configured by the environment (a developer's
+    $CUVIL_TRUSTED_KEY or $CUVIL_ALLOW_UNSIGNED must not decide what a build test sees)."""
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUVIL_TRUSTED_KEY", raising=False)
+    monkeypatch.delenv("CUVIL_ALLOW_UNSIGNED", raising=False)
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """(private key path, public key path) of a signer the test trusts."""
+    from cuvil_pgc.recompile.signing import generate_keypair
+
+    return generate_keypair(tmp_path / "release.key")

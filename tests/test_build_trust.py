@@ -25,6 +25,8 @@ from cuvil_pgc.recompile.package import BuildWriter, open_build
 from cuvil_pgc.recompile.signing import generate_keypair
 from tests._buildkit import read_entries, write_entries
 
+pytestmark = pytest.mark.usefixtures("build_env")     # own cache, no trust from the environment
+
 
 class Small(nn.Module):
     def __init__(self) -> None:
@@ -47,18 +49,6 @@ class Other(nn.Module):
 def small():
     torch.manual_seed(0)
     return Small().eval(), (torch.randn(2, 8),)
-
-
-@pytest.fixture(autouse=True)
-def _env(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("CUVIL_TRUSTED_KEY", raising=False)
-    monkeypatch.delenv("CUVIL_ALLOW_UNSIGNED", raising=False)
-
-
-@pytest.fixture
-def keys(tmp_path):
-    return generate_keypair(tmp_path / "release.key")
 
 
 @pytest.fixture

@@ -24,23 +24,29 @@ class Recorder:
         self.updates.append((done, total, message))
 
 
-@pytest.mark.slow
-def test_search_reports_stages_candidates_and_the_incumbents_speedup(monkeypatch):
+def _faked_search(monkeypatch, progress, budget: int) -> None:
+    """A search of the test chain model reporting to ``progress``, with building and timing faked
+    at their seams: every candidate twice as fast as eager."""
     import cuvil_pgc.recompile.search as search_mod
     from cuvil_pgc.recompile.measure import Samples
     from cuvil_pgc.recompile.realized import Realized
     from cuvil_pgc.recompile.search import SearchOptions, search
     from tests.test_recompile import Analysis, chain, stats
 
-    def fake_time(fns, rounds):      # every candidate twice as fast as eager
+    def fake_time(fns, rounds):
         return {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns}
 
     monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
     monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
     model, inputs = chain()
-    progress = Recorder()
     search(model, inputs, Analysis(regions=[stats("model", "launch_overhead", module="Chain")]),
-           machine_key="m", progress=progress, options=SearchOptions(budget=4, backends=("compile",), rounds=5))
+           machine_key="m", progress=progress, options=SearchOptions(budget=budget, backends=("compile",), rounds=5))
+
+
+@pytest.mark.slow
+def test_search_reports_stages_candidates_and_the_incumbents_speedup(monkeypatch):
+    progress = Recorder()
+    _faked_search(monkeypatch, progress, budget=4)
     assert progress.stages == ["searching", "racing the plan against eager"]
     building = [m for _, _, m in progress.updates if "building" in m]
     assert building and building[0].startswith("candidate 2 of 4: building ")   # 1 is eager
@@ -65,21 +71,8 @@ class KeepsBest(Recorder):
 
 @pytest.mark.slow
 def test_the_incumbents_speedup_stays_in_view_while_a_candidate_builds(monkeypatch):
-    import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.apply import Realized
-    from cuvil_pgc.recompile.measure import Samples
-    from cuvil_pgc.recompile.search import SearchOptions, search
-    from tests.test_recompile import Analysis, chain, stats
-
-    def fake_time(fns, rounds):
-        return {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns}
-
-    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
-    monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
-    model, inputs = chain()
     progress = KeepsBest()
-    search(model, inputs, Analysis(regions=[stats("model", "launch_overhead", module="Chain")]),
-           machine_key="m", progress=progress, options=SearchOptions(budget=6, backends=("compile",), rounds=5))
+    _faked_search(monkeypatch, progress, budget=6)
     kinds = [kind for kind, _ in progress.events]
     assert "best" in kinds
     first_best = kinds.index("best")

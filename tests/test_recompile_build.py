@@ -18,6 +18,8 @@ from cuvil_pgc.recompile.package import BuildWriter, open_build
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.signing import generate_keypair
 
+pytestmark = pytest.mark.usefixtures("build_env")     # own cache, no trust from the environment
+
 
 class HostBound(nn.Module):
     """Python work around a few ops: an exported package drops it, eager pays it every call."""
@@ -44,19 +46,6 @@ def _analysis() -> Analysis:
                            p95_us=200.0, p99_us=200.0, share=0.9, hotness=1500.0, bottleneck=label, confidence=0.9,
                            evidence={"module": module})
     return Analysis(regions=[rs("model", "host_bound", "HostBound"), rs("model/model.fc1", "launch_overhead", "Linear")])
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("CUVIL_TRUSTED_KEY", raising=False)
-    monkeypatch.delenv("CUVIL_ALLOW_UNSIGNED", raising=False)
-
-
-@pytest.fixture
-def keys(tmp_path):
-    """(private key path, public key path) of a signer this test trusts."""
-    return generate_keypair(tmp_path / "release.key")
 
 
 def _write_build(path, model, *, fingerprint: Fingerprint, choices=(), key=None) -> None:
