@@ -440,7 +440,9 @@ def test_knobs_become_the_runtimes_own_options():
     assert default.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     assert default.intra_op_num_threads == torch.get_num_threads()     # the deployment's threads
     assert openvino_config({}, "fp32") == {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32",
-                                           "INFERENCE_NUM_THREADS": str(torch.get_num_threads())}
+                                           "INFERENCE_NUM_THREADS": str(torch.get_num_threads()),
+                                           "ENABLE_CPU_PINNING": "NO"}     # a busy pinned core stalls every call
+    assert openvino_config({"pin": "on"}, "fp32")["ENABLE_CPU_PINNING"] == "YES"
     assert openvino_config({"hint": "throughput", "threads": "4"}, "bf16")["INFERENCE_PRECISION_HINT"] == "bf16"
 
 
