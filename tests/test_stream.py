@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +31,7 @@ def _load(path: Path, monkeypatch, stream: bool, chunk: int = 700):
         return got
 
     with monkeypatch.context() as m:
+        m.setenv("CUVIL_READ_WORKERS", "0")       # the sequential streamer (test_parallel_* fork workers)
         m.setattr(_stream, "STREAM_MIN_BYTES", 0 if stream else 1 << 62)
         m.setattr(_stream, "CHUNK_BYTES", chunk)
         m.setattr(reader, "_load_streamed", spy)
@@ -91,3 +95,102 @@ def test_damaged_streamed_file_reports_like_a_whole_one(tmp_path: Path, monkeypa
         m.setattr(_stream, "CHUNK_BYTES", 200)
         load_trace(path)
     assert str(whole.value) == str(streamed.value) and "truncated" in str(streamed.value)
+
+
+_PARALLEL_CHILD = """
+import pickle, sys
+from cuvil_pgc.trace import _parallel, _stream, load_trace
+from tests.test_stream import _view
+_stream.STREAM_MIN_BYTES, _stream.CHUNK_BYTES = 0, int(sys.argv[1].split(":")[0])
+used = []
+real = _parallel.read_parallel
+def spy(*args):
+    try:
+        got = real(*args)
+    except _parallel.StreamFallback:
+        used.append(False)
+        raise
+    used.append(got is not None)
+    return got
+_parallel.read_parallel = spy
+if sys.argv[1].endswith(":kill"):      # a worker dies on its second piece
+    real_piece = _parallel._read_piece
+    calls = []
+    def dying(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            import os
+            os._exit(3)
+        return real_piece(*args)
+    _parallel._read_piece = dying
+views = []
+for path in sys.argv[2:]:
+    used.clear()
+    views.append((_view(load_trace(path)), list(used)))
+sys.stdout.buffer.write(pickle.dumps(views))
+"""
+
+
+def _parallel_views(paths: list[Path], chunk: int | str) -> list[tuple[dict, list[bool]]]:
+    """Each file loaded by forked readers in a fresh process (a process with no other thread, as the
+    CLI's is), with its view and whether the parallel reader produced it."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", _PARALLEL_CHILD, str(chunk), *map(str, paths)], cwd=root,
+                          capture_output=True, env={**__import__("os").environ, "CUVIL_READ_WORKERS": "2"},
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    return pickle.loads(proc.stdout)
+
+
+def test_parallel_read_equals_whole(monkeypatch) -> None:
+    """Plain files read by two forked workers in several pieces give exactly the whole-file trace;
+    gzip files are read by the sequential streamer."""
+    got = _parallel_views(CASES, chunk=700)
+    for path, (view, used) in zip(CASES, got, strict=True):
+        assert used == [not path.name.endswith(".gz")], path.name
+        whole = _view(_load(path, monkeypatch, False))
+        assert whole.keys() == view.keys()
+        for key in whole:
+            a, b = whole[key], view[key]
+            if isinstance(a, np.ndarray):
+                np.testing.assert_array_equal(a, b, err_msg=f"{path.name}: {key}")
+            else:
+                assert a == b, f"{path.name}: {key}"
+
+
+def test_parallel_read_falls_back_when_a_cut_lands_inside_a_string(tmp_path: Path, monkeypatch) -> None:
+    doc = json.loads((GEN / "gpu_figures.json").read_text())
+    for e in doc["traceEvents"]:
+        e["name"] += ' }, {"ph": "X"} ' * 40      # boundary look-alikes wherever a piece is cut
+    path = tmp_path / "tricky.json"
+    path.write_text(json.dumps(doc, indent=1))
+    [(view, used)] = _parallel_views([path], chunk=300)
+    assert used == [False]                        # a worker's decode failed: the sequential streamer read it
+    whole = _view(_load(path, monkeypatch, False))
+    assert whole["name"] == view["name"] and whole["args"] == view["args"]
+
+
+def test_parallel_read_falls_back_when_a_worker_dies(monkeypatch) -> None:
+    path = GEN / "gpu_figures.json"
+    [(view, used)] = _parallel_views([path], chunk="300:kill")
+    assert used == [False]
+    whole = _view(_load(path, monkeypatch, False))
+    assert whole["name"] == view["name"] and whole["args"] == view["args"]
+
+
+def test_parallel_pieces_are_cut_at_event_boundaries(tmp_path: Path) -> None:
+    from cuvil_pgc.trace import _parallel
+
+    events = [{"ph": "X", "name": f"op{i}", "ts": i, "dur": 1, "pid": 1, "tid": 1} for i in range(200)]
+    path = tmp_path / "t.json"
+    text = json.dumps({"traceEvents": events}, indent=2)
+    path.write_text(text)
+    start = text.index("[") + 1
+    ranges = _parallel.piece_ranges(str(path), start, len(text), 500)
+    assert len(ranges) > 5 and ranges[-1][1:] == (-1, True)
+    decoded = []
+    for first, end, last in ranges:
+        body = text[first:] if last else text[first:end]
+        decoded += json.loads("[" + body + ("" if last else "]"))[:len(events)] if not last else \
+            json.loads('{"traceEvents": [' + body)["traceEvents"]
+    assert decoded == events                      # every event once, in order

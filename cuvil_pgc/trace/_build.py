@@ -170,38 +170,77 @@ class _Collected:
         raise StreamFallback("an error message needs the event's index in the file")
 
 
+@dataclass
+class ChunkPart:
+    """One chunk of a streamed Kineto file as columns (:func:`chunk_part`), interned into its own
+    ``strings`` when it was built in a worker process (:meth:`reintern` maps them to the file's)."""
+
+    cols: dict[str, np.ndarray]
+    exact: np.ndarray | None             # the ts as exact ints when the chunk counts in Unix ns
+    args: A.RowArgs
+    other_cats: dict[str, int]
+    rest: _Collected
+    strings: list[str] | None = None
+
+    def reintern(self, strings: StringTable) -> None:
+        """Name and string pid/tid codes of this part's own table → codes of ``strings``."""
+        if self.strings is None:
+            return
+        table = np.array([strings.intern(s) for s in self.strings] or [0], dtype=np.int64)
+        cols = self.cols
+        cols["name"] = table[cols["name"]].astype(np.int32)
+        for col in ("pid", "tid"):
+            ids = cols[col]
+            named = ids <= -2                        # -2 - index: a string pid/tid (see _ids)
+            if named.any():
+                ids[named] = -2 - table[-2 - ids[named]]
+        self.strings = None
+
+
+def chunk_part(events: list[KinetoEvent], raw_events: Callable[[], list[Event]], strings: StringTable) -> ChunkPart:
+    """Columns of one chunk of a streamed Kineto file (see :func:`build_kineto_chunks`)."""
+    evs = _Events(events)
+    rest = _Collected()
+    if evs.counters:      # typed args drop counter series: read them raw, as copies
+        rest.counters = [msgspec.structs.replace(e, args=_copied(e.args)) for e in raw_events() if e.ph == "C"]
+    xs = evs.xs
+    cols, cats = _basic_columns(xs, "kineto", strings)
+    ts_values = [e.ts for e in xs]
+    cols["ts"] = np.array(ts_values, dtype=np.float64)
+    cols["dur"] = np.array([e.dur for e in xs], dtype=np.float64)
+    big = not len(xs) or (bool(np.isfinite(cols["ts"]).all()) and float(cols["ts"].min()) > NS_FLOOR)
+    exact = np.array([int(v) for v in ts_values], dtype=np.int64) if big else None
+    args = _kineto_args(xs, cols)
+    if cats.get(CAT_PROFILER_RANGE):
+        _profiler_ranges(xs, raw_events, cols, args)
+    rest.flows, rest.meta, rest.skipped = evs.flows, evs.meta, evs.skipped
+    return ChunkPart(cols, exact, args, cats, rest)
+
+
 def build_kineto_chunks(chunks: Iterable[tuple[list[KinetoEvent], Callable[[], list[Event]]]],
                         strings: StringTable, path: str) -> SourceColumns:
     """Columns of a Kineto file read chunk by chunk (``_stream``): the same result as
     :func:`build_source` on the whole file, without holding its bytes or its events at once.
     Raises StreamFallback where the whole-file path must decide (bad times)."""
+    return assemble_chunks((chunk_part(events, raw, strings) for events, raw in chunks), strings, path)
+
+
+def assemble_chunks(parts_in: Iterable[ChunkPart], strings: StringTable, path: str) -> SourceColumns:
+    """One source's columns from its chunks' parts, in file order (each released as it is read)."""
     parts: list[dict[str, np.ndarray]] = []
     exact: list[np.ndarray | None] = []
     arg_parts: list[A.RowArgs] = []
     other_cats: dict[str, int] = {}
     rest = _Collected()
-    base = 0
-    for events, raw_events in chunks:
-        evs = _Events(events)
-        if evs.counters:      # typed args drop counter series: read them raw, as copies
-            rest.counters += [msgspec.structs.replace(e, args=_copied(e.args))
-                              for e in raw_events() if e.ph == "C"]
-        xs = evs.xs
-        cols, cats = _basic_columns(xs, "kineto", strings)
-        ts_values = [e.ts for e in xs]
-        cols["ts"] = np.array(ts_values, dtype=np.float64)
-        cols["dur"] = np.array([e.dur for e in xs], dtype=np.float64)
-        big = not len(xs) or (bool(np.isfinite(cols["ts"]).all()) and float(cols["ts"].min()) > NS_FLOOR)
-        exact.append(np.array([int(v) for v in ts_values], dtype=np.int64) if big else None)
-        chunk_args = _kineto_args(xs, cols)
-        if cats.get(CAT_PROFILER_RANGE):
-            _profiler_ranges(xs, raw_events, cols, chunk_args)
-        arg_parts.append(chunk_args)
-        base += len(xs)
-        parts.append(cols)
-        rest.flows += evs.flows
-        rest.meta += evs.meta
-        for table, more in ((rest.skipped, evs.skipped), (other_cats, cats)):
+    for part in parts_in:
+        part.reintern(strings)
+        parts.append(part.cols)
+        exact.append(part.exact)
+        arg_parts.append(part.args)
+        rest.counters += part.rest.counters
+        rest.flows += part.rest.flows
+        rest.meta += part.rest.meta
+        for table, more in ((rest.skipped, part.rest.skipped), (other_cats, part.other_cats)):
             for k, v in more.items():
                 table[k] = table.get(k, 0) + v
     if not parts:
@@ -396,7 +435,7 @@ def _shared_op_args(op_args: list[A.KinetoArgs]) -> tuple[np.ndarray, list[A.Kin
     by ``map``, first row per key by ``dict.setdefault``), 2.5x faster than a Python loop."""
     if not op_args:
         return np.zeros(0, dtype=np.int64), []
-    keys = map(b"\0".join, zip(map(_SHAPES, op_args), map(_DTYPES, op_args)))
+    keys = map(b"\0".join, zip(map(_SHAPES, op_args), map(_DTYPES, op_args), strict=True))
     first_of_key: dict[bytes, int] = {}
     first_rows = np.fromiter(map(first_of_key.setdefault, keys, count()), dtype=np.int64, count=len(op_args))
     firsts, codes = np.unique(first_rows, return_inverse=True)      # codes in order of first appearance

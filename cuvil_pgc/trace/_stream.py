@@ -21,6 +21,7 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -41,9 +42,22 @@ _DOC = msgspec.json.Decoder(KinetoDocument)
 _MAX_CUT_TRIES = 64
 
 
-def stream_kineto(path: str, min_bytes: int | None = None) -> tuple[Callable[[], KinetoDocument],
-                                                                      Iterator[tuple[list[KinetoEvent], Any]]] | None:
-    """See module docstring."""
+@dataclass
+class Opened:
+    """A large Kineto file opened for streaming: the metadata before its event array, and where the
+    array's first event starts (``array_start``: an offset in the decompressed bytes)."""
+
+    path: str
+    gz: bool
+    size: int                         # bytes on disk
+    meta_head: KinetoDocument
+    head: bytes                       # the first blocks read, up to and past the array's "["
+    array_start: int
+    blocks: Iterator[bytes]           # the blocks after ``head``
+
+
+def open_stream(path: str, min_bytes: int | None = None) -> Opened | None:
+    """The file opened for streaming, or None when it is not one to stream (see module docstring)."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -67,37 +81,63 @@ def stream_kineto(path: str, min_bytes: int | None = None) -> tuple[Callable[[],
         meta_head = _DOC.decode(head[:m.end() - 1] + b"[]}")
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    return Opened(path, gz, size, meta_head, head, m.end(), blocks)
+
+
+def merge_metadata(meta_head: KinetoDocument, tail: KinetoDocument | None) -> KinetoDocument:
+    """The top-level keys found before the event array and after it, as one document with no events."""
+    if tail is None:
+        raise StreamFallback("the chunks were not read to the end")
+    merged = {f: getattr(meta_head, f) for f in meta_head.__struct_fields__ if f != "trace_events"}
+    merged.update({f: getattr(tail, f) for f in tail.__struct_fields__
+                   if f != "trace_events" and getattr(tail, f) is not None})
+    if merged.get("cuvil") is not None:
+        raise StreamFallback("one of our files")
+    return KinetoDocument(trace_events=[], **merged)
+
+
+def decode_tail(rest: bytes) -> tuple[KinetoDocument, list[KinetoEvent], Callable[[], list[Event]]]:
+    """The end of the file from an event boundary on: the keys after the array (a document with no
+    events), the array's last events, and their raw decode."""
+    try:
+        doc = _DOC.decode(b'{"traceEvents":[' + rest)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise StreamFallback(str(exc)) from None
+    events, doc.trace_events = doc.trace_events, []
+    return doc, events, lambda: _RAW_EVENTS.decode(_tail_array(rest))
+
+
+def decode_events(body: bytes) -> tuple[list[KinetoEvent], Callable[[], list[Event]]]:
+    """Events between two event boundaries (``{...}, ..., {...}``), typed, and their raw decode."""
+    array = b"".join((b"[", body, b"]"))
+    try:
+        events = _EVENTS.decode(array)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise StreamFallback(str(exc)) from None
+    return events, lambda: _RAW_EVENTS.decode(array)
+
+
+def stream_kineto(path: str, min_bytes: int | None = None) -> tuple[Callable[[], KinetoDocument],
+                                                                      Iterator[tuple[list[KinetoEvent], Any]]] | None:
+    """See module docstring."""
+    opened = open_stream(path, min_bytes)
+    if opened is None:
+        return None
     state: dict[str, Any] = {"tail": None}
 
     def chunks() -> Iterator[tuple[list[KinetoEvent], Any]]:
-        rest = head[m.end():]
-        for block in blocks:
+        rest = opened.head[opened.array_start:]
+        for block in opened.blocks:
             rest += block
             if len(rest) < CHUNK_BYTES:
                 continue
             decoded, rest = _cut(rest)
             if decoded is not None:
                 yield decoded
-        try:
-            doc = _DOC.decode(b'{"traceEvents":[' + rest)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise StreamFallback(str(exc)) from None
-        state["tail"] = doc
-        rest_events, doc.trace_events = doc.trace_events, []
-        yield rest_events, lambda: _RAW_EVENTS.decode(_tail_array(rest))
+        state["tail"], events, raw = decode_tail(rest)
+        yield events, raw
 
-    def metadata() -> KinetoDocument:
-        tail = state["tail"]
-        if tail is None:
-            raise StreamFallback("the chunks were not read to the end")
-        merged = {f: getattr(meta_head, f) for f in meta_head.__struct_fields__ if f != "trace_events"}
-        merged.update({f: getattr(tail, f) for f in tail.__struct_fields__
-                       if f != "trace_events" and getattr(tail, f) is not None})
-        if merged.get("cuvil") is not None:
-            raise StreamFallback("one of our files")
-        return KinetoDocument(trace_events=[], **merged)
-
-    return metadata, chunks()
+    return lambda: merge_metadata(opened.meta_head, state["tail"]), chunks()
 
 
 def _cut(rest: bytes) -> tuple[tuple[list[KinetoEvent], Callable[[], list[Event]]] | None, bytes]:

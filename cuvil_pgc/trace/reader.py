@@ -29,7 +29,8 @@
   timestamps. What is not analysed is counted in ``Source.warnings`` (and ``notes``).
 - **Streaming.** Kineto files of :data:`~cuvil_pgc.trace._stream.STREAM_MIN_BYTES` or more are read
   in chunks (``_stream``): the same Trace, without the file's bytes and every event's struct in
-  memory at once; anything unexpected falls back to reading the file whole.
+  memory at once; anything unexpected falls back to reading the file whole. Plain files are read
+  by forked worker processes side by side where there are cores for them (``_parallel``).
 - **Columns.** EVENT_COLUMNS plus ``events["external_id"]`` (int64, Kineto ``External id``, -1
   none) and ``events["fwdbwd"]`` (int64, the ``fwdbwd`` flow id linking a forward op and its
   backward op, -1 none), sorted by ``ts`` (longer first on ties, so parents precede children). ``region_id`` is
@@ -58,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from cuvil_pgc.errors import ConfigError, CuvilError, TraceError
-from cuvil_pgc.trace import _decode, _input, _stream, _summary_source
+from cuvil_pgc.trace import _decode, _input, _parallel, _stream, _summary_source
 from cuvil_pgc.trace._build import SourceColumns, StreamFallback, build_kineto_chunks, build_source
 from cuvil_pgc.trace._metadata import check_metadata
 from cuvil_pgc.trace._regions import resolve_regions
@@ -175,15 +176,21 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
 
 def _load_streamed(file: str, strings: StringTable, weight: float) -> _Loaded | None:
     """A large Kineto file read in chunks (``_stream``); None: read it whole instead."""
-    streamed = _stream.stream_kineto(file)
-    if streamed is None:
-        return None
-    metadata, chunks = streamed
     try:
-        cols = build_kineto_chunks(_limited(chunks, file), strings, file)
-        doc = metadata()
+        read = _parallel.read_parallel(file, strings, _max_events())
     except StreamFallback:
-        return None
+        read = None
+    if read is None:
+        streamed = _stream.stream_kineto(file)
+        if streamed is None:
+            return None
+        metadata, chunks = streamed
+        try:
+            cols = build_kineto_chunks(_limited(chunks, file), strings, file)
+            read = metadata(), cols
+        except StreamFallback:
+            return None
+    doc, cols = read
     return _source(file, "kineto", doc, None, cols, strings, weight, False, [])
 
 
