@@ -21,14 +21,33 @@ T = TypeVar("T")
 Progress = Callable[[int, int, str], None]     # (done, total, item just finished)
 
 
+_in_worker = False
+
+
+def fork_is_safe() -> bool:
+    """Whether this process may fork: the platform has fork and no other thread runs here (a fork
+    copies only the calling thread; locks the others hold would stay held in the child)."""
+    return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+
+
+def in_pool_worker() -> bool:
+    """True inside a worker of :func:`pool_map`: the pool already uses the cores (a large trace
+    read there is read by that one process)."""
+    return _in_worker
+
+
+def _mark_worker() -> None:
+    global _in_worker
+    _in_worker = True
+
+
 def _start_method() -> str:
     """fork from a single-threaded process (fast; no re-import of the caller's __main__, which
     spawn and forkserver do: a script without a main guard, or stdin, would run again); else
     forkserver (spawn where there is none), since forking a process with threads can deadlock."""
-    methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods and threading.active_count() == 1:
+    if fork_is_safe():
         return "fork"
-    return "forkserver" if "forkserver" in methods else "spawn"
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 def pool_size(workers: int | None, items: int) -> int:
@@ -46,7 +65,8 @@ def pool_map(func: Callable[..., T], items: Sequence[Any], workers: int | None =
             if progress:
                 progress(len(results), len(items), item)
         return results
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(_start_method())) as pool:
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(_start_method()),
+                             initializer=_mark_worker) as pool:
         futures = {pool.submit(func, item, *args): item for item in items}
         try:
             for future in as_completed(futures):

@@ -16,7 +16,8 @@ into their own table; the parent maps them to the file's (``ChunkPart.reintern``
 When: plain (not gzip) files the streaming reader would read, on Linux (workers are forked, so
 they start in milliseconds with everything imported), from a process with no other thread (a fork
 copies only the calling thread, and locks other threads hold would stay held in the child), with at
-least two usable cores or ``CUVIL_READ_WORKERS`` >= 2 (0 or 1 turns it off).
+least two usable cores or ``CUVIL_READ_WORKERS`` >= 2 (0 or 1 turns it off), and not inside a
+worker of ``_pool`` (``analyze --engine local`` already keeps every core busy with one trace each).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import os
 import re
 import signal
 import sys
-import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
+from cuvil_pgc._pool import fork_is_safe, in_pool_worker
 from cuvil_pgc.errors import ConfigError
 from cuvil_pgc.trace import _stream
 from cuvil_pgc.trace._build import ChunkPart, SourceColumns, StreamFallback, assemble_chunks, chunk_part
@@ -61,16 +62,16 @@ def read_workers() -> int:
     return min(cores, MAX_WORKERS)
 
 
-def can_fork() -> bool:
-    return sys.platform == "linux" and threading.active_count() == 1 and \
-        "fork" in multiprocessing.get_all_start_methods()
+def reads_in_parallel_here() -> bool:
+    """Whether this process reads large plain traces with forked workers (module docstring's "When")."""
+    return read_workers() >= 2 and sys.platform == "linux" and fork_is_safe() and not in_pool_worker()
 
 
 def read_parallel(path: str, strings: StringTable, max_events: int) -> tuple[KinetoDocument, SourceColumns] | None:
     """See module docstring."""
-    workers = read_workers()
-    if workers < 2 or not can_fork() or _gzipped(path):
+    if not reads_in_parallel_here() or _gzipped(path):
         return None
+    workers = read_workers()
     opened = _stream.open_stream(path)
     if opened is None or opened.size > max_trace_bytes():
         return None
