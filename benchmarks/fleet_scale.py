@@ -92,8 +92,11 @@ print(json.dumps(out))
 
 
 def child(**args) -> dict:
+    # each trace read by one process everywhere (CUVIL_READ_WORKERS=0: no forked readers for traces of
+    # 64 MB or more), so the engines' parallelism is what is compared, and "alone" is one process
+    env = {**os.environ, "CUVIL_READ_WORKERS": "0"}
     run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True,
-                         timeout=3600)
+                         timeout=3600, env=env)
     if run.returncode != 0:
         raise SystemExit(f"{args['mode']} failed:\n{run.stderr[-3000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])

@@ -40,7 +40,8 @@ import time
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="mlp,cnn,lstm_step,transformer,mixed",
-                   help="zoo models (comma-separated; 'all' for every zoo factory)")
+                   help="zoo models (comma-separated; 'all' for every zoo factory) or models from outside the "
+                        "repository as MODULE_OR_FILE:FACTORY (./models.py:gpt2), as recompile --model takes them")
     p.add_argument("--budget", type=int, default=None, help="search budget (default: the search's own)")
     p.add_argument("--exhaustive-models", default="lstm_step,mlp",
                    help="models to also search exhaustively (slow: every candidate is compiled)")
@@ -142,9 +143,8 @@ def run_model(name: str, args, workdir: str, peak_flops: float) -> dict:
 
     from cuvil_pgc.recompile import recompile
     from cuvil_pgc.recompile.records import RecordDB
-    from cuvil_pgc.zoo import get
-
-    model, inputs = get(name)()
+    model, inputs = load(name)
+    name = name.rpartition(":")[2]               # a MODULE:FACTORY reference is shown by its factory
     t0 = time.perf_counter()
     trace, analysis = profile_model(name, model, inputs, args.profile_iters, workdir)
     labels = {r.path: r.bottleneck for r in analysis.regions[:3]}
@@ -164,6 +164,17 @@ def run_model(name: str, args, workdir: str, peak_flops: float) -> dict:
     if name in args.exhaustive_models.split(","):
         row["exhaustive"] = exhaustive(model, inputs, analysis, build, workdir, name, args.rounds)
     return row
+
+
+def load(name: str):
+    """(model, inputs) of a zoo name or a MODULE:FACTORY reference."""
+    if ":" in name:
+        from cuvil_pgc._modelspec import load_model_spec
+
+        return load_model_spec(name)
+    from cuvil_pgc.zoo import get
+
+    return get(name)()
 
 
 def exhaustive(model, inputs, analysis, guided, workdir: str, name: str, rounds: int) -> dict:
