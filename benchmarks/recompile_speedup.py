@@ -48,6 +48,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=30, help="interleaved timing rounds")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--profile-iters", type=int, default=20)
+    p.add_argument("--rtol", type=float, default=None, help="the build's accuracy guard (recompile --rtol)")
+    p.add_argument("--atol", type=float, default=None, help="the build's accuracy guard (recompile --atol)")
     return p.parse_args()
 
 
@@ -73,7 +75,9 @@ def runtime_baselines(model, inputs) -> tuple[dict, dict[str, str]]:
     """ONNX Runtime and OpenVINO on the whole model at their default settings (ONNX Runtime with all
     graph optimizations, OpenVINO with the latency hint, both at torch's thread count), each on
     its own copy of the weights, run by the same runner a build uses; and why a runtime is absent
-    (not installed, or the export or conversion failed)."""
+    (not installed, or the export or conversion failed). "openvino" computes in f32, as the build's
+    default guard requires; "openvino-native" is OpenVINO's real default on CPUs with AVX512-BF16 or
+    AMX, bf16, which races in the goals only where it passes the run's accuracy guard."""
     import copy
 
     from cuvil_pgc.recompile import runtimes
@@ -81,13 +85,18 @@ def runtime_baselines(model, inputs) -> tuple[dict, dict[str, str]]:
     from cuvil_pgc.recompile.candidates import Candidate
 
     out, failed = {}, {}
-    for backend in ("ort", "openvino"):
-        if not runtimes.check(backend).ok:
-            failed[backend] = runtimes.check(backend).reason
+    for backend in ("ort", "openvino", "openvino-native"):
+        name, precision = backend.partition("-native")[0], "fp32"
+        if not runtimes.check(name).ok:
+            failed[backend] = runtimes.check(name).reason
             continue
+        if backend == "openvino-native":     # the CPU plugin's own default precision, where it is not f32
+            if not runtimes.openvino_native_bf16():
+                continue
+            precision = "bf16"
         try:
-            out[backend] = realize(copy.deepcopy(model), Candidate("", backend), ScopeInputs(tuple(inputs)),
-                                   machine="benchmark").module
+            out[backend] = realize(copy.deepcopy(model), Candidate("", name, precision=precision),
+                                   ScopeInputs(tuple(inputs)), machine="benchmark").module
         except Exception as exc:
             failed[backend] = f"{type(exc).__name__}: {str(exc)[:160]}"
     return out, failed
@@ -150,20 +159,40 @@ def run_model(name: str, args, workdir: str, peak_flops: float) -> dict:
     labels = {r.path: r.bottleneck for r in analysis.regions[:3]}
     records = RecordDB(os.path.join(workdir, "records"))   # shared by the zoo: other models' records help
     t1 = time.perf_counter()
-    build = recompile(model, inputs, analysis=analysis, budget=args.budget, records=records)
+    guard = {"rtol": args.rtol, "atol": args.atol}
+    build = recompile(model, inputs, analysis=analysis, budget=args.budget, records=records, **guard)
     t2 = time.perf_counter()
     torch._dynamo.reset()
     others, failed = runtime_baselines(model, inputs)
-    medians = race({**baselines(model, inputs), **others, "build": build.module}, inputs, args.rounds)
+    contenders = {**baselines(model, inputs), **others, "build": build.module}
+    accurate = guard_passes(model, contenders, inputs, guard)
+    medians = race(contenders, inputs, args.rounds)
     row = {"model": name, "labels": labels, "medians_ms": medians, "plan": build.plan.to_json(), "runtime_failed": failed,
+           "accurate": accurate,
            "measured": build.plan.measured_candidates, "space": build.plan.space_size,
            "search_s": t2 - t1, "profile_s": t1 - t0, "floor_ms": compute_floor_ms(model, inputs, peak_flops)}
-    again = recompile(model, inputs, analysis=analysis, budget=args.budget, records=records)
+    again = recompile(model, inputs, analysis=analysis, budget=args.budget, records=records, **guard)
     row["second_measured"] = again.plan.measured_candidates
     row["second_reused"] = again.plan.reused_records
     if name in args.exhaustive_models.split(","):
         row["exhaustive"] = exhaustive(model, inputs, analysis, build, workdir, name, args.rounds)
     return row
+
+
+def guard_passes(model, contenders: dict, inputs, guard: dict) -> dict[str, str]:
+    """Per contender, whether its outputs pass the build's accuracy guard against eager's
+    ("yes" or "no (max rel err ...)"): a faster contender that fails it is not a like-for-like rival."""
+    import torch
+
+    from cuvil_pgc.recompile.accuracy import check_outputs
+
+    with torch.no_grad():
+        ref = model(*inputs)
+        out = {}
+        for k, m in contenders.items():
+            r = check_outputs(ref, m(*inputs), **guard)
+            out[k] = "yes" if r.ok else f"no (max rel err {r.max_rel_err:.1e}, abs {r.max_abs_err:.1e})"
+    return out
 
 
 def load(name: str):
@@ -223,12 +252,13 @@ def tried(plan: dict) -> list[str]:
 
 
 #: the contenders a build must beat (issue 26): eager, torch.compile and the runtimes at their defaults
-DEFAULT_CONTENDERS = ("eager", "compile", "ort", "openvino")
+DEFAULT_CONTENDERS = ("eager", "compile", "ort", "openvino", "openvino-native")
 
 
-def best_single(m: dict[str, float]) -> float:
-    """The fastest of eager, torch.compile default, ONNX Runtime and OpenVINO (those that ran)."""
-    return min(m[k] for k in DEFAULT_CONTENDERS if k in m)
+def best_single(m: dict[str, float], accurate: dict[str, str] | None = None) -> float:
+    """The fastest of eager, torch.compile default, ONNX Runtime and OpenVINO (those that ran and
+    pass the build's accuracy guard)."""
+    return min(m[k] for k in DEFAULT_CONTENDERS if k in m and (accurate or {}).get(k, "yes") == "yes")
 
 
 def report(rows: list[dict]) -> None:
@@ -236,7 +266,8 @@ def report(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="recompile_speedup: median ms per call (interleaved, one run)")
-    for col in ("model", "eager", "compile", "compile-mat", "ort", "openvino", "build", "vs eager", "vs compile",
+    for col in ("model", "eager", "compile", "compile-mat", "ort", "openvino", "openvino-native", "build", "vs eager",
+                "vs compile",
                 "vs ort", "vs openvino", "vs best single", "floor", "build / floor", "chosen", "measured / space",
                 "2nd search measured"):
         table.add_column(col, justify="left" if col in ("model", "chosen") else "right")
@@ -246,20 +277,26 @@ def report(rows: list[dict]) -> None:
         def ratio(k, m=m):
             return f"{m[k] / m['build']:.2f}x" if k in m else "failed"
         table.add_row(r["model"], *(f"{m[k]:.4f}" if k in m else "-" for k in
-                                    ("eager", "compile", "compile-mat", "ort", "openvino", "build")),
+                                    ("eager", "compile", "compile-mat", "ort", "openvino", "openvino-native",
+                                     "build")),
                       ratio("eager"), ratio("compile"), ratio("ort"), ratio("openvino"),
-                      f"{best_single(m) / m['build']:.3f}x", f"{r['floor_ms']:.4f}", f"{m['build'] / r['floor_ms']:.1f}x",
+                      f"{best_single(m, r['accurate']) / m['build']:.3f}x", f"{r['floor_ms']:.4f}", f"{m['build'] / r['floor_ms']:.1f}x",
                       chosen_plan(r), f"{r['measured']} / {r['space']}",
                       f"{r['second_measured']} ({r['second_reused']} reused)")
     Console(width=240).print(table)
-    g_single = geomean([best_single(r["medians_ms"]) / r["medians_ms"]["build"] for r in rows])
-    worst_single = min(best_single(r["medians_ms"]) / r["medians_ms"]["build"] for r in rows)
+    g_single = geomean([best_single(r["medians_ms"], r["accurate"]) / r["medians_ms"]["build"] for r in rows])
+    worst_single = min(best_single(r["medians_ms"], r["accurate"]) / r["medians_ms"]["build"] for r in rows)
     print(f"geomean over the best single runtime (eager, compile, ORT, OpenVINO at defaults): {g_single:.2f}x "
           f"(goal >= 1.2x)")
     print(f"worst model vs its best single runtime: {worst_single:.3f}x (goal >= 0.98x)")
     for r in rows:
         for backend, why in r.get("runtime_failed", {}).items():
             print(f"  {r['model']}: no {backend} baseline: {why}")
+        m = r["medians_ms"]
+        for k, ok in r["accurate"].items():
+            if ok != "yes":
+                print(f"  {r['model']}: {k} ({m[k]:.4f} ms, {m[k] / m['build']:.2f}x the build's time) fails the "
+                      f"build's accuracy guard: {ok}; not counted as a rival")
     g_eager = geomean([r["medians_ms"]["eager"] / r["medians_ms"]["build"] for r in rows])
     g_comp = geomean([r["medians_ms"]["compile"] / r["medians_ms"]["build"] for r in rows])
     worst = min(min(r["medians_ms"][k] for k in ("eager", "compile", "compile-mat")) / r["medians_ms"]["build"]
@@ -287,7 +324,7 @@ def row_summary(r: dict) -> str:
     m = r["medians_ms"]
     ex = r.get("exhaustive")
     return (f"medians ms {({k: round(v, 4) for k, v in m.items()})}; build vs best single "
-            f"{best_single(m) / m['build']:.3f}x; chose {chosen_plan(r)}; measured {r['measured']}/{r['space']}"
+            f"{best_single(m, r['accurate']) / m['build']:.3f}x; chose {chosen_plan(r)}; measured {r['measured']}/{r['space']}"
             + (f"; exhaustive measured {ex['measured']}, guided reached {ex['reached']:.1%}" if ex else ""))
 
 

@@ -194,3 +194,18 @@ def test_parallel_pieces_are_cut_at_event_boundaries(tmp_path: Path) -> None:
         decoded += json.loads("[" + body + ("" if last else "]"))[:len(events)] if not last else \
             json.loads('{"traceEvents": [' + body)["traceEvents"]
     assert decoded == events                      # every event once, in order
+
+
+def test_a_dead_reading_worker_is_a_fallback_not_an_error(tmp_path: Path) -> None:
+    """Sending a piece to a worker that died (a broken pipe) falls back to the sequential reader
+    instead of failing the load (waiting on one: test_parallel_read_falls_back_when_a_worker_dies)."""
+    from cuvil_pgc.trace import _parallel
+    from cuvil_pgc.trace._build import StreamFallback
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "pid": 1, "tid": 1}]}))
+    with _parallel._Workers(1) as pool:
+        pool.procs[0].kill()
+        pool.procs[0].join()
+        with pytest.raises(StreamFallback, match="a reading worker died"):
+            list(pool.map(str(path), [(16, -1, True)]))

@@ -115,7 +115,7 @@ class _Workers:
         """Each piece's result in file order; piece i goes to worker i mod n, at most two ahead each."""
         n = len(self.conns)
         for i, piece in enumerate(ranges[:2 * n]):
-            self.conns[i % n].send((path, *piece))
+            _send(self.conns[i % n], (path, *piece))
         for i in range(len(ranges)):
             conn = self.conns[i % n]
             try:
@@ -125,7 +125,7 @@ class _Workers:
             if not ok:
                 raise StreamFallback(result)
             if i + 2 * n < len(ranges):
-                conn.send((path, *ranges[i + 2 * n]))
+                _send(conn, (path, *ranges[i + 2 * n]))
             yield result
 
     def __enter__(self) -> _Workers:
@@ -144,6 +144,13 @@ class _Workers:
             if proc.is_alive():          # stopped early: a worker may be blocked sending a result
                 proc.kill()
             proc.join()
+
+
+def _send(conn: Connection, task: tuple) -> None:
+    try:
+        conn.send(task)
+    except OSError as exc:                  # the worker is gone (BrokenPipeError)
+        raise StreamFallback(f"a reading worker died ({exc!r})") from None
 
 
 def _serve(conn: Connection) -> None:
