@@ -528,3 +528,32 @@ def test_the_search_measures_the_whole_model_on_each_runtime_at_its_defaults_fir
     assert set(built[:2]) == {"<model>::ort", "<model>::openvino"}
     assert all(result.trials[k].status == "ok" for k in ("<model>::ort", "<model>::openvino"))
     assert len(built) > 2 and result.measured <= 5    # the budget still holds, with room for others
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_guard_admits_it(monkeypatch, native):
+    """On CPUs with AVX512-BF16/AMX, OpenVINO's own default precision is bf16: with tolerances that
+    admit bf16 it is measured as a baseline beside fp32; with the default (fp32) guard it is not built."""
+    from cuvil_pgc.recompile import plan as plan_mod
+    from cuvil_pgc.recompile import runtimes
+    from cuvil_pgc.recompile import search as search_mod
+    from cuvil_pgc.recompile.realized import Realized
+
+    built = []
+
+    def fake_realize(module, cand, inputs, **kw):
+        built.append(cand.key)
+        return Realized(module)
+
+    monkeypatch.setattr(search_mod, "realize", fake_realize)
+    monkeypatch.setattr(plan_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    monkeypatch.setattr(runtimes, "openvino_native_bf16", lambda: native)
+    bf16 = "<model>::openvino+bf16"
+    for rtol, expect in ((None, False), (2e-2, native)):
+        built.clear()
+        torch.manual_seed(0)
+        result = search_mod.search(Mlp().eval(), (torch.randn(2, 16),), None, options=search_mod.SearchOptions(
+            budget=3, backends=("aoti", "ort", "openvino"), rounds=3, rtol=rtol, atol=rtol))
+        assert (bf16 in built[:3]) is expect, (rtol, built)
+        assert "<model>::openvino" in built[:3]
+        assert (bf16 in [t.candidate.key for t in result.runtime_defaults]) is expect

@@ -224,7 +224,8 @@ def _runtime_configs(feats: ScopeFeatures, device: str, space: RuntimeSpace, lab
     transformation, which loses on small convolutions and matrix-vector work); without spinning
     and with the parallel executor where there are threads to spin or share; ONNX Runtime's
     transformer optimizer fusions where the scope holds attention (``fuse``); OpenVINO in bf16
-    where the CPU runs it natively and the scope computes; CUDA and TensorRT execution providers
+    where the CPU runs it natively and the scope computes, and for the whole model always (bf16 is
+    the CPU plugin's default precision there; the accuracy guard still decides); CUDA and TensorRT execution providers
     and Torch-TensorRT (fp16 too) on CUDA. The profile steers the rest (:func:`_steered_knobs`)."""
     scope, out = feats.scope, []
     cuda = device.startswith("cuda")
@@ -244,8 +245,8 @@ def _runtime_configs(feats: ScopeFeatures, device: str, space: RuntimeSpace, lab
         attention = feats.evidence.get("attention")
         if isinstance(attention, dict):    # the transformer optimizer's fusions (see .ort_fusion)
             out.append(Candidate(scope, "ort", knobs=(("fuse", str(attention.get("model_type", "bert"))),)))
-    if "openvino" in space.backends and not cuda and space.native_bf16 and labels & WORK_LABELS:
-        out.append(Candidate(scope, "openvino", precision="bf16"))
+    if "openvino" in space.backends and not cuda and space.native_bf16 and (labels & WORK_LABELS or not scope):
+        out.append(Candidate(scope, "openvino", precision="bf16"))     # the whole model: OpenVINO's own default
     if not cuda:
         out += _steered_knobs(feats, space, labels)
     if "tensorrt" in space.backends and cuda and labels & WORK_LABELS:

@@ -476,8 +476,12 @@ class _Search:
 
 
 def is_runtime_default(cand: Candidate) -> bool:
-    """The whole model on a runtime at its default settings (what a user would deploy instead)."""
-    return (cand.scope == "" and cand.backend in RUNTIME_BACKENDS and not cand.rewrite and cand.precision == "fp32"
+    """The whole model on a runtime at its default settings (what a user would deploy instead).
+    OpenVINO's CPU plugin computes in bf16 by default where the CPU runs bf16 natively (AVX512-BF16,
+    AMX), so there its bf16 candidate is a default too; it is in the space only where the accuracy
+    guard admits bf16 (``--rtol``/``--atol``), and the fp32 one stays measured beside it."""
+    precision_default = cand.precision == "fp32" or (cand.backend == "openvino" and cand.precision == "bf16")
+    return (cand.scope == "" and cand.backend in RUNTIME_BACKENDS and not cand.rewrite and precision_default
             and all(name == "ep" for name, _ in cand.knobs))       # on CUDA: each execution provider
 
 
