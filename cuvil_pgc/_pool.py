@@ -13,8 +13,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -28,6 +29,44 @@ def fork_is_safe() -> bool:
     """Whether this process may fork: the platform has fork and no other thread runs here (a fork
     copies only the calling thread; locks the others hold would stay held in the child)."""
     return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+
+
+_pausable: list[tuple[Callable[[], None], Callable[[], None]]] = []
+
+
+@contextmanager
+def pausable_thread(stop: Callable[[], None], start: Callable[[], None]) -> Iterator[None]:
+    """While the block runs, :func:`paused_for_fork` may stop a thread of ours with ``stop()`` (which
+    must join it) and start it again with ``start()``: a progress display's refresh thread, which
+    would otherwise keep large traces from being read by forked workers."""
+    entry = (stop, start)
+    _pausable.append(entry)
+    try:
+        yield
+    finally:
+        _pausable.remove(entry)
+
+
+@contextmanager
+def paused_for_fork() -> Iterator[bool]:
+    """Stop the pausable threads, yield whether this process may fork now (:func:`fork_is_safe`),
+    and start them again after the block (which should only start the forked processes). A display
+    that fails to stop or start is left as it is; nothing here raises."""
+    restart = []
+    for stop, start in list(_pausable):
+        try:
+            stop()
+            restart.append(start)
+        except Exception:
+            pass
+    try:
+        yield fork_is_safe()
+    finally:
+        for start in reversed(restart):
+            try:
+                start()
+            except Exception:
+                pass
 
 
 def in_pool_worker() -> bool:

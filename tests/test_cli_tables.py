@@ -97,10 +97,11 @@ def test_summary_json_of_a_trace_without_regions_has_the_top_operators(tmp_path,
     path = str(tmp_path / "noregions.trace.json")
     with profile(path, ops=True, gpu="off", sample_hz=0):
         torch.nn.functional.layer_norm(torch.randn(4, 16), (16,))
-    doc = json.loads(_invoke("summary", "--json", "--top", "5", path).stdout)
+    doc = json.loads(_invoke("summary", "--json", "--top", "50", path).stdout)
     names = [op["name"] for op in doc["operators"]]
-    assert "aten::layer_norm" in names and len(names) <= 5
+    assert "aten::layer_norm" in names                # every op of the run (which ranks first is timing)
     assert doc["operators"][0]["calls"] >= 1 and "self_cpu_us" in doc["operators"][0]
+    assert len(json.loads(_invoke("summary", "--json", "--top", "2", path).stdout)["operators"]) == 2
     assert "operators" not in json.loads(_invoke("summary", "--json", deep_trace).stdout)   # regions: as before
 
 

@@ -126,7 +126,19 @@ if sys.argv[1].endswith(":kill"):      # a worker dies on its second piece
 views = []
 for path in sys.argv[2:]:
     used.clear()
-    views.append((_view(load_trace(path)), list(used)))
+    if sys.argv[1].endswith(":progress"):     # under a live progress display, as the CLI on a terminal
+        import io, threading
+        from rich.console import Console
+        from cuvil_pgc.viewer.progress import stage_progress
+        console = Console(file=io.StringIO(), force_terminal=True)
+        with stage_progress(1, console=console, enabled=True) as progress:
+            assert threading.active_count() > 1          # the display's refresh thread
+            with progress.stage("loading"):
+                trace = load_trace(path)
+            assert threading.active_count() > 1          # started again after the fork
+    else:
+        trace = load_trace(path)
+    views.append((_view(trace), list(used)))
 sys.stdout.buffer.write(pickle.dumps(views))
 """
 
@@ -166,6 +178,16 @@ def test_parallel_read_falls_back_when_a_cut_lands_inside_a_string(tmp_path: Pat
     path.write_text(json.dumps(doc, indent=1))
     [(view, used)] = _parallel_views([path], chunk=300)
     assert used == [False]                        # a worker's decode failed: the sequential streamer read it
+    whole = _view(_load(path, monkeypatch, False))
+    assert whole["name"] == view["name"] and whole["args"] == view["args"]
+
+
+def test_parallel_read_pauses_a_progress_display_for_the_fork(monkeypatch) -> None:
+    """The CLI's progress display runs a refresh thread on terminals; it stops for the moment of the
+    fork (a fork copies no other thread) and starts again, so large traces are still read in parallel."""
+    path = GEN / "gpu_figures.json"
+    [(view, used)] = _parallel_views([path], chunk="300:progress")
+    assert used == [True]
     whole = _view(_load(path, monkeypatch, False))
     assert whole["name"] == view["name"] and whole["args"] == view["args"]
 

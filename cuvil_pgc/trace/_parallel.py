@@ -15,7 +15,8 @@ into their own table; the parent maps them to the file's (``ChunkPart.reintern``
 
 When: plain (not gzip) files the streaming reader would read, on Linux (workers are forked, so
 they start in milliseconds with everything imported), from a process with no other thread (a fork
-copies only the calling thread, and locks other threads hold would stay held in the child), with at
+copies only the calling thread, and locks other threads hold would stay held in the child; a
+progress display's refresh thread is stopped for the fork, ``_pool.paused_for_fork``), with at
 least two usable cores or ``CUVIL_READ_WORKERS`` >= 2 (0 or 1 turns it off), and not inside a
 worker of ``_pool`` (``analyze --engine local`` already keeps every core busy with one trace each).
 """
@@ -30,7 +31,7 @@ import sys
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
-from cuvil_pgc._pool import fork_is_safe, in_pool_worker
+from cuvil_pgc._pool import in_pool_worker, paused_for_fork
 from cuvil_pgc.errors import ConfigError
 from cuvil_pgc.trace import _stream
 from cuvil_pgc.trace._build import ChunkPart, SourceColumns, StreamFallback, assemble_chunks, chunk_part
@@ -63,8 +64,10 @@ def read_workers() -> int:
 
 
 def reads_in_parallel_here() -> bool:
-    """Whether this process reads large plain traces with forked workers (module docstring's "When")."""
-    return read_workers() >= 2 and sys.platform == "linux" and fork_is_safe() and not in_pool_worker()
+    """Whether this process reads large plain traces with forked workers (module docstring's "When";
+    threads of ours that can pause for the fork, a progress display's, do not count)."""
+    return (read_workers() >= 2 and sys.platform == "linux" and not in_pool_worker()
+            and "fork" in multiprocessing.get_all_start_methods())
 
 
 def read_parallel(path: str, strings: StringTable, max_events: int) -> tuple[KinetoDocument, SourceColumns] | None:
@@ -79,7 +82,14 @@ def read_parallel(path: str, strings: StringTable, max_events: int) -> tuple[Kin
     if len(ranges) < 2:
         return None
     tail: list[KinetoDocument] = []
-    with _Workers(min(workers, len(ranges))) as pool:
+    with paused_for_fork() as safe:
+        if not safe:
+            return None
+        try:
+            pool = _Workers(min(workers, len(ranges)))
+        except OSError:                     # no process to be had (limits): read it in this one
+            return None
+    with pool:
         def parts() -> Iterator[ChunkPart]:
             seen = 0
             for part, doc, count in pool.map(path, ranges):

@@ -16,6 +16,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from cuvil_pgc._pool import pausable_thread
+
 
 class StageProgress:
     """Steps of one command; a no-op unless a rich ``Progress`` is attached."""
@@ -55,8 +57,17 @@ def _shown(console: Any, enabled: bool | None, columns: Callable[[Any], tuple[An
         return
     import rich.progress
 
-    with rich.progress.Progress(*columns(rich.progress), console=console, transient=True) as progress:
+    with rich.progress.Progress(*columns(rich.progress), console=console, transient=True) as progress, \
+            pausable_thread(lambda: _stop_refreshing(progress), progress.start):   # a fork for a large trace
         yield progress
+
+
+def _stop_refreshing(progress: Any) -> None:
+    """Stop the display and wait for its refresh thread to end (rich's ``stop`` only signals it)."""
+    thread = getattr(progress.live, "_refresh_thread", None)
+    progress.stop()
+    if thread is not None:
+        thread.join(timeout=2)
 
 
 def _stage_columns(rp: Any) -> tuple[Any, ...]:
