@@ -3,8 +3,8 @@
 ``pool_map(func, items, workers)`` calls ``func(item)`` for every item in ``workers`` processes
 (default: the core count; 1 or a single item: in this process) and returns the results in
 completion order, calling ``progress(done, total, item)`` after each. Workers are forked from a
-single-threaded caller, else started by forkserver (spawn where there is none): never a fork of a
-process with threads. Each handles one item at a time, so its memory is bounded by the largest
+single-threaded caller (a progress display's thread pauses for it: :func:`paused_for_fork`), else
+started by forkserver (spawn where there is none): never a fork of a process with threads. Each handles one item at a time, so its memory is bounded by the largest
 item. The first exception raised by ``func`` propagates.
 """
 
@@ -80,11 +80,11 @@ def _mark_worker() -> None:
     _in_worker = True
 
 
-def _start_method() -> str:
+def _start_method(fork_safe: bool) -> str:
     """fork from a single-threaded process (fast; no re-import of the caller's __main__, which
     spawn and forkserver do: a script without a main guard, or stdin, would run again); else
     forkserver (spawn where there is none), since forking a process with threads can deadlock."""
-    if fork_is_safe():
+    if fork_safe:
         return "fork"
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
@@ -104,9 +104,15 @@ def pool_map(func: Callable[..., T], items: Sequence[Any], workers: int | None =
             if progress:
                 progress(len(results), len(items), item)
         return results
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(_start_method()),
-                             initializer=_mark_worker) as pool:
-        futures = {pool.submit(func, item, *args): item for item in items}
+    with paused_for_fork() as safe:         # a progress display's thread stops while the workers fork
+        pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(_start_method(safe)),
+                                   initializer=_mark_worker)
+        try:
+            futures = {pool.submit(func, item, *args): item for item in items}   # the first starts every worker
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    with pool:
         try:
             for future in as_completed(futures):
                 results.append(future.result())

@@ -20,3 +20,56 @@ def test_pool_workers_read_large_traces_in_one_process(monkeypatch) -> None:
     assert {pid for pid, _, _ in results} != {os.getpid()}
     assert all(worker and not parallel for _, worker, parallel in results)
     assert _pool.pool_map(_where, [1], workers=2) == [(os.getpid(), False, _parallel.reads_in_parallel_here())]
+
+
+_MARK: list[str] = []
+
+
+def _inherited(item: int) -> list[str]:
+    return list(_MARK)             # a forked worker has the parent's list; a started one imports it afresh
+
+
+def _paused_display_run() -> tuple[list, int, bool, list]:
+    """In a fresh process (no thread of another test): pool_map with a pausable thread registered,
+    then with one that is not."""
+    import threading
+
+    state = {"starts": 0}
+
+    def start() -> None:
+        state["stop"] = threading.Event()
+        state["thread"] = threading.Thread(target=state["stop"].wait, daemon=True)
+        state["thread"].start()
+        state["starts"] += 1
+
+    def stop() -> None:
+        state["stop"].set()
+        state["thread"].join()
+
+    _MARK[:] = ["parent"]
+    start()
+    with _pool.pausable_thread(stop, start):
+        paused = _pool.pool_map(_inherited, [1, 2], workers=2)
+        restarted = state["starts"], state["thread"].is_alive()
+    unregistered = _pool.pool_map(_inherited, [1, 2], workers=2)
+    stop()
+    return paused, restarted[0], restarted[1], unregistered
+
+
+def test_a_paused_display_thread_lets_the_pool_fork() -> None:
+    """A thread registered as pausable (a progress display's) is stopped while the workers fork and
+    started again; an unregistered thread makes the pool start its workers another way (forkserver)."""
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import pickle, sys; from tests.test_pool import _paused_display_run; " \
+           "sys.stdout.buffer.write(pickle.dumps(_paused_display_run()))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    paused, starts, alive, unregistered = pickle.loads(proc.stdout)
+    assert paused == [["parent"], ["parent"]]           # forked: the workers have the parent's state
+    assert starts == 2 and alive                         # the thread was started again after the fork
+    assert unregistered == [[], []]                      # not forked: the workers imported this module
