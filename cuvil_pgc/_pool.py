@@ -1,7 +1,7 @@
 """One process pool for work over many trace files (``analyze --engine local``, ``export``).
 
 ``pool_map(func, items, workers)`` calls ``func(item)`` for every item in ``workers`` processes
-(default: the core count; 1 or a single item: in this process) and returns the results in
+(default: :func:`usable_cores`; 1 or a single item: in this process) and returns the results in
 completion order, calling ``progress(done, total, item)`` after each. Workers are forked from a
 single-threaded caller (a progress display's thread pauses for it: :func:`paused_for_fork`), else
 started by forkserver (spawn where there is none): never a fork of a process with threads. Each handles one item at a time, so its memory is bounded by the largest
@@ -89,8 +89,29 @@ def _start_method(fork_safe: bool) -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+#: cgroup v2 CPU quota of this process's container ("max 100000" or "200000 100000": quota, period)
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a container's CPU quota
+    (cgroup v2 ``cpu.max``, rounded up), so a 2-CPU container on a 64-core host counts 2."""
+    try:
+        cores = len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        with open(CGROUP_CPU_MAX, encoding="ascii") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max" and int(period) > 0:
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
 def pool_size(workers: int | None, items: int) -> int:
-    return max(1, min(workers or os.cpu_count() or 1, items))
+    return max(1, min(workers or usable_cores(), items))
 
 
 def pool_map(func: Callable[..., T], items: Sequence[Any], workers: int | None = None,

@@ -31,7 +31,7 @@ def _events() -> list[dict]:
 @pytest.fixture
 def busy_host(monkeypatch):
     monkeypatch.setattr(contention, "_read_loadavg", lambda: (8.0, 9))
-    monkeypatch.setattr(contention, "_cores", lambda: 2)
+    monkeypatch.setattr(contention, "usable_cores", lambda: 2)
 
 
 def test_trace_counters_mark_contention_and_lower_confidence():
@@ -122,7 +122,7 @@ def test_recompile_warns_on_a_busy_machine(tmp_path, monkeypatch, busy_host):
 def test_recompile_is_silent_about_load_on_a_quiet_machine(tmp_path, monkeypatch):
     _fake_recompile(monkeypatch)
     monkeypatch.setattr(contention, "_read_loadavg", lambda: (1.0, 1))
-    monkeypatch.setattr(contention, "_cores", lambda: 2)
+    monkeypatch.setattr(contention, "usable_cores", lambda: 2)
     trace = tmp_path / "t.trace.json"
     trace.write_text("{}")
     result = CliRunner().invoke(app, ["recompile", str(trace), "--model", "cuvil_pgc.zoo:mlp",

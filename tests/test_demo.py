@@ -131,7 +131,7 @@ def test_demo_warns_when_the_machine_is_busy(tmp_path, monkeypatch, light_demo, 
     from cuvil_pgc.analyze import contention
 
     monkeypatch.setattr(contention, "_read_loadavg", lambda: (8.0, 9))
-    monkeypatch.setattr(contention, "_cores", lambda: 2)
+    monkeypatch.setattr(contention, "usable_cores", lambda: 2)
     (result,) = light_demo.run_demo(str(tmp_path / "demo"), quick=True, quiet=True)
     assert len(result.warnings) == 1 and "load average 8.0 on 2 cores" in result.warnings[0]
     printed = " ".join(capsys.readouterr().out.split())

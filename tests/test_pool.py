@@ -73,3 +73,18 @@ def test_a_paused_display_thread_lets_the_pool_fork() -> None:
     assert paused == [["parent"], ["parent"]]           # forked: the workers have the parent's state
     assert starts == 2 and alive                         # the thread was started again after the fork
     assert unregistered == [[], []]                      # not forked: the workers imported this module
+
+
+def test_usable_cores_follow_a_containers_cpu_quota(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv(_parallel.ENV_READ_WORKERS, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    quota = tmp_path / "cpu.max"
+    monkeypatch.setattr(_pool, "CGROUP_CPU_MAX", str(quota))
+    assert _pool.usable_cores() == 64                     # no cgroup file: the affinity
+    quota.write_text("max 100000\n")
+    assert _pool.usable_cores() == 64                     # no quota
+    quota.write_text("150000 100000\n")
+    assert _pool.usable_cores() == 2                      # 1.5 CPUs: rounded up
+    assert _pool.pool_size(None, 100) == 2 and _parallel.read_workers() == 2
+    quota.write_text("garbage\n")
+    assert _pool.usable_cores() == 64

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_pgc._pool import usable_cores
 from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
 from cuvil_pgc.analyze.passes import requires
 
@@ -48,17 +49,10 @@ def _read_loadavg() -> tuple[float, int | None]:
             return 0.0, None
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def host_load() -> dict[str, Any]:
     """``{"load1", "running", "cores", "per_core", "contended"}`` of this machine now."""
     load1, running = _read_loadavg()
-    cores = _cores()
+    cores = usable_cores()
     per_core = load1 / cores
     return {"load1": round(load1, 2), "running": running, "cores": cores, "per_core": round(per_core, 2),
             "contended": per_core > LOAD_PER_CORE}

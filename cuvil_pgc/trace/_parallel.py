@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
-from cuvil_pgc._pool import in_pool_worker, paused_for_fork
+from cuvil_pgc._pool import in_pool_worker, paused_for_fork, usable_cores
 from cuvil_pgc.errors import ConfigError
 from cuvil_pgc.trace import _stream
 from cuvil_pgc.trace._build import ChunkPart, SourceColumns, StreamFallback, assemble_chunks, chunk_part
@@ -56,11 +56,7 @@ def read_workers() -> int:
             raise ConfigError(f"environment variable {ENV_READ_WORKERS}={text!r} is not an integer",
                               fix="set it to the number of processes reading one large trace (0: one)") from None
         return max(value, 0)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return min(cores, MAX_WORKERS)
+    return min(usable_cores(), MAX_WORKERS)
 
 
 def reads_in_parallel_here() -> bool:
