@@ -510,17 +510,8 @@ def test_the_search_measures_the_whole_model_on_each_runtime_at_its_defaults_fir
     """What a user would deploy instead of a build is always measured and raced, whatever the cost
     models predict (builds are faked at the seam: every candidate runs the eager module)."""
     from cuvil_pgc.recompile import search as search_mod
-    from cuvil_pgc.recompile.realized import Realized
 
-    built = []
-
-    def fake_realize(module, cand, inputs, **kw):
-        built.append(cand.key)
-        return Realized(module)
-    from cuvil_pgc.recompile import plan as plan_mod
-
-    monkeypatch.setattr(search_mod, "realize", fake_realize)
-    monkeypatch.setattr(plan_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    built = _faked_builds(monkeypatch)
     torch.manual_seed(0)
     result = search_mod.search(Mlp().eval(), (torch.randn(2, 16),), None,
                                options=search_mod.SearchOptions(budget=5, backends=("aoti", "ort", "openvino"),
@@ -530,16 +521,13 @@ def test_the_search_measures_the_whole_model_on_each_runtime_at_its_defaults_fir
     assert len(built) > 2 and result.measured <= 5    # the budget still holds, with room for others
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_guard_admits_it(monkeypatch, native):
-    """On CPUs with AVX512-BF16/AMX, OpenVINO's own default precision is bf16: with tolerances that
-    admit bf16 it is measured as a baseline beside fp32; with the default (fp32) guard it is not built."""
+def _faked_builds(monkeypatch) -> list[str]:
+    """Builds faked at the seam (every candidate runs the eager module); the keys built, in order."""
     from cuvil_pgc.recompile import plan as plan_mod
-    from cuvil_pgc.recompile import runtimes
     from cuvil_pgc.recompile import search as search_mod
     from cuvil_pgc.recompile.realized import Realized
 
-    built = []
+    built: list[str] = []
 
     def fake_realize(module, cand, inputs, **kw):
         built.append(cand.key)
@@ -547,6 +535,20 @@ def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_gua
 
     monkeypatch.setattr(search_mod, "realize", fake_realize)
     monkeypatch.setattr(plan_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    return built
+
+
+@pytest.mark.slow   # searches with their CPU probes and final races
+@needs_ort
+@needs_ov
+@pytest.mark.parametrize("native", [True, False])
+def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_guard_admits_it(monkeypatch, native):
+    """On CPUs with AVX512-BF16/AMX, OpenVINO's own default precision is bf16: with tolerances that
+    admit bf16 it is measured as a baseline beside fp32; with the default (fp32) guard it is not built."""
+    from cuvil_pgc.recompile import runtimes
+    from cuvil_pgc.recompile import search as search_mod
+
+    built = _faked_builds(monkeypatch)
     monkeypatch.setattr(runtimes, "openvino_native_bf16", lambda: native)
     bf16 = "<model>::openvino+bf16"
     for rtol, expect in ((None, False), (2e-2, native)):
