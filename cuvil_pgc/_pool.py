@@ -4,8 +4,9 @@
 (default: :func:`usable_cores`; 1 or a single item: in this process) and returns the results in
 completion order, calling ``progress(done, total, item)`` after each. Workers are forked from a
 single-threaded caller (a progress display's thread pauses for it: :func:`paused_for_fork`), else
-started by forkserver (spawn where there is none): never a fork of a process with threads. Each handles one item at a time, so its memory is bounded by the largest
-item. The first exception raised by ``func`` propagates.
+started by forkserver (spawn where there is none): never a fork of a process with threads. Each
+handles one item at a time, so its memory is bounded by the largest item. The first exception
+raised by ``func`` propagates.
 """
 
 from __future__ import annotations
