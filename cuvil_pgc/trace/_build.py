@@ -40,8 +40,9 @@ from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace import _args as A
 from cuvil_pgc.trace import _ours, _region_tree
 from cuvil_pgc.trace._decode import Document, Event, KinetoDocument, KinetoEvent
+from cuvil_pgc.trace._side_events import FLOW_KINDS, add_names, counter_columns, id_column, link_flows
 from cuvil_pgc.trace.columns import StringTable
-from cuvil_pgc.trace.schema import CAT_PROFILER_RANGE, CAT_TO_KIND, Kind
+from cuvil_pgc.trace.schema import CAT_PROFILER_RANGE, CAT_TO_KIND, MAX_TIME_US, Kind
 
 _EMPTY = msgspec.Raw(b"{}")
 _KINETO_KIND = dict(CAT_TO_KIND)
@@ -58,8 +59,6 @@ _KINETO_COLUMN_KINDS = {
     "bytes": np.array([Kind.MEMCPY, Kind.MEMSET], dtype=np.uint8),
     "correlation": np.array([Kind.RUNTIME, Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.uint8),
 }
-#: Largest ts / dur accepted (µs; about year 5100 as Unix time): beyond it a file is damaged.
-MAX_TIME_US = 1e17
 #: A file whose earliest ts is above this counts in Unix nanoseconds (1e17 µs would be year 5100).
 NS_FLOOR = 1e17
 _FLOW_PHASES = ("s", "f", "t")
@@ -132,12 +131,12 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
     else:
         args, given, paths, refs = _our_args(xs, cols, evs, path, strings)
         tree_notes = _region_tree.fill_paths(cols, paths, evs.meta, strings, refs, given)   # schema 2: ids
-    _flows(cols, evs, strings, origin_ns)
+    link_flows(cols, evs, strings, origin_ns)
     if other_cats.get(CAT_PROFILER_RANGE) and raw_events is not None and fmt == "kineto":
         _profiler_ranges(xs, raw_events, cols, args)
     src = SourceColumns(cols=cols, args=args, region_path=paths, region_given=given,
-                        counters=_counters(evs, strings, path, origin_ns), origin_ns=origin_ns)
-    _names(evs, src, strings)
+                        counters=counter_columns(evs, strings, path, origin_ns), origin_ns=origin_ns)
+    src.thread_names, src.process_names = add_names(evs.meta, strings)
     if fmt != "kineto":
         src.notes.extend(tree_notes)
     if origin_ns is not None:
@@ -191,7 +190,7 @@ class ChunkPart:
         cols["name"] = table[cols["name"]].astype(np.int32)
         for col in ("pid", "tid"):
             ids = cols[col]
-            named = ids <= -2                        # -2 - index: a string pid/tid (see _ids)
+            named = ids <= -2                        # -2 - index: a string pid/tid (see id_column)
             if named.any():
                 ids[named] = -2 - table[-2 - ids[named]]
         self.strings = None
@@ -261,10 +260,10 @@ def assemble_chunks(parts_in: Iterable[ChunkPart], strings: StringTable, path: s
     for col in (cols["ts"], cols["dur"]):
         if (~np.isfinite(col) | (col < 0) | (col > MAX_TIME_US)).any():
             raise StreamFallback("bad times")
-    _flows(cols, rest, strings, origin_ns)
+    link_flows(cols, rest, strings, origin_ns)
     src = SourceColumns(cols=cols, args=args, region_path=None, region_given=np.zeros(len(cols["ts"]), bool),
-                        counters=_counters(rest, strings, path, origin_ns), origin_ns=origin_ns)
-    _names(rest, src, strings)
+                        counters=counter_columns(rest, strings, path, origin_ns), origin_ns=origin_ns)
+    src.thread_names, src.process_names = add_names(rest.meta, strings)
     if origin_ns is not None:
         src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
     src.warnings = _skipped_notes(rest, other_cats)
@@ -320,8 +319,8 @@ def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dic
     cols = {
         "kind": kind_of_code[codes] if n else np.zeros(0, dtype=np.uint8),
         "name": np.array(_interned([e.name for e in xs], strings), dtype=np.int32),
-        "pid": _ids([e.pid for e in xs], strings),
-        "tid": _ids([e.tid for e in xs], strings),
+        "pid": id_column([e.pid for e in xs], strings),
+        "tid": id_column([e.tid for e in xs], strings),
     }
     for col in ("region", "region_id", "parent_id", "correlation", "external_id", "fwdbwd"):
         cols[col] = np.full(n, -1, dtype=np.int32 if col == "region" else np.int64)
@@ -349,21 +348,6 @@ def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str
 def _interned(values: list[str], strings: StringTable) -> list[int]:
     table = {s: strings.intern(s) for s in dict.fromkeys(values)}
     return list(map(table.__getitem__, values))
-
-
-def _ids(values: list[Any], strings: StringTable) -> np.ndarray:
-    """pid/tid column: ints as they are, strings as -2 - interned index (numeric strings as ints)."""
-    if not values:
-        return np.zeros(0, dtype=np.int64)
-    if set(map(type, values)) == {int}:
-        return np.array(values, dtype=np.int64)
-    table: dict[Any, int] = {}
-    for v in dict.fromkeys(values):
-        if type(v) is int:
-            table[v] = v
-        else:
-            table[v] = int(v) if v.isascii() and v.isdigit() and len(v) < 19 else -2 - strings.intern(v)
-    return np.array([table[v] for v in values], dtype=np.int64)
 
 
 def _check_times(ts: np.ndarray, dur: np.ndarray, evs: _Events, path: str) -> None:
@@ -407,12 +391,12 @@ def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> A.RowArg
         rows = np.nonzero(np.isin(kinds, only))[0]
         if len(rows):
             cols[col][rows] = list(map(getter, map(xs.__getitem__, rows.tolist())))
-    gpu_side = np.nonzero(np.isin(kinds, _FLOW_KINDS) & (cols["external_id"] < 0))[0]
+    gpu_side = np.nonzero(np.isin(kinds, FLOW_KINDS) & (cols["external_id"] < 0))[0]
     if len(gpu_side):                                  # torch 1.8-1.10: "external id"
         cols["external_id"][gpu_side] = list(map(attrgetter("args.external_id_v1"),
                                                  map(xs.__getitem__, gpu_side.tolist())))
     args = A.RowArgs(len(xs))
-    launched = np.nonzero(np.isin(kinds, _FLOW_KINDS))[0]          # kernels, runtime calls, memcpy, memset
+    launched = np.nonzero(np.isin(kinds, FLOW_KINDS))[0]          # kernels, runtime calls, memcpy, memset
     args.put(launched, list(map(attrgetter("args"), map(xs.__getitem__, launched.tolist()))))
     ops = np.nonzero(kinds == Kind.CPU_OP)[0].tolist()
     op_args = [xs[r].args for r in ops]
@@ -460,97 +444,3 @@ def _our_args(xs: list[Event], cols: dict[str, np.ndarray], evs: _Events, path: 
                           fix="the file does not follow the cuvil-pgc trace schema (DESIGN.md)")
 
     return _ours.fill_columns(parsed, [e.args for e in xs], cols, strings, [e.cat for e in xs], fail)
-
-
-def _flows(cols: dict[str, np.ndarray], evs: _Events, strings: StringTable, origin_ns: int | None) -> None:
-    """Links from flow events, matched to X rows on (pid, tid, ts) (see module docstring)."""
-    if not evs.flows:
-        return
-    launch = [f for f in evs.flows if type(f.id) is int and (f.cat == "ac2g" or (
-        f.cat.lower() == "async" and f.name == "launch"))]
-    need = np.nonzero((cols["correlation"] < 0) & np.isin(cols["kind"], _FLOW_KINDS))[0]
-    if launch and len(need):
-        _link(cols, need, launch, "correlation", strings, origin_ns)
-    fwdbwd = [f for f in evs.flows if f.cat == "fwdbwd" and type(f.id) is int]
-    ops = np.nonzero(cols["kind"] == Kind.CPU_OP)[0]
-    if fwdbwd and len(ops):
-        _link(cols, ops, fwdbwd, "fwdbwd", strings, origin_ns)
-
-
-def _link(cols: dict[str, np.ndarray], rows: np.ndarray, flows: list[Any], col: str, strings: StringTable,
-          origin_ns: int | None) -> None:
-    """Set ``cols[col][r]`` to the id of the flow event at row r's (pid, tid, ts); where several rows
-    start at one flow point (nested ops), the longest (outermost) gets it."""
-    key = np.dtype([("pid", np.int64), ("tid", np.int64), ("ts", np.float64)])
-    flow_keys = np.empty(len(flows), dtype=key)
-    flow_keys["pid"] = _ids([f.pid for f in flows], strings)
-    flow_keys["tid"] = _ids([f.tid for f in flows], strings)
-    if origin_ns is None:
-        flow_keys["ts"] = np.array([f.ts for f in flows], dtype=np.float64)
-    else:                                        # the same exact conversion as the rows' (see _times)
-        flow_keys["ts"] = (np.array([int(f.ts) for f in flows], dtype=np.int64) - origin_ns) / 1000.0
-    ids = np.array([f.id for f in flows], dtype=np.int64)
-    order = np.argsort(flow_keys, kind="stable")
-    flow_keys, ids = flow_keys[order], ids[order]
-    row_keys = np.empty(len(rows), dtype=key)
-    row_keys["pid"], row_keys["tid"], row_keys["ts"] = cols["pid"][rows], cols["tid"][rows], cols["ts"][rows]
-    pos = np.minimum(np.searchsorted(flow_keys, row_keys), len(flow_keys) - 1)
-    hit = np.nonzero(flow_keys[pos] == row_keys)[0]
-    if not len(hit):
-        return
-    by_point = hit[np.lexsort((-cols["dur"][rows[hit]], pos[hit]))]
-    first = np.ones(len(by_point), dtype=bool)
-    first[1:] = pos[by_point[1:]] != pos[by_point[:-1]]
-    chosen = by_point[first]
-    cols[col][rows[chosen]] = ids[pos[chosen]]
-
-
-_FLOW_KINDS = np.array([Kind.RUNTIME, Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.uint8)
-
-
-def _counters(evs: _Events, strings: StringTable, path: str, origin_ns: int | None = None) -> dict[str, np.ndarray]:
-    names: list[int] = []
-    ts: list[float] = []
-    values: list[float] = []
-    pids: list[Any] = []
-    try:
-        dicts = _DICTS.decode(b"[" + b",".join(e.args or _EMPTY for e in evs.counters) + b"]")
-    except msgspec.ValidationError as exc:
-        raise TraceError(f"a counter event's args are not an object ({exc})", path=path,
-                         fix='counter events carry {"series": number, ...} in args') from None
-    for k, (e, d) in enumerate(zip(evs.counters, dicts, strict=True)):
-        if not 0 <= e.ts <= (MAX_TIME_US if origin_ns is None else 2**63 - 1):
-            raise TraceError(f"counter event #{evs.file_index(k, 'C')} ({e.name!r}) has timestamp {e.ts!r}; "
-                             f"it must be a number of microseconds in [0, {MAX_TIME_US:.0e}]", path=path)
-        t = e.ts if origin_ns is None else (int(e.ts) - origin_ns) / 1000.0
-        for key, value in d.items():
-            if type(value) not in (int, float) or not math.isfinite(value):
-                continue
-            label = e.name if key in ("value", e.name) else f"{e.name}.{key}"
-            names.append(strings.intern(label))
-            ts.append(t)
-            values.append(float(value))
-            pids.append(e.pid)
-    return {"name": np.array(names, dtype=np.int32), "ts": np.array(ts, dtype=np.float64),
-            "value": np.array(values, dtype=np.float64), "pid": _ids(pids, strings)}
-
-
-def _names(evs: _Events, src: SourceColumns, strings: StringTable) -> None:
-    for e in evs.meta:
-        if e.name not in ("thread_name", "process_name"):
-            continue
-        if isinstance(e.args, A.KinetoArgs):
-            label = e.args.name
-        else:
-            try:
-                value = msgspec.json.decode(e.args) if e.args else None
-            except msgspec.DecodeError:
-                continue
-            label = value.get("name") if isinstance(value, dict) else None
-        if not isinstance(label, str):
-            continue
-        pid = int(_ids([e.pid], strings)[0])
-        if e.name == "thread_name":
-            src.thread_names.append([pid, int(_ids([e.tid], strings)[0]), label])
-        else:
-            src.process_names.append([pid, label])

@@ -19,6 +19,8 @@ SCHEMA_VERSION = 2
 rebuilds paths, trace._region_tree), and ``cuvil_region`` events declare regions written before
 they end; the partial file carries the drop counters (``cuvil_dropped`` events). 1: ``args.path``."""
 PARTIAL_SUFFIX = ".partial"
+#: Largest ts / dur a reader accepts (µs; about year 5100 as Unix time): beyond it a file is damaged.
+MAX_TIME_US = 1e17
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".json.gz", ".json")
 
 
