@@ -559,3 +559,21 @@ def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_gua
         assert (bf16 in built[:3]) is expect, (rtol, built)
         assert "<model>::openvino" in built[:3]
         assert (bf16 in [t.candidate.key for t in result.runtime_defaults]) is expect
+
+
+def test_output_template_shortcuts_build_what_the_pytree_builds():
+    """One tensor and a flat tuple of tensors are built without the pytree; every shape of output
+    comes back as the pytree would build it."""
+    from torch.utils import _pytree as pytree
+
+    from cuvil_pgc.recompile.runtime_region import OutputTemplate
+
+    a, b = torch.ones(1), torch.ones(2)
+    for out, direct in ((a, True), ((a, b), True), ((a, None), False), ({"x": a}, False), ([a], False),
+                        ((a, (b,)), False), ((b, a), True)):
+        template = OutputTemplate.of(out)
+        assert (template._single or template._tuple) is direct, out
+        fresh = [torch.zeros_like(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        built = template.build(fresh)
+        assert pytree.tree_structure(built) == pytree.tree_structure(out)
+        assert [t.shape for t in pytree.tree_leaves(built) if isinstance(t, torch.Tensor)] == [t.shape for t in fresh]

@@ -42,7 +42,9 @@ class CompiledRegion(nn.Module):
         self.config = config
         self._spec = None if spec is None else [(torch.Size(shape), getattr(torch, dtype), torch.device(dev),
                                                  tuple(strides)) for shape, dtype, dev, strides in spec]
-        self._fast = _FastAOTI(compiled) if self._spec is not None and hasattr(compiled, "loader") else None
+        self._fast = None            # exactly the captured positional tensors: skip the generic call
+        if self._spec is not None:
+            self._fast = _FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
         self.fallback_calls = 0
 
     @property

@@ -43,6 +43,12 @@ class OutputTemplate:
     leaves: list[tuple[str, Any]]           # ("t", index into the runtime's outputs) | ("c", constant)
     tensors: list[tuple[tuple[int, ...], torch.dtype]]
 
+    def __post_init__(self) -> None:
+        # the common shapes built without the pytree: one tensor, or a tuple of the outputs in order
+        in_order = self.leaves == [("t", i) for i in range(len(self.leaves))]
+        self._single = in_order and len(self.leaves) == 1 and self.spec.is_leaf()
+        self._tuple = in_order and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children())
+
     @classmethod
     def of(cls, output: Any) -> OutputTemplate:
         flat, spec = pytree.tree_flatten(output)
@@ -59,6 +65,10 @@ class OutputTemplate:
         return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.tensors]
 
     def build(self, outputs: list[torch.Tensor]) -> Any:
+        if self._single:
+            return outputs[0]
+        if self._tuple:
+            return tuple(outputs)
         return pytree.tree_unflatten([outputs[v] if kind == "t" else v for kind, v in self.leaves], self.spec)
 
     def to_json(self) -> dict[str, Any] | None:
@@ -97,6 +107,14 @@ class RuntimeRunner:
             return out
         inputs = [t if t.is_contiguous() else t.contiguous() for t in tensor_leaves(args, kwargs)]
         return self.template.build(self.run(inputs))
+
+    def call_positional(self, args: tuple[Any, ...]) -> Any:
+        """The call for exactly the captured positional tensors (:class:`~.realized.CompiledRegion`
+        checked them): no flattening of the arguments. Measured on the zoo transformer under ONNX
+        Runtime: the generic call cost 35% over a bare ``session.run`` with NumPy feeds."""
+        if self.template is None:
+            return self(*args)
+        return self.template.build(self.run([t if t.is_contiguous() else t.contiguous() for t in args]))
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -234,6 +252,9 @@ class TensorRTRunner(RuntimeRunner):
                  original: Callable[..., Any] | None = None) -> None:
         super().__init__(template, original)
         self.program = program
+
+    def call_positional(self, args: tuple[Any, ...]) -> Any:
+        return self(*args)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.template is None:
