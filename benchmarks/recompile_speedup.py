@@ -74,7 +74,8 @@ def profile_model(name: str, model, inputs, iters: int, workdir: str):
 def runtime_baselines(model, inputs) -> tuple[dict, dict[str, str]]:
     """ONNX Runtime and OpenVINO on the whole model at their default settings (ONNX Runtime with all
     graph optimizations, OpenVINO with the latency hint, both at torch's thread count), each on
-    its own copy of the weights (timed as a user calls them: :func:`as_a_user_calls_it`); and why a runtime is absent
+    its own copy of the weights (each timed through our runner and as a user calls it,
+    :func:`as_a_user_calls_it`, the faster counting); and why a runtime is absent
     (not installed, or the export or conversion failed). "openvino" computes in f32, as the build's
     default guard requires; "openvino-native" is OpenVINO's real default on CPUs with AVX512-BF16 or
     AMX, bf16, which races in the goals only where it passes the run's accuracy guard."""
@@ -193,9 +194,11 @@ def run_model(name: str, args, workdir: str, peak_flops: float) -> dict:
     others, failed = runtime_baselines(model, inputs)
     contenders = {**baselines(model, inputs), **others, "build": build.module}
     accurate = guard_passes(model, contenders, inputs, guard)
-    if all(isinstance(t, torch.Tensor) for t in inputs):     # the runtimes timed as a user calls them
-        contenders.update({k: as_a_user_calls_it(m) for k, m in others.items()})
+    if all(isinstance(t, torch.Tensor) for t in inputs):     # the runtimes also timed as a user calls them
+        contenders.update({f"{k} plain": as_a_user_calls_it(m) for k, m in others.items()})
     medians = race(contenders, inputs, args.rounds)
+    for k in others:       # each runtime's figure: the faster of its two calls (the strongest baseline)
+        medians[k] = min(medians[k], medians.get(f"{k} plain", math.inf))
     row = {"model": name, "labels": labels, "medians_ms": medians, "plan": build.plan.to_json(), "runtime_failed": failed,
            "accurate": accurate,
            "measured": build.plan.measured_candidates, "space": build.plan.space_size,
