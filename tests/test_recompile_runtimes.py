@@ -130,6 +130,37 @@ def test_runtime_regions_return_the_original_structure_and_fall_back_for_other_s
     assert len(list((Path(os.environ["CUVIL_CACHE_DIR"]) / "artifacts").glob("*.onnx"))) == 1
 
 
+@needs_ort
+def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and_other_inputs():
+    """An ORT region called with its captured CPU inputs goes straight to ``session.run`` (not
+    through ``forward``); hooks, other shapes, non-contiguous inputs and inputs that need grad take
+    the checked path, with the same results."""
+    torch.manual_seed(0)
+    model, x = Structured().eval(), torch.randn(3, 16)
+    region = realize(model, Candidate("", "ort"), ScopeInputs((x,)), machine="t").module
+    forwards = []
+    real_forward = region.forward
+    region.forward = lambda *a, **k: forwards.append(1) or real_forward(*a, **k)
+    with torch.no_grad():
+        ref = model(x)
+        lean = region(x)
+        assert forwards == []                                     # the lean call
+        torch.testing.assert_close(lean["out"], ref["out"], rtol=1e-4, atol=1e-5)
+        assert lean["nothing"] is None and lean["pair"][1] == 3
+        seen = []
+        handle = region.register_forward_hook(lambda mod, args, out: seen.append(out))
+        region(x)
+        handle.remove()
+        assert len(seen) == 1 and forwards == [1]                 # a hook: nn.Module's dispatch
+        strided = torch.randn(16, 3).t()                          # same shape, not contiguous
+        torch.testing.assert_close(region(strided)["out"], model(strided)["out"], rtol=1e-4, atol=1e-5)
+        assert len(forwards) == 2 and region.fallback_calls == 1  # other strides: the original module
+        assert region(torch.randn(5, 16))["out"].shape == (5, 4) and region.fallback_calls == 2
+    grad = x.clone().requires_grad_()
+    out = region(grad)                                            # needs grad: not the NumPy path
+    assert len(forwards) == 4 and out["out"].shape == (3, 4)
+
+
 def test_export_error_names_its_exporter():
     assert ExportError("torch.onnx.export failed: boom").exporter == "torch.onnx.export"
     assert exporter_of_reason("ExportError: openvino.convert_model failed: x") == "openvino.convert_model"

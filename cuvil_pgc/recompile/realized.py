@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc.recompile.matching import input_signature
+from cuvil_pgc.recompile.runtime_region import MISS
 
 log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warnings always had
 
@@ -43,9 +44,22 @@ class CompiledRegion(nn.Module):
         self._spec = None if spec is None else [(torch.Size(shape), getattr(torch, dtype), torch.device(dev),
                                                  tuple(strides)) for shape, dtype, dev, strides in spec]
         self._fast = None            # exactly the captured positional tensors: skip the generic call
+        self._lean = None            # a runtime's own minimal call, taken before nn.Module's dispatch
         if self._spec is not None:
             self._fast = _FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
+            lean = getattr(compiled, "lean_call", None)
+            self._lean = lean(self._spec) if lean is not None else None
         self.fallback_calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """A runtime's lean call when it takes the arguments and nothing hooks into this module (or
+        traces it); ``nn.Module``'s dispatch and :meth:`forward` otherwise."""
+        lean = self._lean
+        if lean is not None and not kwargs and not _hooked(self):
+            out = lean(args)
+            if out is not MISS:
+                return out
+        return super().__call__(*args, **kwargs)
 
     @property
     def compiled(self) -> Any:
@@ -73,6 +87,20 @@ class CompiledRegion(nn.Module):
                     or a.stride() != strides:
                 return False
         return True
+
+
+_GLOBAL_HOOKS = tuple(getattr(torch.nn.modules.module, name, None) for name in (
+    "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+    "_global_backward_pre_hooks", "_global_forward_hooks_always_called"))
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether a call of ``module`` must go through ``nn.Module``'s dispatch: hooks on it or global
+    ones (a torch without those registries counts as hooked), or a JIT trace or compile in progress."""
+    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks \
+            or module._backward_pre_hooks or None in _GLOBAL_HOOKS or any(_GLOBAL_HOOKS):
+        return True
+    return torch._C._get_tracing_state() is not None or torch.compiler.is_compiling()
 
 
 class _FastAOTI:
