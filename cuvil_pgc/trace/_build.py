@@ -50,7 +50,6 @@ _KINETO_KIND.pop("region")                       # only our files write cat "reg
 _OURS_KIND = dict(CAT_TO_KIND)
 _OURS_KIND.pop("user_annotation")                # our files' regions are cat "region"
 _DICTS = msgspec.json.Decoder(list[dict[str, Any]])
-_COLUMN_KEYS = ("correlation", "flops", "bytes", "external_id")
 _SHAPES = attrgetter("shapes")
 _DTYPES = attrgetter("dtypes")
 _KINETO_COLUMN_KINDS = {
@@ -61,7 +60,6 @@ _KINETO_COLUMN_KINDS = {
 }
 #: A file whose earliest ts is above this counts in Unix nanoseconds (1e17 µs would be year 5100).
 NS_FLOOR = 1e17
-_FLOW_PHASES = ("s", "f", "t")
 
 
 @dataclass
