@@ -3,7 +3,7 @@
 For each zoo model, in one process: profile it (instrument_module + profile), analyze the trace,
 run the guided search (fresh record database, so the measurement count is a first search's),
 then time eager, torch.compile default, torch.compile max-autotune-no-cudagraphs and the build's
-module interleaved side by side (rotating order, medians of --rounds rounds; each contender on its
+module interleaved side by side (balanced orders, medians of --rounds rounds or more; each contender on its
 own copy of the weights, as deployed). Prints the table and
 the geometric means. For --exhaustive-models it also runs the exhaustive search of the same space
 (its own fresh record database) and times its plan against the guided plan interleaved: the
@@ -166,10 +166,14 @@ def measure_peak_flops() -> float:
 
 
 def race(contenders: dict, inputs, rounds: int) -> dict[str, float]:
+    """Medians of interleaved rounds, at least ``rounds`` and whole cycles of the balanced orders
+    (every contender after every other equally often)."""
     import torch
 
-    from cuvil_pgc.recompile.measure import time_interleaved
+    from cuvil_pgc.recompile.measure import balanced_orders, time_interleaved
 
+    cycle = len(balanced_orders(len(contenders)))
+    rounds = -(-rounds // cycle) * cycle
     with torch.no_grad():
         samples = time_interleaved({k: (lambda m=m: m(*inputs)) for k, m in contenders.items()}, rounds=rounds)
     return {k: s.median_ms for k, s in samples.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 import warnings
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc.recompile.compare import compare_runnables
-from cuvil_pgc.recompile.measure import bootstrap_ci, median, ratio_ci, time_interleaved, verdict
+from cuvil_pgc.recompile.measure import balanced_orders, bootstrap_ci, median, ratio_ci, time_interleaved, verdict
 from cuvil_pgc.viewer.console_recompile import compare_table
 
 
@@ -53,6 +54,26 @@ def test_interleaving_rotates_the_order():
     time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=4, warmup=0, inner=1)
     rounds = ["".join(calls[i:i + 2]) for i in range(0, 8, 2)]
     assert rounds == ["ab", "ba", "ab", "ba"]
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_balanced_orders_give_every_contender_every_predecessor_equally_often(n):
+    rows = balanced_orders(n)
+    assert all(sorted(row) == list(range(n)) for row in rows)
+    assert len(rows) == (n if n % 2 == 0 or n == 1 else 2 * n)
+    follows = Counter((row[i - 1], row[i]) for row in rows for i in range(1, n))
+    assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert len(set(follows.values())) <= 1                   # every ordered pair equally often
+    assert len({row[0] for row in rows}) == n                 # every contender runs first in some round
+
+
+def test_interleaving_varies_each_contenders_predecessor():
+    """A plain rotation of abc always runs b right after a; the timed order must not."""
+    calls = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in "abcd"}
+    time_interleaved(fns, rounds=8, warmup=0, inner=1)
+    before_b = {calls[i - 1] for i in range(1, len(calls)) if calls[i] == "b"}
+    assert before_b >= {"a", "c", "d"}
 
 
 def test_compare_verdict_on_models_of_known_different_speed():

@@ -131,10 +131,16 @@ def test_runtime_regions_return_the_original_structure_and_fall_back_for_other_s
 
 
 @needs_ort
-def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and_other_inputs():
-    """An ORT region called with its captured CPU inputs goes straight to ``session.run`` (not
-    through ``forward``); hooks, other shapes, non-contiguous inputs and inputs that need grad take
-    the checked path, with the same results."""
+def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and_other_inputs(monkeypatch):
+    """An ORT region called with its captured CPU inputs goes straight to the session's compiled
+    run (not through ``forward``, nor the Python ``InferenceSession.run`` and its re-checks); hooks,
+    other shapes, non-contiguous inputs and inputs that need grad take the checked path, with the
+    same results."""
+    import onnxruntime as ort
+
+    python_runs = []
+    python_run = ort.InferenceSession.run
+    monkeypatch.setattr(ort.InferenceSession, "run", lambda self, *a, **k: python_runs.append(1) or python_run(self, *a, **k))
     torch.manual_seed(0)
     model, x = Structured().eval(), torch.randn(3, 16)
     region = realize(model, Candidate("", "ort"), ScopeInputs((x,)), machine="t").module
@@ -143,8 +149,9 @@ def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and
     region.forward = lambda *a, **k: forwards.append(1) or real_forward(*a, **k)
     with torch.no_grad():
         ref = model(x)
+        python_runs.clear()
         lean = region(x)
-        assert forwards == []                                     # the lean call
+        assert forwards == [] and python_runs == []               # the lean call, on the compiled run
         torch.testing.assert_close(lean["out"], ref["out"], rtol=1e-4, atol=1e-5)
         assert lean["nothing"] is None and lean["pair"][1] == 3
         seen = []
@@ -159,6 +166,21 @@ def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and
     grad = x.clone().requires_grad_()
     out = region(grad)                                            # needs grad: not the NumPy path
     assert len(forwards) == 4 and out["out"].shape == (3, 4)
+
+
+def test_the_lean_call_falls_back_to_the_public_run_where_a_session_has_no_compiled_one():
+    from cuvil_pgc.recompile.runtime_region import _compiled_run
+
+    class Bare:
+        def run(self, names, feeds, options=None):
+            return ["public", names, feeds, options]
+
+    class Wrapped(Bare):
+        def __init__(self):
+            self._sess = type("C", (), {"run": lambda self, n, f, o: ["compiled", n, f, o]})()
+
+    assert _compiled_run(Bare())(["y"], {"x": 1}, None) == ["public", ["y"], {"x": 1}, None]
+    assert _compiled_run(Wrapped())(["y"], {"x": 1}, None) == ["compiled", ["y"], {"x": 1}, None]
 
 
 def test_export_error_names_its_exporter():

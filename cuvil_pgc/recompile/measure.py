@@ -1,8 +1,13 @@
 """Timing shared by the search and ``cuvil-pgc compare``: interleaved runs, medians, bootstrap CIs.
 
 Contract: :func:`time_interleaved` warms every callable up, then runs rounds in which each callable
-takes one sample (a sample is the mean of ``inner`` back-to-back calls), rotating the order every
-round (ABAB…, BABA…), so slow drifts of a shared, noisy machine hit every contender alike. When
+takes one sample (a sample is the mean of ``inner`` back-to-back calls), in an order that changes
+every round (AB, BA, …), so slow drifts of a shared, noisy machine hit every contender alike. The
+orders are a Williams design (:func:`balanced_orders`): over its rows every contender runs right
+after every other equally often. A contender's time depends on its predecessor (the caches it
+leaves cold, the threads it leaves spinning); a plain rotation keeps one fixed predecessor for each
+contender, which measured the same ONNX Runtime session 14% slower when it always followed
+OpenVINO than when it followed a torch contender. When
 CUDA is initialized in the process, every sample is bracketed by ``torch.cuda.synchronize``.
 Statistics are medians; :func:`ratio_ci` bootstraps the ratio of two medians. Nothing here
 asserts on times: callers compare contenders measured in the same run.
@@ -100,7 +105,7 @@ def calibrate_inner(fn: Callable[[], Any], min_sample_s: float = MIN_SAMPLE_S, c
 
 def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = DEFAULT_ROUNDS, warmup: int = 5,
                      inner: int | None = None, sync: Callable[[], None] | None = None) -> dict[str, Samples]:
-    """Time each zero-argument callable in rotating interleaved rounds; returns per-call samples."""
+    """Time each zero-argument callable in interleaved rounds (balanced orders); returns per-call samples."""
     names = list(fns)
     sync = sync or _cuda_sync()
     for name in names:
@@ -110,11 +115,28 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = DEFA
     if inner is None:   # one common count keeps every contender's sample equally long-lived
         counts = dict.fromkeys(names, max(1, min(counts.values())))
     out = {name: Samples(name) for name in names}
+    orders = balanced_orders(len(names))
     for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            out[name].seconds.append(_one_sample(fns[name], counts[name], sync))
+        for i in orders[r % len(orders)]:
+            out[names[i]].seconds.append(_one_sample(fns[names[i]], counts[names[i]], sync))
     return out
+
+
+def balanced_orders(n: int) -> list[list[int]]:
+    """A Williams design for ``n`` contenders: rows that are orders of ``range(n)`` in which each
+    contender runs first equally often and right after every other contender equally often (once
+    over ``n`` rows for even ``n``; over ``2n`` rows, the mirrored rows added, for odd ``n``)."""
+    if n <= 1:
+        return [list(range(n))]
+    first, low, high = [0], 1, n - 1       # 0, 1, n-1, 2, n-2, ...
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
 def _cuda_sync() -> Callable[[], None] | None:

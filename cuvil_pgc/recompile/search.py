@@ -6,7 +6,7 @@ the tolerances as ``accuracy_error``, each with its reason; once an exporter (to
 torch.onnx.export, openvino.convert_model, torch_tensorrt.compile) fails on a scope's module, the
 scope's other candidates through that exporter (AOTInductor; ONNX Runtime and OpenVINO; ...) are
 rejected with that reason without being built or counted against the budget. Measurements are interleaved with the scope's eager module and with
-the fastest candidate of the scope measured so far, the incumbent (same inputs, rotating order,
+the fastest candidate of the scope measured so far, the incumbent (same inputs, balanced orders,
 medians; see :mod:`.measure`). A candidate's ratio to eager is its ratio to the incumbent of its
 own run times the incumbent's ratio (to eager, in the first run), and it is expressed against the
 median of all of that scope's eager runs: a challenger is compared with the best so far side by
