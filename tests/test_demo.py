@@ -41,7 +41,7 @@ def test_demo_quick_end_to_end(tmp_path):
     import torch
 
     from cuvil_pgc import zoo
-    from cuvil_pgc.recompile.build import load_build
+    from cuvil_pgc.recompile.load import load_build
     from cuvil_pgc.recompile.package import open_build
     from cuvil_pgc.recompile.signing import load_public_key
 

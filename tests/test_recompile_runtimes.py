@@ -424,7 +424,7 @@ def test_a_tensorrt_build_for_another_gpu_or_version_is_refused_before_its_engin
     # the same GPU and version pass the check (what follows needs a GPU)
     with open_build(_tensorrt_build(tmp_path / "ok.cuvilpkg", model, priv, target=runtime_build.engine_target()),
                     pub) as vb:
-        from cuvil_pgc.recompile.build import _read_plan
+        from cuvil_pgc.recompile.load import _read_plan
 
         runtime_build.check_engines(vb.manifest, _read_plan(vb, vb.path), vb.path)
 

@@ -184,7 +184,7 @@ def _report(analysis: Any, build: Any, path: str, key: str) -> None:
 def _compare(model: Any, inputs: tuple[Any, ...], build_path: str, key: str) -> dict[str, float]:
     import torch
 
-    from cuvil_pgc.recompile.build import load_build
+    from cuvil_pgc.recompile.load import load_build
     from cuvil_pgc.recompile.measure import time_interleaved
 
     fast = load_build(build_path, model, pubkey=key + ".pub", require_signature=True, example_inputs=inputs)

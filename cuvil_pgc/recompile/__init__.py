@@ -11,9 +11,9 @@ from cuvil_pgc._lazy import lazy_getattr
 
 _LAZY = {
     "recompile": ("cuvil_pgc.recompile.build", "recompile"),
-    "load_build": ("cuvil_pgc.recompile.build", "load_build"),
+    "load_build": ("cuvil_pgc.recompile.load", "load_build"),
     "Build": ("cuvil_pgc.recompile.build", "Build"),
-    "LoadReport": ("cuvil_pgc.recompile.build", "LoadReport"),
+    "LoadReport": ("cuvil_pgc.recompile.load", "LoadReport"),
     "Plan": ("cuvil_pgc.recompile.plan_doc", "Plan"),
     "compare": ("cuvil_pgc.recompile.compare", "compare"),
 }

@@ -36,7 +36,7 @@ def resolve_contender(spec: str, model: Any, *, store: Any = None, pubkey: Any =
 
         return torch.compile(model)
     from cuvil_pgc.errors import BuildError
-    from cuvil_pgc.recompile.build import load_build
+    from cuvil_pgc.recompile.load import load_build
 
     loaded = load_build(spec, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned,
                         example_inputs=example_inputs)

@@ -1,0 +1,321 @@
+"""load_build(): verify a .cuvilpkg, check it fits this environment and the model, apply its plan.
+
+:func:`load_build` opens the package through :func:`~cuvil_pgc.recompile.trust.open_trusted`: a build
+no trusted key signed is refused unless the caller opts in, and the signature and every member's
+digest are verified before anything is read. It then refuses a build made for another torch,
+Python, platform, CPU ISA or device with a :class:`BuildError` that lists the differences, and one
+made for another model (:func:`check_model`); ``fallback="eager"`` turns any failure of loading
+into the plain model with a warning. Regions whose module changed since the build, or whose
+AOTInductor package holds other weights than the model's now (fine-tuned since), run eagerly: they
+are listed in the report and one RuntimeWarning names them (``stale="error"`` refuses such a build
+instead, before any region of the model is replaced). A build measured at another torch thread
+count than the process runs is loaded with a warning.
+The returned module carries
+``cuvil_load_report`` (a :class:`LoadReport`): with ``example_inputs`` it runs one warm-up call
+and counts Inductor cache hits and misses, so a warm load is checkable and a miss is explained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cuvil_pgc.errors import BuildError, CuvilError
+from cuvil_pgc.recompile.build import CACHE_MEMBER
+from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
+
+if TYPE_CHECKING:
+    from cuvil_pgc.recompile.plan_doc import Plan
+
+FALLBACKS = ("error", "eager")
+#: what load_build does with regions that changed since the build
+STALE_POLICIES = ("eager", "error")
+
+
+@dataclass
+class LoadReport:
+    path: str
+    applied: list[str] = field(default_factory=list)      # "scope: config"
+    skipped: list[str] = field(default_factory=list)      # stale regions, with the reason
+    aoti_packages: int = 0
+    runtime_regions: int = 0      # regions on ONNX Runtime, OpenVINO or TensorRT
+    compiled_regions: int = 0
+    cache_artifacts: str = "none"     # none | loaded | unusable: reason
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+    warm: bool | None = None
+    notes: list[str] = field(default_factory=list)
+    threads: int = 0                  # what the build was measured at (0: not recorded)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str = "error", store: Any = None,
+               pubkey: Any = None, allow_unsigned: bool | None = None, require_signature: bool = False,
+               example_inputs: tuple[Any, ...] | None = None, stale: str = "eager") -> Any:
+    """Verify a build, check it fits this environment and ``model``, and return the optimized model.
+
+    Args:
+        path_or_ref: a .cuvilpkg path or ``store://NAME[@VERSION|@TAG]`` (with ``store=DIR``).
+        fallback: "error" raises BuildError on any problem; "eager" warns and returns ``model``
+            whatever went wrong while loading (a refused build, a library that does not load ...).
+        stale: regions whose module or weights changed since the build: "eager" runs them eagerly
+            (listed in the report, one warning); "error" makes that a problem (see ``fallback``).
+        pubkey: the signer's public key (object or file). Without it, ``$CUVIL_TRUSTED_KEY`` or the
+            store's ``trusted.pub``; with none of them the build is refused (see :mod:`.trust`).
+        allow_unsigned: opt in to builds no trusted key vouches for (default ``$CUVIL_ALLOW_UNSIGNED``);
+            logged. Never weakens a key that is configured.
+        require_signature: refuse unsigned builds even where ``allow_unsigned`` says otherwise.
+        example_inputs: run one warm-up call and report compile-cache hits in ``cuvil_load_report``.
+    """
+    if fallback not in FALLBACKS:
+        raise BuildError(f"fallback={fallback!r} is not one of {FALLBACKS}")
+    if stale not in STALE_POLICIES:
+        raise BuildError(f"stale={stale!r} is not one of {STALE_POLICIES}")
+    if require_signature:
+        allow_unsigned = False
+    try:
+        return _load(path_or_ref, model, store, pubkey, allow_unsigned, example_inputs, stale)
+    except Exception as exc:      # every failure of loading: refused builds, dlopen, deep JSON ...
+        if fallback == "error":
+            if isinstance(exc, CuvilError):
+                raise
+            raise BuildError(f"the build could not be loaded ({type(exc).__name__}: {_one_line(exc)})",
+                             path=os.fspath(path_or_ref),
+                             fix="rebuild it here with `cuvil-pgc recompile`, or load it with fallback='eager'"
+                             ) from exc
+        warnings.warn(f"cuvil-pgc: running the model in eager mode: {_one_line(exc)}", RuntimeWarning,
+                      stacklevel=2)
+        model.cuvil_load_report = LoadReport(path=os.fspath(path_or_ref),
+                                             notes=[f"fell back to eager: {_one_line(exc)}"])
+        return model
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool | None,
+          example_inputs: tuple[Any, ...] | None, stale: str) -> Any:
+    from cuvil_pgc.recompile.runtime_build import check_engines
+    from cuvil_pgc.recompile.trust import open_trusted
+
+    with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
+        path = vb.path
+        _check_environment(vb.manifest, path)
+        plan = _read_plan(vb, path)
+        check_engines(vb.manifest, plan, path)
+        check_model(vb.manifest, plan, model, path)
+        report = LoadReport(path=path, threads=vb.manifest.threads)
+        _check_threads(vb.manifest.threads, report, path)
+        report.cache_artifacts = _load_cache_artifacts(vb) if CACHE_MEMBER in vb.members() else "none"
+        module = _apply_choices(vb, plan, model, report, path, stale)
+    if report.skipped:
+        warnings.warn(f"cuvil-pgc: {path}: {len(report.skipped)} region(s) run eagerly: "
+                      + "; ".join(report.skipped), RuntimeWarning, stacklevel=3)
+    if example_inputs is not None:
+        _warm_up(module, example_inputs, report)
+    module.cuvil_load_report = report
+    return module
+
+
+def _check_threads(built: int, report: LoadReport, path: str) -> None:
+    """Warn when this process runs torch at another thread count than the build was measured at."""
+    import torch
+
+    here = torch.get_num_threads()
+    if built and built != here:
+        note = (f"built and measured at {built} torch thread(s), this process runs {here}: its plan may not be "
+                f"the fastest here (torch.set_num_threads({built}), or recompile with --threads {here})")
+        report.notes.append(note)
+        warnings.warn(f"cuvil-pgc: {path}: {note}", RuntimeWarning, stacklevel=4)
+
+
+def check_model(manifest: Any, plan: Plan, model: Any, path: str) -> None:
+    """Refuse a build made for another model: another class, another module tree, or none of its
+    planned regions in this one.
+
+    A build of an earlier version of this model passes (same class and module tree, the planned
+    submodules exist): regions that changed since run eagerly (``stale``). A build for another model
+    would only time the eager model against itself.
+    """
+    from cuvil_pgc._structure import module_tree_digest
+    from cuvil_pgc.recompile.matching import structural_hash
+
+    if not manifest.model_hash or structural_hash(model) == manifest.model_hash:
+        return
+    here = type(model).__qualname__
+    scopes = [c.scope for c in plan.choices]
+    names = {name for name, _ in model.named_modules()}
+    if manifest.model_class and manifest.model_class != here:
+        problem = f"it was recompiled from a {manifest.model_class}, this model is a {here}"
+    elif manifest.model_tree and manifest.model_tree != module_tree_digest(model):
+        problem = (f"its submodules (names and classes) are not those of the {manifest.model_class or here} "
+                   f"it was recompiled from, though the class names agree")
+    elif scopes and not any(s and s in names for s in scopes) and "" not in scopes:
+        shown = ", ".join(scopes[:5]) + (", ..." if len(scopes) > 5 else "")
+        problem = f"none of the submodules its plan optimizes ({shown}) exists in this {here}"
+    else:
+        return
+    raise BuildError(f"build was made for another model: {problem}", path=path,
+                     fix="load it with the model it was recompiled from, or recompile this model "
+                         "with `cuvil-pgc recompile`")
+
+
+def _check_environment(manifest: Any, path: str) -> None:
+    from cuvil_pgc.recompile.manifest import current_fingerprint
+
+    built = manifest.fingerprint
+    device = "cuda" if built.device.startswith("cuda") else built.device
+    here = current_fingerprint(device)
+    problems = built.mismatches(here)
+    if problems:
+        raise BuildError("build was made for another environment (" + "; ".join(problems) + ")", path=path,
+                         fix="rebuild it here with `cuvil-pgc recompile`, or load it with fallback='eager'")
+
+
+def _read_plan(vb: Any, path: str) -> Plan:
+    from cuvil_pgc.recompile._json_bounds import check_json_bounds
+    from cuvil_pgc.recompile.plan_doc import Plan, PlanFormatError
+
+    try:
+        data = vb.read_bytes(PLAN_MEMBER)
+        check_json_bounds(data, what=PLAN_MEMBER, path=path)
+        plan = json.loads(data)
+    except (KeyError, ValueError, BuildError) as exc:
+        raise BuildError(f"{PLAN_MEMBER} is missing or unreadable ({exc})", path=path,
+                         fix="rebuild the package with `cuvil-pgc recompile`") from None
+    if not isinstance(plan, dict) or not isinstance(plan.get("choices"), list):
+        raise BuildError(f"{PLAN_MEMBER} is not a plan (no list of choices)", path=path,
+                         fix="rebuild the package with `cuvil-pgc recompile`")
+    try:
+        return Plan.from_json(plan)
+    except PlanFormatError as exc:
+        raise BuildError(f"{PLAN_MEMBER} has an unknown format or shape ({exc})", path=path,
+                         fix="upgrade cuvil-pgc or rebuild the package") from None
+
+
+def _load_cache_artifacts(vb: Any) -> str:
+    import torch
+
+    loader = getattr(torch.compiler, "load_cache_artifacts", None)
+    if loader is None:
+        return "unusable: this torch has no torch.compiler.load_cache_artifacts"
+    try:   # only reached after the whole package (and its signature) was verified
+        info = loader(vb.read_bytes(CACHE_MEMBER))
+    except Exception as exc:
+        return f"unusable: {type(exc).__name__}: {exc}"
+    return "loaded" if info is not None else "unusable: torch could not deserialize them (other torch version?)"
+
+
+def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: str, stale: str) -> Any:
+    from cuvil_pgc._structure import weights_digest
+    from cuvil_pgc.recompile.apply import apply_plan, realize
+    from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS
+    from cuvil_pgc.recompile.matching import structural_hash
+    from cuvil_pgc.recompile.runtime_build import load_region
+
+    artifact_backends = ("aoti", *RUNTIME_BACKENDS)
+
+    model = model.eval().to(plan.device)
+    modules = dict(model.named_modules())
+    realized = {}
+    extract_dir = _extract_dir(vb)
+    for choice in plan.choices:
+        scope, cand = choice.scope, choice.candidate
+        if cand.unknown:
+            raise BuildError(f"{PLAN_MEMBER} chooses for {choice.label} a configuration with fields "
+                             f"this cuvil-pgc does not know ({', '.join(cand.unknown)}): a newer version made it, "
+                             "and running it without them would run another configuration", path=path,
+                             fix="upgrade cuvil-pgc, or rebuild the package with this version")
+        module = modules.get(scope)
+        if module is None or structural_hash(module) != choice.structure:
+            report.skipped.append(f"{scope or '<model>'}: module {'missing' if module is None else 'changed'} "
+                                  "since the build; running it eagerly")
+            continue
+        if cand.backend in artifact_backends and choice.weights not in (None, weights_digest(module)):
+            report.skipped.append(f"{scope or '<model>'}: weights changed since the build (its {cand.backend} "
+                                  "artifact holds the build's weights); running it eagerly")
+            continue
+        if cand.backend in RUNTIME_BACKENDS:
+            realized[scope] = load_region(vb, choice, module, extract_dir, plan.device, path)
+            report.runtime_regions += 1
+        elif cand.backend == "aoti":
+            if not choice.artifact:
+                raise BuildError(f"plan chooses AOTInductor for {choice.label} but names no package", path=path)
+            local = str(vb.extract(choice.artifact, extract_dir))
+            realized[scope] = realize(module, cand, None, artifact=local, signature=choice.input_signature,
+                                      spec=choice.input_spec)
+            report.aoti_packages += 1
+        else:
+            realized[scope] = _realize_lazy(module, cand, plan.device)
+            report.compiled_regions += cand.backend != "eager"
+        report.applied.append(f"{scope or '<model>'}: {cand.config}")
+    if report.skipped and stale == "error":
+        raise BuildError(f"{len(report.skipped)} region(s) changed since the build: " + "; ".join(report.skipped),
+                         path=path, fix="recompile this model version with `cuvil-pgc recompile`, or load with "
+                                        "stale='eager' to run the changed regions eagerly")
+    return apply_plan(model, realized) if realized else model
+
+
+def _realize_lazy(module: Any, cand: Any, device: str) -> Any:
+    """torch.compile candidates need no inputs to build: compilation happens on the first call."""
+    from cuvil_pgc.recompile.apply import prepare_module, realize
+    from cuvil_pgc.recompile.realized import Realized
+
+    if cand.backend == "eager":
+        prepared, applied = prepare_module(module, cand, device)
+        return Realized(prepared, rewrites=applied)
+    return realize(module, cand, _NoInputs(), device=device)
+
+
+class _NoInputs:
+    """Stands in for captured inputs where a backend never looks at them (torch.compile)."""
+
+    signature = None
+    args: tuple = ()
+    kwargs: dict = {}
+
+
+def _extract_dir(vb: Any) -> Path:
+    from cuvil_pgc.recompile.records import cache_dir
+
+    digest = hashlib.sha256(json.dumps(sorted((k, v.sha256) for k, v in vb.manifest.members.items()))
+                            .encode()).hexdigest()[:24]
+    from cuvil_pgc._cache import enforce_limit
+
+    enforce_limit()              # unpacked builds are bounded with the artifacts ($CUVIL_CACHE_MAX)
+    target = cache_dir() / "loaded" / digest
+    target.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=target))
+
+
+def _warm_up(module: Any, example_inputs: tuple[Any, ...], report: LoadReport) -> None:
+    import torch
+    from torch._dynamo.utils import counters
+
+    before = _cache_counts(counters)
+    with torch.no_grad():
+        module(*example_inputs)
+    after = _cache_counts(counters)
+    report.cache_hits = after[0] - before[0]
+    report.cache_misses = after[1] - before[1]
+    report.warm = report.cache_misses == 0
+    if report.cache_misses:
+        reason = ("the packaged cache artifacts were not usable: " + report.cache_artifacts
+                  if report.cache_artifacts.startswith("unusable") else
+                  "no cache artifacts for these graphs (inputs or environment differ from the build's)")
+        report.notes.append(f"{report.cache_misses} Inductor cache misses: {reason}")
+
+
+def _cache_counts(counters: Any) -> tuple[int, int]:
+    ind = counters.get("inductor", {})
+    return int(ind.get("fxgraph_cache_hit", 0)), int(ind.get("fxgraph_cache_miss", 0))
