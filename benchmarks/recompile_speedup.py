@@ -50,6 +50,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--profile-iters", type=int, default=20)
     p.add_argument("--rtol", type=float, default=None, help="the build's accuracy guard (recompile --rtol)")
     p.add_argument("--atol", type=float, default=None, help="the build's accuracy guard (recompile --atol)")
+    p.add_argument("--deployed", action="store_true",
+                   help="race eager, torch.compile, the runtimes and the saved build each in its own process, as "
+                        "deployed (the build through load_build), instead of in this process")
     return p.parse_args()
 
 
@@ -71,14 +74,15 @@ def profile_model(name: str, model, inputs, iters: int, workdir: str):
     return path, analyze(load_trace(path))
 
 
-def runtime_baselines(model, inputs) -> tuple[dict, dict[str, str]]:
+def runtime_baselines(model, inputs, artifacts: dict | None = None) -> tuple[dict, dict[str, str]]:
     """ONNX Runtime and OpenVINO on the whole model at their default settings (ONNX Runtime with all
     graph optimizations, OpenVINO with the latency hint, both at torch's thread count), each on
     its own copy of the weights (each timed through our runner and as a user calls it,
     :func:`as_a_user_calls_it`, the faster counting); and why a runtime is absent
     (not installed, or the export or conversion failed). "openvino" computes in f32, as the build's
     default guard requires; "openvino-native" is OpenVINO's real default on CPUs with AVX512-BF16 or
-    AMX, bf16, which races in the goals only where it passes the run's accuracy guard."""
+    AMX, bf16, which races in the goals only where it passes the run's accuracy guard. ``artifacts``
+    receives each runtime's exported file (the .onnx, the OpenVINO IR)."""
     import copy
 
     from cuvil_pgc.recompile import runtimes
@@ -96,8 +100,11 @@ def runtime_baselines(model, inputs) -> tuple[dict, dict[str, str]]:
                 continue
             precision = "bf16"
         try:
-            out[backend] = realize(copy.deepcopy(model), Candidate("", name, precision=precision),
-                                   ScopeInputs(tuple(inputs)), machine="benchmark").module
+            realized = realize(copy.deepcopy(model), Candidate("", name, precision=precision),
+                               ScopeInputs(tuple(inputs)), machine="benchmark")
+            out[backend] = realized.module
+            if artifacts is not None:
+                artifacts[backend] = realized.artifact
         except Exception as exc:
             failed[backend] = f"{type(exc).__name__}: {str(exc)[:160]}"
     return out, failed
@@ -185,7 +192,7 @@ def run_model(name: str, args, workdir: str, peak_flops: float) -> dict:
     from cuvil_pgc.recompile import recompile
     from cuvil_pgc.recompile.records import RecordDB
     model, inputs = load(name)
-    name = name.rpartition(":")[2]               # a MODULE:FACTORY reference is shown by its factory
+    reference, name = name, name.rpartition(":")[2]     # a MODULE:FACTORY reference is shown by its factory
     t0 = time.perf_counter()
     trace, analysis = profile_model(name, model, inputs, args.profile_iters, workdir)
     labels = {r.path: r.bottleneck for r in analysis.regions[:3]}
@@ -195,15 +202,20 @@ def run_model(name: str, args, workdir: str, peak_flops: float) -> dict:
     build = recompile(model, inputs, analysis=analysis, budget=args.budget, records=records, **guard)
     t2 = time.perf_counter()
     torch._dynamo.reset()
-    others, failed = runtime_baselines(model, inputs)
+    artifacts: dict[str, str] = {}
+    others, failed = runtime_baselines(model, inputs, artifacts)
     contenders = {**baselines(model, inputs), **others, "build": build.module}
     accurate = guard_passes(model, contenders, inputs, guard)
-    if all(isinstance(t, torch.Tensor) for t in inputs):     # the runtimes also timed as a user calls them,
-        plain, _ = runtime_baselines(model, inputs)         # on sessions of their own: two callers of one
-        contenders.update({f"{k} plain": as_a_user_calls_it(m) for k, m in plain.items()})   # session keep it warm
-    medians = race(contenders, inputs, args.rounds)
-    for k in others:       # each runtime's figure: the faster of its two calls (the strongest baseline)
-        medians[k] = min(medians[k], medians.get(f"{k} plain", math.inf))
+    if args.deployed:
+        medians, dead = deployed_race(reference, build, artifacts, args, workdir)
+        failed.update({k: f"its worker process failed: {why}" for k, why in dead.items()})
+    else:
+        if all(isinstance(t, torch.Tensor) for t in inputs):     # the runtimes also timed as a user calls them,
+            plain, _ = runtime_baselines(model, inputs)         # on sessions of their own: two callers of one
+            contenders.update({f"{k} plain": as_a_user_calls_it(m) for k, m in plain.items()})   # keep it warm
+        medians = race(contenders, inputs, args.rounds)
+        for k in others:       # each runtime's figure: the faster of its two calls (the strongest baseline)
+            medians[k] = min(medians[k], medians.get(f"{k} plain", math.inf))
     row = {"model": name, "labels": labels, "medians_ms": medians, "plan": build.plan.to_json(), "runtime_failed": failed,
            "accurate": accurate,
            "measured": build.plan.measured_candidates, "space": build.plan.space_size,
@@ -214,6 +226,25 @@ def run_model(name: str, args, workdir: str, peak_flops: float) -> dict:
     if name in args.exhaustive_models.split(","):
         row["exhaustive"] = exhaustive(model, inputs, analysis, build, workdir, name, args.rounds)
     return row
+
+
+def deployed_race(reference: str, build, artifacts: dict[str, str], args, workdir: str):
+    """Eager, torch.compile, the runtimes on their exported files and the saved, signed build, each
+    in a process of its own as deployed (see ``_deployed_race.py``); medians in ms, and the
+    contenders whose worker failed."""
+    from _deployed_race import race_in_processes
+
+    from cuvil_pgc.recompile.signing import generate_keypair
+
+    tag = f"m{len(os.listdir(workdir))}"
+    key, pub = generate_keypair(os.path.join(workdir, f"{tag}.key"))
+    path = build.save(os.path.join(workdir, f"{tag}.cuvilpkg"), signing_key=str(key))
+    base = {"model": reference, "threads": args.threads}
+    specs = {"eager": {**base, "kind": "eager"}, "compile": {**base, "kind": "compile"},
+             **{k: {**base, "kind": k, "path": p} for k, p in artifacts.items()},
+             "build": {**base, "kind": "build", "path": path, "pubkey": str(pub)}}
+    medians, failed = race_in_processes(specs, args.rounds)
+    return {k: v * 1e3 for k, v in medians.items()}, failed
 
 
 def guard_passes(model, contenders: dict, inputs, guard: dict) -> dict[str, str]:
@@ -336,8 +367,8 @@ def report(rows: list[dict]) -> None:
                       f"build's accuracy guard: {ok}; not counted as a rival")
     g_eager = geomean([r["medians_ms"]["eager"] / r["medians_ms"]["build"] for r in rows])
     g_comp = geomean([r["medians_ms"]["compile"] / r["medians_ms"]["build"] for r in rows])
-    worst = min(min(r["medians_ms"][k] for k in ("eager", "compile", "compile-mat")) / r["medians_ms"]["build"]
-                for r in rows)
+    worst = min(min(r["medians_ms"][k] for k in ("eager", "compile", "compile-mat") if k in r["medians_ms"])
+                / r["medians_ms"]["build"] for r in rows)
     print(f"geomean speedup vs eager: {g_eager:.2f}x (goal >= 2.5x)")
     print(f"geomean speedup vs torch.compile default: {g_comp:.2f}x (goal >= 2.0x)")
     print(f"worst model vs its best baseline: {worst:.3f}x (goal >= 0.98x)")

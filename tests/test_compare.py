@@ -5,15 +5,22 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import Counter
 import warnings
+from collections import Counter
 
 import pytest
 import torch
 from torch import nn
 
 from cuvil_pgc.recompile.compare import compare_runnables
-from cuvil_pgc.recompile.measure import balanced_orders, bootstrap_ci, median, ratio_ci, time_interleaved, verdict
+from cuvil_pgc.recompile.measure import (
+    balanced_orders,
+    bootstrap_ci,
+    median,
+    ratio_ci,
+    time_interleaved,
+    verdict,
+)
 from cuvil_pgc.viewer.console_recompile import compare_table
 
 
