@@ -24,17 +24,19 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-#: a sample lasts at least this long (as in cuvil_pgc.recompile.measure)
-MIN_SAMPLE_S = 0.0005
+#: a sample lasts at least this long: a worker wakes from its pipe read on a cold core, and with
+#: samples of one or two calls (the in-process race's 0.5 ms) every contender measured ~1.7x slower
+#: and two processes of one ONNX Runtime contender up to 19% apart; at 5 ms, within 1-4%
+MIN_SAMPLE_S = 0.005
 
 
 def race_in_processes(specs: dict[str, dict], rounds: int, replicas: int = 3) -> tuple[dict[str, float], dict[str, str]]:
     """Median seconds per call of each contender, each in ``replicas`` worker processes of its own
     (their samples pooled); and why a worker failed to start (its contender is then absent).
 
-    A process's memory layout alone moves a contender's time: two processes running the same
-    ONNX Runtime session, interleaved, measured from 1% to 19% apart on this 2-core machine. More
-    rounds do not average that out, more processes do."""
+    A process's memory layout alone moves a contender's time (two processes of the same ONNX
+    Runtime contender measured up to 4% apart with 5 ms samples); more rounds do not average that
+    out, more processes do."""
     from cuvil_pgc.recompile.measure import balanced_orders, median
 
     workers, failed, logs = {}, {}, {}

@@ -30,7 +30,8 @@ def _faked_search(monkeypatch, progress, budget: int) -> None:
     import cuvil_pgc.recompile.search as search_mod
     from cuvil_pgc.recompile.measure import Samples
     from cuvil_pgc.recompile.realized import Realized
-    from cuvil_pgc.recompile.search import SearchOptions, search
+    from cuvil_pgc.recompile.search import search
+    from cuvil_pgc.recompile.trials import SearchOptions
     from tests.test_recompile import Analysis, chain, stats
 
     def fake_time(fns, rounds):

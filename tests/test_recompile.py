@@ -17,8 +17,9 @@ from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostMode
 from cuvil_pgc.recompile.matching import match_regions, structural_hash
 from cuvil_pgc.recompile.records import Record, RecordDB
 from cuvil_pgc.recompile.rewrites import CellGRU, CellLSTM, apply_rewrites
-from cuvil_pgc.recompile.search import SearchOptions, search
+from cuvil_pgc.recompile.search import search
 from cuvil_pgc.recompile.search_records import refit_sample
+from cuvil_pgc.recompile.trials import SearchOptions
 
 # ----------------------------------------------------------------------------- models (also used via MODULE:FACTORY)
 
@@ -249,8 +250,8 @@ def test_a_measured_rewrite_does_not_correct_the_original_program():
 # ----------------------------------------------------------------------------- search, records, guard
 
 def test_prediction_spread_widens_the_stop_rule_when_predictions_miss():
-    from cuvil_pgc.recompile.search import Trial
     from cuvil_pgc.recompile.search_policy import prediction_spread
+    from cuvil_pgc.recompile.trials import Trial
 
     def spread(*pairs, reused=False, now=None):
         trials = [Trial(Candidate("", "aoti", freezing=bool(i % 2)), p, "ok", m, reused=reused)
@@ -951,7 +952,7 @@ def test_near_ties_of_the_whole_model_are_raced_again_at_the_end(monkeypatch):
     from types import SimpleNamespace
 
     from cuvil_pgc.recompile import plan as plan_mod
-    from cuvil_pgc.recompile.search import Trial
+    from cuvil_pgc.recompile.trials import Trial
 
     def trial(cand, us, status="ok"):
         return Trial(cand, us, status=status, measured_us=us)
@@ -981,7 +982,7 @@ def test_a_region_plan_is_raced_beyond_the_budget_only_when_nothing_else_beat_ea
     from types import SimpleNamespace
 
     from cuvil_pgc.recompile import plan as plan_mod
-    from cuvil_pgc.recompile.search import Trial
+    from cuvil_pgc.recompile.trials import Trial
 
     region = Trial(Candidate("a", "aoti"), 13.0, status="ok", measured_us=13.0)
     feats = {"": SimpleNamespace(eager_us=60.0), "a": SimpleNamespace(eager_us=40.0)}

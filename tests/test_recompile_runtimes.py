@@ -25,6 +25,7 @@ from cuvil_pgc.recompile.candidates import (
     scope_candidates,
 )
 from cuvil_pgc.recompile.realized import ExportError, exporter_of_reason
+from cuvil_pgc.recompile.trials import SearchOptions
 
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
 needs_ov = pytest.mark.skipif(not runtimes.check("openvino").ok, reason="openvino not installed")
@@ -313,7 +314,8 @@ class Branchy(nn.Module):
 @needs_ov
 def test_a_failed_onnx_export_rejects_every_candidate_through_it_without_building_them(monkeypatch):
     from cuvil_pgc.recompile import runtime_build
-    from cuvil_pgc.recompile.search import SearchOptions, search
+    from cuvil_pgc.recompile.search import search
+    from cuvil_pgc.recompile.trials import SearchOptions
 
     exports = []
     real = runtime_build.export_onnx
@@ -567,7 +569,7 @@ def test_the_search_measures_the_whole_model_on_each_runtime_at_its_defaults_fir
     built = _faked_builds(monkeypatch)
     torch.manual_seed(0)
     result = search_mod.search(Mlp().eval(), (torch.randn(2, 16),), None,
-                               options=search_mod.SearchOptions(budget=5, backends=("aoti", "ort", "openvino"),
+                               options=SearchOptions(budget=5, backends=("aoti", "ort", "openvino"),
                                                                 rounds=3))
     assert set(built[:2]) == {"<model>::ort", "<model>::openvino"}
     assert all(result.trials[k].status == "ok" for k in ("<model>::ort", "<model>::openvino"))
@@ -607,7 +609,7 @@ def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_gua
     for rtol, expect in ((None, False), (2e-2, native)):
         built.clear()
         torch.manual_seed(0)
-        result = search_mod.search(Mlp().eval(), (torch.randn(2, 16),), None, options=search_mod.SearchOptions(
+        result = search_mod.search(Mlp().eval(), (torch.randn(2, 16),), None, options=SearchOptions(
             budget=3, backends=("aoti", "ort", "openvino"), rounds=3, rtol=rtol, atol=rtol))
         assert (bf16 in built[:3]) is expect, (rtol, built)
         assert "<model>::openvino" in built[:3]

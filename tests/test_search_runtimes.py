@@ -95,7 +95,8 @@ def test_runtime_defaults_are_measured_as_baselines_outside_even_a_spent_budget(
     """A budget with no room left (before: both defaults silently skipped, eager shipped) still
     measures ONNX Runtime and OpenVINO at their defaults; they are counted apart and can win."""
     from cuvil_pgc.recompile.plan_doc import plan_document
-    from cuvil_pgc.recompile.search import SearchOptions, search
+    from cuvil_pgc.recompile.search import search
+    from cuvil_pgc.recompile.trials import SearchOptions
 
     built = fake_measurements(monkeypatch, {"": 1.0}, {"<model>::ort": 0.4, "<model>::openvino": 0.6})
     torch.manual_seed(0)
@@ -112,7 +113,8 @@ def test_runtime_defaults_are_measured_as_baselines_outside_even_a_spent_budget(
 
 
 def test_a_runtime_left_out_of_the_space_is_logged_not_silently_skipped(monkeypatch, caplog):
-    from cuvil_pgc.recompile.search import SearchOptions, search
+    from cuvil_pgc.recompile.search import search
+    from cuvil_pgc.recompile.trials import SearchOptions
 
     fake_measurements(monkeypatch, {"": 1.0}, {"<model>::ort": 0.4})
     torch.manual_seed(0)
@@ -137,7 +139,8 @@ def test_a_search_reaches_a_mixed_plan_on_its_own(monkeypatch):
     """The encoder runs fastest on ONNX Runtime, the head on OpenVINO, the whole model on either is
     slower than both regions apart: the search's own plan is the mixed one."""
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.search import SearchOptions, search
+    from cuvil_pgc.recompile.search import search
+    from cuvil_pgc.recompile.trials import SearchOptions
 
     fake_measurements(monkeypatch, {"": 1.0, "enc": 0.45, "head": 0.45},
                       {"enc::ort": 0.15, "enc::openvino": 0.3, "head::openvino": 0.1, "head::ort": 0.3,
@@ -187,7 +190,8 @@ def test_the_features_record_the_batch():
 def test_the_fastest_runtime_default_always_runs_in_the_final_race(monkeypatch):
     """The search measured OpenVINO's defaults 20 % behind AOTInductor (no near tie); the final race,
     side by side, finds it faster: the build is OpenVINO, not the slower AOTInductor package."""
-    from cuvil_pgc.recompile.search import SearchOptions, search
+    from cuvil_pgc.recompile.search import search
+    from cuvil_pgc.recompile.trials import SearchOptions
 
     fake_measurements(monkeypatch, {"": 1.0}, {"<model>::aoti": 0.5, "<model>::openvino": 0.6, "<model>::ort": 0.7},
                       final_ms={"<model>::openvino": 0.4})

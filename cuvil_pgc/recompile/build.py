@@ -125,7 +125,8 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     from cuvil_pgc.recompile.matching import structural_hash
     from cuvil_pgc.recompile.plan_doc import plan_document
     from cuvil_pgc.recompile.records import RecordDB, machine_key
-    from cuvil_pgc.recompile.search import SearchOptions, search
+    from cuvil_pgc.recompile.search import search
+    from cuvil_pgc.recompile.trials import SearchOptions
 
     if not isinstance(model, torch.nn.Module):
         raise RecompileError(f"recompile needs a torch.nn.Module, got {type(model).__name__}")

@@ -298,3 +298,13 @@ def choose_scopes(root_feats: ScopeFeatures, sub_feats: list[ScopeFeatures],
     ranked = sorted((f for f in sub_feats if f.bottleneck != "idle" and f.eager_us >= floor),
                     key=lambda f: -float(f.evidence.get("hotness", f.eager_us)))
     return [root_feats, *ranked[:max_subscopes]]
+
+
+def is_runtime_default(cand: Candidate) -> bool:
+    """The whole model on a runtime at its default settings (what a user would deploy instead).
+    OpenVINO's CPU plugin computes in bf16 by default where the CPU runs bf16 natively (AVX512-BF16,
+    AMX), so there its bf16 candidate is a default too; it is in the space only where the accuracy
+    guard admits bf16 (``--rtol``/``--atol``), and the fp32 one stays measured beside it."""
+    precision_default = cand.precision == "fp32" or (cand.backend == "openvino" and cand.precision == "bf16")
+    return (cand.scope == "" and cand.backend in RUNTIME_BACKENDS and not cand.rewrite and precision_default
+            and all(name == "ep" for name, _ in cand.knobs))       # on CUDA: each execution provider

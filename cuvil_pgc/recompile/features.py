@@ -285,3 +285,16 @@ def root_labels(analysis: Analysis | None, matched: list[RegionMatch], top: int 
         return list(ALL_LABELS)
     hottest = sorted(matched, key=lambda m: -m.stats.hotness)[:top]
     return sorted({m.stats.bottleneck for m in hottest})
+
+
+def add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFeatures],
+                  modules: dict[str, Any]) -> None:
+    """A scope's RNN time (what a cell rewrite can remove) includes its profiled RNN submodules'."""
+    rnn_types = (torch.nn.LSTM, torch.nn.GRU)
+    for scope, feats in scopes.items():
+        if "rnn_us" in feats.evidence:
+            continue
+        inner = sum(f.eager_us for q, f in all_feats.items()
+                    if q and isinstance(modules.get(q), rnn_types) and (not scope or q == scope or q.startswith(scope + ".")))
+        if inner:
+            feats.evidence["rnn_us"] = inner

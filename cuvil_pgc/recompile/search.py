@@ -35,9 +35,7 @@ it is the one plan that beat eager);
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,17 +47,17 @@ from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import admits_rounding, check_outputs
 from cuvil_pgc.recompile.apply import LOW_PRECISION_DTYPES, ScopeInputs, capture_scope_inputs, realize
 from cuvil_pgc.recompile.candidates import (
-    RUNTIME_BACKENDS,
     Candidate,
     ScopeFeatures,
     choose_scopes,
     generate_space,
+    is_runtime_default,
 )
 from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
-from cuvil_pgc.recompile.features import root_labels, scope_features
+from cuvil_pgc.recompile.features import add_rnn_time, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
-from cuvil_pgc.recompile.realized import ExportError, Realized, exporter_of_reason
+from cuvil_pgc.recompile.realized import ExportError, exporter_of_reason
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.search_policy import (
     BATCH,
@@ -71,73 +69,13 @@ from cuvil_pgc.recompile.search_policy import (
     with_neighbour,
 )
 from cuvil_pgc.recompile.search_records import SearchRecords
+from cuvil_pgc.recompile.trials import SearchOptions, SearchResult, Trial
 
 if TYPE_CHECKING:
     from cuvil_pgc.analyze.analysis import Analysis
 
 log = logging.getLogger(__name__)
 
-
-
-@dataclass
-class SearchOptions:
-    budget: int | None = None
-    exhaustive: bool = False
-    rtol: float | None = None
-    atol: float | None = None
-    device: str = "cpu"
-    rounds: int = 25
-    max_subscopes: int = 3
-    use_records: bool = True
-    backends: tuple[str, ...] | None = None     # restrict the plan space (None: all of BACKENDS)
-    fixed: dict[str, Candidate] | None = None   # a pinned plan: skip the search, build and time this
-
-
-@dataclass
-class Trial:
-    candidate: Candidate
-    predicted_us: float
-    status: str = "not_measured"        # ok | compile_error | accuracy_error | not_measured
-    measured_us: float | None = None    # per forward of the model
-    reason: str = ""
-    reused: bool = False
-    ratio: float | None = None          # time / the scope's eager time (via the incumbent of its run)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"config": self.candidate.config, "scope": self.candidate.scope,
-                "predicted_ms": _ms(self.predicted_us), "measured_ms": _ms(self.measured_us),
-                "status": self.status, "reason": self.reason, "reused_record": self.reused}
-
-
-@dataclass
-class SearchResult:
-    trials: dict[str, Trial]
-    features: dict[str, ScopeFeatures]
-    matches: MatchResult
-    scope_inputs: dict[str, ScopeInputs]
-    choices: dict[str, Candidate] = field(default_factory=dict)
-    structures: dict[str, str] = field(default_factory=dict)
-    weights: dict[str, str] = field(default_factory=dict)       # scope -> weights_digest
-    measured: int = 0
-    reused: int = 0
-    space_size: int = 0
-    baseline_us: float = math.nan
-    plan_us: float = math.nan
-    machine: str = ""
-    realized: dict[str, Realized] = field(default_factory=dict)
-    module: Any = None
-    final_medians_us: dict[str, float] = field(default_factory=dict)
-    #: the whole model on each runtime at its defaults: baselines measured outside the budget
-    runtime_defaults: list[Trial] = field(default_factory=list)
-    baselines_measured: int = 0
-
-    @property
-    def speedup(self) -> float:
-        return self.baseline_us / self.plan_us if self.plan_us > 0 else math.nan
-
-
-def _ms(us: float | None) -> float | None:
-    return None if us is None or math.isnan(us) else round(us / 1e3, 6)
 
 
 class _Search:
@@ -180,7 +118,7 @@ class _Search:
         chosen = choose_scopes(root, [f for s, f in feats.items() if s and f.eager_us > 0],
                                self.opt.max_subscopes)
         self.features = {f.scope: f for f in chosen}
-        _add_rnn_time(self.features, feats, self.modules)
+        add_rnn_time(self.features, feats, self.modules)
         self.structures = {s: structural_hash(self._module(s)) for s in self.features}
         self.weights = {s: weights_digest(self._module(s)) for s in self.features}
         if self.db is not None:
@@ -473,29 +411,6 @@ class _Search:
     def _record(self, trial: Trial, scope: str, eager_us: float | None) -> None:
         if self.records is not None:
             self.records.add(trial, self.features[scope], eager_us)
-
-
-def is_runtime_default(cand: Candidate) -> bool:
-    """The whole model on a runtime at its default settings (what a user would deploy instead).
-    OpenVINO's CPU plugin computes in bf16 by default where the CPU runs bf16 natively (AVX512-BF16,
-    AMX), so there its bf16 candidate is a default too; it is in the space only where the accuracy
-    guard admits bf16 (``--rtol``/``--atol``), and the fp32 one stays measured beside it."""
-    precision_default = cand.precision == "fp32" or (cand.backend == "openvino" and cand.precision == "bf16")
-    return (cand.scope == "" and cand.backend in RUNTIME_BACKENDS and not cand.rewrite and precision_default
-            and all(name == "ep" for name, _ in cand.knobs))       # on CUDA: each execution provider
-
-
-def _add_rnn_time(scopes: dict[str, ScopeFeatures], all_feats: dict[str, ScopeFeatures],
-                  modules: dict[str, Any]) -> None:
-    """A scope's RNN time (what a cell rewrite can remove) includes its profiled RNN submodules'."""
-    rnn_types = (torch.nn.LSTM, torch.nn.GRU)
-    for scope, feats in scopes.items():
-        if "rnn_us" in feats.evidence:
-            continue
-        inner = sum(f.eager_us for q, f in all_feats.items()
-                    if q and isinstance(modules.get(q), rnn_types) and (not scope or q == scope or q.startswith(scope + ".")))
-        if inner:
-            feats.evidence["rnn_us"] = inner
 
 
 def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, ScopeFeatures]:
