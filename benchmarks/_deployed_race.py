@@ -118,9 +118,15 @@ def contender(spec: dict):
 
         core = ov.Core()
         config = openvino_config({"threads": str(spec["threads"])}, "bf16" if kind == "openvino-native" else "fp32")
-        request = core.compile_model(core.read_model(spec["path"]), "CPU", config).create_infer_request()
-        return lambda: [torch.from_numpy(o) for o in
-                        request.infer([t.numpy() for t in inputs], share_inputs=True).to_tuple()]
+        compiled = core.compile_model(core.read_model(spec["path"]), "CPU", config)
+        request, outputs = compiled.create_infer_request(), len(compiled.outputs)
+
+        def call():       # the faster of two calls measured: shared input tensors and copied outputs,
+            for i, t in enumerate(inputs):          # not infer(..., share_inputs=True).to_tuple() (~8% slower)
+                request.set_input_tensor(i, ov.Tensor(t.numpy(), shared_memory=True))
+            request.infer()
+            return [torch.from_numpy(request.get_output_tensor(i).data.copy()) for i in range(outputs)]
+        return call
     raise ValueError(f"unknown contender kind {kind!r}")
 
 
