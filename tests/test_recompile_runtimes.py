@@ -169,6 +169,30 @@ def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and
     assert len(forwards) == 4 and out["out"].shape == (3, 4)
 
 
+@pytest.mark.skipif(not runtimes.check("openvino").ok, reason="openvino not installed")
+def test_the_lean_openvino_call_matches_the_checked_one_and_steps_aside_for_other_inputs():
+    """An OpenVINO region called with its captured CPU inputs skips ``forward`` (nn.Module's
+    dispatch and the signature check cost ~9% of a tiny BERT's call where it is deployed); other
+    shapes and strides take the checked path to the original module."""
+    torch.manual_seed(0)
+    model, x = Structured().eval(), torch.randn(3, 16)
+    region = realize(model, Candidate("", "openvino"), ScopeInputs((x,)), machine="t").module
+    forwards = []
+    real_forward = region.forward
+    region.forward = lambda *a, **k: forwards.append(1) or real_forward(*a, **k)
+    with torch.no_grad():
+        ref = model(x)
+        lean = region(x)
+        assert forwards == []
+        torch.testing.assert_close(lean["out"], ref["out"], rtol=1e-4, atol=1e-5)
+        assert lean["nothing"] is None and lean["pair"][1] == 3
+        again = region(x)                                  # outputs are copies, not the request's buffers
+        assert again["out"].data_ptr() != lean["out"].data_ptr()
+        strided = torch.randn(16, 3).t()
+        torch.testing.assert_close(region(strided)["out"], model(strided)["out"], rtol=1e-4, atol=1e-5)
+        assert forwards == [1] and region.fallback_calls == 1
+
+
 def test_the_lean_call_falls_back_to_the_public_run_where_a_session_has_no_compiled_one():
     from cuvil_pgc.recompile.runtime_region import _compiled_run
 

@@ -202,3 +202,30 @@ def test_the_fastest_runtime_default_always_runs_in_the_final_race(monkeypatch):
     assert result.trials["<model>::aoti"].status == "ok"
     assert "<model>::openvino" in result.final_medians_us and "<model>::ort" not in result.final_medians_us
     assert result.choices == {"": Candidate("", "openvino")}
+
+
+@pytest.mark.parametrize(("tuned_factor", "ships"), [(0.99, "<model>::ort"), (0.80, "tuned")])
+def test_a_plan_must_beat_the_runtime_default_with_confidence_to_ship(monkeypatch, tuned_factor, ships):
+    """The final race ships the fastest runtime at its defaults unless a plan's speedup over it is
+    significant (bootstrap 95% CI above 1): a 1% lead within the round-to-round spread is a tie."""
+    from types import SimpleNamespace
+
+    import cuvil_pgc.recompile.plan as plan_mod
+
+    spread = [1.00, 1.04, 0.97, 1.02, 0.99, 1.03, 0.98, 1.01] * 5
+    rotated = spread[3:] + spread[:3]
+
+    def race(fns, rounds=25, **kw):
+        return {"eager": Samples("eager", [2e-3] * len(spread)),
+                "<model>::ort": Samples("<model>::ort", [1e-3 * x for x in spread]),
+                "tuned": Samples("tuned", [1e-3 * tuned_factor * x for x in rotated])}
+
+    monkeypatch.setattr(plan_mod, "time_interleaved", race)
+    default, tuned = Candidate("", "ort"), Candidate("", "ort", knobs=(("opt", "extended"),))
+    plans = {"<model>::ort": {"": default}, "tuned": {"": tuned}}
+    built = {name: ({}, nn.Identity()) for name in plans}
+    s = SimpleNamespace(model=nn.Identity(), inputs=(torch.zeros(1),), opt=SimpleNamespace(rounds=3))
+    result = SimpleNamespace()
+    plan_mod._final_race(s, result, plans, built, default="<model>::ort")
+    assert result.choices == plans[ships]
+    assert result.plan_us == pytest.approx(result.final_medians_us[ships])

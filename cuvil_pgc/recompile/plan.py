@@ -8,6 +8,13 @@ the best sub-region choices (disjoint regions, each compiled alone, the rest eag
 their measured savings). All are rebuilt (AOTInductor packages come from the artifact cache), checked end to end with the accuracy
 guard, and timed interleaved with eager; the fastest wins, and eager itself wins when nothing beats
 it in that run (a plan is never slower than what it replaces, as far as the medians can tell).
+
+A plan beats the fastest runtime default only when the race says so with confidence (the bootstrap
+95% interval of its speedup over the default lies above 1); otherwise the default ships. On a tie
+the default is what a user would deploy anyway, and a knob or backend that won by a percent in the
+searching process can lose by several where the build is deployed: zoo gru_tagger's
+``ort+opt=extended`` won the search's race and ran 4.5% slower than ONNX Runtime's default in
+processes of their own (``recompile_speedup.py --deployed``).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import apply_plan, realize
 from cuvil_pgc.recompile.candidates import Candidate
-from cuvil_pgc.recompile.measure import time_interleaved
+from cuvil_pgc.recompile.measure import ratio_ci, time_interleaved
 from cuvil_pgc.recompile.realized import Realized
 
 log = logging.getLogger(__name__)
@@ -92,14 +99,16 @@ def choose_plan(s: Any, result: Any) -> None:
         return
     best = best_per_scope(s.trials)
     plans: dict[str, dict[str, Candidate]] = {}
+    default = None          # the plan that is the fastest runtime at its defaults
     root = best.get("")
     if root is not None and not root.candidate.is_baseline:
         plans["model"] = {"": root.candidate}
         for cand in runners_up(s.trials, root):
             plans[cand.key] = {"": cand}
         baseline = fastest_runtime_default(s.trials, getattr(s, "runtime_defaults", []))
-        if baseline is not None and baseline != root.candidate:
-            plans.setdefault(baseline.key, {"": baseline})
+        if baseline is not None:
+            default = "model" if baseline == root.candidate else baseline.key
+            plans.setdefault(default, {"": baseline})
     composite, composite_us = composite_choice(best, s.features)
     # a new candidate, measured in the final race: within the budget, or beyond it when it is the
     # only plan that beat eager (built from measured parts, it costs no compile and one race)
@@ -109,7 +118,7 @@ def choose_plan(s: Any, result: Any) -> None:
         result.measured += 1
     built = {name: _build_plan(s, choices) for name, choices in plans.items()}
     built = {name: b for name, b in built.items() if b is not None}
-    _final_race(s, result, plans, built)
+    _final_race(s, result, plans, built, default=default)
 
 
 def _build_plan(s: Any, choices: dict[str, Candidate]) -> tuple[dict[str, Realized], Any] | None:
@@ -130,7 +139,7 @@ def _build_plan(s: Any, choices: dict[str, Candidate]) -> tuple[dict[str, Realiz
 
 
 def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], built: dict[str, Any],
-                allow_eager: bool = True) -> None:
+                allow_eager: bool = True, default: str | None = None) -> None:
     contenders = {"eager": s.model, **{name: module for name, (_, module) in built.items()}}
     args = s.inputs
     with torch.no_grad():
@@ -138,6 +147,12 @@ def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], bui
                                    rounds=max(s.opt.rounds, FINAL_RACE_ROUNDS))
     medians = {k: v.median_s * 1e6 for k, v in samples.items()}
     winner = min((k for k in medians if allow_eager or k != "eager"), key=medians.get)
+    if default in medians and winner not in ("eager", default):
+        lo, hi = ratio_ci(samples[default].seconds, samples[winner].seconds)
+        if lo <= 1.0:
+            log.info("cuvil-pgc: %s is not faster than %s with confidence (speedup 95%% CI %.3f-%.3f): "
+                     "shipping the runtime default", winner, default, lo, hi)
+            winner = default
     result.baseline_us = medians["eager"]
     result.plan_us = medians[winner]
     result.final_medians_us = medians
