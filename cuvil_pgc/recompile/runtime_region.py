@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from cuvil_pgc.recompile.hf_outputs import fast_builder, same_model_output
+
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
            "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
            "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
@@ -52,6 +54,8 @@ class OutputTemplate:
         in_order = self.leaves == [("t", i) for i in range(len(self.leaves))]
         self._single = in_order and len(self.leaves) == 1 and self.spec.is_leaf()
         self._tuple = in_order and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children())
+        self._hf = fast_builder(self.spec, self.leaves)      # a Hugging Face ModelOutput (see .hf_outputs)
+        self._hf_proven = False
 
     @classmethod
     def of(cls, output: Any) -> OutputTemplate:
@@ -73,7 +77,20 @@ class OutputTemplate:
             return outputs[0]
         if self._tuple:
             return tuple(outputs)
+        if self._hf is not None:
+            return self._hf(outputs) if self._hf_proven else self._prove_hf(outputs)
+        return self._unflatten(outputs)
+
+    def _unflatten(self, outputs: list[torch.Tensor]) -> Any:
         return pytree.tree_unflatten([outputs[v] if kind == "t" else v for kind, v in self.leaves], self.spec)
+
+    def _prove_hf(self, outputs: list[torch.Tensor]) -> Any:
+        """The first output built both ways: the fast builder stays only if they agree."""
+        reference = self._unflatten(outputs)
+        if not same_model_output(self._hf(outputs), reference):
+            self._hf = None
+        self._hf_proven = True
+        return reference
 
     def to_json(self) -> dict[str, Any] | None:
         """A JSON-able form, or None when the structure or a constant cannot be serialized (the

@@ -1,0 +1,64 @@
+"""Rebuilding a Hugging Face ``ModelOutput`` around a runtime's result tensors, cheaply.
+
+A region that runs on ONNX Runtime or OpenVINO returns what the original module returned; for a
+Hugging Face model that is a ``ModelOutput`` (an ``OrderedDict`` dataclass). Building one through
+its constructor, as ``pytree.tree_unflatten`` does, runs ~140 Python calls (the dataclass
+``__init__``, an overridden ``__setattr__`` per field, ``__post_init__`` with its checks): 14 µs
+warm, and measured ~100 µs of a 2.2 ms BERT call where the build is deployed, after the runtime's
+work has evicted the interpreter's state from the caches (the build ran 6-8% behind the same
+runtime called plainly, which returns bare arrays).
+
+:func:`fast_builder` builds the same object directly: every dataclass field set as an attribute
+(None where the output has none), the present ones as items, in field order, which is what the
+constructor leaves for tensor outputs. A builder must prove itself: the caller
+(:class:`~.runtime_region.OutputTemplate`) builds its first output both ways and keeps it only
+where :func:`same_model_output` finds the two alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+
+def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[Any]], Any] | None:
+    """A builder of the output ``spec`` describes from the runtime's outputs, or None where it
+    does not apply: the root is not a ``transformers`` ``ModelOutput``, a child is not one output
+    tensor, or ``transformers`` is not imported."""
+    generic = sys.modules.get("transformers.utils.generic")
+    base = getattr(generic, "ModelOutput", None)
+    cls = getattr(spec, "type", None)
+    if base is None or not isinstance(cls, type) or not issubclass(cls, base) or not dataclasses.is_dataclass(cls):
+        return None
+    if any(kind != "t" for kind, _ in leaves) or not all(c.is_leaf() for c in spec.children()):
+        return None
+    keys, fields = list(spec.context), [f.name for f in dataclasses.fields(cls)]
+    if len(keys) != len(leaves) or not set(keys) <= set(fields):
+        return None
+    pairs = [(key, index) for key, (_, index) in zip(keys, leaves, strict=True)]
+    new, set_item, empty = cls.__new__, OrderedDict.__setitem__, dict.fromkeys(fields)
+
+    def build(outputs: list[Any]) -> Any:
+        obj = new(cls)
+        attrs = obj.__dict__
+        attrs.update(empty)
+        for key, index in pairs:
+            value = outputs[index]
+            attrs[key] = value
+            set_item(obj, key, value)
+        return obj
+    return build
+
+
+def same_model_output(fast: Any, reference: Any) -> bool:
+    """Whether two ModelOutputs hold the same objects the same way: type, items in order, every
+    dataclass field, and the same instance attributes."""
+    if type(fast) is not type(reference) or list(fast.keys()) != list(reference.keys()):
+        return False
+    fields = [f.name for f in dataclasses.fields(reference)]
+    return all(fast[k] is reference[k] for k in reference.keys()) \
+        and all(getattr(fast, f) is getattr(reference, f) for f in fields) \
+        and fast.__dict__.keys() == reference.__dict__.keys()
