@@ -160,6 +160,11 @@ def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and
         region(x)
         handle.remove()
         assert len(seen) == 1 and forwards == [1]                 # a hook: nn.Module's dispatch
+        handle = torch.nn.modules.module.register_module_forward_hook(lambda mod, args, out: seen.append(out))
+        region(x)
+        handle.remove()
+        assert len(seen) >= 2 and forwards == [1, 1]              # a global hook: the same
+        del forwards[1:]
         strided = torch.randn(16, 3).t()                          # same shape, not contiguous
         torch.testing.assert_close(region(strided)["out"], model(strided)["out"], rtol=1e-4, atol=1e-5)
         assert len(forwards) == 2 and region.fallback_calls == 1  # other strides: the original module
