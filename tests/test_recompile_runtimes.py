@@ -131,6 +131,18 @@ def test_runtime_regions_return_the_original_structure_and_fall_back_for_other_s
     assert len(list((Path(os.environ["CUVIL_CACHE_DIR"]) / "artifacts").glob("*.onnx"))) == 1
 
 
+def counted_region(backend: str):
+    """(model, its captured input, its whole-model region on ``backend``, the list each call of
+    the region's ``forward`` (the checked path) appends to)."""
+    torch.manual_seed(0)
+    model, x = Structured().eval(), torch.randn(3, 16)
+    region = realize(model, Candidate("", backend), ScopeInputs((x,)), machine="t").module
+    forwards = []
+    real_forward = region.forward
+    region.forward = lambda *a, **k: forwards.append(1) or real_forward(*a, **k)
+    return model, x, region, forwards
+
+
 @needs_ort
 def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and_other_inputs(monkeypatch):
     """An ORT region called with its captured CPU inputs goes straight to the session's compiled
@@ -142,12 +154,7 @@ def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and
     python_runs = []
     python_run = ort.InferenceSession.run
     monkeypatch.setattr(ort.InferenceSession, "run", lambda self, *a, **k: python_runs.append(1) or python_run(self, *a, **k))
-    torch.manual_seed(0)
-    model, x = Structured().eval(), torch.randn(3, 16)
-    region = realize(model, Candidate("", "ort"), ScopeInputs((x,)), machine="t").module
-    forwards = []
-    real_forward = region.forward
-    region.forward = lambda *a, **k: forwards.append(1) or real_forward(*a, **k)
+    model, x, region, forwards = counted_region("ort")
     with torch.no_grad():
         ref = model(x)
         python_runs.clear()
@@ -179,12 +186,7 @@ def test_the_lean_openvino_call_matches_the_checked_one_and_steps_aside_for_othe
     """An OpenVINO region called with its captured CPU inputs skips ``forward`` (nn.Module's
     dispatch and the signature check cost ~9% of a tiny BERT's call where it is deployed); other
     shapes and strides take the checked path to the original module."""
-    torch.manual_seed(0)
-    model, x = Structured().eval(), torch.randn(3, 16)
-    region = realize(model, Candidate("", "openvino"), ScopeInputs((x,)), machine="t").module
-    forwards = []
-    real_forward = region.forward
-    region.forward = lambda *a, **k: forwards.append(1) or real_forward(*a, **k)
+    model, x, region, forwards = counted_region("openvino")
     with torch.no_grad():
         ref = model(x)
         lean = region(x)
