@@ -10,8 +10,10 @@ entries, constants): an :class:`OutputTemplate` records that structure. On the C
 calls beat binding every buffer (measured interleaved on a loaded 2-core machine): ONNX Runtime's
 IO binding cost ~1.8x its ``run`` with NumPy feeds for a small MLP, and OpenVINO's
 ``Tensor(..., shared_memory=True)`` costs more to create per output (~70 µs for two) than
-copying the outputs out of the request's own buffers (~25 µs); its inputs are shared. A runner is wrapped in :class:`~.apply.CompiledRegion`, which runs the original module
-for inputs of another signature (the exports are shape-specialized).
+copying the outputs out of the request's own buffers (~25 µs): the runner takes the copies its
+``infer()`` makes (one copy, not a second one of the request's buffers); its inputs are shared.
+A runner is wrapped in :class:`~.apply.CompiledRegion`, which runs the original module for inputs
+of another signature (the exports are shape-specialized).
 """
 
 from __future__ import annotations
@@ -306,7 +308,6 @@ class OpenVinoRunner(RuntimeRunner):
         core = ov.Core()
         self.compiled = core.compile_model(core.read_model(xml_path), "CPU", openvino_config(knobs, precision))
         self.request = self.compiled.create_infer_request()
-        self.outputs = len(self.compiled.outputs)
         self._lock = threading.Lock()     # an infer request serves one call at a time
         self._infer = self._array_call()
 
@@ -314,14 +315,15 @@ class OpenVinoRunner(RuntimeRunner):
         return self._infer([_numpy(t) for t in inputs])
 
     def _array_call(self) -> Callable[[list[Any]], list[torch.Tensor]]:
-        tensor, request, lock, outputs = self._ov.Tensor, self.request, self._lock, range(self.outputs)
+        tensor, request, lock = self._ov.Tensor, self.request, self._lock
 
         def call(arrays: list[Any]) -> list[torch.Tensor]:
             with lock:
                 for i, a in enumerate(arrays):
                     request.set_input_tensor(i, tensor(a, shared_memory=True))
-                request.infer()
-                return [torch.from_numpy(request.get_output_tensor(i).data.copy()) for i in outputs]
+                # infer() hands back fresh copies of the outputs (share_outputs=False): the request's
+                # own buffers are reused by the next call
+                return [torch.from_numpy(a) for a in request.infer().to_tuple()]
         return call
 
 
