@@ -181,6 +181,19 @@ def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and
     assert len(forwards) == 4 and out["out"].shape == (3, 4)
 
 
+@needs_ort
+def test_a_region_under_torch_compile_takes_nn_modules_dispatch():
+    """Dynamo tracing a region's call sees the compile in progress (the hook check's compiling
+    test) and takes ``forward``, not the lean call; the result is the same."""
+    model, x, region, forwards = counted_region("ort")
+    compiled = torch.compile(region, backend="eager")
+    with torch.no_grad():
+        out = compiled(x)
+        ref = model(x)
+    assert forwards
+    torch.testing.assert_close(out["out"], ref["out"], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.skipif(not runtimes.check("openvino").ok, reason="openvino not installed")
 def test_the_lean_openvino_call_matches_the_checked_one_and_steps_aside_for_other_inputs():
     """An OpenVINO region called with its captured CPU inputs skips ``forward`` (nn.Module's
