@@ -81,7 +81,7 @@ def _sample(proc: subprocess.Popen, calls: int) -> float:
 
 
 def contender(spec: dict):
-    """(zero-argument call, warm-up) of the contender ``spec`` names, set up in this process."""
+    """A zero-argument call of the contender ``spec`` names, set up in this process."""
     import torch
 
     sys.path.insert(0, HERE)

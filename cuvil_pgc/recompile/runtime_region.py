@@ -18,6 +18,7 @@ of another signature (the exports are shape-specialized).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -145,7 +146,7 @@ class RuntimeRunner:
     def lean_call(self, spec: list[tuple[Any, ...]]) -> Callable[[tuple[Any, ...]], Any] | None:
         """A call for the captured CPU inputs that checks only what the runtime needs (type, shape,
         dtype, contiguous, no grad) and hands their NumPy views straight to the runtime
-        (:meth:`_array_call`); it returns :data:`MISS` for anything else, which then takes the
+        (:attr:`_arrays`); it returns :data:`MISS` for anything else, which then takes the
         checked path. None where it does not apply (CUDA, bf16 inputs, no template yet, a runtime
         without an array call). :class:`~.realized.CompiledRegion` takes it before ``nn.Module``'s
         dispatch: interleaved with the model's own work, every Python step of a call costs cache
@@ -156,7 +157,7 @@ class RuntimeRunner:
         if template is None or not spec or any(dev.type != "cpu" or dtype == torch.bfloat16
                                                for _, dtype, dev, _ in spec):
             return None
-        run = self._array_call()
+        run = self._arrays
         if run is None:
             return None
         build, checks, tensor = template.build, [(shape, dtype) for shape, dtype, _, _ in spec], torch.Tensor
@@ -173,9 +174,9 @@ class RuntimeRunner:
             return build(run(arrays))
         return call
 
-    def _array_call(self) -> Callable[[list[Any]], list[torch.Tensor]] | None:
-        """NumPy input arrays -> output tensors, for :meth:`lean_call` (None: no lean call)."""
-        return None
+    #: NumPy input arrays -> output tensors: the runtime's own CPU call, which :meth:`run` and
+    #: :meth:`lean_call` share, made on first use (None: a runtime without one has no lean call)
+    _arrays: Callable[[list[Any]], list[torch.Tensor]] | None = None
 
 
 # ----------------------------------------------------------------------------- ONNX Runtime
@@ -224,7 +225,8 @@ class OrtRunner(RuntimeRunner):
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
-    def _array_call(self) -> Callable[[list[Any]], list[torch.Tensor]]:
+    @functools.cached_property
+    def _arrays(self) -> Callable[[list[Any]], list[torch.Tensor]]:
         """The session's compiled ``run`` (``InferenceSession._sess.run``) where it has one: the
         Python ``InferenceSession.run`` checks again what the lean call has checked (every input
         named, no foreign OrtValue, no WebGPU graph capture), 1.5-2 µs per call measured on a small
@@ -237,8 +239,7 @@ class OrtRunner(RuntimeRunner):
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if not inputs or inputs[0].device.type == "cpu":
-            feeds = {name: _numpy(t) for name, t in zip(self.input_names, inputs, strict=True)}
-            return [torch.from_numpy(a) for a in self.session.run(self.output_names, feeds)]
+            return self._arrays([_numpy(t) for t in inputs])
         return self._run_bound(inputs)
 
     def _run_bound(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -309,12 +310,12 @@ class OpenVinoRunner(RuntimeRunner):
         self.compiled = core.compile_model(core.read_model(xml_path), "CPU", openvino_config(knobs, precision))
         self.request = self.compiled.create_infer_request()
         self._lock = threading.Lock()     # an infer request serves one call at a time
-        self._infer = self._array_call()
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return self._infer([_numpy(t) for t in inputs])
+        return self._arrays([_numpy(t) for t in inputs])
 
-    def _array_call(self) -> Callable[[list[Any]], list[torch.Tensor]]:
+    @functools.cached_property
+    def _arrays(self) -> Callable[[list[Any]], list[torch.Tensor]]:
         tensor, request, lock = self._ov.Tensor, self.request, self._lock
 
         def call(arrays: list[Any]) -> list[torch.Tensor]:
