@@ -2,13 +2,9 @@
 
 A worker process sets up one contender the way a deployment runs it: the eager model,
 ``torch.compile`` of it, an ONNX Runtime session or an OpenVINO compiled model made from the
-exported file, or the saved, signed build through ``load_build``. It warms the contender up, then
-answers the parent on stdin: a line ``N`` runs N calls and replies the seconds they took. The
-parent takes one sample per worker per round in the balanced orders ``time_interleaved`` uses, so
-drifts of the machine hit every contender alike, while each contender runs with a process of its
-own instead of inside the long-lived one that searched and compiled. (Measured in that one
-process, two ONNX Runtime sessions of the same file differed by up to 25%: the build's, made
-early in the search, and one made after it.)
+exported file, or the saved, signed build through ``load_build``; then it serves timing requests
+(``cuvil_pgc.recompile.process_race``, which the recompiler's own race in worker processes uses
+too: balanced orders, 5 ms samples, three processes per contender, see its docstring for why).
 
     python benchmarks/_deployed_race.py '{"kind": "ort", "model": "mlp", "threads": 1, "path": "m.onnx"}'
 """
@@ -16,68 +12,20 @@ early in the search, and one made after it.)
 from __future__ import annotations
 
 import json
-import math
 import os
-import subprocess
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-#: a sample lasts at least this long: a worker wakes from its pipe read on a cold core, and with
-#: samples of one or two calls (the in-process race's 0.5 ms) every contender measured ~1.7x slower
-#: and two processes of one ONNX Runtime contender up to 19% apart; at 5 ms, within 1-4%
-MIN_SAMPLE_S = 0.005
 
 
 def race_in_processes(specs: dict[str, dict], rounds: int, replicas: int = 3) -> tuple[dict[str, float], dict[str, str]]:
-    """Median seconds per call of each contender, each in ``replicas`` worker processes of its own
-    (their samples pooled); and why a worker failed to start (its contender is then absent).
+    """Median seconds per call of each contender in ``specs`` (see :func:`contender`), each in
+    ``replicas`` worker processes of its own; and why a contender's worker failed to start."""
+    from cuvil_pgc.recompile import process_race
 
-    A process's memory layout alone moves a contender's time (two processes of the same ONNX
-    Runtime contender measured up to 4% apart with 5 ms samples); more rounds do not average that
-    out, more processes do."""
-    from cuvil_pgc.recompile.measure import balanced_orders, median
-
-    workers, failed, logs = {}, {}, {}
-    for name, spec in ((f"{k}#{i}", spec) for k, spec in specs.items() for i in range(replicas)):
-        logs[name] = tempfile.TemporaryFile("w+")          # a pipe would fill with warnings and block the worker
-        workers[name] = subprocess.Popen([sys.executable, os.path.join(HERE, "_deployed_race.py"), json.dumps(spec)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[name], text=True)
-    for name, proc in list(workers.items()):
-        if proc.stdout.readline().strip() != "ready":
-            proc.kill()
-            logs[name].seek(0)
-            failed[name.partition("#")[0]] = (logs[name].read().strip().splitlines() or ["no output"])[-1][:200]
-            del workers[name]
-    for name in [n for n in workers if n.partition("#")[0] in failed]:     # a contender runs whole or not at all
-        workers.pop(name).kill()
-    try:
-        once = {name: _sample(proc, 1) for name, proc in workers.items()}
-        calls = max(1, min(math.ceil(MIN_SAMPLE_S / max(t, 1e-7)) for t in once.values()))
-        names = list(workers)
-        orders = balanced_orders(len(names))
-        rounds = -(-rounds // len(orders)) * len(orders)
-        samples: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(rounds):
-            for i in orders[r % len(orders)]:
-                samples[names[i]].append(_sample(workers[names[i]], calls) / calls)
-    finally:
-        for proc in workers.values():
-            proc.stdin.close()
-            proc.wait(timeout=60)
-        for log in logs.values():
-            log.close()
-    pooled: dict[str, list[float]] = {}
-    for name, s in samples.items():
-        pooled.setdefault(name.partition("#")[0], []).extend(s)
-    return {name: median(s) for name, s in pooled.items()}, failed
-
-
-def _sample(proc: subprocess.Popen, calls: int) -> float:
-    proc.stdin.write(f"{calls}\n")
-    proc.stdin.flush()
-    return float(proc.stdout.readline())
+    commands = {k: [sys.executable, os.path.join(HERE, "_deployed_race.py"), json.dumps(spec)] for k, spec in specs.items()}
+    samples, failed = process_race.race_in_processes(commands, rounds, replicas)
+    return {k: s.median_s for k, s in samples.items()}, failed
 
 
 def contender(spec: dict):
@@ -132,17 +80,11 @@ def contender(spec: dict):
 def serve(spec: dict) -> None:
     import torch
 
+    from cuvil_pgc.recompile.process_race import serve as serve_calls
+
     call = contender(spec)
     with torch.no_grad():
-        for _ in range(5):
-            call()
-        print("ready", flush=True)
-        for line in sys.stdin:
-            n = int(line)
-            start = time.perf_counter()
-            for _ in range(n):
-                call()
-            print(repr(time.perf_counter() - start), flush=True)
+        serve_calls(call)
 
 
 if __name__ == "__main__":

@@ -177,12 +177,11 @@ def race(contenders: dict, inputs, rounds: int) -> dict[str, float]:
     (every contender after every other equally often)."""
     import torch
 
-    from cuvil_pgc.recompile.measure import balanced_orders, time_interleaved
+    from cuvil_pgc.recompile.measure import time_interleaved, whole_cycles
 
-    cycle = len(balanced_orders(len(contenders)))
-    rounds = -(-rounds // cycle) * cycle
     with torch.no_grad():
-        samples = time_interleaved({k: (lambda m=m: m(*inputs)) for k, m in contenders.items()}, rounds=rounds)
+        samples = time_interleaved({k: (lambda m=m: m(*inputs)) for k, m in contenders.items()},
+                                   rounds=whole_cycles(rounds, len(contenders)))
     return {k: s.median_ms for k, s in samples.items()}
 
 

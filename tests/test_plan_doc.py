@@ -119,3 +119,14 @@ def test_the_report_and_the_cli_show_the_runtime_baselines():
     assert "Runtimes at their defaults" in html and "openvino: compile_error ExportError: &lt;b&gt;boom" in html
     caption = plan_view(plan).caption
     assert "runtimes at defaults: ort 0.2500 ms, openvino compile_error" in caption
+
+
+def test_the_race_in_processes_round_trips_and_a_plan_without_it_reads_as_before():
+    newer = json.loads(json.dumps(FORMAT_1))
+    newer["format"] = 2
+    plan = Plan.from_json(newer)
+    assert plan.deployed_medians_ms == {} and "deployed_medians_ms" not in plan.to_json()
+    newer["deployed_medians_ms"] = {"model": 0.26, "<model>::ort": 0.29}
+    plan = Plan.from_json(newer)
+    assert plan.deployed_medians_ms == {"model": 0.26, "<model>::ort": 0.29} and plan.extra == {}
+    assert plan.to_json()["deployed_medians_ms"] == newer["deployed_medians_ms"]

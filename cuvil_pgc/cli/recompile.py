@@ -36,6 +36,10 @@ def register(app: typer.Typer) -> None:
         sign: str | None = typer.Option(None, "--sign",
                                         help="Ed25519 private key to sign the build (default: $CUVIL_SIGNING_KEY)."),
         threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+        deployed_race: bool = typer.Option(
+            True, "--deployed-race/--no-deployed-race",
+            help="Decide between whole-model plans that run without the model's code (ONNX Runtime, OpenVINO, "
+                 "AOTInductor) again, each in worker processes of their own, as deployed."),
         name: str | None = typer.Option(None, "--name", help="Build name (default: the factory's name)."),
         version: int = typer.Option(1, "--version", min=1, help="Build version."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
@@ -73,7 +77,7 @@ def register(app: typer.Typer) -> None:
                 with search_progress(quiet=quiet or as_json, console=Console(file=captured.terminal)) as progress:
                     build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol,
                                       atol=atol, device=device, progress=progress, backends=chosen,
-                                      threads=threads)
+                                      threads=threads, deployed_race=deployed_race)
                 build.save(output, name=name or _build_name(model), version=version, signing_key=key)
         except BaseException:
             _log_note(captured)

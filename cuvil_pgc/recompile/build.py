@@ -83,7 +83,8 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
               budget: int | None = None, exhaustive: bool = False, rtol: float | None = None,
               atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
               progress: Any = None, rounds: int = 25, backends: tuple[str, ...] | None = None,
-              plan: Plan | dict[str, Any] | None = None, calibrate: bool = True, threads: int | None = None) -> Build:
+              plan: Plan | dict[str, Any] | None = None, calibrate: bool = True, threads: int | None = None,
+              deployed_race: bool = True) -> Build:
     """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
 
     ``model`` is put in eval mode and moved to ``device`` in place; its weights are shared with the
@@ -103,13 +104,18 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
             (see :mod:`.calibrate`) before the first search there.
         threads: torch intra-op threads to measure at, the deployment's (default: what torch uses
             in this process); recorded in the build, see :mod:`cuvil_pgc._threads`.
+        deployed_race: where the final race's winner is a whole-model plan that runs without the
+            model's code (one ONNX Runtime, OpenVINO or AOTInductor artifact on the CPU), decide
+            between such plans again each in worker processes of their own, as deployed (see
+            :mod:`.plan`); False keeps the decision of the searching process.
     """
     from cuvil_pgc._threads import torch_threads
 
     with torch_threads(threads) as count:
         build = _recompile(model, example_inputs, traces, analysis=analysis, budget=budget, exhaustive=exhaustive,
                            rtol=rtol, atol=atol, device=device, records=records, machine=machine,
-                           progress=progress, rounds=rounds, backends=backends, plan=plan, calibrate=calibrate)
+                           progress=progress, rounds=rounds, backends=backends, plan=plan, calibrate=calibrate,
+                           deployed_race=deployed_race)
     build.threads = count
     return build
 
@@ -117,7 +123,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
 def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, analysis: Analysis | None, budget: int | None,
                exhaustive: bool, rtol: float | None, atol: float | None, device: str, records: Any,
                machine: Any, progress: Any, rounds: int, backends: tuple[str, ...] | None, plan: Plan | dict[str, Any] | None,
-               calibrate: bool) -> Build:
+               calibrate: bool, deployed_race: bool) -> Build:
     import torch
 
     from cuvil_pgc._structure import module_tree_digest
@@ -142,7 +148,8 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     db = None if records is False else (records if records is not None else RecordDB())
     options = SearchOptions(budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol, device=device,
                             rounds=rounds, use_records=db is not None,
-                            backends=tuple(backends) if backends else None, fixed=_pinned(plan))
+                            backends=tuple(backends) if backends else None, fixed=_pinned(plan),
+                            deployed_race=deployed_race)
     if calibrate and db is not None and plan is None:
         from cuvil_pgc.recompile.calibrate import calibrate_backends
 

@@ -122,6 +122,13 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = DEFA
     return out
 
 
+def whole_cycles(rounds: int, n: int) -> int:
+    """At least ``rounds`` rounds, in whole cycles of :func:`balanced_orders` for ``n`` contenders
+    (so every contender follows every other equally often)."""
+    cycle = len(balanced_orders(n))
+    return -(-rounds // cycle) * cycle
+
+
 def balanced_orders(n: int) -> list[list[int]]:
     """A Williams design for ``n`` contenders: rows that are orders of ``range(n)`` in which each
     contender runs first equally often and right after every other contender equally often (once

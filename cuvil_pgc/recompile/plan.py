@@ -39,6 +39,8 @@ MAX_RUNNERS_UP = 2
 # a search batch (200 x 0.5 ms x 4 contenders is under half a second) so a descheduled sample or
 # two cannot flip it.
 FINAL_RACE_ROUNDS = 200
+#: rounds of the race in worker processes: 5 ms samples of each of up to 2 x 4 workers
+DEPLOYED_RACE_ROUNDS = 48
 
 
 def best_per_scope(trials: dict[str, Any]) -> dict[str, Any]:
@@ -146,13 +148,9 @@ def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], bui
         samples = time_interleaved({k: (lambda m=m: m(*args)) for k, m in contenders.items()},
                                    rounds=max(s.opt.rounds, FINAL_RACE_ROUNDS))
     medians = {k: v.median_s * 1e6 for k, v in samples.items()}
-    winner = min((k for k in medians if allow_eager or k != "eager"), key=medians.get)
-    if default in medians and winner not in ("eager", default):
-        lo, hi = ratio_ci(samples[default].seconds, samples[winner].seconds)
-        if lo <= 1.0:
-            log.info("cuvil-pgc: %s is not faster than %s with confidence (speedup 95%% CI %.3f-%.3f): "
-                     "shipping the runtime default", winner, default, lo, hi)
-            winner = default
+    winner = _confident(min((k for k in medians if allow_eager or k != "eager"), key=medians.get), default, samples)
+    if getattr(s.opt, "deployed_race", False):
+        winner = _deployed_winner(s, result, plans, built, winner, default)
     result.baseline_us = medians["eager"]
     result.plan_us = medians[winner]
     result.final_medians_us = medians
@@ -161,3 +159,48 @@ def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], bui
     else:
         result.choices = plans[winner]
         result.realized, result.module = built[winner]
+
+
+def _confident(winner: str, default: str | None, samples: dict[str, Any]) -> str:
+    """``winner``, unless it is a plan that the race cannot tell faster than the runtime default."""
+    if default in samples and winner not in ("eager", default):
+        lo, hi = ratio_ci(samples[default].seconds, samples[winner].seconds)
+        if lo <= 1.0:
+            log.info("cuvil-pgc: %s is not faster than %s with confidence (speedup 95%% CI %.3f-%.3f): "
+                     "shipping the runtime default", winner, default, lo, hi)
+            return default
+    return winner
+
+
+def _deployed_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], built: dict[str, Any],
+                     winner: str, default: str | None) -> str:
+    """Where the race's winner is a whole-model plan a worker process can run alone, the fastest of
+    those plans raced each in processes of their own (:mod:`.standalone`); ``winner`` otherwise,
+    or when its own workers could not run."""
+    from cuvil_pgc.recompile.standalone import race_standalone, standalone_spec
+
+    specs = {}
+    for name, choices in plans.items():
+        if name in built and set(choices) == {""}:
+            spec = standalone_spec(choices[""], built[name][0][""], s.scope_inputs[""], s.opt.device)
+            if spec is not None:
+                specs[name] = spec
+    if winner not in specs or len(specs) < 2:
+        return winner
+    with torch.no_grad():
+        reference = built[winner][1](*s.inputs)
+    try:
+        samples, failed = race_standalone(specs, s.inputs, reference, rounds=DEPLOYED_RACE_ROUNDS)
+    except Exception as exc:       # a worker that stopped answering: the race in this process stands
+        log.warning("cuvil-pgc: the race in processes of their own stopped (%s); keeping %s", exc, winner)
+        return winner
+    for name, why in failed.items():
+        log.warning("cuvil-pgc: plan %s could not run in a process of its own: %s", name, why)
+    if winner not in samples:
+        return winner
+    result.deployed_medians_us = {k: v.median_s * 1e6 for k, v in samples.items()}
+    fastest = _confident(min(samples, key=lambda k: samples[k].median_s), default, samples)
+    if fastest != winner:
+        log.info("cuvil-pgc: in processes of their own %s ran fastest (%s); this process had measured %s fastest",
+                 fastest, ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in result.deployed_medians_us.items()), winner)
+    return fastest

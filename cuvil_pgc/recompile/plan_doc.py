@@ -12,7 +12,8 @@
                   "measured_ms", "status", "reason", "reused_record"}]}],
      "stale": [{"path", "reason"}], "unmatched": [...],
      "measured_candidates", "reused_records", "space_size", "baseline_ms", "plan_ms", "speedup_vs_eager",
-     "final_medians_ms", "runtime_defaults": [{"config", "measured_ms", "status", "reason"}]}
+     "final_medians_ms", "deployed_medians_ms",
+     "runtime_defaults": [{"config", "measured_ms", "status", "reason"}]}
 
 Format 1 (still read) is the same without ``runtime_defaults``, and its TensorRT choices carry the
 engine's GPU and TensorRT version in ``runtime`` (format 2 records them in the manifest, see
@@ -26,7 +27,9 @@ The whole model's ``measured_ms`` and ``baseline_ms`` come from the final interl
 same figures as ``plan_ms`` and ``baseline_ms``), so its speedup is one race's; a region's come
 from the search batch that measured it. ``runtime_defaults`` are the whole model on each runtime
 backend at its default settings, measured as baselines outside the budget (what a user would
-deploy instead of the build).
+deploy instead of the build). ``deployed_medians_ms`` are the whole-model plans that were raced
+again each in processes of their own (:mod:`.standalone`; empty where none was): where they
+ran, they chose the plan.
 """
 
 from __future__ import annotations
@@ -188,6 +191,8 @@ class Plan:
     plan_ms: float | None = None
     speedup_vs_eager: float | None = None
     final_medians_ms: dict[str, float | None] = field(default_factory=dict)
+    #: the whole-model plans raced again in processes of their own (empty: no such race)
+    deployed_medians_ms: dict[str, float | None] = field(default_factory=dict)
     #: the whole model on each runtime at its defaults, measured as baselines outside the budget
     runtime_defaults: list[dict[str, Any]] = field(default_factory=list)
     format: int = PLAN_FORMAT        # the format it was read in; to_json writes PLAN_FORMAT
@@ -205,6 +210,8 @@ class Plan:
         doc["format"] = PLAN_FORMAT
         doc["choices"] = [c.to_json() for c in self.choices]
         doc["regions"] = [r.to_json() for r in self.regions]
+        if not self.deployed_medians_ms:    # added within format 2: a plan without that race reads as before
+            del doc["deployed_medians_ms"]
         return _with_extra(doc, self.extra)
 
     @classmethod
@@ -221,6 +228,7 @@ class Plan:
             raise PlanFormatError("plan.json's choices are not a list")
         tolerances = _dict(known.get("tolerances")) or {"rtol": None, "atol": None}
         medians = {_text(k): _number(v) for k, v in _dict(known.get("final_medians_ms")).items()}
+        deployed = {_text(k): _number(v) for k, v in _dict(known.get("deployed_medians_ms")).items()}
         return cls(device=_text(known.get("device")) or "cpu", machine=_text(known.get("machine")),
                    model_hash=_text(known.get("model_hash")), tolerances=tolerances,
                    choices=[PlanChoice.from_json(c) for c in _list(known.get("choices"))],
@@ -231,7 +239,7 @@ class Plan:
                    reused_records=_count(known.get("reused_records")), space_size=_count(known.get("space_size")),
                    baseline_ms=_number(known.get("baseline_ms")), plan_ms=_number(known.get("plan_ms")),
                    speedup_vs_eager=_number(known.get("speedup_vs_eager")), final_medians_ms=medians,
-                   runtime_defaults=[d for d in _list(known.get("runtime_defaults")) if isinstance(d, dict)],
+                   deployed_medians_ms=deployed, runtime_defaults=[d for d in _list(known.get("runtime_defaults")) if isinstance(d, dict)],
                    format=fmt, extra=extra)
 
 
@@ -258,6 +266,7 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
         baseline_ms=_ms(result.baseline_us), plan_ms=_ms(result.plan_us),
         speedup_vs_eager=round(result.speedup, 4) if not math.isnan(result.speedup) else None,
         final_medians_ms={k: _ms(v) for k, v in result.final_medians_us.items()},
+        deployed_medians_ms={k: _ms(v) for k, v in getattr(result, "deployed_medians_us", {}).items()},
         runtime_defaults=[t.to_json() for t in getattr(result, "runtime_defaults", [])],
     )
 

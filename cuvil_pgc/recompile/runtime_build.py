@@ -252,8 +252,6 @@ def engine_target() -> Any:
 def load_region(vb: Any, choice: Any, module: nn.Module, extract_dir: Path, device: str, path: str) -> Any:
     """The :class:`~.realized.Realized` region of a verified build's runtime choice (a
     :class:`~.plan_doc.PlanChoice`); the loader ran :func:`check_engines` before."""
-    from cuvil_pgc.recompile.realized import CompiledRegion, Realized
-
     cand = choice.candidate
     runtimes.require(cand.backend, device, path)
     member = choice.artifact
@@ -268,14 +266,23 @@ def load_region(vb: Any, choice: Any, module: nn.Module, extract_dir: Path, devi
     first = local[ARTIFACT_SUFFIXES[cand.backend][0]]
     outputs = info.get("outputs")
     template = OutputTemplate.from_json(outputs) if outputs else None
+    return runtime_region(cand, first, template, module, choice.input_signature, choice.input_spec)
+
+
+def runtime_region(cand: Any, first: str, template: OutputTemplate | None, module: nn.Module,
+                   signature: str | None, spec: list[list[Any]] | None) -> Any:
+    """The :class:`~.realized.Realized` region running ``cand``'s artifact (its first file at
+    ``first``) for ``module``'s captured inputs: what a loaded build runs, and what a race worker
+    (:mod:`.standalone`) times."""
+    from cuvil_pgc.recompile.realized import CompiledRegion, Realized
+
     if cand.backend == "ort":
         runner: Any = OrtRunner(first, knobs_of(cand), template, module)
     elif cand.backend == "openvino":
         runner = OpenVinoRunner(first, knobs_of(cand), cand.precision, template, module)
     else:
         runner = tensorrt_runner(first, template, module)
-    region = CompiledRegion(module, runner, choice.input_signature, cand.config, choice.input_spec)
-    return Realized(region, first)
+    return Realized(CompiledRegion(module, runner, signature, cand.config, spec), first)
 
 
 def check_engines(manifest: Any, plan: Any, path: str) -> None:

@@ -25,6 +25,8 @@ class SearchOptions:
     use_records: bool = True
     backends: tuple[str, ...] | None = None     # restrict the plan space (None: all of BACKENDS)
     fixed: dict[str, Candidate] | None = None   # a pinned plan: skip the search, build and time this
+    #: decide between whole-model plans again in processes of their own, as deployed (.standalone)
+    deployed_race: bool = True
 
 
 @dataclass
@@ -61,6 +63,8 @@ class SearchResult:
     realized: dict[str, Realized] = field(default_factory=dict)
     module: Any = None
     final_medians_us: dict[str, float] = field(default_factory=dict)
+    #: the whole-model plans raced in processes of their own (empty: no such race)
+    deployed_medians_us: dict[str, float] = field(default_factory=dict)
     #: the whole model on each runtime at its defaults: baselines measured outside the budget
     runtime_defaults: list[Trial] = field(default_factory=list)
     baselines_measured: int = 0

@@ -1,0 +1,148 @@
+"""Timing contenders each in worker processes of their own, the way each is deployed.
+
+A long-lived process that searched, exported and compiled is not where a build runs: inside it,
+two ONNX Runtime sessions of the same ``.onnx`` measured up to 25% apart (the one made early in a
+search against one made after it), and zoo dwcnn's ``ort+rewrite`` beat ONNX Runtime's default
+there with confidence, then ran 6% behind it in processes of their own. Where such a choice
+matters, :func:`race_in_processes` decides it again as deployed.
+
+Each contender is a command that sets it up in a fresh process and hands a zero-argument call to
+:func:`serve`. The parent starts ``replicas`` processes per contender (a process's memory layout
+alone moved one contender by up to 4%; more processes average that out, more rounds do not) and,
+once all are ready, takes one sample per worker per round in the balanced orders of
+:func:`~.measure.time_interleaved`, so drifts of the machine hit every contender alike. A sample
+is as many calls as last at least :data:`MIN_SAMPLE_S`: a worker wakes from its pipe read on a
+cold core, and with samples of one call every contender measured ~1.7x slower and two processes
+of one contender up to 19% apart (5 ms: within 1-4%).
+
+Protocol: the worker writes ``ready`` when set up; each line ``N`` it reads runs N calls and it
+replies the seconds they took. Its replies go to a private copy of stdout: a library that prints
+to stdout cannot garble them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cuvil_pgc.recompile.measure import Samples, balanced_orders, whole_cycles
+
+MIN_SAMPLE_S = 0.005
+#: seconds a worker may take to set its contender up, and to answer one sample
+SETUP_TIMEOUT_S = 600.0
+SAMPLE_TIMEOUT_S = 120.0
+
+
+def race_in_processes(commands: dict[str, list[str]], rounds: int, replicas: int = 3, *,
+                      env: dict[str, str] | None = None, setup_timeout_s: float = SETUP_TIMEOUT_S,
+                      sample_timeout_s: float = SAMPLE_TIMEOUT_S) -> tuple[dict[str, Samples], dict[str, str]]:
+    """Per-call samples of each contender, its ``replicas`` workers' samples pooled (at least
+    ``rounds`` rounds, whole cycles of the balanced orders); and, for each contender that could
+    not run, why (the last line its worker wrote to stderr). A contender runs whole or not at all:
+    one failed worker takes its replicas out. A worker that stops answering mid-race ends the race
+    for every contender (the samples so far would compare unequal rounds)."""
+    workers: dict[str, subprocess.Popen[str]] = {}
+    logs: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    try:
+        for name, command in ((f"{k}#{i}", c) for k, c in commands.items() for i in range(replicas)):
+            logs[name] = tempfile.TemporaryFile("w+")       # a pipe would fill with warnings and block the worker
+            workers[name] = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=logs[name], text=True, env=env)
+        deadline = time.monotonic() + setup_timeout_s
+        for name, proc in workers.items():
+            contender = _contender(name)
+            if contender in failed:
+                continue
+            reply = _readline(proc, max(deadline - time.monotonic(), 0.0))
+            if reply is None:
+                failed[contender] = f"it was not set up within {setup_timeout_s:.0f} s"
+            elif reply.strip() != "ready":
+                failed[contender] = _why(proc, logs[name], reply)
+        ready = {name: proc for name, proc in workers.items() if _contender(name) not in failed}
+        if not ready:
+            return {}, failed
+        once = {name: _sample(proc, 1, sample_timeout_s) for name, proc in ready.items()}
+        calls = max(1, math.ceil(MIN_SAMPLE_S / max(min(once.values()), 1e-7)))
+        names = list(ready)
+        orders = balanced_orders(len(names))
+        pooled = {k: Samples(k) for k in dict.fromkeys(_contender(n) for n in names)}
+        for r in range(whole_cycles(rounds, len(names))):
+            for i in orders[r % len(orders)]:
+                pooled[_contender(names[i])].seconds.append(_sample(ready[names[i]], calls, sample_timeout_s) / calls)
+        return pooled, failed
+    finally:
+        for proc in workers.values():
+            _stop(proc)
+        for log in logs.values():
+            log.close()
+
+
+def serve(call: Callable[[], Any], warmup: int = 5) -> None:
+    """The worker's side: warm ``call`` up, say ``ready``, then time N calls per request line."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())        # anything else printed goes to stderr
+    for _ in range(warmup):
+        call()
+    replies.write("ready\n")
+    for line in sys.stdin:
+        n = int(line)
+        start = time.perf_counter()
+        for _ in range(n):
+            call()
+        replies.write(f"{time.perf_counter() - start!r}\n")
+
+
+def _contender(worker: str) -> str:
+    return worker.rpartition("#")[0]
+
+
+def _readline(proc: subprocess.Popen[str], timeout_s: float) -> str | None:
+    """One line from the worker ("" once it has exited), or None when it sent none within
+    ``timeout_s`` (it is then killed). One request is outstanding at a time, so no reply waits
+    unseen in the pipe's read buffer."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    if not ready:
+        proc.kill()
+        return None
+    return proc.stdout.readline()
+
+
+def _sample(proc: subprocess.Popen[str], calls: int, timeout_s: float) -> float:
+    proc.stdin.write(f"{calls}\n")
+    proc.stdin.flush()
+    reply = _readline(proc, timeout_s)
+    try:
+        return float(reply or "")
+    except ValueError:
+        why = f"no answer within {timeout_s:.0f} s" if reply is None else f"exit status {proc.wait()}"
+        raise RuntimeError(f"a race worker stopped answering ({why})") from None
+
+
+def _why(proc: subprocess.Popen[str], log: Any, reply: str) -> str:
+    """Why a worker did not say ready: its last line on stderr, once it has exited."""
+    if reply:
+        proc.kill()
+        return f"it answered {reply.strip()[:80]!r} instead of 'ready'"
+    proc.wait()
+    log.seek(0)
+    lines = log.read().strip().splitlines()
+    return (lines[-1] if lines else f"it exited with status {proc.returncode} and no message")[:300]
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    try:
+        if proc.stdin and not proc.stdin.closed:
+            proc.stdin.close()
+        proc.wait(timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait()

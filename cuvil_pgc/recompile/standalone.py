@@ -1,0 +1,121 @@
+"""Whole-model plans raced each in processes of their own, as they are deployed.
+
+A plan that runs without the model's Python code, the whole model as one ONNX Runtime session, one
+OpenVINO compiled model or one AOTInductor package on the CPU, is described by
+:func:`standalone_spec`: its candidate, artifact, captured-input spec and output structure. A
+worker (``python -m cuvil_pgc.recompile.standalone SPEC.json``) rebuilds the region the way
+:func:`~.load.load_build` does (:func:`~.runtime_build.runtime_region`, or the AOTInductor
+package), checks that it answers the captured inputs with the searching process's outputs, and
+serves timing requests (:mod:`.process_race`). :func:`race_standalone` writes the inputs and
+specs to a private directory and races the plans there; :mod:`.plan` lets that race decide
+between whole-model plans (see its docstring for why).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile.measure import Samples
+from cuvil_pgc.recompile.process_race import race_in_processes, serve
+
+#: backends whose whole-model region a worker can rebuild from its artifact alone
+STANDALONE_BACKENDS = ("ort", "openvino", "aoti")
+#: processes per plan: a process's memory layout alone moved one contender by up to 4%
+REPLICAS = 2
+
+
+def standalone_spec(cand: Any, realized: Any, scope_inputs: Any, device: str) -> dict[str, Any] | None:
+    """What a worker needs to run ``cand``'s whole-model region (``realized``) for the captured
+    inputs, or None where it needs more (the model's code, a GPU, an output structure that cannot
+    be written down)."""
+    if cand.scope or cand.backend not in STANDALONE_BACKENDS or device != "cpu" or not realized.artifact:
+        return None
+    outputs = None
+    if cand.backend != "aoti":
+        template = getattr(getattr(realized.module, "compiled", None), "template", None)
+        outputs = template.to_json() if template is not None else None
+        if outputs is None:
+            return None
+    return {"candidate": cand.to_json(), "artifact": realized.artifact, "signature": scope_inputs.signature,
+            "spec": scope_inputs.spec, "outputs": outputs, "threads": torch.get_num_threads()}
+
+
+def race_standalone(specs: dict[str, dict[str, Any]], inputs: tuple[Any, ...], reference: Any, rounds: int,
+                    replicas: int = REPLICAS) -> tuple[dict[str, Samples], dict[str, str]]:
+    """Per-call samples of each plan in ``specs`` raced in worker processes (see
+    :func:`~.process_race.race_in_processes`), and why a plan could not run there. Every worker
+    first checks its outputs for ``inputs`` against ``reference`` (an output of the plans here)."""
+    with tempfile.TemporaryDirectory(prefix="cuvil-race-") as tmp:     # private: mode 0700
+        data = os.path.join(tmp, "inputs.pt")
+        torch.save({"args": list(inputs), "reference": _tensors(reference)}, data)
+        commands = {}
+        for i, (name, spec) in enumerate(specs.items()):
+            path = os.path.join(tmp, f"plan{i}.json")
+            with open(path, "w") as f:
+                json.dump({**spec, "inputs": data}, f)
+            commands[name] = [sys.executable, "-m", __name__, path]
+        return race_in_processes(commands, rounds, replicas, env=_worker_env())
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    """An output's tensors in order: what a worker compares (weights-only files hold no
+    ``ModelOutput`` or other classes)."""
+    return [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+
+
+def _worker_env() -> dict[str, str]:
+    """This process's environment, with this cuvil_pgc first on the path (it may be importable here
+    only through ``sys.path``)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))    # above cuvil_pgc/
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def region(spec: dict[str, Any]) -> nn.Module:
+    """The region a standalone spec describes, built as :func:`~.load.load_build` builds it. The
+    module it falls back to for other inputs is a stand-in: the worker checks it never does."""
+    from cuvil_pgc.recompile.apply import realize
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.runtime_build import runtime_region
+    from cuvil_pgc.recompile.runtime_region import OutputTemplate
+
+    cand = Candidate.from_json(spec["candidate"])
+    if cand.backend == "aoti":
+        return realize(_NotTheModel(), cand, None, artifact=spec["artifact"], signature=spec["signature"],
+                       spec=spec["spec"]).module
+    template = OutputTemplate.from_json(spec["outputs"])
+    return runtime_region(cand, spec["artifact"], template, _NotTheModel(), spec["signature"], spec["spec"]).module
+
+
+class _NotTheModel(nn.Module):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the race worker's inputs do not match the region's captured inputs")
+
+
+def main(argv: list[str]) -> int:
+    from cuvil_pgc.recompile.accuracy import check_outputs
+
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    torch.set_num_threads(spec["threads"])
+    data = torch.load(spec["inputs"], weights_only=True)
+    args = tuple(data["args"])
+    module = region(spec)
+    with torch.no_grad():
+        check = check_outputs(data["reference"], _tensors(module(*args)))
+        if not check.ok:
+            raise RuntimeError(f"the worker's outputs differ from the searching process's: {check.reason}")
+        serve(lambda: module(*args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

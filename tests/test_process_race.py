@@ -1,0 +1,203 @@
+"""Racing contenders in worker processes of their own (process_race) and whole-model plans there
+(standalone, and the plan's decision from that race). Workers are real processes; nothing here
+asserts on a timing."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile.measure import Samples
+from cuvil_pgc.recompile.process_race import race_in_processes
+
+needs_ort = pytest.mark.skipif(not __import__("importlib").util.find_spec("onnxruntime"), reason="needs onnxruntime")
+
+
+def _worker(body: str) -> list[str]:
+    """A worker command: ``body`` sets ``call`` up, then the worker serves it."""
+    return [sys.executable, "-c", f"from cuvil_pgc.recompile.process_race import serve\n{body}\nserve(call)"]
+
+
+def test_each_contender_gets_its_replicas_samples_pooled():
+    samples, failed = race_in_processes({"a": _worker("call = lambda: None"), "b": _worker("call = lambda: sum(range(50))")},
+                                        rounds=3, replicas=2)
+    assert failed == {}
+    assert set(samples) == {"a", "b"}
+    # 4 workers: whole cycles of 4 balanced orders, one sample per worker per round, two workers each
+    assert [len(s.seconds) for s in samples.values()] == [8, 8]
+    assert all(x > 0 for s in samples.values() for x in s.seconds)
+
+
+def test_a_worker_that_fails_to_start_takes_its_contender_out_with_its_reason():
+    samples, failed = race_in_processes({"good": _worker("call = lambda: None"),
+                                         "bad": _worker("raise SystemExit('cannot read plan0.onnx: truncated')")},
+                                        rounds=2, replicas=2)
+    assert set(samples) == {"good"}
+    assert failed == {"bad": "cannot read plan0.onnx: truncated"}
+
+
+def test_a_worker_that_never_says_ready_is_stopped_after_the_setup_timeout():
+    samples, failed = race_in_processes({"slow": _worker("import time; time.sleep(60); call = None")},
+                                        rounds=2, replicas=1, setup_timeout_s=0.5)
+    assert samples == {}
+    assert "not set up within" in failed["slow"]
+
+
+def test_what_a_contender_prints_does_not_garble_the_replies():
+    samples, failed = race_in_processes({"chatty": _worker("call = lambda: print('0.5 noise')")}, rounds=2, replicas=1)
+    assert failed == {} and len(samples["chatty"].seconds) == 2
+
+
+def test_a_worker_that_dies_mid_race_ends_the_race_loudly():
+    body = "import os\nn = [0]\ndef call():\n    n[0] += 1\n    if n[0] > 8: os._exit(3)"
+    with pytest.raises(RuntimeError, match="stopped answering"):
+        race_in_processes({"dies": _worker(body)}, rounds=50, replicas=1)
+
+
+# ----------------------------------------------------------------------------- standalone plans
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _realized_ort(knobs=()):
+    from cuvil_pgc.recompile.apply import ScopeInputs, realize
+    from cuvil_pgc.recompile.candidates import Candidate
+
+    torch.manual_seed(0)
+    model, inputs = Mlp().eval(), (torch.randn(2, 16),)
+    cand = Candidate("", "ort", knobs=tuple(knobs))
+    scope_inputs = ScopeInputs(inputs)
+    realized = realize(model, cand, scope_inputs)
+    return model, inputs, cand, realized, scope_inputs
+
+
+@needs_ort
+def test_a_whole_model_runtime_plan_races_in_workers_that_rebuild_it_as_load_build_does():
+    from cuvil_pgc.recompile.standalone import race_standalone, standalone_spec
+
+    model, inputs, cand, realized, scope_inputs = _realized_ort()
+    *_, basic, realized_basic, _ = _realized_ort([("opt", "basic")])
+    specs = {"default": standalone_spec(cand, realized, scope_inputs, "cpu"),
+             "basic": standalone_spec(basic, realized_basic, scope_inputs, "cpu")}
+    assert specs["default"]["outputs"] is not None and specs["default"]["threads"] == torch.get_num_threads()
+    with torch.no_grad():
+        reference = model(*inputs)
+    samples, failed = race_standalone(specs, inputs, reference, rounds=2, replicas=1)
+    assert failed == {}
+    assert set(samples) == {"default", "basic"} and all(len(s.seconds) == 2 for s in samples.values())
+    # a worker whose region answers differently from this process refuses to race
+    samples, failed = race_standalone({"default": specs["default"]}, inputs, reference + 1.0, rounds=2, replicas=1)
+    assert samples == {} and "differ from the searching process's" in failed["default"]
+
+
+@needs_ort
+def test_only_whole_model_cpu_artifacts_with_a_written_down_output_race_alone():
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.standalone import standalone_spec
+
+    model, inputs, cand, realized, scope_inputs = _realized_ort()
+    assert standalone_spec(cand, realized, scope_inputs, "cpu") is not None
+    assert standalone_spec(cand, realized, scope_inputs, "cuda") is None
+    assert standalone_spec(Candidate("a", "ort"), realized, scope_inputs, "cpu") is None     # a sub-region
+    assert standalone_spec(Candidate("", "compile"), realized, scope_inputs, "cpu") is None  # needs the model's code
+    realized.module.compiled.template = None                   # an output structure not written down
+    assert standalone_spec(cand, realized, scope_inputs, "cpu") is None
+
+
+class _FakeSearch:
+    """What the plan's deployed decision reads of a running search."""
+
+    def __init__(self):
+        from cuvil_pgc.recompile.apply import ScopeInputs
+        from cuvil_pgc.recompile.trials import SearchOptions
+
+        self.inputs = (torch.randn(2, 16),)
+        self.scope_inputs = {"": ScopeInputs(self.inputs)}
+        self.opt = SearchOptions(deployed_race=True)
+
+
+def _decide(monkeypatch, deployed: dict[str, list[float]] | Exception, winner: str = "model",
+            default: str | None = "<model>::ort", failed: dict[str, str] | None = None):
+    """The plan's deployed decision among three whole-model plans, the worker race faked."""
+    from cuvil_pgc.recompile import standalone
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.plan import _deployed_winner
+    from cuvil_pgc.recompile.trials import SearchResult
+
+    def fake_race(specs, inputs, reference, rounds, replicas=2):
+        assert set(specs) == {"model", "<model>::ort", "<model>::openvino"}
+        if isinstance(deployed, Exception):
+            raise deployed
+        return {k: Samples(k, v) for k, v in deployed.items()}, failed or {}
+
+    monkeypatch.setattr(standalone, "race_standalone", fake_race)
+    monkeypatch.setattr(standalone, "standalone_spec", lambda cand, realized, si, device: {"config": cand.config})
+    plans = {"model": {"": Candidate("", "ort", knobs=(("opt", "basic"),))}, "<model>::ort": {"": Candidate("", "ort")},
+             "<model>::openvino": {"": Candidate("", "openvino")}, "regions": {"a": Candidate("a", "aoti")}}
+    built = {name: ({"": None}, nn.Identity()) for name in plans}
+    result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
+    return _deployed_winner(_FakeSearch(), result, plans, built, winner, default), result
+
+
+def test_the_race_in_processes_decides_between_whole_model_plans(monkeypatch):
+    rng = random.Random(0)
+
+    def noisy(ms):                      # 40 rounds with 5% noise around ``ms``
+        return [ms * 1e-3 * (1 + rng.uniform(-0.05, 0.05)) for _ in range(40)]
+
+    chosen, result = _decide(monkeypatch, {"model": noisy(1.2), "<model>::ort": noisy(1.2),
+                                           "<model>::openvino": noisy(1.0)})
+    assert chosen == "<model>::openvino"
+    assert set(result.deployed_medians_us) == {"model", "<model>::ort", "<model>::openvino"}
+    # a lead the race cannot tell from noise goes to the runtime default
+    chosen, _ = _decide(monkeypatch, {"model": noisy(1.0), "<model>::ort": noisy(1.001), "<model>::openvino": noisy(1.3)})
+    assert chosen == "<model>::ort"
+
+
+def test_the_searching_process_decides_where_the_race_in_processes_cannot(monkeypatch):
+    fast, slow = [1.0e-3] * 20, [1.2e-3] * 20
+    # the winner's own workers failed: nothing to compare it with
+    chosen, result = _decide(monkeypatch, {"<model>::ort": fast, "<model>::openvino": slow},
+                             failed={"model": "cannot load"})
+    assert chosen == "model" and result.deployed_medians_us == {}
+    chosen, _ = _decide(monkeypatch, RuntimeError("a race worker stopped answering"))
+    assert chosen == "model"
+    # a composite plan needs the model's code: no race in processes
+    chosen, _ = _decide(monkeypatch, {"model": slow, "<model>::ort": fast, "<model>::openvino": fast},
+                        winner="regions")
+    assert chosen == "regions"
+
+
+@needs_ort
+def test_the_final_race_sends_whole_model_plans_to_worker_processes():
+    """The plan's final race, with two real ONNX Runtime plans: the race in processes of their own
+    ran both (which one wins is the machine's business) and the winner is one of them."""
+    from types import SimpleNamespace
+
+    from cuvil_pgc.recompile.plan import _final_race
+    from cuvil_pgc.recompile.trials import SearchOptions, SearchResult
+
+    model, inputs, cand, realized, scope_inputs = _realized_ort()
+    *_, basic, realized_basic, _ = _realized_ort([("opt", "basic")])
+    plans = {"model": {"": basic}, "<model>::ort": {"": cand}}
+    built = {"model": ({"": realized_basic}, realized_basic.module), "<model>::ort": ({"": realized}, realized.module)}
+    s = SimpleNamespace(model=model, inputs=inputs, scope_inputs={"": scope_inputs},
+                        opt=SearchOptions(rounds=5, deployed_race=True))
+    result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
+    _final_race(s, result, plans, built, allow_eager=False, default="<model>::ort")   # eager may beat a tiny MLP
+    assert set(result.deployed_medians_us) == {"model", "<model>::ort"}
+    assert result.choices in (plans["model"], plans["<model>::ort"])
+    s.opt.deployed_race = False
+    result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
+    _final_race(s, result, plans, built, allow_eager=False, default="<model>::ort")
+    assert result.deployed_medians_us == {}
