@@ -376,6 +376,10 @@ def report(rows: list[dict]) -> None:
               f"labels {r['labels']}")
         for line in tried(r["plan"]):
             print(f"    {line}")
+        for race, medians in (("final race", r["plan"].get("final_medians_ms")),
+                              ("in processes of their own", r["plan"].get("deployed_medians_ms"))):
+            if medians:
+                print(f"    {race}: " + ", ".join(f"{k} {v} ms" for k, v in medians.items()))
     for r in rows:
         ex = r.get("exhaustive")
         if ex:

@@ -110,8 +110,34 @@ def test_only_whole_model_cpu_artifacts_with_a_written_down_output_race_alone():
     assert standalone_spec(cand, realized, scope_inputs, "cuda") is None
     assert standalone_spec(Candidate("a", "ort"), realized, scope_inputs, "cpu") is None     # a sub-region
     assert standalone_spec(Candidate("", "compile"), realized, scope_inputs, "cpu") is None  # needs the model's code
-    realized.module.compiled.template = None                   # an output structure not written down
+    realized.module.compiled.template = None                   # an output structure not learnt yet
     assert standalone_spec(cand, realized, scope_inputs, "cpu") is None
+
+
+@needs_ort
+def test_an_output_structure_that_cannot_be_written_down_races_as_a_tuple_of_its_tensors():
+    """A Hugging Face-like output (a class pytree cannot serialize): the worker's region returns the
+    same tensors as one tuple, in the order the reference's tensors come (what it checks)."""
+    from dataclasses import dataclass
+
+    from cuvil_pgc.recompile.runtime_region import OutputTemplate
+    from cuvil_pgc.recompile.standalone import _tensors, standalone_spec
+
+    @dataclass
+    class Out:
+        logits: torch.Tensor
+        hidden: torch.Tensor
+
+    torch.utils._pytree.register_dataclass(Out)
+    model, inputs, cand, realized, scope_inputs = _realized_ort()
+    a, b = torch.ones(2, 4), torch.zeros(3)
+    realized.module.compiled.template = OutputTemplate.of(Out(a, b))
+    assert realized.module.compiled.template.to_json() is None
+    spec = standalone_spec(cand, realized, scope_inputs, "cpu")
+    assert spec["outputs"] is None
+    worker_template = OutputTemplate.from_json(spec["flat_outputs"])
+    built = worker_template.build([a, b])
+    assert isinstance(built, tuple) and _tensors(built) == _tensors(Out(a, b)) == [a, b]
 
 
 class _FakeSearch:
@@ -127,7 +153,7 @@ class _FakeSearch:
 
 
 def _decide(monkeypatch, deployed: dict[str, list[float]] | Exception, winner: str = "model",
-            default: str | None = "<model>::ort", failed: dict[str, str] | None = None):
+            failed: dict[str, str] | None = None):
     """The plan's deployed decision among three whole-model plans, the worker race faked."""
     from cuvil_pgc.recompile import standalone
     from cuvil_pgc.recompile.candidates import Candidate
@@ -146,7 +172,7 @@ def _decide(monkeypatch, deployed: dict[str, list[float]] | Exception, winner: s
              "<model>::openvino": {"": Candidate("", "openvino")}, "regions": {"a": Candidate("a", "aoti")}}
     built = {name: ({"": None}, nn.Identity()) for name in plans}
     result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
-    return _deployed_winner(_FakeSearch(), result, plans, built, winner, default), result
+    return _deployed_winner(_FakeSearch(), result, plans, built, winner, ["<model>::ort", "<model>::openvino"]), result
 
 
 def test_the_race_in_processes_decides_between_whole_model_plans(monkeypatch):
@@ -194,10 +220,25 @@ def test_the_final_race_sends_whole_model_plans_to_worker_processes():
     s = SimpleNamespace(model=model, inputs=inputs, scope_inputs={"": scope_inputs},
                         opt=SearchOptions(rounds=5, deployed_race=True))
     result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
-    _final_race(s, result, plans, built, allow_eager=False, default="<model>::ort")   # eager may beat a tiny MLP
+    _final_race(s, result, plans, built, allow_eager=False, defaults=["<model>::ort"])   # eager may beat a tiny MLP
     assert set(result.deployed_medians_us) == {"model", "<model>::ort"}
     assert result.choices in (plans["model"], plans["<model>::ort"])
     s.opt.deployed_race = False
     result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
-    _final_race(s, result, plans, built, allow_eager=False, default="<model>::ort")
+    _final_race(s, result, plans, built, allow_eager=False, defaults=["<model>::ort"])
     assert result.deployed_medians_us == {}
+
+
+@needs_ort
+def test_a_worker_that_cannot_rebuild_the_output_structure_returns_the_tensors_as_a_tuple():
+    """In the worker the structure's class may not be imported (a ``ModelOutput`` of a library the
+    model imports): the region then returns the flat tuple."""
+    from cuvil_pgc.recompile.standalone import region, standalone_spec
+
+    model, inputs, cand, realized, scope_inputs = _realized_ort()
+    spec = standalone_spec(cand, realized, scope_inputs, "cpu")
+    unknown = {**spec["outputs"], "spec": spec["outputs"]["spec"].replace("null", '"no.such.Output"', 1)}
+    with torch.no_grad():
+        out = region({**spec, "outputs": unknown})(*inputs)
+        assert isinstance(out, tuple) and torch.equal(out[0], model(*inputs))
+        assert torch.equal(region(spec)(*inputs), model(*inputs))

@@ -187,9 +187,10 @@ def test_the_features_record_the_batch():
     assert feats.evidence["batch"] == 4
 
 
-def test_the_fastest_runtime_default_always_runs_in_the_final_race(monkeypatch):
-    """The search measured OpenVINO's defaults 20 % behind AOTInductor (no near tie); the final race,
-    side by side, finds it faster: the build is OpenVINO, not the slower AOTInductor package."""
+def test_every_runtime_default_runs_in_the_final_race(monkeypatch):
+    """The search measured OpenVINO's defaults 20 % and ONNX Runtime's 40 % behind AOTInductor (no
+    near tie); both run in the final race, which finds OpenVINO faster: the build is OpenVINO, not
+    the slower AOTInductor package."""
     from cuvil_pgc.recompile.search import search
     from cuvil_pgc.recompile.trials import SearchOptions
 
@@ -200,7 +201,7 @@ def test_the_fastest_runtime_default_always_runs_in_the_final_race(monkeypatch):
     result = search(Mlp().eval(), (torch.randn(2, 16),), Analysis(regions=[stats("model", 300.0, "Mlp")]),
                     options=SearchOptions(budget=100, backends=("aoti", "ort", "openvino"), rounds=3))
     assert result.trials["<model>::aoti"].status == "ok"
-    assert "<model>::openvino" in result.final_medians_us and "<model>::ort" not in result.final_medians_us
+    assert {"<model>::openvino", "<model>::ort"} <= set(result.final_medians_us)
     assert result.choices == {"": Candidate("", "openvino")}
 
 
@@ -226,6 +227,6 @@ def test_a_plan_must_beat_the_runtime_default_with_confidence_to_ship(monkeypatc
     built = {name: ({}, nn.Identity()) for name in plans}
     s = SimpleNamespace(model=nn.Identity(), inputs=(torch.zeros(1),), opt=SimpleNamespace(rounds=3))
     result = SimpleNamespace()
-    plan_mod._final_race(s, result, plans, built, default="<model>::ort")
+    plan_mod._final_race(s, result, plans, built, defaults=["<model>::ort"])
     assert result.choices == plans[ships]
     assert result.plan_us == pytest.approx(result.final_medians_us[ships])

@@ -33,18 +33,28 @@ REPLICAS = 2
 
 def standalone_spec(cand: Any, realized: Any, scope_inputs: Any, device: str) -> dict[str, Any] | None:
     """What a worker needs to run ``cand``'s whole-model region (``realized``) for the captured
-    inputs, or None where it needs more (the model's code, a GPU, an output structure that cannot
-    be written down)."""
+    inputs, or None where it needs more (the model's code, a GPU, an output structure not known
+    yet)."""
     if cand.scope or cand.backend not in STANDALONE_BACKENDS or device != "cpu" or not realized.artifact:
         return None
-    outputs = None
+    outputs = flat = None
     if cand.backend != "aoti":
         template = getattr(getattr(realized.module, "compiled", None), "template", None)
-        outputs = template.to_json() if template is not None else None
-        if outputs is None:
+        if template is None:
             return None
+        outputs, flat = template.to_json(), _flat(template)
     return {"candidate": cand.to_json(), "artifact": realized.artifact, "signature": scope_inputs.signature,
-            "spec": scope_inputs.spec, "outputs": outputs, "threads": torch.get_num_threads()}
+            "spec": scope_inputs.spec, "outputs": outputs, "flat_outputs": flat, "threads": torch.get_num_threads()}
+
+
+def _flat(template: Any) -> dict[str, Any] | None:
+    """A template returning the region's output tensors as one tuple, for a structure the worker
+    cannot rebuild (one that cannot be written down, or a Hugging Face ``ModelOutput``, whose
+    class the worker has not imported): it then times the runtime and a cheap output instead of
+    the structure's, alike for every plan it races."""
+    from cuvil_pgc.recompile.runtime_region import OutputTemplate
+
+    return OutputTemplate.of(tuple(torch.empty(shape, dtype=dtype) for shape, dtype in template.tensors)).to_json()
 
 
 def race_standalone(specs: dict[str, dict[str, Any]], inputs: tuple[Any, ...], reference: Any, rounds: int,
@@ -91,7 +101,10 @@ def region(spec: dict[str, Any]) -> nn.Module:
     if cand.backend == "aoti":
         return realize(_NotTheModel(), cand, None, artifact=spec["artifact"], signature=spec["signature"],
                        spec=spec["spec"]).module
-    template = OutputTemplate.from_json(spec["outputs"])
+    try:
+        template = OutputTemplate.from_json(spec["outputs"])
+    except Exception:          # not written down, or its class is not imported here (see _flat)
+        template = OutputTemplate.from_json(spec["flat_outputs"])
     return runtime_region(cand, spec["artifact"], template, _NotTheModel(), spec["signature"], spec["spec"]).module
 
 
