@@ -130,3 +130,9 @@ def test_the_race_in_processes_round_trips_and_a_plan_without_it_reads_as_before
     plan = Plan.from_json(newer)
     assert plan.deployed_medians_ms == {"model": 0.26, "<model>::ort": 0.29} and plan.extra == {}
     assert plan.to_json()["deployed_medians_ms"] == newer["deployed_medians_ms"]
+    from cuvil_pgc.viewer._run_sections import plan_section
+    from cuvil_pgc.viewer.console_recompile import plan_view
+
+    assert "decided in processes of their own: model 0.2600 ms, <model>::ort 0.2900 ms" in plan_view(plan).caption
+    html = plan_section(plan, None, False)
+    assert "raced in processes of their own" in html and "&lt;model&gt;::ort: 290 µs" in html

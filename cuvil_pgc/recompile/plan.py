@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from cuvil_pgc._progress import stage
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import apply_plan, realize
@@ -203,6 +204,7 @@ def _deployed_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]]
         return winner
     with torch.no_grad():
         reference = built[winner][1](*s.inputs)
+    stage(getattr(s, "progress", None), f"racing {len(specs)} whole-model plans in processes of their own")
     try:
         samples, failed = race_standalone(specs, s.inputs, reference, rounds=DEPLOYED_RACE_ROUNDS)
     except Exception as exc:       # a worker that stopped answering: the race in this process stands

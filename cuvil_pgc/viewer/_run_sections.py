@@ -118,6 +118,9 @@ def plan_section(plan: Plan | None, build: dict[str, Any] | None, has_figure: bo
         body += "<h3>Runtimes at their defaults (whole model, measured as baselines)</h3>" + _reasons(
             [f"{d.get('config')}: " + (f"{fmt_ms(d.get('measured_ms'))}" if d.get("status") == "ok" else
                                        f"{d.get('status')} {d.get('reason') or ''}") for d in plan.runtime_defaults])
+    if plan.deployed_medians_ms:
+        body += "<h3>Whole-model plans raced in processes of their own (this race chose the plan)</h3>" + _reasons(
+            [f"{name}: {fmt_ms(v)}" for name, v in plan.deployed_medians_ms.items()])
     if plan.stale:
         body += "<h3>Stale regions (changed since the build; skipped at load)</h3>" + _reasons(
             [f"{s.get('path')}: {s.get('reason')}" for s in plan.stale])
