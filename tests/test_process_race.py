@@ -40,6 +40,20 @@ def test_a_worker_that_fails_to_start_takes_its_contender_out_with_its_reason():
     assert failed == {"bad": "cannot read plan0.onnx: truncated"}
 
 
+def test_a_contender_that_fails_in_one_replica_has_its_other_replicas_stopped_before_the_race(tmp_path):
+    """The first replica sets up fine, the second fails: the first must not idle beside the race
+    (it is killed: its exit handler never runs), and the contender is out with the reason."""
+    claim, exited = tmp_path / "claimed", tmp_path / "exited"
+    body = (f"import atexit, os, time\n"
+            f"try:\n    os.close(os.open({str(claim)!r}, os.O_CREAT | os.O_EXCL))\n"
+            f"except FileExistsError:\n    time.sleep(0.5)\n    raise SystemExit('the second replica fails')\n"
+            f"atexit.register(lambda: open({str(exited)!r}, 'w').close())\ncall = lambda: None")
+    samples, failed = race_in_processes({"flaky": _worker(body), "good": _worker("call = lambda: None")},
+                                        rounds=2, replicas=2)
+    assert set(samples) == {"good"} and failed == {"flaky": "the second replica fails"}
+    assert claim.exists() and not exited.exists()
+
+
 def test_a_worker_that_never_says_ready_is_stopped_after_the_setup_timeout():
     samples, failed = race_in_processes({"slow": _worker("import time; time.sleep(60); call = None")},
                                         rounds=2, replicas=1, setup_timeout_s=0.5)

@@ -66,6 +66,9 @@ def race_in_processes(commands: dict[str, list[str]], rounds: int, replicas: int
                 failed[contender] = f"it was not set up within {setup_timeout_s:.0f} s"
             elif reply.strip() != "ready":
                 failed[contender] = _why(proc, logs[name], reply)
+        for name, proc in workers.items():       # a failed contender's other replicas must not run beside the race
+            if _contender(name) in failed and proc.poll() is None:
+                proc.kill()
         ready = {name: proc for name, proc in workers.items() if _contender(name) not in failed}
         if not ready:
             return {}, failed
