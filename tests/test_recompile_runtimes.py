@@ -693,7 +693,7 @@ def test_output_template_shortcuts_build_what_the_pytree_builds():
     for out, direct in ((a, True), ((a, b), True), ((a, None), False), ({"x": a}, False), ([a], False),
                         ((a, (b,)), False), ((b, a), True)):
         template = OutputTemplate.of(out)
-        assert (template._single or template._tuple) is direct, out
+        assert (template.is_single or template._tuple) is direct, out
         fresh = [torch.zeros_like(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         built = template.build(fresh)
         assert pytree.tree_structure(built) == pytree.tree_structure(out)

@@ -49,15 +49,16 @@ class CompiledRegion(nn.Module):
         if self._spec is not None:
             self._fast = _FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
             lean = getattr(compiled, "lean_call", None)
-            self._lean = lean(self._spec) if lean is not None else None
+            self._lean = lean(self._spec, HOOK_GUARD) if lean is not None and HOOK_GUARD is not None else None
         self.fallback_calls = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """A runtime's lean call when it takes the arguments and nothing hooks into this module (or
-        traces it); ``nn.Module``'s dispatch and :meth:`forward` otherwise."""
+        traces it: the lean call checks :data:`HOOK_GUARD` itself, one frame fewer); ``nn.Module``'s
+        dispatch and :meth:`forward` otherwise."""
         lean = self._lean
-        if lean is not None and not kwargs and not _hooked(self):
-            out = lean(args)
+        if lean is not None and not kwargs:
+            out = lean(self, args)
             if out is not MISS:
                 return out
         return super().__call__(*args, **kwargs)
@@ -90,34 +91,39 @@ class CompiledRegion(nn.Module):
         return True
 
 
-def _hook_check() -> Callable[[nn.Module], bool]:
-    """``hooked(module)``: whether a call of ``module`` must go through ``nn.Module``'s dispatch:
-    hooks on it or global ones, or a JIT trace or compile in progress (a torch without the global
-    hook registries: always). Everything it reads is bound here, not looked up per call: called
-    where the build is deployed, after the runtime's work has left the caches cold, the lookups
-    (``torch.nn.modules.module._global_*``, ``torch.compiler.is_compiling``) cost 2-3% of a 0.25
-    ms ONNX Runtime CNN call over the runtime called plainly."""
+def _hook_guard() -> HookGuard | None:
+    """What decides whether a call of a module must go through ``nn.Module``'s dispatch besides the
+    module's own hook dicts: the global hook registries, the JIT tracing state and Dynamo's
+    compiling test (None on a torch without the global registries: then it always must). Bound
+    here once, not looked up per call: called where the build is deployed, after the runtime's
+    work has left the caches cold, the lookups (``torch.nn.modules.module._global_*``,
+    ``torch.compiler.is_compiling``) cost 2-3% of a 0.25 ms ONNX Runtime CNN call over the runtime
+    called plainly."""
     registries = [getattr(torch.nn.modules.module, name, None) for name in (
         "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
         "_global_backward_pre_hooks", "_global_forward_hooks_always_called")]
     if any(r is None for r in registries):
-        return lambda module: True
-    forward, forward_pre, backward, backward_pre, always = registries
-    tracing = torch._C._get_tracing_state
+        return None
     # is_dynamo_compiling is one `return False` outside a trace (True inside one: Dynamo evaluates it
     # as it traces); is_compiling also calls torch.jit.is_scripting() and reads a module global,
     # which cost 2-4% of a 0.35 ms ONNX Runtime GRU call deployed. Export without Dynamo traces with
     # FakeTensors, which the lean call's exact type check already sends to the checked path.
     compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
-
-    def hooked(module: nn.Module) -> bool:
-        return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                    or module._backward_pre_hooks or forward or forward_pre or backward or backward_pre
-                    or always or tracing() is not None or compiling())
-    return hooked
+    return HookGuard(tuple(registries), torch._C._get_tracing_state, compiling)
 
 
-_hooked = _hook_check()
+@dataclass(frozen=True)
+class HookGuard:
+    """The global hook registries (dicts, never replaced), the tracing-state and compiling tests: a
+    lean call checks them with the called module's own hook dicts, inline (see
+    :meth:`~.runtime_region.RuntimeRunner.lean_call`)."""
+
+    registries: tuple[dict[Any, Any], ...]
+    tracing: Callable[[], Any]
+    compiling: Callable[[], bool]
+
+
+HOOK_GUARD = _hook_guard()
 
 
 class _FastAOTI:

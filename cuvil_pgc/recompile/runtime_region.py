@@ -55,7 +55,8 @@ class OutputTemplate:
     def __post_init__(self) -> None:
         # the common shapes built without the pytree: one tensor, or a tuple of the outputs in order
         in_order = self.leaves == [("t", i) for i in range(len(self.leaves))]
-        self._single = in_order and len(self.leaves) == 1 and self.spec.is_leaf()
+        #: the output is the runtime's one tensor itself (callers may skip :meth:`build`)
+        self.is_single = in_order and len(self.leaves) == 1 and self.spec.is_leaf()
         self._tuple = in_order and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children())
         self._hf = fast_builder(self.spec, self.leaves)      # a Hugging Face ModelOutput (see .hf_outputs)
         self._hf_proven = False
@@ -76,7 +77,7 @@ class OutputTemplate:
         return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.tensors]
 
     def build(self, outputs: list[torch.Tensor]) -> Any:
-        if self._single:
+        if self.is_single:
             return outputs[0]
         if self._tuple:
             return tuple(outputs)
@@ -143,16 +144,20 @@ class RuntimeRunner:
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         raise NotImplementedError
 
-    def lean_call(self, spec: list[tuple[Any, ...]]) -> Callable[[tuple[Any, ...]], Any] | None:
-        """A call for the captured CPU inputs that checks only what the runtime needs (type, shape,
-        dtype, contiguous, no grad) and hands their NumPy views straight to the runtime
-        (:attr:`_arrays`); it returns :data:`MISS` for anything else, which then takes the
-        checked path. None where it does not apply (CUDA, bf16 inputs, no template yet, a runtime
-        without an array call). :class:`~.realized.CompiledRegion` takes it before ``nn.Module``'s
-        dispatch: interleaved with the model's own work, every Python step of a call costs cache
-        misses. Measured in processes of their own against the runtime called plainly: the checked
-        path cost 9% on an OpenVINO tiny BERT (~30 µs of 0.4 ms), the runner alone 2-4%; on
-        ONNX Runtime (zoo cnn and mixed, in one process) the checked path 4-13%, this one 3-8%."""
+    def lean_call(self, spec: list[tuple[Any, ...]], guard: Any) -> Callable[[Any, tuple[Any, ...]], Any] | None:
+        """A call ``call(module, args)`` for the captured CPU inputs that checks only what the
+        runtime needs (nothing hooks into ``module`` or traces it, per ``guard``, a
+        :class:`~.realized.HookGuard`; type, shape, dtype, contiguous, no grad) and hands the
+        inputs' NumPy views straight to the runtime (:attr:`_arrays`); it returns :data:`MISS`
+        for anything else, which then takes the checked path. None where it does not apply (CUDA,
+        bf16 inputs, no template yet, a runtime without an array call).
+        :class:`~.realized.CompiledRegion` takes it before ``nn.Module``'s dispatch.
+
+        Every Python call on this path costs: interleaved with the runtime's own work, each runs
+        with cold caches. Measured in processes of their own against the runtime called plainly,
+        the checked path cost 9% on an OpenVINO tiny BERT (~30 µs of 0.4 ms); on the zoo
+        transformer's 80 µs OpenVINO call each further Python call cost about 1-1.5%, so the hook
+        check and a single output's build are made here, inline, not in calls of their own."""
         template = self.template
         if template is None or not spec or any(dev.type != "cpu" or dtype == torch.bfloat16
                                                for _, dtype, dev, _ in spec):
@@ -160,10 +165,15 @@ class RuntimeRunner:
         run = self._arrays
         if run is None:
             return None
-        build, checks, tensor = template.build, [(shape, dtype) for shape, dtype, _, _ in spec], torch.Tensor
+        build, single = template.build, template.is_single
+        checks, count, tensor = [(shape, dtype) for shape, dtype, _, _ in spec], len(spec), torch.Tensor
+        forward, forward_pre, backward, backward_pre, always = guard.registries
+        tracing, compiling = guard.tracing, guard.compiling
 
-        def call(args: tuple[Any, ...]) -> Any:
-            if len(args) != len(checks):
+        def call(module: Any, args: tuple[Any, ...]) -> Any:
+            if (len(args) != count or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                    or module._backward_pre_hooks or forward or forward_pre or backward or backward_pre or always
+                    or tracing() is not None or compiling()):
                 return MISS
             arrays = []
             for a, (shape, dtype) in zip(args, checks, strict=True):
@@ -171,7 +181,8 @@ class RuntimeRunner:
                         or not a.is_cpu or not a.is_contiguous():
                     return MISS
                 arrays.append(a.numpy())
-            return build(run(arrays))
+            outputs = run(arrays)
+            return outputs[0] if single else build(outputs)
         return call
 
     #: NumPy input arrays -> output tensors: the runtime's own CPU call, which :meth:`run` and
