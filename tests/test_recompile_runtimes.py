@@ -228,6 +228,25 @@ def test_the_lean_call_falls_back_to_the_public_run_where_a_session_has_no_compi
     assert _compiled_run(Wrapped())(["y"], {"x": 1}, None) == ["compiled", ["y"], {"x": 1}, None]
 
 
+def test_the_openvino_call_falls_back_to_the_public_infer_where_a_request_has_no_compiled_one():
+    from cuvil_pgc.recompile.runtime_region import _native_infer
+
+    class Public:                                  # not an openvino._pyopenvino.InferRequest
+        def infer(self, inputs=None, share_inputs=False, share_outputs=False, *, decode_strings=True):
+            return {"a": ("public", inputs, share_outputs, decode_strings)}
+
+    assert list(_native_infer(Public())(Public(), {}, False, True).values()) == [("public", {}, False, True)]
+    if runtimes.check("openvino").ok:
+        import openvino as ov
+
+        core = ov.Core()
+        param = ov.opset8.parameter([2], ov.Type.f32)
+        request = core.compile_model(ov.Model([ov.opset8.relu(param)], [param]), "CPU").create_infer_request()
+        request.set_input_tensor(0, ov.Tensor(torch.tensor([-1.0, 2.0]).numpy()))
+        infer = _native_infer(request)
+        assert infer is not request.infer and [a.tolist() for a in infer(request, {}, False, True).values()] == [[0, 2]]
+
+
 def test_export_error_names_its_exporter():
     assert ExportError("torch.onnx.export failed: boom").exporter == "torch.onnx.export"
     assert exporter_of_reason("ExportError: openvino.convert_model failed: x") == "openvino.convert_model"
