@@ -106,12 +106,13 @@ def test_a_whole_model_runtime_plan_races_in_workers_that_rebuild_it_as_load_bui
     assert specs["default"]["outputs"] is not None and specs["default"]["threads"] == torch.get_num_threads()
     with torch.no_grad():
         reference = model(*inputs)
-    samples, failed = race_standalone(specs, inputs, reference, rounds=2, replicas=1)
+    samples, failed = race_standalone(specs, inputs, {"default": reference, "basic": reference}, rounds=2, replicas=1)
     assert failed == {}
     assert set(samples) == {"default", "basic"} and all(len(s.seconds) == 2 for s in samples.values())
-    # a worker whose region answers differently from this process refuses to race
-    samples, failed = race_standalone({"default": specs["default"]}, inputs, reference + 1.0, rounds=2, replicas=1)
-    assert samples == {} and "differ from the searching process's" in failed["default"]
+    # each worker checks its own plan's output: one whose region answers differently refuses to race
+    samples, failed = race_standalone(specs, inputs, {"default": reference, "basic": reference + 1.0},
+                                      rounds=2, replicas=1)
+    assert set(samples) == {"default"} and "differ from the searching process's" in failed["basic"]
 
 
 @needs_ort
@@ -174,7 +175,8 @@ def _decide(monkeypatch, deployed: dict[str, list[float]] | Exception, winner: s
     from cuvil_pgc.recompile.plan import _deployed_winner
     from cuvil_pgc.recompile.trials import SearchResult
 
-    def fake_race(specs, inputs, reference, rounds, replicas=2):
+    def fake_race(specs, inputs, references, rounds, replicas=2):
+        assert set(references) == set(specs)
         assert set(specs) == {"model", "<model>::ort", "<model>::openvino"}
         if isinstance(deployed, Exception):
             raise deployed

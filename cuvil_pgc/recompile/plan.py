@@ -203,10 +203,10 @@ def _deployed_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]]
     if winner not in specs or len(specs) < 2:
         return winner
     with torch.no_grad():
-        reference = built[winner][1](*s.inputs)
+        references = {name: built[name][1](*s.inputs) for name in specs}
     stage(getattr(s, "progress", None), f"racing {len(specs)} whole-model plans in processes of their own")
     try:
-        samples, failed = race_standalone(specs, s.inputs, reference, rounds=DEPLOYED_RACE_ROUNDS)
+        samples, failed = race_standalone(specs, s.inputs, references, rounds=DEPLOYED_RACE_ROUNDS)
     except Exception as exc:       # a worker that stopped answering: the race in this process stands
         log.warning("cuvil-pgc: the race in processes of their own stopped (%s); keeping %s", exc, winner)
         return winner

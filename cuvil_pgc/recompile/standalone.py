@@ -57,19 +57,21 @@ def _flat(template: Any) -> dict[str, Any] | None:
     return OutputTemplate.of(tuple(torch.empty(shape, dtype=dtype) for shape, dtype in template.tensors)).to_json()
 
 
-def race_standalone(specs: dict[str, dict[str, Any]], inputs: tuple[Any, ...], reference: Any, rounds: int,
-                    replicas: int = REPLICAS) -> tuple[dict[str, Samples], dict[str, str]]:
+def race_standalone(specs: dict[str, dict[str, Any]], inputs: tuple[Any, ...], references: dict[str, Any],
+                    rounds: int, replicas: int = REPLICAS) -> tuple[dict[str, Samples], dict[str, str]]:
     """Per-call samples of each plan in ``specs`` raced in worker processes (see
     :func:`~.process_race.race_in_processes`), and why a plan could not run there. Every worker
-    first checks its outputs for ``inputs`` against ``reference`` (an output of the plans here)."""
+    first checks its outputs for ``inputs`` against its plan's output here (``references``, by
+    plan): two plans that each pass the guard against eager may differ from each other by twice
+    its tolerance, so only a plan's own output tells whether the worker rebuilt that plan."""
     with tempfile.TemporaryDirectory(prefix="cuvil-race-") as tmp:     # private: mode 0700
         data = os.path.join(tmp, "inputs.pt")
-        torch.save({"args": list(inputs), "reference": _tensors(reference)}, data)
+        torch.save({"args": list(inputs), "references": {k: _tensors(references[k]) for k in specs}}, data)
         commands = {}
         for i, (name, spec) in enumerate(specs.items()):
             path = os.path.join(tmp, f"plan{i}.json")
             with open(path, "w") as f:
-                json.dump({**spec, "inputs": data}, f)
+                json.dump({**spec, "plan": name, "inputs": data}, f)
             commands[name] = [sys.executable, "-m", __name__, path]
         return race_in_processes(commands, rounds, replicas, env=_worker_env())
 
@@ -123,7 +125,7 @@ def main(argv: list[str]) -> int:
     args = tuple(data["args"])
     module = region(spec)
     with torch.no_grad():
-        check = check_outputs(data["reference"], _tensors(module(*args)))
+        check = check_outputs(data["references"][spec["plan"]], _tensors(module(*args)))
         if not check.ok:
             raise RuntimeError(f"the worker's outputs differ from the searching process's: {check.reason}")
         serve(lambda: module(*args))
