@@ -34,10 +34,6 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.
            "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
 
 
-#: what a lean call returns for arguments it does not take (the checked path takes them)
-MISS = object()
-
-
 def tensor_leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The tensors among a call's arguments in the order an export flattens them."""
     return [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
@@ -144,20 +140,13 @@ class RuntimeRunner:
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         raise NotImplementedError
 
-    def lean_call(self, spec: list[tuple[Any, ...]], guard: Any) -> Callable[[Any, tuple[Any, ...]], Any] | None:
-        """A call ``call(module, args)`` for the captured CPU inputs that checks only what the
-        runtime needs (nothing hooks into ``module`` or traces it, per ``guard``, a
-        :class:`~.realized.HookGuard`; type, shape, dtype, contiguous, no grad) and hands the
-        inputs' NumPy views straight to the runtime (:attr:`_arrays`); it returns :data:`MISS`
-        for anything else, which then takes the checked path. None where it does not apply (CUDA,
-        bf16 inputs, no template yet, a runtime without an array call).
-        :class:`~.realized.CompiledRegion` takes it before ``nn.Module``'s dispatch.
-
-        Every Python call on this path costs: interleaved with the runtime's own work, each runs
-        with cold caches. Measured in processes of their own against the runtime called plainly,
-        the checked path cost 9% on an OpenVINO tiny BERT (~30 µs of 0.4 ms); on the zoo
-        transformer's 80 µs OpenVINO call each further Python call cost about 1-1.5%, so the hook
-        check and a single output's build are made here, inline, not in calls of their own."""
+    def lean_parts(self, spec: list[tuple[Any, ...]]) -> tuple[int, list[tuple[Any, ...]], Callable[..., Any], bool,
+                                                              Callable[..., Any]] | None:
+        """What :meth:`~.realized.CompiledRegion.__call__` needs to hand the captured CPU inputs'
+        NumPy views straight to the runtime: the input count, each input's (shape, dtype), the
+        array call (:attr:`_arrays`), whether the output is the runtime's one tensor, and the
+        template's build for any other output. None where that does not apply (CUDA, bf16 inputs,
+        no template yet, a runtime without an array call)."""
         template = self.template
         if template is None or not spec or any(dev.type != "cpu" or dtype == torch.bfloat16
                                                for _, dtype, dev, _ in spec):
@@ -165,28 +154,10 @@ class RuntimeRunner:
         run = self._arrays
         if run is None:
             return None
-        build, single = template.build, template.is_single
-        checks, count, tensor = [(shape, dtype) for shape, dtype, _, _ in spec], len(spec), torch.Tensor
-        forward, forward_pre, backward, backward_pre, always = guard.registries
-        tracing, compiling = guard.tracing, guard.compiling
-
-        def call(module: Any, args: tuple[Any, ...]) -> Any:
-            if (len(args) != count or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                    or module._backward_pre_hooks or forward or forward_pre or backward or backward_pre or always
-                    or tracing() is not None or compiling()):
-                return MISS
-            arrays = []
-            for a, (shape, dtype) in zip(args, checks, strict=True):
-                if type(a) is not tensor or a.shape != shape or a.dtype is not dtype or a.requires_grad \
-                        or not a.is_cpu or not a.is_contiguous():
-                    return MISS
-                arrays.append(a.numpy())
-            outputs = run(arrays)
-            return outputs[0] if single else build(outputs)
-        return call
+        return len(spec), [(shape, dtype) for shape, dtype, _, _ in spec], run, template.is_single, template.build
 
     #: NumPy input arrays -> output tensors: the runtime's own CPU call, which :meth:`run` and
-    #: :meth:`lean_call` share, made on first use (None: a runtime without one has no lean call)
+    #: :meth:`lean_parts` hand out, made on first use (None: a runtime without one has no lean call)
     _arrays: Callable[[list[Any]], list[torch.Tensor]] | None = None
 
 
