@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -38,7 +39,14 @@ def native_stderr(captured: Captured | None = None) -> Iterator[Captured]:
             captured.text = sink.read().decode("utf-8", "replace")
 
 
+#: a line that only says where native code raised (OpenVINO's ``Exception from src/inference/src/
+#: cpp/core.cpp:117:``, its ``Check '...' failed at src/...:42:``): the message is on a later line
+_LOCATION_ONLY = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:\d+:)$")
+
+
 def first_line(text: str, limit: int = 300) -> str:
-    """The first non-empty line of ``text``, cut to ``limit`` characters."""
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    """The first non-empty line of ``text`` that is more than a native source location, cut to
+    ``limit`` characters (the first non-empty line where every line is one)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = next((ln for ln in lines if not _LOCATION_ONLY.match(ln)), lines[0] if lines else "")
     return line if len(line) <= limit else line[: limit - 3] + "..."

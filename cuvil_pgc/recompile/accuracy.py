@@ -86,8 +86,10 @@ def _walk(ref: Any, out: Any, where: str, state: AccuracyResult, rtol: float | N
             raise _Mismatch(f"{where}: expected a sequence of {len(ref)}, got {type(out).__name__}")
         for i, (r, o) in enumerate(zip(ref, out, strict=True)):
             _walk(r, o, f"{where}[{i}]", state, rtol, atol)
-    else:
+    elif _has_fields(ref):
         _walk(_fields(ref, where), _fields(out, where), where, state, rtol, atol)
+    else:
+        _compare_value(ref, out, where)
 
 
 def _fields(obj: Any, where: str) -> dict[str, Any]:
@@ -98,7 +100,25 @@ def _fields(obj: Any, where: str) -> dict[str, Any]:
     raise _Mismatch(f"{where}: cannot compare outputs of type {type(obj).__name__}")
 
 
+def _has_fields(obj: Any) -> bool:
+    return (dataclasses.is_dataclass(obj) and not isinstance(obj, type)) or hasattr(obj, "__dict__")
+
+
+def _compare_value(ref: Any, out: Any, where: str) -> None:
+    """A leaf without fields (torch.device, torch.dtype, an enum) compared by equality."""
+    try:
+        same = type(out) is type(ref) and bool(out == ref)
+    except Exception as exc:        # an __eq__ that raises or returns no bool
+        raise _Mismatch(f"{where}: cannot compare outputs of type {type(ref).__name__}") from exc
+    if not same:
+        raise _Mismatch(f"{where}: {out!r} != {ref!r}")
+
+
 def _compare_scalar(ref: Any, out: Any, where: str, rtol: float | None, atol: float | None) -> None:
+    import torch
+
+    if isinstance(out, torch.Tensor):     # AOTInductor returns a `.item()` as a 0-d tensor
+        raise _Mismatch(f"{where}: expected a {type(ref).__name__}, got a tensor")
     if isinstance(ref, float) and isinstance(out, (int, float)):
         r, a = DEFAULT_TOLERANCES["float64"]
         if abs(out - ref) > (atol if atol is not None else a) + (rtol if rtol is not None else r) * abs(ref):

@@ -7,6 +7,7 @@ Shared by :mod:`.apply` (torch.compile, AOTInductor, CUDA graphs) and :mod:`.run
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class CompiledRegion(nn.Module):
             lean = getattr(compiled, "lean_parts", None)
             self._lean = lean(self._spec) if lean is not None and HOOK_GUARD is not None else None
         self.fallback_calls = 0
+        self._params: Any = _UNSET      # the original forward's (name, default) per parameter, on first use
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The runtime's array call (:meth:`~.runtime_region.RuntimeRunner.lean_parts`) for exactly
@@ -61,13 +63,13 @@ class CompiledRegion(nn.Module):
         about 1-1.5% of the zoo transformer's 80 µs OpenVINO call (measured in processes of their
         own against the runtime called plainly)."""
         lean = self._lean
-        if lean is not None and not kwargs:
+        if lean is not None and (positional := self._positional(args, kwargs) if kwargs else args) is not None:
             count, checks, run, single, build = lean
-            if (len(args) == count and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
+            if (len(positional) == count and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
                                             or self._backward_pre_hooks or _forward or _forward_pre or _backward
                                             or _backward_pre or _always or _tracing() is not None or _compiling())):
                 arrays = []
-                for a, (shape, dtype) in zip(args, checks, strict=True):
+                for a, (shape, dtype) in zip(positional, checks, strict=True):
                     if type(a) is not _Tensor or a.shape != shape or a.dtype is not dtype or a.requires_grad \
                             or not a.is_cpu or not a.is_contiguous():
                         break
@@ -85,14 +87,59 @@ class CompiledRegion(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.signature is None:
             return self._compiled(*args, **kwargs)
+        if kwargs and (positional := self._positional(args, kwargs)) is not None:
+            args, kwargs = positional, {}
         if self._matches(args, kwargs):
             if self._fast is not None and not kwargs:
                 return self._fast(args)
             return self._compiled(*args, **kwargs)
         self.fallback_calls += 1
         if self.fallback_calls == 1:
-            log.warning("cuvil-pgc: %s was built for other input shapes; running the original module", self.config)
+            log.warning("cuvil-pgc: %s runs the original module: %s (further calls that do not fit are counted "
+                        "in fallback_calls)", self.config, self._misfit(args, kwargs))
         return self.original(*args, **kwargs)
+
+    def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        """A keyword call as the positional call the build was captured with (``model(input_ids=ids,
+        attention_mask=mask)`` for one captured as ``model(ids, mask)``), by the original forward's
+        parameter names; keywords past the captured ones may only repeat their defaults. None when
+        the call does not map onto the captured positions."""
+        if self._spec is None:
+            return None
+        if self._params is _UNSET:
+            self._params = _parameters(self.original)
+        params, count = self._params, len(self._spec)
+        if params is None or len(params) < count or len(args) > count:
+            return None
+        wanted = params[len(args):count]
+        if any(name not in kwargs for name, _ in wanted):
+            return None
+        taken = {name for name, _ in wanted}
+        defaults = dict(params[count:])
+        for name, value in kwargs.items():
+            if name not in taken and not (name in defaults and _is_default(value, defaults[name])):
+                return None
+        return args + tuple(kwargs[name] for name, _ in wanted)
+
+    def _misfit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Why a call does not fit the build (for its one warning)."""
+        spec = self._spec
+        if spec is None:
+            return "the call's inputs differ from the captured ones (types, shapes, dtypes or keyword arguments)"
+        if kwargs:
+            return f"keyword arguments it was not captured with ({', '.join(sorted(kwargs))})"
+        if len(args) != len(spec):
+            return f"{len(args)} positional inputs, built for {len(spec)}"
+        for i, (a, (shape, dtype, device, strides)) in enumerate(zip(args, spec, strict=True)):
+            if not isinstance(a, torch.Tensor):
+                return f"input {i} is a {type(a).__name__}, built for a tensor"
+            if a.shape != shape:
+                return f"input {i} has shape {tuple(a.shape)}, built for {tuple(shape)} (the build is shape-specialized)"
+            if a.dtype != dtype or a.device != device:
+                return f"input {i} is {a.dtype} on {a.device}, built for {dtype} on {device}"
+            if a.stride() != strides:
+                return f"input {i} has strides {a.stride()}, built for {strides} (pass a contiguous tensor)"
+        return "the inputs differ from the captured ones"
 
     def _matches(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         spec = self._spec
@@ -103,6 +150,35 @@ class CompiledRegion(nn.Module):
                     or a.stride() != strides:
                 return False
         return True
+
+
+_UNSET = object()
+
+
+def _parameters(module: nn.Module) -> list[tuple[str, Any]] | None:
+    """(name, default) of each parameter of ``module.forward`` that a call may pass by position or
+    keyword, in order (the default ``inspect.Parameter.empty`` where there is none); None where
+    the signature cannot be read or starts with a positional-only or ``*args`` parameter."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    out = []
+    for p in params:
+        if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY or (p.kind is inspect.Parameter.VAR_POSITIONAL and not out):
+                return None
+            break
+        out.append((p.name, p.default))
+    return out
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether a keyword argument repeats its parameter's default (None, a flag, a number, a string)."""
+    if value is default:
+        return True
+    return (default is not inspect.Parameter.empty and type(value) is type(default)
+            and isinstance(value, (bool, int, float, str)) and value == default)
 
 
 def _hook_guard() -> HookGuard | None:

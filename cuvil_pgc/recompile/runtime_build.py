@@ -36,6 +36,7 @@ from torch import nn
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile.output_values import check_constant_outputs
 from cuvil_pgc.recompile.runtime_region import (
     OpenVinoRunner,
     OrtRunner,
@@ -72,6 +73,7 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
     """
     from cuvil_pgc.recompile.realized import ExportError
 
+    check_constant_outputs(prepared, inputs, reference, exporters(cand.backend)[0])
     template = OutputTemplate.of(reference)
     if cand.backend == "tensorrt":
         path = _cache_path(key, "tensorrt", cand, ".ep")
@@ -116,7 +118,11 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int) -> N
     chatter = io.StringIO()
     try:
         with torch.no_grad(), contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
-            program = torch.onnx.export(_TensorOutputs(prepared).eval(), inputs.args, kwargs=inputs.kwargs or None, dynamo=True,
+            # a trailing dict in args is read as the keyword arguments unless kwargs are given: a
+            # region taking a dict as its last positional argument gets an empty dict after it
+            args = inputs.args + ({},) if not inputs.kwargs and inputs.args and isinstance(inputs.args[-1], dict) \
+                else inputs.args
+            program = torch.onnx.export(_TensorOutputs(prepared).eval(), args, kwargs=inputs.kwargs or None, dynamo=True,
                                         opset_version=OPSET, optimize=True, verbose=False, report=False)
             program.save(str(tmp), external_data=False)
         import onnx

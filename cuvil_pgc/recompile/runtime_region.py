@@ -28,6 +28,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil_pgc.recompile.hf_outputs import fast_builder, same_model_output
+from cuvil_pgc.recompile.output_values import is_size
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
            "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
@@ -59,7 +60,7 @@ class OutputTemplate:
 
     @classmethod
     def of(cls, output: Any) -> OutputTemplate:
-        flat, spec = pytree.tree_flatten(output)
+        flat, spec = pytree.tree_flatten(output, is_leaf=is_size)
         leaves, tensors = [], []
         for leaf in flat:
             if isinstance(leaf, torch.Tensor):

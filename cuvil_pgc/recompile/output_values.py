@@ -1,0 +1,88 @@
+"""The Python values in a region's output, which a runtime graph cannot compute.
+
+An ONNX, OpenVINO or TensorRT graph returns tensors only. The runner puts every other leaf of the
+original output back as a constant: the value the example call returned (see
+:class:`~.runtime_region.OutputTemplate`). That is right for what the export fixes anyway (None,
+a shape, a flag from the module's configuration) and wrong for a value computed from the inputs'
+values (``probs.max().item()``, ``bool(x.sum() > 0)``, a Hugging Face cache object holding the
+example's tensors): the build would return the example's value for every input.
+
+:func:`check_constant_outputs` tells the two apart by calling the region again with other values
+of the same shapes and dtypes. A value that changes, or a call that cannot run, rejects the
+region's runtime builds with an :class:`~.realized.ExportError` naming the output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+
+def check_constant_outputs(prepared: nn.Module, inputs: Any, reference: Any, exporter: str) -> None:
+    """Raise ExportError (``<exporter> failed: ...``) when a non-tensor, non-None leaf of
+    ``reference`` (``prepared``'s output for ``inputs``, a :class:`~.apply.ScopeInputs`) changes
+    when the inputs' values change."""
+    from cuvil_pgc.recompile.realized import ExportError
+
+    leaves = pytree.tree_flatten_with_path(reference, is_leaf=is_size)[0]
+    values = [(path, v) for path, v in leaves if not isinstance(v, torch.Tensor) and v is not None]
+    if not values:
+        return
+    try:
+        with torch.no_grad():
+            other = prepared(*other_values(inputs.args), **other_values(inputs.kwargs))
+    except Exception as exc:
+        raise ExportError(f"{exporter} failed: the region returns Python values besides tensors "
+                          f"({_name(values[0][0])}: {type(values[0][1]).__name__}), which a runtime graph "
+                          f"cannot compute, and they could not be checked with other input values "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    found = dict(pytree.tree_flatten_with_path(other, is_leaf=is_size)[0])
+    for path, value in values:
+        if path not in found or not same_value(found[path], value):
+            again = found.get(path, "nothing")
+            raise ExportError(f"{exporter} failed: the region's output {_name(path)} is a "
+                              f"{type(value).__name__} computed from the inputs' values ({_short(value)} for "
+                              f"the example, {_short(again)} for other values); a runtime graph returns "
+                              "tensors only, so the build would return the example's value every time "
+                              "(return it as a tensor to run the region on a runtime)")
+
+
+def is_size(x: Any) -> bool:
+    """torch.Size is a leaf here: torch's pytree rebuilds it as a plain tuple."""
+    return isinstance(x, torch.Size)
+
+
+def other_values(tree: Any) -> Any:
+    """``tree`` with each tensor's values changed, shapes, dtypes and devices kept: floating
+    tensors scaled and shifted by seeded noise, other tensors (token ids, masks) rolled along
+    their last dimension, so every value stays one the caller passed (a valid index)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def change(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return t
+        if t.is_floating_point():
+            noise = torch.rand(t.shape, generator=generator).to(t.device, t.dtype)
+            return t.detach() * (0.5 + noise) + (noise - 0.5) * 0.1
+        return torch.roll(t.detach(), 1, -1) if t.dim() else t
+
+    return pytree.tree_map(change, tree)
+
+
+def same_value(a: Any, b: Any) -> bool:
+    try:
+        return a is b or type(a) is type(b) and bool(a == b)
+    except Exception:       # an __eq__ that raises or does not return a bool
+        return False
+
+
+def _name(path: tuple[Any, ...]) -> str:
+    return "output" + pytree.keystr(path)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__} object"

@@ -1,0 +1,198 @@
+"""What a runtime region takes and returns beyond plain tensors: Python values computed from the
+inputs (refused, not frozen), shapes and devices in the output, a dict as the positional input,
+keyword calls of a region captured positionally, and why a call falls back."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile import runtimes
+from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile.accuracy import check_outputs
+from cuvil_pgc.recompile.apply import ScopeInputs, realize
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.output_values import check_constant_outputs, other_values
+from cuvil_pgc.recompile.realized import ExportError
+
+needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+class ItemOut(nn.Module):
+    """Returns the probabilities, their maximum as a float and a flag computed from them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor):
+        probs = self.fc(x).softmax(-1)
+        return probs, probs.max().item(), bool(probs[0, 0] > 0.2)
+
+
+class FixedExtras(nn.Module):
+    """Besides a tensor: None, a shape, a number from the shape, a string and the device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor):
+        y = self.fc(x)
+        return {"y": y, "none": None, "shape": y.shape, "rows": x.shape[0], "tag": "fc", "device": y.device}
+
+
+def test_python_values_computed_from_the_inputs_refuse_the_runtime_naming_the_output():
+    torch.manual_seed(0)
+    model, x = ItemOut().eval(), torch.randn(2, 8)
+    with pytest.raises(ExportError, match=r"torch\.onnx\.export failed: .*output\[1\] is a float computed from "
+                                          r"the inputs' values") as err:
+        check_constant_outputs(model, ScopeInputs((x,)), model(x), "torch.onnx.export")
+    assert err.value.exporter == "torch.onnx.export"          # the exporter's other candidates are skipped too
+
+
+def test_values_the_export_fixes_anyway_are_kept_as_constants():
+    model, x = FixedExtras().eval(), torch.randn(2, 8)
+    check_constant_outputs(model, ScopeInputs((x,)), model(x), "torch.onnx.export")      # does not raise
+
+
+def test_a_region_that_cannot_run_on_other_values_is_refused_rather_than_trusted():
+    class Picky(nn.Module):
+        def forward(self, x):
+            if not torch.equal(x, torch.ones_like(x)):
+                raise ValueError("only ones")
+            return x + 1, x.sum().item()
+
+    x = torch.ones(3)
+    with pytest.raises(ExportError, match=r"could not be checked with other input values \(ValueError: only ones\)"):
+        check_constant_outputs(Picky(), ScopeInputs((x,)), Picky()(x), "torch.onnx.export")
+
+
+def test_other_values_keep_shapes_dtypes_and_every_integer_a_valid_index():
+    ids, x, mask = torch.tensor([[3, 1, 4, 1]]), torch.randn(2, 3), torch.tensor([[True, True, False]])
+    (ids2, x2), kw = other_values(((ids, x), {"mask": mask}))
+    assert ids2.shape == ids.shape and sorted(ids2.flatten().tolist()) == sorted(ids.flatten().tolist())
+    assert not torch.equal(ids2, ids) and not torch.equal(x2, x) and x2.dtype == x.dtype and x2.shape == x.shape
+    assert kw["mask"].dtype == torch.bool and kw["mask"].sum() == mask.sum()
+    torch.testing.assert_close(other_values(x), x2)          # seeded: the same values every time
+
+
+@needs_ort
+def test_an_ort_region_never_returns_the_examples_python_values():
+    """Before, the float and the flag of the example call came back for every input."""
+    torch.manual_seed(0)
+    model, x = ItemOut().eval(), torch.randn(2, 8)
+    with pytest.raises(ExportError, match=r"output\[1\] is a float"):
+        realize(model, Candidate("", "ort"), ScopeInputs((x,)), machine="t")
+
+
+@needs_ort
+def test_an_ort_region_returns_shapes_devices_and_constants_as_the_original_does():
+    torch.manual_seed(0)
+    model, x = FixedExtras().eval(), torch.randn(2, 8)
+    region = realize(model, Candidate("", "ort"), ScopeInputs((x,)), machine="t").module
+    with torch.no_grad():
+        out, ref = region(x), model(x)
+    assert type(out["shape"]) is torch.Size and out["shape"] == ref["shape"]      # not a plain tuple
+    assert out["device"] == ref["device"] and out["rows"] == 2 and out["tag"] == "fc" and out["none"] is None
+    assert check_outputs(ref, out).ok
+
+
+def test_the_accuracy_guard_compares_devices_and_dtypes_by_value():
+    ref = {"y": torch.ones(2), "device": torch.device("cpu"), "dtype": torch.float32}
+    assert check_outputs(ref, {"y": torch.ones(2), "device": torch.device("cpu"), "dtype": torch.float32}).ok
+    other = check_outputs(ref, {"y": torch.ones(2), "device": torch.device("meta"), "dtype": torch.float32})
+    assert not other.ok and "device" in other.reason
+
+
+class DictInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, batch: dict):
+        return self.fc(batch["x"]) + batch["y"]
+
+
+@needs_ort
+def test_a_region_taking_a_dict_as_its_positional_input_exports():
+    """torch.onnx.export reads a trailing dict in args as keyword arguments; the export used to fail
+    with "forward() got an unexpected keyword argument 'x'"."""
+    torch.manual_seed(0)
+    model, batch = DictInput().eval(), {"x": torch.randn(2, 4), "y": torch.randn(2, 3)}
+    region = realize(model, Candidate("", "ort"), ScopeInputs((batch,)), machine="t").module
+    with torch.no_grad():
+        torch.testing.assert_close(region(batch), model(batch), rtol=1e-4, atol=1e-5)
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool | None = None,
+                scale: float = 1.0):
+        return self.fc(input_ids * attention_mask) * scale
+
+
+@needs_ort
+def test_keyword_calls_of_a_region_captured_positionally_run_the_build(caplog):
+    """``model(input_ids=..., attention_mask=...)`` is how services call Hugging Face models; it used
+    to run the original module on every call, with the same shapes."""
+    torch.manual_seed(0)
+    model, ids, mask = TwoInputs().eval(), torch.randn(2, 6), torch.ones(2, 6)
+    region = realize(model, Candidate("", "ort"), ScopeInputs((ids, mask)), machine="t").module
+    forwards = []
+    real_forward = region.forward
+    region.forward = lambda *a, **k: forwards.append(k) or real_forward(*a, **k)
+    with torch.no_grad():
+        ref = model(ids, mask)
+        for call in (lambda: region(input_ids=ids, attention_mask=mask),
+                     lambda: region(ids, attention_mask=mask),
+                     lambda: region(attention_mask=mask, input_ids=ids, output_attentions=None, scale=1.0)):
+            torch.testing.assert_close(call(), ref, rtol=1e-4, atol=1e-5)
+        assert forwards == [] and region.fallback_calls == 0          # the lean call, every time
+        handle = region.register_forward_pre_hook(lambda mod, args, kwargs: None, with_kwargs=True)
+        torch.testing.assert_close(region(input_ids=ids, attention_mask=mask), ref, rtol=1e-4, atol=1e-5)
+        handle.remove()
+        assert forwards == [{"input_ids": ids, "attention_mask": mask}]  # a hook sees the call as made
+        assert region.fallback_calls == 0                                # and forward still runs the build
+        with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.apply"):
+            torch.testing.assert_close(region(input_ids=ids, attention_mask=mask, scale=2.0), model(ids, mask, scale=2.0))
+    assert region.fallback_calls == 1                                    # a keyword the build did not fix
+    assert "keyword arguments it was not captured with (attention_mask, input_ids, scale)" in caplog.text
+
+
+@needs_ort
+def test_the_fallback_warning_says_what_does_not_fit(caplog):
+    torch.manual_seed(0)
+    model, ids, mask = TwoInputs().eval(), torch.randn(2, 6), torch.ones(2, 6)
+    region = realize(model, Candidate("", "ort"), ScopeInputs((ids, mask)), machine="t").module
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.apply"):
+        region(torch.randn(3, 6), torch.ones(3, 6))
+    assert "input 0 has shape (3, 6), built for (2, 6) (the build is shape-specialized)" in caplog.text
+    assert "other input shapes" not in caplog.text
+
+
+def test_a_native_message_is_read_past_the_source_locations_before_it():
+    text = ("Exception from src/inference/src/cpp/core.cpp:117:\nException from src/plugins/intel_cpu/src/node.cpp:771:\n"
+            "Subgraph node with name 'linear_1.0' Subgraph doesn't support f64 precision at input port 0.\n")
+    assert first_line(text) == "Subgraph node with name 'linear_1.0' Subgraph doesn't support f64 precision at input port 0."
+    assert first_line("Exception from src/inference/src/cpp/core.cpp:117:") == \
+        "Exception from src/inference/src/cpp/core.cpp:117:"                 # nothing else: the location itself
+    assert first_line("  \nplain message\nmore") == "plain message"
+
+
+def test_a_python_number_returned_as_a_tensor_fails_the_guard():
+    """AOTInductor returns a region's ``.item()`` as a 0-d tensor: equal in value, not in type."""
+    assert not check_outputs((torch.ones(1), 0.5), (torch.ones(1), torch.tensor(0.5))).ok
+    assert "expected a float, got a tensor" in check_outputs((0.5,), (torch.tensor(0.5),)).reason
+    assert check_outputs((torch.ones(1), 0.5), (torch.ones(1), 0.5)).ok
