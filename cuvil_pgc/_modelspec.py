@@ -15,8 +15,9 @@ from typing import Any
 from cuvil_pgc.errors import ModelSpecError
 
 
-def load_model_spec(spec: str) -> tuple[Any, tuple[Any, ...]]:
-    """Import MODULE, call FACTORY() and check what it returns."""
+def load_model_spec(spec: str, *, check: bool = True) -> tuple[Any, tuple[Any, ...]]:
+    """Import MODULE, call FACTORY() and check what it returns (with ``check``, by calling the
+    model once on its example inputs)."""
     module_ref, sep, factory_name = spec.rpartition(":")
     if not sep or not module_ref or not factory_name:
         raise ModelSpecError(f"model reference {spec!r} is not MODULE:FACTORY",
@@ -26,16 +27,42 @@ def load_model_spec(spec: str) -> tuple[Any, tuple[Any, ...]]:
     if not callable(factory):
         raise ModelSpecError(f"{module_ref} has no function {factory_name!r}",
                              fix=f"define def {factory_name}(): return model, (example_input,)")
-    result = factory()
+    try:
+        result = factory()
+    except Exception as exc:
+        raise ModelSpecError(f"{spec}: the factory raised {_one_line(exc)}",
+                             fix="fix the factory (run it on its own, or rerun with --debug for the traceback)") from exc
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ModelSpecError(f"{spec} returned {type(result).__name__}, not (model, example_inputs)",
                              fix="return a 2-tuple: the module and a tuple of its positional inputs")
-    model, inputs = result
-    if not isinstance(inputs, tuple):
-        inputs = (inputs,)
+    model, given = result
+    inputs = given if isinstance(given, tuple) else (given,)
     if not callable(model):
         raise ModelSpecError(f"{spec} returned a model of type {type(model).__name__} that is not callable")
+    if check:
+        _call_once(spec, model, inputs, given)
     return model, inputs
+
+
+def _call_once(spec: str, model: Any, inputs: tuple[Any, ...], given: Any) -> None:
+    """One call of the model on its example inputs, so that a model failing on them is reported
+    as the user's model failing, not as cuvil-pgc's internal error deep in a profile or search."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as exc:
+        hint = (f"example_inputs is a {type(given).__name__}, so it was passed as one argument: return a tuple "
+                "of the positional inputs (tuple(inputs))" if isinstance(given, list)
+                else "fix the model or its example inputs (rerun with --debug for the traceback)")
+        raise ModelSpecError(f"{spec}: the model raised on its example inputs: {_one_line(exc)}", fix=hint) from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _import(module_ref: str):

@@ -1,0 +1,73 @@
+"""A factory or model of the user's that fails is reported as theirs, with the fix, not as
+cuvil-pgc's internal error (`--model FILE:FACTORY` on profile, recompile and compare)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cuvil_pgc._modelspec import load_model_spec
+from cuvil_pgc.errors import ModelSpecError
+
+SOURCE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    def raises():
+        raise RuntimeError("no weights here")
+
+
+    def list_inputs():
+        return nn.Linear(4, 2), [torch.randn(3, 4)]
+
+
+    def bad_shape():
+        return nn.Linear(4, 2), (torch.randn(3, 5),)
+
+
+    def fine():
+        return nn.Linear(4, 2), [torch.randn(3, 4)][0]
+''')
+
+
+@pytest.fixture
+def models(tmp_path):
+    path = tmp_path / "user_models.py"
+    path.write_text(SOURCE)
+    return path
+
+
+def test_a_factory_that_raises_names_the_factory_and_the_error(models):
+    with pytest.raises(ModelSpecError, match=r"raises: the factory raised RuntimeError: no weights here") as err:
+        load_model_spec(f"{models}:raises")
+    assert "--debug" in str(err.value)
+
+
+def test_a_list_of_inputs_is_one_argument_and_the_error_says_to_return_a_tuple(models):
+    with pytest.raises(ModelSpecError, match=r"the model raised on its example inputs: TypeError") as err:
+        load_model_spec(f"{models}:list_inputs")
+    assert "example_inputs is a list" in str(err.value) and "tuple(inputs)" in str(err.value)
+
+
+def test_a_model_failing_on_its_inputs_is_reported_before_any_work(models):
+    with pytest.raises(ModelSpecError, match=r"bad_shape: the model raised on its example inputs: RuntimeError"):
+        load_model_spec(f"{models}:bad_shape")
+    model, inputs = load_model_spec(f"{models}:fine")
+    assert inputs[0].shape == (3, 4)
+    model, inputs = load_model_spec(f"{models}:bad_shape", check=False)      # asked not to call it
+
+
+@pytest.mark.parametrize("command", ["profile", "recompile"])
+def test_the_cli_prints_the_users_error_not_an_internal_one(models, tmp_path, command):
+    args = {"profile": ["profile", "--model", f"{models}:raises", "-o", str(tmp_path / "t.json")],
+            "recompile": ["recompile", str(tmp_path / "missing.trace.json"), "--model", f"{models}:list_inputs",
+                          "-o", str(tmp_path / "b.cuvilpkg")]}[command]
+    run = subprocess.run([sys.executable, "-m", "cuvil_pgc", *args], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stderr
+    assert "internal error" not in run.stderr and "Traceback" not in run.stderr
+    assert ("the factory raised RuntimeError: no weights here" if command == "profile"
+            else "the model raised on its example inputs") in run.stderr
