@@ -196,3 +196,25 @@ def test_a_python_number_returned_as_a_tensor_fails_the_guard():
     assert not check_outputs((torch.ones(1), 0.5), (torch.ones(1), torch.tensor(0.5))).ok
     assert "expected a float, got a tensor" in check_outputs((0.5,), (torch.tensor(0.5),)).reason
     assert check_outputs((torch.ones(1), 0.5), (torch.ones(1), 0.5)).ok
+
+
+@needs_ort
+def test_a_region_saves_and_loads_the_original_models_state_dict_and_runs_new_weights_correctly(caplog):
+    """``fast.load_state_dict(model.state_dict())`` used to fail on ``original.``-prefixed keys, and
+    weights loaded after the build were silently ignored by the compiled program."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval(), torch.randn(3, 4)
+    region = realize(model, Candidate("", "ort"), ScopeInputs((x,)), machine="t").module
+    assert list(region.state_dict()) == list(model.state_dict())
+    region.load_state_dict(model.state_dict())                   # the same weights: the build keeps running
+    assert not region.weights_changed and region._lean is not None
+    scaled = {k: v * 1.1 for k, v in model.state_dict().items()}
+    with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.apply"):
+        region.load_state_dict(scaled)
+    assert region.weights_changed and "differ from the ones it was built with (0.weight, 0.bias, 2.weight and 1 more)" \
+        in caplog.text
+    model.load_state_dict(scaled)
+    with torch.no_grad():
+        torch.testing.assert_close(region(x), model(x))           # the new weights, through the original module
+    parent = nn.Sequential(region)                                 # a region inside a model: its keys as the model's
+    assert list(parent.state_dict()) == [f"0.{k}" for k in model.state_dict()]

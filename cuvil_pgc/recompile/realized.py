@@ -52,6 +52,9 @@ class CompiledRegion(nn.Module):
             self._lean = lean(self._spec) if lean is not None and HOOK_GUARD is not None else None
         self.fallback_calls = 0
         self._params: Any = _UNSET      # the original forward's (name, default) per parameter, on first use
+        self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
+        self.register_state_dict_post_hook(_state_dict_as_original)
+        self.register_load_state_dict_pre_hook(_load_into_original)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The runtime's array call (:meth:`~.runtime_region.RuntimeRunner.lean_parts`) for exactly
@@ -85,6 +88,8 @@ class CompiledRegion(nn.Module):
         return self._compiled
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.weights_changed:
+            return self.original(*args, **kwargs)
         if self.signature is None:
             return self._compiled(*args, **kwargs)
         if kwargs and (positional := self._positional(args, kwargs)) is not None:
@@ -153,6 +158,36 @@ class CompiledRegion(nn.Module):
 
 
 _UNSET = object()
+
+
+def _state_dict_as_original(module: CompiledRegion, state_dict: dict[str, Any], prefix: str, _meta: Any) -> None:
+    """A build's ``state_dict`` has the keys of the model it was built from (not ``original.``-prefixed)."""
+    inner = prefix + "original."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+
+
+def _load_into_original(module: CompiledRegion, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """``load_state_dict`` of the original model's keys loads into the original module. Weights that
+    differ from the ones the region was built with make it run the original module from then on
+    (the compiled program holds the old ones), with a warning."""
+    inner = prefix + "original."
+    current = module.original.state_dict(keep_vars=True)
+    changed = []
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        value = state_dict.pop(key)
+        name = key[len(prefix):]
+        state_dict[inner + name] = value
+        now = current.get(name)
+        if not (isinstance(value, torch.Tensor) and isinstance(now, torch.Tensor) and now.shape == value.shape
+                and torch.equal(now.detach(), value.detach().to(now.device))):
+            changed.append(name)
+    if changed and not module.weights_changed:
+        module.weights_changed = True
+        module._lean = None
+        log.warning("cuvil-pgc: %s: the weights loaded into it differ from the ones it was built with (%s%s): "
+                    "it runs the original module from now on; recompile for these weights", module.config,
+                    ", ".join(changed[:3]), f" and {len(changed) - 3} more" if len(changed) > 3 else "")
 
 
 def _parameters(module: nn.Module) -> list[tuple[str, Any]] | None:
