@@ -53,10 +53,27 @@ class FixedExtras(nn.Module):
 def test_python_values_computed_from_the_inputs_refuse_the_runtime_naming_the_output():
     torch.manual_seed(0)
     model, x = ItemOut().eval(), torch.randn(2, 8)
-    with pytest.raises(ExportError, match=r"torch\.onnx\.export failed: .*output\[1\] is a float computed from "
-                                          r"the inputs' values") as err:
+    with pytest.raises(ExportError, match=r"torch\.onnx\.export failed: output\[1\] is a float that changes with the "
+                                          r"input values \(0\.\d+, then 0\.\d+\)") as err:
         check_constant_outputs(model, ScopeInputs((x,)), model(x), "torch.onnx.export")
     assert err.value.exporter == "torch.onnx.export"          # the exporter's other candidates are skipped too
+
+
+def test_an_object_holding_the_examples_tensors_is_refused_by_its_type():
+    """A cache object (Hugging Face's DynamicCache) is a new object with the call's tensors each time."""
+
+    class Cache:
+        def __init__(self, k):
+            self.k = k
+
+    class WithCache(nn.Module):
+        def forward(self, x):
+            return x * 2, Cache(x + 1)
+
+    x = torch.randn(2, 3)
+    with pytest.raises(ExportError, match=r"output\[1\] is a Cache that changes with the input values \(a new Cache, "
+                                          r"then a new Cache\).*use_cache=False"):
+        check_constant_outputs(WithCache(), ScopeInputs((x,)), WithCache()(x), "torch.onnx.export")
 
 
 def test_values_the_export_fixes_anyway_are_kept_as_constants():
@@ -90,7 +107,7 @@ def test_an_ort_region_never_returns_the_examples_python_values():
     """Before, the float and the flag of the example call came back for every input."""
     torch.manual_seed(0)
     model, x = ItemOut().eval(), torch.randn(2, 8)
-    with pytest.raises(ExportError, match=r"output\[1\] is a float"):
+    with pytest.raises(ExportError, match=r"output\[1\] is a float that changes"):
         realize(model, Candidate("", "ort"), ScopeInputs((x,)), machine="t")
 
 

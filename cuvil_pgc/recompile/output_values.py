@@ -42,12 +42,11 @@ def check_constant_outputs(prepared: nn.Module, inputs: Any, reference: Any, exp
     found = dict(pytree.tree_flatten_with_path(other, is_leaf=is_size)[0])
     for path, value in values:
         if path not in found or not same_value(found[path], value):
-            again = found.get(path, "nothing")
-            raise ExportError(f"{exporter} failed: the region's output {_name(path)} is a "
-                              f"{type(value).__name__} computed from the inputs' values ({_short(value)} for "
-                              f"the example, {_short(again)} for other values); a runtime graph returns "
-                              "tensors only, so the build would return the example's value every time "
-                              "(return it as a tensor to run the region on a runtime)")
+            seen = f"{_short(value)}, then {_short(found[path])}" if path in found else "then missing"
+            raise ExportError(f"{exporter} failed: {_name(path)} is a {type(value).__name__} that changes with the "
+                              f"input values ({seen}); a runtime graph returns tensors only and would return the "
+                              "example's (return it as a tensor, or leave it out: use_cache=False for a Hugging "
+                              "Face decoder)")
 
 
 def is_size(x: Any) -> bool:
@@ -84,5 +83,8 @@ def _name(path: tuple[Any, ...]) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"a {type(value).__name__} object"
+    """A number, flag or short string as itself; an object by its type (its repr may look the same)."""
+    if isinstance(value, (bool, int, float, complex, str)):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"a new {type(value).__name__}"
