@@ -235,3 +235,12 @@ def test_a_region_saves_and_loads_the_original_models_state_dict_and_runs_new_we
         torch.testing.assert_close(region(x), model(x))           # the new weights, through the original module
     parent = nn.Sequential(region)                                 # a region inside a model: its keys as the model's
     assert list(parent.state_dict()) == [f"0.{k}" for k in model.state_dict()]
+
+
+def test_a_torch_compile_regions_state_dict_leaves_out_the_compiled_programs_copy():
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval(), torch.randn(3, 4)
+    region = realize(model, Candidate("", "compile"), ScopeInputs((x,)), machine="t").module
+    assert "_compiled" in region._modules                        # the OptimizedModule is a submodule
+    assert list(region.state_dict()) == list(model.state_dict())
+    assert not region.load_state_dict(model.state_dict()).missing_keys and not region.weights_changed

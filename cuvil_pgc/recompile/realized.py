@@ -51,7 +51,8 @@ class CompiledRegion(nn.Module):
             lean = getattr(compiled, "lean_parts", None)
             self._lean = lean(self._spec) if lean is not None and HOOK_GUARD is not None else None
         self.fallback_calls = 0
-        self._params: Any = _UNSET      # the original forward's (name, default) per parameter, on first use
+        #: the original forward's (name, default) per parameter, which keyword calls are bound by
+        self._params = _parameters(original) if self._spec is not None else None
         self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
         self.register_state_dict_post_hook(_state_dict_as_original)
         self.register_load_state_dict_pre_hook(_load_into_original)
@@ -109,13 +110,10 @@ class CompiledRegion(nn.Module):
         attention_mask=mask)`` for one captured as ``model(ids, mask)``), by the original forward's
         parameter names; keywords past the captured ones may only repeat their defaults. None when
         the call does not map onto the captured positions."""
-        if self._spec is None:
+        params = self._params
+        if params is None or len(params) < len(self._spec) or len(args) > len(self._spec):
             return None
-        if self._params is _UNSET:
-            self._params = _parameters(self.original)
-        params, count = self._params, len(self._spec)
-        if params is None or len(params) < count or len(args) > count:
-            return None
+        count = len(self._spec)
         wanted = params[len(args):count]
         if any(name not in kwargs for name, _ in wanted):
             return None
@@ -157,14 +155,15 @@ class CompiledRegion(nn.Module):
         return True
 
 
-_UNSET = object()
-
-
 def _state_dict_as_original(module: CompiledRegion, state_dict: dict[str, Any], prefix: str, _meta: Any) -> None:
-    """A build's ``state_dict`` has the keys of the model it was built from (not ``original.``-prefixed)."""
-    inner = prefix + "original."
-    for key in [k for k in state_dict if k.startswith(inner)]:
-        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+    """A build's ``state_dict`` has the keys of the model it was built from: the original module's,
+    not ``original.``-prefixed, and not the compiled program's copy (a torch.compile region's
+    ``OptimizedModule`` is a submodule)."""
+    inner, program = prefix + "original.", prefix + "_compiled."
+    for key in [k for k in state_dict if k.startswith((inner, program))]:
+        value = state_dict.pop(key)
+        if key.startswith(inner):
+            state_dict[prefix + key[len(inner):]] = value
 
 
 def _load_into_original(module: CompiledRegion, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
@@ -182,6 +181,10 @@ def _load_into_original(module: CompiledRegion, state_dict: dict[str, Any], pref
         if not (isinstance(value, torch.Tensor) and isinstance(now, torch.Tensor) and now.shape == value.shape
                 and torch.equal(now.detach(), value.detach().to(now.device))):
             changed.append(name)
+    program = module._modules.get("_compiled")
+    if program is not None:      # the compiled program's own copy loads as it is (see _state_dict_as_original)
+        for name, value in program.state_dict(keep_vars=True).items():
+            state_dict.setdefault(f"{prefix}_compiled.{name}", value)
     if changed and not module.weights_changed:
         module.weights_changed = True
         module._lean = None
