@@ -863,6 +863,21 @@ def test_matching_by_path_lists_stale_and_unmatched_regions():
     assert result.unmatched == ["preprocess"]
 
 
+def test_a_profile_of_another_model_is_named_as_such():
+    """Recompiling with another model's trace used to show only "stale regions" and bottleneck
+    ``unknown``; the search warns that nothing of the profile fits, and says what to do."""
+    model = Small()
+    foreign = Analysis(regions=[stats("model", "host_bound", module="Other"),
+                                stats("model/model.enc", "compute", module="Linear")])
+    warning = match_regions(foreign, model).foreign_profile()
+    assert warning and "none of the profile's 2 module region(s) fit this model" in warning
+    assert "recorded from another model" in warning and "Other" in warning
+    partly = Analysis(regions=[stats("model", "host_bound", module="Small"),
+                               stats("model/model.fc3", "compute", module="Linear")])
+    assert match_regions(partly, model).foreign_profile() is None       # one stale region is not another model
+    assert match_regions(Analysis(regions=[stats("preprocess", "host_bound")]), model).foreign_profile() is None
+
+
 def test_structural_hash_sees_shapes_and_types_but_not_values():
     a, b = Small(8), Small(8)
     assert structural_hash(a) == structural_hash(b)

@@ -44,6 +44,15 @@ class MatchResult:
     stale: list[StaleRegion] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)   # regions that are not modules
 
+    def foreign_profile(self) -> str | None:
+        """A warning when no module region of the profile fits this model (a trace recorded from
+        another model, or before the model changed): the search then runs without its guidance."""
+        if self.matched or not self.stale:
+            return None
+        return (f"cuvil-pgc: none of the profile's {len(self.stale)} module region(s) fit this model (e.g. "
+                f"{self.stale[0].path}: {self.stale[0].reason}); was the trace recorded from another model? "
+                "The search runs without the profile's guidance: profile this model to recompile it with it")
+
     def by_qualname(self) -> dict[str, RegionMatch]:
         out: dict[str, RegionMatch] = {}
         for m in self.matched:     # several regions (call sites) may map to one module: keep the hottest

@@ -35,6 +35,7 @@ it is the one plan that beat eager);
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,8 @@ class _Search:
     # ------------------------------------------------------------------ preparation
     def prepare(self) -> list[Candidate]:
         self.matches = match_regions(self.analysis, self.model) if self.analysis is not None else MatchResult()
+        if (foreign := self.matches.foreign_profile()) is not None:
+            warnings.warn(foreign, RuntimeWarning, stacklevel=2)
         by_q = self.matches.by_qualname()
         subs = [q for q in by_q if q and q in self.modules]
         self.scope_inputs = capture_scope_inputs(self.model, self.inputs, subs)
