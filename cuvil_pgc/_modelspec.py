@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from cuvil_pgc.errors import ModelSpecError
+from cuvil_pgc.errors import ModelSpecError, one_line
 
 
 def load_model_spec(spec: str, *, check: bool = True) -> tuple[Any, tuple[Any, ...]]:
@@ -60,9 +60,8 @@ def _call_once(spec: str, model: Any, inputs: tuple[Any, ...], given: Any) -> No
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    """The exception's type and message (:func:`~cuvil_pgc.errors.one_line`), or its type alone."""
+    return f"{type(exc).__name__}: {one_line(exc, 300)}" if str(exc).strip() else type(exc).__name__
 
 
 def _import(module_ref: str):

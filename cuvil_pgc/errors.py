@@ -59,3 +59,10 @@ class BuildError(CuvilError):
 
 class StoreError(CuvilError):
     """The build store refuses an operation (anti-rollback, unknown name or version, lock)."""
+
+
+def one_line(exc: BaseException, limit: int = 500) -> str:
+    """An exception's message on one line (whitespace collapsed), its type name where it has none,
+    cut to ``limit`` characters: what an error or warning about a failure quotes of it."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."

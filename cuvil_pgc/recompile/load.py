@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cuvil_pgc.errors import BuildError, CuvilError
+from cuvil_pgc.errors import BuildError, CuvilError, one_line
 from cuvil_pgc.recompile.build import CACHE_MEMBER
 from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
 
@@ -87,20 +87,15 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
         if fallback == "error":
             if isinstance(exc, CuvilError):
                 raise
-            raise BuildError(f"the build could not be loaded ({type(exc).__name__}: {_one_line(exc)})",
+            raise BuildError(f"the build could not be loaded ({type(exc).__name__}: {one_line(exc)})",
                              path=os.fspath(path_or_ref),
                              fix="rebuild it here with `cuvil-pgc recompile`, or load it with fallback='eager'"
                              ) from exc
-        warnings.warn(f"cuvil-pgc: running the model in eager mode: {_one_line(exc)}", RuntimeWarning,
+        warnings.warn(f"cuvil-pgc: running the model in eager mode: {one_line(exc)}", RuntimeWarning,
                       stacklevel=2)
         model.cuvil_load_report = LoadReport(path=os.fspath(path_or_ref),
-                                             notes=[f"fell back to eager: {_one_line(exc)}"])
+                                             notes=[f"fell back to eager: {one_line(exc)}"])
         return model
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool | None,
