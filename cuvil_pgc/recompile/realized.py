@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +48,7 @@ class CompiledRegion(nn.Module):
         if self._spec is not None:
             self._fast = _FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
             lean = getattr(compiled, "lean_parts", None)
-            self._lean = lean(self._spec) if lean is not None and HOOK_GUARD is not None else None
+            self._lean = lean(self._spec) if lean is not None and GLOBAL_HOOKS is not None else None
         self.fallback_calls = 0
         #: the original forward's (name, default) per parameter, which keyword calls are bound by
         self._params = _parameters(original) if self._spec is not None else None
@@ -110,10 +109,12 @@ class CompiledRegion(nn.Module):
         attention_mask=mask)`` for one captured as ``model(ids, mask)``), by the original forward's
         parameter names; keywords past the captured ones may only repeat their defaults. None when
         the call does not map onto the captured positions."""
-        params = self._params
-        if params is None or len(params) < len(self._spec) or len(args) > len(self._spec):
+        params = self._params            # None where there is no positional spec to bind to
+        if params is None:
             return None
         count = len(self._spec)
+        if len(params) < count or len(args) > count:
+            return None
         wanted = params[len(args):count]
         if any(name not in kwargs for name, _ in wanted):
             return None
@@ -219,42 +220,29 @@ def _is_default(value: Any, default: Any) -> bool:
             and isinstance(value, (bool, int, float, str)) and value == default)
 
 
-def _hook_guard() -> HookGuard | None:
-    """What decides whether a call of a module must go through ``nn.Module``'s dispatch besides the
-    module's own hook dicts: the global hook registries, the JIT tracing state and Dynamo's
-    compiling test (None on a torch without the global registries: then it always must). Bound
-    here once, not looked up per call: called where the build is deployed, after the runtime's
-    work has left the caches cold, the lookups (``torch.nn.modules.module._global_*``,
+def _global_hooks() -> tuple[dict[Any, Any], ...] | None:
+    """The global hook registries (dicts, never replaced) that :meth:`CompiledRegion.__call__`
+    checks with the module's own hook dicts before its lean path; None on a torch without them
+    (then every call takes ``nn.Module``'s dispatch). Bound here once, with the tracing and
+    compiling tests below, not looked up per call: called where the build is deployed, after the
+    runtime's work has left the caches cold, the lookups (``torch.nn.modules.module._global_*``,
     ``torch.compiler.is_compiling``) cost 2-3% of a 0.25 ms ONNX Runtime CNN call over the runtime
     called plainly."""
-    registries = [getattr(torch.nn.modules.module, name, None) for name in (
+    registries = tuple(getattr(torch.nn.modules.module, name, None) for name in (
         "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-        "_global_backward_pre_hooks", "_global_forward_hooks_always_called")]
-    if any(r is None for r in registries):
-        return None
-    # is_dynamo_compiling is one `return False` outside a trace (True inside one: Dynamo evaluates it
-    # as it traces); is_compiling also calls torch.jit.is_scripting() and reads a module global,
-    # which cost 2-4% of a 0.35 ms ONNX Runtime GRU call deployed. Export without Dynamo traces with
-    # FakeTensors, which the lean call's exact type check already sends to the checked path.
-    compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
-    return HookGuard(tuple(registries), torch._C._get_tracing_state, compiling)
+        "_global_backward_pre_hooks", "_global_forward_hooks_always_called"))
+    return None if any(r is None for r in registries) else registries
 
 
-@dataclass(frozen=True)
-class HookGuard:
-    """The global hook registries (dicts, never replaced), the tracing-state and compiling tests:
-    :meth:`CompiledRegion.__call__` checks them with the module's own hook dicts, inline."""
-
-    registries: tuple[dict[Any, Any], ...]
-    tracing: Callable[[], Any]
-    compiling: Callable[[], bool]
-
-
-HOOK_GUARD = _hook_guard()
-# module globals, one cached lookup each in CompiledRegion.__call__ (a HookGuard attribute is one more)
-_forward, _forward_pre, _backward, _backward_pre, _always = HOOK_GUARD.registries if HOOK_GUARD else ({},) * 5
+GLOBAL_HOOKS = _global_hooks()
+# module globals, one cached lookup each in CompiledRegion.__call__
+_forward, _forward_pre, _backward, _backward_pre, _always = GLOBAL_HOOKS or ({},) * 5
 _tracing = torch._C._get_tracing_state
-_compiling = HOOK_GUARD.compiling if HOOK_GUARD else torch.compiler.is_compiling
+# is_dynamo_compiling is one `return False` outside a trace (True inside one: Dynamo evaluates it
+# as it traces); is_compiling also calls torch.jit.is_scripting() and reads a module global, which
+# cost 2-4% of a 0.35 ms ONNX Runtime GRU call deployed. Export without Dynamo traces with
+# FakeTensors, which the lean path's exact type check already sends to the checked path.
+_compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
 _Tensor = torch.Tensor
 
 
