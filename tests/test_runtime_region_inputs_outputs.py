@@ -244,3 +244,47 @@ def test_a_torch_compile_regions_state_dict_leaves_out_the_compiled_programs_cop
     assert "_compiled" in region._modules                        # the OptimizedModule is a submodule
     assert list(region.state_dict()) == list(model.state_dict())
     assert not region.load_state_dict(model.state_dict()).missing_keys and not region.weights_changed
+
+
+@needs_ort
+def test_a_deep_copy_shares_the_runtime_and_owns_its_weights_and_counters(caplog):
+    """Services copy a model to serve replicas; a runtime session cannot be copied (it raised
+    "cannot pickle InferenceSession"), and rebuilding it would repeat the build's compile time."""
+    import copy
+
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval(), torch.randn(3, 4)
+    parent = nn.Sequential(realize(model, Candidate("", "ort"), ScopeInputs((x,)), machine="t").module)
+    twin = copy.deepcopy(parent)
+    region, copied = parent[0], twin[0]
+    assert copied.compiled is region.compiled and copied._lean is region._lean
+    assert copied.original is not region.original and copied.original[0].weight is not region.original[0].weight
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model(x), rtol=1e-4, atol=1e-5)
+        twin(torch.randn(5, 4))                                      # a misfit counts on the copy only
+    assert copied.fallback_calls == 1 and region.fallback_calls == 0
+    scaled = {k: v * 1.1 for k, v in twin.state_dict().items()}
+    with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.apply"):
+        twin.load_state_dict(scaled)
+    assert copied.weights_changed and not region.weights_changed
+    model.load_state_dict({k.removeprefix("0."): v for k, v in scaled.items()})
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model(x))                # the copy's new weights
+        assert not torch.allclose(parent(x), model(x))               # the source keeps its own
+
+
+def test_a_compiled_region_refuses_pickling_with_the_way_to_ship_it():
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU()).eval(), torch.randn(3, 4)
+    region = realize(model, Candidate("", "compile"), ScopeInputs((x,)), machine="t").module
+    for dump in (pickle.dumps, lambda m: torch.save(m, io.BytesIO())):
+        with pytest.raises(TypeError, match="cannot be pickled .*state_dict.*load_build on the .cuvilpkg"):
+            dump(nn.Sequential(region))
+    import copy
+
+    with torch.no_grad():
+        torch.testing.assert_close(copy.deepcopy(region)(x), model(x))
+        torch.testing.assert_close(copy.copy(region)(x), model(x))

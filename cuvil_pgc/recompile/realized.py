@@ -7,6 +7,7 @@ Shared by :mod:`.apply` (torch.compile, AOTInductor, CUDA graphs) and :mod:`.run
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 from dataclasses import dataclass, field
@@ -81,6 +82,29 @@ class CompiledRegion(nn.Module):
                     outputs = run(arrays)
                     return outputs[0] if single else build(outputs)
         return super().__call__(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CompiledRegion:
+        """A copy with its own original module (weights, buffers, counters) that shares the compiled
+        program: a runtime session, an AOTInductor runner or a compiled module is read-only once
+        built, holds native state that cannot be copied, and rebuilding it would take the build's
+        compile time again. Services copy a model to serve replicas or keep a reference copy."""
+        for shared in (self._compiled, self._fast, self._lean):
+            memo[id(shared)] = shared
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        for key, value in self.__dict__.items():
+            clone.__dict__[key] = copy.deepcopy(value, memo)
+        return clone
+
+    def __copy__(self) -> CompiledRegion:
+        clone = object.__new__(type(self))
+        clone.__dict__.update({k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()})
+        return clone
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(f"cuvil-pgc: a loaded build cannot be pickled ({self.config} runs a compiled program that "
+                        "lives in this process): pickle or torch.save the model's state_dict instead, and in the "
+                        "other process call load_build on the .cuvilpkg (copy.deepcopy works within a process)")
 
     @property
     def compiled(self) -> Any:
