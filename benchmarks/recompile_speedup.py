@@ -116,7 +116,8 @@ def runtime_baselines(model, inputs, artifacts: dict | None = None) -> tuple[dic
 
 def as_a_user_calls_it(region):
     """The runtime behind a realized whole-model region, called the way a user calls it: ONNX
-    Runtime's ``session.run`` with NumPy feeds, OpenVINO's infer request with shared inputs, the
+    Runtime's ``session.run`` with NumPy feeds, OpenVINO's infer request with shared inputs (our runner,
+    timed beside it, copies small inputs into the request's buffers, OpenVINO's fastest call), the
     outputs wrapped as tensors; without our runner's argument flattening, signature check and output
     rebuilding (about 6% of a 1 ms model). The same session and compiled model, so the same result."""
     import torch

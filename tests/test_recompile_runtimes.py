@@ -131,6 +131,40 @@ def test_runtime_regions_return_the_original_structure_and_fall_back_for_other_s
     assert len(list((Path(os.environ["CUVIL_CACHE_DIR"]) / "artifacts").glob("*.onnx"))) == 1
 
 
+class SmallAndLarge(nn.Module):
+    """A small input (token ids, 256 bytes) and a large one (a 1x3x96x96 image, 110 KB)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.conv = nn.Embedding(50, 3), nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, ids: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        return self.conv(image) + self.emb(ids).sum(1)[:, :, None, None]
+
+
+@needs_ov
+def test_openvino_copies_small_inputs_into_its_buffers_and_shares_large_ones_every_call():
+    """Small inputs are copied into the infer request's own buffers (binding new memory each call
+    costs more than the copy), large ones shared; either way each call reads that call's inputs,
+    and an earlier call's output is not overwritten by the next."""
+    from cuvil_pgc.recompile.runtime_region import openvino_input_buffers
+
+    torch.manual_seed(0)
+    model = SmallAndLarge().eval()
+    ids, image = torch.randint(0, 50, (1, 32)), torch.randn(1, 3, 96, 96)
+    region = realize(model, Candidate("", "openvino"), ScopeInputs((ids, image)), machine="t").module
+    runner = region.compiled
+    small, large = openvino_input_buffers(runner.request, runner.compiled)
+    assert small is not None and small.nbytes == 256 and large is None
+    calls = [(torch.randint(0, 50, (1, 32)), torch.randn(1, 3, 96, 96)) for _ in range(3)]
+    with torch.no_grad():
+        outputs = [region(*c) for c in calls]
+        assert region._lean is not None and region.fallback_calls == 0
+        for (i, x), out in zip(calls, outputs, strict=True):
+            torch.testing.assert_close(out, model(i, x), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(runner.run([ids, image])[0], model(ids, image), rtol=1e-4, atol=1e-4)
+
+
 def counted_region(backend: str):
     """(model, its captured input, its whole-model region on ``backend``, the list each call of
     the region's ``forward`` (the checked path) appends to)."""

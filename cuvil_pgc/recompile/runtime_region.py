@@ -299,17 +299,55 @@ class OpenVinoRunner(RuntimeRunner):
 
     @functools.cached_property
     def _arrays(self) -> Callable[[list[Any]], list[torch.Tensor]]:
-        """Inputs shared, outputs the fresh copies inference makes (``share_outputs=False``: the
-        request's own buffers are reused by the next call), through the request's compiled
-        ``infer`` (:func:`_native_infer`)."""
+        """Small inputs copied into the request's own input buffers, larger ones shared (see
+        :func:`openvino_input_buffers`); outputs the fresh copies inference makes
+        (``share_outputs=False``: the request's own buffers are reused by the next call); through
+        the request's compiled ``infer`` (:func:`_native_infer`)."""
         tensor, request, lock, infer = self._ov.Tensor, self.request, self._lock, _native_infer(self.request)
+        buffers, copy = openvino_input_buffers(request, self.compiled), _copyto()
 
         def call(arrays: list[Any]) -> list[torch.Tensor]:
             with lock:
-                for i, a in enumerate(arrays):
-                    request.set_input_tensor(i, tensor(a, shared_memory=True))
+                for i, (a, buffer) in enumerate(zip(arrays, buffers, strict=True)):
+                    if buffer is None:
+                        request.set_input_tensor(i, tensor(a, shared_memory=True))
+                    else:
+                        copy(buffer, a)
                 return list(map(torch.from_numpy, infer(request, {}, False, True).values()))
         return call
+
+
+#: inputs up to this size are copied into the infer request's own buffers rather than shared
+OV_COPY_INPUT_BYTES = 64 * 1024
+
+
+def openvino_input_buffers(request: Any, compiled: Any) -> list[Any]:
+    """Per input of ``compiled``: the NumPy view of ``request``'s own input buffer where the input
+    is small enough to copy (:data:`OV_COPY_INPUT_BYTES`), else None (share the caller's memory).
+
+    Handing the CPU plugin a new shared tensor each call makes it bind the new memory again:
+    measured in one process, interleaved, against the same compiled model fed shared tensors,
+    copying into the request's buffers took the zoo transformer (8 KB input) from 82.4 to 73.5 µs
+    and the zoo CNN (12 KB) from 348 to 328 µs; a 110 KB image input was a tie. bf16 inputs, which
+    NumPy holds as raw 16-bit words, are always shared."""
+    import openvino as ov
+
+    buffers = []
+    for i, port in enumerate(compiled.inputs):
+        data = None
+        if port.get_element_type() != ov.Type.bf16:
+            try:
+                data = request.get_input_tensor(i).data
+            except Exception:        # an element type NumPy cannot view: share instead
+                data = None
+        buffers.append(data if data is not None and data.nbytes <= OV_COPY_INPUT_BYTES else None)
+    return buffers
+
+
+def _copyto() -> Callable[[Any, Any], None]:
+    import numpy as np
+
+    return np.copyto
 
 
 def _native_infer(request: Any) -> Callable[[Any, dict[Any, Any], bool, bool], Any]:
