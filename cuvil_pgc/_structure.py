@@ -1,7 +1,7 @@
 """Structural hash of an nn.Module: what a profile region and a model must share to match.
 
-(And :func:`weights_digest`, its counterpart over the weight values, for compiled artifacts that
-embed them.)
+(And :func:`weights_digest` and :func:`settings_digest`, its counterparts over the weight values
+and the attribute values, for compiled artifacts that embed them.)
 
 Recorded by ``instrument_module`` on every region (a 16-hex-digit prefix, ``args.structure``),
 copied into the analysis evidence, and compared by the recompiler (recompile.matching) so that a
@@ -33,9 +33,8 @@ def structural_hash(module: Any) -> str:
     """
     h = hashlib.sha256(f"cuvil-structure {STRUCTURE_VERSION}\n".encode())
     for name, sub in module.named_modules(remove_duplicate=False):
-        cls = type(sub)
-        h.update(f"M {name} {cls.__qualname__}\n".encode())
-        h.update(_forward_source(cls).encode())
+        h.update(f"M {name} {class_name(sub)}\n".encode())
+        h.update(_forward_source(sub).encode())
         for pname, p in sub.named_parameters(recurse=False):
             h.update(f"P {pname} {tuple(p.shape)} {p.dtype}\n".encode())
         for bname, b in sub.named_buffers(recurse=False):
@@ -53,8 +52,15 @@ def module_tree_digest(module: Any) -> str:
     """
     h = hashlib.sha256(b"cuvil-module-tree 1\n")
     for name, sub in module.named_modules(remove_duplicate=False):
-        h.update(f"M {name} {type(sub).__qualname__}\n".encode())
+        h.update(f"M {name} {class_name(sub)}\n".encode())
     return h.hexdigest()
+
+
+def class_name(module: Any) -> str:
+    """The class ``__qualname__`` of ``module``; for a TorchScript module (whose class is always
+    ``RecursiveScriptModule``) the scripted class's name, marked as scripted."""
+    original = _script_name(module)
+    return type(module).__qualname__ if original is None else f"script:{original}"
 
 
 def weights_digest(module: Any) -> str:
@@ -75,13 +81,91 @@ def weights_digest(module: Any) -> str:
     return h.hexdigest()
 
 
+def settings_digest(module: Any) -> str:
+    """sha256 of the module tree's settings: each submodule's plain attribute values (numbers,
+    flags, strings, dtypes, tuples and dicts of them, a Hugging Face config's fields, small tensor
+    constants), which neither the structural hash nor the weights cover.
+
+    What an exported program bakes in besides the weights: a ``temperature``, ``need_weights``, a
+    LayerNorm's ``eps``, a convolution's stride, ``config.use_return_dict``. A build made with one
+    value must not run a model with another (it would return the other model's numbers). Private
+    attributes (``_parameters``, hooks, caches) and ``training`` are left out, and so are where and
+    by which version a model or config was loaded (``name_or_path``, ``_name_or_path``): a service
+    loads the same checkpoint from another directory.
+    """
+    h = hashlib.sha256(b"cuvil-settings 1\n")
+    for name, sub in module.named_modules(remove_duplicate=False):
+        for key, value in sorted(vars(sub).items()):
+            if not key.startswith(_SKIP) and key != "training":
+                h.update(f"S {name} {key} {_setting(value)}\n".encode())
+    return h.hexdigest()
+
+
+#: attribute and config field names left out: private ones, and where and by which version a model was loaded
+_SKIP = ("_", "name_or_path", "transformers_version")
+
+
+def _setting(value: Any, depth: int = 0) -> str:
+    """A stable text for one attribute value (see :func:`settings_digest`)."""
+    import enum
+
+    import torch
+
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, enum.Enum, torch.dtype,
+                                           torch.device)):
+        return repr(value)
+    if depth > 4:
+        return type(value).__qualname__
+    if isinstance(value, (tuple, list)):
+        if len(value) > 256:
+            return f"{type(value).__name__}[{len(value)}] {hashlib.sha256(repr(value).encode()).hexdigest()[:16]}"
+        return f"{type(value).__name__}(" + ", ".join(_setting(v, depth + 1) for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_setting(v, depth + 1)}" for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))
+                               if not (isinstance(k, str) and k.startswith(_SKIP))) + "}"
+    if isinstance(value, torch.Tensor):
+        if value.numel() > 4096 or value.device.type == "meta":
+            return f"tensor{tuple(value.shape)} {value.dtype}"
+        data = value.detach().to("cpu").contiguous()
+        return f"tensor{tuple(data.shape)} {data.dtype} " + hashlib.sha256(
+            data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict) and not isinstance(value, type):      # a Hugging Face PretrainedConfig
+        try:
+            fields = to_dict()
+        except Exception:
+            fields = None
+        if isinstance(fields, dict):
+            return f"{type(value).__qualname__}{_setting(fields, depth + 1)}"
+    if callable(value):
+        return getattr(value, "__qualname__", type(value).__qualname__)
+    return type(value).__qualname__
+
+
 _SOURCES: dict[type, str] = {}
 
 
-def _forward_source(cls: type) -> str:
+def _forward_source(module: Any) -> str:
+    """The source of the module's forward: its class's Python source, or for a TorchScript module
+    the compiled code of its forward (reading ``forward`` on its class raises)."""
+    if _script_name(module) is not None:
+        try:
+            return str(module.code)
+        except Exception:        # a scripted module without a forward (only other methods)
+            return f"script:{_script_name(module)}.forward"
+    cls = type(module)
     if cls not in _SOURCES:
         try:
             _SOURCES[cls] = inspect.getsource(cls.forward)
-        except (OSError, TypeError):
+        except (OSError, TypeError, AttributeError):
             _SOURCES[cls] = f"{cls.__qualname__}.forward"     # no source (a C extension's class)
     return _SOURCES[cls]
+
+
+def _script_name(module: Any) -> str | None:
+    """The scripted class's name of a TorchScript module, else None."""
+    import torch
+
+    if isinstance(module, torch.jit.ScriptModule):
+        return str(getattr(module, "original_name", None) or type(module).__qualname__)
+    return None

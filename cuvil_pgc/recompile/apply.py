@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc._cache import enforce_limit, touch
-from cuvil_pgc._structure import weights_digest
+from cuvil_pgc._structure import settings_digest, weights_digest
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
@@ -66,12 +66,14 @@ class ScopeInputs:
 
 def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
                          scopes: list[str]) -> dict[str, ScopeInputs]:
-    """Inputs each scope receives during one forward of ``model`` (the first call of each)."""
+    """Inputs each scope receives during one forward of ``model`` (the first call of each). A
+    TorchScript module (``torch.jit.script``, and each module inside one) is not a scope: it refuses
+    hooks, and its code is compiled already."""
     modules = dict(model.named_modules())
     captured: dict[str, ScopeInputs] = {"": ScopeInputs(tuple(example_inputs))}
     hooks = []
     for scope in scopes:
-        if scope and scope in modules:
+        if scope and scope in modules and not isinstance(modules[scope], torch.jit.ScriptModule):
             def hook(_m, args, kwargs, scope=scope):
                 captured.setdefault(scope, ScopeInputs(tuple(args), dict(kwargs)))
             hooks.append(modules[scope].register_forward_pre_hook(hook, with_kwargs=True))
@@ -172,8 +174,8 @@ def _realize_runtime(module: nn.Module, prepared: nn.Module, applied: list[str],
     with torch.no_grad():
         reference = prepared(*inputs.args, **inputs.kwargs)
     program = f"rewrites-v{REWRITES_VERSION}" if cand.rewrite else "original"
-    key = "|".join([structural_hash(module), weights or weights_digest(module), program, inputs.signature,
-                    machine, torch.__version__])
+    key = "|".join([structural_hash(module), settings_digest(module), weights or weights_digest(module), program,
+                    inputs.signature, machine, torch.__version__])
     runner, artifact = build_region(module, prepared, cand, inputs, reference, device=device, key=key)
     return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), artifact, applied)
 
@@ -225,8 +227,8 @@ def program_key(cand: Candidate) -> str:
 
 def _aoti_path(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str,
                weights: str | None = None) -> Path:
-    key = "|".join([structural_hash(module), weights or weights_digest(module), program_key(cand), inputs.signature,
-                    machine, torch.__version__])
+    key = "|".join([structural_hash(module), settings_digest(module), weights or weights_digest(module),
+                    program_key(cand), inputs.signature, machine, torch.__version__])
     return cache_dir() / "artifacts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt2"
 
 

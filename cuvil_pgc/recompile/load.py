@@ -212,7 +212,7 @@ def _load_cache_artifacts(vb: Any) -> str:
 
 
 def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: str, stale: str) -> Any:
-    from cuvil_pgc._structure import weights_digest
+    from cuvil_pgc._structure import settings_digest, weights_digest
     from cuvil_pgc.recompile.apply import apply_plan, realize
     from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS
     from cuvil_pgc.recompile.matching import structural_hash
@@ -239,6 +239,11 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
         if cand.backend in artifact_backends and choice.weights not in (None, weights_digest(module)):
             report.skipped.append(f"{scope or '<model>'}: weights changed since the build (its {cand.backend} "
                                   "artifact holds the build's weights); running it eagerly")
+            continue
+        if cand.backend in artifact_backends and choice.settings not in (None, settings_digest(module)):
+            report.skipped.append(f"{scope or '<model>'}: settings changed since the build (attribute values that "
+                                  f"are not weights, such as a temperature, an eps or a config flag: its {cand.backend} "
+                                  "artifact holds the build's); running it eagerly")
             continue
         if cand.backend in RUNTIME_BACKENDS:
             realized[scope] = load_region(vb, choice, module, extract_dir, plan.device, path)

@@ -4,8 +4,8 @@
 ``plan.json`` is its :meth:`Plan.to_json`. Shape (``format`` 2)::
 
     {"format": 2, "device", "machine", "model_hash", "tolerances": {"rtol", "atol"},
-     "choices": [{"scope", "candidate": {...}, "config", "structure", "weights", "input_signature",
-                  "input_spec", "artifact": member name | null,
+     "choices": [{"scope", "candidate": {...}, "config", "structure", "weights", "settings" (absent in
+                  older builds), "input_signature", "input_spec", "artifact": member name | null,
                   "runtime": {"name", "version", "outputs"} (runtime backends only)}],
      "regions": [{"path", "scope", "chosen", "bottleneck", "labels", "evidence", "predicted_ms",
                   "measured_ms", "baseline_ms", "alternatives": [{"config", "scope", "predicted_ms",
@@ -93,6 +93,7 @@ class PlanChoice:
     candidate: Candidate
     structure: str = ""                    # structural hash of the scope's module at build time
     weights: str | None = None             # weights digest (artifact backends refuse other weights)
+    settings: str | None = None            # settings digest (artifact backends refuse other settings; older builds: None)
     input_signature: Any = None
     input_spec: Any = None
     artifact: str | None = None            # the member holding its AOTInductor package / runtime file
@@ -112,6 +113,8 @@ class PlanChoice:
                "config": self.extra.get("config", self.config),   # a newer version's spelling, kept
                "structure": self.structure, "weights": self.weights, "input_signature": self.input_signature,
                "input_spec": self.input_spec, "artifact": self.artifact}
+        if self.settings is not None:
+            doc["settings"] = self.settings
         if self.runtime is not None:
             doc["runtime"] = self.runtime
         return _with_extra(doc, self.extra)
@@ -130,6 +133,7 @@ class PlanChoice:
         runtime = known.get("runtime")
         return cls(scope=_text(known.get("scope")), candidate=candidate,
                    structure=_text(known.get("structure")), weights=known.get("weights"),
+                   settings=known.get("settings") if isinstance(known.get("settings"), str) else None,
                    input_signature=known.get("input_signature"), input_spec=known.get("input_spec"),
                    artifact=known.get("artifact") if isinstance(known.get("artifact"), str) else None,
                    runtime=runtime if isinstance(runtime, dict) else None, extra=extra)
@@ -253,7 +257,8 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
                   artifacts: dict[str, str]) -> Plan:
     """The :class:`Plan` of a search result (``artifacts``: scope -> the member its choice names)."""
     choices = [PlanChoice(scope=scope, candidate=cand, structure=result.structures[scope],
-                          weights=result.weights.get(scope), input_signature=result.scope_inputs[scope].signature,
+                          weights=result.weights.get(scope), settings=result.settings.get(scope),
+                          input_signature=result.scope_inputs[scope].signature,
                           input_spec=result.scope_inputs[scope].spec, artifact=artifacts.get(scope),
                           runtime=_runtime(result, scope, cand))
                for scope, cand in sorted(result.choices.items())]

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cuvil_pgc._progress import Progress, show_best, stage
-from cuvil_pgc._structure import weights_digest
+from cuvil_pgc._structure import settings_digest, weights_digest
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import admits_rounding, check_outputs
@@ -124,8 +124,10 @@ class _Search:
         add_rnn_time(self.features, feats, self.modules)
         self.structures = {s: structural_hash(self._module(s)) for s in self.features}
         self.weights = {s: weights_digest(self._module(s)) for s in self.features}
+        self.settings = {s: settings_digest(self._module(s)) for s in self.features}
         if self.db is not None:
-            self.records = SearchRecords(self.db, self.machine_key, self.structures, self.weights, self.scope_inputs)
+            self.records = SearchRecords(self.db, self.machine_key, self.structures, self.settings, self.weights,
+                                         self.scope_inputs)
         space = generate_space(chosen, self.opt.device, self.opt.backends)
         why = {c.key: self._precision_left_out(c) for c in space if c.precision != "fp32"}
         self.left_out = [(c, why[c.key]) for c in space if why.get(c.key)]
@@ -434,6 +436,7 @@ def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, Scope
             out[scope] = scope_features(scope, s._module(scope), s.scope_inputs[scope], None, None, 1.0, 1.0)
             s.structures[scope] = structural_hash(s._module(scope))
             s.weights[scope] = weights_digest(s._module(scope))
+            s.settings[scope] = settings_digest(s._module(scope))
     return out
 
 
@@ -455,7 +458,7 @@ def search(model: Any, example_inputs: tuple[Any, ...], analysis: Analysis | Non
         else:
             s.features.update(_pinned_features(s, opt.fixed))
         result = SearchResult(trials=s.trials, features=s.features, matches=s.matches,
-                              scope_inputs=s.scope_inputs, structures=s.structures, weights=s.weights, measured=s.measured,
+                              scope_inputs=s.scope_inputs, structures=s.structures, settings=s.settings, weights=s.weights, measured=s.measured,
                               reused=s.reused, space_size=len(space), machine=machine_key,
                               runtime_defaults=[s.trials[c.key] for c in s.runtime_defaults if c.key in s.trials],
                               baselines_measured=s.baselines_measured)

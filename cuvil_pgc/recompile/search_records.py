@@ -27,17 +27,23 @@ class SearchRecords:
     db: RecordDB
     machine: str
     structures: dict[str, str]           # scope -> structural hash
+    settings: dict[str, str]             # scope -> settings digest (a record holds for these settings only)
     weights: dict[str, str]              # scope -> weights digest
     inputs: dict[str, ScopeInputs]       # scope -> captured inputs
 
     def reusable(self, cand: Candidate) -> Record | None:
         """The record of ``cand`` this search may reuse instead of measuring it; None also for an
         accuracy verdict reached with other weights (it holds for the weights it was checked with)."""
-        rec = self.db.lookup(self.structures[cand.scope], program_key(cand), self.machine,
+        rec = self.db.lookup(self._structure(cand.scope), program_key(cand), self.machine,
                              self.inputs[cand.scope].signature)
         if rec is None or (rec.status == "accuracy_error" and rec.features.get("weights") != self.weights[cand.scope]):
             return None
         return rec
+
+    def _structure(self, scope: str) -> str:
+        """The key records of ``scope`` are stored under: its structure and its settings (a record
+        of the same module with another ``need_weights`` or ``eps`` measured another program)."""
+        return f"{self.structures[scope]}|{self.settings[scope]}"
 
     def restamp(self, rec: Record, feats: ScopeFeatures) -> None:
         """Store a reused measurement again with today's census of its scope, so the refit, which
@@ -49,7 +55,7 @@ class SearchRecords:
         """Record a search trial (:class:`~.search.Trial`) of the scope ``feats`` describes."""
         cand, scope = trial.candidate, feats.scope
         self.db.add(Record(
-            structure=self.structures[scope], candidate=program_key(cand), machine=self.machine,
+            structure=self._structure(scope), candidate=program_key(cand), machine=self.machine,
             inputs=self.inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
             eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
             features={"candidate": cand.to_json(), "scope": asdict(feats), "weights": self.weights[scope],

@@ -54,6 +54,7 @@ class SearchResult:
     choices: dict[str, Candidate] = field(default_factory=dict)
     structures: dict[str, str] = field(default_factory=dict)
     weights: dict[str, str] = field(default_factory=dict)       # scope -> weights_digest
+    settings: dict[str, str] = field(default_factory=dict)      # scope -> settings_digest
     measured: int = 0
     reused: int = 0
     space_size: int = 0

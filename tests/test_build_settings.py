@@ -1,0 +1,104 @@
+"""A build holds the settings it was made with, not only the weights: attribute values such as a
+temperature, ``need_weights`` or an ``eps`` are baked into an exported program. A model that
+differs only there must not get the build's artifacts (it used to return the other model's
+numbers), nor its cached exports or search records."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc._structure import settings_digest, structural_hash
+from cuvil_pgc.recompile import load_build, recompile, runtimes
+from cuvil_pgc.recompile.apply import ScopeInputs, program_key, realize
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.records import Record, RecordDB
+from cuvil_pgc.recompile.search_records import SearchRecords
+
+pytestmark = pytest.mark.usefixtures("build_env")
+needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
+
+
+class Scorer(nn.Module):
+    def __init__(self, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.temperature = temperature
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.fc2(torch.relu(self.fc1(x))) / self.temperature).softmax(-1)
+
+
+def scorer(temperature: float) -> Scorer:
+    torch.manual_seed(0)
+    return Scorer(temperature).eval()
+
+
+def test_the_settings_digest_tells_attribute_values_apart_and_ignores_private_state():
+    assert settings_digest(scorer(1.0)) == settings_digest(scorer(1.0))
+    assert settings_digest(scorer(1.0)) != settings_digest(scorer(0.1))
+    assert structural_hash(scorer(1.0)) == structural_hash(scorer(0.1))       # what the structure cannot see
+    assert settings_digest(nn.LayerNorm(8)) != settings_digest(nn.LayerNorm(8, eps=1e-3))
+    assert settings_digest(nn.Conv2d(3, 3, 3)) != settings_digest(nn.Conv2d(3, 3, 3, stride=2))
+    model = scorer(1.0)
+    before = settings_digest(model)
+    model._calls, model.training = 3, True                                     # private state, the mode
+    assert settings_digest(model) == before
+
+
+def test_a_hugging_face_model_loaded_from_another_directory_keeps_its_settings():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                     intermediate_size=32, vocab_size=50)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    digests = []
+    for _ in range(2):
+        with tempfile.TemporaryDirectory() as where:
+            model.save_pretrained(where)
+            digests.append(settings_digest(transformers.AutoModel.from_pretrained(where).eval()))
+    assert digests[0] == digests[1]
+    other = transformers.BertModel(transformers.BertConfig(**{**config.to_dict(), "layer_norm_eps": 1e-5}))
+    assert settings_digest(other.eval()) != digests[0]
+
+
+@needs_ort
+def test_a_runtime_export_is_not_reused_for_a_module_with_other_settings():
+    """The artifact cache was keyed by structure and weights: the second model got the first one's
+    ONNX file, with its temperature baked in."""
+    x = torch.randn(3, 16)
+    for temperature in (1.0, 0.1):
+        model = scorer(temperature)
+        region = realize(model, Candidate("", "ort"), ScopeInputs((x,)), machine="t").module
+        with torch.no_grad():
+            torch.testing.assert_close(region(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+@needs_ort
+def test_a_build_is_not_applied_to_a_model_with_other_settings(tmp_path, monkeypatch):
+    x = torch.randn(3, 16)
+    build = recompile(scorer(1.0), (x,), plan={"": Candidate("", "ort")}, rounds=3, records=False,
+                      deployed_race=False)
+    path = build.save(tmp_path / "s.cuvilpkg")
+    monkeypatch.setenv("CUVIL_ALLOW_UNSIGNED", "1")
+    assert load_build(path, scorer(1.0)).cuvil_load_report.runtime_regions == 1
+    sharper = scorer(0.1)
+    with pytest.warns(RuntimeWarning, match="settings changed since the build"):
+        loaded = load_build(path, sharper)
+    assert loaded.cuvil_load_report.runtime_regions == 0 and loaded.cuvil_load_report.applied == []
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), sharper(x))
+
+
+def test_search_records_of_other_settings_are_not_reused(tmp_path):
+    db = RecordDB(tmp_path / "rec")
+    cand = Candidate("", "aoti")
+    inputs = {"": ScopeInputs((torch.randn(3, 16),))}
+    mine = SearchRecords(db, "m", {"": "s"}, {"": "settings-a"}, {"": "w"}, inputs)
+    db.add(Record(structure=mine._structure(""), candidate=program_key(cand), machine="m",
+                  inputs=inputs[""].signature, status="ok", median_us=10.0))
+    assert mine.reusable(cand) is not None
+    assert SearchRecords(db, "m", {"": "s"}, {"": "settings-b"}, {"": "w"}, inputs).reusable(cand) is None
