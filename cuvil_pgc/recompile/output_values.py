@@ -39,6 +39,12 @@ def check_constant_outputs(prepared: nn.Module, inputs: Any, reference: Any, exp
                           f"({_name(values[0][0])}: {type(values[0][1]).__name__}), which a runtime graph "
                           f"cannot compute, and they could not be checked with other input values "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    for path, value in values:
+        if holds_tensors(value):
+            raise ExportError(f"{exporter} failed: {_name(path)} is a {type(value).__name__} holding tensors, which "
+                              "torch's pytree does not open, so a runtime graph cannot return them in it (register "
+                              "the class with torch.utils._pytree.register_dataclass, or return a tuple or dict; for a "
+                              "Hugging Face decoder's cache: use_cache=False)")
     found = dict(pytree.tree_flatten_with_path(other, is_leaf=is_size)[0])
     for path, value in values:
         if path not in found or not same_value(found[path], value):
@@ -47,6 +53,13 @@ def check_constant_outputs(prepared: nn.Module, inputs: Any, reference: Any, exp
                               f"input values ({seen}); a runtime graph returns tensors only and would return the "
                               "example's (return it as a tensor, or leave it out: use_cache=False for a Hugging "
                               "Face decoder)")
+
+
+def holds_tensors(value: Any) -> bool:
+    """Whether an object the pytree left whole has tensors among its attributes (a plain
+    ``@dataclass`` or class used as an output container)."""
+    fields = getattr(value, "__dict__", None)
+    return isinstance(fields, dict) and any(isinstance(v, torch.Tensor) for v in fields.values())
 
 
 def is_size(x: Any) -> bool:
