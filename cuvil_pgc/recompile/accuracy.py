@@ -15,6 +15,7 @@ of an fp32 model (errors around 1e-2) is rejected unless the caller widens ``rto
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,19 @@ class AccuracyResult:
     reason: str = ""
     max_abs_err: float = 0.0
     max_rel_err: float = 0.0
+    ref_scale: float = 0.0          # the largest finite magnitude among the reference's float values
+
+    @property
+    def garbage(self) -> bool:
+        """Failed with errors no rounding makes: values that are not finite, or off by more than
+        :data:`GARBAGE_FACTOR` times the reference's own range (a runtime fault, such as memory
+        read before it was written, more likely than a precision verdict)."""
+        return not self.ok and (not math.isfinite(self.max_abs_err)
+                                or self.max_abs_err > GARBAGE_FACTOR * (1.0 + self.ref_scale))
+
+
+#: see :attr:`AccuracyResult.garbage`
+GARBAGE_FACTOR = 1e3
 
 
 def check_outputs(reference: Any, candidate: Any, *, rtol: float | None = None,
@@ -147,7 +161,11 @@ def _compare_tensor(ref: Any, out: Any, where: str, state: AccuracyResult, rtol:
     both_nan = torch.isnan(ref64) & torch.isnan(out64)
     diff = torch.where(both_nan, torch.zeros_like(ref64), (out64 - ref64).abs())
     if ref64.numel():
-        state.max_abs_err = max(state.max_abs_err, float(diff.max()))
+        finite = ref64[torch.isfinite(ref64)]
+        if finite.numel():
+            state.ref_scale = max(state.ref_scale, float(finite.abs().max()))
+        worst = float(diff.max())
+        state.max_abs_err = worst if math.isnan(worst) else max(state.max_abs_err, worst)
         state.max_rel_err = max(state.max_rel_err, float((diff / ref64.abs().clamp_min(1e-12)).max()))
     bad = ~(diff <= at + rt * ref64.abs()) & ~both_nan
     if bool(bad.any()):

@@ -413,7 +413,10 @@ class _Search:
             log.debug("candidate %s wrote to stderr: %s", cand.key, native.text.strip()[:2000])
         check = check_outputs(self.refs[scope], out, rtol=self.opt.rtol, atol=self.opt.atol)
         if not check.ok:
-            trial.status, trial.reason = "accuracy_error", check.reason
+            trial.status, trial.reason, trial.fault = "accuracy_error", check.reason, check.garbage
+            if check.garbage:
+                trial.reason += (" (far outside the reference's range: a runtime fault more likely than rounding; "
+                                 "a later search checks it again)")
             return None
         fn = realized.module
         return lambda: fn(*inputs.args, **inputs.kwargs)

@@ -38,6 +38,7 @@ class Trial:
     reason: str = ""
     reused: bool = False
     ratio: float | None = None          # time / the scope's eager time (via the incumbent of its run)
+    fault: bool = False                 # rejected for garbage outputs (accuracy.garbage): not reused from records
 
     def to_json(self) -> dict[str, Any]:
         return {"config": self.candidate.config, "scope": self.candidate.scope,
