@@ -314,3 +314,36 @@ def test_an_output_container_the_pytree_does_not_open_is_named_with_the_fix():
     with pytest.raises(ExportError, match=r"output is a Out holding tensors, .*register_dataclass, or return a "
                                           r"tuple or dict"):
         check_constant_outputs(model, ScopeInputs((x,)), reference, "torch.onnx.export")
+
+
+class ConfiguredFlags(nn.Module):
+    """Like a Hugging Face model: output flags default to None (the config's), and ``**kwargs``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import types
+
+        self.config = types.SimpleNamespace(return_dict=True, output_attentions=False)
+        self.fc = nn.Linear(6, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs):
+        out = {"logits": self.fc(input_ids * attention_mask)}
+        return out if kwargs.get("return_dict", self.config.return_dict) else tuple(out.values())
+
+
+@needs_ort
+def test_keyword_flags_that_repeat_the_models_config_run_the_build():
+    """Services pass ``return_dict=True`` on every call of a Hugging Face model; it ran the original
+    module every time although it asks for what the config gives anyway."""
+    torch.manual_seed(0)
+    model, ids, mask = ConfiguredFlags().eval(), torch.randn(2, 6), torch.ones(2, 6)
+    region = realize(model, Candidate("", "ort"), ScopeInputs((ids, mask)), machine="t").module
+    with torch.no_grad():
+        ref = model(ids, mask)
+        out = region(input_ids=ids, attention_mask=mask, return_dict=True, output_attentions=False)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+        assert region.fallback_calls == 0
+        as_tuple = region(input_ids=ids, attention_mask=mask, return_dict=False)   # not what the build returns
+        assert isinstance(as_tuple, tuple) and region.fallback_calls == 1
+        region(ids, mask, output_attentions=1)                                   # a bool flag, not a number
+    assert region.fallback_calls == 2

@@ -131,8 +131,9 @@ class CompiledRegion(nn.Module):
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         """A keyword call as the positional call the build was captured with (``model(input_ids=ids,
         attention_mask=mask)`` for one captured as ``model(ids, mask)``), by the original forward's
-        parameter names; keywords past the captured ones may only repeat their defaults. None when
-        the call does not map onto the captured positions."""
+        parameter names; keywords past the captured ones may only repeat their defaults, or what the
+        model's Hugging Face config sets (:func:`_as_configured`). None when the call does not map
+        onto the captured positions."""
         params = self._params            # None where there is no positional spec to bind to
         if params is None:
             return None
@@ -145,7 +146,8 @@ class CompiledRegion(nn.Module):
         taken = {name for name, _ in wanted}
         defaults = dict(params[count:])
         for name, value in kwargs.items():
-            if name not in taken and not (name in defaults and _is_default(value, defaults[name])):
+            if name not in taken and not (name in defaults and _is_default(value, defaults[name])) \
+                    and not _as_configured(self.original, name, value):
                 return None
         return args + tuple(kwargs[name] for name, _ in wanted)
 
@@ -242,6 +244,21 @@ def _is_default(value: Any, default: Any) -> bool:
         return True
     return (default is not inspect.Parameter.empty and type(value) is type(default)
             and isinstance(value, (bool, int, float, str)) and value == default)
+
+
+#: Hugging Face's output flags: a call passing the value the model's config gives (``return_dict=True``
+#: where ``config.return_dict`` is True) returns what the default (None: the config's) returns
+HF_OUTPUT_FLAGS = ("return_dict", "output_attentions", "output_hidden_states", "use_cache")
+
+
+def _as_configured(module: nn.Module, name: str, value: Any) -> bool:
+    """Whether keyword ``name=value`` only repeats what ``module``'s Hugging Face config sets (see
+    :data:`HF_OUTPUT_FLAGS`); services pass ``return_dict=True`` on every call."""
+    config = getattr(module, "config", None)
+    if name not in HF_OUTPUT_FLAGS or type(value) is not bool or config is None:
+        return False
+    configured = getattr(config, name, None)
+    return type(configured) is bool and configured is value
 
 
 def _global_hooks() -> tuple[dict[Any, Any], ...] | None:
