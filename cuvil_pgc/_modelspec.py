@@ -31,7 +31,7 @@ def load_model_spec(spec: str, *, check: bool = True) -> tuple[Any, tuple[Any, .
         result = factory()
     except Exception as exc:
         raise ModelSpecError(f"{spec}: the factory raised {_one_line(exc)}",
-                             fix="fix the factory (run it on its own, or rerun with --debug for the traceback)") from exc
+                             fix="fix the factory (run it on its own, or rerun as `cuvil-pgc --debug <command> ...` for the traceback)") from exc
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ModelSpecError(f"{spec} returned {type(result).__name__}, not (model, example_inputs)",
                              fix="return a 2-tuple: the module and a tuple of its positional inputs")
@@ -55,7 +55,7 @@ def _call_once(spec: str, model: Any, inputs: tuple[Any, ...], given: Any) -> No
     except Exception as exc:
         hint = (f"example_inputs is a {type(given).__name__}, so it was passed as one argument: return a tuple "
                 "of the positional inputs (tuple(inputs))" if isinstance(given, list)
-                else "fix the model or its example inputs (rerun with --debug for the traceback)")
+                else "fix the model or its example inputs (rerun as `cuvil-pgc --debug <command> ...` for the traceback)")
         raise ModelSpecError(f"{spec}: the model raised on its example inputs: {_one_line(exc)}", fix=hint) from exc
 
 

@@ -78,8 +78,16 @@ def main(argv: list[str] | None = None) -> None:
         usage = _usage_error(exc)
         if usage is not None:
             _fail(usage[0], debug, code=usage[1])
-        _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug and report it)", debug)
+        _fail(f"internal error: {type(exc).__name__}: {exc} (rerun as `{_debug_command(args)}` for the traceback, "
+              "and report it)", debug)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _debug_command(args: list[str]) -> str:
+    """The command line to rerun for a traceback: ``--debug`` is the top-level option, before the
+    command (after it, it would be the command's or the profiled script's argument)."""
+    command = next((a for a in args if not a.startswith("-")), "")
+    return f"cuvil-pgc --debug {command} ...".replace("  ", " ")
 
 
 def _usage_error(exc: Exception) -> tuple[str, int] | None:

@@ -97,7 +97,8 @@ def _walk(ref: Any, out: Any, where: str, state: AccuracyResult, rtol: float | N
             _walk(ref[key], out[key], f"{where}[{key!r}]", state, rtol, atol)
     elif isinstance(ref, (tuple, list)):
         if not isinstance(out, (tuple, list)) or len(ref) != len(out):
-            raise _Mismatch(f"{where}: expected a sequence of {len(ref)}, got {type(out).__name__}")
+            got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else f"a {type(out).__name__}"
+            raise _Mismatch(f"{where}: expected a {type(ref).__name__} of {len(ref)}, got {got}")
         for i, (r, o) in enumerate(zip(ref, out, strict=True)):
             _walk(r, o, f"{where}[{i}]", state, rtol, atol)
     elif _has_fields(ref):
