@@ -70,15 +70,20 @@ def weights_digest(module: Any) -> str:
     two modules of one structure (``layers.0`` and ``layers.1``, or a model before and after
     fine-tuning) need different packages.
     """
-    import torch
-
     h = hashlib.sha256()
     for kind, named in (("P", module.named_parameters()), ("B", module.named_buffers())):
         for name, t in named:
-            data = t.detach().to("cpu").contiguous()
-            h.update(f"{kind} {name} {tuple(data.shape)} {data.dtype}\n".encode())
-            h.update(data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+            h.update(f"{kind} {name} {tuple(t.shape)} {t.dtype}\n".encode())
+            h.update(_tensor_bytes(t))
     return h.hexdigest()
+
+
+def _tensor_bytes(t: Any) -> bytes:
+    """A tensor's values as raw bytes (on the CPU, contiguous)."""
+    import torch
+
+    data = t.detach().to("cpu").contiguous()
+    return data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
 
 
 def settings_digest(module: Any) -> str:
@@ -126,9 +131,7 @@ def _setting(value: Any, depth: int = 0) -> str:
     if isinstance(value, torch.Tensor):
         if value.numel() > 4096 or value.device.type == "meta":
             return f"tensor{tuple(value.shape)} {value.dtype}"
-        data = value.detach().to("cpu").contiguous()
-        return f"tensor{tuple(data.shape)} {data.dtype} " + hashlib.sha256(
-            data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+        return f"tensor{tuple(value.shape)} {value.dtype} {hashlib.sha256(_tensor_bytes(value)).hexdigest()[:16]}"
     to_dict = getattr(value, "to_dict", None)
     if callable(to_dict) and not isinstance(value, type):      # a Hugging Face PretrainedConfig
         try:
@@ -148,11 +151,12 @@ _SOURCES: dict[type, str] = {}
 def _forward_source(module: Any) -> str:
     """The source of the module's forward: its class's Python source, or for a TorchScript module
     the compiled code of its forward (reading ``forward`` on its class raises)."""
-    if _script_name(module) is not None:
+    scripted = _script_name(module)
+    if scripted is not None:
         try:
             return str(module.code)
         except Exception:        # a scripted module without a forward (only other methods)
-            return f"script:{_script_name(module)}.forward"
+            return f"script:{scripted}.forward"
     cls = type(module)
     if cls not in _SOURCES:
         try:

@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
 def _debug_command(args: list[str]) -> str:
     """The command line to rerun for a traceback: ``--debug`` is the top-level option, before the
     command (after it, it would be the command's or the profiled script's argument)."""
-    command = next((a for a in args if not a.startswith("-")), "")
-    return f"cuvil-pgc --debug {command} ...".replace("  ", " ")
+    command = next((a for a in args if not a.startswith("-")), None)
+    return " ".join(word for word in ("cuvil-pgc", "--debug", command, "...") if word)
 
 
 def _usage_error(exc: Exception) -> tuple[str, int] | None:

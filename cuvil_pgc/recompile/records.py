@@ -35,7 +35,7 @@ def cache_dir() -> Path:
 
 @dataclass
 class Record:
-    structure: str                 # structural hash of the measured module (scope)
+    structure: str                 # structural hash of the measured module (scope); search records add "|settings digest"
     candidate: str                 # Candidate.key
     machine: str                   # machine fingerprint hash
     inputs: str                    # input signature (shapes, dtypes)

@@ -303,8 +303,10 @@ class OpenVinoRunner(RuntimeRunner):
         :func:`openvino_input_buffers`); outputs the fresh copies inference makes
         (``share_outputs=False``: the request's own buffers are reused by the next call); through
         the request's compiled ``infer`` (:func:`_native_infer`)."""
+        import numpy as np
+
         tensor, request, lock, infer = self._ov.Tensor, self.request, self._lock, _native_infer(self.request)
-        buffers, copy = openvino_input_buffers(request, self.compiled), _copyto()
+        buffers, copy = openvino_input_buffers(request, self.compiled), np.copyto
 
         def call(arrays: list[Any]) -> list[torch.Tensor]:
             with lock:
@@ -342,12 +344,6 @@ def openvino_input_buffers(request: Any, compiled: Any) -> list[Any]:
                 data = None
         buffers.append(data if data is not None and data.nbytes <= OV_COPY_INPUT_BYTES else None)
     return buffers
-
-
-def _copyto() -> Callable[[Any, Any], None]:
-    import numpy as np
-
-    return np.copyto
 
 
 def _native_infer(request: Any) -> Callable[[Any, dict[Any, Any], bool, bool], Any]:
