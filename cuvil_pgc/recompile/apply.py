@@ -139,7 +139,9 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
             spec: list[list[Any]] | None = None, weights: str | None = None) -> Realized:
     """Build ``cand`` for ``module``; raises whatever the backend raises (the search records it).
 
-    ``artifact`` (with ``signature``) loads an existing AOTInductor package instead of compiling.
+    ``artifact`` (with ``signature``) loads an existing AOTInductor package instead of compiling;
+    for torch.compile, which needs no inputs to build, ``signature`` and ``spec`` stand in for the
+    captured inputs' where ``inputs`` has none (a loaded build).
     ``weights`` is the module's :func:`weights_digest` where the caller already has it (hashing a
     large model's weights again for every candidate costs seconds).
     """
@@ -163,7 +165,10 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
         runner = torch._inductor.aoti_load_package(path)
         return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), path, applied)
     compiled = torch.compile(prepared, **_compile_kwargs(cand))
-    return Realized(CompiledRegion(module, compiled, None, cand.config), rewrites=applied)
+    # the captured signature: torch.compile would recompile for any other call (see CompiledRegion)
+    if inputs.signature is not None:
+        signature, spec = inputs.signature, inputs.spec
+    return Realized(CompiledRegion(module, compiled, signature, cand.config, spec), rewrites=applied)
 
 
 def _realize_runtime(module: nn.Module, prepared: nn.Module, applied: list[str], cand: Candidate,

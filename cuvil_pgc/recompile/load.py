@@ -256,7 +256,7 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
                                       spec=choice.input_spec)
             report.aoti_packages += 1
         else:
-            realized[scope] = _realize_lazy(module, cand, plan.device)
+            realized[scope] = _realize_lazy(module, cand, plan.device, choice)
             report.compiled_regions += cand.backend != "eager"
         report.applied.append(f"{scope or '<model>'}: {cand.config}")
     if report.skipped and stale == "error":
@@ -266,15 +266,17 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
     return apply_plan(model, realized) if realized else model
 
 
-def _realize_lazy(module: Any, cand: Any, device: str) -> Any:
-    """torch.compile candidates need no inputs to build: compilation happens on the first call."""
+def _realize_lazy(module: Any, cand: Any, device: str, choice: Any) -> Any:
+    """torch.compile candidates need no inputs to build: compilation happens on the first call that
+    fits the build's captured inputs (``choice.input_signature``, ``input_spec``)."""
     from cuvil_pgc.recompile.apply import prepare_module, realize
     from cuvil_pgc.recompile.realized import Realized
 
     if cand.backend == "eager":
         prepared, applied = prepare_module(module, cand, device)
         return Realized(prepared, rewrites=applied)
-    return realize(module, cand, _NoInputs(), device=device)
+    return realize(module, cand, _NoInputs(), device=device, signature=choice.input_signature,
+                   spec=choice.input_spec)
 
 
 class _NoInputs:
