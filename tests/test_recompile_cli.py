@@ -81,3 +81,21 @@ def test_recompile_cli_errors_are_one_line(tmp_path, capsys):
               str(tmp_path / "x.cuvilpkg")])
     err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 1 and len(err) == 1 and "nope.trace.json" in err[0]
+
+
+def test_recompile_cli_passes_dynamic_to_the_build(trace, tmp_path, monkeypatch, capsys):
+    from cuvil_pgc.errors import RecompileError
+    from cuvil_pgc.recompile import build
+
+    seen = {}
+
+    def fake_recompile(*args, **kwargs):
+        seen.update(kwargs)
+        raise RecompileError("stopped here by the test")
+    monkeypatch.setattr(build, "recompile", fake_recompile)
+    spec = f"{os.path.abspath(__file__)}:step"
+    for flags, dynamic in (([], False), (["--dynamic"], True)):
+        with pytest.raises(SystemExit):
+            main(["recompile", trace, "--model", spec, "-o", str(tmp_path / "d.cuvilpkg"), "-q", *flags])
+        assert seen.pop("dynamic") is dynamic
+    assert "stopped here by the test" in capsys.readouterr().err

@@ -40,6 +40,10 @@ def register(app: typer.Typer) -> None:
             True, "--deployed-race/--no-deployed-race",
             help="Decide between whole-model plans that run without the model's code (ONNX Runtime, OpenVINO, "
                  "AOTInductor) again, each in worker processes of their own, as deployed."),
+        dynamic: bool = typer.Option(
+            False, "--dynamic",
+            help="Also ship each ONNX Runtime and OpenVINO region exported for other input sizes (batch, sequence "
+                 "length), checked at other sizes; without it calls at other sizes run the original module."),
         name: str | None = typer.Option(None, "--name", help="Build name (default: the factory's name)."),
         version: int = typer.Option(1, "--version", min=1, help="Build version."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
@@ -77,7 +81,7 @@ def register(app: typer.Typer) -> None:
                 with search_progress(quiet=quiet or as_json, console=Console(file=captured.terminal)) as progress:
                     build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol,
                                       atol=atol, device=device, progress=progress, backends=chosen,
-                                      threads=threads, deployed_race=deployed_race)
+                                      threads=threads, deployed_race=deployed_race, dynamic=dynamic)
                 build.save(output, name=name or _build_name(model), version=version, signing_key=key)
         except BaseException:
             _log_note(captured)

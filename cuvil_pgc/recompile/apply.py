@@ -178,11 +178,17 @@ def _realize_runtime(module: nn.Module, prepared: nn.Module, applied: list[str],
 
     with torch.no_grad():
         reference = prepared(*inputs.args, **inputs.kwargs)
-    program = f"rewrites-v{REWRITES_VERSION}" if cand.rewrite else "original"
-    key = "|".join([structural_hash(module), settings_digest(module), weights or weights_digest(module), program,
-                    inputs.signature, machine, torch.__version__])
+    key = runtime_key(module, cand, inputs, machine, weights)
     runner, artifact = build_region(module, prepared, cand, inputs, reference, device=device, key=key)
     return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), artifact, applied)
+
+
+def runtime_key(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str, weights: str | None = None) -> str:
+    """The artifact cache key of a runtime region's exported files: the module's structure,
+    settings and weights, its program (rewritten or not), the captured inputs, the machine and torch."""
+    program = f"rewrites-v{REWRITES_VERSION}" if cand.rewrite else "original"
+    return "|".join([structural_hash(module), settings_digest(module), weights or weights_digest(module), program,
+                     inputs.signature, machine, torch.__version__])
 
 
 def inductor_options(cand: Candidate) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
 if TYPE_CHECKING:
     from cuvil_pgc.analyze.analysis import Analysis
     from cuvil_pgc.recompile.plan_doc import Plan
+
+log = logging.getLogger(__name__)
 
 CACHE_MEMBER = "inductor_cache.bin"
 
@@ -84,7 +87,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
               atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
               progress: Any = None, rounds: int = 25, backends: tuple[str, ...] | None = None,
               plan: Plan | dict[str, Any] | None = None, calibrate: bool = True, threads: int | None = None,
-              deployed_race: bool = True) -> Build:
+              deployed_race: bool = True, dynamic: bool = False) -> Build:
     """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
 
     ``model`` is put in eval mode and moved to ``device`` in place; its weights are shared with the
@@ -108,6 +111,10 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
             model's code (one ONNX Runtime, OpenVINO or AOTInductor artifact on the CPU), decide
             between such plans again each in worker processes of their own, as deployed (see
             :mod:`.plan`); False keeps the decision of the searching process.
+        dynamic: also ship each ONNX Runtime and OpenVINO region (CPU) exported with its input
+            sizes left free, for calls at other batch sizes or sequence lengths, where it passes the
+            accuracy guard at other sizes (see :mod:`.other_shapes`); without it such calls run
+            the original module.
     """
     from cuvil_pgc._threads import torch_threads
 
@@ -115,7 +122,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
         build = _recompile(model, example_inputs, traces, analysis=analysis, budget=budget, exhaustive=exhaustive,
                            rtol=rtol, atol=atol, device=device, records=records, machine=machine,
                            progress=progress, rounds=rounds, backends=backends, plan=plan, calibrate=calibrate,
-                           deployed_race=deployed_race)
+                           deployed_race=deployed_race, dynamic=dynamic)
     build.threads = count
     return build
 
@@ -123,7 +130,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
 def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, analysis: Analysis | None, budget: int | None,
                exhaustive: bool, rtol: float | None, atol: float | None, device: str, records: Any,
                machine: Any, progress: Any, rounds: int, backends: tuple[str, ...] | None, plan: Plan | dict[str, Any] | None,
-               calibrate: bool, deployed_race: bool) -> Build:
+               calibrate: bool, deployed_race: bool, dynamic: bool) -> Build:
     import torch
 
     from cuvil_pgc._structure import module_tree_digest
@@ -158,10 +165,14 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     _clear_cache_artifacts()
     result = search(model, example_inputs, analysis, options=options, records=db,
                     machine_key=machine_key(fingerprint), progress=progress)
+    if dynamic:
+        stage(progress, "exporting the runtime regions for other input sizes")
+        _add_other_shapes(result, device, rtol, atol)
     stage(progress, "writing the plan")
-    artifacts, files = _artifact_members(result)
+    artifacts, files, other_shapes = _artifact_members(result)
     model_hash = structural_hash(model)
-    plan = plan_document(result, device=device, model_hash=model_hash, rtol=rtol, atol=atol, artifacts=artifacts)
+    plan = plan_document(result, device=device, model_hash=model_hash, rtol=rtol, atol=atol, artifacts=artifacts,
+                         other_shapes=other_shapes)
     cache = _save_cache_artifacts() if any(c.backend in ("compile", "cudagraphs") for c in result.choices.values()) \
         else None
     return Build(module=result.module, plan=plan, artifacts=files,
@@ -180,13 +191,43 @@ def _engine_target(result: Any) -> Any:
     return engine_target()
 
 
-def _artifact_members(result: Any) -> tuple[dict[str, str], dict[str, str]]:
-    """(scope -> the member its plan choice names, member -> local file) of the chosen regions'
-    artifacts: AOTInductor packages, and the runtime backends' files (see :mod:`.runtime_build`)."""
+def _add_other_shapes(result: Any, device: str, rtol: float | None, atol: float | None) -> None:
+    """Give each chosen ONNX Runtime and OpenVINO region on the CPU its program for other input
+    sizes (:mod:`.other_shapes`); a region that cannot have one keeps running the original module
+    for them, and the reason is logged."""
+    from cuvil_pgc.recompile import other_shapes
+    from cuvil_pgc.recompile.apply import prepare_module, runtime_key
+    from cuvil_pgc.recompile.realized import ExportError
+
+    if device != "cpu":
+        log.warning("cuvil-pgc: dynamic=True exports programs for other input sizes on the CPU only; the %s "
+                    "regions run the original module for them", device)
+        return
+    for scope, cand in sorted(result.choices.items()):
+        region = getattr(result.realized.get(scope), "module", None)
+        if cand.backend not in other_shapes.BACKENDS or region is None:
+            continue
+        inputs = result.scope_inputs[scope]
+        prepared, _ = prepare_module(region.original, cand, device)
+        key = runtime_key(region.original, cand, inputs, result.machine, result.weights.get(scope))
+        try:
+            region.other_shapes = other_shapes.build_other_shapes(region.original, prepared, cand, inputs, key=key,
+                                                                  rtol=rtol, atol=atol)
+        except (other_shapes.OtherShapesError, ExportError) as exc:
+            log.warning("cuvil-pgc: %s (%s) runs only its captured input sizes, other sizes run the original "
+                        "module: %s", scope or "<model>", cand.config, exc)
+
+
+def _artifact_members(result: Any) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, Any]]]:
+    """(scope -> the member its plan choice names, member -> local file, scope -> the record of
+    its program for other input sizes) of the chosen regions' artifacts: AOTInductor packages, the
+    runtime backends' files (see :mod:`.runtime_build`) and their programs for other sizes."""
+    from cuvil_pgc.recompile import other_shapes
     from cuvil_pgc.recompile.runtime_build import ARTIFACT_SUFFIXES, package_members
 
     named: dict[str, str] = {}
     files: dict[str, str] = {}
+    others: dict[str, dict[str, Any]] = {}
     for i, (scope, r) in enumerate(sorted(result.realized.items())):
         if not r.artifact:
             continue
@@ -195,7 +236,12 @@ def _artifact_members(result: Any) -> tuple[dict[str, str], dict[str, str]]:
             {f"aoti/{i}.pt2": r.artifact}
         named[scope] = next(iter(members))
         files.update(members)
-    return named, files
+        other = getattr(r.module, "other_shapes", None)
+        if other is not None:
+            members = other_shapes.package_members(backend, i, other.artifact)
+            others[scope] = other.to_json(next(iter(members)))
+            files.update(members)
+    return named, files, others
 
 
 def _pinned(plan: Plan | dict[str, Any] | None) -> dict[str, Any] | None:

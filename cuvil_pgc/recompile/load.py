@@ -216,6 +216,7 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
     from cuvil_pgc.recompile.apply import apply_plan, realize
     from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS
     from cuvil_pgc.recompile.matching import structural_hash
+    from cuvil_pgc.recompile.other_shapes import load_other_shapes
     from cuvil_pgc.recompile.runtime_build import load_region
 
     artifact_backends = ("aoti", *RUNTIME_BACKENDS)
@@ -247,6 +248,7 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
             continue
         if cand.backend in RUNTIME_BACKENDS:
             realized[scope] = load_region(vb, choice, module, extract_dir, plan.device, path)
+            load_other_shapes(vb, choice, realized[scope].module, extract_dir, plan.device)
             report.runtime_regions += 1
         elif cand.backend == "aoti":
             if not choice.artifact:

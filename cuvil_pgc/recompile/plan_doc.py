@@ -254,13 +254,14 @@ def _ms(us: float | None) -> float | None:
 
 
 def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | None, atol: float | None,
-                  artifacts: dict[str, str]) -> Plan:
-    """The :class:`Plan` of a search result (``artifacts``: scope -> the member its choice names)."""
+                  artifacts: dict[str, str], other_shapes: dict[str, dict[str, Any]] | None = None) -> Plan:
+    """The :class:`Plan` of a search result (``artifacts``: scope -> the member its choice names;
+    ``other_shapes``: scope -> the record of its runtime program for other input sizes)."""
     choices = [PlanChoice(scope=scope, candidate=cand, structure=result.structures[scope],
                           weights=result.weights.get(scope), settings=result.settings.get(scope),
                           input_signature=result.scope_inputs[scope].signature,
                           input_spec=result.scope_inputs[scope].spec, artifact=artifacts.get(scope),
-                          runtime=_runtime(result, scope, cand))
+                          runtime=_runtime(result, scope, cand, (other_shapes or {}).get(scope)))
                for scope, cand in sorted(result.choices.items())]
     return Plan(
         device=device, machine=result.machine, model_hash=model_hash, tolerances={"rtol": rtol, "atol": atol},
@@ -276,13 +277,17 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
     )
 
 
-def _runtime(result: Any, scope: str, cand: Candidate) -> dict[str, Any] | None:
-    """What a region exported to a runtime records (see :func:`~.runtime_build.runtime_info`)."""
+def _runtime(result: Any, scope: str, cand: Candidate, other_shapes: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a region exported to a runtime records (see :func:`~.runtime_build.runtime_info`), with
+    its program for other input sizes (:mod:`.other_shapes`) where it has one."""
     if cand.backend not in RUNTIME_BACKENDS or scope not in result.realized:
         return None
     from cuvil_pgc.recompile.runtime_build import runtime_info
 
-    return runtime_info(cand.backend, result.realized[scope])
+    info = runtime_info(cand.backend, result.realized[scope])
+    if other_shapes is not None:
+        info["other_shapes"] = other_shapes
+    return info
 
 
 def _region(result: Any, scope: str) -> PlanRegion:

@@ -59,6 +59,10 @@ class CompiledRegion(nn.Module):
             lean = getattr(compiled, "lean_parts", None)
             self._lean = lean(self._spec) if lean is not None and GLOBAL_HOOKS is not None else None
         self.fallback_calls = 0
+        #: the program for other input sizes (:class:`~.other_shapes.OtherShapes`; None: the original
+        #: module runs them), and how many calls it ran
+        self.other_shapes: Any = None
+        self.other_shape_calls = 0
         #: the original forward's (name, default) per parameter, which keyword calls are bound by
         self._params = _parameters(original) if self._spec is not None else None
         self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
@@ -89,6 +93,9 @@ class CompiledRegion(nn.Module):
                 else:
                     outputs = run(arrays)
                     return outputs[0] if single else build(outputs)
+                other = self.other_shapes                # nothing hooks in: skip the dispatch here too
+                if other is not None and other.fits(positional) and not self._matches(positional, {}):
+                    return self._other_sizes(positional)
         return super().__call__(*args, **kwargs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CompiledRegion:
@@ -96,7 +103,7 @@ class CompiledRegion(nn.Module):
         program: a runtime session, an AOTInductor runner or a compiled module is read-only once
         built, holds native state that cannot be copied, and rebuilding it would take the build's
         compile time again. Services copy a model to serve replicas or keep a reference copy."""
-        for shared in (self._compiled, self._fast, self._lean):
+        for shared in (self._compiled, self._fast, self._lean, self.other_shapes):
             memo[id(shared)] = shared
         clone = object.__new__(type(self))
         memo[id(self)] = clone
@@ -130,6 +137,24 @@ class CompiledRegion(nn.Module):
             if self._fast is not None and not kwargs:
                 return self._fast(args)
             return self._compiled(*args, **kwargs)
+        if self.other_shapes is not None and not kwargs and self.other_shapes.fits(args):
+            return self._other_sizes(args)
+        return self._fall_back(args, kwargs)
+
+    def _other_sizes(self, args: tuple[Any, ...]) -> Any:
+        """The program for other input sizes; should it fail (a size its checks did not reach), the
+        original module answers, this call and later ones."""
+        try:
+            out = self.other_shapes(args)
+        except Exception as exc:
+            self.other_shapes = None
+            log.warning("cuvil-pgc: %s's program for other input sizes failed (%s: %s); the original module "
+                        "runs those from now on", self.config, type(exc).__name__, str(exc).split("\n")[0][:200])
+            return self._fall_back(args, {})
+        self.__dict__["other_shape_calls"] += 1      # a plain int: not nn.Module.__setattr__'s checks (~3 µs)
+        return out
+
+    def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.fallback_calls += 1
         if self.fallback_calls == 1:
             log.warning("cuvil-pgc: %s runs the original module: %s (further calls that do not fit are counted "

@@ -76,18 +76,18 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
     check_constant_outputs(prepared, inputs, reference, exporters(cand.backend)[0])
     template = OutputTemplate.of(reference)
     if cand.backend == "tensorrt":
-        path = _cache_path(key, "tensorrt", cand, ".ep")
+        path = artifact_path(key, "tensorrt", cand, ".ep")
         if not path.exists():
             _compile_tensorrt(prepared, cand, inputs, path)
         return tensorrt_runner(str(path), template, module), str(path)
-    onnx_path = _cache_path(key, "onnx", None, ".onnx")
+    onnx_path = artifact_path(key, "onnx", None, ".onnx")
     if not onnx_path.exists():
         export_onnx(prepared, inputs, onnx_path, len(template.tensors))
     if cand.backend == "ort":
         if "fuse" in knobs_of(cand):
             onnx_path = _fused(onnx_path, prepared, cand, key)
         return OrtRunner(str(onnx_path), knobs_of(cand), template, module), str(onnx_path)
-    xml = _cache_path(key, "openvino", None, ".xml")
+    xml = artifact_path(key, "openvino", None, ".xml")
     if not xml.exists():
         try:
             convert_openvino(onnx_path, xml)
@@ -103,14 +103,16 @@ def _fused(onnx_path: Path, prepared: nn.Module, cand: Any, key: str) -> Path:
 
     shape = attention_shape(prepared) or {}
     shape["model_type"] = knobs_of(cand)["fuse"]
-    fused = _cache_path(key, f"onnx-fused-{shape['model_type']}", None, ".onnx")
+    fused = artifact_path(key, f"onnx-fused-{shape['model_type']}", None, ".onnx")
     if not fused.exists():
         fuse_transformer(onnx_path, fused, shape)
     return fused
 
 
-def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int) -> None:
-    """``torch.onnx.export(dynamo=True)`` of ``prepared`` for ``inputs`` into one ``.onnx`` file."""
+def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, free_sizes: bool = False) -> None:
+    """``torch.onnx.export(dynamo=True)`` of ``prepared`` for ``inputs`` into one ``.onnx`` file;
+    with ``free_sizes`` every dimension of the positional tensor inputs is left to the exporter
+    (``Dim.AUTO``: free where the program allows other sizes, fixed where it does not)."""
     from cuvil_pgc.recompile.realized import ExportError
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,8 +124,12 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int) -> N
             # region taking a dict as its last positional argument gets an empty dict after it
             args = inputs.args + ({},) if not inputs.kwargs and inputs.args and isinstance(inputs.args[-1], dict) \
                 else inputs.args
+            # keyed by the wrapper's parameter: _TensorOutputs.forward takes the region's arguments as *args
+            dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} for a in args)} \
+                if free_sizes else None
             program = torch.onnx.export(_TensorOutputs(prepared).eval(), args, kwargs=inputs.kwargs or None, dynamo=True,
-                                        opset_version=OPSET, optimize=True, verbose=False, report=False)
+                                        opset_version=OPSET, optimize=True, verbose=False, report=False,
+                                        dynamic_shapes=dynamic)
             program.save(str(tmp), external_data=False)
         import onnx
 
@@ -209,12 +215,13 @@ def tensorrt_runner(path: str, template: OutputTemplate | None, original: nn.Mod
     return TensorRTRunner(program.module() if hasattr(program, "module") else program, template, original)
 
 
-def _cache_path(key: str, kind: str, cand: Any, suffix: str) -> Path:
+def artifact_path(key: str, kind: str, cand: Any, suffix: str) -> Path:
     from cuvil_pgc.recompile.records import cache_dir
 
     versions = [f"onnx-export-v{ONNX_EXPORT_VERSION}", f"opset-{OPSET}"]
-    if kind == "openvino" or kind.startswith("onnx-fused"):
-        versions.append(f"{kind.split('-')[0]}-{runtimes.version('openvino' if kind == 'openvino' else 'ort')}")
+    if kind.startswith(("openvino", "onnx-fused")):
+        runtime = "openvino" if kind.startswith("openvino") else "ort"
+        versions.append(f"{kind.split('-')[0]}-{runtimes.version(runtime)}")
     if kind == "tensorrt":
         versions += [f"tensorrt-{runtimes.version('tensorrt')}", cand.config, _gpu_name()]
     digest = hashlib.sha256("|".join([key, kind, *versions]).encode()).hexdigest()[:32]

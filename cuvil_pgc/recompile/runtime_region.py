@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 from cuvil_pgc.recompile.hf_outputs import fast_builder, same_model_output
 from cuvil_pgc.recompile.output_values import is_size
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+TENSOR_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
            "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
            "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
 
@@ -108,7 +108,7 @@ class OutputTemplate:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> OutputTemplate:
         return cls(pytree.treespec_loads(doc["spec"]), [(kind, v) for kind, v in doc["leaves"]],
-                   [(tuple(shape), _DTYPES[dtype]) for shape, dtype in doc["tensors"]])
+                   [(tuple(shape), TENSOR_DTYPES[dtype]) for shape, dtype in doc["tensors"]])
 
 
 class RuntimeRunner:
@@ -337,7 +337,7 @@ def openvino_input_buffers(request: Any, compiled: Any) -> list[Any]:
     buffers = []
     for i, port in enumerate(compiled.inputs):
         data = None
-        if port.get_element_type() != ov.Type.bf16:
+        if port.get_element_type() != ov.Type.bf16 and port.get_partial_shape().is_static:   # a free size: share
             try:
                 data = request.get_input_tensor(i).data
             except Exception:        # an element type NumPy cannot view: share instead

@@ -1,0 +1,119 @@
+"""A build called at input sizes other than the captured ones (``recompile(..., dynamic=True)``).
+
+Recompiles each model with its plan pinned to the whole model on one runtime, once with
+``dynamic=True`` and once without, then times, interleaved in one process at the deployment's
+thread count, calls at other batch sizes and sequence lengths:
+
+- ``eager``: the model itself;
+- ``static build``: the build without programs for other sizes (such calls run the original module);
+- ``dynamic build``: the build with them;
+- ``plain runtime``: the runtime called plainly on the same free-size export, as a user who
+  exported with dynamic axes would (the build's own call over it is what this costs).
+
+    python benchmarks/other_shapes.py --models transformer,tiny_bert --backend openvino
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="transformer,tiny_bert,gru_tagger",
+                   help="comma-separated zoo names or MODULE_OR_FILE:FACTORY")
+    p.add_argument("--backend", default="openvino", choices=("ort", "openvino"))
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+
+    import torch
+
+    sys.path.insert(0, HERE)
+    from recompile_speedup import load
+
+    from cuvil_pgc.recompile import load_build, recompile
+    from cuvil_pgc.recompile.candidates import Candidate
+
+    torch.set_num_threads(args.threads)
+    print(f"{'model':<14} {'sizes':<22} {'eager':>9} {'static':>9} {'dynamic':>9} {'plain':>9} "
+          f"{'dyn/eager':>10} {'dyn/plain':>10}")
+    with tempfile.TemporaryDirectory(prefix="cuvil-shapes-") as tmp:
+        for name in args.models.split(","):
+            model, inputs = load(name)
+            if not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in inputs):
+                print(f"{name}: skipped (needs tensor inputs with a batch and a second dimension)")
+                continue
+            built = {}
+            for dynamic in (False, True):
+                build = recompile(model, inputs, plan={"": Candidate("", args.backend)}, records=False,
+                                  deployed_race=False, rounds=3, dynamic=dynamic)
+                path = build.save(os.path.join(tmp, f"{name.replace('/', '_')}-{dynamic}.cuvilpkg"))
+                built[dynamic] = load_build(path, model, allow_unsigned=True)
+            other = built[True].other_shapes
+            if other is None:
+                print(f"{name}: no program for other sizes (see the warning above)")
+                continue
+            plain = _plain_call(args.backend, other.artifact, args.threads)
+            for batch, grow in ((inputs[0].shape[0] + 1, 0), (inputs[0].shape[0], -max(1, inputs[0].shape[1] // 2)),
+                                (2 * inputs[0].shape[0] + 2, -max(1, inputs[0].shape[1] // 4))):
+                x = tuple(_resized(t, batch, t.shape[1] + grow) if sizes[1] is None else _resized(t, batch, t.shape[1])
+                          for t, (_, sizes) in zip(inputs, other.inputs, strict=True))
+                if not other.fits(x):
+                    continue
+                ms = _race({"eager": model, "static": built[False], "dynamic": built[True], "plain": plain}, x,
+                           args.rounds)
+                print(f"{name:<14} {', '.join(str(tuple(t.shape)) for t in x):<22} {ms['eager']:>7.3f}ms "
+                      f"{ms['static']:>7.3f}ms {ms['dynamic']:>7.3f}ms {ms['plain']:>7.3f}ms "
+                      f"{ms['eager'] / ms['dynamic']:>9.2f}x {ms['plain'] / ms['dynamic']:>9.3f}x", flush=True)
+            print(f"{name}: the build ran {built[True].other_shape_calls} calls at other sizes on its program, "
+                  f"{built[True].fallback_calls} on the original module")
+    return 0
+
+
+def _race(contenders: dict, x: tuple, rounds: int) -> dict[str, float]:
+    """Median milliseconds per call of each contender on ``x``, interleaved in this process."""
+    import torch
+
+    from cuvil_pgc.recompile.measure import time_interleaved
+
+    with torch.no_grad():
+        samples = time_interleaved({k: (lambda f=f: f(*x)) for k, f in contenders.items()}, rounds=rounds)
+    return {k: s.median_s * 1e3 for k, s in samples.items()}
+
+
+def _plain_call(backend: str, path: str, threads: int):
+    """The free-size export called the way a user calls the runtime (as ``_deployed_race.py``)."""
+    import torch
+
+    if backend == "ort":
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        return lambda *xs: [torch.from_numpy(o) for o in session.run(None, {n: t.numpy() for n, t in zip(names, xs, strict=True)})]
+    import openvino as ov
+
+    from cuvil_pgc.recompile.runtime_region import openvino_config
+
+    core = ov.Core()
+    request = core.compile_model(core.read_model(path), "CPU", openvino_config({"threads": str(threads)}, "fp32")) \
+        .create_infer_request()
+    return lambda *xs: [torch.from_numpy(a) for a in request.infer(
+        {i: ov.Tensor(t.numpy(), shared_memory=True) for i, t in enumerate(xs)}).to_tuple()]
+
+
+def _resized(t, batch: int, second: int):
+    reps = [-(-batch // t.shape[0]), -(-second // t.shape[1])] + [1] * (t.dim() - 2)
+    return t.repeat(*reps)[:batch, :second].contiguous()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

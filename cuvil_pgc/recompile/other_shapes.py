@@ -1,0 +1,221 @@
+"""Runtime regions for input sizes other than the captured ones (``recompile(..., dynamic=True)``).
+
+A region's exported program is specialized to the captured input shapes: that is what runs
+fastest (with every size known, the exporters fold the shape arithmetic away; the same zoo
+transformer ran 108 µs static against 122 µs with free sizes under ONNX Runtime). A service that
+calls with other batch sizes or sequence lengths ran the original module for each of those calls.
+With ``dynamic=True`` the build also ships, for each ONNX Runtime and OpenVINO region on the CPU,
+a second export of the region whose input dimensions the exporter left free (``Dim.AUTO``: free
+where the program allows other sizes, fixed where it does not, such as a hidden size tied to a
+weight). The captured shapes keep the specialized program; calls that differ only in free
+dimensions run the second one; any other call runs the original module.
+
+The second program passes the accuracy guard at the captured inputs and at probes of other sizes
+(the captured inputs tiled or cropped along the free dimensions, so token ids stay valid ids)
+before it ships; one that fails is left out with the reason. In a build its files are the members
+``<backend>/<n>-shapes<suffix>``, covered by the manifest and the signature like every other member,
+and the plan's choice records them in ``runtime["other_shapes"]``: ``{"artifact": member,
+"inputs": [[dtype, [size or null, ...]], ...]}`` (null: a free dimension). A cuvil-pgc that
+predates them ignores the record and runs the original module for other sizes, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile.accuracy import check_outputs
+from cuvil_pgc.recompile.runtime_build import (
+    ARTIFACT_SUFFIXES,
+    artifact_path,
+    convert_openvino,
+    export_onnx,
+    knobs_of,
+)
+from cuvil_pgc.recompile.runtime_region import OpenVinoRunner, OrtRunner, OutputTemplate
+
+log = logging.getLogger(__name__)
+
+#: backends whose regions get a program for other sizes (CPU only)
+BACKENDS = ("ort", "openvino")
+
+
+class OtherShapesError(RuntimeError):
+    """Why a region has no program for other sizes (the build ships without it)."""
+
+
+@dataclass
+class OtherShapes:
+    """A region's program for other input sizes, and which sizes it takes."""
+
+    runner: Any                                      # a RuntimeRunner on the second export
+    inputs: list[tuple[torch.dtype, tuple[int | None, ...]]]   # per positional input: dtype, sizes (None: free)
+    artifact: str                                    # its first local file
+
+    def fits(self, args: tuple[Any, ...]) -> bool:
+        """Whether ``args`` are CPU tensors of the dtypes and fixed sizes this program takes."""
+        if len(args) != len(self.inputs):
+            return False
+        for a, (dtype, sizes) in zip(args, self.inputs, strict=True):
+            if not isinstance(a, torch.Tensor) or a.dtype != dtype or not a.is_cpu or a.dim() != len(sizes) \
+                    or any(s is not None and s != n for s, n in zip(sizes, a.shape, strict=True)):
+                return False
+        return True
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        """Run ``args`` (which :meth:`fits`: positional tensors, so no flattening of the call)."""
+        return self.runner.call_positional(args)
+
+    def to_json(self, member: str) -> dict[str, Any]:
+        return {"artifact": member,
+                "inputs": [[str(dtype).removeprefix("torch."), list(sizes)] for dtype, sizes in self.inputs]}
+
+
+def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any, *, key: str,
+                       rtol: float | None, atol: float | None) -> OtherShapes:
+    """The program of ``cand`` (an ONNX Runtime or OpenVINO candidate) for ``module`` at other input
+    sizes, checked against ``module`` at probes of other sizes; raises :class:`OtherShapesError`.
+
+    ``prepared`` is the module the region exports (rewrites applied), ``key`` the region's
+    artifact cache key (:func:`~.apply.runtime_key`)."""
+    from cuvil_pgc.recompile.realized import ExportError
+
+    if cand.backend not in BACKENDS:
+        raise OtherShapesError(f"only ONNX Runtime and OpenVINO regions get one, not {cand.backend}")
+    if inputs.kwargs or not inputs.args or not all(isinstance(a, torch.Tensor) and a.is_cpu for a in inputs.args):
+        raise OtherShapesError("it is called with other than positional CPU tensors")
+    with torch.no_grad():
+        reference = prepared(*inputs.args)
+    template = OutputTemplate.of(reference)
+    onnx_path = artifact_path(key, "onnx-shapes", None, ".onnx")
+    try:
+        if not onnx_path.exists():
+            export_onnx(prepared, inputs, onnx_path, len(template.tensors), free_sizes=True)
+        free = free_dimensions(str(onnx_path), len(inputs.args))
+        if not any(name for sizes in free for name in sizes):
+            raise OtherShapesError("the exporter fixed every input dimension (the program allows no other sizes)")
+        knobs = {k: v for k, v in knobs_of(cand).items() if k != "fuse"}   # the fusions need fixed shapes
+        if cand.backend == "ort":
+            runner: Any = OrtRunner(str(onnx_path), knobs, template, module)
+            first = str(onnx_path)
+        else:
+            xml = artifact_path(key, "openvino-shapes", None, ".xml")
+            if not xml.exists():
+                convert_openvino(onnx_path, xml)
+            runner = OpenVinoRunner(str(xml), knobs, cand.precision, template, module)
+            first = str(xml)
+    except (ExportError, OtherShapesError):
+        raise
+    except Exception as exc:
+        raise OtherShapesError(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    free = _check(runner, module, inputs.args, free, rtol, atol)
+    return OtherShapes(runner, [(a.dtype, tuple(None if name else n for name, n in zip(names, a.shape, strict=True)))
+                                for a, names in zip(inputs.args, free, strict=True)], first)
+
+
+def free_dimensions(onnx_path: str, count: int) -> list[list[str]]:
+    """Per graph input (the first ``count``), each dimension's symbol ("" where it is fixed)."""
+    import onnx
+
+    graph = onnx.load(onnx_path, load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in initializers][:count]
+    return [[d.dim_param if d.HasField("dim_param") else "" for d in i.type.tensor_type.shape.dim] for i in inputs]
+
+
+def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free: list[list[str]],
+           rtol: float | None, atol: float | None) -> list[list[str]]:
+    """The accuracy guard at the captured inputs and at other sizes; returns ``free`` with the
+    symbols of the dimensions the original module takes other sizes in (the exporter leaves some
+    free that the module's own checks or weights fix; those stay fixed).
+
+    Each free dimension is probed alone, one smaller (two where it is 1) and one larger, then all
+    that passed together; dimensions sharing a symbol change alike, and the captured values are
+    tiled or cropped (ids stay valid ids). A probe the original module refuses (a size it does not
+    take, more positions than it has) is skipped; one the program answers wrongly refuses it."""
+    _compare(runner, module, args, rtol, atol)
+    sizes = {name: n for a, names in zip(args, free, strict=True) for name, n in zip(names, a.shape, strict=True) if name}
+    taken = []
+    for name, n in sizes.items():
+        if sum(_compare(runner, module, _resized(args, free, {name: size}), rtol, atol)
+               for size in (n - 1 if n > 1 else 2, n + 1)):
+            taken.append(name)
+    if not taken:
+        raise OtherShapesError("the original module takes no other size in any dimension the exporter left free")
+    if len(taken) > 1:
+        _compare(runner, module, _resized(args, free, {name: sizes[name] + 1 for name in taken}), rtol, atol)
+    return [[name if name in taken else "" for name in names] for names in free]
+
+
+def _compare(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], rtol: float | None,
+             atol: float | None) -> bool:
+    """Whether the original module takes ``args``; raises where the program's answer differs."""
+    with torch.no_grad():
+        try:
+            reference = module(*args)
+        except Exception:
+            return False
+        try:
+            result = runner(*args)
+        except Exception as exc:
+            raise OtherShapesError(f"it failed at sizes {_shapes(args)}: {type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    verdict = check_outputs(reference, result, rtol=rtol, atol=atol)
+    if not verdict.ok:
+        raise OtherShapesError(f"it failed the accuracy guard at sizes {_shapes(args)}: {verdict.reason}")
+    return True
+
+
+def _resized(args: tuple[torch.Tensor, ...], free: list[list[str]], new: dict[str, int]) -> tuple[torch.Tensor, ...]:
+    """``args`` with the dimensions of the symbols in ``new`` at those sizes, values tiled or cropped."""
+    out = []
+    for t, names in zip(args, free, strict=True):
+        shape = [new.get(name, n) if name else n for name, n in zip(names, t.shape, strict=True)]
+        reps = [-(-s // n) if n else 1 for s, n in zip(shape, t.shape, strict=True)]
+        out.append(t.repeat(*reps)[tuple(slice(0, s) for s in shape)].contiguous())
+    return tuple(out)
+
+
+def _shapes(args: tuple[torch.Tensor, ...]) -> str:
+    return ", ".join(str(tuple(a.shape)) for a in args)
+
+
+def package_members(backend: str, index: int, first: str) -> dict[str, str]:
+    """member name -> local file of a region's program for other sizes (the first is the one the
+    plan names)."""
+    from pathlib import Path
+
+    return {f"{backend}/{index}-shapes{suffix}": str(Path(first).with_suffix(suffix))
+            for suffix in ARTIFACT_SUFFIXES[backend]}
+
+
+def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, device: str) -> None:
+    """Give a loaded build's runtime ``region`` (a :class:`~.realized.CompiledRegion`) the program
+    for other sizes its ``choice`` records in ``runtime["other_shapes"]``, from the verified build
+    ``vb``. A malformed record is warned about and left out (the region then runs the original
+    module for other sizes, as a build without one does)."""
+    from cuvil_pgc.recompile.runtime_region import TENSOR_DTYPES
+
+    record = (choice.runtime or {}).get("other_shapes")
+    cand = choice.candidate
+    if record is None or device != "cpu" or cand.backend not in BACKENDS:
+        return
+    try:
+        stem = record["artifact"].rsplit(".", 1)[0]
+        inputs = [(TENSOR_DTYPES[dtype], tuple(None if s is None else int(s) for s in sizes))
+                  for dtype, sizes in record["inputs"]]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        log.warning("cuvil-pgc: the build's record of the program for other input sizes of %s is malformed; "
+                    "other sizes run the original module", choice.label)
+        return
+    local = {suffix: str(vb.extract(stem + suffix, extract_dir)) for suffix in ARTIFACT_SUFFIXES[cand.backend]}
+    first = local[ARTIFACT_SUFFIXES[cand.backend][0]]
+    knobs = {k: v for k, v in knobs_of(cand).items() if k != "fuse"}
+    template = region.compiled.template
+    runner = OrtRunner(first, knobs, template, region.original) if cand.backend == "ort" else \
+        OpenVinoRunner(first, knobs, cand.precision, template, region.original)
+    region.other_shapes = OtherShapes(runner, inputs, first)

@@ -1,0 +1,155 @@
+"""Runtime regions at other input sizes (``recompile(..., dynamic=True)``, see
+:mod:`cuvil_pgc.recompile.other_shapes`): a service calling a build at another batch size or
+sequence length runs an exported program, checked at other sizes, instead of the original module."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile import load_build, other_shapes, recompile, runtimes
+from cuvil_pgc.recompile.accuracy import AccuracyResult
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.package import open_build
+
+needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
+needs_ov = pytest.mark.skipif(not runtimes.check("openvino").ok, reason="openvino not installed")
+pytestmark = [pytest.mark.usefixtures("build_env"), pytest.mark.slow]    # ONNX exports: ~5-20 s each here
+
+
+class Tagger(nn.Module):
+    """Token ids (batch, seq) -> per-token scores and a pooled vector: sizes free in batch and seq,
+    fixed in the hidden size the weights set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.fc, self.head = nn.Embedding(50, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.fc(self.emb(ids)))
+        return self.head(h), h.mean(dim=1)
+
+
+def tagger():
+    torch.manual_seed(0)
+    return Tagger().eval(), (torch.randint(0, 50, (2, 8)),)
+
+
+class Scaler(nn.Module):
+    """A float input whose last dimension the weights fix."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.fc(x), dim=-1)
+
+
+def _build(backend, factory, **kw):
+    model, inputs = factory()
+    return model, inputs, recompile(model, inputs, plan={"": Candidate("", backend)}, records=False,
+                                    deployed_race=False, rounds=3, dynamic=True, **kw)
+
+
+@needs_ort
+def test_a_loaded_build_runs_other_batch_sizes_and_lengths_on_its_runtime_in_a_service_process(tmp_path, keys):
+    model, inputs, build = _build("ort", tagger)
+    record = build.plan.choices[0].runtime["other_shapes"]
+    assert record == {"artifact": "ort/0-shapes.onnx", "inputs": [["int64", [None, None]]]}
+    path = build.save(tmp_path / "t.cuvilpkg", signing_key=str(keys[0]))
+    with open_build(path, pubkey=str(keys[1])) as vb:                # signed and verified like every member
+        assert "ort/0-shapes.onnx" in vb.members()
+    ids = torch.randint(0, 50, (5, 13))
+    torch.save({"ids": ids, "state": model.state_dict()}, tmp_path / "in.pt")
+    service = textwrap.dedent(f"""
+        import json, sys, torch
+        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+        from test_other_shapes import Tagger
+        from cuvil_pgc import load_build
+        saved = torch.load({str(tmp_path / "in.pt")!r})
+        model = Tagger().eval()
+        model.load_state_dict(saved["state"])
+        fast = load_build({path!r}, model, pubkey={str(keys[1])!r})
+        with torch.inference_mode():
+            scores, pooled = fast(saved["ids"])
+            ref_scores, ref_pooled = model(saved["ids"])
+            fast(saved["ids"][:, :4].contiguous())
+        print(json.dumps({{"shape": list(scores.shape), "err": float((scores - ref_scores).abs().max()
+                          + (pooled - ref_pooled).abs().max()), "other": fast.other_shape_calls,
+                          "fallback": fast.fallback_calls}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", service], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["shape"] == [5, 13, 3] and got["err"] < 1e-5 and got["other"] == 2 and got["fallback"] == 0
+
+
+@needs_ov
+def test_openvino_regions_get_one_too_and_fixed_dimensions_stay_with_the_original_module(tmp_path, caplog):
+    model, inputs = Scaler().eval(), (torch.randn(3, 12),)
+    build = recompile(model, inputs, plan={"": Candidate("", "openvino")}, records=False, deployed_race=False,
+                      rounds=3, dynamic=True)
+    assert build.plan.choices[0].runtime["other_shapes"]["inputs"] == [["float32", [None, 12]]]
+    fast = load_build(build.save(tmp_path / "s.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
+    x = torch.randn(7, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+        assert fast.other_shape_calls == 1 and fast.fallback_calls == 0
+        with pytest.raises(RuntimeError):                    # 13 features: the original module's own error
+            fast(torch.randn(7, 13))
+    assert fast.fallback_calls == 1
+
+
+@needs_ort
+def test_a_program_that_fails_at_other_sizes_is_left_out_with_the_reason(monkeypatch, caplog):
+    def guard(reference, candidate, **kw):            # the program answers wrongly at any size but the captured
+        same = reference[0].shape == (2, 8, 3)
+        return AccuracyResult(ok=same, reason="" if same else "output[0]: max abs err 0.5")
+    monkeypatch.setattr(other_shapes, "check_outputs", guard)
+    with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.build"):
+        model, inputs, build = _build("ort", tagger)
+    assert "other_shapes" not in build.plan.choices[0].runtime and build.module.other_shapes is None
+    assert "<model> (ort) runs only its captured input sizes" in caplog.text
+    assert "failed the accuracy guard at sizes (1, 8): output[0]: max abs err 0.5" in caplog.text
+    with torch.no_grad():
+        build.module(torch.randint(0, 50, (3, 8)))
+    assert build.module.fallback_calls == 1
+
+
+@needs_ort
+def test_a_failure_at_serve_time_hands_the_call_and_the_later_ones_to_the_original_module(caplog):
+    model, inputs, build = _build("ort", tagger)
+    region = build.module
+    assert region.other_shapes is not None
+
+    class Broken:
+        def call_positional(self, args):
+            raise RuntimeError("ONNX Runtime: unexpected input")
+    region.other_shapes.runner = Broken()
+    ids = torch.randint(0, 50, (3, 5))
+    with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.apply"), torch.no_grad():
+        out = region(ids)
+        region(ids)
+    torch.testing.assert_close(out[0], model(ids)[0].detach())
+    assert region.other_shapes is None and region.fallback_calls == 2 and region.other_shape_calls == 0
+    assert "program for other input sizes failed (RuntimeError: ONNX Runtime: unexpected input)" in caplog.text
+
+
+def test_other_shapes_takes_the_fixed_sizes_and_dtypes_only():
+    record = other_shapes.OtherShapes(runner=None, inputs=[(torch.int64, (None, None)), (torch.float32, (None, 4))],
+                                      artifact="")
+    assert record.fits((torch.zeros(3, 9, dtype=torch.int64), torch.zeros(3, 4)))
+    assert not record.fits((torch.zeros(3, 9, dtype=torch.int64), torch.zeros(3, 5)))      # a fixed size
+    assert not record.fits((torch.zeros(3, 9, dtype=torch.int32), torch.zeros(3, 4)))      # another dtype
+    assert not record.fits((torch.zeros(3, 9, 1, dtype=torch.int64), torch.zeros(3, 4)))   # another rank
+    assert not record.fits((torch.zeros(3, 9, dtype=torch.int64),))                        # fewer inputs
+    assert record.to_json("ort/0-shapes.onnx")["inputs"] == [["int64", [None, None]], ["float32", [None, 4]]]
