@@ -347,3 +347,47 @@ def test_keyword_flags_that_repeat_the_models_config_run_the_build():
         assert isinstance(as_tuple, tuple) and region.fallback_calls == 1
         region(ids, mask, output_attentions=1)                                   # a bool flag, not a number
     assert region.fallback_calls == 2
+
+
+class LanguageModelStep(nn.Module):
+    """An LSTM step that takes and returns its (h, c) state: ``model(x, state=(h, c))``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None, temperature: float = 1.0):
+        out, state = self.lstm(x, state)
+        return self.head(out) / temperature, state
+
+
+@needs_ort
+def test_keyword_calls_with_nested_inputs_run_the_build():
+    """A region captured as ``model(x, (h, c))`` and called ``model(x, state=(h, c))`` ran the
+    original module on every call (the keyword binding needed every captured input to be a tensor)."""
+    torch.manual_seed(0)
+    model, x = LanguageModelStep().eval(), torch.randn(2, 5, 8)
+    state = (torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
+    region = realize(model, Candidate("", "ort"), ScopeInputs((x, state)), machine="t").module
+    with torch.no_grad():
+        ref, (h, c) = model(x, state)
+        for call in (lambda: region(x, state), lambda: region(x, state=state),
+                     lambda: region(x=x, state=state, temperature=1.0)):
+            out, (h2, c2) = call()
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(c2, c, rtol=1e-4, atol=1e-5)
+        assert region.fallback_calls == 0
+        region(x, state=state, temperature=2.0)              # a setting the build did not fix
+        region(x)                                            # no state: another signature
+    assert region.fallback_calls == 2
+
+
+@needs_ort
+def test_a_region_captured_with_keywords_still_matches_its_keyword_call():
+    torch.manual_seed(0)
+    model, x = LanguageModelStep().eval(), torch.randn(2, 5, 8)
+    state = (torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
+    region = realize(model, Candidate("", "ort"), ScopeInputs((x,), {"state": state}), machine="t").module
+    with torch.no_grad():
+        torch.testing.assert_close(region(x, state=state)[0], model(x, state)[0], rtol=1e-4, atol=1e-5)
+    assert region.fallback_calls == 0

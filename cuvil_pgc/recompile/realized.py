@@ -64,7 +64,7 @@ class CompiledRegion(nn.Module):
         self.other_shapes: Any = None
         self.other_shape_calls = 0
         #: the original forward's (name, default) per parameter, which keyword calls are bound by
-        self._params = _parameters(original) if self._spec is not None else None
+        self._params = _parameters(original) if signature is not None else None
         self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
         self.register_state_dict_post_hook(_state_dict_as_original)
         self.register_load_state_dict_pre_hook(_load_into_original)
@@ -131,8 +131,9 @@ class CompiledRegion(nn.Module):
             return self.original(*args, **kwargs)
         if self.signature is None:
             return self._compiled(*args, **kwargs)
-        if kwargs and (positional := self._positional(args, kwargs)) is not None:
-            args, kwargs = positional, {}
+        if kwargs and (self._spec is not None or not self._matches(args, kwargs)) \
+                and (positional := self._positional(args, kwargs)) is not None:
+            args, kwargs = positional, {}       # (a call captured with keywords matches as it is)
         if self._matches(args, kwargs) and not (self._inference_only and torch.is_grad_enabled()):
             if self._fast is not None and not kwargs:
                 return self._fast(args)
@@ -167,10 +168,24 @@ class CompiledRegion(nn.Module):
         parameter names; keywords past the captured ones may only repeat their defaults, or what the
         model's Hugging Face config sets (:func:`_as_configured`). None when the call does not map
         onto the captured positions."""
-        params = self._params            # None where there is no positional spec to bind to
+        params = self._params            # None where there is no captured signature to bind to
         if params is None:
             return None
-        count = len(self._spec)
+        if self._spec is not None:
+            return self._bound(args, kwargs, len(self._spec))
+        # captured with nested or non-tensor arguments: the binding whose signature is the captured one
+        count = len(args)
+        while count < len(params) and params[count][0] in kwargs:
+            count += 1
+        for n in range(count, len(args) - 1, -1):
+            positional = self._bound(args, kwargs, n)
+            if positional is not None and input_signature((positional, {})) == self.signature:
+                return positional
+        return None
+
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any], count: int) -> tuple[Any, ...] | None:
+        """The call with its first ``count`` parameters positional (see :meth:`_positional`)."""
+        params = self._params
         if len(params) < count or len(args) > count:
             return None
         wanted = params[len(args):count]
