@@ -100,6 +100,7 @@ def test_openvino_regions_get_one_too_and_fixed_dimensions_stay_with_the_origina
                       rounds=3, dynamic=True)
     assert build.plan.choices[0].runtime["other_shapes"]["inputs"] == [["float32", [None, 12]]]
     fast = load_build(build.save(tmp_path / "s.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
+    assert fast.cuvil_load_report.applied == ["<model>: openvino (and other input sizes)"]
     x = torch.randn(7, 12)
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)

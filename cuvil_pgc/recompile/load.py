@@ -260,7 +260,8 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
         else:
             realized[scope] = _realize_lazy(module, cand, plan.device, choice)
             report.compiled_regions += cand.backend != "eager"
-        report.applied.append(f"{scope or '<model>'}: {cand.config}")
+        other = getattr(getattr(realized.get(scope), "module", None), "other_shapes", None)
+        report.applied.append(f"{scope or '<model>'}: {cand.config}" + (" (and other input sizes)" if other else ""))
     if report.skipped and stale == "error":
         raise BuildError(f"{len(report.skipped)} region(s) changed since the build: " + "; ".join(report.skipped),
                          path=path, fix="recompile this model version with `cuvil-pgc recompile`, or load with "
