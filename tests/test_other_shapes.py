@@ -154,3 +154,19 @@ def test_other_shapes_takes_the_fixed_sizes_and_dtypes_only():
     assert not record.fits((torch.zeros(3, 9, 1, dtype=torch.int64), torch.zeros(3, 4)))   # another rank
     assert not record.fits((torch.zeros(3, 9, dtype=torch.int64),))                        # fewer inputs
     assert record.to_json("ort/0-shapes.onnx")["inputs"] == [["int64", [None, None]], ["float32", [None, 4]]]
+
+
+@needs_ort
+def test_a_dimension_the_program_gets_wrong_stays_fixed_and_the_others_stay_free(monkeypatch):
+    """Hugging Face GPT-2 exported with free sizes still computes with the captured batch: the
+    dimensions that pass keep the program, the one that fails keeps its captured size."""
+    def guard(reference, candidate, **kw):            # wrong at any batch size but the captured one
+        same = reference[0].shape[0] == 2
+        return AccuracyResult(ok=same, reason="" if same else "output[0]: max abs err 0.5")
+    monkeypatch.setattr(other_shapes, "check_outputs", guard)
+    model, inputs, build = _build("ort", tagger)
+    assert build.plan.choices[0].runtime["other_shapes"]["inputs"] == [["int64", [2, None]]]
+    with torch.no_grad():
+        build.module(torch.randint(0, 50, (2, 11)))          # another length: the program
+        build.module(torch.randint(0, 50, (3, 8)))           # another batch: the original module
+    assert build.module.other_shape_calls == 1 and build.module.fallback_calls == 1

@@ -111,7 +111,7 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
     except (ExportError, OtherShapesError):
         raise
     except Exception as exc:
-        raise OtherShapesError(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise OtherShapesError(f"{type(exc).__name__}: {_first_line(exc)}") from exc
     free = _check(runner, module, inputs.args, free, rtol, atol)
     return OtherShapes(runner, [(a.dtype, tuple(None if name else n for name, n in zip(names, a.shape, strict=True)))
                                 for a, names in zip(inputs.args, free, strict=True)], first)
@@ -130,22 +130,27 @@ def free_dimensions(onnx_path: str, count: int) -> list[list[str]]:
 def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free: list[list[str]],
            rtol: float | None, atol: float | None) -> list[list[str]]:
     """The accuracy guard at the captured inputs and at other sizes; returns ``free`` with the
-    symbols of the dimensions the original module takes other sizes in (the exporter leaves some
-    free that the module's own checks or weights fix; those stay fixed).
+    symbols of the dimensions the program takes other sizes in, the others fixed.
 
     Each free dimension is probed alone, one smaller (two where it is 1) and one larger, then all
     that passed together; dimensions sharing a symbol change alike, and the captured values are
     tiled or cropped (ids stay valid ids). A probe the original module refuses (a size it does not
-    take, more positions than it has) is skipped; one the program answers wrongly refuses it."""
+    take, more positions than it has) is skipped. A dimension where the program fails or answers
+    differently stays fixed: the exporter leaves some free that the program still computes with
+    the captured size (Hugging Face GPT-2's batch, exported at batch 1)."""
     _compare(runner, module, args, rtol, atol)
     sizes = {name: n for a, names in zip(args, free, strict=True) for name, n in zip(names, a.shape, strict=True) if name}
-    taken = []
+    taken, refused = [], []
     for name, n in sizes.items():
-        if sum(_compare(runner, module, _resized(args, free, {name: size}), rtol, atol)
-               for size in (n - 1 if n > 1 else 2, n + 1)):
-            taken.append(name)
+        try:
+            if sum(_compare(runner, module, _resized(args, free, {name: size}), rtol, atol)
+                   for size in (n - 1 if n > 1 else 2, n + 1)):
+                taken.append(name)
+        except OtherShapesError as exc:
+            refused.append(str(exc))
     if not taken:
-        raise OtherShapesError("the original module takes no other size in any dimension the exporter left free")
+        raise OtherShapesError("; ".join(refused) or "the original module takes no other size in any "
+                                                     "dimension the exporter left free")
     if len(taken) > 1:
         _compare(runner, module, _resized(args, free, {name: sizes[name] + 1 for name in taken}), rtol, atol)
     return [[name if name in taken else "" for name in names] for names in free]
@@ -153,7 +158,8 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
 
 def _compare(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], rtol: float | None,
              atol: float | None) -> bool:
-    """Whether the original module takes ``args``; raises where the program's answer differs."""
+    """Whether the original module takes ``args``; raises :class:`OtherShapesError` where the
+    program fails or answers differently."""
     with torch.no_grad():
         try:
             reference = module(*args)
@@ -163,11 +169,17 @@ def _compare(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], rto
             result = runner(*args)
         except Exception as exc:
             raise OtherShapesError(f"it failed at sizes {_shapes(args)}: {type(exc).__name__}: "
-                                   f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+                                   f"{_first_line(exc)}") from exc
     verdict = check_outputs(reference, result, rtol=rtol, atol=atol)
     if not verdict.ok:
         raise OtherShapesError(f"it failed the accuracy guard at sizes {_shapes(args)}: {verdict.reason}")
     return True
+
+
+def _first_line(exc: BaseException) -> str:
+    """The exception's message in one line, the runtime's long status text cut at 200 characters."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else ""
 
 
 def _resized(args: tuple[torch.Tensor, ...], free: list[list[str]], new: dict[str, int]) -> tuple[torch.Tensor, ...]:
