@@ -63,7 +63,7 @@ def _build(backend, factory, **kw):
 @needs_ort
 def test_a_loaded_build_runs_other_batch_sizes_and_lengths_on_its_runtime_in_a_service_process(tmp_path, keys):
     model, inputs, build = _build("ort", tagger)
-    record = build.plan.choices[0].runtime["other_shapes"]
+    record = build.plan.choices[0].other_shapes
     assert record == {"artifact": "ort/0-shapes.onnx", "inputs": [["int64", [None, None]]]}
     path = build.save(tmp_path / "t.cuvilpkg", signing_key=str(keys[0]))
     with open_build(path, pubkey=str(keys[1])) as vb:                # signed and verified like every member
@@ -98,7 +98,7 @@ def test_openvino_regions_get_one_too_and_fixed_dimensions_stay_with_the_origina
     model, inputs = Scaler().eval(), (torch.randn(3, 12),)
     build = recompile(model, inputs, plan={"": Candidate("", "openvino")}, records=False, deployed_race=False,
                       rounds=3, dynamic=True)
-    assert build.plan.choices[0].runtime["other_shapes"]["inputs"] == [["float32", [None, 12]]]
+    assert build.plan.choices[0].other_shapes["inputs"] == [["float32", [None, 12]]]
     fast = load_build(build.save(tmp_path / "s.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
     assert fast.cuvil_load_report.applied == ["<model>: openvino (and other input sizes)"]
     x = torch.randn(7, 12)
@@ -118,7 +118,7 @@ def test_a_program_that_fails_at_other_sizes_is_left_out_with_the_reason(monkeyp
     monkeypatch.setattr(other_shapes, "check_outputs", guard)
     with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.build"):
         model, inputs, build = _build("ort", tagger)
-    assert "other_shapes" not in build.plan.choices[0].runtime and build.module.other_shapes is None
+    assert build.plan.choices[0].other_shapes is None and build.module.other_shapes is None
     assert "<model> (ort) runs only its captured input sizes" in caplog.text
     assert "failed the accuracy guard at sizes (1, 8): output[0]: max abs err 0.5" in caplog.text
     with torch.no_grad():
@@ -165,8 +165,23 @@ def test_a_dimension_the_program_gets_wrong_stays_fixed_and_the_others_stay_free
         return AccuracyResult(ok=same, reason="" if same else "output[0]: max abs err 0.5")
     monkeypatch.setattr(other_shapes, "check_outputs", guard)
     model, inputs, build = _build("ort", tagger)
-    assert build.plan.choices[0].runtime["other_shapes"]["inputs"] == [["int64", [2, None]]]
+    assert build.plan.choices[0].other_shapes["inputs"] == [["int64", [2, None]]]
     with torch.no_grad():
         build.module(torch.randint(0, 50, (2, 11)))          # another length: the program
         build.module(torch.randint(0, 50, (3, 8)))           # another batch: the original module
     assert build.module.other_shape_calls == 1 and build.module.fallback_calls == 1
+
+
+def test_an_aoti_region_gets_a_package_for_other_sizes_and_loads_it(tmp_path, keys):
+    model, inputs = Scaler().eval(), (torch.randn(3, 12),)
+    build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, records=False, deployed_race=False,
+                      rounds=3, dynamic=True)
+    assert build.plan.choices[0].other_shapes == {"artifact": "aoti/0-shapes.pt2",
+                                                  "inputs": [["float32", [None, 12]]]}
+    fast = load_build(build.save(tmp_path / "a.cuvilpkg", signing_key=str(keys[0])), copy.deepcopy(model),
+                      pubkey=str(keys[1]))
+    x = torch.randn(8, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(fast(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    assert fast.other_shape_calls == 1 and fast.fallback_calls == 0

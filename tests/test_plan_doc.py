@@ -136,3 +136,14 @@ def test_the_race_in_processes_round_trips_and_a_plan_without_it_reads_as_before
     assert "decided in processes of their own: model 0.2600 ms, <model>::ort 0.2900 ms" in plan_view(plan).caption
     html = plan_section(plan, None, False)
     assert "raced in processes of their own" in html and "&lt;model&gt;::ort: 290 µs" in html
+
+
+def test_a_choices_program_for_other_sizes_round_trips_and_a_malformed_one_is_dropped():
+    doc = json.loads(json.dumps(FORMAT_1))
+    record = {"artifact": "ort/0-shapes.onnx", "inputs": [["int64", [None, None]]]}
+    doc["choices"][0]["other_shapes"] = record
+    doc["choices"][1]["other_shapes"] = "not a record"
+    plan = Plan.from_json(doc)
+    assert plan.choices[0].other_shapes == record and plan.choices[1].other_shapes is None
+    assert plan.to_json()["choices"][0]["other_shapes"] == record
+    assert "other_shapes" not in Plan.from_json(json.loads(json.dumps(FORMAT_1))).to_json()["choices"][0]

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
                  "AOTInductor) again, each in worker processes of their own, as deployed."),
         dynamic: bool = typer.Option(
             False, "--dynamic",
-            help="Also ship each ONNX Runtime and OpenVINO region exported for other input sizes (batch, sequence "
+            help="Also ship each ONNX Runtime, OpenVINO and AOTInductor region exported for other input sizes (batch, sequence "
                  "length), checked at other sizes; without it calls at other sizes run the original module."),
         name: str | None = typer.Option(None, "--name", help="Build name (default: the factory's name)."),
         version: int = typer.Option(1, "--version", min=1, help="Build version."),

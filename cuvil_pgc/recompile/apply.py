@@ -211,16 +211,42 @@ def _compile_kwargs(cand: Candidate) -> dict[str, Any]:
 
 
 def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, path: str) -> None:
+    with torch.no_grad():
+        package_aoti(export_program(prepared, inputs), cand, path)
+
+
+def export_program(prepared: nn.Module, inputs: ScopeInputs, *, free_sizes: bool = False) -> Any:
+    """``torch.export`` of ``prepared`` for ``inputs``; with ``free_sizes`` every dimension of the
+    positional tensor inputs is left to the exporter (``Dim.AUTO``, see :mod:`.other_shapes`)."""
+    try:
+        if not free_sizes:
+            return torch.export.export(prepared, inputs.args, inputs.kwargs or None)
+        dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} for a in inputs.args)}
+        return torch.export.export(_Positional(prepared), inputs.args, dynamic_shapes=dynamic)
+    except Exception as exc:
+        raise ExportError(f"torch.export failed: {type(exc).__name__}: {first_line(str(exc))}") from exc
+
+
+def package_aoti(exported: Any, cand: Candidate, path: str) -> None:
+    """The AOTInductor package of an exported program with ``cand``'s Inductor options, at ``path``."""
     configs: dict[str, Any] = {"freezing": False, **inductor_options(cand)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp.pt2"
     with torch.no_grad():
-        try:
-            exported = torch.export.export(prepared, inputs.args, inputs.kwargs or None)
-        except Exception as exc:
-            raise ExportError(f"torch.export failed: {type(exc).__name__}: {first_line(str(exc))}") from exc
         torch._inductor.aoti_compile_and_package(exported, package_path=tmp, inductor_configs=configs)
     os.replace(tmp, path)
+
+
+class _Positional(nn.Module):
+    """A module called with positional arguments only, under one parameter (``*args``) that
+    ``dynamic_shapes`` can name whatever the wrapped forward's signature."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        return self.inner(*args)
 
 
 def program_key(cand: Candidate) -> str:

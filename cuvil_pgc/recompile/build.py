@@ -111,7 +111,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
             model's code (one ONNX Runtime, OpenVINO or AOTInductor artifact on the CPU), decide
             between such plans again each in worker processes of their own, as deployed (see
             :mod:`.plan`); False keeps the decision of the searching process.
-        dynamic: also ship each ONNX Runtime and OpenVINO region (CPU) exported with its input
+        dynamic: also ship each ONNX Runtime, OpenVINO and AOTInductor region (CPU) exported with its input
             sizes left free, for calls at other batch sizes or sequence lengths, where it passes the
             accuracy guard at other sizes (see :mod:`.other_shapes`); without it such calls run
             the original module.
@@ -192,8 +192,8 @@ def _engine_target(result: Any) -> Any:
 
 
 def _add_other_shapes(result: Any, device: str, rtol: float | None, atol: float | None) -> None:
-    """Give each chosen ONNX Runtime and OpenVINO region on the CPU its program for other input
-    sizes (:mod:`.other_shapes`); a region that cannot have one keeps running the original module
+    """Give each chosen ONNX Runtime, OpenVINO and AOTInductor region on the CPU its program for
+    other input sizes (:mod:`.other_shapes`); a region that cannot have one keeps running the original module
     for them, and the reason is logged."""
     from cuvil_pgc.recompile import other_shapes
     from cuvil_pgc.recompile.apply import prepare_module, runtime_key

@@ -256,6 +256,7 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
             local = str(vb.extract(choice.artifact, extract_dir))
             realized[scope] = realize(module, cand, None, artifact=local, signature=choice.input_signature,
                                       spec=choice.input_spec)
+            load_other_shapes(vb, choice, realized[scope].module, extract_dir, plan.device)
             report.aoti_packages += 1
         else:
             realized[scope] = _realize_lazy(module, cand, plan.device, choice)

@@ -4,18 +4,19 @@ A region's exported program is specialized to the captured input shapes: that is
 fastest (with every size known, the exporters fold the shape arithmetic away; the same zoo
 transformer ran 108 µs static against 122 µs with free sizes under ONNX Runtime). A service that
 calls with other batch sizes or sequence lengths ran the original module for each of those calls.
-With ``dynamic=True`` the build also ships, for each ONNX Runtime and OpenVINO region on the CPU,
-a second export of the region whose input dimensions the exporter left free (``Dim.AUTO``: free
-where the program allows other sizes, fixed where it does not, such as a hidden size tied to a
-weight). The captured shapes keep the specialized program; calls that differ only in free
+With ``dynamic=True`` the build also ships, for each ONNX Runtime, OpenVINO and AOTInductor region
+on the CPU, a second export of the region whose input dimensions the exporter left free
+(``Dim.AUTO``: free where the program allows other sizes, fixed where it does not, such as a hidden
+size tied to a weight): the same ONNX file's runtime, or an AOTInductor package compiled with the
+region's Inductor options. The captured shapes keep the specialized program; calls that differ only in free
 dimensions run the second one; any other call runs the original module.
 
 The second program passes the accuracy guard at the captured inputs and at probes of other sizes
 (the captured inputs tiled or cropped along the free dimensions, so token ids stay valid ids)
-before it ships; one that fails is left out with the reason. In a build its files are the members
-``<backend>/<n>-shapes<suffix>``, covered by the manifest and the signature like every other member,
-and the plan's choice records them in ``runtime["other_shapes"]``: ``{"artifact": member,
-"inputs": [[dtype, [size or null, ...]], ...]}`` (null: a free dimension). A cuvil-pgc that
+before it ships; a dimension it gets wrong stays fixed, and a program that gets every one wrong is
+left out with the reason. In a build its files are the members ``<backend>/<n>-shapes<suffix>``, covered by the manifest and the signature like every other member,
+and the plan's choice records them in ``other_shapes``: ``{"artifact": member, "inputs": [[dtype,
+[size or null, ...]], ...]}`` (null: a free dimension). A cuvil-pgc that
 predates them ignores the record and runs the original module for other sizes, as before.
 """
 
@@ -41,7 +42,7 @@ from cuvil_pgc.recompile.runtime_region import OpenVinoRunner, OrtRunner, Output
 log = logging.getLogger(__name__)
 
 #: backends whose regions get a program for other sizes (CPU only)
-BACKENDS = ("ort", "openvino")
+BACKENDS = ("ort", "openvino", "aoti")
 
 
 class OtherShapesError(RuntimeError):
@@ -77,44 +78,82 @@ class OtherShapes:
 
 def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any, *, key: str,
                        rtol: float | None, atol: float | None) -> OtherShapes:
-    """The program of ``cand`` (an ONNX Runtime or OpenVINO candidate) for ``module`` at other input
-    sizes, checked against ``module`` at probes of other sizes; raises :class:`OtherShapesError`.
+    """The program of ``cand`` (an ONNX Runtime, OpenVINO or AOTInductor candidate) for ``module`` at
+    other input sizes, checked against ``module`` at probes of other sizes; raises
+    :class:`OtherShapesError` (or :class:`~.realized.ExportError`).
 
     ``prepared`` is the module the region exports (rewrites applied), ``key`` the region's
     artifact cache key (:func:`~.apply.runtime_key`)."""
     from cuvil_pgc.recompile.realized import ExportError
 
     if cand.backend not in BACKENDS:
-        raise OtherShapesError(f"only ONNX Runtime and OpenVINO regions get one, not {cand.backend}")
+        raise OtherShapesError(f"only ONNX Runtime, OpenVINO and AOTInductor regions get one, not {cand.backend}")
     if inputs.kwargs or not inputs.args or not all(isinstance(a, torch.Tensor) and a.is_cpu for a in inputs.args):
         raise OtherShapesError("it is called with other than positional CPU tensors")
-    with torch.no_grad():
-        reference = prepared(*inputs.args)
-    template = OutputTemplate.of(reference)
-    onnx_path = artifact_path(key, "onnx-shapes", None, ".onnx")
     try:
-        if not onnx_path.exists():
-            export_onnx(prepared, inputs, onnx_path, len(template.tensors), free_sizes=True)
-        free = free_dimensions(str(onnx_path), len(inputs.args))
-        if not any(name for sizes in free for name in sizes):
-            raise OtherShapesError("the exporter fixed every input dimension (the program allows no other sizes)")
-        knobs = {k: v for k, v in knobs_of(cand).items() if k != "fuse"}   # the fusions need fixed shapes
-        if cand.backend == "ort":
-            runner: Any = OrtRunner(str(onnx_path), knobs, template, module)
-            first = str(onnx_path)
+        if cand.backend == "aoti":
+            runner, first, free = _aoti_program(prepared, cand, inputs, key)
         else:
-            xml = artifact_path(key, "openvino-shapes", None, ".xml")
-            if not xml.exists():
-                convert_openvino(onnx_path, xml)
-            runner = OpenVinoRunner(str(xml), knobs, cand.precision, template, module)
-            first = str(xml)
+            runner, first, free = _runtime_program(module, prepared, cand, inputs, key)
     except (ExportError, OtherShapesError):
         raise
     except Exception as exc:
         raise OtherShapesError(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+    if not any(name for sizes in free for name in sizes):
+        raise OtherShapesError("the exporter fixed every input dimension (the program allows no other sizes)")
     free = _check(runner, module, inputs.args, free, rtol, atol)
     return OtherShapes(runner, [(a.dtype, tuple(None if name else n for name, n in zip(names, a.shape, strict=True)))
                                 for a, names in zip(inputs.args, free, strict=True)], first)
+
+
+def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
+                     key: str) -> tuple[Any, str, list[list[str]]]:
+    """(runner, first file, free dimensions) of the free-size ONNX export on ONNX Runtime or OpenVINO."""
+    with torch.no_grad():
+        template = OutputTemplate.of(prepared(*inputs.args))
+    onnx_path = artifact_path(key, "onnx-shapes", None, ".onnx")
+    if not onnx_path.exists():
+        export_onnx(prepared, inputs, onnx_path, len(template.tensors), free_sizes=True)
+    free = free_dimensions(str(onnx_path), len(inputs.args))
+    knobs = {k: v for k, v in knobs_of(cand).items() if k != "fuse"}   # the fusions need fixed shapes
+    if cand.backend == "ort":
+        return OrtRunner(str(onnx_path), knobs, template, module), str(onnx_path), free
+    xml = artifact_path(key, "openvino-shapes", None, ".xml")
+    if not xml.exists():
+        convert_openvino(onnx_path, xml)
+    return OpenVinoRunner(str(xml), knobs, cand.precision, template, module), str(xml), free
+
+
+def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tuple[Any, str, list[list[str]]]:
+    """(runner, package, free dimensions) of the free-size ``torch.export`` as an AOTInductor package
+    with the candidate's Inductor options (exporting again is seconds; compiling is cached)."""
+    from cuvil_pgc.recompile.apply import export_program, package_aoti, program_key
+
+    with torch.no_grad():
+        exported = export_program(prepared, inputs, free_sizes=True)
+    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    free = [["" if isinstance(d, int) else str(d) for d in placeholders[name].meta["val"].shape]
+            for name in exported.graph_signature.user_inputs]
+    path = artifact_path(f"{key}|{program_key(cand)}", "aoti-shapes", None, ".pt2")
+    if not path.exists():
+        package_aoti(exported, cand, str(path))
+    return AotiRunner(str(path)), str(path), free
+
+
+class AotiRunner:
+    """An AOTInductor package called with positional tensors (the runner interface of
+    :class:`OtherShapes`)."""
+
+    def __init__(self, path: str) -> None:
+        from cuvil_pgc.recompile.realized import FastAOTI
+
+        self._call = FastAOTI(torch._inductor.aoti_load_package(path))
+
+    def __call__(self, *args: Any) -> Any:
+        return self._call(args)
+
+    def call_positional(self, args: tuple[Any, ...]) -> Any:
+        return self._call(args)
 
 
 def free_dimensions(onnx_path: str, count: int) -> list[list[str]]:
@@ -201,18 +240,21 @@ def package_members(backend: str, index: int, first: str) -> dict[str, str]:
     plan names)."""
     from pathlib import Path
 
-    return {f"{backend}/{index}-shapes{suffix}": str(Path(first).with_suffix(suffix))
-            for suffix in ARTIFACT_SUFFIXES[backend]}
+    return {f"{backend}/{index}-shapes{suffix}": str(Path(first).with_suffix(suffix)) for suffix in _suffixes(backend)}
+
+
+def _suffixes(backend: str) -> tuple[str, ...]:
+    return ARTIFACT_SUFFIXES.get(backend, (".pt2",))        # AOTInductor: one package
 
 
 def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, device: str) -> None:
-    """Give a loaded build's runtime ``region`` (a :class:`~.realized.CompiledRegion`) the program
-    for other sizes its ``choice`` records in ``runtime["other_shapes"]``, from the verified build
+    """Give a loaded build's ``region`` (a :class:`~.realized.CompiledRegion`) the program for other
+    sizes its ``choice`` records in ``other_shapes``, from the verified build
     ``vb``. A malformed record is warned about and left out (the region then runs the original
     module for other sizes, as a build without one does)."""
     from cuvil_pgc.recompile.runtime_region import TENSOR_DTYPES
 
-    record = (choice.runtime or {}).get("other_shapes")
+    record = choice.other_shapes
     cand = choice.candidate
     if record is None or device != "cpu" or cand.backend not in BACKENDS:
         return
@@ -224,10 +266,13 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         log.warning("cuvil-pgc: the build's record of the program for other input sizes of %s is malformed; "
                     "other sizes run the original module", choice.label)
         return
-    local = {suffix: str(vb.extract(stem + suffix, extract_dir)) for suffix in ARTIFACT_SUFFIXES[cand.backend]}
-    first = local[ARTIFACT_SUFFIXES[cand.backend][0]]
+    local = {suffix: str(vb.extract(stem + suffix, extract_dir)) for suffix in _suffixes(cand.backend)}
+    first = local[_suffixes(cand.backend)[0]]
     knobs = {k: v for k, v in knobs_of(cand).items() if k != "fuse"}
-    template = region.compiled.template
-    runner = OrtRunner(first, knobs, template, region.original) if cand.backend == "ort" else \
-        OpenVinoRunner(first, knobs, cand.precision, template, region.original)
+    if cand.backend == "aoti":
+        runner: Any = AotiRunner(first)
+    elif cand.backend == "ort":
+        runner = OrtRunner(first, knobs, region.compiled.template, region.original)
+    else:
+        runner = OpenVinoRunner(first, knobs, cand.precision, region.compiled.template, region.original)
     region.other_shapes = OtherShapes(runner, inputs, first)

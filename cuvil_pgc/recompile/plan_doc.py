@@ -98,6 +98,9 @@ class PlanChoice:
     input_spec: Any = None
     artifact: str | None = None            # the member holding its AOTInductor package / runtime file
     runtime: dict[str, Any] | None = None  # {"name", "version", "outputs"} (runtime backends)
+    #: its program for other input sizes, {"artifact": member, "inputs": [[dtype, [size | null, ...]], ...]}
+    #: (see .other_shapes; None: other sizes run the original module; older versions ignore it)
+    other_shapes: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -117,6 +120,8 @@ class PlanChoice:
             doc["settings"] = self.settings
         if self.runtime is not None:
             doc["runtime"] = self.runtime
+        if self.other_shapes is not None:
+            doc["other_shapes"] = self.other_shapes
         return _with_extra(doc, self.extra)
 
     @classmethod
@@ -136,7 +141,9 @@ class PlanChoice:
                    settings=known.get("settings") if isinstance(known.get("settings"), str) else None,
                    input_signature=known.get("input_signature"), input_spec=known.get("input_spec"),
                    artifact=known.get("artifact") if isinstance(known.get("artifact"), str) else None,
-                   runtime=runtime if isinstance(runtime, dict) else None, extra=extra)
+                   runtime=runtime if isinstance(runtime, dict) else None,
+                   other_shapes=known.get("other_shapes") if isinstance(known.get("other_shapes"), dict) else None,
+                   extra=extra)
 
 
 @dataclass
@@ -261,7 +268,7 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
                           weights=result.weights.get(scope), settings=result.settings.get(scope),
                           input_signature=result.scope_inputs[scope].signature,
                           input_spec=result.scope_inputs[scope].spec, artifact=artifacts.get(scope),
-                          runtime=_runtime(result, scope, cand, (other_shapes or {}).get(scope)))
+                          runtime=_runtime(result, scope, cand), other_shapes=(other_shapes or {}).get(scope))
                for scope, cand in sorted(result.choices.items())]
     return Plan(
         device=device, machine=result.machine, model_hash=model_hash, tolerances={"rtol": rtol, "atol": atol},
@@ -277,17 +284,13 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
     )
 
 
-def _runtime(result: Any, scope: str, cand: Candidate, other_shapes: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What a region exported to a runtime records (see :func:`~.runtime_build.runtime_info`), with
-    its program for other input sizes (:mod:`.other_shapes`) where it has one."""
+def _runtime(result: Any, scope: str, cand: Candidate) -> dict[str, Any] | None:
+    """What a region exported to a runtime records (see :func:`~.runtime_build.runtime_info`)."""
     if cand.backend not in RUNTIME_BACKENDS or scope not in result.realized:
         return None
     from cuvil_pgc.recompile.runtime_build import runtime_info
 
-    info = runtime_info(cand.backend, result.realized[scope])
-    if other_shapes is not None:
-        info["other_shapes"] = other_shapes
-    return info
+    return runtime_info(cand.backend, result.realized[scope])
 
 
 def _region(result: Any, scope: str) -> PlanRegion:

@@ -55,7 +55,7 @@ class CompiledRegion(nn.Module):
         #: call its guards did not see: calls with autograd recording run the original module
         self._inference_only = _is_dynamo_module(compiled)
         if self._spec is not None and not self._inference_only:
-            self._fast = _FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
+            self._fast = FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
             lean = getattr(compiled, "lean_parts", None)
             self._lean = lean(self._spec) if lean is not None and GLOBAL_HOOKS is not None else None
         self.fallback_calls = 0
@@ -345,7 +345,7 @@ _compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compi
 _Tensor = torch.Tensor
 
 
-class _FastAOTI:
+class FastAOTI:
     """Calls an AOTInductor runner with positional tensors without re-parsing its call spec each time.
 
     ``AOTICompiledModel.__call__`` deserializes both tree specs on every call (tens of µs); for
