@@ -7,8 +7,9 @@ thread count, calls at other batch sizes and sequence lengths:
 - ``eager``: the model itself;
 - ``static build``: the build without programs for other sizes (such calls run the original module);
 - ``dynamic build``: the build with them;
-- ``plain runtime``: the runtime called plainly on the same free-size export, as a user who
-  exported with dynamic axes would (the build's own call over it is what this costs).
+- ``plain runtime``: the runtime called plainly on the same free-size export (for AOTInductor the
+  same package through ``aoti_load_package``), as a user who exported with dynamic axes would (the
+  build's own call over it is what this costs).
 
     python benchmarks/other_shapes.py --models transformer,tiny_bert --backend openvino
 """
@@ -27,7 +28,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="transformer,tiny_bert,gru_tagger",
                    help="comma-separated zoo names or MODULE_OR_FILE:FACTORY")
-    p.add_argument("--backend", default="openvino", choices=("ort", "openvino"))
+    p.add_argument("--backend", default="openvino", choices=("ort", "openvino", "aoti"))
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
@@ -91,6 +92,8 @@ def _plain_call(backend: str, path: str, threads: int):
     """The free-size export called the way a user calls the runtime (as ``_deployed_race.py``)."""
     import torch
 
+    if backend == "aoti":
+        return torch._inductor.aoti_load_package(path)
     if backend == "ort":
         import onnxruntime as ort
 

@@ -222,6 +222,9 @@ def export_program(prepared: nn.Module, inputs: ScopeInputs, *, free_sizes: bool
         if not free_sizes:
             return torch.export.export(prepared, inputs.args, inputs.kwargs or None)
         dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} for a in inputs.args)}
+        # sizes 0 and 1 stay fixed (torch.export's own rule): exported size-obliviously, as
+        # torch.onnx.export does, AOTInductor's code for the zoo MLP captured at batch 1 answered
+        # wrongly at batch 2, and the LSTM step's corrupted the heap ("double free or corruption")
         return torch.export.export(_Positional(prepared), inputs.args, dynamic_shapes=dynamic)
     except Exception as exc:
         raise ExportError(f"torch.export failed: {type(exc).__name__}: {first_line(str(exc))}") from exc
