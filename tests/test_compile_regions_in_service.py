@@ -85,3 +85,16 @@ def test_a_call_with_autograd_recording_says_how_to_call_the_build(dynamo_eager,
     with torch.no_grad():
         region(*inputs)
     assert region.fallback_calls == 1 and _compiles() == 1
+
+
+def test_inputs_that_require_grad_and_autocast_do_not_compile_again(dynamo_eager):
+    model, inputs = head()
+    region = realize(model, Candidate("", "compile"), ScopeInputs(inputs)).module
+    with torch.no_grad():
+        region(*inputs)
+        compiled = _compiles()
+        region(inputs[0].clone().requires_grad_())             # Dynamo guards on requires_grad
+        with torch.autocast("cpu", dtype=torch.bfloat16):      # and on autocast (5 s with Inductor)
+            assert region(*inputs).dtype == torch.bfloat16
+        region(*inputs)
+    assert _compiles() == compiled and region.fallback_calls == 2

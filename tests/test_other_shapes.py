@@ -64,7 +64,10 @@ def _build(backend, factory, **kw):
 def test_a_loaded_build_runs_other_batch_sizes_and_lengths_on_its_runtime_in_a_service_process(tmp_path, keys):
     model, inputs, build = _build("ort", tagger)
     record = build.plan.choices[0].other_shapes
-    assert record == {"artifact": "ort/0-shapes.onnx", "inputs": [["int64", [None, None]]]}
+    (dtype, (batch, length)), = record["inputs"]
+    assert record["artifact"] == "ort/0-shapes.onnx" and dtype == "int64"
+    # checked from 1 up to 16x the captured size (at least 64): the model takes any batch and length
+    assert record["ranges"] == {batch: [1, 64], length: [1, 128]}
     path = build.save(tmp_path / "t.cuvilpkg", signing_key=str(keys[0]))
     with open_build(path, pubkey=str(keys[1])) as vb:                # signed and verified like every member
         assert "ort/0-shapes.onnx" in vb.members()
@@ -98,7 +101,8 @@ def test_openvino_regions_get_one_too_and_fixed_dimensions_stay_with_the_origina
     model, inputs = Scaler().eval(), (torch.randn(3, 12),)
     build = recompile(model, inputs, plan={"": Candidate("", "openvino")}, records=False, deployed_race=False,
                       rounds=3, dynamic=True)
-    assert build.plan.choices[0].other_shapes["inputs"] == [["float32", [None, 12]]]
+    (dtype, (batch, features)), = build.plan.choices[0].other_shapes["inputs"]
+    assert dtype == "float32" and features == 12 and build.plan.choices[0].other_shapes["ranges"] == {batch: [1, 64]}
     fast = load_build(build.save(tmp_path / "s.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
     assert fast.cuvil_load_report.applied == ["<model>: openvino (and other input sizes)"]
     x = torch.randn(7, 12)
@@ -127,7 +131,7 @@ def test_a_program_that_fails_at_other_sizes_is_left_out_with_the_reason(monkeyp
 
 
 @needs_ort
-def test_a_failure_at_serve_time_hands_the_call_and_the_later_ones_to_the_original_module(caplog):
+def test_a_failure_at_serve_time_hands_the_call_to_the_original_module_and_counts_it(caplog):
     model, inputs, build = _build("ort", tagger)
     region = build.module
     assert region.other_shapes is not None
@@ -141,19 +145,44 @@ def test_a_failure_at_serve_time_hands_the_call_and_the_later_ones_to_the_origin
         out = region(ids)
         region(ids)
     torch.testing.assert_close(out[0], model(ids)[0].detach())
-    assert region.other_shapes is None and region.fallback_calls == 2 and region.other_shape_calls == 0
-    assert "program for other input sizes failed (RuntimeError: ONNX Runtime: unexpected input)" in caplog.text
+    assert region.fallback_calls == 2 and region.other_shape_calls == 0 and region.other_sizes_failures == 2
+    assert caplog.text.count("program for other input sizes failed (RuntimeError: ONNX Runtime: unexpected input)") == 1
+    assert region.other_shapes is not None                  # one bad request does not turn it off for good
 
 
-def test_other_shapes_takes_the_fixed_sizes_and_dtypes_only():
-    record = other_shapes.OtherShapes(runner=None, inputs=[(torch.int64, (None, None)), (torch.float32, (None, 4))],
-                                      artifact="")
-    assert record.fits((torch.zeros(3, 9, dtype=torch.int64), torch.zeros(3, 4)))
-    assert not record.fits((torch.zeros(3, 9, dtype=torch.int64), torch.zeros(3, 5)))      # a fixed size
-    assert not record.fits((torch.zeros(3, 9, dtype=torch.int32), torch.zeros(3, 4)))      # another dtype
-    assert not record.fits((torch.zeros(3, 9, 1, dtype=torch.int64), torch.zeros(3, 4)))   # another rank
-    assert not record.fits((torch.zeros(3, 9, dtype=torch.int64),))                        # fewer inputs
-    assert record.to_json("ort/0-shapes.onnx")["inputs"] == [["int64", [None, None]], ["float32", [None, 4]]]
+def test_other_shapes_takes_the_checked_sizes_only():
+    record = other_shapes.OtherShapes(runner=None, inputs=[(torch.int64, ("b", "t")), (torch.float32, ("b", 4))],
+                                      ranges={"b": (1, 8), "t": (2, 32)}, artifact="")
+    ids = torch.zeros(3, 9, dtype=torch.int64)
+    assert record.fits((ids, torch.zeros(3, 4)))
+    assert record.misfit((ids, torch.zeros(3, 5))) == "dimension 1 of input 1 is 5, built for 4 only"
+    assert "dimension 0 of input 1 is 2 where an earlier input's is 3" in record.misfit((ids, torch.zeros(2, 4)))
+    assert "a size of 40 is outside the sizes 2-32" in record.misfit((torch.zeros(3, 40, dtype=torch.int64),
+                                                                      torch.zeros(3, 4)))
+    assert "a size of 9 is outside the sizes 1-8" in record.misfit((torch.zeros(9, 9, dtype=torch.int64),
+                                                                    torch.zeros(9, 4)))
+    assert not record.fits((ids.int(), torch.zeros(3, 4)))                                # another dtype
+    assert not record.fits((ids[..., None], torch.zeros(3, 4)))                           # another rank
+    assert not record.fits((ids,))                                                        # fewer inputs
+    assert record.to_json("ort/0-shapes.onnx") == {"artifact": "ort/0-shapes.onnx",
+                                                   "inputs": [["int64", ["b", "t"]], ["float32", ["b", 4]]],
+                                                   "ranges": {"b": [1, 8], "t": [2, 32]}}
+
+
+def test_the_checked_range_stops_where_the_model_refuses_and_catches_a_branch_on_the_size():
+    """``_range`` bisects to the largest size the original module takes (more positions than it
+    has never reach the program) and checks both ends (a forward that branches on the size)."""
+    max_positions = 37
+    assert other_shapes._range(lambda size: size <= max_positions, 8) == (1, 37)
+    assert other_shapes._range(lambda size: True, 8) == (1, 128)
+    assert other_shapes._range(lambda size: size >= 3, 8) == (3, 128)           # a minimum length
+
+    def branchy(size):
+        if size <= 4:                  # the program was traced through the other branch
+            raise other_shapes.OtherShapesError(f"it failed the accuracy guard at sizes ({size},)")
+        return True
+    with pytest.raises(other_shapes.OtherShapesError):
+        other_shapes._range(branchy, 8)
 
 
 @needs_ort
@@ -165,7 +194,8 @@ def test_a_dimension_the_program_gets_wrong_stays_fixed_and_the_others_stay_free
         return AccuracyResult(ok=same, reason="" if same else "output[0]: max abs err 0.5")
     monkeypatch.setattr(other_shapes, "check_outputs", guard)
     model, inputs, build = _build("ort", tagger)
-    assert build.plan.choices[0].other_shapes["inputs"] == [["int64", [2, None]]]
+    (dtype, (batch, length)), = build.plan.choices[0].other_shapes["inputs"]
+    assert batch == 2 and isinstance(length, str)
     with torch.no_grad():
         build.module(torch.randint(0, 50, (2, 11)))          # another length: the program
         build.module(torch.randint(0, 50, (3, 8)))           # another batch: the original module
@@ -176,8 +206,9 @@ def test_an_aoti_region_gets_a_package_for_other_sizes_and_loads_it(tmp_path, ke
     model, inputs = Scaler().eval(), (torch.randn(3, 12),)
     build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, records=False, deployed_race=False,
                       rounds=3, dynamic=True)
-    assert build.plan.choices[0].other_shapes == {"artifact": "aoti/0-shapes.pt2",
-                                                  "inputs": [["float32", [None, 12]]]}
+    record = build.plan.choices[0].other_shapes
+    (dtype, (batch, features)), = record["inputs"]
+    assert record["artifact"] == "aoti/0-shapes.pt2" and features == 12 and record["ranges"] == {batch: [1, 64]}
     fast = load_build(build.save(tmp_path / "a.cuvilpkg", signing_key=str(keys[0])), copy.deepcopy(model),
                       pubkey=str(keys[1]))
     x = torch.randn(8, 12)
@@ -185,3 +216,72 @@ def test_an_aoti_region_gets_a_package_for_other_sizes_and_loads_it(tmp_path, ke
         torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(fast(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
     assert fast.other_shape_calls == 1 and fast.fallback_calls == 0
+
+
+class Positions(nn.Module):
+    """Token ids and their attention mask, with learned positions for at most 16 tokens: sizes the
+    model refuses (more positions than it has) must never reach the runtime, which answered them
+    and then answered valid calls wrongly (OpenVINO)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos, self.fc = nn.Embedding(30, 8), nn.Embedding(16, 8), nn.Linear(8, 2)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        return self.fc(h * mask[..., None])
+
+
+@needs_ov
+def test_sizes_the_model_refuses_and_unequal_ids_and_mask_never_reach_the_runtime():
+    torch.manual_seed(0)
+    model, ids = Positions().eval(), torch.randint(0, 30, (2, 8))
+    inputs = (ids, torch.ones(2, 8))
+    build = recompile(model, inputs, plan={"": Candidate("", "openvino")}, records=False, deployed_race=False,
+                      rounds=3, dynamic=True)
+    record = build.plan.choices[0].other_shapes
+    (_, ids_dims), (_, mask_dims) = record["inputs"]
+    assert ids_dims == mask_dims                            # ids and mask vary together, as one batch and length
+    assert record["ranges"][ids_dims[1]] == [1, 16]         # up to the positions the model has
+    fast = build.module
+    with torch.no_grad():
+        for bad in ((torch.randint(0, 30, (2, 20)), torch.ones(2, 20)),      # 20 positions: eager's IndexError
+                    (torch.randint(0, 30, (3, 12)), torch.ones(2, 12))):     # unequal batches: eager's error
+            with pytest.raises((IndexError, RuntimeError)):
+                fast(*bad)
+        good = (torch.randint(0, 30, (4, 12)), torch.ones(4, 12))
+        torch.testing.assert_close(fast(*good), model(*good), rtol=1e-4, atol=1e-5)
+    assert fast.other_shape_calls == 1 and fast.fallback_calls == 2
+
+
+@needs_ort
+def test_autograd_through_an_input_and_autocast_run_the_original_module(caplog):
+    model, inputs, build = _build("ort", tagger)
+    region = build.module
+    scaler = recompile(Scaler().eval(), (torch.randn(3, 12),), plan={"": Candidate("", "ort")}, records=False,
+                       deployed_race=False, rounds=3).module
+    x = torch.randn(3, 12, requires_grad=True)
+    with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.apply"):
+        out = scaler(x)                                   # saliency: gradients with respect to the input
+        out.sum().backward()
+    assert x.grad is not None and scaler.fallback_calls == 1
+    assert "an input requires grad: the build's programs record no autograd" in caplog.text
+    with torch.no_grad():
+        scaler(x)                                         # no recording: the build's program reads it as data
+    assert scaler.fallback_calls == 1
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        scores, _ = region(*inputs)
+    assert scores.dtype == torch.bfloat16 and region.fallback_calls == 1      # as eager returns under autocast
+
+
+def test_an_aoti_program_for_other_sizes_reads_any_layout():
+    seen = []
+
+    class Package:
+        def __call__(self, args):
+            seen.extend(a.is_contiguous() for a in args)
+            return args[0]
+    runner = object.__new__(other_shapes.AotiRunner)
+    runner._call = Package()
+    runner.call_positional((torch.randn(4, 6).t(), torch.randn(3)))
+    assert seen == [True, True]

@@ -195,7 +195,7 @@ def test_the_fallback_warning_says_what_does_not_fit(caplog):
     region = realize(model, Candidate("", "ort"), ScopeInputs((ids, mask)), machine="t").module
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.apply"):
         region(torch.randn(3, 6), torch.ones(3, 6))
-    assert "input 0 has shape (3, 6), built for (2, 6) (the build is shape-specialized)" in caplog.text
+    assert "input 0 has shape (3, 6), built for (2, 6) (the build is shape-specialized; `recompile --dynamic` adds programs for other sizes)" in caplog.text
     assert "other input shapes" not in caplog.text
 
 

@@ -49,23 +49,50 @@ class OtherShapesError(RuntimeError):
     """Why a region has no program for other sizes (the build ships without it)."""
 
 
+#: how far above its captured size a dimension is checked (the larger of the two): calls above the
+#: largest size checked run the original module
+GROWTH, MIN_CEILING = 16, 64
+
+
 @dataclass
 class OtherShapes:
-    """A region's program for other input sizes, and which sizes it takes."""
+    """A region's program for other input sizes, and which sizes it takes.
 
-    runner: Any                                      # a RuntimeRunner on the second export
-    inputs: list[tuple[torch.dtype, tuple[int | None, ...]]]   # per positional input: dtype, sizes (None: free)
-    artifact: str                                    # its first local file
+    Each input's dimensions are a fixed size or the name of a size that varies; dimensions with the
+    same name must have the same size in a call (token ids and their attention mask share a batch
+    and a length), and each name's sizes are bounded by the range the accuracy guard checked."""
+
+    runner: Any                                                 # calls a tuple of tensors (call_positional)
+    inputs: list[tuple[torch.dtype, tuple[int | str, ...]]]     # per positional input: dtype, dimensions
+    ranges: dict[str, tuple[int, int]]                          # per size name: the smallest and largest checked
+    artifact: str                                               # its first local file
 
     def fits(self, args: tuple[Any, ...]) -> bool:
-        """Whether ``args`` are CPU tensors of the dtypes and fixed sizes this program takes."""
+        """Whether ``args`` are CPU tensors this program was checked for (see :meth:`misfit`)."""
+        return self.misfit(args) is None
+
+    def misfit(self, args: tuple[Any, ...]) -> str | None:
+        """Why ``args`` do not fit: CPU tensors of the dtypes, fixed sizes, equal named sizes and
+        ranges this program takes; None where they fit."""
         if len(args) != len(self.inputs):
-            return False
-        for a, (dtype, sizes) in zip(args, self.inputs, strict=True):
-            if not isinstance(a, torch.Tensor) or a.dtype != dtype or not a.is_cpu or a.dim() != len(sizes) \
-                    or any(s is not None and s != n for s, n in zip(sizes, a.shape, strict=True)):
-                return False
-        return True
+            return f"{len(args)} positional inputs, built for {len(self.inputs)}"
+        sizes: dict[str, int] = {}
+        for i, (a, (dtype, dims)) in enumerate(zip(args, self.inputs, strict=True)):
+            if not isinstance(a, torch.Tensor) or a.dtype != dtype or not a.is_cpu:
+                return f"input {i} is not a {dtype} CPU tensor"
+            if a.dim() != len(dims):
+                return f"input {i} has {a.dim()} dimensions, built for {len(dims)}"
+            for j, (d, n) in enumerate(zip(dims, a.shape, strict=True)):
+                if type(d) is int:
+                    if d != n:
+                        return f"dimension {j} of input {i} is {n}, built for {d} only"
+                elif sizes.setdefault(d, n) != n:
+                    return f"dimension {j} of input {i} is {n} where an earlier input's is {sizes[d]} (built for them equal)"
+        for name, n in sizes.items():
+            lo, hi = self.ranges[name]
+            if not lo <= n <= hi:
+                return f"a size of {n} is outside the sizes {lo}-{hi} its program for other sizes was checked at"
+        return None
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
         """Run ``args`` (which :meth:`fits`: positional tensors, so no flattening of the call)."""
@@ -73,7 +100,8 @@ class OtherShapes:
 
     def to_json(self, member: str) -> dict[str, Any]:
         return {"artifact": member,
-                "inputs": [[str(dtype).removeprefix("torch."), list(sizes)] for dtype, sizes in self.inputs]}
+                "inputs": [[str(dtype).removeprefix("torch."), list(dims)] for dtype, dims in self.inputs],
+                "ranges": {name: list(r) for name, r in self.ranges.items()}}
 
 
 def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any, *, key: str,
@@ -101,9 +129,9 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
         raise OtherShapesError(f"{type(exc).__name__}: {_first_line(exc)}") from exc
     if not any(name for sizes in free for name in sizes):
         raise OtherShapesError("the exporter fixed every input dimension (the program allows no other sizes)")
-    free = _check(runner, module, inputs.args, free, rtol, atol)
-    return OtherShapes(runner, [(a.dtype, tuple(None if name else n for name, n in zip(names, a.shape, strict=True)))
-                                for a, names in zip(inputs.args, free, strict=True)], first)
+    names, ranges = _check(runner, module, inputs.args, free, rtol, atol)
+    return OtherShapes(runner, [(a.dtype, tuple(name or n for name, n in zip(dims, a.shape, strict=True)))
+                                for a, dims in zip(inputs.args, names, strict=True)], ranges, first)
 
 
 def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
@@ -150,10 +178,11 @@ class AotiRunner:
         self._call = FastAOTI(torch._inductor.aoti_load_package(path))
 
     def __call__(self, *args: Any) -> Any:
-        return self._call(args)
+        return self.call_positional(args)
 
     def call_positional(self, args: tuple[Any, ...]) -> Any:
-        return self._call(args)
+        # the package reads its inputs at the captured strides: another layout is copied first
+        return self._call(tuple(a if a.is_contiguous() else a.contiguous() for a in args))
 
 
 def free_dimensions(onnx_path: str, count: int) -> list[list[str]]:
@@ -167,32 +196,76 @@ def free_dimensions(onnx_path: str, count: int) -> list[list[str]]:
 
 
 def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free: list[list[str]],
-           rtol: float | None, atol: float | None) -> list[list[str]]:
-    """The accuracy guard at the captured inputs and at other sizes; returns ``free`` with the
-    symbols of the dimensions the program takes other sizes in, the others fixed.
+           rtol: float | None, atol: float | None) -> tuple[list[list[str]], dict[str, tuple[int, int]]]:
+    """The accuracy guard at the captured inputs and at other sizes: (each input's dimensions as the
+    name of a size that varies, "" where it stays fixed; each name's range of sizes checked).
 
-    Each free dimension is probed alone, one smaller (two where it is 1) and one larger, then all
-    that passed together; dimensions sharing a symbol change alike, and the captured values are
-    tiled or cropped (ids stay valid ids). A probe the original module refuses (a size it does not
-    take, more positions than it has) is skipped. A dimension where the program fails or answers
-    differently stays fixed: the exporter leaves some free that the program still computes with
-    the captured size (Hugging Face GPT-2's batch, exported at batch 1)."""
+    The exporter names each input's free dimensions apart, even where the model needs them equal
+    (token ids and their mask), so the free dimensions of one captured size vary together, as one
+    named size. Each is checked alone: down to 1 and up to :data:`GROWTH` times its captured size
+    (at least :data:`MIN_CEILING`), doubling, with the boundary of the sizes the original module
+    takes found by bisection; the range the program passed at is the range it runs (a size the
+    model refuses, more positions than it has or an assertion, never reaches the program, whose
+    runtime may answer it anyway or be left in a broken state). Checking both ends catches a
+    forward that branches on the size. A named size at which the program fails or answers
+    differently stays fixed; then all that vary change together once. The captured values are
+    tiled or cropped, so token ids stay valid ids."""
     _compare(runner, module, args, rtol, atol)
-    sizes = {name: n for a, names in zip(args, free, strict=True) for name, n in zip(names, a.shape, strict=True) if name}
-    taken, refused = [], []
-    for name, n in sizes.items():
+    captured = {name: n for a, dims in zip(args, free, strict=True) for name, n in zip(dims, a.shape, strict=True) if name}
+    by_size: dict[int, str] = {}
+    group = {name: by_size.setdefault(n, name) for name, n in captured.items()}   # one name per captured size
+    named = [[group[name] if name else "" for name in dims] for dims in free]
+    ranges: dict[str, tuple[int, int]] = {}
+    refused = []
+    for name in dict.fromkeys(group.values()):
+        def check(size: int, name: str = name) -> bool:
+            return _compare(runner, module, _resized(args, named, {name: size}), rtol, atol)
         try:
-            if sum(_compare(runner, module, _resized(args, free, {name: size}), rtol, atol)
-                   for size in (n - 1 if n > 1 else 2, n + 1)):
-                taken.append(name)
+            lo, hi = _range(check, captured[name])
         except OtherShapesError as exc:
             refused.append(str(exc))
-    if not taken:
+            continue
+        if lo < hi:
+            ranges[name] = (lo, hi)
+    if not ranges:
         raise OtherShapesError("; ".join(refused) or "the original module takes no other size in any "
                                                      "dimension the exporter left free")
-    if len(taken) > 1:
-        _compare(runner, module, _resized(args, free, {name: sizes[name] + 1 for name in taken}), rtol, atol)
-    return [[name if name in taken else "" for name in names] for names in free]
+    if len(ranges) > 1:
+        _compare(runner, module, _resized(args, named, {name: min(captured[name] + 1, hi)
+                                                        for name, (_, hi) in ranges.items()}), rtol, atol)
+    return [[name if name in ranges else "" for name in dims] for dims in named], ranges
+
+
+def _range(check: Any, n: int) -> tuple[int, int]:
+    """The smallest and largest size around the captured ``n`` at which ``check`` passed, probing
+    both ends (see :func:`_check`); ``check(size)`` is False where the original module refuses the
+    size, and raises where the program answers differently."""
+    lo = n
+    if n > 1:
+        if check(n - 1):
+            lo = n - 1
+            if n - 1 > 1:
+                lo = 1 if check(1) else _bisect(check, ok=n - 1, refused=1)
+    hi, ceiling = n, max(GROWTH * n, MIN_CEILING)
+    size = n + 1
+    while size <= ceiling:
+        if not check(size):
+            hi = _bisect(check, ok=hi, refused=size)
+            break
+        hi = size
+        size = ceiling if size < ceiling < 2 * size else 2 * size
+    return lo, hi
+
+
+def _bisect(check: Any, ok: int, refused: int) -> int:
+    """The size nearest ``refused`` (from ``ok``'s side) that ``check`` passes."""
+    while abs(refused - ok) > 1:
+        mid = (ok + refused) // 2
+        if check(mid):
+            ok = mid
+        else:
+            refused = mid
+    return ok
 
 
 def _compare(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], rtol: float | None,
@@ -260,8 +333,11 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         return
     try:
         stem = record["artifact"].rsplit(".", 1)[0]
-        inputs = [(TENSOR_DTYPES[dtype], tuple(None if s is None else int(s) for s in sizes))
-                  for dtype, sizes in record["inputs"]]
+        inputs = [(TENSOR_DTYPES[dtype], tuple(d if isinstance(d, str) else int(d) for d in dims))
+                  for dtype, dims in record["inputs"]]
+        ranges = {str(name): (int(lo), int(hi)) for name, (lo, hi) in record["ranges"].items()}
+        if any(isinstance(d, str) and d not in ranges for _, dims in inputs for d in dims):
+            raise KeyError("a size without a range")
     except (AttributeError, KeyError, TypeError, ValueError):
         log.warning("cuvil-pgc: the build's record of the program for other input sizes of %s is malformed; "
                     "other sizes run the original module", choice.label)
@@ -275,4 +351,4 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         runner = OrtRunner(first, knobs, region.compiled.template, region.original)
     else:
         runner = OpenVinoRunner(first, knobs, cand.precision, region.compiled.template, region.original)
-    region.other_shapes = OtherShapes(runner, inputs, first)
+    region.other_shapes = OtherShapes(runner, inputs, ranges, first)

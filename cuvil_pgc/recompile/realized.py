@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from cuvil_pgc.recompile.matching import input_signature
 
@@ -63,6 +64,7 @@ class CompiledRegion(nn.Module):
         #: module runs them), and how many calls it ran
         self.other_shapes: Any = None
         self.other_shape_calls = 0
+        self.other_sizes_failures = 0
         #: the original forward's (name, default) per parameter, which keyword calls are bound by
         self._params = _parameters(original) if signature is not None else None
         self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
@@ -83,7 +85,8 @@ class CompiledRegion(nn.Module):
             count, checks, run, single, build = lean
             if (len(positional) == count and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
                                             or self._backward_pre_hooks or _forward or _forward_pre or _backward
-                                            or _backward_pre or _always or _tracing() is not None or _compiling())):
+                                            or _backward_pre or _always or _tracing() is not None or _compiling()
+                                            or _autocast())):
                 arrays = []
                 for a, (shape, dtype) in zip(positional, checks, strict=True):
                     if type(a) is not _Tensor or a.shape != shape or a.dtype is not dtype or a.requires_grad \
@@ -134,13 +137,31 @@ class CompiledRegion(nn.Module):
         if kwargs and (self._spec is not None or not self._matches(args, kwargs)) \
                 and (positional := self._positional(args, kwargs)) is not None:
             args, kwargs = positional, {}       # (a call captured with keywords matches as it is)
-        if self._matches(args, kwargs) and not (self._inference_only and torch.is_grad_enabled()):
+        if self._matches(args, kwargs) and not self._eager_only(args, kwargs):
             if self._fast is not None and not kwargs:
                 return self._fast(args)
             return self._compiled(*args, **kwargs)
-        if self.other_shapes is not None and not kwargs and self.other_shapes.fits(args):
+        if self.other_shapes is not None and not kwargs and self.other_shapes.fits(args) \
+                and not self._eager_only(args, kwargs):
             return self._other_sizes(args)
         return self._fall_back(args, kwargs)
+
+    def _eager_only(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """Why a call that fits the build's inputs must still run the original module: autocast
+        (eager's outputs would be bf16 or fp16), autograd recorded through an input (the programs
+        record none), and for a torch.compile program anything its guards would compile again for."""
+        if _autocast():
+            return "it was called under autocast, which the build's programs do not follow (they compute in " \
+                   "the precision they were built with)"
+        grad = torch.is_grad_enabled()
+        if grad and self._inference_only:
+            return ("it was called with autograd recording, where torch.compile would compile it again, for "
+                    "autograd; call the model under torch.inference_mode() or torch.no_grad()")
+        if (grad or self._inference_only) and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                   for t in pytree.tree_leaves((args, kwargs))):
+            return ("an input requires grad: the build's programs record no autograd; detach it, or call the model "
+                    "under torch.inference_mode()")
+        return None
 
     def _other_sizes(self, args: tuple[Any, ...]) -> Any:
         """The program for other input sizes; should it fail (a size its checks did not reach), the
@@ -148,9 +169,11 @@ class CompiledRegion(nn.Module):
         try:
             out = self.other_shapes(args)
         except Exception as exc:
-            self.other_shapes = None
-            log.warning("cuvil-pgc: %s's program for other input sizes failed (%s: %s); the original module "
-                        "runs those from now on", self.config, type(exc).__name__, str(exc).split("\n")[0][:200])
+            self.other_sizes_failures += 1
+            if self.other_sizes_failures == 1:
+                log.warning("cuvil-pgc: %s's program for other input sizes failed (%s: %s); the original module "
+                            "answers this call (further failures are counted in other_sizes_failures)",
+                            self.config, type(exc).__name__, str(exc).strip().split("\n")[0][:200])
             return self._fall_back(args, {})
         self.__dict__["other_shape_calls"] += 1      # a plain int: not nn.Module.__setattr__'s checks (~3 µs)
         return out
@@ -201,9 +224,11 @@ class CompiledRegion(nn.Module):
 
     def _misfit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Why a call does not fit the build (for its one warning)."""
-        if self._inference_only and torch.is_grad_enabled() and self._matches(args, kwargs):
-            return ("it was called with autograd recording, where torch.compile would compile it again, for "
-                    "autograd; call the model under torch.inference_mode() or torch.no_grad()")
+        why = self._eager_only(args, kwargs)
+        if why is not None:
+            return why
+        if self.other_shapes is not None and not kwargs:
+            return self.other_shapes.misfit(args) or "the inputs differ from the captured ones"
         spec = self._spec
         if spec is None:
             return "the call's inputs differ from the captured ones (types, shapes, dtypes or keyword arguments)"
@@ -214,10 +239,11 @@ class CompiledRegion(nn.Module):
         for i, (a, (shape, dtype, device, strides)) in enumerate(zip(args, spec, strict=True)):
             if not isinstance(a, torch.Tensor):
                 return f"input {i} is a {type(a).__name__}, built for a tensor"
-            if a.shape != shape:
-                return f"input {i} has shape {tuple(a.shape)}, built for {tuple(shape)} (the build is shape-specialized)"
             if a.dtype != dtype or a.device != device:
                 return f"input {i} is {a.dtype} on {a.device}, built for {dtype} on {device}"
+            if a.shape != shape:
+                return (f"input {i} has shape {tuple(a.shape)}, built for {tuple(shape)} (the build is "
+                        "shape-specialized; `recompile --dynamic` adds programs for other sizes)")
             if a.stride() != strides:
                 return f"input {i} has strides {a.stride()}, built for {strides} (pass a contiguous tensor)"
         return "the inputs differ from the captured ones"
@@ -343,6 +369,9 @@ _tracing = torch._C._get_tracing_state
 # FakeTensors, which the lean path's exact type check already sends to the checked path.
 _compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
 _Tensor = torch.Tensor
+#: whether autocast is on for any device: a build computes in the precision it was built with, so
+#: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
+_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
 
 
 class FastAOTI:
