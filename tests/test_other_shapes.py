@@ -259,16 +259,17 @@ def test_autograd_through_an_input_and_autocast_run_the_original_module(caplog):
     model, inputs, build = _build("ort", tagger)
     region = build.module
     scaler = recompile(Scaler().eval(), (torch.randn(3, 12),), plan={"": Candidate("", "ort")}, records=False,
-                       deployed_race=False, rounds=3).module
+                       deployed_race=False, rounds=3, dynamic=True).module
     x = torch.randn(3, 12, requires_grad=True)
     with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.apply"):
-        out = scaler(x)                                   # saliency: gradients with respect to the input
-        out.sum().backward()
-    assert x.grad is not None and scaler.fallback_calls == 1
+        for sample in (x, torch.randn(5, 12, requires_grad=True)):     # the captured size, and another
+            scaler(sample).sum().backward()               # saliency: gradients with respect to the input
+            assert sample.grad is not None
+    assert scaler.fallback_calls == 2 and scaler.other_shape_calls == 0
     assert "an input requires grad: the build's programs record no autograd" in caplog.text
     with torch.no_grad():
         scaler(x)                                         # no recording: the build's program reads it as data
-    assert scaler.fallback_calls == 1
+    assert scaler.fallback_calls == 2
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         scores, _ = region(*inputs)
     assert scores.dtype == torch.bfloat16 and region.fallback_calls == 1      # as eager returns under autocast

@@ -97,7 +97,8 @@ class CompiledRegion(nn.Module):
                     outputs = run(arrays)
                     return outputs[0] if single else build(outputs)
                 other = self.other_shapes                # nothing hooks in: skip the dispatch here too
-                if other is not None and other.fits(positional) and not self._matches(positional, {}):
+                if other is not None and other.fits(positional) and not self._matches(positional, {}) \
+                        and not self._eager_only(positional, {}):
                     return self._other_sizes(positional)
         return super().__call__(*args, **kwargs)
 
