@@ -200,9 +200,10 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     """The accuracy guard at the captured inputs and at other sizes: (each input's dimensions as the
     name of a size that varies, "" where it stays fixed; each name's range of sizes checked).
 
-    The exporter names each input's free dimensions apart, even where the model needs them equal
-    (token ids and their mask), so the free dimensions of one captured size vary together, as one
-    named size. Each is checked alone: down to 1 and up to :data:`GROWTH` times its captured size
+    The exporter names some free dimensions apart where the model needs them equal (token ids and
+    their attention mask): a named size that cannot change alone (the model refuses it, or the
+    program answers differently) varies together with the others of its captured size that cannot
+    either, as one. Each is then checked: down to 1 and up to :data:`GROWTH` times its captured size
     (at least :data:`MIN_CEILING`), doubling, with the boundary of the sizes the original module
     takes found by bisection; the range the program passed at is the range it runs (a size the
     model refuses, more positions than it has or an assertion, never reaches the program, whose
@@ -212,8 +213,15 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     tiled or cropped, so token ids stay valid ids."""
     _compare(runner, module, args, rtol, atol)
     captured = {name: n for a, dims in zip(args, free, strict=True) for name, n in zip(dims, a.shape, strict=True) if name}
+
+    def alone(name: str) -> bool:
+        try:
+            return _compare(runner, module, _resized(args, free, {name: captured[name] + 1}), rtol, atol)
+        except OtherShapesError:
+            return False
+    # a size that cannot change alone varies with the others of its captured size that cannot either
     by_size: dict[int, str] = {}
-    group = {name: by_size.setdefault(n, name) for name, n in captured.items()}   # one name per captured size
+    group = {name: name if alone(name) else by_size.setdefault(n, name) for name, n in captured.items()}
     named = [[group[name] if name else "" for name in dims] for dims in free]
     ranges: dict[str, tuple[int, int]] = {}
     refused = []
