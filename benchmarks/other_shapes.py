@@ -63,7 +63,7 @@ def main() -> int:
             plain = _plain_call(args.backend, other.artifact, args.threads)
             for batch, grow in ((inputs[0].shape[0] + 1, 0), (inputs[0].shape[0], -max(1, inputs[0].shape[1] // 2)),
                                 (2 * inputs[0].shape[0] + 2, -max(1, inputs[0].shape[1] // 4))):
-                x = tuple(_resized(t, batch, t.shape[1] + grow) if sizes[1] is None else _resized(t, batch, t.shape[1])
+                x = tuple(_resized(t, batch, t.shape[1] + grow) if isinstance(sizes[1], str) else _resized(t, batch, t.shape[1])
                           for t, (_, sizes) in zip(inputs, other.inputs, strict=True))
                 if not other.fits(x):
                     continue
