@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.runtime_build import (
     ARTIFACT_SUFFIXES,
@@ -126,7 +127,7 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
     except (ExportError, OtherShapesError):
         raise
     except Exception as exc:
-        raise OtherShapesError(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        raise OtherShapesError(f"{type(exc).__name__}: {first_line(str(exc), 200)}") from exc
     if not any(name for sizes in free for name in sizes):
         raise OtherShapesError("the exporter fixed every input dimension (the program allows no other sizes)")
     names, ranges = _check(runner, module, inputs.args, free, rtol, atol)
@@ -143,13 +144,12 @@ def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: 
     if not onnx_path.exists():
         export_onnx(prepared, inputs, onnx_path, len(template.tensors), free_sizes=True)
     free = free_dimensions(str(onnx_path), len(inputs.args))
-    knobs = {k: v for k, v in knobs_of(cand).items() if k != "fuse"}   # the fusions need fixed shapes
-    if cand.backend == "ort":
-        return OrtRunner(str(onnx_path), knobs, template, module), str(onnx_path), free
-    xml = artifact_path(key, "openvino-shapes", None, ".xml")
-    if not xml.exists():
-        convert_openvino(onnx_path, xml)
-    return OpenVinoRunner(str(xml), knobs, cand.precision, template, module), str(xml), free
+    first = onnx_path
+    if cand.backend == "openvino":
+        first = artifact_path(key, "openvino-shapes", None, ".xml")
+        if not first.exists():
+            convert_openvino(onnx_path, first)
+    return _runner(cand, str(first), template, module), str(first), free
 
 
 def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tuple[Any, str, list[list[str]]]:
@@ -165,7 +165,18 @@ def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tupl
     path = artifact_path(f"{key}|{program_key(cand)}", "aoti-shapes", None, ".pt2")
     if not path.exists():
         package_aoti(exported, cand, str(path))
-    return AotiRunner(str(path)), str(path), free
+    return _runner(cand, str(path), None, None), str(path), free
+
+
+def _runner(cand: Any, first: str, template: OutputTemplate | None, original: nn.Module | None) -> Any:
+    """The runner of a program for other sizes whose first file is ``first``: the candidate's
+    runtime with its knobs, but not the transformer fusions, which need fixed shapes."""
+    if cand.backend == "aoti":
+        return AotiRunner(first)
+    knobs = {k: v for k, v in knobs_of(cand).items() if k != "fuse"}
+    if cand.backend == "ort":
+        return OrtRunner(first, knobs, template, original)
+    return OpenVinoRunner(first, knobs, cand.precision, template, original)
 
 
 class AotiRunner:
@@ -289,17 +300,11 @@ def _compare(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], rto
             result = runner(*args)
         except Exception as exc:
             raise OtherShapesError(f"it failed at sizes {_shapes(args)}: {type(exc).__name__}: "
-                                   f"{_first_line(exc)}") from exc
+                                   f"{first_line(str(exc), 200)}") from exc
     verdict = check_outputs(reference, result, rtol=rtol, atol=atol)
     if not verdict.ok:
         raise OtherShapesError(f"it failed the accuracy guard at sizes {_shapes(args)}: {verdict.reason}")
     return True
-
-
-def _first_line(exc: BaseException) -> str:
-    """The exception's message in one line, the runtime's long status text cut at 200 characters."""
-    lines = str(exc).strip().splitlines()
-    return lines[0][:200] if lines else ""
 
 
 def _resized(args: tuple[torch.Tensor, ...], free: list[list[str]], new: dict[str, int]) -> tuple[torch.Tensor, ...]:
@@ -352,11 +357,5 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         return
     local = {suffix: str(vb.extract(stem + suffix, extract_dir)) for suffix in _suffixes(cand.backend)}
     first = local[_suffixes(cand.backend)[0]]
-    knobs = {k: v for k, v in knobs_of(cand).items() if k != "fuse"}
-    if cand.backend == "aoti":
-        runner: Any = AotiRunner(first)
-    elif cand.backend == "ort":
-        runner = OrtRunner(first, knobs, region.compiled.template, region.original)
-    else:
-        runner = OpenVinoRunner(first, knobs, cand.precision, region.compiled.template, region.original)
-    region.other_shapes = OtherShapes(runner, inputs, ranges, first)
+    template = getattr(region.compiled, "template", None)     # runtimes rebuild the output's structure
+    region.other_shapes = OtherShapes(_runner(cand, first, template, region.original), inputs, ranges, first)

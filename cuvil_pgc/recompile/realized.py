@@ -138,12 +138,14 @@ class CompiledRegion(nn.Module):
         if kwargs and (self._spec is not None or not self._matches(args, kwargs)) \
                 and (positional := self._positional(args, kwargs)) is not None:
             args, kwargs = positional, {}       # (a call captured with keywords matches as it is)
-        if self._matches(args, kwargs) and not self._eager_only(args, kwargs):
+        if self._matches(args, kwargs):
+            if self._eager_only(args, kwargs) is not None:
+                return self._fall_back(args, kwargs)
             if self._fast is not None and not kwargs:
                 return self._fast(args)
             return self._compiled(*args, **kwargs)
         if self.other_shapes is not None and not kwargs and self.other_shapes.fits(args) \
-                and not self._eager_only(args, kwargs):
+                and self._eager_only(args, kwargs) is None:
             return self._other_sizes(args)
         return self._fall_back(args, kwargs)
 
@@ -166,7 +168,7 @@ class CompiledRegion(nn.Module):
 
     def _other_sizes(self, args: tuple[Any, ...]) -> Any:
         """The program for other input sizes; should it fail (a size its checks did not reach), the
-        original module answers, this call and later ones."""
+        original module answers the call (counted in ``other_sizes_failures``; the program stays)."""
         try:
             out = self.other_shapes(args)
         except Exception as exc:
