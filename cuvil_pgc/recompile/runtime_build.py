@@ -216,6 +216,8 @@ def tensorrt_runner(path: str, template: OutputTemplate | None, original: nn.Mod
 
 
 def artifact_path(key: str, kind: str, cand: Any, suffix: str) -> Path:
+    """The artifact cache's file for a region's ``key`` and the ``kind`` of file (``onnx``,
+    ``openvino``, ``onnx-shapes`` ...), keyed also by the exporter's and the runtime's versions."""
     from cuvil_pgc.recompile.records import cache_dir
 
     versions = [f"onnx-export-v{ONNX_EXPORT_VERSION}", f"opset-{OPSET}"]
