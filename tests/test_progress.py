@@ -41,7 +41,8 @@ def _faked_search(monkeypatch, progress, budget: int) -> None:
     monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
     model, inputs = chain()
     search(model, inputs, Analysis(regions=[stats("model", "launch_overhead", module="Chain")]),
-           machine_key="m", progress=progress, options=SearchOptions(budget=budget, backends=("compile",), rounds=5))
+           machine_key="m", progress=progress, options=SearchOptions(budget=budget, backends=("compile",), rounds=5,
+                                                                                 deployed_race=False))
 
 
 @pytest.mark.slow

@@ -304,7 +304,7 @@ def test_records_of_earlier_searches_count_against_the_budget(tmp_path, monkeypa
     monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
     monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
     model, inputs = rnn_step()
-    opts = SearchOptions(budget=4, backends=("eager", "compile"), rounds=5)
+    opts = SearchOptions(budget=4, backends=("eager", "compile"), rounds=5, deployed_race=False)
     first = search(model, inputs, _rnn_analysis(), options=opts, records=RecordDB(tmp_path), machine_key="m")
     second = search(model, inputs, _rnn_analysis(), options=opts, records=RecordDB(tmp_path), machine_key="m")
     assert first.measured == 4 and first.reused == 0
@@ -381,7 +381,7 @@ def test_challengers_are_timed_side_by_side_with_the_incumbent(monkeypatch):
     model, inputs = chain()
     an = Analysis(regions=[stats("model", "launch_overhead", module="Chain")])
     result = search(model, inputs, an, machine_key="m",
-                    options=SearchOptions(exhaustive=True, backends=("compile", "aoti"), rounds=5))
+                    options=SearchOptions(exhaustive=True, backends=("compile", "aoti"), rounds=5, deployed_race=False))
     measured = [t for t in result.trials.values() if t.status == "ok" and t.candidate.backend != "eager"]
     assert len(measured) == len(first_seen) >= 4 and len(runs) >= 4
     fastest_first = [t.candidate.key for t in sorted(measured, key=lambda t: t.measured_us)]
@@ -410,7 +410,7 @@ def scripted_batches(monkeypatch, order: list[str], model, inputs, module: str, 
     monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
     monkeypatch.setattr(search_mod.PlanCostModel, "rank", rank)
     an = Analysis(regions=[stats("model", "launch_overhead", module=module)])
-    search(model, inputs, an, machine_key="m", options=SearchOptions(budget=5, backends=backends, rounds=5))
+    search(model, inputs, an, machine_key="m", options=SearchOptions(budget=5, backends=backends, rounds=5, deployed_race=False))
     return runs
 
 
@@ -476,7 +476,7 @@ def test_an_incumbent_that_fails_later_is_dropped_not_raised(monkeypatch):
     model, inputs = chain()
     an = Analysis(regions=[stats("model", "launch_overhead", module="Chain")])
     result = search(model, inputs, an, machine_key="m",
-                    options=SearchOptions(exhaustive=True, backends=("compile",), rounds=5))
+                    options=SearchOptions(exhaustive=True, backends=("compile",), rounds=5, deployed_race=False))
     assert len(built) >= 3
     assert all(t.status == "ok" for t in result.trials.values() if t.candidate.precision == "fp32")
 
@@ -494,7 +494,7 @@ def test_a_repeated_block_reuses_what_the_search_just_measured_on_its_twin(tmp_p
     an = Analysis(regions=[stats("model", "launch_overhead", 300.0, module="Twin"),
                            stats("model/model.first", "launch_overhead", 140.0, module="Chain"),
                            stats("model/model.second", "launch_overhead", 140.0, module="Chain")])
-    options = SearchOptions(budget=100, backends=("compile", "aoti"), rounds=5)
+    options = SearchOptions(budget=100, backends=("compile", "aoti"), rounds=5, deployed_race=False)
     monkeypatch.setattr(search_mod, "MIN_EXPLORE", 10**6)     # no stop rule: every candidate is tried
     result = search(model, inputs, an, records=RecordDB(tmp_path), machine_key="m", options=options)
     by_scope = {scope: {t.candidate.config: t for t in result.trials.values()
@@ -520,7 +520,7 @@ def test_records_of_an_older_census_are_reused_but_refit_with_todays_features(tm
                         lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
     model, inputs = chain()
     an = Analysis(regions=[stats("model", "launch_overhead", 300.0, module="Chain")])
-    options = SearchOptions(budget=3, backends=("compile", "aoti"), rounds=5)
+    options = SearchOptions(budget=3, backends=("compile", "aoti"), rounds=5, deployed_race=False)
     first = search(model, inputs, an, records=RecordDB(tmp_path), machine_key="m", options=options)
     assert first.measured >= 2
     measured = [r for r in RecordDB(tmp_path) if r.status == "ok"]
@@ -645,7 +645,7 @@ def test_low_precision_candidates_are_built_only_where_the_tolerances_can_pass(m
                         lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
     model, inputs = chain()
     an = Analysis(regions=[stats("model", "compute", 300.0, module="Chain")])
-    options = SearchOptions(exhaustive=True, backends=("aoti",), rounds=5)
+    options = SearchOptions(exhaustive=True, backends=("aoti",), rounds=5, deployed_race=False)
     strict = search(model, inputs, an, machine_key="m", options=options)
     low = [t for t in strict.trials.values() if t.candidate.precision == "bf16"]
     assert low and all(t.status == "not_measured" and "--rtol" in t.reason for t in low)
@@ -920,7 +920,7 @@ def test_a_small_space_times_one_candidate_and_one_more_when_the_top_ranked_one_
                         lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
     model, inputs = chain()
     an = Analysis(regions=[stats("model", "launch_overhead", 300.0, module="Chain")])
-    result = search(model, inputs, an, machine_key="m", options=SearchOptions(backends=("aoti",), rounds=5))
+    result = search(model, inputs, an, machine_key="m", options=SearchOptions(backends=("aoti",), rounds=5, deployed_race=False))
     assert result.space_size < 8
     assert len(tried) == min(failures, 1) + 1       # eager and the top-ranked; one retry, no more
     statuses = [t.status for t in result.trials.values() if t.candidate.backend != "eager"]
@@ -930,7 +930,7 @@ def test_a_small_space_times_one_candidate_and_one_more_when_the_top_ranked_one_
 
     monkeypatch.setattr(search_mod, "realize", nothing_compiles)
     with_budget = search(model, inputs, an, machine_key="m",
-                         options=SearchOptions(budget=2, backends=("aoti",), rounds=5))
+                         options=SearchOptions(budget=2, backends=("aoti",), rounds=5, deployed_race=False))
     assert with_budget.measured == 2           # a budget the user set is not stretched by a failure
 
 
