@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -37,7 +39,8 @@ JSON_VALUES = st.one_of(
     st.lists(st.integers(min_value=-5, max_value=5), max_size=3),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )
-_DIR = Path(tempfile.mkdtemp(prefix="cuvil_fuzz_"))
+_DIR = Path(tempfile.mkdtemp(prefix="cuvil_fuzz_"))     # hypothesis runs many examples per test: one directory
+atexit.register(shutil.rmtree, _DIR, ignore_errors=True)
 
 
 @st.composite
