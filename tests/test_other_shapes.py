@@ -68,6 +68,7 @@ def test_a_loaded_build_runs_other_batch_sizes_and_lengths_on_its_runtime_in_a_s
     assert record["artifact"] == "ort/0-shapes.onnx" and dtype == "int64"
     # checked from 1 up to 16x the captured size (at least 64): the model takes any batch and length
     assert record["ranges"] == {batch: [1, 64], length: [1, 128]}
+    assert build.plan.choices[0].runtime["index_bounds"] == {"0": 50}     # the ids index 50 rows
     path = build.save(tmp_path / "t.cuvilpkg", signing_key=str(keys[0]))
     with open_build(path, pubkey=str(keys[1])) as vb:                # signed and verified like every member
         assert "ort/0-shapes.onnx" in vb.members()
@@ -86,14 +87,21 @@ def test_a_loaded_build_runs_other_batch_sizes_and_lengths_on_its_runtime_in_a_s
             scores, pooled = fast(saved["ids"])
             ref_scores, ref_pooled = model(saved["ids"])
             fast(saved["ids"][:, :4].contiguous())
+            refused = []          # ids outside the embedding's 50 rows: eager's IndexError, at either size
+            for ids in (saved["ids"].clone().fill_(50), saved["ids"][:, :4].clone().fill_(-1)):
+                try:
+                    fast(ids)
+                except IndexError:
+                    refused.append(True)
         print(json.dumps({{"shape": list(scores.shape), "err": float((scores - ref_scores).abs().max()
                           + (pooled - ref_pooled).abs().max()), "other": fast.other_shape_calls,
-                          "fallback": fast.fallback_calls}}))
+                          "fallback": fast.fallback_calls, "refused": refused}}))
     """)
     proc = subprocess.run([sys.executable, "-c", service], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["shape"] == [5, 13, 3] and got["err"] < 1e-5 and got["other"] == 2 and got["fallback"] == 0
+    assert got["shape"] == [5, 13, 3] and got["err"] < 1e-5 and got["other"] == 2
+    assert got["refused"] == [True, True] and got["fallback"] == 2
 
 
 @needs_ov

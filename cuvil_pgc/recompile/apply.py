@@ -179,8 +179,9 @@ def _realize_runtime(module: nn.Module, prepared: nn.Module, applied: list[str],
     with torch.no_grad():
         reference = prepared(*inputs.args, **inputs.kwargs)
     key = runtime_key(module, cand, inputs, machine, weights)
-    runner, artifact = build_region(module, prepared, cand, inputs, reference, device=device, key=key)
-    return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), artifact, applied)
+    runner, artifact, bounds = build_region(module, prepared, cand, inputs, reference, device=device, key=key)
+    return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec, bounds), artifact,
+                    applied)
 
 
 def runtime_key(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str, weights: str | None = None) -> str:

@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from cuvil_pgc.recompile.index_bounds import out_of_range
 from cuvil_pgc.recompile.matching import input_signature
+from cuvil_pgc.recompile.runtime_region import tensor_leaves
 
 log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warnings always had
 
@@ -42,7 +44,7 @@ class CompiledRegion(nn.Module):
     """
 
     def __init__(self, original: nn.Module, compiled: Any, signature: str | None, config: str,
-                 spec: list[list[Any]] | None = None) -> None:
+                 spec: list[list[Any]] | None = None, index_bounds: dict[int, int] | None = None) -> None:
         super().__init__()
         self.original = original
         self._compiled = compiled          # not a submodule: an AOTI runner or an OptimizedModule
@@ -59,6 +61,9 @@ class CompiledRegion(nn.Module):
             self._fast = FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
             lean = getattr(compiled, "lean_parts", None)
             self._lean = lean(self._spec) if lean is not None and GLOBAL_HOOKS is not None else None
+        #: input position -> rows of the table it indexes (:mod:`.index_bounds`): a call with an id
+        #: outside them runs the original module, which raises as eager does
+        self.index_bounds = dict(index_bounds or {})
         self.fallback_calls = 0
         #: the program for other input sizes (:class:`~.other_shapes.OtherShapes`; None: the original
         #: module runs them), and how many calls it ran
@@ -94,8 +99,9 @@ class CompiledRegion(nn.Module):
                         break
                     arrays.append(a.numpy())
                 else:
-                    outputs = run(arrays)
-                    return outputs[0] if single else build(outputs)
+                    if not self.index_bounds or self._id_out_of_range(positional) is None:
+                        outputs = run(arrays)
+                        return outputs[0] if single else build(outputs)
                 other = self.other_shapes                # nothing hooks in: skip the dispatch here too
                 if other is not None and other.fits(positional) and not self._matches(positional, {}) \
                         and not self._eager_only(positional, {}):
@@ -153,6 +159,12 @@ class CompiledRegion(nn.Module):
         """Why a call that fits the build's inputs must still run the original module: autocast
         (eager's outputs would be bf16 or fp16), autograd recorded through an input (the programs
         record none), and for a torch.compile program anything its guards would compile again for."""
+        if self.index_bounds:
+            plain = not kwargs and all(type(a) is torch.Tensor for a in args)
+            bad = self._id_out_of_range(args if plain else tensor_leaves(args, kwargs))
+            if bad is not None:
+                return (f"input {bad[0]} holds an id outside 0-{bad[1] - 1}, the rows of the table it indexes: the "
+                        "runtimes do not check ids as eager does, and the original module raises eager's error")
         if _autocast():
             return "it was called under autocast, which the build's programs do not follow (they compute in " \
                    "the precision they were built with)"
@@ -164,6 +176,14 @@ class CompiledRegion(nn.Module):
                                                    for t in pytree.tree_leaves((args, kwargs))):
             return ("an input requires grad: the build's programs record no autograd; detach it, or call the model "
                     "under torch.inference_mode()")
+        return None
+
+    def _id_out_of_range(self, leaves: Any) -> tuple[int, int] | None:
+        """The first (input, rows) whose input holds an id outside the table it indexes, or None
+        (``leaves``: the call's tensors in the order the export flattened them)."""
+        for i, rows in self.index_bounds.items():
+            if i < len(leaves) and out_of_range(leaves[i], rows):
+                return i, rows
         return None
 
     def _other_sizes(self, args: tuple[Any, ...]) -> Any:

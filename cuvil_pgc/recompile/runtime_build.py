@@ -36,6 +36,7 @@ from torch import nn
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile.index_bounds import index_bounds
 from cuvil_pgc.recompile.output_values import check_constant_outputs
 from cuvil_pgc.recompile.runtime_region import (
     OpenVinoRunner,
@@ -65,8 +66,9 @@ def knobs_of(cand: Any) -> dict[str, str]:
 
 
 def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any, reference: Any, *,
-                 device: str, key: str) -> tuple[Any, str]:
-    """The runner of ``cand`` for ``module`` and the path of its (first) artifact file.
+                 device: str, key: str) -> tuple[Any, str, dict[int, int]]:
+    """The runner of ``cand`` for ``module``, the path of its (first) artifact file, and the inputs
+    that index tables with the tables' rows (:func:`~.index_bounds.index_bounds`; none for TensorRT).
 
     ``prepared`` is the module to export (rewrites applied), ``reference`` its output for
     ``inputs`` (the output structure), ``key`` the artifact cache key of the scope and program.
@@ -79,21 +81,22 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
         path = artifact_path(key, "tensorrt", cand, ".ep")
         if not path.exists():
             _compile_tensorrt(prepared, cand, inputs, path)
-        return tensorrt_runner(str(path), template, module), str(path)
+        return tensorrt_runner(str(path), template, module), str(path), {}
     onnx_path = artifact_path(key, "onnx", None, ".onnx")
     if not onnx_path.exists():
         export_onnx(prepared, inputs, onnx_path, len(template.tensors))
+    bounds = index_bounds(onnx_path)
     if cand.backend == "ort":
         if "fuse" in knobs_of(cand):
             onnx_path = _fused(onnx_path, prepared, cand, key)
-        return OrtRunner(str(onnx_path), knobs_of(cand), template, module), str(onnx_path)
+        return OrtRunner(str(onnx_path), knobs_of(cand), template, module), str(onnx_path), bounds
     xml = artifact_path(key, "openvino", None, ".xml")
     if not xml.exists():
         try:
             convert_openvino(onnx_path, xml)
         except Exception as exc:
             raise ExportError(f"openvino.convert_model failed: {_why(exc)}") from exc
-    return OpenVinoRunner(str(xml), knobs_of(cand), cand.precision, template, module), str(xml)
+    return OpenVinoRunner(str(xml), knobs_of(cand), cand.precision, template, module), str(xml), bounds
 
 
 def _fused(onnx_path: Path, prepared: nn.Module, cand: Any, key: str) -> Path:
@@ -254,6 +257,9 @@ def runtime_info(backend: str, realized: Any) -> dict[str, Any]:
     info: dict[str, Any] = {"name": backend, "version": runtimes.version(backend)}
     template = getattr(getattr(realized.module, "compiled", None), "template", None)
     info["outputs"] = template.to_json() if template is not None else None
+    bounds = getattr(realized.module, "index_bounds", None)
+    if bounds:        # older versions ignore it and leave ids unchecked, as they did
+        info["index_bounds"] = {str(i): rows for i, rows in sorted(bounds.items())}
     return info
 
 
@@ -281,11 +287,12 @@ def load_region(vb: Any, choice: Any, module: nn.Module, extract_dir: Path, devi
     first = local[ARTIFACT_SUFFIXES[cand.backend][0]]
     outputs = info.get("outputs")
     template = OutputTemplate.from_json(outputs) if outputs else None
-    return runtime_region(cand, first, template, module, choice.input_signature, choice.input_spec)
+    return runtime_region(cand, first, template, module, choice.input_signature, choice.input_spec,
+                          _bounds(info.get("index_bounds"), path))
 
 
 def runtime_region(cand: Any, first: str, template: OutputTemplate | None, module: nn.Module,
-                   signature: str | None, spec: list[list[Any]] | None) -> Any:
+                   signature: str | None, spec: list[list[Any]] | None, bounds: dict[int, int] | None = None) -> Any:
     """The :class:`~.realized.Realized` region running ``cand``'s artifact (its first file at
     ``first``) for ``module``'s captured inputs: what a loaded build runs, and what a race worker
     (:mod:`.standalone`) times."""
@@ -297,7 +304,21 @@ def runtime_region(cand: Any, first: str, template: OutputTemplate | None, modul
         runner = OpenVinoRunner(first, knobs_of(cand), cand.precision, template, module)
     else:
         runner = tensorrt_runner(first, template, module)
-    return Realized(CompiledRegion(module, runner, signature, cand.config, spec), first)
+    return Realized(CompiledRegion(module, runner, signature, cand.config, spec, bounds), first)
+
+
+def _bounds(doc: Any, path: str) -> dict[int, int]:
+    """A plan's ``index_bounds`` record ({"input position": rows}) as ints."""
+    if doc is None:
+        return {}
+    try:
+        bounds = {int(i): int(rows) for i, rows in doc.items()}
+    except (AttributeError, TypeError, ValueError):
+        bounds = {}
+    if not bounds or any(i < 0 or rows < 1 for i, rows in bounds.items()):
+        raise BuildError(f"plan.json's index_bounds {doc!r} is not a map of input positions to table sizes",
+                         path=path, fix="rebuild the package with `cuvil-pgc recompile`")
+    return bounds
 
 
 def check_engines(manifest: Any, plan: Any, path: str) -> None:
