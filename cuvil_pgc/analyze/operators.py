@@ -63,10 +63,12 @@ def operator_stats(trace: Trace, *, sort: str = "self_cpu", group_by_shape: bool
     if not len(ops):
         return []
     lane = lane_keys(trace)
-    self_cpu, parent = _self_times(lane[ops], ev["ts"][ops], ev["dur"][ops])
-    self_dev = _device_self(trace, ops, lane)
+    parent = _parents(lane[ops], ev["ts"][ops], ev["dur"][ops])
+    alive, parent, into = _merge_same_name(ev["name"][ops], parent)
+    self_cpu = _self_cpu(ev["dur"][ops], parent, alive)
+    self_dev = np.bincount(into, weights=_device_self(trace, ops, lane), minlength=len(ops))
     total_dev = _propagate(self_dev, parent)
-    keep = np.nonzero(_in_region(trace, ops, region))[0] if region else np.arange(len(ops))
+    keep = np.nonzero(alive & _in_region(trace, ops, region))[0] if region else np.nonzero(alive)[0]
     rows = ops[keep]
     key = ev["name"][rows].astype(np.int64)
     shape_text: list[str | None] = []
@@ -110,17 +112,46 @@ def has_device_time(rows: list[OperatorStats]) -> bool:
     return any(r.device_us > 0 for r in rows)
 
 
-def _self_times(lanes: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Self time of each op (its duration minus its direct children's) and its parent (-1: none),
-    nesting per lane."""
-    n = len(ts)
+def _parents(lanes: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Each op's enclosing op on its lane (-1: none)."""
     order = lane_time_order(lanes, ts, dur)
     p_sorted = enclosing_parents(lanes[order], ts[order], (ts + dur)[order])
-    parent = np.full(n, -1, dtype=np.int64)
+    parent = np.full(len(ts), -1, dtype=np.int64)
     parent[order] = np.where(p_sorted >= 0, order[np.maximum(p_sorted, 0)], -1)
-    child = parent >= 0
-    self_t = dur.astype(np.float64) - np.bincount(parent[child], weights=dur[child], minlength=n)
-    return np.maximum(self_t, 0.0), parent
+    return parent
+
+
+def _merge_same_name(names: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """torch.profiler's merge of an op into its parent of the same name when it is the parent's
+    only child (``aten::div_`` inside ``aten::div_``, as ``mean`` calls it): one call, not two, and
+    its time not counted twice in the total (``EventList._remove_dup_nodes``, which
+    ``key_averages`` tables). Returns (which ops remain, parents among them, and the op each one
+    was merged into: itself where it remains)."""
+    n = len(names)
+    parent, alive, into = parent.copy(), np.ones(n, dtype=bool), np.arange(n)
+    while True:
+        has = (parent >= 0) & alive
+        up = np.maximum(parent, 0)
+        children = np.bincount(parent[has], minlength=n)
+        dup = has & (names == names[up]) & (children[up] == 1)
+        dup &= ~dup[up]                 # a chain merges one level per round, from the top
+        if not dup.any():
+            break
+        moved = (parent >= 0) & dup[up]                 # the merged ops' children join their parent
+        parent[moved] = parent[parent[moved]]
+        into[dup] = parent[dup]
+        alive[dup] = False
+        parent[dup] = -1
+    while not np.array_equal(into, into[into]):          # merged into a parent merged later
+        into = into[into]
+    return alive, parent, into
+
+
+def _self_cpu(dur: np.ndarray, parent: np.ndarray, alive: np.ndarray) -> np.ndarray:
+    """Self time of each op: its duration minus its (remaining) direct children's."""
+    child = (parent >= 0) & alive
+    self_t = dur.astype(np.float64) - np.bincount(parent[child], weights=dur[child], minlength=len(dur))
+    return np.maximum(self_t, 0.0)
 
 
 def _device_self(trace: Trace, ops: np.ndarray, lane: np.ndarray) -> np.ndarray:
