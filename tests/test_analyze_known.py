@@ -158,3 +158,27 @@ def test_sleeping_is_idle_and_python_spinning_is_host_bound(tmp_path):
     assert a.region("sleep").bottleneck == "idle", a.region("sleep").evidence
     assert a.region("python").bottleneck == "host_bound", a.region("python").evidence
     assert a.regions[0].path == "python"          # idle time is no saving
+
+
+def test_a_region_opened_inside_an_op_owns_the_ops_in_it(tmp_path):
+    """torch.compile's ``Torch-Compiled Region`` op holds its ``## Call CompiledFxGraph ##`` range,
+    and the graph's ops run inside that range (so does a custom op that opens a record_function).
+    Before: the region had no ops (they were the enclosing op's) and was called host-bound, while
+    the op outside it counted the region's time a second time in ``(outside regions)``."""
+    pid = tid = 1
+    evs = []
+    for k in range(3):
+        t = 1000.0 * k
+        evs += [{"ph": "X", "cat": "cpu_op", "name": "Torch-Compiled Region: 0/0", "pid": pid, "tid": tid,
+                 "ts": t, "dur": 300.0},
+                {"ph": "X", "cat": "user_annotation", "name": "## Call CompiledFxGraph abc ##", "pid": pid,
+                 "tid": tid, "ts": t + 5, "dur": 290.0},
+                {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": pid, "tid": tid, "ts": t + 10, "dur": 150.0},
+                {"ph": "X", "cat": "cpu_op", "name": "aten::tanh", "pid": pid, "tid": tid, "ts": t + 170,
+                 "dur": 120.0}]
+    path = tmp_path / "compiled.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": evs}))
+    a = analyze(load_trace(str(path)), machine=CPU)
+    region = a.region("## Call CompiledFxGraph abc ##")
+    assert region.evidence["op_count"] == 6 and region.bottleneck != "host_bound", region.evidence
+    assert [r.path for r in a.regions] == ["## Call CompiledFxGraph abc ##"]     # nothing left outside

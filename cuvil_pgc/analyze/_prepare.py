@@ -93,14 +93,16 @@ def prepare(trace: Trace, roofs: Roofs, pattern: str | None = None) -> Prepared:
     weights = np.array([s.weight for s in trace.sources] or [1.0], dtype=np.float64)
     src = np.clip(ev["source"].astype(np.int64), 0, len(weights) - 1)
     lane = lane_keys(trace)
-    paths, path_pos = _path_positions(trace, pattern)
     kind = ev["kind"]
+    op_all = np.nonzero(kind == Kind.CPU_OP)[0]
+    around = op_all[_around_regions(lane, ev, op_all, np.nonzero(kind == Kind.REGION)[0])]
+    op_all = np.setdiff1d(op_all, around, assume_unique=True)
+    paths, path_pos = _path_positions(trace, pattern, around)
     keep = path_pos >= 0
     region_rows = np.nonzero((kind == Kind.REGION) & keep)[0]
     r_ts, r_dur = ev["ts"][region_rows], ev["dur"][region_rows]
     index = RegionIndex(lane[region_rows], r_ts, r_ts + r_dur) if len(region_rows) else None
     parent, depth = _region_nesting(index, len(region_rows))
-    op_all = np.nonzero(kind == Kind.CPU_OP)[0]
     top, ancestor = top_level(lane[op_all], ev["ts"][op_all], ev["dur"][op_all])
     flops = _own_or_nested(ev["flops"][op_all], top, ancestor)
     nbytes = _own_or_nested(ev["bytes"][op_all], top, ancestor)
@@ -117,11 +119,13 @@ def prepare(trace: Trace, roofs: Roofs, pattern: str | None = None) -> Prepared:
     return prep
 
 
-def _path_positions(trace: Trace, pattern: str | None) -> tuple[list[str], np.ndarray]:
-    """Index of each row's region path in the sorted list of kept paths (-1: dropped)."""
+def _path_positions(trace: Trace, pattern: str | None, skip: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """Index of each row's region path in the sorted list of kept paths (-1: dropped, and the rows
+    ``skip``)."""
     ev = trace.events
     region = ev["region"].astype(np.int64)
     interesting = np.isin(ev["kind"], (Kind.REGION, Kind.CPU_OP, Kind.RUNTIME, *_GPU_KINDS))
+    interesting[skip] = False
     ids = np.unique(region[interesting & (region >= 0)])
     names = [trace.strings[int(i)] for i in ids]
     has_outside = bool(np.any(interesting & (region < 0) & (ev["kind"] != Kind.REGION)))
@@ -138,6 +142,29 @@ def _path_positions(trace: Trace, pattern: str | None) -> tuple[list[str], np.nd
     pos = lookup[np.where(region >= 0, region, len(lookup) - 1)]
     pos[~interesting] = -1
     return paths, pos
+
+
+def _around_regions(lane: np.ndarray, ev: dict[str, np.ndarray], ops: np.ndarray, regions: np.ndarray) -> np.ndarray:
+    """Per op: whether a region starts inside it on its lane (torch.compile's ``Torch-Compiled
+    Region`` op around its ``## Call CompiledFxGraph ##`` range, a custom op that opens a
+    ``record_function``). Such an op is not one of the analysis' ops: the ops inside the region
+    are its region's, and the op's own time would count the region's again in its own region."""
+    out = np.zeros(len(ops), dtype=bool)
+    if not len(ops) or not len(regions):
+        return out
+    ts = ev["ts"][ops]
+    index = RegionIndex(lane[ops], ts, ts + ev["dur"][ops])
+    up = np.full(len(ops), -1, dtype=np.int64)       # each op's enclosing op
+    has = index.parent >= 0
+    up[index.order[has]] = index.order[index.parent[has]]
+    cur = index.innermost(lane[regions], ev["ts"][regions])
+    cur = cur[cur >= 0]
+    while len(cur):
+        out[cur] = True
+        cur = up[cur]
+        cur = cur[cur >= 0]
+        cur = cur[~out[cur]]
+    return out
 
 
 def top_level(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
