@@ -208,7 +208,7 @@ def test_processor_never_raises_on_malformed_records(raw):
 
 
 def test_phase_names_across_releases():
-    from cuvil_pgc.instrument.samplers._compile_phases import phase_of
+    from cuvil_pgc.trace.compile_phases import phase_of
 
     assert phase_of("entire_frame_compile") == phase_of("_compile.compile_inner") == "frame"
     assert phase_of("dynamo") is None                    # wrapper of the frame span

@@ -20,7 +20,6 @@ from torch.utils import _pytree as pytree
 
 from cuvil_pgc.recompile.index_bounds import out_of_range
 from cuvil_pgc.recompile.matching import input_signature
-from cuvil_pgc.recompile.runtime_region import tensor_leaves
 
 log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warnings always had
 
@@ -161,7 +160,8 @@ class CompiledRegion(nn.Module):
         record none), and for a torch.compile program anything its guards would compile again for."""
         if self.index_bounds:
             plain = not kwargs and all(type(a) is torch.Tensor for a in args)
-            bad = self._id_out_of_range(args if plain else tensor_leaves(args, kwargs))
+            bad = self._id_out_of_range(args if plain else [t for t in pytree.tree_leaves((args, kwargs))
+                                                             if isinstance(t, torch.Tensor)])
             if bad is not None:
                 return (f"input {bad[0]} holds an id outside 0-{bad[1] - 1}, the rows of the table it indexes: the "
                         "runtimes do not check ids as eager does, and the original module raises eager's error")

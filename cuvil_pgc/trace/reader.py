@@ -61,6 +61,7 @@ import numpy as np
 from cuvil_pgc.errors import ConfigError, CuvilError, TraceError
 from cuvil_pgc.trace import _decode, _input, _parallel, _stream, _summary_source
 from cuvil_pgc.trace._build import SourceColumns, StreamFallback, build_kineto_chunks, build_source
+from cuvil_pgc.trace._dynamo_timed import compile_rows
 from cuvil_pgc.trace._metadata import check_metadata
 from cuvil_pgc.trace._regions import resolve_regions
 from cuvil_pgc.trace.columns import EXTRA_COLUMNS, Source, StringTable, Trace
@@ -205,6 +206,8 @@ def _limited(chunks: Iterable[tuple[list[Any], Any]], file: str) -> Iterable[tup
 
 def _source(file: str, fmt: str, doc: Any, header: dict[str, Any] | None, cols: SourceColumns,
             strings: StringTable, weight: float, partial: bool, notes: list[str]) -> _Loaded:
+    if fmt == "kineto":
+        compile_rows(cols, strings)       # torch.compile's own ranges: compile rows, not ops and regions
     resolve_regions(cols, strings)
     if fmt == "cuvil":
         meta = check_metadata(doc.cuvil if doc.cuvil is not None else header or {}, file, notes)

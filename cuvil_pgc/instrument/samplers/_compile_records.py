@@ -14,7 +14,7 @@ Output (DESIGN.md): ``ph: "X"`` events, ``ts``/``dur`` in trace µs, ``args`` = 
   ``graph_ops``, ``guard_count``, ``fx_cache``, ``aot_cache``, ``is_forward``, ``fail_type``;
   ``reason`` = why the compile failed, if it did), emitted when torch logs
   the compile's ``compilation_metrics`` (or at ``finish``);
-- one event per timed block of the compiler (phases in ``_compile_phases``);
+- one event per timed block of the compiler (phases in ``trace.compile_phases``);
 - zero-length events for graph breaks (``reason``, ``location`` "file:line", ``detail``),
   recompiles (``reason``: guard failure and changed inputs in one line; ``guards``: the raw guard
   failures), automatic-dynamic decisions (``dynamic_shapes``), and each FX-graph / AOTAutograd
@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 
 from cuvil_pgc.instrument.samplers import _compile_explain as explain
-from cuvil_pgc.instrument.samplers._compile_phases import (
+from cuvil_pgc.trace.compile_phases import (
     AOT_CACHE,
     FRAME,
     FRAME_EVENTS,
