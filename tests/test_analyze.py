@@ -128,6 +128,20 @@ def test_gpu_busy_gemm_is_compute_and_idle_gpu_with_busy_cpu_is_host_bound():
     assert "cuda" in a.machine
 
 
+def test_a_filter_hides_rows_and_leaves_the_savings_of_the_rows_it_shows():
+    """Regions of two threads running at once share the time they overlap (savings are counted
+    once). Before, a --filter that hid one thread's regions gave the other the whole time: its
+    saving tripled."""
+    evs = []
+    for tid, path in ((1, "A/iter"), (2, "B/iter")):
+        evs += [region(path, 0, 3000, tid=tid)] + op_chain(["aten::add"] * 200, 10, 4.0, 10.0, tid=tid)
+    every = analyze(build_trace(evs), machine=CPU)
+    shown = analyze(build_trace(evs), machine=CPU, filter="^B")
+    assert [r.path for r in shown.regions] == ["B/iter"]
+    assert shown.regions[0].hotness == pytest.approx(every.region("B/iter").hotness)
+    assert every.region("B/iter").evidence["wall_us"] < 0.6 * every.region("B/iter").self_us
+
+
 def test_trace_without_regions_analyses_ops_outside_regions():
     evs = op_chain(["aten::add"] * 50, 0, 4.0, 1.0)
     a = analyze(build_trace(evs), machine=CPU)

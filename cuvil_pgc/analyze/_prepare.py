@@ -74,6 +74,8 @@ class Prepared:
     work: PathWork | None = None
     duration_us: float = 0.0
     extras: dict = field(default_factory=dict)   # what a pass leaves for a later one
+    #: under a --filter: every region instance (rows, parent index) with those it hides; None without one
+    all_regions: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def n_paths(self) -> int:
@@ -115,6 +117,11 @@ def prepare(trace: Trace, roofs: Roofs, pattern: str | None = None) -> Prepared:
                     op_flops=flops[top][kept], op_bytes=nbytes[top][kept],
                     gpu_rows=np.nonzero(np.isin(kind, _GPU_KINDS) & keep)[0],
                     duration_us=trace.duration_us)
+    if pattern is not None:
+        every = np.nonzero(kind == Kind.REGION)[0]
+        e_ts, e_dur = ev["ts"][every], ev["dur"][every]
+        every_index = RegionIndex(lane[every], e_ts, e_ts + e_dur) if len(every) else None
+        prep.all_regions = (every, _region_nesting(every_index, len(every))[0])
     prep.work = _path_work(prep)
     return prep
 

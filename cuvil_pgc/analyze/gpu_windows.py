@@ -228,10 +228,14 @@ def _ops_containing(prep: Prepared, ops: np.ndarray, launches: np.ndarray) -> np
 def self_pieces(prep: Prepared, ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The self windows of every region call: (starts, ends, instance index into region_rows),
     each call's interval minus the calls nested directly in it (zero-length pieces included)."""
-    rr = prep.region_rows
+    return call_pieces(prep.region_rows, prep.region_parent, ts, end)
+
+
+def call_pieces(rr: np.ndarray, par: np.ndarray, ts: np.ndarray, end: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`self_pieces` of the region calls ``rr`` whose enclosing calls are ``par``."""
     s, e = ts[rr], end[rr]
     inst = np.arange(len(rr))
-    par = prep.region_parent
     child = par >= 0
     # boundary events: (owner, time, kind) with kind 0 = a self piece opens, 1 = it closes
     owner = np.concatenate([inst, inst, par[child], par[child]])

@@ -29,7 +29,7 @@ from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.analyze._prepare import Prepared
 from cuvil_pgc.analyze.analysis import Analysis
 from cuvil_pgc.analyze.bottleneck import attribute_bottlenecks
-from cuvil_pgc.analyze.gpu_windows import self_pieces
+from cuvil_pgc.analyze.gpu_windows import call_pieces
 from cuvil_pgc.analyze.intervals import shared_time
 from cuvil_pgc.analyze.passes import requires
 
@@ -66,19 +66,23 @@ def shared_self_time(prep: Prepared) -> np.ndarray:
     """Per path: its self time with time shared by concurrent region calls (other threads) divided
     among them, weighted by source weight; NaN for paths without region calls (``(outside regions)``).
     Summed over all paths it is at most the run: overlapping time is counted once."""
-    ev, rr, n = prep.trace.events, prep.region_rows, prep.n_paths
+    ev, n = prep.trace.events, prep.n_paths
+    # every region call shares time, those a --filter hides too: the filter hides rows, it does
+    # not change the figures of the rows it shows
+    rr, parent = prep.all_regions if prep.all_regions is not None else (prep.region_rows, prep.region_parent)
     out = np.full(n, np.nan)
     if not len(rr):
         return out
     ts, end = ev["ts"], ev["ts"] + ev["dur"]
-    a, b, inst = self_pieces(prep, ts, end)
+    a, b, inst = call_pieces(rr, parent, ts, end)
     src = ev["source"][rr][inst].astype(np.int64)
     lo = float(np.min(ts))
     span = float(np.max(end)) - lo + 1.0
     share = shared_time(a - lo + src * span, b - lo + src * span)
     pos = prep.path_pos[rr][inst]
-    got = np.bincount(pos, weights=share * prep.weight[rr][inst], minlength=n)
-    has = np.bincount(pos, minlength=n) > 0
+    shown = pos >= 0
+    got = np.bincount(pos[shown], weights=(share * prep.weight[rr][inst])[shown], minlength=n)
+    has = np.bincount(pos[shown], minlength=n) > 0
     out[has] = got[has]
     return out
 
