@@ -51,6 +51,25 @@ def test_reduce_adds_histograms_and_finds_the_straggler(run_dir):
     assert merged.trace["events"] == sum(s.trace["events"] for s in singles)
 
 
+def test_quantiles_over_traces_are_those_of_the_merged_calls(run_dir, monkeypatch):
+    """Where each trace sends its calls the quantiles are exact: the same as one analyze() of the
+    files together. Past EXACT_CALLS they come from the merged histogram, and stay within the
+    calls' smallest and largest (before, p99 could exceed the slowest call by half a bucket)."""
+    reduce_mod = sys.modules[map_trace.__module__]
+
+    paths = trace_files([run_dir])
+    together = analyze(load_trace(*paths)).region("request/decode")
+    merged = analyze_many([run_dir], workers=1).region("request/decode")
+    assert (merged.p50_us, merged.p95_us, merged.p99_us) == (together.p50_us, together.p95_us, together.p99_us)
+    monkeypatch.setattr(reduce_mod, "EXACT_CALLS", 0)
+    coarse = reduce_partials([map_trace(p) for p in paths]).region("request/decode")
+    trace = load_trace(*paths)
+    ev = trace.events
+    durs = [float(d) for d, code in zip(ev["dur"], ev["region"], strict=True)
+            if code >= 0 and trace.strings[int(code)] == "request/decode"]
+    assert min(durs) <= coarse.p50_us <= coarse.p99_us <= max(durs)
+
+
 def test_order_of_the_partials_does_not_change_the_result(run_dir):
     partials = [map_trace(p) for p in trace_files([run_dir])]
     a = reduce_partials(partials)

@@ -11,8 +11,10 @@ summaries and event traces are refused together, as :func:`~cuvil_pgc.analyze.an
 refuses them in one merged trace:
 
 - per region path: ``calls``, ``total_us``, ``self_us`` and ``hotness`` add (each trace's are
-  already weighted by its source weight); ``mean_us`` = total / calls; p50/p95/p99 and the
-  histogram come from the merged buckets (bucket midpoints: within 6.25 %); ``share`` is of the
+  already weighted by its source weight); ``mean_us`` = total / calls; p50/p95/p99 are exact
+  where each trace has at most ``EXACT_CALLS`` calls of the path (the partial carries their
+  durations), else they come from the merged buckets (bucket midpoints: within 6.25 %, and within
+  the calls' smallest and largest); the histogram is the merged buckets; ``share`` is of the
   summed trace durations; the bottleneck is the class with the most summed hotness over the
   traces (``evidence.bottleneck_votes``), its confidence their hotness-weighted mean, and the
   evidence that of the trace where the region took longest; ``top_ops`` add by name;
@@ -43,6 +45,8 @@ from cuvil_pgc.analyze.ranks import TOP_STRAGGLERS
 from cuvil_pgc.trace.schema import Kind
 
 Partial = dict[str, Any]
+#: a trace's region paths with at most this many calls send their durations to the reduce
+EXACT_CALLS = 4096
 _QUANTILES = (0.5, 0.95, 0.99)
 
 
@@ -71,7 +75,8 @@ def map_trace(path: str, machine: dict[str, Any] | None = None, filter: str | No
     # "path": the trace file (for an exported trace: the file it was exported from), so a dataset
     # reduces as its files do; "unit": what the map was given, unique, to order ties.
     partial = {"path": source.path, "unit": os.fspath(path), "rank": int(source.rank),
-               "weight": float(source.weight), "analysis": doc, "histograms": _histograms(trace, paths)}
+               "weight": float(source.weight), "analysis": doc, "histograms": _histograms(trace, paths),
+               "samples": _samples(trace, paths)}
     del trace, analysis
     _release_memory()
     partial["timing"] = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
@@ -141,6 +146,28 @@ def _histograms(trace: Any, paths: set[str]) -> dict[str, dict[int, float]]:
     return out
 
 
+def _samples(trace: Any, paths: set[str]) -> dict[str, list[list[float]]]:
+    """Per region path with at most :data:`EXACT_CALLS` calls in this trace: its calls' durations
+    (µs) and source weights, from which the reduce computes the quantiles exactly, as one
+    :func:`~.analyzer.analyze` of the merged files does; more calls: their [min, max] only, which
+    bound the quantiles the histogram gives."""
+    ev = trace.events
+    rows = np.flatnonzero(ev["kind"] == Kind.REGION)
+    weights = np.array([s.weight for s in trace.sources], dtype=np.float64)
+    out: dict[str, list[list[float]]] = {}
+    for code in np.unique(ev["region"][rows]).tolist():
+        path = trace.strings[int(code)] if code >= 0 else None
+        if path not in paths:
+            continue
+        mine = rows[ev["region"][rows] == code]
+        dur = ev["dur"][mine].astype(np.float64)
+        if len(mine) <= EXACT_CALLS:
+            out[path] = [dur.tolist(), weights[ev["source"][mine].astype(np.int64)].tolist()]
+        else:
+            out[path] = [[float(dur.min()), float(dur.max())]]
+    return out
+
+
 def reduce_partials(partials: list[Partial]) -> Analysis:
     """One Analysis from the partials of many traces (see module docstring)."""
     parts = sorted(partials, key=lambda p: (p["path"], p.get("unit", "")))
@@ -176,7 +203,7 @@ def _merge_regions(parts: list[Partial], duration: float) -> list:
         calls = sum(r["calls"] for r, _ in items)
         total = math.fsum(r["total_us"] for r, _ in items)
         hist = _add_histograms(p["histograms"].get(path, {}) for _, p in items)
-        q = _quantiles(hist)
+        q = _merged_quantiles([p.get("samples", {}).get(path) for _, p in items], hist)
         votes: dict[str, float] = defaultdict(float)
         for r, _ in items:
             votes[r["bottleneck"]] += r["hotness"]
@@ -220,6 +247,24 @@ def _quantiles(hist: dict[int, float]) -> list[float]:
         return [0.0] * len(_QUANTILES)
     cum = np.cumsum(counts) / counts.sum()
     return [float(mids[min(int(np.searchsorted(cum, q)), len(mids) - 1)]) for q in _QUANTILES]
+
+
+def _merged_quantiles(samples: list[Any], hist: dict[int, float]) -> list[float]:
+    """p50/p95/p99 of one path over the traces: exact where every trace sent its calls (see
+    :func:`_samples`), else from the merged histogram, within the calls' smallest and largest."""
+    from cuvil_pgc.analyze._prepare import group_quantiles
+
+    if samples and all(s is not None and len(s) == 2 for s in samples):
+        dur = np.concatenate([np.asarray(s[0], dtype=np.float64) for s in samples])
+        w = np.concatenate([np.asarray(s[1], dtype=np.float64) for s in samples])
+        q = group_quantiles(np.zeros(len(dur), dtype=np.int64), dur, 1, _QUANTILES, weights=w)[0]
+        return [float(x) if not math.isnan(x) else 0.0 for x in q]
+    q = _quantiles(hist)
+    bounds = [s[-1] if len(s) == 1 else [min(s[0]), max(s[0])] for s in samples if s is not None and s[0]]
+    if len(bounds) < len(samples) or not bounds:       # a partial of an older version: no bounds
+        return q
+    lo, hi = min(b[0] for b in bounds), max(b[1] for b in bounds)
+    return [min(max(x, lo), hi) for x in q]
 
 
 def _histogram_doc(hist: dict[int, float]) -> dict[str, list[float]]:
