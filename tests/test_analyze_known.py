@@ -182,3 +182,18 @@ def test_a_region_opened_inside_an_op_owns_the_ops_in_it(tmp_path):
     region = a.region("## Call CompiledFxGraph abc ##")
     assert region.evidence["op_count"] == 6 and region.bottleneck != "host_bound", region.evidence
     assert [r.path for r in a.regions] == ["## Call CompiledFxGraph abc ##"]     # nothing left outside
+
+
+def test_ranges_that_overlap_without_nesting_are_named_and_cut_at_the_outer_end(tmp_path):
+    """record_function ranges exited out of order (A starts, B starts, A ends, B ends) are read as
+    B inside A; A's self time loses only the part of B inside it, and the reader says so."""
+    evs = [{"ph": "X", "cat": "user_annotation", "name": "A_load", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0},
+           {"ph": "X", "cat": "user_annotation", "name": "B_compute", "pid": 1, "tid": 1, "ts": 60.0, "dur": 90.0},
+           {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 30.0}]
+    path = tmp_path / "overlap.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": evs}))
+    trace = load_trace(str(path))
+    assert any("1 region range(s) end after the range they start in" in w and "'B_compute' in 'A_load'" in w
+               for s in trace.sources for w in s.warnings)
+    a = analyze(trace, machine=CPU)
+    assert a.region("A_load").self_us == 60.0          # 100 minus the 40 of B inside it, not minus 90

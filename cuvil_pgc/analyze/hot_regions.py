@@ -33,7 +33,10 @@ def region_stats(prep: Prepared, analysis: Analysis) -> None:
     pos, w, dur = prep.path_pos[rr], prep.weight[rr], ev["dur"][rr]
     n = prep.n_paths
     child = prep.region_parent >= 0
-    child_sum = np.bincount(prep.region_parent[child], weights=dur[child], minlength=len(rr))
+    # a child cut at its parent's end (ranges that overlap without nesting: the reader warns)
+    end = ev["ts"][rr] + dur
+    inside = np.minimum(end[child], end[prep.region_parent[child]]) - ev["ts"][rr][child]
+    child_sum = np.bincount(prep.region_parent[child], weights=np.maximum(inside, 0.0), minlength=len(rr))
     self_each = np.maximum(dur - child_sum, 0.0)
     # Calls are weighted like times: a source sampled 1-in-N (weight N) stands for N times its calls.
     total = np.bincount(pos, weights=w * dur, minlength=n)

@@ -48,10 +48,30 @@ def resolve_regions(src: SourceColumns, strings: StringTable) -> None:
     ts, end = cols["ts"], cols["ts"] + cols["dur"]
     index = RegionIndex(lane[reg], ts[reg], end[reg])
     if len(reg):
+        _warn_overlaps(src, reg, index, strings)
         _region_rows(src, reg, index, strings)
         _attribute_host(cols, lane, reg, index, src.region_given)
         _attribute_other_threads(cols, lane, reg, src.region_given)
     _attribute_gpu(cols, src.region_given)
+
+
+def _warn_overlaps(src: SourceColumns, reg: np.ndarray, index: RegionIndex, strings: StringTable) -> None:
+    """Ranges on one thread that overlap without nesting (``A`` starts, ``B`` starts, ``A`` ends,
+    ``B`` ends: record_function ranges entered and exited out of order) are read as nested, ``B``
+    inside ``A``, and its time counted in ``A`` only up to ``A``'s end; say so, with the first."""
+    has = index.parent >= 0
+    inner = np.nonzero(has)[0]
+    outer = index.parent[inner]
+    past = inner[index.ends[inner] > index.ends[outer] + 1e-6]
+    if not len(past):
+        return
+    first = int(past[np.argmin(index.starts[past])])
+    name = strings[int(src.cols["name"][reg[index.order[first]]])]
+    around = strings[int(src.cols["name"][reg[index.order[index.parent[first]]]])]
+    note = (f"{len(past):,} region range(s) end after the range they start in, on one thread (first: {name!r} "
+            f"in {around!r}): read as nested, each counted in the outer range up to its end")
+    src.warnings.append(note)
+    src.notes.append(note)
 
 
 def _steps_are_regions(cols, strings: StringTable) -> None:
