@@ -39,6 +39,28 @@ def test_torch18_capitalised_categories_are_read() -> None:
     assert any("'Trace' x1" in n for n in notes)
 
 
+def test_torch17_exports_without_categories_are_operators(tmp_path: Path) -> None:
+    """torch <= 1.7's ``export_chrome_trace``: a JSON list of operators with no ``cat`` and the pid
+    "CPU functions". Before, every event was kept as "other" and the trace had no operators."""
+    import json
+
+    events = []
+    for k in range(3):
+        t = 120.0 * k
+        events += [{"name": "aten::addmm", "ph": "X", "ts": t, "dur": 60.0, "tid": 1, "pid": "CPU functions",
+                    "args": {}},
+                   {"name": "aten::relu", "ph": "X", "ts": t + 70, "dur": 20.0, "tid": 1, "pid": "CPU functions",
+                    "args": {}},
+                   {"name": "mystery", "ph": "X", "ts": t + 95, "dur": 1.0, "tid": 1, "pid": 7}]
+    path = tmp_path / "torch17.json"
+    path.write_text(json.dumps(events))
+    trace = load_trace(str(path))
+    kinds = trace.events["kind"]
+    assert int(np.count_nonzero(kinds == Kind.CPU_OP)) == 6 and int(np.count_nonzero(kinds == Kind.OTHER)) == 3
+    assert any("(no cat)' x3" in w for w in trace.sources[0].warnings)     # only the others are named
+    assert analyze(trace).regions[0].evidence["op_count"] == 6
+
+
 def test_torch18_trace_analyses_and_warns_what_it_skipped() -> None:
     result = analyze(GEN / "torch18_capitalised.json")
     assert result.trace["counts"]["kernel"] == 2

@@ -302,6 +302,10 @@ def _skipped_notes(evs: _Events, other_cats: dict[str, int]) -> list[str]:
     return notes
 
 
+#: the pid of every event in torch <= 1.7's ``export_chrome_trace`` (operators, without a ``cat``)
+LEGACY_CPU_PID = "CPU functions"
+
+
 def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """The columns every row has, and the count of rows per category read as Kind.OTHER."""
     n = len(xs)
@@ -312,10 +316,15 @@ def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dic
     code_of = {c: i for i, c in enumerate(distinct)}
     codes = np.array(list(map(code_of.__getitem__, cats)), dtype=np.int32)
     kind_of_code = np.array([kinds_of.get(c.lower(), other) for c in distinct] or [other], dtype=np.uint8)
-    per_code = np.bincount(codes, minlength=len(distinct))
-    other_cats = {c: int(per_code[i]) for i, c in enumerate(distinct) if kind_of_code[i] == other}
+    kind = kind_of_code[codes] if n else np.zeros(0, dtype=np.uint8)
+    if fmt == "kineto" and "" in code_of:      # torch <= 1.7's export: operators, no category, pid "CPU functions"
+        legacy = (codes == code_of[""]) & np.array([e.pid == LEGACY_CPU_PID for e in xs], dtype=bool)
+        kind[legacy] = Kind.CPU_OP
+        codes = np.where(legacy, -1, codes)
+    per_code = np.bincount(codes[codes >= 0], minlength=len(distinct))
+    other_cats = {c: int(per_code[i]) for i, c in enumerate(distinct) if kind_of_code[i] == other and per_code[i]}
     cols = {
-        "kind": kind_of_code[codes] if n else np.zeros(0, dtype=np.uint8),
+        "kind": kind,
         "name": np.array(_interned([e.name for e in xs], strings), dtype=np.int32),
         "pid": id_column([e.pid for e in xs], strings),
         "tid": id_column([e.tid for e in xs], strings),
