@@ -5,7 +5,8 @@
 - ``machine-*.json``: calibrated machine models (``cuvil-pgc calibrate``; a few kB each),
 - ``records/``: measurements of earlier searches (the knowledge a second recompile reuses),
 - ``artifacts/``: AOTInductor packages of measured candidates (megabytes each; rebuilt on a miss),
-- ``loaded/``: builds unpacked by ``load_build`` (rebuilt on the next load).
+- ``loaded/``: builds unpacked here by older versions of ``load_build``
+  (load_build now unpacks into a private temporary directory and removes it once loaded).
 
 The regenerable kinds (``artifacts``, ``loaded``) are bounded: :func:`enforce_limit` removes the
 least recently used entries until the total is at most ``$CUVIL_CACHE_MAX`` (default
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +35,41 @@ _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 def cache_dir() -> Path:
-    """The cache directory (see the module docstring)."""
+    """The cache directory (see the module docstring). Raises ConfigError when it exists but
+    another user could write into it (see :func:`not_private`): what it holds steers what
+    ``recompile`` builds and signs, and what the analyzer assumes of the machine."""
     explicit = os.environ.get(CACHE_DIR_ENV)
     if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cuvil-pgc"
+        path = Path(explicit).expanduser()
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = Path(base) / "cuvil-pgc"
+    why = not_private(path)
+    if why is not None:
+        raise ConfigError(f"the cache directory {path} {why}: another user could plant the artifacts, records and "
+                          "calibrations cuvil-pgc would use", fix=f"set {CACHE_DIR_ENV} to a directory only you can "
+                          "write (mkdir -m 700 DIR), or fix the owner and mode of this one")
+    return path
+
+
+def not_private(path: Path) -> str | None:
+    """Why the directory ``path`` (followed if a link) is open to other users, or None when it is
+    this user's and only this user (or this user's own group) can write it, or does not exist."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be checked ({type(exc).__name__}: {exc})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"belongs to another user (uid {st.st_uid}, this process runs as uid {os.geteuid()})"
+    if st.st_mode & stat.S_IWOTH:
+        return f"is writable by every user (mode {stat.S_IMODE(st.st_mode):o})"
+    if st.st_mode & stat.S_IWGRP and st.st_gid != os.getegid():
+        return f"is writable by the group {st.st_gid} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 @dataclass

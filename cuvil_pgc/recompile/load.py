@@ -17,16 +17,19 @@ and counts Inductor cache hits and misses, so a warm load is checkable and a mis
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import errno
 import json
 import os
+import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cuvil_pgc.errors import BuildError, CuvilError, one_line
+from cuvil_pgc.errors import BuildError, ConfigError, CuvilError, one_line
 from cuvil_pgc.recompile.build import CACHE_MEMBER
 from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
 
@@ -212,19 +215,32 @@ def _load_cache_artifacts(vb: Any) -> str:
 
 
 def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: str, stale: str) -> Any:
+    from cuvil_pgc.recompile.apply import apply_plan
+
+    model = model.eval().to(plan.device)
+    modules = dict(model.named_modules())
+    realized: dict[str, Any] = {}
+    with _unpacked() as extract_dir:
+        _realize_choices(vb, plan, modules, realized, report, path, extract_dir)
+    if report.skipped and stale == "error":
+        raise BuildError(f"{len(report.skipped)} region(s) changed since the build: " + "; ".join(report.skipped),
+                         path=path, fix="recompile this model version with `cuvil-pgc recompile`, or load with "
+                                        "stale='eager' to run the changed regions eagerly")
+    return apply_plan(model, realized) if realized else model
+
+
+def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dict[str, Any], report: LoadReport,
+                     path: str, extract_dir: Path) -> None:
+    """Each choice's region, its verified files unpacked into ``extract_dir`` (or skipped, with the
+    reason in ``report``)."""
     from cuvil_pgc._structure import settings_digest, weights_digest
-    from cuvil_pgc.recompile.apply import apply_plan, realize
+    from cuvil_pgc.recompile.apply import realize
     from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS
     from cuvil_pgc.recompile.matching import structural_hash
     from cuvil_pgc.recompile.other_shapes import load_other_shapes
     from cuvil_pgc.recompile.runtime_build import load_region
 
     artifact_backends = ("aoti", *RUNTIME_BACKENDS)
-
-    model = model.eval().to(plan.device)
-    modules = dict(model.named_modules())
-    realized = {}
-    extract_dir = _extract_dir(vb)
     for choice in plan.choices:
         scope, cand = choice.scope, choice.candidate
         if cand.unknown:
@@ -263,11 +279,6 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
             report.compiled_regions += cand.backend != "eager"
         other = getattr(getattr(realized.get(scope), "module", None), "other_shapes", None)
         report.applied.append(f"{scope or '<model>'}: {cand.config}" + (" (and other input sizes)" if other else ""))
-    if report.skipped and stale == "error":
-        raise BuildError(f"{len(report.skipped)} region(s) changed since the build: " + "; ".join(report.skipped),
-                         path=path, fix="recompile this model version with `cuvil-pgc recompile`, or load with "
-                                        "stale='eager' to run the changed regions eagerly")
-    return apply_plan(model, realized) if realized else model
 
 
 def _realize_lazy(module: Any, cand: Any, device: str, choice: Any) -> Any:
@@ -291,17 +302,28 @@ class _NoInputs:
     kwargs: dict = {}
 
 
-def _extract_dir(vb: Any) -> Path:
-    from cuvil_pgc.recompile.records import cache_dir
-
-    digest = hashlib.sha256(json.dumps(sorted((k, v.sha256) for k, v in vb.manifest.members.items()))
-                            .encode()).hexdigest()[:24]
-    from cuvil_pgc._cache import enforce_limit
-
-    enforce_limit()              # unpacked builds are bounded with the artifacts ($CUVIL_CACHE_MAX)
-    target = cache_dir() / "loaded" / digest
-    target.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=target))
+@contextlib.contextmanager
+def _unpacked() -> Iterator[Path]:
+    """A directory of this process's own (``mkdtemp``: mode 0700, in the temp directory) that the
+    build's verified members are unpacked into for the runtimes to read, removed once they have:
+    each keeps its program in memory (ONNX Runtime sessions, OpenVINO compiled models,
+    AOTInductor's own copy of its library). Not in the cache directory: another user who can write
+    there could swap a verified file before a runtime reads it, and a cache clear or eviction
+    could remove it mid-load."""
+    try:
+        path = Path(tempfile.mkdtemp(prefix="cuvil-load-"))
+    except OSError as exc:
+        raise ConfigError(f"cannot create a directory to unpack the build into under {tempfile.gettempdir()} "
+                          f"({type(exc).__name__}: {exc})", fix="set TMPDIR to a writable directory") from exc
+    try:
+        yield path
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise ConfigError(f"cannot unpack the build into {path} ({type(exc).__name__}: {exc})",
+                              fix="free space there, or set TMPDIR to a writable directory with room") from exc
+        raise
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _warm_up(module: Any, example_inputs: tuple[Any, ...], report: LoadReport) -> None:
