@@ -89,6 +89,19 @@ def test_ops_command_on_a_kineto_trace_at_80_columns(tmp_path):
     assert {r["name"] for r in rows} == {"aten::conv2d", "aten::cudnn_convolution"}
 
 
+def test_an_event_without_a_duration_is_zero_long_and_said_so(tmp_path):
+    """An X event without ``dur`` was read as 0 µs without a word, by ops and analyze alike."""
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": 1, "tid": 1, "ts": 0.0, "dur": 60.0},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1, "tid": 1, "ts": 70.0}]
+    path = tmp_path / "nodur.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    result = CliRunner().invoke(app, ["ops", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert {r["name"]: r["total_cpu_us"] for r in json.loads(result.stdout)["rows"]} == {"aten::addmm": 60.0,
+                                                                                       "aten::relu": 0.0}
+    assert "1 complete (X) events have no duration (dur): read as 0" in " ".join(result.stderr.split())
+
+
 def test_summary_of_a_script_without_regions_shows_top_operators(tmp_path):
     trace = _kineto_trace(tmp_path / "k.pt.trace.json.gz")
     result = CliRunner().invoke(app, ["summary", trace], env={"COLUMNS": "80"})

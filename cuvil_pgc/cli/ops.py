@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
-from cuvil_pgc.cli.output import emit
+from cuvil_pgc.cli.output import emit, print_warnings
 
 
 def register(app: typer.Typer) -> None:
@@ -32,6 +34,8 @@ def register(app: typer.Typer) -> None:
                 trace = load_trace(*traces)
             with progress.stage("grouping operators"):
                 rows = operator_stats(trace, sort=sort, group_by_shape=group_by_shape, region=region)
+        # what the reader did not read as operators, as analyze says it (never dropped silently)
+        print_warnings([f"{os.path.basename(s.path)}: {w}" for s in trace.sources for w in s.warnings])
         if not rows and not (json_out or csv_out):
             typer.echo(f"{', '.join(traces)}: no operators in the trace (record them with ops=True, or "
                        "torch.profiler's CPU activity)", err=True)

@@ -204,7 +204,7 @@ def chunk_part(events: list[KinetoEvent], raw_events: Callable[[], list[Event]],
     cols, cats = _basic_columns(xs, "kineto", strings)
     ts_values = [e.ts for e in xs]
     cols["ts"] = np.array(ts_values, dtype=np.float64)
-    cols["dur"] = np.array([e.dur for e in xs], dtype=np.float64)
+    cols["dur"] = durations(xs, evs.skipped)
     big = not len(xs) or (bool(np.isfinite(cols["ts"]).all()) and float(cols["ts"].min()) > NS_FLOOR)
     exact = np.array([int(v) for v in ts_values], dtype=np.int64) if big else None
     args = _kineto_args(xs, cols)
@@ -288,9 +288,12 @@ def _profiler_ranges(xs: list[KinetoEvent], raw_events: Callable[[], list[Event]
 def _skipped_notes(evs: _Events, other_cats: dict[str, int]) -> list[str]:
     """What the reader did not analyse, with counts (the user must never lose events silently)."""
     notes = []
-    if evs.skipped:
+    phases = {ph: n for ph, n in evs.skipped.items() if ph != NO_DURATION}
+    if phases:
         notes.append("ignored events of phase " + ", ".join(
-            f"{ph or '(none)'!r} x{n}" for ph, n in sorted(evs.skipped.items())))
+            f"{ph or '(none)'!r} x{n}" for ph, n in sorted(phases.items())))
+    if evs.skipped.get(NO_DURATION):
+        notes.append(f"{evs.skipped[NO_DURATION]:,} complete (X) events have no duration (dur): read as 0 µs")
     ranges = other_cats.pop(CAT_PROFILER_RANGE, 0)
     if ranges:
         notes.append(f"{ranges:,} {CAT_PROFILER_RANGE} events (CUPTI range-profiler kernels: hardware counters "
@@ -340,7 +343,7 @@ def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str
     """``ts`` / ``dur`` columns in µs; returns the Unix-ns origin when the file counts in ns."""
     ts_values = [e.ts for e in xs]
     ts = np.array(ts_values, dtype=np.float64)
-    dur = np.array([e.dur for e in xs], dtype=np.float64)
+    dur = durations(xs, evs.skipped)
     origin_ns = None
     if len(ts) and np.isfinite(ts).all() and float(ts.min()) > NS_FLOOR and float(ts.max()) < 2**63:
         exact = np.array([int(v) for v in ts_values], dtype=np.int64)   # ints beyond 2**53 stay exact
@@ -355,6 +358,21 @@ def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str
 def _interned(values: list[str], strings: StringTable) -> list[int]:
     table = {s: strings.intern(s) for s in dict.fromkeys(values)}
     return list(map(table.__getitem__, values))
+
+
+#: the key of ``skipped`` that counts X events without a ``dur`` (not a phase)
+NO_DURATION = "X without dur"
+
+
+def durations(xs: list[Event], skipped: dict[str, int]) -> np.ndarray:
+    """The ``dur`` column: an X event without one lasts 0 µs (as Chrome's viewer draws it), counted
+    in ``skipped[NO_DURATION]`` so the reader says how many."""
+    dur = np.array([e.dur for e in xs], dtype=np.float64)
+    missing = np.isnan(dur)
+    if missing.any():
+        dur[missing] = 0.0
+        skipped[NO_DURATION] = skipped.get(NO_DURATION, 0) + int(missing.sum())
+    return dur
 
 
 def _check_times(ts: np.ndarray, dur: np.ndarray, evs: _Events, path: str) -> None:

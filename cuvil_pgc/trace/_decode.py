@@ -38,7 +38,7 @@ class _EventFields(msgspec.Struct, gc=False):
     pid: Int64 | str = 0
     tid: Int64 | str = 0
     ts: int | float = _NAN       # ints kept exact: Unix-ns timestamps do not fit a float64 to the ns
-    dur: int | float = 0.0
+    dur: int | float = _NAN     # an X event without one: read as 0 and counted (see _build.durations)
     id: Int64 | str | None = None
 
 
