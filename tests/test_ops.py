@@ -138,3 +138,16 @@ def test_profile_passes_shapes_stack_and_memory_through(tmp_path):
     assert memory and max(e["args"]["bytes"] for e in memory) >= 32 * 32 * 4
     ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
     assert ops and all(e["args"]["shapes"] is None for e in ops)
+
+
+def test_ops_and_report_take_a_directory_of_traces_as_analyze_does(tmp_path):
+    """``analyze DIR`` worked, ``ops DIR`` and ``report DIR`` said the directory is not a trace file."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _kineto_trace(runs / "a.pt.trace.json.gz")
+    _kineto_trace(runs / "b.pt.trace.json.gz")
+    doc = json.loads(CliRunner().invoke(app, ["ops", str(runs), "--json"]).stdout)
+    assert {r["name"]: r["calls"] for r in doc["rows"]} == {"aten::conv2d": 2, "aten::cudnn_convolution": 2}
+    result = CliRunner().invoke(app, ["report", str(runs), "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r.html").stat().st_size > 0

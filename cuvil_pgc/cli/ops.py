@@ -12,7 +12,7 @@ from cuvil_pgc.cli.output import emit, print_warnings
 def register(app: typer.Typer) -> None:
     @app.command()
     def ops(
-        traces: list[str] = typer.Argument(..., metavar="TRACE...", help="Trace files (ours or torch.profiler)."),
+        traces: list[str] = typer.Argument(..., metavar="TRACE...", help="Trace files (ours or torch.profiler), or directories or globs of them."),
         sort: str = typer.Option("self_cpu", "--sort", help="self_cpu | total_cpu | self_device | device | calls"),
         group_by_shape: bool = typer.Option(False, "--group-by-shape", help="One row per operator and input shapes."),
         region: str | None = typer.Option(None, "--region", help="Only operators inside this region (and below)."),
@@ -25,13 +25,15 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from cuvil_pgc.analyze.operators import operator_stats
+        from cuvil_pgc.trace.discover import trace_files
         from cuvil_pgc.trace.reader import load_trace
         from cuvil_pgc.viewer.console_ops import operators_view
         from cuvil_pgc.viewer.progress import stage_progress
 
+        files = trace_files(traces)          # a directory or a glob: its trace files, as analyze takes them
         with stage_progress(2) as progress:
-            with progress.stage(f"loading {len(traces)} trace(s)"):
-                trace = load_trace(*traces)
+            with progress.stage(f"loading {len(files)} trace(s)"):
+                trace = load_trace(*files)
             with progress.stage("grouping operators"):
                 rows = operator_stats(trace, sort=sort, group_by_shape=group_by_shape, region=region)
         # what the reader did not read as operators, as analyze says it (never dropped silently)

@@ -18,7 +18,7 @@ from cuvil_pgc.errors import ConfigError
 def register(app: typer.Typer) -> None:
     @app.command()
     def report(
-        traces: list[str] = typer.Argument(..., metavar="TRACE...", help="Trace files (ours or torch.profiler)."),
+        traces: list[str] = typer.Argument(..., metavar="TRACE...", help="Trace files (ours or torch.profiler), or directories or globs of them."),
         output: str = typer.Option("report.html", "-o", "--output", help="The HTML file to write."),
         build: str | None = typer.Option(None, "--build", help="Show this build's recompile plan "
                                             "(a .cuvilpkg path, or store://NAME with an optional @VERSION or @TAG)."),
@@ -51,6 +51,7 @@ def make_report(traces: list[str], output: str, *, build: str | None = None, sto
     from cuvil_pgc.analyze.analyzer import analyze
     from cuvil_pgc.analyze.machine import MachineModel
     from cuvil_pgc.recompile.plan_doc import read_build_plan
+    from cuvil_pgc.trace.discover import trace_files
     from cuvil_pgc.trace.reader import load_trace
     from cuvil_pgc.viewer.html import write_report
     from cuvil_pgc.viewer.progress import stage_progress
@@ -61,8 +62,9 @@ def make_report(traces: list[str], output: str, *, build: str | None = None, sto
         if build:
             with progress.stage(f"verifying build {os.path.basename(build)}"):
                 plan, facts = read_build_plan(build, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned)
-        with progress.stage(f"loading {len(traces)} trace file{'s' if len(traces) != 1 else ''}"):
-            trace = load_trace(*traces)
+        files = trace_files(traces)          # a directory or a glob: its trace files, as analyze takes them
+        with progress.stage(f"loading {len(files)} trace file{'s' if len(files) != 1 else ''}"):
+            trace = load_trace(*files)
         with progress.stage(f"analysing {len(trace):,} events"):
             analysis = analyze(trace, machine=model, filter=filter)
         with progress.stage("rendering the report"):
