@@ -147,6 +147,8 @@ def test_trace_without_regions_analyses_ops_outside_regions():
     a = analyze(build_trace(evs), machine=CPU)
     assert [r.path for r in a.regions] == [OUTSIDE]
     assert a.regions[0].evidence["op_count"] == 50
+    quarter = analyze(build_trace(op_chain(["aten::add"] * 3, 0, 4.25, 1.0)), machine=CPU).regions[0]
+    assert quarter.total_us == quarter.self_us == quarter.p50_us == 12.75     # was cut to 12.0
 
 
 def test_filter_keeps_matching_paths():

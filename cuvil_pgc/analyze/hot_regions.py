@@ -39,9 +39,10 @@ def region_stats(prep: Prepared, analysis: Analysis) -> None:
     child_sum = np.bincount(prep.region_parent[child], weights=np.maximum(inside, 0.0), minlength=len(rr))
     self_each = np.maximum(dur - child_sum, 0.0)
     # Calls are weighted like times: a source sampled 1-in-N (weight N) stands for N times its calls.
-    total = np.bincount(pos, weights=w * dur, minlength=n)
-    self_ = np.bincount(pos, weights=w * self_each, minlength=n)
-    wsum = np.bincount(pos, weights=w, minlength=n)
+    # as floats: bincount of no rows is an int array, which truncated the (outside regions) time
+    total = np.bincount(pos, weights=w * dur, minlength=n).astype(np.float64)
+    self_ = np.bincount(pos, weights=w * self_each, minlength=n).astype(np.float64)
+    wsum = np.bincount(pos, weights=w, minlength=n).astype(np.float64)
     calls = np.round(wsum)
     q = group_quantiles(pos, dur, n, (0.5, 0.95, 0.99), weights=w)
     _fill_outside(prep, calls, total, self_, wsum, q)
