@@ -258,3 +258,37 @@ def test_a_worker_that_cannot_rebuild_the_output_structure_returns_the_tensors_a
         out = region({**spec, "outputs": unknown})(*inputs)
         assert isinstance(out, tuple) and torch.equal(out[0], model(*inputs))
         assert torch.equal(region(spec)(*inputs), model(*inputs))
+
+
+class HfLike(nn.Module):
+    """Returns a Hugging Face ``ModelOutput``, as most imported models do."""
+
+    def __init__(self, output_class):
+        super().__init__()
+        self.a, self.output_class = nn.Linear(16, 8), output_class
+
+    def forward(self, x):
+        return self.output_class(last_hidden_state=torch.tanh(self.a(x)))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_an_aoti_plan_returning_a_model_output_races_in_its_worker():
+    """The package's output structure names transformers' class; the worker imports the modules of
+    the output's classes first. Before, it failed to load ("... in pytree is not registered") and
+    GPT-2's AOTInductor plan never raced as deployed."""
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+    from cuvil_pgc.recompile.apply import ScopeInputs, realize
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.standalone import _output_modules, race_standalone, standalone_spec
+
+    torch.manual_seed(0)
+    model, inputs = HfLike(outputs.BaseModelOutput).eval(), (torch.randn(2, 16),)
+    cand, scope_inputs = Candidate("", "aoti"), ScopeInputs(inputs)
+    realized = realize(model, cand, scope_inputs)
+    with torch.no_grad():
+        reference = model(*inputs)
+    assert _output_modules(reference) == ["transformers.modeling_outputs"]
+    spec = standalone_spec(cand, realized, scope_inputs, "cpu")
+    samples, failed = race_standalone({"aoti": spec}, inputs, {"aoti": reference}, rounds=2, replicas=1)
+    assert failed == {} and len(samples["aoti"].seconds) == 2

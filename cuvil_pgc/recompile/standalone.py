@@ -13,6 +13,7 @@ between whole-model plans (see its docstring for why).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -71,7 +72,7 @@ def race_standalone(specs: dict[str, dict[str, Any]], inputs: tuple[Any, ...], r
         for i, (name, spec) in enumerate(specs.items()):
             path = os.path.join(tmp, f"plan{i}.json")
             with open(path, "w") as f:
-                json.dump({**spec, "plan": name, "inputs": data}, f)
+                json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(references[name])}, f)
             commands[name] = [sys.executable, "-m", __name__, path]
         return race_in_processes(commands, rounds, replicas, env=_worker_env())
 
@@ -80,6 +81,22 @@ def _tensors(output: Any) -> list[torch.Tensor]:
     """An output's tensors in order: what a worker compares (weights-only files hold no
     ``ModelOutput`` or other classes)."""
     return [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+
+
+def _output_modules(output: Any) -> list[str]:
+    """The modules defining the classes of an output's structure (a Hugging Face ``ModelOutput``:
+    ``transformers.modeling_outputs``), which a worker imports before it rebuilds the plan: an
+    AOTInductor package's output structure names them, and loading it without them failed ("...
+    in pytree is not registered"), so such a plan never raced as deployed."""
+    out: set[str] = set()
+    pending = [torch.utils._pytree.tree_flatten(output)[1]]
+    while pending:
+        spec = pending.pop()
+        kind = getattr(spec, "type", None)
+        if kind is not None and kind.__module__ not in ("builtins", "collections"):
+            out.add(kind.__module__)
+        pending.extend(spec.children())
+    return sorted(out)
 
 
 def _worker_env() -> dict[str, str]:
@@ -119,8 +136,13 @@ def main(argv: list[str]) -> int:
     from cuvil_pgc.recompile.accuracy import check_outputs
 
     with open(argv[0]) as f:
-        spec = json.load(f)
+        spec = json.load(f)      # written by the searching process into its private directory
     torch.set_num_threads(spec["threads"])
+    for name in spec.get("imports", []):       # the output's classes: the plan is rebuilt as load_build does
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass                   # the runtimes' plans then return their tensors as a tuple (see _flat)
     data = torch.load(spec["inputs"], weights_only=True)
     args = tuple(data["args"])
     module = region(spec)
