@@ -74,8 +74,9 @@ class Prepared:
     work: PathWork | None = None
     duration_us: float = 0.0
     extras: dict = field(default_factory=dict)   # what a pass leaves for a later one
-    #: under a --filter: every region instance (rows, parent index) with those it hides; None without one
-    all_regions: tuple[np.ndarray, np.ndarray] | None = None
+    #: every region instance (rows, index of the enclosing one), those a --filter hides included
+    #: (set by :func:`prepare`)
+    all_regions: tuple[np.ndarray, np.ndarray] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
     @property
     def n_paths(self) -> int:
@@ -117,11 +118,12 @@ def prepare(trace: Trace, roofs: Roofs, pattern: str | None = None) -> Prepared:
                     op_flops=flops[top][kept], op_bytes=nbytes[top][kept],
                     gpu_rows=np.nonzero(np.isin(kind, _GPU_KINDS) & keep)[0],
                     duration_us=trace.duration_us)
-    if pattern is not None:
-        every = np.nonzero(kind == Kind.REGION)[0]
+    every = np.nonzero(kind == Kind.REGION)[0]
+    if len(every) == len(region_rows):             # nothing hidden: the shown calls are all of them
+        prep.all_regions = (region_rows, parent)
+    else:
         e_ts, e_dur = ev["ts"][every], ev["dur"][every]
-        every_index = RegionIndex(lane[every], e_ts, e_ts + e_dur) if len(every) else None
-        prep.all_regions = (every, _region_nesting(every_index, len(every))[0])
+        prep.all_regions = (every, _enclosing(RegionIndex(lane[every], e_ts, e_ts + e_dur), len(every)))
     prep.work = _path_work(prep)
     return prep
 
@@ -161,9 +163,7 @@ def _around_regions(lane: np.ndarray, ev: dict[str, np.ndarray], ops: np.ndarray
         return out
     ts = ev["ts"][ops]
     index = RegionIndex(lane[ops], ts, ts + ev["dur"][ops])
-    up = np.full(len(ops), -1, dtype=np.int64)       # each op's enclosing op
-    has = index.parent >= 0
-    up[index.order[has]] = index.order[index.parent[has]]
+    up = _enclosing(index, len(ops))                  # each op's enclosing op
     cur = index.innermost(lane[regions], ev["ts"][regions])
     cur = cur[cur >= 0]
     while len(cur):
@@ -226,14 +226,19 @@ def _own_or_nested(values: np.ndarray, top: np.ndarray, ancestor: np.ndarray) ->
     return out
 
 
+def _enclosing(index: RegionIndex | None, n: int) -> np.ndarray:
+    """Per interval of ``index``: the interval enclosing it (-1 at the top), in the index's input order."""
+    parent = np.full(n, -1, dtype=np.int64)
+    if index is not None:
+        has = index.parent >= 0
+        parent[index.order[has]] = index.order[index.parent[has]]
+    return parent
+
+
 def _region_nesting(index: RegionIndex | None, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Per region instance: the enclosing instance (-1 at the top) and the nesting depth."""
-    parent = np.full(n, -1, dtype=np.int64)
+    parent = _enclosing(index, n)
     depth = np.zeros(n, dtype=np.int64)
-    if index is None:
-        return parent, depth
-    has = index.parent >= 0
-    parent[index.order[has]] = index.order[index.parent[has]]
     cur = parent.copy()
     while np.any(cur >= 0):          # bounded by the nesting depth
         live = cur >= 0

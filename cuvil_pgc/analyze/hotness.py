@@ -69,7 +69,7 @@ def shared_self_time(prep: Prepared) -> np.ndarray:
     ev, n = prep.trace.events, prep.n_paths
     # every region call shares time, those a --filter hides too: the filter hides rows, it does
     # not change the figures of the rows it shows
-    rr, parent = prep.all_regions if prep.all_regions is not None else (prep.region_rows, prep.region_parent)
+    rr, parent = prep.all_regions
     out = np.full(n, np.nan)
     if not len(rr):
         return out

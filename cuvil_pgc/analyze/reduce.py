@@ -153,13 +153,16 @@ def _samples(trace: Any, paths: set[str]) -> dict[str, list[list[float]]]:
     bound the quantiles the histogram gives."""
     ev = trace.events
     rows = np.flatnonzero(ev["kind"] == Kind.REGION)
+    if not len(rows):
+        return {}
+    rows = rows[np.argsort(ev["region"][rows], kind="stable")]          # grouped by path, once
+    codes, starts = np.unique(ev["region"][rows], return_index=True)
     weights = np.array([s.weight for s in trace.sources], dtype=np.float64)
     out: dict[str, list[list[float]]] = {}
-    for code in np.unique(ev["region"][rows]).tolist():
+    for code, mine in zip(codes.tolist(), np.split(rows, starts[1:]), strict=True):
         path = trace.strings[int(code)] if code >= 0 else None
         if path not in paths:
             continue
-        mine = rows[ev["region"][rows] == code]
         dur = ev["dur"][mine].astype(np.float64)
         if len(mine) <= EXACT_CALLS:
             out[path] = [dur.tolist(), weights[ev["source"][mine].astype(np.int64)].tolist()]
