@@ -55,7 +55,8 @@ class KinetoEvent(_EventFields, gc=False):
 
 
 _RENAME = {"trace_events": "traceEvents", "schema_version": "schemaVersion",
-           "device_properties": "deviceProperties", "distributed_info": "distributedInfo",
+           "device_properties": "deviceProperties", "compute_properties": "computeProperties",
+           "distributed_info": "distributedInfo",
            "base_time_ns": "baseTimeNanoseconds", "display_time_unit": "displayTimeUnit",
            "trace_name": "traceName"}
 
@@ -66,6 +67,7 @@ class _Metadata(msgspec.Struct, kw_only=True, rename=_RENAME):
     cuvil: dict[str, Any] | None = None
     schema_version: Any = None
     device_properties: list[Any] | None = None
+    compute_properties: list[Any] | None = None     # torch 1.8's name for deviceProperties
     distributed_info: dict[str, Any] | None = None
     base_time_ns: Int64 | None = None
     display_time_unit: str | None = None

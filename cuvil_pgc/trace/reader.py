@@ -278,7 +278,7 @@ def _kineto_metadata(doc: _decode.Document) -> dict[str, Any]:
         "host": doc.host_name,
         "rank": dist.get("rank", 0),
         "world_size": dist.get("world_size", 1),
-        "devices": list(doc.device_properties or []),
+        "devices": _devices(doc),
     }
     kineto = {k: v for k, v in (
         ("schemaVersion", doc.schema_version), ("baseTimeNanoseconds", doc.base_time_ns),
@@ -289,6 +289,19 @@ def _kineto_metadata(doc: _decode.Document) -> dict[str, Any]:
         ("roctracer_version", doc.roctracer_version)) if v is not None}
     meta["kineto"] = kineto
     return meta
+
+
+#: torch 1.8's Kineto wrote ``computeProperties`` with these keys; later ones ``deviceProperties``
+_OLD_DEVICE_KEYS = {"major": "computeMajor", "minor": "computeMinor", "multiProcessorCount": "numSms",
+                    "maxThreadsPerMultiProcessor": "maxThreadsPerMultiprocessor"}
+
+
+def _devices(doc: _decode.Document) -> list[Any]:
+    """The file's GPUs: ``deviceProperties``, or torch 1.8's ``computeProperties`` under today's keys."""
+    if doc.device_properties is not None or not doc.compute_properties:
+        return list(doc.device_properties or [])
+    return [{_OLD_DEVICE_KEYS.get(k, k): v for k, v in d.items()} if isinstance(d, dict) else d
+            for d in doc.compute_properties]
 
 
 def _kineto_origin(doc: _decode.Document, cols: SourceColumns) -> int | None:
