@@ -53,9 +53,15 @@ def _call_once(spec: str, model: Any, inputs: tuple[Any, ...], given: Any) -> No
         with torch.no_grad():
             model(*inputs)
     except Exception as exc:
-        hint = (f"example_inputs is a {type(given).__name__}, so it was passed as one argument: return a tuple "
-                "of the positional inputs (tuple(inputs))" if isinstance(given, list)
-                else "fix the model or its example inputs (rerun as `cuvil-pgc --debug <command> ...` for the traceback)")
+        if isinstance(given, list):
+            hint = (f"example_inputs is a {type(given).__name__}, so it was passed as one argument: return a tuple "
+                    "of the positional inputs (tuple(inputs))")
+        elif isinstance(given, dict):
+            hint = ("example_inputs is a dict, so it was passed as one argument: return a tuple of the inputs in the "
+                    "order of the forward's parameters (e.g. (input_ids, attention_mask)); a loaded build still "
+                    "takes them as keywords")
+        else:
+            hint = "fix the model or its example inputs (rerun as `cuvil-pgc --debug <command> ...` for the traceback)"
         raise ModelSpecError(f"{spec}: the model raised on its example inputs: {_one_line(exc)}", fix=hint) from exc
 
 
@@ -73,8 +79,20 @@ def _import(module_ref: str):
     try:
         return importlib.import_module(module_ref)
     except ModuleNotFoundError as exc:
-        raise ModelSpecError(f"cannot import module {module_ref!r} ({exc})",
-                             fix="check the name, or pass a path to a .py file") from None
+        if exc.name and (module_ref == exc.name or module_ref.startswith(exc.name + ".")):
+            raise ModelSpecError(f"cannot import module {module_ref!r} ({exc})",
+                                 fix="check the name, or pass a path to a .py file") from None
+        raise _import_raised(module_ref, exc) from exc
+    except Exception as exc:
+        raise _import_raised(module_ref, exc) from exc
+
+
+def _import_raised(module_ref: str, exc: BaseException) -> ModelSpecError:
+    """The user's module failed while being imported (a missing dependency, a syntax error, code at
+    its top level that raised): their error, reported as such rather than as cuvil-pgc's."""
+    fix = (f"install the package that provides {exc.name!r}" if isinstance(exc, ModuleNotFoundError) and exc.name
+           else "fix the module (import it on its own, or rerun as `cuvil-pgc --debug <command> ...` for the traceback)")
+    return ModelSpecError(f"importing {module_ref} raised {_one_line(exc)}", fix=fix)
 
 
 def _import_file(path: str, module_ref: str):
@@ -94,8 +112,10 @@ def _import_file(path: str, module_ref: str):
             sys.path.insert(0, root)
         try:
             module = importlib.import_module(dotted)
-        except ImportError:
+        except ImportError:      # not importable under that name: loaded under a private one below
             module = None
+        except Exception as exc:
+            raise _import_raised(module_ref, exc) from exc
         if module is not None and _same_file(getattr(module, "__file__", None), path):
             return module
     name = "_cuvil_model_" + os.path.splitext(os.path.basename(path))[0]
@@ -104,7 +124,11 @@ def _import_file(path: str, module_ref: str):
         raise ModelSpecError("cannot import this file as a Python module", path=module_ref)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise _import_raised(module_ref, exc) from exc
     return module
 
 

@@ -25,6 +25,10 @@ SOURCE = textwrap.dedent('''
         return nn.Linear(4, 2), [torch.randn(3, 4)]
 
 
+    def dict_inputs():
+        return nn.Linear(4, 2), {"input": torch.randn(3, 4)}
+
+
     def bad_shape():
         return nn.Linear(4, 2), (torch.randn(3, 5),)
 
@@ -53,6 +57,12 @@ def test_a_list_of_inputs_is_one_argument_and_the_error_says_to_return_a_tuple(m
     assert "example_inputs is a list" in str(err.value) and "tuple(inputs)" in str(err.value)
 
 
+def test_a_dict_of_keyword_inputs_is_one_argument_and_the_error_says_to_return_a_tuple(models):
+    with pytest.raises(ModelSpecError, match=r"the model raised on its example inputs: TypeError") as err:
+        load_model_spec(f"{models}:dict_inputs")
+    assert "example_inputs is a dict" in str(err.value) and "(input_ids, attention_mask)" in str(err.value)
+
+
 def test_a_model_failing_on_its_inputs_is_reported_before_any_work(models):
     with pytest.raises(ModelSpecError, match=r"bad_shape: the model raised on its example inputs: RuntimeError"):
         load_model_spec(f"{models}:bad_shape")
@@ -71,3 +81,23 @@ def test_the_cli_prints_the_users_error_not_an_internal_one(models, tmp_path, co
     assert "internal error" not in run.stderr and "Traceback" not in run.stderr
     assert ("the factory raised RuntimeError: no weights here" if command == "profile"
             else "the model raised on its example inputs") in run.stderr
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("import torch\nimport not_installed_dependency_xyz\n", "raised ModuleNotFoundError: No module named 'not_installed_dependency_xyz'"),
+    ("def build(:\n", "raised SyntaxError"),
+    ("raise RuntimeError('no GPU here')\n", "raised RuntimeError: no GPU here"),
+])
+def test_a_model_file_that_fails_to_import_is_the_users_error(tmp_path, monkeypatch, source, expected):
+    (tmp_path / "broken_models.py").write_text(source)
+    with pytest.raises(ModelSpecError, match=expected):
+        load_model_spec(f"{tmp_path / 'broken_models.py'}:build")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModelSpecError, match=f"importing broken_models {expected}"):
+        load_model_spec("broken_models:build")
+    monkeypatch.delitem(sys.modules, "broken_models", raising=False)
+
+
+def test_a_module_that_does_not_exist_is_named_as_such():
+    with pytest.raises(ModelSpecError, match="cannot import module 'no_such_models_xyz.sub'"):
+        load_model_spec("no_such_models_xyz.sub:build")
