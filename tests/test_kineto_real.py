@@ -30,3 +30,25 @@ def test_torch18_compute_properties_name_the_gpu():
     cuda = analyze(str(V100)).machine["cuda"]
     assert cuda["source"] == "datasheet" and cuda["details"]["table_entry"] == "V100-SXM2"
     assert cuda["mem_bw"] == 900e9
+
+
+def test_fractional_microseconds_are_exact_to_the_nanosecond():
+    """Kineto writes ts in µs with the ns as three decimals on a clock 24 h past baseTimeNanoseconds
+    (88437691101.749): read as float64 those are off by ~1e-5 µs, and the launch of this trace's only
+    kernel (runtime ends .739, kernel starts .749) came out 0.009989 µs. Rebased and rounded to the ns,
+    every figure is the file's own, and the wall-clock anchor is unchanged."""
+    doc = json.loads(H100.read_text())
+    ts = {e["name"]: e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X"}
+    assert ts["Kernel"] == 88437691101.749 and ts["cudaLaunchKernel"] == 88437691101.729
+    trace = load_trace(H100)
+    rows = trace.events
+    names = [trace.strings[i] for i in rows["name"]]
+    local = {n: t for n, t in zip(names, rows["ts"], strict=True)}
+    assert round((local["Kernel"] - local["op1"]) * 1000, 9) == 20.0          # ns, exactly
+    assert all(abs(t * 1000 - round(t * 1000)) < 1e-6 for t in rows["ts"])    # every row on the ns grid
+    base = doc["baseTimeNanoseconds"]
+    first = min(e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X")
+    assert trace.sources[0].metadata["start_unix_ns"] == base + round(first * 1000)
+    gpu = analyze(str(H100)).trace["gpu"]["cuda:0"]
+    assert gpu["launch_delay_us"]["count"] == 1                                 # the ac2g flow still links
+    assert abs(gpu["launch_delay_us"]["p50"] - 0.010) < 1e-12

@@ -18,7 +18,8 @@ from tests.test_reader_invariants import DATA
 
 CASES = [DATA / "kineto_gpu" / "gpu_two_regions.json", DATA / "kineto_cpu" / "cpu_annotated.json.gz",
          GEN / "torch18_capitalised.json", GEN / "ns_flows.json", GEN / "profiler_range.json",
-         GEN / "gpu_figures.json", *RESNET_FILES[:1]]
+         GEN / "gpu_figures.json", *RESNET_FILES[:1],
+         DATA / "kineto_real" / "kineto_h100_cuda_sync.json"]     # rebased µs (trace._clock)
 
 
 def _load(path: Path, monkeypatch, stream: bool, chunk: int = 700):

@@ -5,7 +5,9 @@ row columns (EVENT_COLUMNS plus ``external_id``, ``fwdbwd`` and ``lane``), the `
 into counter rows, ``M`` events into thread/process names, and flows into links: ``ac2g`` (and
 torch 1.8-1.10's ``async``/``launch``) flows give correlation ids where an event's args lack one;
 ``fwdbwd`` flows give the ``fwdbwd`` column (the flow id on the forward op and on the backward op
-it links to, -1 elsewhere). Times stay in the file's own origin, in µs; the reader aligns sources.
+it links to, -1 elsewhere). Times stay in the file's own origin, in µs (a Kineto file with large
+fractional µs is rebased to a whole µs and rounded to the ns, ``SourceColumns.shift_us``: see
+``_clock``); the reader aligns sources.
 Region paths, ids and attribution are filled in by :mod:`cuvil_pgc.trace._regions`.
 
 Kineto generations: categories are matched case-insensitively (torch 1.8-1.10 wrote ``Kernel``,
@@ -39,6 +41,7 @@ import numpy as np
 from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace import _args as A
 from cuvil_pgc.trace import _ours, _region_tree
+from cuvil_pgc.trace._clock import FileClock, kineto_us_clock
 from cuvil_pgc.trace._decode import Document, Event, KinetoDocument, KinetoEvent
 from cuvil_pgc.trace._side_events import FLOW_KINDS, add_names, counter_columns, id_column, link_flows
 from cuvil_pgc.trace.columns import StringTable
@@ -76,6 +79,7 @@ class SourceColumns:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)   # what was not analysed, with counts
     origin_ns: int | None = None                 # Unix ns of ts = 0 when the file counted in ns
+    shift_us: int = 0                            # a Kineto µs file rebased: its ts = shift_us is 0 here
 
 
 class _Events:
@@ -123,21 +127,22 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
         evs.counters = [e for e in raw_events() if e.ph == "C"]
     xs = evs.xs
     cols, other_cats = _basic_columns(xs, fmt, strings)
-    origin_ns = _times(cols, xs, evs, path)
+    clock = _times(cols, xs, evs, path, fmt)
     if fmt == "kineto":
         args, given, paths = _kineto_args(xs, cols), np.zeros(len(xs), bool), None
     else:
         args, given, paths, refs = _our_args(xs, cols, evs, path, strings)
         tree_notes = _region_tree.fill_paths(cols, paths, evs.meta, strings, refs, given)   # schema 2: ids
-    link_flows(cols, evs, strings, origin_ns)
+    link_flows(cols, evs, strings, clock)
     if other_cats.get(CAT_PROFILER_RANGE) and raw_events is not None and fmt == "kineto":
         _profiler_ranges(xs, raw_events, cols, args)
     src = SourceColumns(cols=cols, args=args, region_path=paths, region_given=given,
-                        counters=counter_columns(evs, strings, path, origin_ns), origin_ns=origin_ns)
+                        counters=counter_columns(evs, strings, path, clock), origin_ns=clock.origin_ns,
+                        shift_us=clock.shift_us)
     src.thread_names, src.process_names = add_names(evs.meta, strings)
     if fmt != "kineto":
         src.notes.extend(tree_notes)
-    if origin_ns is not None:
+    if clock.origin_ns is not None:
         src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
     src.warnings = _skipped_notes(evs, other_cats)
     src.notes.extend(src.warnings)
@@ -246,23 +251,26 @@ def assemble_chunks(parts_in: Iterable[ChunkPart], strings: StringTable, path: s
     del parts
     args = A.RowArgs.concat(arg_parts, [len(p.codes) for p in arg_parts])
     del arg_parts
-    origin_ns = None
     ts = cols["ts"]
     if len(ts) and bool(np.isfinite(ts).all()) and float(ts.min()) > NS_FLOOR:
         if any(e is None for e in exact):
             raise StreamFallback("mixed time units")
         ints = np.concatenate(exact)
-        origin_ns = int(ints.min())
-        cols["ts"], cols["dur"] = (ints - origin_ns) / 1000.0, cols["dur"] / 1000.0
+        clock = FileClock(origin_ns=int(ints.min()))
+        cols["ts"], cols["dur"] = (ints - clock.origin_ns) / 1000.0, cols["dur"] / 1000.0
+    else:
+        clock = kineto_us_clock(ts, _counter_ts(rest.counters))
+        cols["ts"] = clock.us(ts)
     del exact
     for col in (cols["ts"], cols["dur"]):
         if (~np.isfinite(col) | (col < 0) | (col > MAX_TIME_US)).any():
             raise StreamFallback("bad times")
-    link_flows(cols, rest, strings, origin_ns)
+    link_flows(cols, rest, strings, clock)
     src = SourceColumns(cols=cols, args=args, region_path=None, region_given=np.zeros(len(cols["ts"]), bool),
-                        counters=counter_columns(rest, strings, path, origin_ns), origin_ns=origin_ns)
+                        counters=counter_columns(rest, strings, path, clock), origin_ns=clock.origin_ns,
+                        shift_us=clock.shift_us)
     src.thread_names, src.process_names = add_names(rest.meta, strings)
-    if origin_ns is not None:
+    if clock.origin_ns is not None:
         src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
     src.warnings = _skipped_notes(rest, other_cats)
     src.notes.extend(src.warnings)
@@ -339,20 +347,28 @@ def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dic
     return cols, other_cats
 
 
-def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str) -> int | None:
-    """``ts`` / ``dur`` columns in µs; returns the Unix-ns origin when the file counts in ns."""
+def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str, fmt: str) -> FileClock:
+    """``ts`` / ``dur`` columns in µs; returns the clock that converted them (``_clock``)."""
     ts_values = [e.ts for e in xs]
     ts = np.array(ts_values, dtype=np.float64)
     dur = durations(xs, evs.skipped)
-    origin_ns = None
+    clock = FileClock()
     if len(ts) and np.isfinite(ts).all() and float(ts.min()) > NS_FLOOR and float(ts.max()) < 2**63:
-        exact = np.array([int(v) for v in ts_values], dtype=np.int64)   # ints beyond 2**53 stay exact
-        origin_ns = int(exact.min())
-        ts = (exact - origin_ns) / 1000.0
+        clock = FileClock(origin_ns=int(min(int(v) for v in ts_values)))   # ints beyond 2**53 stay exact
+        ts = clock.us(ts_values)
         dur = dur / 1000.0
+    elif fmt == "kineto":
+        clock = kineto_us_clock(ts, _counter_ts(evs.counters))   # refuses what _check_times would
+        ts = clock.us(ts)
     _check_times(ts, dur, evs, path)
     cols["ts"], cols["dur"] = ts, dur
-    return origin_ns
+    return clock
+
+
+def _counter_ts(counters: list[Any]) -> np.ndarray:
+    """The finite ``ts`` of counter events (they may start before the first row)."""
+    ts = np.array([e.ts for e in counters if type(e.ts) in (int, float)], dtype=np.float64)
+    return ts[np.isfinite(ts)]
 
 
 def _interned(values: list[str], strings: StringTable) -> list[int]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace import _args as A
+from cuvil_pgc.trace._clock import FileClock
 from cuvil_pgc.trace.columns import StringTable
 from cuvil_pgc.trace.schema import MAX_TIME_US, Kind
 
@@ -42,33 +43,31 @@ def id_column(values: list[Any], strings: StringTable) -> np.ndarray:
     return np.array([table[v] for v in values], dtype=np.int64)
 
 
-def link_flows(cols: dict[str, np.ndarray], evs: Any, strings: StringTable, origin_ns: int | None) -> None:
-    """Links from flow events, matched to X rows on (pid, tid, ts) (see module docstring)."""
+def link_flows(cols: dict[str, np.ndarray], evs: Any, strings: StringTable, clock: FileClock) -> None:
+    """Links from flow events, matched to X rows on (pid, tid, ts) (see module docstring); ``clock``
+    converts the flow points as it converted the rows."""
     if not evs.flows:
         return
     launch = [f for f in evs.flows if type(f.id) is int and (f.cat == "ac2g" or (
         f.cat.lower() == "async" and f.name == "launch"))]
     need = np.nonzero((cols["correlation"] < 0) & np.isin(cols["kind"], FLOW_KINDS))[0]
     if launch and len(need):
-        _link(cols, need, launch, "correlation", strings, origin_ns)
+        _link(cols, need, launch, "correlation", strings, clock)
     fwdbwd = [f for f in evs.flows if f.cat == "fwdbwd" and type(f.id) is int]
     ops = np.nonzero(cols["kind"] == Kind.CPU_OP)[0]
     if fwdbwd and len(ops):
-        _link(cols, ops, fwdbwd, "fwdbwd", strings, origin_ns)
+        _link(cols, ops, fwdbwd, "fwdbwd", strings, clock)
 
 
 def _link(cols: dict[str, np.ndarray], rows: np.ndarray, flows: list[Any], col: str, strings: StringTable,
-          origin_ns: int | None) -> None:
+          clock: FileClock) -> None:
     """Set ``cols[col][r]`` to the id of the flow event at row r's (pid, tid, ts); where several rows
     start at one flow point (nested ops), the longest (outermost) gets it."""
     key = np.dtype([("pid", np.int64), ("tid", np.int64), ("ts", np.float64)])
     flow_keys = np.empty(len(flows), dtype=key)
     flow_keys["pid"] = id_column([f.pid for f in flows], strings)
     flow_keys["tid"] = id_column([f.tid for f in flows], strings)
-    if origin_ns is None:
-        flow_keys["ts"] = np.array([f.ts for f in flows], dtype=np.float64)
-    else:                                        # the same exact conversion as the rows' (see _times)
-        flow_keys["ts"] = (np.array([int(f.ts) for f in flows], dtype=np.int64) - origin_ns) / 1000.0
+    flow_keys["ts"] = clock.us([f.ts for f in flows])      # the same conversion as the rows'
     ids = np.array([f.id for f in flows], dtype=np.int64)
     order = np.argsort(flow_keys, kind="stable")
     flow_keys, ids = flow_keys[order], ids[order]
@@ -85,10 +84,11 @@ def _link(cols: dict[str, np.ndarray], rows: np.ndarray, flows: list[Any], col: 
     cols[col][rows[chosen]] = ids[pos[chosen]]
 
 
-def counter_columns(evs: Any, strings: StringTable, path: str, origin_ns: int | None = None) -> dict[str, np.ndarray]:
+def counter_columns(evs: Any, strings: StringTable, path: str, clock: FileClock | None = None) -> dict[str, np.ndarray]:
     """Counter rows of ``evs.counters`` (see ``_build``'s docstring: one per numeric value), as columns."""
     names: list[int] = []
-    ts: list[float] = []
+    clock = clock or FileClock()
+    ts: list[int | float] = []
     values: list[float] = []
     pids: list[Any] = []
     try:
@@ -97,10 +97,10 @@ def counter_columns(evs: Any, strings: StringTable, path: str, origin_ns: int | 
         raise TraceError(f"a counter event's args are not an object ({exc})", path=path,
                          fix='counter events carry {"series": number, ...} in args') from None
     for k, (e, d) in enumerate(zip(evs.counters, dicts, strict=True)):
-        if not 0 <= e.ts <= (MAX_TIME_US if origin_ns is None else 2**63 - 1):
+        if not 0 <= e.ts <= (MAX_TIME_US if clock.origin_ns is None else 2**63 - 1):
             raise TraceError(f"counter event #{evs.file_index(k, 'C')} ({e.name!r}) has timestamp {e.ts!r}; "
                              f"it must be a number of microseconds in [0, {MAX_TIME_US:.0e}]", path=path)
-        t = e.ts if origin_ns is None else (int(e.ts) - origin_ns) / 1000.0
+        t = e.ts
         for key, value in d.items():
             if type(value) not in (int, float) or not math.isfinite(value):
                 continue
@@ -109,7 +109,7 @@ def counter_columns(evs: Any, strings: StringTable, path: str, origin_ns: int | 
             ts.append(t)
             values.append(float(value))
             pids.append(e.pid)
-    return {"name": np.array(names, dtype=np.int32), "ts": np.array(ts, dtype=np.float64),
+    return {"name": np.array(names, dtype=np.int32), "ts": clock.us(ts) if ts else np.zeros(0),
             "value": np.array(values, dtype=np.float64), "pid": id_column(pids, strings)}
 
 

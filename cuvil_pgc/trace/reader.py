@@ -307,10 +307,11 @@ def _devices(doc: _decode.Document) -> list[Any]:
 def _kineto_origin(doc: _decode.Document, cols: SourceColumns) -> int | None:
     if cols.origin_ns is not None:             # the file counted in Unix ns
         return cols.origin_ns
+    shift_ns = cols.shift_us * 1000            # the file's ts = shift_us is 0 in its columns
     if doc.base_time_ns is not None:
-        return doc.base_time_ns
+        return doc.base_time_ns + shift_ns
     first = _local_min(cols)
-    return 0 if first is not None and first > _UNIX_US_FLOOR else None
+    return shift_ns if first is not None and first + cols.shift_us > _UNIX_US_FLOOR else None
 
 
 def _local_min(cols: SourceColumns) -> float | None:
