@@ -354,8 +354,9 @@ def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str
     dur = durations(xs, evs.skipped)
     clock = FileClock()
     if len(ts) and np.isfinite(ts).all() and float(ts.min()) > NS_FLOOR and float(ts.max()) < 2**63:
-        clock = FileClock(origin_ns=int(min(int(v) for v in ts_values)))   # ints beyond 2**53 stay exact
-        ts = clock.us(ts_values)
+        exact = np.array([int(v) for v in ts_values], dtype=np.int64)   # ints beyond 2**53 stay exact
+        clock = FileClock(origin_ns=int(exact.min()))
+        ts = (exact - clock.origin_ns) / 1000.0
         dur = dur / 1000.0
     elif fmt == "kineto":
         clock = kineto_us_clock(ts, _counter_ts(evs.counters))   # refuses what _check_times would
