@@ -52,3 +52,13 @@ def test_fractional_microseconds_are_exact_to_the_nanosecond():
     gpu = analyze(str(H100)).trace["gpu"]["cuda:0"]
     assert gpu["launch_delay_us"]["count"] == 1                                 # the ac2g flow still links
     assert abs(gpu["launch_delay_us"]["p50"] - 0.010) < 1e-12
+
+
+def test_report_does_not_call_a_trace_with_kernels_cpu_only():
+    """HTA's excerpt has a kernel on GPU 0 but no ``deviceProperties``: the run summary said
+    'none recorded (CPU-only run)'; it says the GPUs are not described and where the GPU work ran."""
+    from cuvil_pgc.viewer._sections import summary_section
+
+    html = summary_section(analyze(str(HTA_BACKWARD)), "test")
+    assert "CPU-only" not in html
+    assert "no deviceProperties" in html and "cuda:0 (1 kernels)" in html

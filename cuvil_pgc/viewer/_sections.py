@@ -91,7 +91,7 @@ def summary_section(analysis: Analysis, cuvil_version: str) -> str:
              ("Duration", text(fmt_us(tr.get("duration_us")))),
              ("Events", text(_counts(tr)))]
     pairs += [(f"Machine ({device})", _machine(m)) for device, m in (analysis.machine or {}).items()]
-    pairs += [("Devices", _devices(tr.get("devices") or [])),
+    pairs += [("Devices", _devices(tr.get("devices") or [], tr.get("gpu") or {})),
               ("Versions", _versions(tr.get("runs") or [], cuvil_version)),
               ("Dropped events", _dropped(tr)),
               ("Samplers", _samplers(tr.get("samplers") or {}))]
@@ -135,7 +135,11 @@ def _machine(m: dict) -> str:
     return text(" — ".join(parts[:1]) + " · " + ", ".join(parts[1:]))
 
 
-def _devices(devices: list) -> str:
+def _devices(devices: list, gpu: dict) -> str:
+    if not devices and gpu:         # GPU work in a trace that does not describe its GPUs
+        work = ", ".join(f"{name} ({d.get('kernel_count', 0):,} kernels)" if isinstance(d, dict) else str(name)
+                         for name, d in list(gpu.items())[:MAX_LIST_ITEMS])
+        return text(f"not described in the trace (no deviceProperties); GPU work on {work}")
     if not devices:
         return "none recorded (CPU-only run)"
     items = []
