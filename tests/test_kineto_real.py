@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from cuvil_pgc.analyze import analyze
+from cuvil_pgc.errors import AnalysisError
 from cuvil_pgc.trace.reader import load_trace
 
 DATA = Path(__file__).resolve().parent / "data" / "kineto_real"     # see its README
@@ -62,3 +65,18 @@ def test_report_does_not_call_a_trace_with_kernels_cpu_only():
     html = summary_section(analyze(str(HTA_BACKWARD)), "test")
     assert "CPU-only" not in html
     assert "no deviceProperties" in html and "cuda:0 (1 kernels)" in html
+
+
+def test_a_kineto_trace_without_work_says_what_it_holds(tmp_path):
+    """A profiler window that caught no op or kernel (seen in the wild: an L20 trace holding one
+    10-second ``cudaMemGetInfo``) was told to 'pass a torch.profiler trace', which it was. Cut from the
+    real H100 file to its runtime call and instant events, it names what it holds and the profiler fix."""
+    doc = json.loads(H100.read_text())
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") == "cuda_runtime" or e.get("ph") == "i"]
+    cut = tmp_path / "runtime_only.json"
+    cut.write_text(json.dumps(doc))
+    with pytest.raises(AnalysisError) as err:
+        analyze(str(cut))
+    message = str(err.value)
+    assert "pass a torch.profiler trace" not in message
+    assert "1 runtime event" in message and "'i' x2" in message and "ProfilerActivity.CUDA" in message

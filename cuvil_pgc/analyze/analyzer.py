@@ -154,9 +154,22 @@ def check_usable(trace: Trace) -> None:
     useful = np.isin(kind, (Kind.REGION, Kind.CPU_OP, Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET))
     if not useful.any():
         paths = ", ".join(s.path for s in trace.sources) or "<trace>"
+        if trace.sources and all(s.format == "kineto" for s in trace.sources):
+            raise AnalysisError(
+                f"{paths}: the trace has no regions, operators or kernels to analyse (it holds {_held(trace)})",
+                fix="profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] and let the "
+                    "schedule's active steps cover the work (call prof.step() each iteration), then export again")
         raise AnalysisError(f"{paths}: the trace has no regions, operators or kernels to analyse",
                             fix="record with ProfileRegion around your code and/or ops=True "
                                 "(cuvil-pgc profile --ops), or pass a torch.profiler trace")
+
+
+def _held(trace: Trace) -> str:
+    """What a trace without analysable rows does hold: rows by kind, and what the reader set aside."""
+    kinds, counts = np.unique(trace.events["kind"], return_counts=True)
+    held = [f"{int(n):,} {Kind(int(k)).name.lower()} event{'s' if n > 1 else ''}" for k, n in zip(kinds, counts, strict=True)]
+    held += [w for s in trace.sources for w in s.warnings]
+    return "; ".join(held) or "no events"
 
 
 def _some_paths(trace: Trace, limit: int = 8) -> str:
