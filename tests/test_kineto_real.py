@@ -7,8 +7,10 @@ Each test checks one figure against what the file plainly says, read here straig
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cuvil_pgc.analyze import analyze
@@ -80,3 +82,50 @@ def test_a_kineto_trace_without_work_says_what_it_holds(tmp_path):
     message = str(err.value)
     assert "pass a torch.profiler trace" not in message
     assert "1 runtime event" in message and "'i' x2" in message and "ProfilerActivity.CUDA" in message
+
+
+def _as_torch_2_1(path: Path, out: Path) -> None:
+    """The file as torch 2.1-2.3's Kineto wrote it: no baseTimeNanoseconds, ``ts`` in Unix µs with the
+    ns as three decimals (19 significant digits), the same instants to the nanosecond."""
+    text = path.read_text()
+    base = json.loads(text)["baseTimeNanoseconds"]
+
+    def absolute(m: re.Match) -> str:
+        whole, frac = m.group(2).split(".")
+        ns = base + int(whole) * 1000 + int(frac)
+        return f'{m.group(1)}{ns // 1000}.{ns % 1000:03d}'
+
+    text = re.sub(r'("ts": )(\d+\.\d{3})', absolute, text)
+    out.write_text(re.sub(r'\s*"baseTimeNanoseconds": \d+,', "", text))
+
+
+def test_unix_microseconds_with_ns_decimals_are_read_exactly(tmp_path):
+    """torch 2.1-2.3 wrote ``ts`` as Unix µs with ns decimals (1775166987691101.749), which a float64
+    holds only to a quarter of a microsecond: the 10 ns launch delay read 0 or 0.25 µs. The reader
+    takes such times from their text, so the file gives the same figures as its rebased form."""
+    old = tmp_path / "h100_torch21.json"
+    _as_torch_2_1(H100, old)
+    raw = old.read_text()
+    assert "baseTimeNanoseconds" not in raw and '"ts": 1775166987691101.749' in raw
+    new_trace, old_trace = load_trace(H100), load_trace(old)
+    np.testing.assert_array_equal(np.round(old_trace.events["ts"] * 1000), np.round(new_trace.events["ts"] * 1000))
+    assert old_trace.sources[0].metadata["start_unix_ns"] == new_trace.sources[0].metadata["start_unix_ns"]
+    assert any("read exactly" in n for n in old_trace.sources[0].notes)
+    gpu = analyze(str(old)).trace["gpu"]["cuda:0"]
+    assert gpu["launch_delay_us"]["count"] == 1 and abs(gpu["launch_delay_us"]["p50"] - 0.010) < 1e-12
+    assert abs(gpu["busy_us"] - 0.020) < 1e-12
+
+
+def test_streamed_unix_microseconds_fall_back_to_the_exact_whole_read(tmp_path, monkeypatch):
+    """The chunked reader keeps no text of the times: on such a file it hands over to the whole read."""
+    from cuvil_pgc.trace import _stream
+
+    old = tmp_path / "h100_torch21.json"
+    _as_torch_2_1(H100, old)
+    whole = load_trace(old)
+    monkeypatch.setenv("CUVIL_READ_WORKERS", "0")
+    monkeypatch.setattr(_stream, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(_stream, "CHUNK_BYTES", 700)
+    streamed = load_trace(old)
+    np.testing.assert_array_equal(streamed.events["ts"], whole.events["ts"])
+    assert streamed.sources[0].notes == whole.sources[0].notes

@@ -41,7 +41,7 @@ import numpy as np
 from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace import _args as A
 from cuvil_pgc.trace import _ours, _region_tree
-from cuvil_pgc.trace._clock import FileClock, kineto_us_clock
+from cuvil_pgc.trace._clock import FileClock, kineto_us_clock, needs_exact
 from cuvil_pgc.trace._decode import Document, Event, KinetoDocument, KinetoEvent
 from cuvil_pgc.trace._side_events import FLOW_KINDS, add_names, counter_columns, id_column, link_flows
 from cuvil_pgc.trace.columns import StringTable
@@ -116,13 +116,24 @@ class _Events:
 
 
 def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable, path: str,
-                 raw_events: Callable[[], list[Event]] | None = None) -> SourceColumns:
+                 raw_events: Callable[[], list[Event]] | None = None,
+                 exact_ns: Callable[[], list[int | None] | None] | None = None) -> SourceColumns:
     """Columns of one decoded file (see module docstring).
 
     ``raw_events``: decodes the file again with raw args; called only when a KinetoDocument
     (whose inline-typed args do not keep counter series) has counter events.
+    ``exact_ns``: every event's ``ts`` in whole ns from its text (``_decode.exact_ns_times``); called
+    only when a Kineto file's µs carry fractions a float64 cannot hold (``_clock.needs_exact``).
     """
     evs = _Events(doc.trace_events)
+    exact = None
+    if fmt == "kineto" and exact_ns is not None and needs_exact(_row_ts(evs.xs), NS_FLOOR):
+        exact = exact_ns()
+        if exact is not None and len(exact) == len(evs.all):
+            _to_ns(evs.all, exact)
+            raw_events = _in_ns(raw_events, exact) if raw_events is not None else None
+        else:
+            exact = None
     if evs.counters and raw_events is not None and isinstance(doc, KinetoDocument):
         evs.counters = [e for e in raw_events() if e.ph == "C"]
     xs = evs.xs
@@ -142,11 +153,36 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
     src.thread_names, src.process_names = add_names(evs.meta, strings)
     if fmt != "kineto":
         src.notes.extend(tree_notes)
-    if clock.origin_ns is not None:
+    if exact is not None:
+        src.notes.append("timestamps are µs with nanosecond decimals beyond float64 precision; read exactly "
+                         "from their text, from the earliest event")
+    elif clock.origin_ns is not None:
         src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
     src.warnings = _skipped_notes(evs, other_cats)
     src.notes.extend(src.warnings)
     return src
+
+
+def _row_ts(xs: list[Any]) -> np.ndarray:
+    return np.array([e.ts for e in xs], dtype=np.float64)
+
+
+def _to_ns(events: list[Any], exact: list[int | None]) -> None:
+    """The events in whole ns, in place: ``ts`` from ``exact``, ``dur`` (small, so exact in a float) x 1000."""
+    for e, t in zip(events, exact, strict=True):
+        if t is not None:
+            e.ts = t
+        if type(e.dur) in (int, float) and math.isfinite(e.dur):
+            e.dur = round(e.dur * 1000)
+
+
+def _in_ns(raw_events: Callable[[], list[Event]], exact: list[int | None]) -> Callable[[], list[Event]]:
+    def events() -> list[Event]:
+        decoded = raw_events()
+        if len(decoded) == len(exact):
+            _to_ns(decoded, exact)
+        return decoded
+    return events
 
 
 #: SASS instruction counters of the CUPTI range profiler and the FLOPs per instruction (Kineto's
@@ -258,6 +294,8 @@ def assemble_chunks(parts_in: Iterable[ChunkPart], strings: StringTable, path: s
         ints = np.concatenate(exact)
         clock = FileClock(origin_ns=int(ints.min()))
         cols["ts"], cols["dur"] = (ints - clock.origin_ns) / 1000.0, cols["dur"] / 1000.0
+    elif needs_exact(ts, NS_FLOOR):
+        raise StreamFallback("µs timestamps with ns decimals beyond float64 precision: read whole, exactly")
     else:
         clock = kineto_us_clock(ts, _counter_ts(rest.counters))
         cols["ts"] = clock.us(ts)

@@ -10,9 +10,11 @@ counters) the same way, so a flow still lands on the row it was written at.
   (1.5e-5 µs at 8.8e10 µs), and a 10 ns launch delay came out as 0.009989 µs. Above
   :data:`REBASE_FLOOR_US` the file's times are taken from the whole µs at or below its earliest one
   (``shift_us``) and rounded to the nanosecond: exact while the raw spacing is under half a
-  nanosecond (below 2**42 µs, 51 days from the file's zero, which holds for every file carrying
-  ``baseTimeNanoseconds``). Files of torch 2.1-2.3 counted from the Unix epoch (1.7e15 µs) keep
-  what a float64 held, a quarter of a microsecond.
+  nanosecond (below 2**43 µs, 102 days from the file's zero, where the spacing is at most 1/1024 µs;
+  this holds for every file carrying ``baseTimeNanoseconds``).
+- Kineto µs with fractions beyond that (torch 2.1-2.3 counted from the Unix epoch, 1.7e15 µs, where a
+  float64 holds a quarter of a microsecond): :func:`needs_exact` says so, and the reader re-reads
+  the ``ts`` text exactly as whole ns (``_decode.exact_ns_times``), making it a Unix-ns file.
 - Anything else: the values as they are.
 """
 
@@ -28,6 +30,8 @@ from cuvil_pgc.trace.schema import MAX_TIME_US
 
 #: µs above which a float64 ``ts`` is off by more than 1e-6 µs (2**33 µs, 2.4 hours)
 REBASE_FLOOR_US = float(2**33)
+#: µs from which a float64 ``ts`` no longer holds the ns (spacing 1/512 µs and more)
+EXACT_FLOOR_US = float(2**43)
 
 
 @dataclass(frozen=True)
@@ -61,3 +65,11 @@ def kineto_us_clock(ts: np.ndarray, *more: np.ndarray) -> FileClock:
     if low < 0 or high < REBASE_FLOOR_US or high > MAX_TIME_US or not any((c != np.floor(c)).any() for c in columns):
         return FileClock()
     return FileClock(shift_us=math.floor(low))
+
+
+def needs_exact(ts: np.ndarray, ns_floor: float) -> bool:
+    """Whether µs ``ts`` (below ``ns_floor``) carry fractions a float64 cannot hold to the ns."""
+    if not len(ts) or not np.isfinite(ts).all():
+        return False
+    high = float(ts.max())
+    return EXACT_FLOOR_US <= high and float(ts.min()) <= ns_floor and bool((ts != np.floor(ts)).any())

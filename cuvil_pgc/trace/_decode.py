@@ -16,6 +16,7 @@ Contract:
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -139,6 +140,32 @@ def decode_as_ours(raw: RawInput) -> Document:
     """Decode with raw (untyped) args, e.g. to read the counter series of a Kineto file."""
     first = _FIRST_CHAR.search(raw.data)
     return _decode(raw, "cuvil", first is not None and first.group() == b"[")
+
+
+class _Timed(msgspec.Struct, gc=False):
+    ts: Decimal | None = None
+
+
+class _TimedDocument(msgspec.Struct, rename={"trace_events": "traceEvents"}):
+    trace_events: list[_Timed]
+
+
+_TIMED = {False: msgspec.json.Decoder(_TimedDocument), True: msgspec.json.Decoder(list[_Timed])}
+
+
+def exact_ns_times(raw: RawInput) -> list[int | None] | None:
+    """Every event's ``ts`` (µs as written) in whole ns, read from its decimal text, in file order:
+    ``1712166698123456.789`` is 1712166698123456789 here, 1712166698123456.75 in a float64. None
+    where a ``ts`` is not a number (the typed decode reports that)."""
+    first = _FIRST_CHAR.search(raw.data)
+    array = first is not None and first.group() == b"["
+    try:
+        decoded = _TIMED[array].decode(raw.data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    events = decoded if array else decoded.trace_events
+    return [None if e.ts is None or not e.ts.is_finite() else int((e.ts * 1000).to_integral_value())
+            for e in events]
 
 
 def _validation_error(raw: RawInput, exc: msgspec.ValidationError) -> TraceError:

@@ -171,7 +171,8 @@ def _load_one(path: str, strings: StringTable, weight: float) -> _Loaded:
         doc = _decode.decode_document(raw)
     header = _decode.session_header(doc)
     fmt = "cuvil" if isinstance(doc, _decode.Document) else "kineto"
-    cols = build_source(doc, fmt, strings, file, lambda: _decode.decode_as_ours(raw).trace_events)
+    cols = build_source(doc, fmt, strings, file, lambda: _decode.decode_as_ours(raw).trace_events,
+                        lambda: _decode.exact_ns_times(raw))
     return _source(file, fmt, doc, header, cols, strings, weight, partial, notes)
 
 
