@@ -6,8 +6,9 @@ into counter rows, ``M`` events into thread/process names, and flows into links:
 torch 1.8-1.10's ``async``/``launch``) flows give correlation ids where an event's args lack one;
 ``fwdbwd`` flows give the ``fwdbwd`` column (the flow id on the forward op and on the backward op
 it links to, -1 elsewhere). Times stay in the file's own origin, in µs (a Kineto file with large
-fractional µs is rebased to a whole µs and rounded to the ns, ``SourceColumns.shift_us``: see
-``_clock``); the reader aligns sources.
+fractional µs is rebased to a whole µs and rounded to the ns, ``SourceColumns.shift_us``; one whose
+fractional µs a float64 cannot hold, torch 2.1-2.3's Unix µs, is re-read exactly as whole ns from the
+text (``build_source``'s ``exact_ns``): see ``_clock``); the reader aligns sources.
 Region paths, ids and attribution are filled in by :mod:`cuvil_pgc.trace._regions`.
 
 Kineto generations: categories are matched case-insensitively (torch 1.8-1.10 wrote ``Kernel``,
