@@ -9,7 +9,9 @@ profile of a slightly different model version applies to the unchanged regions o
 here, outside both stages, because instrument (upstream) and recompile (downstream) both need it.
 
 A module's identity is what its code is, not where it was imported from: the class's
-``__qualname__`` and forward source, and its parameter and buffer names, shapes and dtypes. The
+``__qualname__`` and forward source (with the sources of the methods and module-level functions
+the forward calls by name, transitively: a build of ``forward: return self.head(act(x))`` must not
+run once ``act`` or ``head`` changed), and its parameter and buffer names, shapes and dtypes. The
 module name is left out on purpose: ``recompile --model models.py:build`` imports the file under
 one name and a service doing ``from shop.models import Ranker`` under another, and a build must
 apply to both (issue 22). ``STRUCTURE_VERSION`` is hashed in, so hashes of another definition never
@@ -160,10 +162,62 @@ def _forward_source(module: Any) -> str:
     cls = type(module)
     if cls not in _SOURCES:
         try:
-            _SOURCES[cls] = inspect.getsource(cls.forward)
+            source = inspect.getsource(cls.forward)
         except (OSError, TypeError, AttributeError):
-            _SOURCES[cls] = f"{cls.__qualname__}.forward"     # no source (a C extension's class)
+            source = f"{cls.__qualname__}.forward"     # no source (a C extension's class)
+        _SOURCES[cls] = source + "".join(f"C {name}\n{text}" for name, text in _called_sources(cls))
     return _SOURCES[cls]
+
+
+#: how far and how wide :func:`_called_sources` follows calls; the packages whose code is the
+#: framework (pinned by the build's torch version), not the model's
+_CALL_DEPTH, _CALL_LIMIT, _FRAMEWORK = 4, 64, ("torch", "builtins")
+
+
+def _called_sources(cls: type) -> list[tuple[str, str]]:
+    """(name, dedented source) of each method of ``cls`` and module-level Python function that its
+    forward names, and those they name in turn (breadth-first, bounded). Identical code gives
+    identical text wherever the class was defined (``__main__`` of a script or a package)."""
+    import textwrap
+    import types
+
+    forward = getattr(cls, "forward", None)
+    if not isinstance(forward, types.FunctionType):
+        return []
+    seen: set[int] = {id(inspect.unwrap(forward))}
+    frontier, found = [inspect.unwrap(forward)], []
+    for _ in range(_CALL_DEPTH):
+        following = []
+        for fn in frontier:
+            for name in _names(fn.__code__):
+                target = getattr(cls, name, None) if isinstance(getattr(cls, name, None), types.FunctionType) \
+                    else fn.__globals__.get(name)
+                if not isinstance(target, types.FunctionType):
+                    continue
+                target = inspect.unwrap(target)
+                if id(target) in seen or str(getattr(target, "__module__", "")).split(".")[0] in _FRAMEWORK:
+                    continue
+                seen.add(id(target))
+                try:
+                    text = textwrap.dedent(inspect.getsource(target))
+                except (OSError, TypeError):
+                    text = target.__qualname__
+                found.append((name, text))
+                following.append(target)
+                if len(found) >= _CALL_LIMIT:
+                    return found
+        frontier = following
+    return found
+
+
+def _names(code: Any) -> list[str]:
+    """The global and attribute names a code object and the code nested in it (comprehensions,
+    lambdas, inner functions) use, in order of first use."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names += _names(const)
+    return list(dict.fromkeys(names))
 
 
 def _script_name(module: Any) -> str | None:

@@ -94,3 +94,37 @@ def test_a_lone_file_is_imported_under_its_stem_unless_that_name_is_taken(tmp_pa
     (tmp_path / "json.py").write_text(SOURCE)                # a name already imported from elsewhere
     model, _ = load_model_spec(f"{tmp_path / 'json.py'}:factory")
     assert type(model).__module__ == "_cuvil_model_json" and "Ranker" not in dir(sys.modules["json"])
+
+
+HELPERS = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    def act(x):
+        return torch.relu(x)
+
+
+    class Ranker(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+        def head(self, h):
+            return self.fc2(h)
+
+        def forward(self, x):
+            return self.head(act(self.fc1(x)))
+''')
+
+
+def test_a_changed_function_or_method_the_forward_calls_changes_the_hash(tmp_path):
+    """The forward's text alone is not the model's code: an ONNX or AOTInductor build of the old
+    helper returned the old numbers, silently, for a model whose forward text was unchanged."""
+    def ranker(name, source):
+        return _load_as(name, _write(tmp_path / f"{name}.py", source)).Ranker()
+
+    base = structural_hash(ranker("helpers_a", HELPERS))
+    assert structural_hash(ranker("helpers_b", HELPERS)) == base                    # same code, another module
+    assert structural_hash(ranker("helper_edit", HELPERS.replace("torch.relu(x)", "torch.tanh(x)"))) != base
+    assert structural_hash(ranker("method_edit", HELPERS.replace("self.fc2(h)", "self.fc2(h) * 2"))) != base
