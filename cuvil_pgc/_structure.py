@@ -175,8 +175,8 @@ _CALL_DEPTH, _CALL_LIMIT, _FRAMEWORK = 4, 64, ("torch", "builtins")
 
 
 def _called_sources(cls: type) -> list[tuple[str, str]]:
-    """(name, dedented source) of each method of ``cls`` and module-level Python function that its
-    forward names, and those they name in turn (breadth-first, bounded). Identical code gives
+    """(name, dedented source) of each method of ``cls`` and Python function (of its module or of a
+    module the code names) that its forward names, and those they name in turn (breadth-first, bounded). Identical code gives
     identical text wherever the class was defined (``__main__`` of a script or a package)."""
     import textwrap
     import types
@@ -189,11 +189,11 @@ def _called_sources(cls: type) -> list[tuple[str, str]]:
     for _ in range(_CALL_DEPTH):
         following = []
         for fn in frontier:
-            for name in _names(fn.__code__):
-                target = getattr(cls, name, None) if isinstance(getattr(cls, name, None), types.FunctionType) \
-                    else fn.__globals__.get(name)
-                if not isinstance(target, types.FunctionType):
-                    continue
+            names = _names(fn.__code__)
+            # the user's modules the code names: ``layers.act(x)`` after ``import mypkg.layers as layers``
+            modules = [m for m in (fn.__globals__.get(n) for n in names) if isinstance(m, types.ModuleType)
+                       and m.__name__.split(".")[0] not in _FRAMEWORK]
+            for name, target in ((n, t) for n in names for t in _callees(n, cls, fn.__globals__, modules)):
                 target = inspect.unwrap(target)
                 if id(target) in seen or str(getattr(target, "__module__", "")).split(".")[0] in _FRAMEWORK:
                     continue
@@ -208,6 +208,16 @@ def _called_sources(cls: type) -> list[tuple[str, str]]:
                     return found
         frontier = following
     return found
+
+
+def _callees(name: str, cls: type, globals_: dict[str, Any], modules: list[Any]) -> list[Any]:
+    """The Python functions ``name`` may refer to in code of ``cls`` (a name alone does not say
+    which): its method, a global function, a function of one of ``modules``; not torch's functions,
+    classes or values."""
+    import types
+
+    found = (getattr(cls, name, None), globals_.get(name), *(getattr(m, name, None) for m in modules))
+    return [f for f in found if isinstance(f, types.FunctionType)]
 
 
 def _names(code: Any) -> list[str]:

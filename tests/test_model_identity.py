@@ -128,3 +128,14 @@ def test_a_changed_function_or_method_the_forward_calls_changes_the_hash(tmp_pat
     assert structural_hash(ranker("helpers_b", HELPERS)) == base                    # same code, another module
     assert structural_hash(ranker("helper_edit", HELPERS.replace("torch.relu(x)", "torch.tanh(x)"))) != base
     assert structural_hash(ranker("method_edit", HELPERS.replace("self.fc2(h)", "self.fc2(h) * 2"))) != base
+
+
+def test_a_changed_function_of_another_module_the_forward_calls_changes_the_hash(tmp_path, clean_imports):
+    sys.path.insert(0, str(tmp_path))
+    uses = HELPERS.replace("import torch\n", "import torch\nimport user_layers\n").replace(
+        "self.head(act(", "self.head(user_layers.act(")
+    _write(tmp_path / "user_layers.py", "import torch\n\n\ndef act(x):\n    return torch.relu(x)\n")
+    base = structural_hash(_load_as("uses_layers", _write(tmp_path / "uses_layers.py", uses)).Ranker())
+    _write(tmp_path / "user_layers.py", "import torch\n\n\ndef act(x):\n    return torch.nn.functional.gelu(x)\n")
+    sys.modules.pop("user_layers")
+    assert structural_hash(_load_as("uses_layers_2", tmp_path / "uses_layers.py").Ranker()) != base
