@@ -175,8 +175,9 @@ _CALL_DEPTH, _CALL_LIMIT, _FRAMEWORK = 4, 64, ("torch", "builtins")
 
 
 def _called_sources(cls: type) -> list[tuple[str, str]]:
-    """(name, dedented source) of each method of ``cls`` and Python function (of its module or of a
-    module the code names) that its forward names, and those they name in turn (breadth-first, bounded). Identical code gives
+    """(name, dedented source) of each Python function the forward of ``cls`` calls by name: a
+    global function, a method through ``self``, a function through a module of the user's it names
+    (``layers.act(x)``), and those they call in turn (breadth-first, bounded). Identical code gives
     identical text wherever the class was defined (``__main__`` of a script or a package)."""
     import textwrap
     import types
@@ -189,11 +190,7 @@ def _called_sources(cls: type) -> list[tuple[str, str]]:
     for _ in range(_CALL_DEPTH):
         following = []
         for fn in frontier:
-            names = _names(fn.__code__)
-            # the user's modules the code names: ``layers.act(x)`` after ``import mypkg.layers as layers``
-            modules = [m for m in (fn.__globals__.get(n) for n in names) if isinstance(m, types.ModuleType)
-                       and m.__name__.split(".")[0] not in _FRAMEWORK]
-            for name, target in ((n, t) for n in names for t in _callees(n, cls, fn.__globals__, modules)):
+            for name, target in _callees(fn, cls):
                 target = inspect.unwrap(target)
                 if id(target) in seen or str(getattr(target, "__module__", "")).split(".")[0] in _FRAMEWORK:
                     continue
@@ -210,24 +207,45 @@ def _called_sources(cls: type) -> list[tuple[str, str]]:
     return found
 
 
-def _callees(name: str, cls: type, globals_: dict[str, Any], modules: list[Any]) -> list[Any]:
-    """The Python functions ``name`` may refer to in code of ``cls`` (a name alone does not say
-    which): its method, a global function, a function of one of ``modules``; not torch's functions,
-    classes or values."""
+def _callees(fn: Any, cls: type) -> list[tuple[str, Any]]:
+    """(name, Python function) for each global, ``self.<name>`` and ``<module>.<name>`` reference
+    in ``fn``'s code (nested code included) that is a function: read from the bytecode, so an
+    attribute such as ``x.view`` never picks up a script's unrelated global ``view``."""
     import types
 
-    found = (getattr(cls, name, None), globals_.get(name), *(getattr(m, name, None) for m in modules))
-    return [f for f in found if isinstance(f, types.FunctionType)]
+    out = []
+    for kind, owner, name in _references(fn.__code__):
+        if kind == "global":
+            target = fn.__globals__.get(name)
+        elif owner == "self":
+            target = getattr(cls, name, None)
+        else:
+            module = fn.__globals__.get(owner)
+            target = getattr(module, name, None) if isinstance(module, types.ModuleType) else None
+        if isinstance(target, types.FunctionType):
+            out.append((name if kind == "global" else f"{owner}.{name}", target))
+    return out
 
 
-def _names(code: Any) -> list[str]:
-    """The global and attribute names a code object and the code nested in it (comprehensions,
-    lambdas, inner functions) use, in order of first use."""
-    names = list(code.co_names)
+def _references(code: Any) -> list[tuple[str, str, str]]:
+    """("global", "", name) for each global a code object (and the code nested in it) loads, and
+    ("attr", owner, name) for each attribute loaded straight off ``self`` or a global ``owner``."""
+    import dis
+
+    refs, previous = [], None
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            refs.append(("global", "", ins.argval))
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and previous is not None:
+            if previous.opname in ("LOAD_FAST", "LOAD_DEREF") and previous.argval == "self":
+                refs.append(("attr", "self", ins.argval))
+            elif previous.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                refs.append(("attr", previous.argval, ins.argval))
+        previous = ins
     for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names += _names(const)
-    return list(dict.fromkeys(names))
+        if hasattr(const, "co_code"):
+            refs += _references(const)
+    return list(dict.fromkeys(refs))
 
 
 def _script_name(module: Any) -> str | None:

@@ -128,6 +128,9 @@ def test_a_changed_function_or_method_the_forward_calls_changes_the_hash(tmp_pat
     assert structural_hash(ranker("helpers_b", HELPERS)) == base                    # same code, another module
     assert structural_hash(ranker("helper_edit", HELPERS.replace("torch.relu(x)", "torch.tanh(x)"))) != base
     assert structural_hash(ranker("method_edit", HELPERS.replace("self.fc2(h)", "self.fc2(h) * 2"))) != base
+    # a script's unrelated global named like an attribute the forward reads (``self.head``) is not its code
+    unrelated = HELPERS + "\n\ndef head(request):\n    return request.headers\n"
+    assert structural_hash(ranker("script_globals", unrelated)) == base
 
 
 def test_a_changed_function_of_another_module_the_forward_calls_changes_the_hash(tmp_path, clean_imports):
