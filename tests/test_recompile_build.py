@@ -153,7 +153,8 @@ def test_a_package_is_not_applied_to_weights_changed_since_the_build(tmp_path, m
     tuned, _ = host_bound()
     with torch.no_grad():
         tuned.fc1.bias.add_(0.5)
-    with pytest.warns(RuntimeWarning, match="weights changed since the build"):
+    # a service that loads its checkpoint into the loaded build would run eagerly for good: the warning says so
+    with pytest.warns(RuntimeWarning, match="weights changed since the build.*load it into the model first"):
         loaded = load_build(path, tuned)
     assert loaded.cuvil_load_report.aoti_packages == 0 and loaded.cuvil_load_report.applied == []
     with torch.no_grad():
