@@ -162,11 +162,21 @@ def _forward_source(module: Any) -> str:
     cls = type(module)
     if cls not in _SOURCES:
         try:
-            source = inspect.getsource(cls.forward)
+            source = _as_method(inspect.getsource(cls.forward))
         except (OSError, TypeError, AttributeError):
             source = f"{cls.__qualname__}.forward"     # no source (a C extension's class)
         _SOURCES[cls] = source + "".join(f"C {name}\n{text}" for name, text in _called_sources(cls))
     return _SOURCES[cls]
+
+
+def _as_method(source: str) -> str:
+    """A method's source indented as in a class at the top of a module (4 spaces): the same class
+    written under ``if __name__ == "__main__":`` in a script is the same code."""
+    import textwrap
+
+    if source.startswith("    ") and not source.startswith("     "):
+        return source
+    return textwrap.indent(textwrap.dedent(source), "    ")
 
 
 #: how far and how wide :func:`_called_sources` follows calls; the packages whose code is the

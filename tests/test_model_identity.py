@@ -60,6 +60,16 @@ def test_the_hash_does_not_depend_on_the_module_name(tmp_path):
     assert structural_hash(a) == structural_hash(b)
 
 
+def test_a_class_written_under_a_main_guard_is_the_same_code(tmp_path):
+    """A script defining the model under ``if __name__ == "__main__":`` recompiles it; the service
+    imports the same class from its package."""
+    guarded = SOURCE.split("\n\n\ndef factory")[0].replace("\n", "\n    ").replace(
+        "    import torch", 'if __name__ == "guarded_m":\n    import torch', 1)
+    a = _load_as("guarded_m", _write(tmp_path / "guarded.py", guarded)).Ranker()
+    b = _load_as("plain_m", _write(tmp_path / "plain.py", SOURCE)).Ranker()
+    assert structural_hash(a) == structural_hash(b)
+
+
 def test_real_changes_still_change_the_hash(tmp_path):
     base = _load_as("base_m", _write(tmp_path / "base.py", SOURCE)).factory()[0]
     edited = _load_as("edited_m", _write(tmp_path / "edited.py", SOURCE.replace("torch.relu", "torch.tanh")))
