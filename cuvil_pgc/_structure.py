@@ -174,7 +174,8 @@ def _as_method(source: str) -> str:
     written under ``if __name__ == "__main__":`` in a script is the same code."""
     import textwrap
 
-    if source.startswith("    ") and not source.startswith("     "):
+    indent = len(source) - len(source.lstrip(" \t"))
+    if indent in (0, 4):     # a class's method, or a module-level function used as one (ModuleList's)
         return source
     return textwrap.indent(textwrap.dedent(source), "    ")
 

@@ -70,6 +70,20 @@ def test_a_class_written_under_a_main_guard_is_the_same_code(tmp_path):
     assert structural_hash(a) == structural_hash(b)
 
 
+def test_hashes_of_unchanged_code_are_those_of_earlier_versions():
+    """Builds and traces made before the hash learned the forward's callees still match models
+    whose forwards call no function of the user's: the forward's text is hashed as it was, for a
+    ModuleList too (its forward is a module-level function of torch's, written at column 0)."""
+    import inspect
+
+    from torch import nn
+
+    from cuvil_pgc._structure import _forward_source
+
+    for module in (nn.ModuleList([nn.ReLU()]), nn.Sequential(nn.Linear(4, 4)), nn.Linear(4, 4)):
+        assert _forward_source(module) == inspect.getsource(type(module).forward)
+
+
 def test_real_changes_still_change_the_hash(tmp_path):
     base = _load_as("base_m", _write(tmp_path / "base.py", SOURCE)).factory()[0]
     edited = _load_as("edited_m", _write(tmp_path / "edited.py", SOURCE.replace("torch.relu", "torch.tanh")))
