@@ -238,6 +238,10 @@ def _callees(fn: Any, cls: type) -> list[tuple[str, Any]]:
     return out
 
 
+#: opcodes that load a local or a closure's variable (``self`` in a method, or in its comprehensions)
+_LOAD_LOCAL = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF")
+
+
 def _references(code: Any) -> list[tuple[str, str, str]]:
     """("global", "", name) for each global a code object (and the code nested in it) loads, and
     ("attr", owner, name) for each attribute loaded straight off ``self`` or a global ``owner``."""
@@ -248,7 +252,7 @@ def _references(code: Any) -> list[tuple[str, str, str]]:
         if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
             refs.append(("global", "", ins.argval))
         elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and previous is not None:
-            if previous.opname in ("LOAD_FAST", "LOAD_DEREF") and previous.argval == "self":
+            if previous.opname in _LOAD_LOCAL and previous.argval == "self":
                 refs.append(("attr", "self", ins.argval))
             elif previous.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
                 refs.append(("attr", previous.argval, ins.argval))
