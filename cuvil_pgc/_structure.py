@@ -10,8 +10,9 @@ here, outside both stages, because instrument (upstream) and recompile (downstre
 
 A module's identity is what its code is, not where it was imported from: the class's
 ``__qualname__`` and forward source (with the sources of the methods and module-level functions
-the forward calls by name, transitively: a build of ``forward: return self.head(act(x))`` must not
-run once ``act`` or ``head`` changed), and its parameter and buffer names, shapes and dtypes. The
+the forward calls by name, transitively, and of the methods it calls on a child module, as in
+``self.block.helper(x)``: a build of ``forward: return self.head(act(x))`` must not run once ``act``
+or ``head`` changed), and its parameter and buffer names, shapes and dtypes. The
 module name is left out on purpose: ``recompile --model models.py:build`` imports the file under
 one name and a service doing ``from shop.models import Ranker`` under another, and a build must
 apply to both (issue 22). ``STRUCTURE_VERSION`` is hashed in, so hashes of another definition never
@@ -20,8 +21,11 @@ collide with these.
 
 from __future__ import annotations
 
+import dis
 import hashlib
 import inspect
+import textwrap
+import types
 from typing import Any
 
 SHORT = 16      # hex digits recorded per region: 64 bits, enough to tell module versions apart
@@ -147,12 +151,14 @@ def _setting(value: Any, depth: int = 0) -> str:
     return type(value).__qualname__
 
 
-_SOURCES: dict[type, str] = {}
+_SOURCES: dict[type, tuple[str, tuple[tuple[str, str], ...]]] = {}
+_CHILD_SOURCES: dict[tuple[type, str, type, str], str] = {}
 
 
 def _forward_source(module: Any) -> str:
-    """The source of the module's forward: its class's Python source, or for a TorchScript module
-    the compiled code of its forward (reading ``forward`` on its class raises)."""
+    """The source of the module's forward: its class's Python source (with the code it calls, see
+    the module docstring), or for a TorchScript module the compiled code of its forward (reading
+    ``forward`` on its class raises)."""
     scripted = _script_name(module)
     if scripted is not None:
         try:
@@ -165,15 +171,33 @@ def _forward_source(module: Any) -> str:
             source = _as_method(inspect.getsource(cls.forward))
         except (OSError, TypeError, AttributeError):
             source = f"{cls.__qualname__}.forward"     # no source (a C extension's class)
-        _SOURCES[cls] = source + "".join(f"C {name}\n{text}" for name, text in _called_sources(cls))
-    return _SOURCES[cls]
+        forward = getattr(cls, "forward", None)
+        found, chains = _called_sources([forward] if isinstance(forward, types.FunctionType) else [], cls)
+        _SOURCES[cls] = (source + "".join(f"C {name}\n{text}" for name, text in found), tuple(chains))
+    source, chains = _SOURCES[cls]
+    return source + "".join(_child_method_source(module, child, method) for child, method in chains)
+
+
+def _child_method_source(module: Any, child: str, method: str) -> str:
+    """The source of ``self.<child>.<method>`` (and what it calls) where ``child`` is a submodule of
+    the user's code: its forward is hashed as that submodule's, but a helper method the parent calls
+    on it is the parent's code too. Cached per (class, child, child's class, method)."""
+    sub = getattr(module, "_modules", {}).get(child)
+    key = (type(module), child, type(sub), method)
+    if key not in _CHILD_SOURCES:
+        target = getattr(type(sub), method, None) if sub is not None else None
+        text = ""
+        if isinstance(target, types.FunctionType) and method != "forward" and not _is_framework(target):
+            found, _ = _called_sources([target], type(sub))
+            text = f"C self.{child}.{method}\n{_source_text(target)}" + "".join(
+                f"C {name}\n{body}" for name, body in found)
+        _CHILD_SOURCES[key] = text
+    return _CHILD_SOURCES[key]
 
 
 def _as_method(source: str) -> str:
     """A method's source indented as in a class at the top of a module (4 spaces): the same class
     written under ``if __name__ == "__main__":`` in a script is the same code."""
-    import textwrap
-
     indent = len(source) - len(source.lstrip(" \t"))
     if indent in (0, 4):     # a class's method, or a module-level function used as one (ModuleList's)
         return source
@@ -185,47 +209,54 @@ def _as_method(source: str) -> str:
 _CALL_DEPTH, _CALL_LIMIT, _FRAMEWORK = 4, 64, ("torch", "builtins")
 
 
-def _called_sources(cls: type) -> list[tuple[str, str]]:
-    """(name, dedented source) of each Python function the forward of ``cls`` calls by name: a
-    global function, a method through ``self``, a function through a module of the user's it names
-    (``layers.act(x)``), and those they call in turn (breadth-first, bounded). Identical code gives
-    identical text wherever the class was defined (``__main__`` of a script or a package)."""
-    import textwrap
-    import types
-
-    forward = getattr(cls, "forward", None)
-    if not isinstance(forward, types.FunctionType):
-        return []
-    seen: set[int] = {id(inspect.unwrap(forward))}
-    frontier, found = [inspect.unwrap(forward)], []
+def _called_sources(start: list[Any], cls: type) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(name, dedented source) of each Python function the functions ``start`` (methods of ``cls``)
+    call by name: a global function, a method through ``self``, a function through a module of the
+    user's it names (``layers.act(x)``), and those they call in turn (breadth-first, bounded); and
+    the ``self.<child>.<method>`` calls among them, which need the instance to resolve. Identical
+    code gives identical text wherever the class was defined (``__main__`` of a script or a package)."""
+    seen: set[int] = {id(inspect.unwrap(fn)) for fn in start}
+    frontier, found, chains = [inspect.unwrap(fn) for fn in start], [], []
     for _ in range(_CALL_DEPTH):
         following = []
         for fn in frontier:
-            for name, target in _callees(fn, cls):
+            callees, fn_chains = _callees(fn, cls)
+            chains += [c for c in fn_chains if c not in chains]
+            for name, target in callees:
                 target = inspect.unwrap(target)
-                if id(target) in seen or str(getattr(target, "__module__", "")).split(".")[0] in _FRAMEWORK:
+                if id(target) in seen or _is_framework(target):
                     continue
                 seen.add(id(target))
-                try:
-                    text = textwrap.dedent(inspect.getsource(target))
-                except (OSError, TypeError):
-                    text = target.__qualname__
-                found.append((name, text))
+                found.append((name, _source_text(target)))
                 following.append(target)
                 if len(found) >= _CALL_LIMIT:
-                    return found
+                    return found, chains
         frontier = following
-    return found
+    return found, chains
 
 
-def _callees(fn: Any, cls: type) -> list[tuple[str, Any]]:
+def _is_framework(fn: Any) -> bool:
+    return str(getattr(fn, "__module__", "")).split(".")[0] in _FRAMEWORK
+
+
+def _source_text(fn: Any) -> str:
+    try:
+        return textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return fn.__qualname__
+
+
+def _callees(fn: Any, cls: type) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
     """(name, Python function) for each global, ``self.<name>`` and ``<module>.<name>`` reference
-    in ``fn``'s code (nested code included) that is a function: read from the bytecode, so an
-    attribute such as ``x.view`` never picks up a script's unrelated global ``view``."""
-    import types
-
-    out = []
+    in ``fn``'s code (nested code included) that is a function, and (child, name) for each
+    ``self.<child>.<name>``: read from the bytecode, so an attribute such as ``x.view`` never picks
+    up a script's unrelated global ``view``."""
+    out, chains = [], []
     for kind, owner, name in _references(fn.__code__):
+        if kind == "chain":
+            if getattr(cls, owner, None) is None:       # an instance attribute (a submodule), not a method
+                chains.append((owner, name))
+            continue
         if kind == "global":
             target = fn.__globals__.get(name)
         elif owner == "self":
@@ -235,7 +266,7 @@ def _callees(fn: Any, cls: type) -> list[tuple[str, Any]]:
             target = getattr(module, name, None) if isinstance(module, types.ModuleType) else None
         if isinstance(target, types.FunctionType):
             out.append((name if kind == "global" else f"{owner}.{name}", target))
-    return out
+    return out, chains
 
 
 #: opcodes that load a local or a closure's variable (``self`` in a method, or in its comprehensions)
@@ -243,24 +274,29 @@ _LOAD_LOCAL = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF")
 
 
 def _references(code: Any) -> list[tuple[str, str, str]]:
-    """("global", "", name) for each global a code object (and the code nested in it) loads, and
-    ("attr", owner, name) for each attribute loaded straight off ``self`` or a global ``owner``."""
-    import dis
-
-    refs, previous = [], None
+    """("global", "", name) for each global a code object (and the code nested in it) loads,
+    ("attr", owner, name) for each attribute loaded straight off ``self`` or a global ``owner``, and
+    ("chain", child, name) for each attribute loaded off ``self.<child>``."""
+    refs, before, previous = [], None, None
     for ins in dis.get_instructions(code):
         if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
             refs.append(("global", "", ins.argval))
         elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and previous is not None:
-            if previous.opname in _LOAD_LOCAL and previous.argval == "self":
+            if _loads_self(previous):
                 refs.append(("attr", "self", ins.argval))
             elif previous.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
                 refs.append(("attr", previous.argval, ins.argval))
-        previous = ins
+            elif previous.opname in ("LOAD_ATTR", "LOAD_METHOD") and before is not None and _loads_self(before):
+                refs.append(("chain", previous.argval, ins.argval))
+        before, previous = previous, ins
     for const in code.co_consts:
         if hasattr(const, "co_code"):
             refs += _references(const)
     return list(dict.fromkeys(refs))
+
+
+def _loads_self(ins: Any) -> bool:
+    return ins.opname in _LOAD_LOCAL and ins.argval == "self"
 
 
 def _script_name(module: Any) -> str | None:

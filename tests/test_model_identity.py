@@ -166,3 +166,46 @@ def test_a_changed_function_of_another_module_the_forward_calls_changes_the_hash
     _write(tmp_path / "user_layers.py", "import torch\n\n\ndef act(x):\n    return torch.nn.functional.gelu(x)\n")
     sys.modules.pop("user_layers")
     assert structural_hash(_load_as("uses_layers_2", tmp_path / "uses_layers.py").Ranker()) != base
+
+
+CHILD_HELPER = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def helper(self, x):
+            return self.scale(self.fc(x))
+
+        def scale(self, h):
+            return h * 2
+
+        def forward(self, x):
+            return self.fc(x)
+
+
+    class Ranker(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return self.block.helper(x) + self.block.fc.weight.sum()
+''')
+
+
+def test_a_changed_method_the_forward_calls_on_a_child_module_changes_the_hash(tmp_path):
+    """``self.block.helper(x)`` runs the child's helper as the parent's code: the child's own
+    forward is hashed with the child, but not the helper (nor what the helper calls)."""
+    def ranker(name, source):
+        return _load_as(name, _write(tmp_path / f"{name}.py", source)).Ranker()
+
+    base = structural_hash(ranker("child_a", CHILD_HELPER))
+    assert structural_hash(ranker("child_b", CHILD_HELPER)) == base                 # same code, another module
+    assert structural_hash(ranker("child_helper_edit", CHILD_HELPER.replace(
+        "return self.scale(self.fc(x))", "return self.scale(self.fc(x) + 1)"))) != base
+    assert structural_hash(ranker("child_callee_edit", CHILD_HELPER.replace("h * 2", "h * 3"))) != base
