@@ -79,8 +79,8 @@ def test_candidate_from_json_keeps_unknown_fields_and_a_known_one_is_unchanged()
 
 
 def test_another_format_or_a_malformed_choice_is_refused():
-    with pytest.raises(PlanFormatError, match="format 3"):
-        Plan.from_json({**FORMAT_1, "format": 3})
+    with pytest.raises(PlanFormatError, match="format 4"):
+        Plan.from_json({**FORMAT_1, "format": 4})
     with pytest.raises(PlanFormatError, match="no candidate"):
         Plan.from_json({**FORMAT_1, "choices": [{"scope": "x"}]})
     with pytest.raises(PlanFormatError, match="not an object"):

@@ -30,7 +30,14 @@ from cuvil_pgc._structure import settings_digest, weights_digest
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
-from cuvil_pgc.recompile.realized import CompiledRegion, ExportError, Realized
+from cuvil_pgc.recompile.realized import (
+    CompiledRegion,
+    ExportError,
+    Realized,
+    TensorOutputs,
+    aoti_output_template,
+    aoti_runner,
+)
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
 
@@ -136,17 +143,20 @@ def prepare_module(module: nn.Module, cand: Candidate, device: str) -> tuple[nn.
 
 def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, device: str = "cpu",
             machine: str = "", artifact: str | None = None, signature: str | None = None,
-            spec: list[list[Any]] | None = None, weights: str | None = None) -> Realized:
+            spec: list[list[Any]] | None = None, weights: str | None = None,
+            tensor_outputs: bool = False, template: Any = None) -> Realized:
     """Build ``cand`` for ``module``; raises whatever the backend raises (the search records it).
 
-    ``artifact`` (with ``signature``) loads an existing AOTInductor package instead of compiling;
-    for torch.compile, which needs no inputs to build, ``signature`` and ``spec`` stand in for the
-    captured inputs' where ``inputs`` has none (a loaded build).
+    ``artifact`` (with ``signature``) loads an existing AOTInductor package instead of compiling
+    (``tensor_outputs``: one returning the region's output tensors, restored by ``template`` or
+    learned from the first call, see :func:`~.realized.aoti_output_template`); for torch.compile,
+    which needs no inputs to build, ``signature`` and ``spec`` stand in for the captured inputs'
+    where ``inputs`` has none (a loaded build).
     ``weights`` is the module's :func:`weights_digest` where the caller already has it (hashing a
     large model's weights again for every candidate costs seconds).
     """
     if cand.backend == "aoti" and artifact is not None:
-        runner = torch._inductor.aoti_load_package(artifact)
+        runner = aoti_runner(artifact, tensor_outputs, template, module)
         return Realized(CompiledRegion(module, runner, signature, cand.config, spec), artifact)
     if inputs is None:
         raise ValueError(f"{cand.key} needs example inputs or an artifact")
@@ -156,13 +166,14 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     if cand.backend in RUNTIME_BACKENDS:
         return _realize_runtime(module, prepared, applied, cand, inputs, device, machine, weights)
     if cand.backend == "aoti":
+        template = aoti_output_template(prepared, inputs.args, inputs.kwargs)
         path = str(_aoti_path(module, cand, inputs, machine, weights))
         if os.path.exists(path):
             touch(path)                       # least recently used goes first (cuvil_pgc._cache)
         else:
-            _compile_aoti(prepared, cand, inputs, path)
+            _compile_aoti(prepared if template is None else TensorOutputs(prepared), cand, inputs, path)
             enforce_limit()
-        runner = torch._inductor.aoti_load_package(path)
+        runner = aoti_runner(path, template is not None, template, module)
         return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), path, applied)
     compiled = torch.compile(prepared, **_compile_kwargs(cand))
     # the captured signature: torch.compile would recompile for any other call (see CompiledRegion)

@@ -239,6 +239,7 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
     from cuvil_pgc.recompile.matching import structural_hash
     from cuvil_pgc.recompile.other_shapes import load_other_shapes
     from cuvil_pgc.recompile.runtime_build import load_region
+    from cuvil_pgc.recompile.runtime_region import OutputTemplate
 
     artifact_backends = ("aoti", *RUNTIME_BACKENDS)
     for choice in plan.choices:
@@ -271,8 +272,11 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
             if not choice.artifact:
                 raise BuildError(f"plan chooses AOTInductor for {choice.label} but names no package", path=path)
             local = str(vb.extract(choice.artifact, extract_dir))
+            info = choice.runtime or {}
+            outputs = info.get("outputs")
             realized[scope] = realize(module, cand, None, artifact=local, signature=choice.input_signature,
-                                      spec=choice.input_spec)
+                                      spec=choice.input_spec, tensor_outputs=bool(info.get("tensor_outputs")),
+                                      template=OutputTemplate.from_json(outputs) if outputs else None)
             load_other_shapes(vb, choice, realized[scope].module, extract_dir, plan.device)
             report.aoti_packages += 1
         else:

@@ -17,7 +17,9 @@
 
 Format 1 (still read) is the same without ``runtime_defaults``, and its TensorRT choices carry the
 engine's GPU and TensorRT version in ``runtime`` (format 2 records them in the manifest, see
-:mod:`.manifest`). Fields this version does not know, at any level, are kept in ``extra`` and
+:mod:`.manifest`). Format 3 is format 2 with an AOTInductor choice whose package returns the
+region's output tensors, ``"runtime": {"name": "aoti", "version", "outputs", "tensor_outputs": true}``
+(see :data:`TENSOR_OUTPUTS_FORMAT`); plans without one are still written as format 2. Fields this version does not know, at any level, are kept in ``extra`` and
 written back by :meth:`Plan.to_json`: a plan read by an older cuvil-pgc and written again keeps a
 newer one's fields (the candidate's own, see :meth:`Candidate.from_json`, too).
 
@@ -42,8 +44,14 @@ from typing import Any
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 
 PLAN_FORMAT = 2
+#: the format of a plan with an AOTInductor package returning the region's output tensors (a
+#: choice's ``runtime`` {"name": "aoti", "tensor_outputs": true, "outputs"}, see
+#: :func:`~.realized.aoti_output_template`): a version that reads only format 2 would return that
+#: tuple of tensors in place of the region's own structure, so such a plan is format 3, which it
+#: refuses; every other plan stays format 2
+TENSOR_OUTPUTS_FORMAT = 3
 #: plan.json formats this version reads
-READ_FORMATS = (1, 2)
+READ_FORMATS = (1, 2, 3)
 PLAN_MEMBER = "plan.json"      # the plan's name inside a build
 
 
@@ -110,6 +118,11 @@ class PlanChoice:
     @property
     def label(self) -> str:
         return self.scope or "<model>"
+
+    @property
+    def format(self) -> int:
+        """The oldest plan.json format that can hold this choice."""
+        return TENSOR_OUTPUTS_FORMAT if (self.runtime or {}).get("tensor_outputs") else PLAN_FORMAT
 
     def to_json(self) -> dict[str, Any]:
         doc = {"scope": self.scope, "candidate": self.candidate.to_json(),
@@ -218,7 +231,7 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        doc["format"] = PLAN_FORMAT
+        doc["format"] = max([PLAN_FORMAT, *(c.format for c in self.choices)])
         doc["choices"] = [c.to_json() for c in self.choices]
         doc["regions"] = [r.to_json() for r in self.regions]
         if not self.deployed_medians_ms:    # added within format 2: a plan without that race reads as before
@@ -285,8 +298,19 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
 
 
 def _runtime(result: Any, scope: str, cand: Candidate) -> dict[str, Any] | None:
-    """What a region exported to a runtime records (see :func:`~.runtime_build.runtime_info`)."""
-    if cand.backend not in RUNTIME_BACKENDS or scope not in result.realized:
+    """What a region exported to a runtime records (see :func:`~.runtime_build.runtime_info`), and
+    an AOTInductor package of the region's output tensors (see :data:`TENSOR_OUTPUTS_FORMAT`)."""
+    if scope not in result.realized:
+        return None
+    if cand.backend == "aoti":
+        runner = getattr(result.realized[scope].module, "compiled", None)
+        template = getattr(runner, "template", None)
+        if template is None:          # torch's own package, which keeps the structure itself
+            return None
+        import torch
+
+        return {"name": "aoti", "version": torch.__version__, "outputs": template.to_json(), "tensor_outputs": True}
+    if cand.backend not in RUNTIME_BACKENDS:
         return None
     from cuvil_pgc.recompile.runtime_build import runtime_info
 

@@ -116,7 +116,7 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
     """``torch.onnx.export(dynamo=True)`` of ``prepared`` for ``inputs`` into one ``.onnx`` file;
     with ``free_sizes`` every dimension of the positional tensor inputs is left to the exporter
     (``Dim.AUTO``: free where the program allows other sizes, fixed where it does not)."""
-    from cuvil_pgc.recompile.realized import ExportError
+    from cuvil_pgc.recompile.realized import ExportError, TensorOutputs
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -127,10 +127,10 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
             # region taking a dict as its last positional argument gets an empty dict after it
             args = inputs.args + ({},) if not inputs.kwargs and inputs.args and isinstance(inputs.args[-1], dict) \
                 else inputs.args
-            # keyed by the wrapper's parameter: _TensorOutputs.forward takes the region's arguments as *args
+            # keyed by the wrapper's parameter: TensorOutputs.forward takes the region's arguments as *args
             dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} for a in args)} \
                 if free_sizes else None
-            program = torch.onnx.export(_TensorOutputs(prepared).eval(), args, kwargs=inputs.kwargs or None, dynamo=True,
+            program = torch.onnx.export(TensorOutputs(prepared).eval(), args, kwargs=inputs.kwargs or None, dynamo=True,
                                         opset_version=OPSET, optimize=True, verbose=False, report=False,
                                         dynamic_shapes=dynamic)
             program.save(str(tmp), external_data=False)
@@ -150,19 +150,6 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
         raise ExportError(f"torch.onnx.export failed: the ONNX graph has {len(graph_inputs)} inputs and "
                           f"{len(graph.output)} outputs, the region {expected} input and {outputs} output tensors")
     os.replace(tmp, path)
-
-
-class _TensorOutputs(nn.Module):
-    """The region with its output flattened to the tensors in it (what an ONNX graph can return;
-    the runner's :class:`OutputTemplate` puts them back into the original structure)."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
-        return tuple(t for t in torch.utils._pytree.tree_leaves(self.inner(*args, **kwargs))
-                     if isinstance(t, torch.Tensor))
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -39,13 +39,14 @@ def standalone_spec(cand: Any, realized: Any, scope_inputs: Any, device: str) ->
     if cand.scope or cand.backend not in STANDALONE_BACKENDS or device != "cpu" or not realized.artifact:
         return None
     outputs = flat = None
-    if cand.backend != "aoti":
-        template = getattr(getattr(realized.module, "compiled", None), "template", None)
-        if template is None:
-            return None
+    template = getattr(getattr(realized.module, "compiled", None), "template", None)
+    if cand.backend != "aoti" and template is None:
+        return None
+    if template is not None:        # a runtime's, or an AOTInductor package of the output tensors
         outputs, flat = template.to_json(), _flat(template)
     return {"candidate": cand.to_json(), "artifact": realized.artifact, "signature": scope_inputs.signature,
-            "spec": scope_inputs.spec, "outputs": outputs, "flat_outputs": flat, "threads": torch.get_num_threads()}
+            "spec": scope_inputs.spec, "outputs": outputs, "flat_outputs": flat, "threads": torch.get_num_threads(),
+            "tensor_outputs": cand.backend == "aoti" and template is not None}
 
 
 def _flat(template: Any) -> dict[str, Any] | None:
@@ -117,13 +118,15 @@ def region(spec: dict[str, Any]) -> nn.Module:
     from cuvil_pgc.recompile.runtime_region import OutputTemplate
 
     cand = Candidate.from_json(spec["candidate"])
+    template = None
+    if spec.get("outputs") or spec.get("flat_outputs"):
+        try:
+            template = OutputTemplate.from_json(spec["outputs"])
+        except Exception:          # not written down, or its class is not imported here (see _flat)
+            template = OutputTemplate.from_json(spec["flat_outputs"])
     if cand.backend == "aoti":
         return realize(_NotTheModel(), cand, None, artifact=spec["artifact"], signature=spec["signature"],
-                       spec=spec["spec"]).module
-    try:
-        template = OutputTemplate.from_json(spec["outputs"])
-    except Exception:          # not written down, or its class is not imported here (see _flat)
-        template = OutputTemplate.from_json(spec["flat_outputs"])
+                       spec=spec["spec"], tensor_outputs=spec.get("tensor_outputs", False), template=template).module
     return runtime_region(cand, spec["artifact"], template, _NotTheModel(), spec["signature"], spec["spec"]).module
 
 

@@ -1,0 +1,108 @@
+"""An AOTInductor region whose output is a structure torch's pytree cannot write down (a
+namedtuple class of the user's): the package returns the region's output tensors and the region
+puts them back into the original structure, in the searching process and in a service that loads
+the build. Before, packaging raised "Can't serialize TreeSpec of namedtuple class" and no
+AOTInductor candidate of such a region was ever built."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import cuvil_pgc
+from cuvil_pgc.recompile import recompile
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.plan_doc import PLAN_FORMAT, TENSOR_OUTPUTS_FORMAT, Plan
+
+MODEL = textwrap.dedent('''
+    import collections
+    import torch
+    from torch import nn
+
+    Scores = collections.namedtuple("Scores", ["logits", "hidden", "aux"])
+
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(12, 16), nn.Linear(16, 3)
+
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            return Scores(self.fc2(h), h, None)
+
+
+    def factory():
+        torch.manual_seed(0)
+        return Tagger().eval(), (torch.randn(2, 12),)
+''')
+
+SERVICE = textwrap.dedent('''
+    import json, sys
+    import torch
+    from cuvil_pgc import load_build
+    from {module} import factory
+
+    model, inputs = factory()
+    with torch.no_grad():
+        ref = model(*inputs)
+    fast = load_build(sys.argv[1], model, pubkey=sys.argv[2])
+    with torch.no_grad():
+        outs = [fast(*inputs) for _ in range(3)]      # the first call learns the structure
+    print(json.dumps({{"types": [type(o).__name__ for o in outs], "aux": [o.aux for o in outs],
+                      "diff": max(float((o.logits - ref.logits).abs().max()) for o in outs),
+                      "applied": fast.cuvil_load_report.applied, "skipped": fast.cuvil_load_report.skipped,
+                      "fallback_calls": fast.fallback_calls}}))
+''')
+
+
+@pytest.fixture
+def tagger_module(tmp_path, monkeypatch):
+    name = f"nt_tagger_{abs(hash(str(tmp_path))) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name, importlib.import_module(name)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_an_aoti_region_returning_a_namedtuple_builds_and_loads_in_a_service(tmp_path, keys, tagger_module):
+    name, module = tagger_module
+    model, inputs = module.factory()
+    build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, records=False, deployed_race=False, rounds=3)
+    with torch.no_grad():
+        ref, out = model(*inputs), build.module(*inputs)
+    assert type(out) is module.Scores and out.aux is None
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
+    assert build.module.fallback_calls == 0                       # the package ran, not the original
+    (choice,) = build.plan.choices
+    assert choice.candidate.backend == "aoti" and choice.runtime["tensor_outputs"] is True
+    doc = build.plan.to_json()
+    assert doc["format"] == TENSOR_OUTPUTS_FORMAT > PLAN_FORMAT    # a reader of format 2 refuses it
+    assert Plan.from_json(json.loads(json.dumps(doc))).choices[0].runtime["tensor_outputs"] is True
+
+    path = build.save(tmp_path / "tagger.cuvilpkg", signing_key=str(keys[0]))
+    service = tmp_path / "service.py"
+    service.write_text(SERVICE.format(module=name))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cuvil_pgc.__file__)))      # this cuvil_pgc, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, str(service), str(path), str(keys[1])], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["types"] == ["Scores"] * 3 and report["aux"] == [None] * 3, report
+    assert report["diff"] < 1e-4 and report["skipped"] == [] and report["applied"] == ["<model>: aoti"], report
+    assert report["fallback_calls"] == 0, report
+
+
+def test_plans_without_such_a_region_stay_format_2():
+    plan = Plan.from_json({"format": 2, "choices": [{"scope": "", "candidate": {"scope": "", "backend": "aoti"},
+                                                     "runtime": None}]})
+    assert plan.to_json()["format"] == PLAN_FORMAT == 2
