@@ -54,10 +54,14 @@ SERVICE = textwrap.dedent('''
     with torch.no_grad():
         ref = model(*inputs)
     fast = load_build(sys.argv[1], model, pubkey=sys.argv[2])
+    other = torch.randn(5, 12)
     with torch.no_grad():
         outs = [fast(*inputs) for _ in range(3)]      # the first call learns the structure
+        outs += [fast(other) for _ in range(2)]       # and the first of another size
+        outs_ref = [ref] * 3 + [model(other)] * 2
     print(json.dumps({{"types": [type(o).__name__ for o in outs], "aux": [o.aux for o in outs],
-                      "diff": max(float((o.logits - ref.logits).abs().max()) for o in outs),
+                      "other_calls": fast.other_shape_calls,
+                      "diff": max(float((o.logits - r.logits).abs().max()) for o, r in zip(outs, outs_ref)),
                       "applied": fast.cuvil_load_report.applied, "skipped": fast.cuvil_load_report.skipped,
                       "fallback_calls": fast.fallback_calls}}))
 ''')
@@ -76,12 +80,16 @@ def tagger_module(tmp_path, monkeypatch):
 def test_an_aoti_region_returning_a_namedtuple_builds_and_loads_in_a_service(tmp_path, keys, tagger_module):
     name, module = tagger_module
     model, inputs = module.factory()
-    build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, records=False, deployed_race=False, rounds=3)
+    build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, records=False, deployed_race=False, rounds=3,
+                      dynamic=True)
+    other = torch.randn(5, 12)                                    # another batch: the program for other sizes
     with torch.no_grad():
         ref, out = model(*inputs), build.module(*inputs)
-    assert type(out) is module.Scores and out.aux is None
+        other_ref, other_out = model(other), build.module(other)
+    assert type(out) is module.Scores and out.aux is None and type(other_out) is module.Scores
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
-    assert build.module.fallback_calls == 0                       # the package ran, not the original
+    torch.testing.assert_close(other_out.hidden, other_ref.hidden, rtol=1e-4, atol=1e-5)
+    assert build.module.fallback_calls == 0 and build.module.other_shape_calls == 1   # packages ran, not the original
     (choice,) = build.plan.choices
     assert choice.candidate.backend == "aoti" and choice.runtime["tensor_outputs"] is True
     doc = build.plan.to_json()
@@ -97,8 +105,9 @@ def test_an_aoti_region_returning_a_namedtuple_builds_and_loads_in_a_service(tmp
                           timeout=600, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["types"] == ["Scores"] * 3 and report["aux"] == [None] * 3, report
-    assert report["diff"] < 1e-4 and report["skipped"] == [] and report["applied"] == ["<model>: aoti"], report
+    assert report["types"] == ["Scores"] * 5 and report["aux"] == [None] * 5, report
+    assert report["other_calls"] == 2, report
+    assert report["diff"] < 1e-4 and report["skipped"] == [] and report["applied"] == ["<model>: aoti (and other input sizes)"], report
     assert report["fallback_calls"] == 0, report
 
 

@@ -156,23 +156,27 @@ def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tupl
     """(runner, package, free dimensions) of the free-size ``torch.export`` as an AOTInductor package
     with the candidate's Inductor options (exporting again is seconds; compiling is cached)."""
     from cuvil_pgc.recompile.apply import export_program, package_aoti, program_key
+    from cuvil_pgc.recompile.realized import TensorOutputs, aoti_output_template
 
+    template = aoti_output_template(prepared, inputs.args, {})   # as the region's own package
     with torch.no_grad():
-        exported = export_program(prepared, inputs, free_sizes=True)
+        exported = export_program(prepared if template is None else TensorOutputs(prepared), inputs, free_sizes=True)
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     free = [["" if isinstance(d, int) else str(d) for d in placeholders[name].meta["val"].shape]
             for name in exported.graph_signature.user_inputs]
     path = artifact_path(f"{key}|{program_key(cand)}", "aoti-shapes", None, ".pt2")
     if not path.exists():
         package_aoti(exported, cand, str(path))
-    return _runner(cand, str(path), None, None), str(path), free
+    return AotiRunner(str(path), template is not None, template), str(path), free
 
 
-def _runner(cand: Any, first: str, template: OutputTemplate | None, original: nn.Module | None) -> Any:
+def _runner(cand: Any, first: str, template: OutputTemplate | None, original: nn.Module | None,
+            tensor_outputs: bool = False) -> Any:
     """The runner of a program for other sizes whose first file is ``first``: the candidate's
-    runtime with its knobs, but not the transformer fusions, which need fixed shapes."""
+    runtime with its knobs, but not the transformer fusions, which need fixed shapes (an
+    AOTInductor package of the region's output tensors, as its region's: ``tensor_outputs``)."""
     if cand.backend == "aoti":
-        return AotiRunner(first)
+        return AotiRunner(first, tensor_outputs, template, original)
     knobs = {k: v for k, v in knobs_of(cand).items() if k != "fuse"}
     if cand.backend == "ort":
         return OrtRunner(first, knobs, template, original)
@@ -181,12 +185,15 @@ def _runner(cand: Any, first: str, template: OutputTemplate | None, original: nn
 
 class AotiRunner:
     """An AOTInductor package called with positional tensors (the runner interface of
-    :class:`OtherShapes`)."""
+    :class:`OtherShapes`); one of the region's output tensors (``tensor_outputs``) returns them in
+    the structure of ``template``, or of the original's first output where there is none yet."""
 
-    def __init__(self, path: str) -> None:
-        from cuvil_pgc.recompile.realized import FastAOTI
+    def __init__(self, path: str, tensor_outputs: bool = False, template: OutputTemplate | None = None,
+                 original: nn.Module | None = None) -> None:
+        from cuvil_pgc.recompile.realized import FastAOTI, aoti_runner
 
-        self._call = FastAOTI(torch._inductor.aoti_load_package(path))
+        runner = aoti_runner(path, tensor_outputs, template, original)
+        self._call = runner.call_positional if tensor_outputs else FastAOTI(runner)
 
     def __call__(self, *args: Any) -> Any:
         return self.call_positional(args)
@@ -357,5 +364,8 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         return
     local = {suffix: str(vb.extract(stem + suffix, extract_dir)) for suffix in _suffixes(cand.backend)}
     first = local[_suffixes(cand.backend)[0]]
+    from cuvil_pgc.recompile.realized import TensorOutputsAOTI
+
     template = getattr(region.compiled, "template", None)     # runtimes rebuild the output's structure
-    region.other_shapes = OtherShapes(_runner(cand, first, template, region.original), inputs, ranges, first)
+    runner = _runner(cand, first, template, region.original, isinstance(region.compiled, TensorOutputsAOTI))
+    region.other_shapes = OtherShapes(runner, inputs, ranges, first)
