@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from cuvil_pgc.recompile.index_bounds import out_of_range
+from cuvil_pgc.recompile.index_bounds import array_checks, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.runtime_region import OutputTemplate, RuntimeRunner
 
@@ -64,6 +64,8 @@ class CompiledRegion(nn.Module):
         #: input position -> rows of the table it indexes (:mod:`.index_bounds`): a call with an id
         #: outside them runs the original module, which raises as eager does
         self.index_bounds = dict(index_bounds or {})
+        if self._lean is not None:       # its id inputs, checked on the arrays it hands the runtime
+            self._lean = (*self._lean, array_checks(self._spec, self.index_bounds))
         self.fallback_calls = 0
         #: the program for other input sizes (:class:`~.other_shapes.OtherShapes`; None: the original
         #: module runs them), and how many calls it ran
@@ -87,7 +89,7 @@ class CompiledRegion(nn.Module):
         own against the runtime called plainly)."""
         lean = self._lean
         if lean is not None and (positional := self._positional(args, kwargs) if kwargs else args) is not None:
-            count, checks, run, single, build = lean
+            count, checks, run, single, build, ids = lean
             if (len(positional) == count and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
                                             or self._backward_pre_hooks or _forward or _forward_pre or _backward
                                             or _backward_pre or _always or _tracing() is not None or _compiling()
@@ -99,7 +101,11 @@ class CompiledRegion(nn.Module):
                         break
                     arrays.append(a.numpy())
                 else:
-                    if not self.index_bounds or self._id_out_of_range(positional) is None:
+                    for i, unsigned, rows in ids:        # an id out of range: the checked path raises
+                        u = arrays[i].view(unsigned)
+                        if u.item(u.argmax()) >= rows:
+                            break
+                    else:
                         outputs = run(arrays)
                         return outputs[0] if single else build(outputs)
                 other = self.other_shapes                # nothing hooks in: skip the dispatch here too
