@@ -115,3 +115,23 @@ def test_plans_without_such_a_region_stay_format_2():
     plan = Plan.from_json({"format": 2, "choices": [{"scope": "", "candidate": {"scope": "", "backend": "aoti"},
                                                      "runtime": None}]})
     assert plan.to_json()["format"] == PLAN_FORMAT == 2
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_an_aoti_plan_returning_a_namedtuple_races_in_its_worker(tagger_module):
+    """The search races whole-model plans in worker processes (:mod:`.standalone`): the worker
+    rebuilds the package of output tensors without the model's code, and answers with its tensors."""
+    from cuvil_pgc.recompile.apply import ScopeInputs, realize
+    from cuvil_pgc.recompile.standalone import race_standalone, standalone_spec
+
+    _, module = tagger_module
+    model, inputs = module.factory()
+    cand, scope_inputs = Candidate("", "aoti"), ScopeInputs(inputs)
+    realized = realize(model, cand, scope_inputs)
+    with torch.no_grad():
+        reference = model(*inputs)
+    spec = standalone_spec(cand, realized, scope_inputs, "cpu")
+    assert spec["tensor_outputs"] is True and spec["outputs"] is None      # a namedtuple is not written down
+    samples, failed = race_standalone({"aoti": spec}, inputs, {"aoti": reference}, rounds=2, replicas=1)
+    assert failed == {} and len(samples["aoti"].seconds) == 2
