@@ -28,16 +28,10 @@ from torch import nn
 from cuvil_pgc._cache import enforce_limit, touch
 from cuvil_pgc._structure import settings_digest, weights_digest
 from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile.aoti_outputs import TensorOutputs, aoti_output_template, aoti_runner
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
-from cuvil_pgc.recompile.realized import (
-    CompiledRegion,
-    ExportError,
-    Realized,
-    TensorOutputs,
-    aoti_output_template,
-    aoti_runner,
-)
+from cuvil_pgc.recompile.realized import CompiledRegion, ExportError, Realized
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
 
@@ -149,7 +143,7 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
 
     ``artifact`` (with ``signature``) loads an existing AOTInductor package instead of compiling
     (``tensor_outputs``: one returning the region's output tensors, restored by ``template`` or
-    learned from the first call, see :func:`~.realized.aoti_output_template`); for torch.compile,
+    learned from the first call, see :func:`~.aoti_outputs.aoti_output_template`); for torch.compile,
     which needs no inputs to build, ``signature`` and ``spec`` stand in for the captured inputs'
     where ``inputs`` has none (a loaded build).
     ``weights`` is the module's :func:`weights_digest` where the caller already has it (hashing a

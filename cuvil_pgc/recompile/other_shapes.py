@@ -155,8 +155,8 @@ def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: 
 def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tuple[Any, str, list[list[str]]]:
     """(runner, package, free dimensions) of the free-size ``torch.export`` as an AOTInductor package
     with the candidate's Inductor options (exporting again is seconds; compiling is cached)."""
+    from cuvil_pgc.recompile.aoti_outputs import TensorOutputs, aoti_output_template
     from cuvil_pgc.recompile.apply import export_program, package_aoti, program_key
-    from cuvil_pgc.recompile.realized import TensorOutputs, aoti_output_template
 
     template = aoti_output_template(prepared, inputs.args, {})   # as the region's own package
     with torch.no_grad():
@@ -190,7 +190,8 @@ class AotiRunner:
 
     def __init__(self, path: str, tensor_outputs: bool = False, template: OutputTemplate | None = None,
                  original: nn.Module | None = None) -> None:
-        from cuvil_pgc.recompile.realized import FastAOTI, aoti_runner
+        from cuvil_pgc.recompile.aoti_outputs import aoti_runner
+        from cuvil_pgc.recompile.realized import FastAOTI
 
         runner = aoti_runner(path, tensor_outputs, template, original)
         self._call = runner.call_positional if tensor_outputs else FastAOTI(runner)
@@ -364,7 +365,7 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         return
     local = {suffix: str(vb.extract(stem + suffix, extract_dir)) for suffix in _suffixes(cand.backend)}
     first = local[_suffixes(cand.backend)[0]]
-    from cuvil_pgc.recompile.realized import TensorOutputsAOTI
+    from cuvil_pgc.recompile.aoti_outputs import TensorOutputsAOTI
 
     template = getattr(region.compiled, "template", None)     # runtimes rebuild the output's structure
     runner = _runner(cand, first, template, region.original, isinstance(region.compiled, TensorOutputsAOTI))

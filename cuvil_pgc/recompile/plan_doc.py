@@ -46,7 +46,7 @@ from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 PLAN_FORMAT = 2
 #: the format of a plan with an AOTInductor package returning the region's output tensors (a
 #: choice's ``runtime`` {"name": "aoti", "tensor_outputs": true, "outputs"}, see
-#: :func:`~.realized.aoti_output_template`): a version that reads only format 2 would return that
+#: :func:`~.aoti_outputs.aoti_output_template`): a version that reads only format 2 would return that
 #: tuple of tensors in place of the region's own structure, so such a plan is format 3, which it
 #: refuses; every other plan stays format 2
 TENSOR_OUTPUTS_FORMAT = 3

@@ -20,7 +20,6 @@ from torch.utils import _pytree as pytree
 
 from cuvil_pgc.recompile.index_bounds import array_checks, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
-from cuvil_pgc.recompile.runtime_region import OutputTemplate, RuntimeRunner
 
 log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warnings always had
 
@@ -419,64 +418,6 @@ class FastAOTI:
     def __call__(self, args: tuple[Any, ...]) -> Any:
         out = self.loader.boxed_run(list(args))
         return out[0] if self.single else torch.utils._pytree.tree_unflatten(out, self.out_spec)
-
-
-class TensorOutputs(nn.Module):
-    """The region with its output flattened to the tensors in it: what an ONNX graph can return,
-    and what an AOTInductor package returns where its call spec cannot record the structure; the
-    runner's :class:`~.runtime_region.OutputTemplate` puts them back into the original structure."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
-        return tuple(t for t in pytree.tree_leaves(self.inner(*args, **kwargs)) if isinstance(t, torch.Tensor))
-
-
-def aoti_output_template(prepared: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """None where an AOTInductor package can record the region's output structure in its call
-    spec; else that structure (an :class:`~.runtime_region.OutputTemplate`), for a package of the
-    region's output tensors (:class:`TensorOutputs`). The call spec is serialized with torch's
-    pytree, which names only registered types: a namedtuple class of the user's failed the
-    package ("Can't serialize TreeSpec of namedtuple class"), so no AOTInductor candidate of such
-    a region was ever built."""
-    with torch.no_grad():
-        out = prepared(*args, **kwargs)
-    try:
-        pytree.treespec_dumps(pytree.tree_flatten(out)[1])
-        return None
-    except Exception:        # a type without a serialized name (torch raises NotImplementedError)
-        return OutputTemplate.of(out)
-
-
-def aoti_runner(path: str, tensor_outputs: bool, template: Any, original: nn.Module) -> Any:
-    """The loaded AOTInductor package at ``path``: as torch loads it, or for a package of the
-    region's output tensors (``tensor_outputs``), behind :class:`TensorOutputsAOTI`."""
-    compiled = torch._inductor.aoti_load_package(path)
-    return TensorOutputsAOTI(compiled, template, original) if tensor_outputs else compiled
-
-
-class TensorOutputsAOTI(RuntimeRunner):
-    """An AOTInductor package returning the region's output tensors (see
-    :func:`aoti_output_template`); the template rebuilds the original structure. Without one (a
-    loaded build: a namedtuple's class cannot be written into plan.json) the first call runs the
-    original module and learns it, as the runtime backends' runners do."""
-
-    def __init__(self, compiled: Any, template: Any, original: nn.Module) -> None:
-        super().__init__(template, original)
-        self.package = compiled
-        self._positional = FastAOTI(compiled)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.template is None:
-            return super().__call__(*args, **kwargs)
-        return self.template.build(list(self.package(*args, **kwargs)))
-
-    def call_positional(self, args: tuple[Any, ...]) -> Any:
-        if self.template is None:
-            return super().__call__(*args)
-        return self.template.build(list(self._positional(args)))
 
 
 class ExportError(RuntimeError):

@@ -116,7 +116,8 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
     """``torch.onnx.export(dynamo=True)`` of ``prepared`` for ``inputs`` into one ``.onnx`` file;
     with ``free_sizes`` every dimension of the positional tensor inputs is left to the exporter
     (``Dim.AUTO``: free where the program allows other sizes, fixed where it does not)."""
-    from cuvil_pgc.recompile.realized import ExportError, TensorOutputs
+    from cuvil_pgc.recompile.aoti_outputs import TensorOutputs
+    from cuvil_pgc.recompile.realized import ExportError
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

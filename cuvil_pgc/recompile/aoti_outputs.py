@@ -1,0 +1,75 @@
+"""AOTInductor packages of a region's output tensors, for output structures a package cannot record.
+
+An AOTInductor package records its call's input and output structure with torch's pytree
+serialization, which names only registered types: a namedtuple class of the user's failed the
+packaging ("Can't serialize TreeSpec of namedtuple class"), so no AOTInductor candidate of such a
+region was built. Such a region is packaged as :class:`TensorOutputs` (the tensors of its output,
+as the ONNX export flattens them too) and run behind :class:`TensorOutputsAOTI`, whose
+:class:`~.runtime_region.OutputTemplate` puts them back; a build records it in its plan choice's
+``runtime`` (plan.json format 3, see :data:`~.plan_doc.TENSOR_OUTPUTS_FORMAT`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from cuvil_pgc.recompile.realized import FastAOTI
+from cuvil_pgc.recompile.runtime_region import OutputTemplate, RuntimeRunner
+
+
+class TensorOutputs(nn.Module):
+    """The region with its output flattened to the tensors in it: what an ONNX graph can return,
+    and what an AOTInductor package returns where its call spec cannot record the structure; the
+    runner's :class:`~.runtime_region.OutputTemplate` puts them back into the original structure."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        return tuple(t for t in pytree.tree_leaves(self.inner(*args, **kwargs)) if isinstance(t, torch.Tensor))
+
+
+def aoti_output_template(prepared: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OutputTemplate | None:
+    """None where an AOTInductor package can record the region's output structure in its call
+    spec; else that structure, for a package of the region's output tensors (:class:`TensorOutputs`)."""
+    with torch.no_grad():
+        out = prepared(*args, **kwargs)
+    try:
+        pytree.treespec_dumps(pytree.tree_flatten(out)[1])
+        return None
+    except Exception:        # a type without a serialized name (torch raises NotImplementedError)
+        return OutputTemplate.of(out)
+
+
+def aoti_runner(path: str, tensor_outputs: bool, template: Any, original: nn.Module) -> Any:
+    """The loaded AOTInductor package at ``path``: as torch loads it, or for a package of the
+    region's output tensors (``tensor_outputs``), behind :class:`TensorOutputsAOTI`."""
+    compiled = torch._inductor.aoti_load_package(path)
+    return TensorOutputsAOTI(compiled, template, original) if tensor_outputs else compiled
+
+
+class TensorOutputsAOTI(RuntimeRunner):
+    """An AOTInductor package returning the region's output tensors (see
+    :func:`aoti_output_template`); the template rebuilds the original structure. Without one (a
+    loaded build: a namedtuple's class cannot be written into plan.json) the first call runs the
+    original module and learns it, as the runtime backends' runners do."""
+
+    def __init__(self, compiled: Any, template: Any, original: nn.Module) -> None:
+        super().__init__(template, original)
+        self.package = compiled
+        self._positional = FastAOTI(compiled)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.template is None:
+            return super().__call__(*args, **kwargs)
+        return self.template.build(list(self.package(*args, **kwargs)))
+
+    def call_positional(self, args: tuple[Any, ...]) -> Any:
+        if self.template is None:
+            return super().__call__(*args)
+        return self.template.build(list(self._positional(args)))
