@@ -237,11 +237,17 @@ def export_program(prepared: nn.Module, inputs: ScopeInputs, *, free_sizes: bool
 
 
 def package_aoti(exported: Any, cand: Candidate, path: str) -> None:
-    """The AOTInductor package of an exported program with ``cand``'s Inductor options, at ``path``."""
+    """The AOTInductor package of an exported program with ``cand``'s Inductor options, at ``path``.
+
+    AOTInductor writes the package's metadata into the process-wide ``aot_inductor.metadata``
+    config dict in place; that dict is part of every later compile's FX graph cache key, so the
+    user's own ``torch.compile`` calls after a recompile missed the cache their earlier runs had
+    filled. The compile gets a copy, and the process keeps its own."""
     configs: dict[str, Any] = {"freezing": False, **inductor_options(cand)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp.pt2"
-    with torch.no_grad():
+    metadata = dict(torch._inductor.config.aot_inductor.metadata)
+    with torch.no_grad(), torch._inductor.config.patch({"aot_inductor.metadata": metadata}):
         torch._inductor.aoti_compile_and_package(exported, package_path=tmp, inductor_configs=configs)
     os.replace(tmp, path)
 

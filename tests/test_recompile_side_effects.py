@@ -1,0 +1,37 @@
+"""What a recompile leaves behind in the user's process: torch's configuration as it found it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile import recompile
+from cuvil_pgc.recompile.candidates import Candidate
+
+
+class _Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def _inductor_config() -> dict:
+    return {k: repr(v) for k, v in torch._inductor.config.get_config_copy().items()}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_an_aoti_build_leaves_inductors_config_as_it_was():
+    """AOTInductor fills ``aot_inductor.metadata`` in place, and that dict is part of the FX graph
+    cache key: after a recompile, the user's next ``torch.compile`` of an unchanged function
+    missed the cache a fresh process hits (found by the compile-telemetry test running after an
+    AOTInductor build in one pytest process)."""
+    before = _inductor_config()
+    recompile(_Small().eval(), (torch.randn(3, 12),), plan={"": Candidate("", "aoti")}, records=False,
+              deployed_race=False, rounds=3, dynamic=True)
+    after = _inductor_config()
+    assert {k: (before[k], after.get(k)) for k in before if before[k] != after.get(k)} == {}
