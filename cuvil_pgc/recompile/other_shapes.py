@@ -346,6 +346,7 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
     sizes its ``choice`` records in ``other_shapes``, from the verified build
     ``vb``. A malformed record is warned about and left out (the region then runs the original
     module for other sizes, as a build without one does)."""
+    from cuvil_pgc.recompile.aoti_outputs import TensorOutputsAOTI
     from cuvil_pgc.recompile.runtime_region import TENSOR_DTYPES
 
     record = choice.other_shapes
@@ -365,8 +366,6 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         return
     local = {suffix: str(vb.extract(stem + suffix, extract_dir)) for suffix in _suffixes(cand.backend)}
     first = local[_suffixes(cand.backend)[0]]
-    from cuvil_pgc.recompile.aoti_outputs import TensorOutputsAOTI
-
     template = getattr(region.compiled, "template", None)     # runtimes rebuild the output's structure
     runner = _runner(cand, first, template, region.original, isinstance(region.compiled, TensorOutputsAOTI))
     region.other_shapes = OtherShapes(runner, inputs, ranges, first)

@@ -19,9 +19,10 @@ Format 1 (still read) is the same without ``runtime_defaults``, and its TensorRT
 engine's GPU and TensorRT version in ``runtime`` (format 2 records them in the manifest, see
 :mod:`.manifest`). Format 3 is format 2 with an AOTInductor choice whose package returns the
 region's output tensors, ``"runtime": {"name": "aoti", "version", "outputs", "tensor_outputs": true}``
-(see :data:`TENSOR_OUTPUTS_FORMAT`); plans without one are still written as format 2. Fields this version does not know, at any level, are kept in ``extra`` and
-written back by :meth:`Plan.to_json`: a plan read by an older cuvil-pgc and written again keeps a
-newer one's fields (the candidate's own, see :meth:`Candidate.from_json`, too).
+(see :data:`TENSOR_OUTPUTS_FORMAT`); plans without one are still written as format 2. Fields this
+version does not know, at any level, are kept in ``extra`` and written back by
+:meth:`Plan.to_json`: a plan read by an older cuvil-pgc and written again keeps a newer one's
+fields (the candidate's own, see :meth:`Candidate.from_json`, too).
 
 ``regions`` has one entry per searched scope (the whole model first); "chosen" says what runs
 there, including ``merged into <model>: CONFIG`` when the whole model is one compile boundary.
