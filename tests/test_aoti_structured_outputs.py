@@ -135,3 +135,42 @@ def test_an_aoti_plan_returning_a_namedtuple_races_in_its_worker(tagger_module):
     assert spec["tensor_outputs"] is True and spec["outputs"] is None      # a namedtuple is not written down
     samples, failed = race_standalone({"aoti": spec}, inputs, {"aoti": reference}, rounds=2, replicas=1)
     assert failed == {} and len(samples["aoti"].seconds) == 2
+
+
+class Counted(torch.nn.Module):
+    """Returns numbers beside its tensors, as services' heads do (a count, a threshold)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return {"scores": y, "pooled": (y.sum(1), None), "count": 3, "threshold": 0.5}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_an_aoti_region_returning_numbers_beside_tensors_returns_them_as_numbers(tmp_path, keys):
+    """A package returned the ``3`` of ``{"count": 3}`` as a tensor: the accuracy guard refused
+    it, so no AOTInductor candidate of such a region was built. It is now a package of the output
+    tensors, and the numbers come back from the plan's template, in this process and from the file."""
+    from cuvil_pgc import load_build
+
+    torch.manual_seed(0)
+    model, inputs = Counted().eval(), (torch.randn(2, 12),)
+    build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, records=False, deployed_race=False, rounds=3)
+    (choice,) = build.plan.choices
+    assert choice.runtime["tensor_outputs"] is True and choice.runtime["outputs"] is not None   # written down
+    path = build.save(tmp_path / "counted.cuvilpkg", signing_key=str(keys[0]))
+    fresh = Counted().eval()
+    fresh.load_state_dict(model.state_dict())
+    loaded = load_build(path, fresh, pubkey=keys[1])
+    with torch.no_grad():
+        ref = model(*inputs)
+        for out in (build.module(*inputs), loaded(*inputs)):
+            assert type(out["count"]) is int and out["count"] == 3 and type(out["threshold"]) is float
+            assert out["pooled"][1] is None
+            torch.testing.assert_close(out["scores"], ref["scores"], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out["pooled"][0], ref["pooled"][0], rtol=1e-4, atol=1e-5)
+    assert loaded.fallback_calls == 0 and loaded.cuvil_load_report.skipped == []

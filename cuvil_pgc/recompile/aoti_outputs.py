@@ -2,8 +2,8 @@
 
 An AOTInductor package records its call's input and output structure with torch's pytree
 serialization, which names only registered types: a namedtuple class of the user's failed the
-packaging ("Can't serialize TreeSpec of namedtuple class"), so no AOTInductor candidate of such a
-region was built. Such a region is packaged as :class:`TensorOutputs` (the tensors of its output,
+packaging ("Can't serialize TreeSpec of namedtuple class"), and it returns a number in the output
+(``{"n": 3}``) as a tensor; no AOTInductor candidate of such a region was built. Such a region is packaged as :class:`TensorOutputs` (the tensors of its output,
 as the ONNX export flattens them too) and run behind :class:`TensorOutputsAOTI`, whose
 :class:`~.runtime_region.OutputTemplate` puts them back; a build records it in its plan choice's
 ``runtime`` (plan.json format 3, see :data:`~.plan_doc.TENSOR_OUTPUTS_FORMAT`).
@@ -35,12 +35,18 @@ class TensorOutputs(nn.Module):
 
 
 def aoti_output_template(prepared: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OutputTemplate | None:
-    """None where an AOTInductor package can record the region's output structure in its call
-    spec; else that structure, for a package of the region's output tensors (:class:`TensorOutputs`)."""
+    """None where an AOTInductor package returns the region's output as it is; else its
+    structure, for a package of the region's output tensors (:class:`TensorOutputs`): where the
+    call spec cannot record the structure, and where the output holds values other than tensors
+    (a package returns ``{"n": 3}``'s 3 as a tensor, which the accuracy guard refused, so no
+    AOTInductor candidate of such a region was built)."""
     with torch.no_grad():
         out = prepared(*args, **kwargs)
+    leaves, spec = pytree.tree_flatten(out)
+    if any(type(leaf) is not torch.Tensor for leaf in leaves):
+        return OutputTemplate.of(out)
     try:
-        pytree.treespec_dumps(pytree.tree_flatten(out)[1])
+        pytree.treespec_dumps(spec)
         return None
     except Exception:        # a type without a serialized name (torch raises NotImplementedError)
         return OutputTemplate.of(out)

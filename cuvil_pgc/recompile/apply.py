@@ -161,7 +161,7 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
         return _realize_runtime(module, prepared, applied, cand, inputs, device, machine, weights)
     if cand.backend == "aoti":
         template = aoti_output_template(prepared, inputs.args, inputs.kwargs)
-        path = str(_aoti_path(module, cand, inputs, machine, weights))
+        path = str(_aoti_path(module, cand, inputs, machine, weights, tensor_outputs=template is not None))
         if os.path.exists(path):
             touch(path)                       # least recently used goes first (cuvil_pgc._cache)
         else:
@@ -278,9 +278,12 @@ def program_key(cand: Candidate) -> str:
 
 
 def _aoti_path(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str,
-               weights: str | None = None) -> Path:
+               weights: str | None = None, tensor_outputs: bool = False) -> Path:
+    """The cached package's path; one of the region's output tensors (:class:`TensorOutputs`) has
+    its own, so a package cached by a version that packaged the whole output is never taken for one."""
     key = "|".join([structural_hash(module), settings_digest(module), weights or weights_digest(module),
-                    program_key(cand), inputs.signature, machine, torch.__version__])
+                    program_key(cand), inputs.signature, machine, torch.__version__]
+                   + (["tensor outputs"] if tensor_outputs else []))
     return cache_dir() / "artifacts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt2"
 
 

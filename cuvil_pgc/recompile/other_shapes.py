@@ -164,7 +164,8 @@ def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tupl
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     free = [["" if isinstance(d, int) else str(d) for d in placeholders[name].meta["val"].shape]
             for name in exported.graph_signature.user_inputs]
-    path = artifact_path(f"{key}|{program_key(cand)}", "aoti-shapes", None, ".pt2")
+    tensors = "" if template is None else "|tensor outputs"        # (as the region's own package's key)
+    path = artifact_path(f"{key}|{program_key(cand)}{tensors}", "aoti-shapes", None, ".pt2")
     if not path.exists():
         package_aoti(exported, cand, str(path))
     return AotiRunner(str(path), template is not None, template), str(path), free
