@@ -146,6 +146,9 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     model = model.eval().to(device)
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     from cuvil_pgc._progress import stage
+    from cuvil_pgc.recompile.stateless import check_stateless
+
+    check_stateless(model, example_inputs)
 
     paths = _trace_paths(traces)
     if analysis is None and paths:

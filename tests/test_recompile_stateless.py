@@ -1,0 +1,119 @@
+"""recompile refuses a model whose forward changes state that outlives the call (a buffer, an
+input), names it, and leaves the user's model and inputs as they were. Before, the search's
+calls advanced that state (an input doubled in place reached inf) and every candidate failed
+the accuracy guard with "off by up to nan"."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc import instrument_module, profile
+from cuvil_pgc.cli import main
+from cuvil_pgc.errors import RecompileError
+from cuvil_pgc.recompile import recompile
+from cuvil_pgc.recompile.stateless import check_stateless
+
+
+class RunningSum(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("seen", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.add_(x.sum(0))
+        return self.fc(x) + self.seen
+
+
+class DoublesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return self.fc(x)
+
+
+class LazyCache(nn.Module):
+    """Builds a table on its first call, as rotary-embedding caches do, then only reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("table", torch.zeros(0), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.table.numel() == 0:
+            self.table = torch.arange(8.0)
+        return self.fc(x) + self.table
+
+
+class Reassigns(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("steps", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.steps = self.steps + 1
+        return x * self.steps
+
+
+def running_sum():
+    torch.manual_seed(0)
+    return RunningSum().eval(), (torch.randn(4, 8),)
+
+
+@pytest.mark.usefixtures("build_env")
+@pytest.mark.parametrize("factory, named", [(running_sum, "buffer seen"),
+                                            (lambda: (DoublesItsInput().eval(), (torch.randn(4, 8),)), "input 0")])
+def test_recompile_names_the_state_and_leaves_model_and_inputs_as_they_were(factory, named):
+    model, inputs = factory()
+    buffers = {k: v.clone() for k, v in model.state_dict().items()}
+    given = inputs[0].clone()
+    with pytest.raises(RecompileError) as err:
+        recompile(model, inputs, records=False, backends=("eager",))
+    assert named in str(err.value) and "on every call" in str(err.value) and err.value.fix
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in buffers.items())
+    assert torch.equal(inputs[0], given)
+
+
+def test_a_cache_built_on_the_first_call_is_not_state():
+    model = LazyCache().eval()
+    check_stateless(model, (torch.randn(2, 8),))
+    assert torch.equal(model.table, torch.arange(8.0))           # built once, as eager's first call does
+
+
+def test_a_buffer_assigned_anew_on_every_call_is_put_back():
+    model = Reassigns().eval()
+    original = model.steps
+    with pytest.raises(RecompileError, match="buffer steps"):
+        check_stateless(model, (torch.ones(2),))
+    assert model.steps is original and float(original) == 0.0 and "steps" in model.state_dict()
+
+
+def test_a_nan_buffer_left_alone_is_not_a_change():
+    model = RunningSum().eval()
+    model.seen.fill_(float("nan"))
+    model.forward = lambda x: model.fc(x)        # reads nothing, changes nothing
+    check_stateless(model, (torch.randn(2, 8),))
+
+
+def test_the_cli_says_it_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+    model, inputs = running_sum()
+    trace = tmp_path / "sum.trace.json"
+    handle = instrument_module(model)
+    with profile(str(trace), ops=True, gpu="off", sample_hz=0), torch.no_grad():
+        model(*inputs)
+    handle.remove()
+    with pytest.raises(SystemExit) as done:
+        main(["recompile", str(trace), "--model", f"{os.path.abspath(__file__)}:running_sum",
+              "-o", str(tmp_path / "b.cuvilpkg"), "--backends", "eager"])
+    err = capsys.readouterr().err
+    assert done.value.code != 0 and "buffer seen" in err and "Traceback" not in err
+    assert not (tmp_path / "b.cuvilpkg").exists()
