@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc._cache import enforce_limit, touch
+from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc._structure import settings_digest, weights_digest
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.aoti_outputs import TensorOutputs, aoti_output_template, aoti_runner
@@ -132,7 +133,7 @@ def prepare_module(module: nn.Module, cand: Candidate, device: str) -> tuple[nn.
         module = _ChannelsLast(module, device)
     if cand.precision != "fp32" and cand.backend not in RUNTIME_BACKENDS:   # runtimes set their own precision
         module = _Autocast(module, LOW_PRECISION_DTYPES[cand.precision], device.split(":")[0])
-    return module.eval(), applied
+    return eval_mode(module), applied
 
 
 def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, device: str = "cpu",

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
 
@@ -143,7 +144,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
 
     if not isinstance(model, torch.nn.Module):
         raise RecompileError(f"recompile needs a torch.nn.Module, got {type(model).__name__}")
-    model = model.eval().to(device)
+    model = eval_mode(model).to(device)
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     from cuvil_pgc._progress import stage
     from cuvil_pgc.recompile.stateless import check_stateless

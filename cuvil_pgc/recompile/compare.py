@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc.recompile.measure import ratio_ci, time_interleaved, verdict
 
 DEFAULT_ROUNDS = 30
@@ -80,7 +81,7 @@ def _side(name: str, samples: Any, seed: int) -> dict[str, Any]:
 def compare(model: Any, example_inputs: tuple[Any, ...], a: str, b: str, *, store: Any = None,
             pubkey: Any = None, allow_unsigned: bool | None = None, rounds: int = DEFAULT_ROUNDS) -> dict[str, Any]:
     """Compare two contender specs (build path, ``store://`` ref, ``eager``, ``compile``) on ``model``."""
-    model = model.eval()
+    model = eval_mode(model)
     run_a = resolve_contender(a, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned)
     run_b = resolve_contender(b, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned)
     return compare_runnables(run_a, run_b, example_inputs, names=(a, b), rounds=rounds)

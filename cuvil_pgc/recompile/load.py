@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc.errors import BuildError, ConfigError, CuvilError, one_line
 from cuvil_pgc.recompile.build import CACHE_MEMBER
 from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
@@ -217,7 +218,7 @@ def _load_cache_artifacts(vb: Any) -> str:
 def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: str, stale: str) -> Any:
     from cuvil_pgc.recompile.apply import apply_plan
 
-    model = model.eval().to(plan.device)
+    model = eval_mode(model).to(plan.device)
     modules = dict(model.named_modules())
     realized: dict[str, Any] = {}
     with _unpacked() as extract_dir:

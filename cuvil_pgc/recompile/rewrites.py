@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from cuvil_pgc._eval_mode import eval_mode
+
 MAX_UNROLLED_STEPS = 32
 #: rewrite names (see :func:`rewrite_opportunities`) that unroll an LSTM/GRU into cell steps
 CELL_REWRITES = ("lstm_cell:", "gru_cell:")
@@ -408,7 +410,7 @@ def rewrite_opportunities(module: nn.Module) -> list[str]:
 
 def apply_rewrites(module: nn.Module, example_inputs: tuple[Any, ...] | None = None) -> tuple[nn.Module, list[str]]:
     """Return a rewritten deep copy of ``module`` (eval mode) and the list of rewrites applied."""
-    out = copy.deepcopy(module).eval()
+    out = eval_mode(copy.deepcopy(module))
     applied: list[str] = []
     for name, sub in list(out.named_modules()):
         for cname, child in list(sub.named_children()):

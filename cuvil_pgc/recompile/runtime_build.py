@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile._stderr import first_line
@@ -132,7 +133,7 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
             dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} for a in args)} \
                 if free_sizes else None
             try:
-                program = torch.onnx.export(TensorOutputs(prepared).eval(), args, kwargs=inputs.kwargs or None,
+                program = torch.onnx.export(eval_mode(TensorOutputs(prepared)), args, kwargs=inputs.kwargs or None,
                                             dynamo=True, opset_version=OPSET, optimize=True, verbose=False,
                                             report=False, dynamic_shapes=dynamic)
                 program.save(str(tmp), external_data=False)
