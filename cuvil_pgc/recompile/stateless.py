@@ -53,7 +53,7 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...]) -> None:
 
 
 def _tracked(model: torch.nn.Module, inputs: tuple[Any, ...]) -> dict[str, torch.Tensor]:
-    """The tensors a call could change for the next one: ``buffer 'name'`` and ``input i``."""
+    """The tensors a call could change for the next one, keyed ``buffer NAME`` and ``input I``."""
     out = {f"buffer {name}": b for name, b in model.named_buffers()}
     out.update({f"input {i}": t for i, t in enumerate(pytree.tree_leaves(inputs)) if isinstance(t, torch.Tensor)})
     return out
