@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-import cuvil_pgc
 from cuvil_pgc.recompile import recompile
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.plan_doc import PLAN_FORMAT, TENSOR_OUTPUTS_FORMAT, Plan
+from tests._service import run_service
 
 MODEL = textwrap.dedent('''
     import collections
@@ -97,14 +94,7 @@ def test_an_aoti_region_returning_a_namedtuple_builds_and_loads_in_a_service(tmp
     assert Plan.from_json(json.loads(json.dumps(doc))).choices[0].runtime["tensor_outputs"] is True
 
     path = build.save(tmp_path / "tagger.cuvilpkg", signing_key=str(keys[0]))
-    service = tmp_path / "service.py"
-    service.write_text(SERVICE.format(module=name))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(cuvil_pgc.__file__)))      # this cuvil_pgc, first
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(service), str(path), str(keys[1])], capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = run_service(SERVICE.format(module=name), path, keys[1], cwd=tmp_path)
     assert report["types"] == ["Scores"] * 5 and report["aux"] == [None] * 5, report
     assert report["other_calls"] == 2, report
     assert report["diff"] < 1e-4 and report["skipped"] == [] and report["applied"] == ["<model>: aoti (and other input sizes)"], report

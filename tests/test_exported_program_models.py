@@ -5,20 +5,16 @@ before doing anything."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 from torch import nn
 
-import cuvil_pgc
 from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc.recompile import recompile
 from cuvil_pgc.recompile.candidates import Candidate
+from tests._service import run_service
 
 pytestmark = pytest.mark.usefixtures("build_env")
 
@@ -62,12 +58,5 @@ def test_an_exported_program_module_recompiles_and_loads_in_a_service(tmp_path, 
     with torch.no_grad():
         torch.testing.assert_close(build.module(x), model(x), rtol=1e-4, atol=1e-5)
     path = build.save(tmp_path / "m.cuvilpkg", signing_key=str(keys[0]))
-    service = tmp_path / "service.py"
-    service.write_text(SERVICE)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(cuvil_pgc.__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(service), str(exported), str(path), str(keys[1])],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = run_service(SERVICE, exported, path, keys[1], cwd=tmp_path)
     assert report["applied"] == ["<model>: aoti"] and report["diff"] < 1e-4 and report["fallback_calls"] == 0, report

@@ -6,20 +6,16 @@ process that has only the ``.pt`` file."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 from torch import nn
 
-import cuvil_pgc
 from cuvil_pgc.recompile import recompile
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.runtimes import check
+from tests._service import run_service
 
 pytestmark = [pytest.mark.usefixtures("build_env"),
               pytest.mark.skipif(not check("ort").ok, reason="needs onnxruntime (the [ort] extra)")]
@@ -71,14 +67,7 @@ def test_a_torch_jit_loaded_model_runs_on_a_runtime_in_a_service(tmp_path, keys,
     with torch.no_grad():
         torch.testing.assert_close(build.module(ids), model(ids), rtol=1e-4, atol=1e-5)
     path = build.save(tmp_path / "tagger.cuvilpkg", signing_key=str(keys[0]))
-    service = tmp_path / "service.py"
-    service.write_text(SERVICE)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(cuvil_pgc.__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(service), str(saved), str(path), str(keys[1])], capture_output=True,
-                          text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = run_service(SERVICE, saved, path, keys[1], cwd=tmp_path)
     assert report["applied"] == [f"<model>: {backend}"] and report["fallback_calls"] == 0, report
     assert report["diff"] < 1e-4 and report["type"] == "tuple", report
 
