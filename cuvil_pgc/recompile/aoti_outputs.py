@@ -2,9 +2,10 @@
 
 An AOTInductor package records its call's input and output structure with torch's pytree
 serialization, which names only registered types: a namedtuple class of the user's failed the
-packaging ("Can't serialize TreeSpec of namedtuple class"), and it returns a number in the output
-(``{"n": 3}``) as a tensor; no AOTInductor candidate of such a region was built. Such a region is packaged as :class:`TensorOutputs` (the tensors of its output,
-as the ONNX export flattens them too) and run behind :class:`TensorOutputsAOTI`, whose
+packaging ("Can't serialize TreeSpec of namedtuple class"), and a package returns a number in the
+output (``{"n": 3}``) as a tensor; no AOTInductor candidate of such a region was built. Such a
+region is packaged as :class:`TensorOutputs` (the tensors of its output, as the ONNX export
+flattens them too) and run behind :class:`TensorOutputsAOTI`, whose
 :class:`~.runtime_region.OutputTemplate` puts them back; a build records it in its plan choice's
 ``runtime`` (plan.json format 3, see :data:`~.plan_doc.TENSOR_OUTPUTS_FORMAT`).
 """
