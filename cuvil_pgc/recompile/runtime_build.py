@@ -132,15 +132,13 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
             # keyed by the wrapper's parameter: TensorOutputs.forward takes the region's arguments as *args
             dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} for a in args)} \
                 if free_sizes else None
-            try:
+            if isinstance(prepared, torch.jit.ScriptModule) and not free_sizes:   # torch.export refuses it
+                _export_torchscript(prepared, args, inputs.kwargs, tmp)
+            else:
                 program = torch.onnx.export(eval_mode(TensorOutputs(prepared)), args, kwargs=inputs.kwargs or None,
                                             dynamo=True, opset_version=OPSET, optimize=True, verbose=False,
                                             report=False, dynamic_shapes=dynamic)
                 program.save(str(tmp), external_data=False)
-            except Exception as exc:
-                if free_sizes or not isinstance(prepared, torch.jit.ScriptModule):
-                    raise
-                _export_torchscript(prepared, args, inputs.kwargs, tmp, exc)
         import onnx
 
         graph = onnx.load(str(tmp), load_external_data=False).graph
@@ -159,8 +157,8 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
     os.replace(tmp, path)
 
 
-def _export_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...], kwargs: dict[str, Any], path: Path,
-                        dynamo_error: BaseException) -> None:
+def _export_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...], kwargs: dict[str, Any],
+                        path: Path) -> None:
     """``torch.onnx.export(dynamo=False)``: the TorchScript exporter, for a region that is
     TorchScript (``torch.jit.script``, a model a service loads with ``torch.jit.load``), which
     ``torch.export`` refuses ("Exporting a ScriptModule is not supported"): such a model had no
@@ -168,12 +166,8 @@ def _export_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...], k
     TorchScript), its outputs flattened by the exporter as :class:`TensorOutputs` flattens them,
     which the caller's output count checks. Fixed sizes only (the program for other sizes needs
     the dynamo exporter's free dimensions)."""
-    try:
-        torch.onnx.export(module, args + ((kwargs,) if kwargs else ()), str(path), dynamo=False,
-                          opset_version=OPSET, do_constant_folding=True)
-    except Exception as exc:
-        raise RuntimeError(f"{_why(dynamo_error)}; the TorchScript exporter (dynamo=False) failed too: "
-                           f"{_why(exc)}") from exc
+    torch.onnx.export(module, args + ((kwargs,) if kwargs else ()), str(path), dynamo=False, opset_version=OPSET,
+                      do_constant_folding=True)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
