@@ -51,6 +51,9 @@ class CompiledRegion(nn.Module):
         self.config = config
         self._spec = None if spec is None else [(torch.Size(shape), getattr(torch, dtype), torch.device(dev),
                                                  tuple(strides)) for shape, dtype, dev, strides in spec]
+        #: input position -> rows of the table it indexes (:mod:`.index_bounds`): a call with an id
+        #: outside them runs the original module, which raises as eager does
+        self.index_bounds = dict(index_bounds or {})
         self._fast = None            # exactly the captured positional tensors: skip the generic call
         self._lean = None            # a runtime's own array call, taken before nn.Module's dispatch
         #: a torch.compile program, which recompiles (with autotuning, for seconds to minutes) for a
@@ -59,12 +62,9 @@ class CompiledRegion(nn.Module):
         if self._spec is not None and not self._inference_only:
             self._fast = FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
             lean = getattr(compiled, "lean_parts", None)
-            self._lean = lean(self._spec) if lean is not None and GLOBAL_HOOKS is not None else None
-        #: input position -> rows of the table it indexes (:mod:`.index_bounds`): a call with an id
-        #: outside them runs the original module, which raises as eager does
-        self.index_bounds = dict(index_bounds or {})
-        if self._lean is not None:       # its id inputs, checked on the arrays it hands the runtime
-            self._lean = (*self._lean, array_checks(self._spec, self.index_bounds))
+            parts = lean(self._spec) if lean is not None and GLOBAL_HOOKS is not None else None
+            if parts is not None:    # with its id inputs, checked on the arrays it hands the runtime
+                self._lean = (*parts, array_checks(self._spec, self.index_bounds))
         self.fallback_calls = 0
         #: the program for other input sizes (:class:`~.other_shapes.OtherShapes`; None: the original
         #: module runs them), and how many calls it ran
