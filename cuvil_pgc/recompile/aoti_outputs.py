@@ -21,6 +21,11 @@ from torch.utils import _pytree as pytree
 from cuvil_pgc.recompile.realized import FastAOTI
 from cuvil_pgc.recompile.runtime_region import OutputTemplate, RuntimeRunner
 
+#: what a package of the region's output tensors adds to its cache key (the region's own package
+#: and the one for other input sizes): a package cached by a version that packaged the whole output
+#: is never taken for one
+TENSOR_OUTPUTS_KEY = "tensor outputs"
+
 
 class TensorOutputs(nn.Module):
     """The region with its output flattened to the tensors in it: what an ONNX graph can return,

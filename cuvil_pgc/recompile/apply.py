@@ -29,7 +29,12 @@ from cuvil_pgc._cache import enforce_limit, touch
 from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc._structure import settings_digest, weights_digest
 from cuvil_pgc.recompile._stderr import first_line
-from cuvil_pgc.recompile.aoti_outputs import TensorOutputs, aoti_output_template, aoti_runner
+from cuvil_pgc.recompile.aoti_outputs import (
+    TENSOR_OUTPUTS_KEY,
+    TensorOutputs,
+    aoti_output_template,
+    aoti_runner,
+)
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.realized import CompiledRegion, ExportError, Realized
@@ -281,10 +286,10 @@ def program_key(cand: Candidate) -> str:
 def _aoti_path(module: nn.Module, cand: Candidate, inputs: ScopeInputs, machine: str,
                weights: str | None = None, tensor_outputs: bool = False) -> Path:
     """The cached package's path; one of the region's output tensors (:class:`TensorOutputs`) has
-    its own, so a package cached by a version that packaged the whole output is never taken for one."""
+    its own (:data:`~.aoti_outputs.TENSOR_OUTPUTS_KEY`)."""
     key = "|".join([structural_hash(module), settings_digest(module), weights or weights_digest(module),
                     program_key(cand), inputs.signature, machine, torch.__version__]
-                   + (["tensor outputs"] if tensor_outputs else []))
+                   + ([TENSOR_OUTPUTS_KEY] if tensor_outputs else []))
     return cache_dir() / "artifacts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt2"
 
 

@@ -155,7 +155,7 @@ def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: 
 def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tuple[Any, str, list[list[str]]]:
     """(runner, package, free dimensions) of the free-size ``torch.export`` as an AOTInductor package
     with the candidate's Inductor options (exporting again is seconds; compiling is cached)."""
-    from cuvil_pgc.recompile.aoti_outputs import TensorOutputs, aoti_output_template
+    from cuvil_pgc.recompile.aoti_outputs import TENSOR_OUTPUTS_KEY, TensorOutputs, aoti_output_template
     from cuvil_pgc.recompile.apply import export_program, package_aoti, program_key
 
     template = aoti_output_template(prepared, inputs.args, {})   # as the region's own package
@@ -164,7 +164,7 @@ def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tupl
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     free = [["" if isinstance(d, int) else str(d) for d in placeholders[name].meta["val"].shape]
             for name in exported.graph_signature.user_inputs]
-    tensors = "" if template is None else "|tensor outputs"        # (as the region's own package's key)
+    tensors = "" if template is None else f"|{TENSOR_OUTPUTS_KEY}"
     path = artifact_path(f"{key}|{program_key(cand)}{tensors}", "aoti-shapes", None, ".pt2")
     if not path.exists():
         package_aoti(exported, cand, str(path))
