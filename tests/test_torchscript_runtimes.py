@@ -1,8 +1,8 @@
 """A TorchScript model, loaded with ``torch.jit.load`` as services load it, gets ONNX Runtime and
 OpenVINO candidates: ``torch.export`` refuses ScriptModules ("Exporting a ScriptModule is not
 supported"), so such a model had no runtime candidate and every recompile of it shipped eager.
-Its region is exported with the TorchScript exporter instead, and the build loads in a service
-process that has only the ``.pt`` file."""
+Its region is exported with the TorchScript exporter instead, its number arguments written into
+the graph as constants, and the build loads in a service process that has only the ``.pt`` file."""
 
 from __future__ import annotations
 
@@ -72,23 +72,50 @@ def test_a_torch_jit_loaded_model_runs_on_a_runtime_in_a_service(tmp_path, keys,
     assert report["diff"] < 1e-4 and report["type"] == "tuple", report
 
 
-def test_a_script_module_whose_number_argument_becomes_a_graph_input_is_rejected(tmp_path):
-    """A ScriptModule with a number argument: the TorchScript exporter makes it a graph input,
-    which the runtimes would not be fed; the graph's inputs are checked against the region's, and
-    the candidate is rejected with that reason instead of failing at its first call."""
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, scale: float = 2.0, shift: int = 3, negate: bool = False) -> torch.Tensor:
+        y = self.fc(x) * scale + shift
+        return -y if negate else y
+
+
+def test_a_script_module_s_number_arguments_become_constants_of_its_graph(tmp_path):
+    """The TorchScript exporter makes every number argument of a scripted forward a graph input,
+    given or left at its default, which no runner feeds: each becomes a constant of the graph, with
+    the value the captured call had, so the graph's one input is the region's one tensor."""
+    import onnx
+    import onnxruntime as ort
+
     from cuvil_pgc.recompile.apply import ScopeInputs
-    from cuvil_pgc.recompile.realized import ExportError
     from cuvil_pgc.recompile.runtime_build import export_onnx
 
-    class Scaled(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = nn.Linear(8, 8)
+    model, x = torch.jit.script(Scaled().eval()), torch.randn(2, 8)
+    export_onnx(model, ScopeInputs((x, 0.5)), tmp_path / "s.onnx", 1)
+    graph = onnx.load(str(tmp_path / "s.onnx")).graph
+    assert [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}] == ["x.1"]
+    session = ort.InferenceSession(str(tmp_path / "s.onnx"), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"x.1": x.numpy()})
+    with torch.no_grad():                 # 0.5 as passed, 3 and False by default
+        torch.testing.assert_close(torch.from_numpy(out), model(x, 0.5, 3, False))
 
-        def forward(self, x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
-            return self.fc(x) * scale
 
-    with pytest.raises(ExportError) as err:
-        export_onnx(torch.jit.script(Scaled().eval()), ScopeInputs((torch.randn(2, 8),)), tmp_path / "s.onnx", 1)
-    assert "the ONNX graph has 2 inputs" in str(err.value) and "the region 1 input" in str(err.value)
-    assert not list(tmp_path.iterdir())             # no half-written file left behind
+@pytest.mark.parametrize("backend", ["ort", "openvino"])
+def test_a_script_module_with_number_arguments_runs_on_a_runtime_and_other_values_run_eagerly(backend):
+    """Built for ``model(x)``: that call runs on the runtime; a call with another number (by
+    position or keyword) does not fit the captured signature and runs the original module."""
+    if not check(backend).ok:
+        pytest.skip(f"needs {backend}")
+    torch.manual_seed(0)
+    model, x = torch.jit.script(Scaled().eval()), torch.randn(2, 8)
+    build = recompile(model, (x,), plan={"": Candidate("", backend)}, records=False, deployed_race=False, rounds=3)
+    assert [c.candidate.backend for c in build.plan.choices] == [backend]
+    fast = build.module
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x))
+        assert fast.fallback_calls == 0
+        for args, kwargs in [((x, 0.5), {}), ((x,), {"shift": 4}), ((x,), {"negate": True})]:
+            torch.testing.assert_close(fast(*args, **kwargs), model(*args, **kwargs))
+    assert fast.fallback_calls == 3

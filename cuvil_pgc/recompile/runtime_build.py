@@ -45,6 +45,7 @@ from cuvil_pgc.recompile.runtime_region import (
     OutputTemplate,
     TensorRTRunner,
 )
+from cuvil_pgc.recompile.torchscript_onnx import export_torchscript
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
             dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} for a in args)} \
                 if free_sizes else None
             if isinstance(prepared, torch.jit.ScriptModule) and not free_sizes:   # torch.export refuses it
-                _export_torchscript(prepared, args, inputs.kwargs, tmp)
+                export_torchscript(prepared, args, inputs.kwargs, tmp, OPSET)
             else:
                 program = torch.onnx.export(eval_mode(TensorOutputs(prepared)), args, kwargs=inputs.kwargs or None,
                                             dynamo=True, opset_version=OPSET, optimize=True, verbose=False,
@@ -155,19 +156,6 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
         raise ExportError(f"torch.onnx.export failed: the ONNX graph has {len(graph_inputs)} inputs and "
                           f"{len(graph.output)} outputs, the region {expected} input and {outputs} output tensors")
     os.replace(tmp, path)
-
-
-def _export_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...], kwargs: dict[str, Any],
-                        path: Path) -> None:
-    """``torch.onnx.export(dynamo=False)``: the TorchScript exporter, for a region that is
-    TorchScript (``torch.jit.script``, a model a service loads with ``torch.jit.load``), which
-    ``torch.export`` refuses ("Exporting a ScriptModule is not supported"): such a model had no
-    runtime candidate at all. The module itself is exported (a traced wrapper may not call
-    TorchScript), its outputs flattened by the exporter as :class:`TensorOutputs` flattens them,
-    which the caller's output count checks. Fixed sizes only (the program for other sizes needs
-    the dynamo exporter's free dimensions)."""
-    torch.onnx.export(module, args + ((kwargs,) if kwargs else ()), str(path), dynamo=False, opset_version=OPSET,
-                      do_constant_folding=True)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
