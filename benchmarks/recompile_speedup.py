@@ -227,7 +227,7 @@ def run_model(name: str, args, workdir: str, peak_flops: float) -> dict:
     again = recompile(model, inputs, analysis=analysis, budget=args.budget, records=records, **guard)
     row["second_measured"] = again.plan.measured_candidates
     row["second_reused"] = again.plan.reused_records
-    if name in args.exhaustive_models.split(","):
+    if {name, reference} & set(args.exhaustive_models.split(",")):     # a factory or a whole reference
         row["exhaustive"] = exhaustive(model, inputs, analysis, build, workdir, name, args.rounds)
     return row
 
