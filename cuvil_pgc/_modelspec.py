@@ -1,7 +1,8 @@
 """Resolve ``MODULE:FACTORY`` references to ``(model, example_inputs)``.
 
 MODULE is a dotted module name or a path to a .py file; FACTORY is a function in it returning
-``(model, example_inputs)`` where example_inputs is a tuple of positional arguments.
+``(model, example_inputs)`` where example_inputs is a tuple of positional arguments (or one
+argument, or a mapping of the forward's parameter names: :mod:`cuvil_pgc._example_inputs`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
-from cuvil_pgc.errors import ModelSpecError, one_line
+from cuvil_pgc._example_inputs import inputs_hint, positional_inputs
+from cuvil_pgc.errors import ConfigError, ModelSpecError, one_line
 
 
 def load_model_spec(spec: str, *, check: bool = True) -> tuple[Any, tuple[Any, ...]]:
@@ -36,9 +39,12 @@ def load_model_spec(spec: str, *, check: bool = True) -> tuple[Any, tuple[Any, .
         raise ModelSpecError(f"{spec} returned {type(result).__name__}, not (model, example_inputs)",
                              fix="return a 2-tuple: the module and a tuple of its positional inputs")
     model, given = result
-    inputs = given if isinstance(given, tuple) else (given,)
     if not callable(model):
         raise ModelSpecError(f"{spec} returned a model of type {type(model).__name__} that is not callable")
+    try:
+        inputs = positional_inputs(model, given)
+    except ConfigError as exc:
+        raise ModelSpecError(f"{spec}: {exc.problem}", fix=exc.fix) from None
     if check:
         _call_once(spec, model, inputs, given)
     return model, inputs
@@ -53,15 +59,9 @@ def _call_once(spec: str, model: Any, inputs: tuple[Any, ...], given: Any) -> No
         with torch.no_grad():
             model(*inputs)
     except Exception as exc:
-        if isinstance(given, list):
-            hint = (f"example_inputs is a {type(given).__name__}, so it was passed as one argument: return a tuple "
-                    "of the positional inputs (tuple(inputs))")
-        elif isinstance(given, dict):
-            hint = ("example_inputs is a dict, so it was passed as one argument: return a tuple of the inputs in the "
-                    "order of the forward's parameters (e.g. (input_ids, attention_mask)); a loaded build still "
-                    "takes them as keywords")
-        else:
-            hint = "fix the model or its example inputs (rerun as `cuvil-pgc --debug <command> ...` for the traceback)"
+        hint = inputs_hint(given)
+        if not isinstance(given, (list, Mapping)):
+            hint += " (rerun as `cuvil-pgc --debug <command> ...` for the traceback)"
         raise ModelSpecError(f"{spec}: the model raised on its example inputs: {_one_line(exc)}", fix=hint) from exc
 
 

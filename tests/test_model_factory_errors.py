@@ -26,6 +26,10 @@ SOURCE = textwrap.dedent('''
 
 
     def dict_inputs():
+        return nn.Linear(4, 2), {"features": torch.randn(3, 4)}
+
+
+    def keyword_inputs():
         return nn.Linear(4, 2), {"input": torch.randn(3, 4)}
 
 
@@ -57,10 +61,16 @@ def test_a_list_of_inputs_is_one_argument_and_the_error_says_to_return_a_tuple(m
     assert "example_inputs is a list" in str(err.value) and "tuple(inputs)" in str(err.value)
 
 
-def test_a_dict_of_keyword_inputs_is_one_argument_and_the_error_says_to_return_a_tuple(models):
+def test_a_dict_naming_the_forward_s_parameters_is_the_call_s_keywords(models):
+    model, inputs = load_model_spec(f"{models}:keyword_inputs")
+    assert len(inputs) == 1 and inputs[0].shape == (3, 4)
+
+
+def test_a_dict_of_other_keys_is_one_argument_and_the_error_says_to_name_the_parameters(models):
     with pytest.raises(ModelSpecError, match=r"the model raised on its example inputs: TypeError") as err:
         load_model_spec(f"{models}:dict_inputs")
-    assert "example_inputs is a dict" in str(err.value) and "(input_ids, attention_mask)" in str(err.value)
+    assert "example_inputs is a dict whose keys are not all parameters" in str(err.value)
+    assert "input_ids, attention_mask" in str(err.value)
 
 
 def test_a_model_failing_on_its_inputs_is_reported_before_any_work(models):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cuvil_pgc._eval_mode import eval_mode
-from cuvil_pgc.errors import RecompileError
+from cuvil_pgc.errors import CuvilError, RecompileError, one_line
 from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
 
 if TYPE_CHECKING:
@@ -95,6 +95,8 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     returned build's module (AOTInductor packages hold their own copy).
 
     Args:
+        example_inputs: the positional inputs of one call, as a tuple; also one input, or a mapping
+            of the forward's parameter names (a tokenizer's output), see :mod:`cuvil_pgc._example_inputs`.
         traces: trace file paths (or an :class:`Analysis` via ``analysis=``).
         budget: most candidates to measure, eager references and records of earlier searches of
             this model included (default: a quarter of the space, at least 2).
@@ -134,6 +136,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
                calibrate: bool, deployed_race: bool, dynamic: bool) -> Build:
     import torch
 
+    from cuvil_pgc._example_inputs import inputs_hint, positional_inputs
     from cuvil_pgc._structure import module_tree_digest
     from cuvil_pgc.recompile.manifest import current_fingerprint
     from cuvil_pgc.recompile.matching import structural_hash
@@ -144,12 +147,19 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
 
     if not isinstance(model, torch.nn.Module):
         raise RecompileError(f"recompile needs a torch.nn.Module, got {type(model).__name__}")
+    given, example_inputs = example_inputs, positional_inputs(model, example_inputs)
     model = eval_mode(model).to(device)
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     from cuvil_pgc._progress import stage
     from cuvil_pgc.recompile.stateless import check_stateless
 
-    check_stateless(model, example_inputs)
+    try:
+        check_stateless(model, example_inputs)
+    except CuvilError:
+        raise
+    except Exception as exc:          # the user's model on their inputs, reported as such
+        raise RecompileError(f"the model raised on its example inputs: {type(exc).__name__}: {one_line(exc, 300)}",
+                             fix=inputs_hint(given)) from exc
 
     paths = _trace_paths(traces)
     if analysis is None and paths:

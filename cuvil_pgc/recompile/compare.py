@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cuvil_pgc._eval_mode import eval_mode
+from cuvil_pgc._example_inputs import positional_inputs
 from cuvil_pgc.recompile.measure import ratio_ci, time_interleaved, verdict
 
 DEFAULT_ROUNDS = 30
@@ -82,6 +83,7 @@ def compare(model: Any, example_inputs: tuple[Any, ...], a: str, b: str, *, stor
             pubkey: Any = None, allow_unsigned: bool | None = None, rounds: int = DEFAULT_ROUNDS) -> dict[str, Any]:
     """Compare two contender specs (build path, ``store://`` ref, ``eager``, ``compile``) on ``model``."""
     model = eval_mode(model)
+    example_inputs = positional_inputs(model, example_inputs)
     run_a = resolve_contender(a, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned)
     run_b = resolve_contender(b, model, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned)
     return compare_runnables(run_a, run_b, example_inputs, names=(a, b), rounds=rounds)

@@ -121,7 +121,9 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool
         warnings.warn(f"cuvil-pgc: {path}: {len(report.skipped)} region(s) run eagerly: "
                       + "; ".join(report.skipped), RuntimeWarning, stacklevel=3)
     if example_inputs is not None:
-        _warm_up(module, example_inputs, report)
+        from cuvil_pgc._example_inputs import positional_inputs
+
+        _warm_up(module, positional_inputs(model, example_inputs), report)
     module.cuvil_load_report = report
     return module
 

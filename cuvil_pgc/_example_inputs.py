@@ -1,0 +1,73 @@
+"""The positional call a model's example inputs stand for, in one place for the CLI and the API.
+
+``recompile``, ``compare`` and a ``MODULE:FACTORY`` reference take a model's example inputs as a
+tuple of positional arguments. Users also hand over what they call their model with: one tensor
+(as ``torch.jit.trace`` and ``torch.onnx.export`` take it), or a tokenizer's output, a mapping of
+the forward's parameter names (``{"input_ids": ..., "attention_mask": ...}``). One tensor used to be
+iterated as if it were the tuple, so a (1, 32) input became one (32,) argument and the build was
+made for an input without its batch dimension; a mapping became its keys, and the model raised
+on a string. :func:`positional_inputs` turns each into the positional call it means; a loaded
+build still takes the inputs by keyword (it binds keyword calls to the captured positions).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from cuvil_pgc.errors import ConfigError
+
+
+def positional_inputs(model: Any, given: Any) -> tuple[Any, ...]:
+    """The positional arguments ``model`` is called with for ``given``: a tuple as it is; a mapping
+    whose keys all name parameters of ``model.forward`` in the forward's order, the parameters
+    it skips before its last one at their defaults; anything else (one tensor, a list, a mapping
+    the forward takes whole) as the one argument."""
+    if isinstance(given, tuple):
+        return given
+    if isinstance(given, Mapping) and given and all(isinstance(k, str) for k in given):
+        params = _parameters(model)
+        if params is not None and set(given) <= set(params):
+            return _bind(given, params)
+    return (given,)
+
+
+def inputs_hint(given: Any) -> str:
+    """The fix to suggest where the model raised on its example inputs: a list or a mapping that
+    was passed as one argument may have been meant as the call's arguments."""
+    if isinstance(given, list):
+        return (f"example_inputs is a {type(given).__name__}, so it was passed as one argument: give a tuple of the "
+                "positional inputs (tuple(inputs))")
+    if isinstance(given, Mapping):
+        return (f"example_inputs is a {type(given).__name__} whose keys are not all parameters of the forward, so "
+                "it was passed as one argument: name the forward's parameters (e.g. input_ids, attention_mask) "
+                "or give a tuple of the inputs in the forward's order")
+    return "fix the model or its example inputs"
+
+
+def _parameters(model: Any) -> dict[str, Any] | None:
+    """name -> default of each parameter ``model.forward`` takes by position or keyword, in order
+    (None where the signature cannot be read)."""
+    try:
+        signature = inspect.signature(getattr(model, "forward", model))
+    except (TypeError, ValueError):
+        return None
+    return {p.name: p.default for p in signature.parameters.values()
+            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
+
+
+def _bind(given: Mapping[str, Any], params: dict[str, Any]) -> tuple[Any, ...]:
+    names = list(params)
+    last = max(names.index(k) for k in given)
+    args = []
+    for name in names[:last + 1]:
+        if name in given:
+            args.append(given[name])
+        elif params[name] is inspect.Parameter.empty:
+            raise ConfigError(f"the example inputs name {', '.join(given)} but not {name!r}, which the model's "
+                              "forward takes before them and has no default",
+                              fix=f"add {name!r} to the example inputs, or give them as a tuple of positional inputs")
+        else:
+            args.append(params[name])
+    return tuple(args)

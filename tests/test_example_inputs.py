@@ -1,0 +1,82 @@
+"""Example inputs given as one tensor or as a tokenizer's mapping of parameter names mean the
+call they stand for (cuvil_pgc._example_inputs): one tensor used to be iterated as the tuple of
+inputs, so recompile built a (1, 32) input as one (32,) argument, and a mapping became its keys."""
+
+from __future__ import annotations
+
+from collections import UserDict
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc._example_inputs import positional_inputs
+from cuvil_pgc.errors import ConfigError, RecompileError
+from cuvil_pgc.recompile import recompile
+from cuvil_pgc.recompile.candidates import Candidate
+
+pytestmark = pytest.mark.usefixtures("build_env")
+
+
+class Encoder(nn.Module):
+    """A Hugging Face-like forward: ids first, then optional tensors, then flags."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(50, 8), nn.Linear(8, 4)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden=False):
+        h = self.emb(input_ids)
+        if attention_mask is not None:
+            h = h * attention_mask.unsqueeze(-1)
+        if token_type_ids is not None:
+            h = h + token_type_ids.unsqueeze(-1)
+        return self.fc(h).mean(1)
+
+
+class BatchEncoding(UserDict):
+    """What a tokenizer returns: a mapping, not a dict."""
+
+
+def test_one_tensor_is_the_one_argument_with_its_batch_dimension():
+    x = torch.randn(1, 32)
+    (arg,) = positional_inputs(nn.Linear(32, 4), x)
+    assert arg is x
+
+
+def test_a_tuple_is_kept_and_a_list_is_one_argument():
+    x = torch.randn(2, 3)
+    assert positional_inputs(nn.Linear(3, 1), (x,)) == (x,)
+    assert positional_inputs(nn.Linear(3, 1), [x])[0] == [x]
+
+
+def test_a_mapping_of_parameter_names_binds_in_the_forward_s_order_with_skipped_defaults():
+    ids, types = torch.randint(0, 50, (2, 6)), torch.zeros(2, 6)
+    args = positional_inputs(Encoder(), BatchEncoding(token_type_ids=types, input_ids=ids))
+    assert len(args) == 3 and args[0] is ids and args[1] is None and args[2] is types
+
+
+def test_a_mapping_of_other_keys_is_one_argument_and_one_skipping_a_required_parameter_is_refused():
+    batch = {"ids": torch.zeros(2)}
+    assert positional_inputs(Encoder(), batch) == (batch,)
+    with pytest.raises(ConfigError, match="not 'input_ids', which the model's forward takes before them"):
+        positional_inputs(Encoder(), {"attention_mask": torch.ones(2, 6)})
+
+
+def test_recompile_builds_one_tensor_at_its_own_shape_and_a_tokenizer_s_output_as_keywords():
+    torch.manual_seed(0)
+    build = recompile(nn.Linear(32, 4).eval(), torch.randn(1, 32), plan={"": Candidate("", "compile")},
+                      records=False, deployed_race=False, rounds=3, calibrate=False)
+    assert build.plan.choices[0].input_spec[0][0] == [1, 32]
+    model, ids = Encoder().eval(), torch.randint(0, 50, (2, 6))
+    build = recompile(model, BatchEncoding(input_ids=ids, attention_mask=torch.ones(2, 6)),
+                      plan={"": Candidate("", "compile")}, records=False, deployed_race=False, rounds=3, calibrate=False)
+    assert [spec[0] for spec in build.plan.choices[0].input_spec] == [[2, 6], [2, 6]]
+    with torch.no_grad():
+        torch.testing.assert_close(build.module(input_ids=ids, attention_mask=torch.ones(2, 6)), model(ids))
+
+
+def test_recompile_reports_the_model_raising_on_a_list_of_inputs_with_the_fix():
+    with pytest.raises(RecompileError, match="the model raised on its example inputs") as err:
+        recompile(nn.Linear(3, 1), [torch.randn(2, 3)], records=False, deployed_race=False, calibrate=False)
+    assert "tuple(inputs)" in str(err.value)
