@@ -33,16 +33,19 @@ def positional_inputs(model: Any, given: Any) -> tuple[Any, ...]:
     return (given,)
 
 
-def inputs_hint(given: Any) -> str:
-    """The fix to suggest where the model raised on its example inputs: a list or a mapping that
+def inputs_hint(given: Any, model: Any = None) -> str:
+    """The fix to suggest where ``model`` raised on its example inputs: a list or a mapping that
     was passed as one argument may have been meant as the call's arguments."""
     if isinstance(given, list):
         return (f"example_inputs is a {type(given).__name__}, so it was passed as one argument: give a tuple of the "
                 "positional inputs (tuple(inputs))")
     if isinstance(given, Mapping):
-        return (f"example_inputs is a {type(given).__name__} whose keys are not all parameters of the forward, so "
-                "it was passed as one argument: name the forward's parameters (e.g. input_ids, attention_mask) "
-                "or give a tuple of the inputs in the forward's order")
+        params = _parameters(model) if model is not None else None
+        others = [repr(k) for k in given if params is not None and k not in params]
+        which = f" ({', '.join(others[:4])} not among them)" if others else ""
+        return (f"example_inputs is a {type(given).__name__} whose keys are not all parameters of the forward{which}, "
+                "so it was passed as one argument: keep only the forward's parameters (e.g. input_ids, "
+                "attention_mask) or give a tuple of the inputs in the forward's order")
     return "fix the model or its example inputs"
 
 

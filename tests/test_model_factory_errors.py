@@ -69,7 +69,8 @@ def test_a_dict_naming_the_forward_s_parameters_is_the_call_s_keywords(models):
 def test_a_dict_of_other_keys_is_one_argument_and_the_error_says_to_name_the_parameters(models):
     with pytest.raises(ModelSpecError, match=r"the model raised on its example inputs: TypeError") as err:
         load_model_spec(f"{models}:dict_inputs")
-    assert "example_inputs is a dict whose keys are not all parameters" in str(err.value)
+    assert "example_inputs is a dict whose keys are not all parameters of the forward ('features' not among them)" \
+        in str(err.value)
     assert "input_ids, attention_mask" in str(err.value)
 
 
