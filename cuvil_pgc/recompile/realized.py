@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+from torch.utils.hooks import RemovableHandle
 
 from cuvil_pgc.recompile.index_bounds import array_checks, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
@@ -66,6 +67,8 @@ class CompiledRegion(nn.Module):
             if parts is not None:    # with its id inputs, checked on the arrays it hands the runtime
                 self._lean = (*parts, array_checks(self._spec, self.index_bounds))
         self.fallback_calls = 0
+        #: torch's hook-handle counter when no module inside the region had a hook (-1: look again)
+        self._hooks_seen = -1
         #: the program for other input sizes (:class:`~.other_shapes.OtherShapes`; None: the original
         #: module runs them), and how many calls it ran
         self.other_shapes: Any = None
@@ -76,6 +79,7 @@ class CompiledRegion(nn.Module):
         self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
         self.register_state_dict_post_hook(_state_dict_as_original)
         self.register_load_state_dict_pre_hook(_load_into_original)
+        self._hooked()                  # the first call may take the lean path
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The runtime's array call (:meth:`~.runtime_region.RuntimeRunner.lean_parts`) for exactly
@@ -91,8 +95,8 @@ class CompiledRegion(nn.Module):
             count, checks, run, single, build, ids = lean
             if (len(positional) == count and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
                                             or self._backward_pre_hooks or _forward or _forward_pre or _backward
-                                            or _backward_pre or _always or _tracing() is not None or _compiling()
-                                            or _autocast())):
+                                            or _backward_pre or _always or _Handle.next_id != self._hooks_seen
+                                            or _tracing() is not None or _compiling() or _autocast())):
                 arrays = []
                 for a, (shape, dtype) in zip(positional, checks, strict=True):
                     if type(a) is not _Tensor or a.shape != shape or a.dtype is not dtype or a.requires_grad \
@@ -145,7 +149,7 @@ class CompiledRegion(nn.Module):
         if self.weights_changed:
             return self.original(*args, **kwargs)
         if self.signature is None:
-            return self._compiled(*args, **kwargs)
+            return self._compiled(*args, **kwargs) if self._hooked() is None else self._fall_back(args, kwargs)
         if kwargs and (self._spec is not None or not self._matches(args, kwargs)) \
                 and (positional := self._positional(args, kwargs)) is not None:
             args, kwargs = positional, {}       # (a call captured with keywords matches as it is)
@@ -163,7 +167,12 @@ class CompiledRegion(nn.Module):
     def _eager_only(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         """Why a call that fits the build's inputs must still run the original module: autocast
         (eager's outputs would be bf16 or fp16), autograd recorded through an input (the programs
-        record none), and for a torch.compile program anything its guards would compile again for."""
+        record none), and for a torch.compile program anything its guards would compile again for;
+        and a user's hook on a module inside the region, which no compiled program calls."""
+        hooked = self._hooked()
+        if hooked is not None:
+            return (f"a hook is registered on {hooked}, which the build's programs do not call (the original module "
+                    "does, as long as the hook stays)")
         if self.index_bounds:
             plain = not kwargs and all(type(a) is torch.Tensor for a in args)
             bad = self._id_out_of_range(args if plain else [t for t in pytree.tree_leaves((args, kwargs))
@@ -182,6 +191,23 @@ class CompiledRegion(nn.Module):
                                                    for t in pytree.tree_leaves((args, kwargs))):
             return ("an input requires grad: the build's programs record no autograd; detach it, or call the model "
                     "under torch.inference_mode()")
+        return None
+
+    def _hooked(self) -> str | None:
+        """The first module inside the region (the original itself included) with a forward or
+        forward-pre hook of the user's, or None. Such a hook (to log or capture a layer's output,
+        or to change it) would otherwise never run: the region's program does not call its
+        modules. torch's own hooks (the old ``weight_norm`` and ``spectral_norm`` recompute a
+        weight in a pre-hook) are part of the model the program was exported from. Looked for again
+        only when torch has handed out a hook handle since the last look found none
+        (``RemovableHandle.next_id``): one comparison per call, also on the lean path."""
+        if _Handle.next_id == self._hooks_seen:
+            return None
+        for name, module in self.original.named_modules():
+            for hooks in (module._forward_pre_hooks, module._forward_hooks):
+                if any(not _torch_own(hook) for hook in hooks.values()):
+                    return repr(name) if name else "the original module"
+        self.__dict__["_hooks_seen"] = _Handle.next_id       # a plain int, as fallback_calls
         return None
 
     def _id_out_of_range(self, leaves: Any) -> tuple[int, int] | None:
@@ -351,6 +377,12 @@ def _parameters(module: nn.Module) -> list[tuple[str, Any]] | None:
     return out
 
 
+def _torch_own(hook: Any) -> bool:
+    """Whether a hook is torch's own (defined in a ``torch`` module), not the user's."""
+    owner = getattr(hook, "__module__", None) or type(hook).__module__
+    return owner == "torch" or owner.startswith("torch.")
+
+
 def _is_default(value: Any, default: Any) -> bool:
     """Whether a keyword argument repeats its parameter's default (None, a flag, a number, a string)."""
     if value is default:
@@ -398,6 +430,7 @@ _tracing = torch._C._get_tracing_state
 # FakeTensors, which the lean path's exact type check already sends to the checked path.
 _compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
 _Tensor = torch.Tensor
+_Handle = RemovableHandle
 #: whether autocast is on for any device: a build computes in the precision it was built with, so
 #: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
