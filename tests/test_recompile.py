@@ -990,7 +990,7 @@ def test_near_ties_of_the_whole_model_are_raced_again_at_the_end(monkeypatch):
     s = SimpleNamespace(opt=SimpleNamespace(fixed=None), trials=trials,
                         features={"": SimpleNamespace(eager_us=250.0), "layer": SimpleNamespace(eager_us=10.0)})
     plan_mod.choose_plan(s, SimpleNamespace(measured=7))
-    assert raced["model"] == {"": best.candidate}
+    assert raced[best.candidate.key] == {"": best.candidate}        # named as measured
     assert {closer.candidate.key, close.candidate.key} <= set(raced)
     assert far.candidate.key not in raced and broken.candidate.key not in raced
 

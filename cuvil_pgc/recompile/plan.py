@@ -117,7 +117,7 @@ def choose_plan(s: Any, result: Any) -> None:
     defaults: list[str] = []          # the plans that are a runtime at its defaults
     root = best.get("")
     if root is not None and not root.candidate.is_baseline:
-        plans["model"] = {"": root.candidate}
+        plans[root.candidate.key] = {"": root.candidate}     # named as measured: <model>::aoti+freezing
         for cand in runners_up(s.trials, root):
             plans[cand.key] = {"": cand}
         for baseline in passing_runtime_defaults(s.trials, getattr(s, "runtime_defaults", [])):
@@ -127,7 +127,7 @@ def choose_plan(s: Any, result: Any) -> None:
     composite, composite_us = composite_choice(best, s.features)
     # a new candidate, measured in the final race: within the budget, or beyond it when it is the
     # only plan that beat eager (built from measured parts, it costs no compile and one race)
-    room = getattr(s, "budget", result.measured + 1) > result.measured or "model" not in plans
+    room = getattr(s, "budget", result.measured + 1) > result.measured or not plans
     if composite and room and (root is None or composite_us < root.measured_us * 1.05):
         plans["regions"] = composite
         result.measured += 1
