@@ -49,15 +49,29 @@ def inputs_hint(given: Any, model: Any = None) -> str:
     return "fix the model or its example inputs"
 
 
-def _parameters(model: Any) -> dict[str, Any] | None:
-    """name -> default of each parameter ``model.forward`` takes by position or keyword, in order
-    (None where the signature cannot be read)."""
+def forward_parameters(model: Any) -> list[tuple[str, Any]] | None:
+    """(name, default) of each parameter of ``model.forward`` that a call may pass by position or
+    keyword, in order (the default ``inspect.Parameter.empty`` where there is none); None where
+    the signature cannot be read or starts with a positional-only or ``*args`` parameter. What a
+    mapping of example inputs binds to here, and what a loaded build binds keyword calls to
+    (:class:`~cuvil_pgc.recompile.realized.CompiledRegion`)."""
     try:
-        signature = inspect.signature(getattr(model, "forward", model))
+        params = list(inspect.signature(getattr(model, "forward", model)).parameters.values())
     except (TypeError, ValueError):
         return None
-    return {p.name: p.default for p in signature.parameters.values()
-            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
+    out = []
+    for p in params:
+        if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY or (p.kind is inspect.Parameter.VAR_POSITIONAL and not out):
+                return None
+            break
+        out.append((p.name, p.default))
+    return out
+
+
+def _parameters(model: Any) -> dict[str, Any] | None:
+    params = forward_parameters(model)
+    return None if params is None else dict(params)
 
 
 def _bind(given: Mapping[str, Any], params: dict[str, Any]) -> tuple[Any, ...]:

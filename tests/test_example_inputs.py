@@ -63,6 +63,15 @@ def test_a_mapping_of_other_keys_is_one_argument_and_one_skipping_a_required_par
         positional_inputs(Encoder(), {"attention_mask": torch.ones(2, 6)})
 
 
+def test_a_mapping_is_not_bound_past_positional_only_parameters():
+    class PositionalOnly(nn.Module):
+        def forward(self, x, /, mask=None):
+            return x
+
+    batch = {"mask": torch.ones(2)}
+    assert positional_inputs(PositionalOnly(), batch) == (batch,)     # not the mask in x's place
+
+
 def test_recompile_builds_one_tensor_at_its_own_shape_and_a_tokenizer_s_output_as_keywords():
     torch.manual_seed(0)
     build = recompile(nn.Linear(32, 4).eval(), torch.randn(1, 32), plan={"": Candidate("", "compile")},

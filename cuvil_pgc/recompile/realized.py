@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
+from cuvil_pgc._example_inputs import forward_parameters
 from cuvil_pgc.recompile.index_bounds import array_checks, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
 
@@ -75,7 +76,7 @@ class CompiledRegion(nn.Module):
         self.other_shape_calls = 0
         self.other_sizes_failures = 0
         #: the original forward's (name, default) per parameter, which keyword calls are bound by
-        self._params = _parameters(original) if signature is not None else None
+        self._params = forward_parameters(original) if signature is not None else None
         self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
         self.register_state_dict_post_hook(_state_dict_as_original)
         self.register_load_state_dict_pre_hook(_load_into_original)
@@ -95,7 +96,7 @@ class CompiledRegion(nn.Module):
             count, checks, run, single, build, ids = lean
             if (len(positional) == count and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
                                             or self._backward_pre_hooks or _forward or _forward_pre or _backward
-                                            or _backward_pre or _always or _Handle.next_id != self._hooks_seen
+                                            or _backward_pre or _always or RemovableHandle.next_id != self._hooks_seen
                                             or _tracing() is not None or _compiling() or _autocast())):
                 arrays = []
                 for a, (shape, dtype) in zip(positional, checks, strict=True):
@@ -201,13 +202,13 @@ class CompiledRegion(nn.Module):
         weight in a pre-hook) are part of the model the program was exported from. Looked for again
         only when torch has handed out a hook handle since the last look found none
         (``RemovableHandle.next_id``): one comparison per call, also on the lean path."""
-        if _Handle.next_id == self._hooks_seen:
+        if RemovableHandle.next_id == self._hooks_seen:
             return None
         for name, module in self.original.named_modules():
             for hooks in (module._forward_pre_hooks, module._forward_hooks):
                 if any(not _torch_own(hook) for hook in hooks.values()):
                     return repr(name) if name else "the original module"
-        self.__dict__["_hooks_seen"] = _Handle.next_id       # a plain int, as fallback_calls
+        self.__dict__["_hooks_seen"] = RemovableHandle.next_id       # a plain int, as fallback_calls
         return None
 
     def _id_out_of_range(self, leaves: Any) -> tuple[int, int] | None:
@@ -359,24 +360,6 @@ def _load_into_original(module: CompiledRegion, state_dict: dict[str, Any], pref
                     ", ".join(changed[:3]), f" and {len(changed) - 3} more" if len(changed) > 3 else "")
 
 
-def _parameters(module: nn.Module) -> list[tuple[str, Any]] | None:
-    """(name, default) of each parameter of ``module.forward`` that a call may pass by position or
-    keyword, in order (the default ``inspect.Parameter.empty`` where there is none); None where
-    the signature cannot be read or starts with a positional-only or ``*args`` parameter."""
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    out = []
-    for p in params:
-        if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
-            if p.kind is inspect.Parameter.POSITIONAL_ONLY or (p.kind is inspect.Parameter.VAR_POSITIONAL and not out):
-                return None
-            break
-        out.append((p.name, p.default))
-    return out
-
-
 def _torch_own(hook: Any) -> bool:
     """Whether a hook is torch's own (defined in a ``torch`` module), not the user's."""
     owner = getattr(hook, "__module__", None) or type(hook).__module__
@@ -430,7 +413,6 @@ _tracing = torch._C._get_tracing_state
 # FakeTensors, which the lean path's exact type check already sends to the checked path.
 _compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
 _Tensor = torch.Tensor
-_Handle = RemovableHandle
 #: whether autocast is on for any device: a build computes in the precision it was built with, so
 #: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
