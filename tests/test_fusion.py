@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cuvil_pgc.analyze import analyze, fusion
 from cuvil_pgc.analyze.machine import MachineModel
-from tests._tracebuild import build_trace, op_chain, region
+from tests._tracebuild import build_trace, kernel, op_chain, region
 
 CPU = MachineModel(device="cpu", name="test cpu", fingerprint="t", peak_flops={"fp32": 100e9}, mem_bw=10e9,
                    dispatch_overhead_s=3e-6)
@@ -65,3 +66,65 @@ def test_only_hot_regions_are_mined(monkeypatch):
     a = analyze(build_trace(evs), machine=CPU)
     assert a.regions[0].path == "big"
     assert {c.region for c in a.fusion_candidates} == {"big"}
+
+
+def _loop(names: list[str], calls: int, start: float = 0.0) -> list[dict]:
+    """A model called ``calls`` times outside any region (a torch.profiler trace of a plain loop)."""
+    evs, t = [], start
+    for _ in range(calls):
+        evs += op_chain(names, t, 10.0, 2.0)
+        t += len(names) * 12 + 5
+    return evs
+
+
+def test_sequences_outside_regions_do_not_span_two_calls_of_the_model():
+    # a plain profiled loop: no region marks where one call ends; "aten::add aten::linear" and the
+    # 5- and 6-op windows that wrap around a call exist only across two calls
+    a = analyze(build_trace(_loop(BLOCK, calls=10)), machine=CPU)
+    assert [c.ops for c in a.fusion_candidates] == [BLOCK]
+    assert a.fusion_candidates[0].occurrences == 10
+
+
+def test_kernels_of_a_regions_calls_do_not_span_two_calls():
+    # kernels carry no region call of their own: those of consecutive calls meet on the stream
+    names = ["gemm", "bias_gelu", "layer_norm", "residual_add"]
+    evs, t = [], 0.0
+    for _ in range(8):
+        evs.append(region("decode", t, 60.0))
+        evs += [kernel(n, t + 2 + 12 * i, 10.0, region="decode") for i, n in enumerate(names)]
+        t += 100.0
+    gpu = MachineModel(device="cuda", name="test gpu", fingerprint="g", peak_flops={"fp32": 1e13}, mem_bw=1e12,
+                       dispatch_overhead_s=3e-6, launch_latency_s=4e-6)
+    kernel_seqs = [c.ops for c in analyze(build_trace(evs), machine=gpu).fusion_candidates
+                   if c.ops[0] in names]
+    assert kernel_seqs == [names]
+
+
+def _codes(names: list[str]) -> np.ndarray:
+    return np.unique(np.array(names), return_inverse=True)[1].reshape(-1)
+
+
+def test_repeat_period_is_the_unit_of_a_call_not_of_a_layer():
+    layer = ["linear", "gelu", "linear", "add"]
+    call = ["embedding", *layer * 6, "linear"]
+    assert fusion.repeat_period(_codes(call * 5)) == len(call)
+    assert fusion.repeat_period(_codes(layer * 5)) == len(layer)
+
+
+def test_repeat_period_none_where_nothing_repeats_enough():
+    rng = np.random.default_rng(0)
+    assert fusion.repeat_period(rng.integers(0, 20, 200)) is None          # no unit
+    assert fusion.repeat_period(_codes(BLOCK * (fusion.MIN_SUPPORT - 1))) is None   # too few calls
+    assert fusion.repeat_period(_codes(["aten::add"] * 40)) is None        # one op: a long run or many calls
+
+
+def test_repeat_period_tolerates_a_call_that_differs():
+    calls = [list(BLOCK) for _ in range(30)]
+    calls[7][2] = "aten::dropout"                 # one call took another path
+    assert fusion.repeat_period(_codes([n for c in calls for n in c])) == len(BLOCK)
+
+
+def test_repeat_period_finds_a_call_whose_first_op_recurs_in_every_layer():
+    layer = ["linear", "gelu", "linear", "add"]
+    call = [*layer * 40, "layer_norm", "linear"]          # "linear" recurs 80 times before the next call
+    assert fusion.repeat_period(_codes(call * 4)) == len(call)

@@ -1,7 +1,8 @@
 """Fusion candidates: frequent consecutive op (or kernel) sequences inside hot regions.
 
 Miner (vectorised n-grams): the top-level CPU ops of the ``HOT_REGIONS`` hottest regions, in time
-order per thread, are cut into segments at every change of thread or region call; every window of
+order per thread, are cut into segments at every change of thread or region call (where no region
+call marks them, at the ends of the unit the run repeats: :func:`repeat_period`); every window of
 ``MIN_LEN..MAX_LEN`` consecutive ops inside one segment is a sequence occurrence, keyed by
 (region path, op names). The same runs on GPU kernels per stream. A sequence is kept when it
 occurs at least ``MIN_SUPPORT`` times (occurrences that overlap themselves, as in ``add add add``,
@@ -35,6 +36,8 @@ HOT_REGIONS = 10
 MAX_CANDIDATES = 50
 DEDUP_TOL = 0.1
 _PER_LENGTH = 200          # best sequences per length kept before deduplication
+REPEAT_MATCH = 0.95        # share of a run that must match itself one unit on (see repeat_period)
+_PERIOD_WORK = 200_000_000  # names compared at most to find the unit, where it has more than 64 to try
 
 
 @requires(score_hotness)          # mines the hottest regions
@@ -75,10 +78,54 @@ def _stream(prep: Prepared, rows: np.ndarray, inst: np.ndarray, nbytes: np.ndarr
     lane, path = prep.lane[rows], prep.path_pos[rows]
     cut = (lane[1:] != lane[:-1]) | (inst[1:] != inst[:-1]) | (path[1:] != path[:-1])
     name_ids, names = np.unique(ev["name"][rows], return_inverse=True)
+    names = names.reshape(-1).astype(np.int64)
+    starts = np.concatenate(([0], np.nonzero(cut)[0] + 1, [len(rows)]))
+    for lo, hi in zip(starts[:-1], starts[1:], strict=True):
+        if inst[lo] < 0:          # outside region calls: no call boundary is known, find the repeats
+            period = repeat_period(names[lo:hi])
+            if period:
+                cut[lo + period - 1:hi - 1:period] = True
     w = prep.weight[rows]
-    return _Stream(seg=np.cumsum(np.concatenate(([True], cut))), path=path,
-                   names=names.reshape(-1).astype(np.int64), name_ids=name_ids,
+    return _Stream(seg=np.cumsum(np.concatenate(([True], cut))), path=path, names=names, name_ids=name_ids,
                    dur=ev["dur"][rows] * w, nbytes=np.nan_to_num(nbytes) * w)
+
+
+def repeat_period(names: np.ndarray) -> int | None:
+    """The length of the unit a run of op (or kernel) names repeats, where no region call marks
+    where one call of the model ends and the next begins (a torch.profiler trace without regions,
+    the kernels of a region's calls on one stream); None where nothing repeats so (such a run is
+    mined as a whole, as before).
+
+    The unit's length is a distance from the rarest op of the run's first third (of those that
+    occur :data:`MIN_SUPPORT` times at least: a layer's ops recur in every layer, a model's first or
+    last op once a call) to a later occurrence of it at which the run matches itself shifted by that
+    much, but for at most ``1 - REPEAT_MATCH`` of it. A multiple of the unit matches as well, and a
+    call that took another path (one other op) costs every shift one or two mismatches: the
+    shortest shift with at most twice the fewest mismatches (plus two) is the unit. A layer
+    repeated inside a call is not: each call's other ops mismatch at the layer's length. The unit
+    must repeat :data:`MIN_SUPPORT` times and hold :data:`MIN_LEN` ops (one op per call looks like
+    one long run of it). The run is cut into units from its first op, which starts a call where the
+    profile began between calls."""
+    n = len(names)
+    if n < MIN_LEN * MIN_SUPPORT or _fits(np.count_nonzero(names[:-1] != names[1:]), n, 1):
+        return None
+    longest = n // MIN_SUPPORT
+    counts = np.bincount(names)
+    seen = counts[names[:longest]]
+    anchor = int(np.argmin(np.where(seen >= MIN_SUPPORT, seen, n + 1)))   # once a call, in each
+    later = np.nonzero(names[anchor + MIN_LEN:anchor + longest + 1] == names[anchor])[0] + MIN_LEN
+    later = later[:max(64, _PERIOD_WORK // n)]
+    misses = {p: int(np.count_nonzero(names[:n - p] != names[p:])) for p in later.tolist()}
+    fits = {p: m for p, m in misses.items() if _fits(m, n, p)}
+    if not fits:
+        return None
+    fewest = min(fits.values())
+    return min(p for p, m in fits.items() if m <= 2 * fewest + 2)
+
+
+def _fits(misses: int, n: int, shift: int) -> bool:
+    """Whether a run of ``n`` names matches itself shifted by ``shift`` but for ``misses`` of them."""
+    return misses <= (1.0 - REPEAT_MATCH) * (n - shift)
 
 
 def _mine(prep: Prepared, rows: np.ndarray, inst: np.ndarray, nbytes: np.ndarray,
