@@ -6,6 +6,7 @@ AOTInductor candidate of such a region was ever built."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import textwrap
@@ -164,3 +165,36 @@ def test_an_aoti_region_returning_numbers_beside_tensors_returns_them_as_numbers
             torch.testing.assert_close(out["scores"], ref["scores"], rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(out["pooled"][0], ref["pooled"][0], rtol=1e-4, atol=1e-5)
     assert loaded.fallback_calls == 0 and loaded.cuvil_load_report.skipped == []
+
+
+@dataclasses.dataclass
+class Boxed:
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class BoxedHead(torch.nn.Module):
+    """Returns a plain ``@dataclass`` holding its tensors, which torch's pytree does not open."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return Boxed(y, torch.relu(y))
+
+
+@pytest.mark.usefixtures("build_env")
+def test_an_aoti_region_never_returns_the_examples_tensors_in_a_dataclass():
+    """A package of the output tensors put a dataclass back as the example call's object: the build
+    returned the example's logits for every input. Such a region gets no AOTInductor candidate, and
+    the reason names the class and the fix."""
+    torch.manual_seed(0)
+    model, inputs = BoxedHead().eval(), (torch.randn(2, 12),)
+    build = recompile(model, inputs, backends=("aoti",), records=False, deployed_race=False, rounds=3)
+    other = torch.randn(2, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(build.module(other).logits, model(other).logits)
+    reasons = [a.get("reason") or "" for r in build.plan.regions for a in r.alternatives if a["config"].startswith("aoti")]
+    assert reasons and all("Boxed holding tensors" in why and "register_dataclass" in why for why in reasons), reasons

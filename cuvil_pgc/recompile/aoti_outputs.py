@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from cuvil_pgc.recompile.output_values import check_constant_outputs
 from cuvil_pgc.recompile.realized import FastAOTI
 from cuvil_pgc.recompile.runtime_region import OutputTemplate, RuntimeRunner
 
@@ -40,16 +41,23 @@ class TensorOutputs(nn.Module):
         return tuple(t for t in pytree.tree_leaves(self.inner(*args, **kwargs)) if isinstance(t, torch.Tensor))
 
 
-def aoti_output_template(prepared: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OutputTemplate | None:
+def aoti_output_template(prepared: nn.Module, inputs: Any) -> OutputTemplate | None:
     """None where an AOTInductor package returns the region's output as it is; else its
     structure, for a package of the region's output tensors (:class:`TensorOutputs`): where the
     call spec cannot record the structure, and where the output holds values other than tensors
     (a package returns ``{"n": 3}``'s 3 as a tensor, which the accuracy guard refused, so no
-    AOTInductor candidate of such a region was built)."""
+    AOTInductor candidate of such a region was built). ``inputs`` are the region's
+    :class:`~.apply.ScopeInputs`.
+
+    Such values are put back as the example call's: an output that changes with the input values
+    (a number computed from them, a dataclass holding tensors that the pytree does not open) raises
+    :class:`~.realized.ExportError`, see :func:`~.output_values.check_constant_outputs` (a
+    dataclass output's package returned the example's tensors for every input)."""
     with torch.no_grad():
-        out = prepared(*args, **kwargs)
+        out = prepared(*inputs.args, **inputs.kwargs)
     leaves, spec = pytree.tree_flatten(out)
     if any(type(leaf) is not torch.Tensor for leaf in leaves):
+        check_constant_outputs(prepared, inputs, out, "torch.export")
         return OutputTemplate.of(out)
     try:
         pytree.treespec_dumps(spec)

@@ -166,7 +166,7 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     if cand.backend in RUNTIME_BACKENDS:
         return _realize_runtime(module, prepared, applied, cand, inputs, device, machine, weights)
     if cand.backend == "aoti":
-        template = aoti_output_template(prepared, inputs.args, inputs.kwargs)
+        template = aoti_output_template(prepared, inputs)
         path = str(_aoti_path(module, cand, inputs, machine, weights, tensor_outputs=template is not None))
         if os.path.exists(path):
             touch(path)                       # least recently used goes first (cuvil_pgc._cache)

@@ -158,7 +158,7 @@ def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tupl
     from cuvil_pgc.recompile.aoti_outputs import TENSOR_OUTPUTS_KEY, TensorOutputs, aoti_output_template
     from cuvil_pgc.recompile.apply import export_program, package_aoti, program_key
 
-    template = aoti_output_template(prepared, inputs.args, {})   # as the region's own package
+    template = aoti_output_template(prepared, inputs)   # as the region's own package
     with torch.no_grad():
         exported = export_program(prepared if template is None else TensorOutputs(prepared), inputs, free_sizes=True)
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}

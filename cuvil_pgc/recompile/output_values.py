@@ -1,6 +1,7 @@
-"""The Python values in a region's output, which a runtime graph cannot compute.
+"""The Python values in a region's output, which an exported graph cannot compute.
 
-An ONNX, OpenVINO or TensorRT graph returns tensors only. The runner puts every other leaf of the
+An ONNX, OpenVINO or TensorRT graph returns tensors only, as does an AOTInductor package of a
+region's output tensors (:mod:`.aoti_outputs`). The runner puts every other leaf of the
 original output back as a constant: the value the example call returned (see
 :class:`~.runtime_region.OutputTemplate`). That is right for what the export fixes anyway (None,
 a shape, a flag from the module's configuration) and wrong for a value computed from the inputs'
@@ -9,7 +10,7 @@ example's tensors): the build would return the example's value for every input.
 
 :func:`check_constant_outputs` tells the two apart by calling the region again with other values
 of the same shapes and dtypes. A value that changes, or a call that cannot run, rejects the
-region's runtime builds with an :class:`~.realized.ExportError` naming the output.
+region's runtime (and such AOTInductor) builds with an :class:`~.realized.ExportError` naming the output.
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ def check_constant_outputs(prepared: nn.Module, inputs: Any, reference: Any, exp
             other = prepared(*other_values(inputs.args), **other_values(inputs.kwargs))
     except Exception as exc:
         raise ExportError(f"{exporter} failed: the region returns Python values besides tensors "
-                          f"({_name(values[0][0])}: {type(values[0][1]).__name__}), which a runtime graph "
+                          f"({_name(values[0][0])}: {type(values[0][1]).__name__}), which an exported graph "
                           f"cannot compute, and they could not be checked with other input values "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
     for path, value in values:
         if holds_tensors(value):
             raise ExportError(f"{exporter} failed: {_name(path)} is a {type(value).__name__} holding tensors, which "
-                              "torch's pytree does not open, so a runtime graph cannot return them in it (register "
+                              "torch's pytree does not open, so an exported graph cannot return them in it (register "
                               "the class with torch.utils._pytree.register_dataclass, or return a tuple or dict; for a "
                               "Hugging Face decoder's cache: use_cache=False)")
     found = dict(pytree.tree_flatten_with_path(other, is_leaf=is_size)[0])
@@ -50,7 +51,7 @@ def check_constant_outputs(prepared: nn.Module, inputs: Any, reference: Any, exp
         if path not in found or not same_value(found[path], value):
             seen = f"{_short(value)}, then {_short(found[path])}" if path in found else "then missing"
             raise ExportError(f"{exporter} failed: {_name(path)} is a {type(value).__name__} that changes with the "
-                              f"input values ({seen}); a runtime graph returns tensors only and would return the "
+                              f"input values ({seen}); an exported graph returns tensors only and would return the "
                               "example's (return it as a tensor, or leave it out: use_cache=False for a Hugging "
                               "Face decoder)")
 
