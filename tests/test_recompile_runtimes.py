@@ -165,6 +165,22 @@ def test_openvino_copies_small_inputs_into_its_buffers_and_shares_large_ones_eve
         torch.testing.assert_close(runner.run([ids, image])[0], model(ids, image), rtol=1e-4, atol=1e-4)
 
 
+@needs_ov
+def test_an_openvino_region_of_a_bf16_model_takes_and_returns_bf16():
+    """A model cast to bf16 whole (``model.to(torch.bfloat16)``): NumPy holds bf16 as raw 16-bit
+    words, and OpenVINO refused them as u16 for its bf16 input, so no OpenVINO candidate built."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)).to(torch.bfloat16).eval()
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    region = realize(model, Candidate("", "openvino"), ScopeInputs((x,)), machine="t").module
+    with torch.no_grad():
+        for other in (x, torch.randn(4, 32, dtype=torch.bfloat16)):
+            out = region(other)
+            assert out.dtype == torch.bfloat16
+            torch.testing.assert_close(out.float(), model(other).float(), rtol=2e-2, atol=2e-2)
+    assert region.fallback_calls == 0
+
+
 def counted_region(backend: str):
     """(model, its captured input, its whole-model region on ``backend``, the list each call of
     the region's ``forward`` (the checked path) appends to)."""
