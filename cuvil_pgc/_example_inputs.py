@@ -41,6 +41,13 @@ def inputs_hint(given: Any, model: Any = None) -> str:
                 "positional inputs (tuple(inputs))")
     if isinstance(given, Mapping):
         params = _parameters(model) if model is not None else None
+        keyword_only = [k for k in given if k in _keyword_only(model)] if model is not None else []
+        if keyword_only:
+            names = ", ".join(keyword_only[:4])
+            return (f"{', '.join(map(repr, keyword_only[:4]))} {'is a keyword-only parameter' if len(keyword_only) == 1 else 'are keyword-only parameters'} "
+                    f"of the forward (after a *), and a build is made for the inputs a call passes by position: wrap "
+                    f"the model in a module whose forward takes them by position (def forward(self, {names}): "
+                    f"return self.model({', '.join(f'{k}={k}' for k in keyword_only[:4])}))")
         others = [repr(k) for k in given if params is not None and k not in params]
         which = f" ({', '.join(others[:4])} not among them)" if others else ""
         return (f"example_inputs is a {type(given).__name__} whose keys are not all parameters of the forward{which}, "
@@ -67,6 +74,15 @@ def forward_parameters(model: Any) -> list[tuple[str, Any]] | None:
             break
         out.append((p.name, p.default))
     return out
+
+
+def _keyword_only(model: Any) -> set[str]:
+    """The names of ``model.forward``'s keyword-only parameters (after a ``*``)."""
+    try:
+        params = inspect.signature(getattr(model, "forward", model)).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 def _parameters(model: Any) -> dict[str, Any] | None:

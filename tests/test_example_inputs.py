@@ -89,3 +89,21 @@ def test_recompile_reports_the_model_raising_on_a_list_of_inputs_with_the_fix():
     with pytest.raises(RecompileError, match="the model raised on its example inputs") as err:
         recompile(nn.Linear(3, 1), [torch.randn(2, 3)], records=False, deployed_race=False, calibrate=False)
     assert "tuple(inputs)" in str(err.value)
+
+
+class KeywordOnly(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+
+    def forward(self, *, x):
+        return self.fc(x)
+
+
+def test_a_mapping_of_keyword_only_parameters_is_refused_with_a_wrapper_not_as_unknown_keys():
+    """The hint used to say 'x' was not among the forward's parameters."""
+    with pytest.raises(RecompileError) as err:
+        recompile(KeywordOnly(), {"x": torch.randn(2, 3)}, records=False, deployed_race=False, calibrate=False)
+    message = str(err.value)
+    assert "'x' is a keyword-only parameter of the forward" in message and "return self.model(x=x)" in message
+    assert "not among them" not in message
