@@ -24,14 +24,20 @@ def _calls(path: str, names: list[str], calls: int, nbytes: float | None = 3e6) 
 
 
 def test_repeated_block_is_one_candidate_with_savings():
-    a = analyze(build_trace(_calls("block", BLOCK, calls=10)), machine=CPU)
+    a = analyze(build_trace(_calls("block", BLOCK, calls=10, nbytes=3e4)), machine=CPU)
     cands = [c for c in a.fusion_candidates if c.region == "block"]
     assert [c.ops for c in cands] == [BLOCK]          # sub-sequences dropped: contained in the block
     c = cands[0]
     assert c.occurrences == 10
     assert c.total_us == pytest.approx(10 * 4 * 10.0)
-    assert c.bytes_saved == pytest.approx(10 * 3 * 2 * 3e6 / 3)
+    assert c.bytes_saved == pytest.approx(10 * 3 * 2 * 3e4 / 3)
     assert c.est_saving_us == pytest.approx(10 * 3 * 3.0 + c.bytes_saved / 10e9 * 1e6)
+
+
+def test_a_saving_is_never_more_than_the_time_of_the_ops():
+    # 3 MB an op in 10 µs at 10 GB/s: the bytes alone would "save" 6 ms of 0.4 ms
+    (c,) = analyze(build_trace(_calls("block", BLOCK, calls=10)), machine=CPU).fusion_candidates
+    assert c.bytes_saved == pytest.approx(10 * 3 * 2 * 3e6 / 3) and c.est_saving_us == pytest.approx(c.total_us)
 
 
 def test_sequences_never_span_two_region_calls():
@@ -98,6 +104,21 @@ def test_kernels_of_a_regions_calls_do_not_span_two_calls():
     kernel_seqs = [c.ops for c in analyze(build_trace(evs), machine=gpu).fusion_candidates
                    if c.ops[0] in names]
     assert kernel_seqs == [names]
+
+
+def test_ops_that_launch_kernels_count_no_host_bytes():
+    """Their tensors live on the device: the bytes of a fusion go with the kernel sequences, at the
+    device's bandwidth, not with the ops at the host's."""
+    evs, t = [], 0.0
+    for _ in range(6):
+        evs.append(region("step", t, 80.0))
+        evs += op_chain(BLOCK, t + 1, 10.0, 2.0, bytes=3e6)
+        evs += [kernel(f"k_{n}", t + 3 + 12 * i, 9.0, region="step") for i, n in enumerate(BLOCK)]
+        t += 100.0
+    gpu = MachineModel(device="cuda", name="test gpu", fingerprint="g", peak_flops={"fp32": 1e13}, mem_bw=1e12,
+                       dispatch_overhead_s=3e-6, launch_latency_s=4e-6)
+    ops = [c for c in analyze(build_trace(evs), machine=gpu).fusion_candidates if c.ops == BLOCK]
+    assert len(ops) == 1 and ops[0].bytes_saved == 0.0
 
 
 def _codes(names: list[str]) -> np.ndarray:

@@ -102,6 +102,22 @@ def test_sdpa_and_variants():
     assert estimate_cost("aten::_flash_attention_forward", [bshd] * 3, [F4] * 3).flops == expected
 
 
+def test_the_formulas_are_torch_flop_counter_s():
+    """Written out so the analyzer estimates a torch.profiler trace's ops without importing torch;
+    they must stay torch.utils.flop_counter's."""
+    from torch.utils import flop_counter
+
+    for a, b in (([3, 5], [5, 7]), ([1, 512], [512, 10])):
+        assert _opcost._mm_flop(a, b) == flop_counter.mm_flop(a, b)
+    assert _opcost._bmm_flop([4, 3, 5], [4, 5, 7]) == flop_counter.bmm_flop([4, 3, 5], [4, 5, 7])
+    for x, w, out, transposed in (([2, 3, 32, 32], [16, 3, 3, 3], [2, 16, 30, 30], False),
+                                  ([1, 8, 10], [8, 4, 5], [1, 4, 14], True)):
+        assert _opcost._conv_flop(x, w, out, transposed) == flop_counter.conv_flop_count(x, w, out, transposed)
+    for q, kv in (([2, 4, 8, 16], [2, 4, 12, 16]), ([1, 8, 5, 32], [1, 2, 5, 32])):     # GQA too
+        assert _opcost._sdpa_flop(q, kv, kv) == flop_counter.sdpa_flop_count(q, kv, kv)
+    assert estimate_cost("aten::mm", [[3, 5], [6, 7]], [F4] * 2).flops is None     # mismatched: unknown
+
+
 def test_pooling_elementwise_views_and_unknowns():
     pool = estimate_cost("aten::max_pool2d", [[1, 2, 9, 9], [], [], [], [], []], [F4] + ["ScalarList"] * 4 + ["Scalar"],
                          [None, [2, 2], [2, 2], [0, 0], [1, 1], True])

@@ -25,6 +25,7 @@ import numpy as np
 from cuvil_pgc.analyze._roofs import Roofs
 from cuvil_pgc.analyze.analysis import OUTSIDE
 from cuvil_pgc.analyze.intervals import grouped_union_length
+from cuvil_pgc.analyze.op_estimates import estimate_missing
 from cuvil_pgc.trace.attribution import RegionIndex
 from cuvil_pgc.trace.columns import Trace
 from cuvil_pgc.trace.schema import Kind
@@ -107,15 +108,16 @@ def prepare(trace: Trace, roofs: Roofs, pattern: str | None = None) -> Prepared:
     index = RegionIndex(lane[region_rows], r_ts, r_ts + r_dur) if len(region_rows) else None
     parent, depth = _region_nesting(index, len(region_rows))
     top, ancestor = top_level(lane[op_all], ev["ts"][op_all], ev["dur"][op_all])
-    flops = _own_or_nested(ev["flops"][op_all], top, ancestor)
-    nbytes = _own_or_nested(ev["bytes"][op_all], top, ancestor)
+    flops = _own_or_nested(ev["flops"][op_all], top, ancestor)[top]
+    nbytes = _own_or_nested(ev["bytes"][op_all], top, ancestor)[top]
     top_rows = op_all[top]
+    estimate_missing(trace, top_rows, flops, nbytes)      # a Kineto trace's ops, from their shapes
     kept = keep[top_rows]
     op_rows = top_rows[kept]
     prep = Prepared(trace=trace, roofs=roofs, lane=lane, weight=weights[src], paths=paths, path_pos=path_pos,
                     region_rows=region_rows, region_parent=parent, region_depth=depth, op_rows=op_rows,
                     op_instance=_instances(index, lane, ev, op_rows),
-                    op_flops=flops[top][kept], op_bytes=nbytes[top][kept],
+                    op_flops=flops[kept], op_bytes=nbytes[kept],
                     gpu_rows=np.nonzero(np.isin(kind, _GPU_KINDS) & keep)[0],
                     duration_us=trace.duration_us)
     every = np.nonzero(kind == Kind.REGION)[0]

@@ -15,7 +15,10 @@ For each candidate: ``total_us`` = the weighted time of all its ops over all occ
 occurrence ``sum over the k-1 inner boundaries of 2 * min(bytes_j, bytes_j+1) / 3`` (an op's bytes
 count its inputs and output; for the common elementwise op, two inputs and one output of equal
 size, the intermediate is a third of its traffic) — an estimate, 0 when bytes are unknown;
-``est_saving_us`` = occurrences * (k-1) * per-op dispatch (or launch) cost + bytes_saved / bandwidth.
+``est_saving_us`` = occurrences * (k-1) * per-op dispatch (or launch) cost + bytes_saved / bandwidth,
+at most ``total_us`` (a fused kernel takes no less than no time). Ops that launch GPU kernels (a
+region with kernels) count no bytes: their tensors live on the device, where the kernel sequences
+count them.
 """
 
 from __future__ import annotations
@@ -48,11 +51,14 @@ def mine_fusion(prep: Prepared, analysis: Analysis) -> None:
         return
     ev = prep.trace.events
     cands: list[FusionCandidate] = []
-    ops = prep.op_rows[np.isin(prep.path_pos[prep.op_rows], hot)]
-    inst = prep.op_instance[np.isin(prep.path_pos[prep.op_rows], hot)]
-    cands += _mine(prep, ops, inst, prep.op_bytes[np.isin(prep.path_pos[prep.op_rows], hot)],
-                   prep.roofs.dispatch_us, prep.roofs.mem_bw)
     g = prep.gpu_rows[(ev["kind"][prep.gpu_rows] == Kind.KERNEL) & np.isin(prep.path_pos[prep.gpu_rows], hot)]
+    in_hot = np.isin(prep.path_pos[prep.op_rows], hot)
+    ops, inst = prep.op_rows[in_hot], prep.op_instance[in_hot]
+    # where a region's ops launch kernels, their tensors live on the device: the kernel sequences
+    # carry the bytes a fusion saves there, and the ops only their dispatch
+    on_device = np.isin(prep.path_pos[ops], prep.path_pos[g])
+    cands += _mine(prep, ops, inst, np.where(on_device, 0.0, prep.op_bytes[in_hot]),
+                   prep.roofs.dispatch_us, prep.roofs.mem_bw)
     cands += _mine(prep, g, np.full(len(g), -1), ev["bytes"][g], prep.roofs.launch_us,
                    prep.roofs.gpu_mem_bw or prep.roofs.mem_bw)
     cands.sort(key=lambda c: (-c.est_saving_us, -c.total_us, c.region, c.ops))
@@ -139,7 +145,7 @@ def _mine(prep: Prepared, rows: np.ndarray, inst: np.ndarray, nbytes: np.ndarray
             found[key] = FusionCandidate(
                 region=prep.paths[key[0]], ops=[prep.trace.strings[x] for x in key[1:]], occurrences=occ,
                 total_us=t_us, bytes_saved=b,
-                est_saving_us=float(occ * (k - 1) * per_op_us + (b / bw * 1e6 if bw > 0 else 0.0)))
+                est_saving_us=min(float(occ * (k - 1) * per_op_us + (b / bw * 1e6 if bw > 0 else 0.0)), t_us))
     return _closed(found)
 
 

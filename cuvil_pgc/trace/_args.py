@@ -248,6 +248,17 @@ class ArgsMap(MutableMapping):
         out = [data[r] if r in data else values[codes[r]] for r in rows.tolist()]
         return rows, out
 
+    def shared_codes(self, rows: np.ndarray) -> np.ndarray:
+        """Per row, the code of the stored value it shares with other rows (a loop's operators
+        with the same shapes share one), -1 where it has none or an entry of its own: rows with
+        the same code have the same args, so what is derived from them is derived once."""
+        if self._codes is None:
+            return np.full(len(rows), -1, dtype=np.int64)
+        codes = self._codes[rows].astype(np.int64)
+        if self._data:
+            codes[np.isin(rows, np.fromiter(self._data.keys(), dtype=np.int64, count=len(self._data)))] = -1
+        return codes
+
     def materialize(self) -> ArgsMap:
         """Convert every entry to a dict now (releases the file bytes raw args point into)."""
         rows, values = self.raw_items()

@@ -211,15 +211,42 @@ def _broadcast(a: Shape, b: Shape) -> Shape:
 
 
 # --- matmul family -------------------------------------------------------------------------------
-def _flop_counter():
-    from torch.utils import flop_counter
+def _mm_flop(a: Shape, b: Shape) -> int:
+    """torch.utils.flop_counter.mm_flop: 2·m·k·n (written out here: the analyzer estimates the ops
+    of torch.profiler traces without importing torch, 3 s on 2 cores)."""
+    (m, k), (k2, n) = a, b
+    if k != k2:
+        raise ValueError(f"matmul: inner dimensions {k} and {k2}")
+    return m * n * 2 * k
 
-    return flop_counter
+
+def _bmm_flop(a: Shape, b: Shape) -> int:
+    """torch.utils.flop_counter.bmm_flop: 2·b·m·k·n."""
+    (batch, m, k), (batch2, k2, n) = a, b
+    if batch != batch2 or k != k2:
+        raise ValueError(f"bmm: shapes {a} and {b}")
+    return batch * m * n * 2 * k
+
+
+def _conv_flop(x: Shape, w: Shape, out: Shape, transposed: bool) -> int:
+    """torch.utils.flop_counter.conv_flop_count: 2 · batch · output points (input points when
+    transposed) · filter size · c_out · c_in; bias not counted."""
+    c_out, c_in, *filter_size = w
+    return math.prod((x if transposed else out)[2:]) * math.prod(filter_size) * x[0] * c_out * c_in * 2
+
+
+def _sdpa_flop(q: Shape, k: Shape, v: Shape) -> int:
+    """torch.utils.flop_counter.sdpa_flop_count: scores and output as two bmms (grouped-query
+    attention broadcasts the key/value heads to the query's)."""
+    (b, h_q, s_q, d_q), (b2, h_kv, s_k, d_k), (b3, h_v, s_v, d_v) = q, k, v
+    if not (b == b2 == b3 and h_kv == h_v and d_q == d_k and s_k == s_v) or h_q < h_kv or h_q % h_kv:
+        raise ValueError(f"sdpa: shapes {q}, {k}, {v}")
+    return _bmm_flop([b * h_q, s_q, d_q], [b * h_q, d_q, s_k]) + _bmm_flop([b * h_q, s_q, s_k], [b * h_q, s_k, d_v])
 
 
 def _mm(shapes: list[Shape], _c: Any) -> tuple[Shape, int]:
     a, b = shapes[0], shapes[1]
-    return [a[0], b[1]], int(_flop_counter().mm_flop(a, b))
+    return [a[0], b[1]], _mm_flop(a, b)
 
 
 def _addmm(shapes: list[Shape], _c: Any) -> tuple[Shape, int]:
@@ -228,7 +255,7 @@ def _addmm(shapes: list[Shape], _c: Any) -> tuple[Shape, int]:
 
 def _bmm(shapes: list[Shape], _c: Any) -> tuple[Shape, int]:
     a, b = shapes[0], shapes[1]
-    return [a[0], a[1], b[2]], int(_flop_counter().bmm_flop(a, b))
+    return [a[0], a[1], b[2]], _bmm_flop(a, b)
 
 
 def _baddbmm(shapes: list[Shape], _c: Any) -> tuple[Shape, int]:
@@ -242,14 +269,13 @@ def _matmul(shapes: list[Shape], _c: Any) -> tuple[Shape, int]:
     n = 1 if len(b) == 1 else b[-1]
     batch = _broadcast(a[:-2], b[:-2]) if len(a) > 2 or len(b) > 2 else []
     out = batch + ([m] if len(a) > 1 else []) + ([n] if len(b) > 1 else [])
-    flops = _flop_counter().bmm_flop([math.prod(batch), m, k], [math.prod(batch), k, n])
-    return out, int(flops)
+    return out, _bmm_flop([math.prod(batch), m, k], [math.prod(batch), k, n])
 
 
 def _linear(shapes: list[Shape], _c: Any) -> tuple[Shape, int]:
     x, w = shapes[0], shapes[1]
     rows = math.prod(x[:-1])
-    return list(x[:-1]) + [w[0]], int(_flop_counter().mm_flop([rows, x[-1]], [w[1], w[0]]))
+    return list(x[:-1]) + [w[0]], _mm_flop([rows, x[-1]], [w[1], w[0]])
 
 
 # --- convolution and pooling --------------------------------------------------------------------
@@ -307,7 +333,7 @@ def _conv(op: str) -> Callable[[list[Shape], Any], tuple[Shape, int]]:
                           for i in range(n)]
         c_out = w[1] * g.groups if g.transposed else w[0]
         out = [x[0], c_out, *out_sp]
-        return out, int(_flop_counter().conv_flop_count(x, w, out, transposed=g.transposed))
+        return out, _conv_flop(x, w, out, g.transposed)
     return rule
 
 
@@ -348,7 +374,7 @@ def _sdpa(shapes: list[Shape], _c: Any) -> tuple[Shape, int]:
     q, k, v = shapes[0], shapes[1], shapes[2]
     # flop_counter takes (batch, heads, seq, dim); fold any extra leading dims into batch.
     q4, k4, v4 = (_as_bhsd(s) for s in (q, k, v))
-    return list(q[:-1]) + [v[-1]], int(_flop_counter().sdpa_flop_count(q4, k4, v4))
+    return list(q[:-1]) + [v[-1]], _sdpa_flop(q4, k4, v4)
 
 
 def _as_bhsd(shape: Shape) -> Shape:
