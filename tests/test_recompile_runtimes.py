@@ -297,6 +297,20 @@ def test_the_openvino_call_falls_back_to_the_public_infer_where_a_request_has_no
         assert infer is not request.infer and [a.tolist() for a in infer(request, {}, False, True).values()] == [[0, 2]]
 
 
+def test_an_openvino_conversion_failure_names_the_operators_it_could_not_convert():
+    """Its first line is only a header ('FrontEnd API failed with OpConversionFailure:'), which is
+    all a rejected candidate said (an nn.EmbeddingBag's ONNX graph)."""
+    from cuvil_pgc.recompile.runtime_build import _why
+
+    message = ("Check 'false' failed at src/frontends/common_translators/src/unconverted_ops_report.cpp:151:\n"
+               "FrontEnd API failed with OpConversionFailure:\nModel wasn't fully converted. Failed operations "
+               "detailed log:\n-- ReduceSum-18 with a message:\n[ONNX Frontend] Conversion failed for ReduceSum-18\n"
+               "Unsupported input type dynamic\n\nSummary:\n-- Conversion is failed for: ReduceSum-18, Slice-18\n")
+    assert _why(RuntimeError(message)) == "RuntimeError: Conversion is failed for: ReduceSum-18, Slice-18"
+    assert _why(RuntimeError("Exporting a ScriptModule is not supported\nmore")) == \
+        "RuntimeError: Exporting a ScriptModule is not supported"
+
+
 def test_export_error_names_its_exporter():
     assert ExportError("torch.onnx.export failed: boom").exporter == "torch.onnx.export"
     assert exporter_of_reason("ExportError: openvino.convert_model failed: x") == "openvino.convert_model"

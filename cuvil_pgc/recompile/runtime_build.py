@@ -167,10 +167,23 @@ def _why(exc: BaseException) -> str:
     root = exc
     while root.__cause__ is not None:
         root = root.__cause__
-    text = f"{type(exc).__name__}: {first_line(_ANSI.sub('', str(exc)))}"
+    text = f"{type(exc).__name__}: {_line(str(exc))}"
     if root is not exc:
-        text += f" (cause: {type(root).__name__}: {first_line(_ANSI.sub('', str(root)))})"
+        text += f" (cause: {type(root).__name__}: {_line(str(root))})"
     return text
+
+
+#: OpenVINO's summary of the operators it could not convert, after a log of each one's failure
+_UNCONVERTED = re.compile(r"^-- (Conversion is failed for: .+)$", re.M)
+
+
+def _line(message: str) -> str:
+    """The line of an exporter's message that says what failed: OpenVINO's summary of the
+    operators it could not convert where it wrote one (its first line is only a header,
+    ``FrontEnd API failed with OpConversionFailure:``), else the first line."""
+    message = _ANSI.sub("", message)
+    summary = _UNCONVERTED.search(message)
+    return first_line(summary.group(1) if summary else message)
 
 
 def convert_openvino(onnx_path: Path, xml: Path) -> None:
