@@ -16,7 +16,7 @@ occurrence ``sum over the k-1 inner boundaries of 2 * min(bytes_j, bytes_j+1) / 
 count its inputs and output; for the common elementwise op, two inputs and one output of equal
 size, the intermediate is a third of its traffic) — an estimate, 0 when bytes are unknown;
 ``est_saving_us`` = occurrences * (k-1) * per-op dispatch (or launch) cost + bytes_saved / bandwidth,
-at most ``total_us`` (a fused kernel takes no less than no time). Ops that launch GPU kernels (a
+at most ``total_us`` (fusing cannot save more time than the ops take). Ops that launch GPU kernels (a
 region with kernels) count no bytes: their tensors live on the device, where the kernel sequences
 count them.
 """
@@ -86,11 +86,11 @@ def _stream(prep: Prepared, rows: np.ndarray, inst: np.ndarray, nbytes: np.ndarr
     name_ids, names = np.unique(ev["name"][rows], return_inverse=True)
     names = names.reshape(-1).astype(np.int64)
     starts = np.concatenate(([0], np.nonzero(cut)[0] + 1, [len(rows)]))
-    for lo, hi in zip(starts[:-1], starts[1:], strict=True):
-        if inst[lo] < 0:          # outside region calls: no call boundary is known, find the repeats
-            period = repeat_period(names[lo:hi])
-            if period:
-                cut[lo + period - 1:hi - 1:period] = True
+    outside = np.nonzero(inst[starts[:-1]] < 0)[0]     # no region call marks a call's end: find the repeats
+    for lo, hi in zip(starts[outside].tolist(), starts[outside + 1].tolist(), strict=True):
+        period = repeat_period(names[lo:hi])
+        if period:
+            cut[lo + period - 1:hi - 1:period] = True
     w = prep.weight[rows]
     return _Stream(seg=np.cumsum(np.concatenate(([True], cut))), path=path, names=names, name_ids=name_ids,
                    dur=ev["dur"][rows] * w, nbytes=np.nan_to_num(nbytes) * w)

@@ -29,10 +29,10 @@ def estimate_missing(trace: Trace, rows: np.ndarray, flops: np.ndarray, nbytes: 
     names = trace.events["name"][rows[todo]].astype(np.int64)
     shared = codes >= 0
     if shared.any():
-        pairs = np.stack([names[shared], codes[shared]], axis=1)
-        distinct, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
-        costs = np.array([_cost(trace, int(rows[todo[np.nonzero(shared)[0][i]]])) for i in first.tolist()])
         fill = todo[shared]
+        pairs = np.stack([names[shared], codes[shared]], axis=1)
+        _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+        costs = np.array([_cost(trace, int(rows[fill[i]])) for i in first.tolist()])
         flops[fill], nbytes[fill] = costs[inverse.reshape(-1), 0], costs[inverse.reshape(-1), 1]
     for i in todo[~shared].tolist():
         flops[i], nbytes[i] = _cost(trace, int(rows[i]))

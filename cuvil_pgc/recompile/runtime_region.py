@@ -308,25 +308,43 @@ class OpenVinoRunner(RuntimeRunner):
         tensor, request, lock, infer = self._ov.Tensor, self.request, self._lock, _native_infer(self.request)
         buffers, copy = openvino_input_buffers(request, self.compiled), np.copyto
         bf16 = self._ov.Type.bf16
-        # bf16 travels as NumPy's raw 16-bit words: the input tensor is told its element type, and
-        # an output's words are viewed as bf16 again (OpenVINO refused u16 for a bf16 input)
         typed = [port.get_element_type() == bf16 for port in self.compiled.inputs]
         words = [i for i, port in enumerate(self.compiled.outputs) if port.get_element_type() == bf16]
+        if any(typed) or words:
+            return _bf16_call(self._ov, request, lock, infer, buffers, typed, words)
 
         def call(arrays: list[Any]) -> list[torch.Tensor]:
             with lock:
                 for i, (a, buffer) in enumerate(zip(arrays, buffers, strict=True)):
-                    if buffer is not None:
-                        copy(buffer, a)
-                    elif typed[i]:
-                        request.set_input_tensor(i, tensor(a, a.shape, bf16))
-                    else:
+                    if buffer is None:
                         request.set_input_tensor(i, tensor(a, shared_memory=True))
-                outputs = list(map(torch.from_numpy, infer(request, {}, False, True).values()))
-            for i in words:
-                outputs[i] = outputs[i].view(torch.bfloat16)
-            return outputs
+                    else:
+                        copy(buffer, a)
+                return list(map(torch.from_numpy, infer(request, {}, False, True).values()))
         return call
+
+
+def _bf16_call(ov: Any, request: Any, lock: Any, infer: Any, buffers: list[Any], typed: list[bool],
+               words: list[int]) -> Callable[[list[Any]], list[torch.Tensor]]:
+    """The OpenVINO array call of a model with bf16 inputs or outputs, which NumPy holds as raw
+    16-bit words: a bf16 input is handed over as a tensor told its element type (OpenVINO refused
+    the words as u16), a bf16 output's words are viewed as bf16 again."""
+    import numpy as np
+
+    tensor, bf16 = ov.Tensor, ov.Type.bf16
+
+    def call(arrays: list[Any]) -> list[torch.Tensor]:
+        with lock:
+            for i, (a, buffer) in enumerate(zip(arrays, buffers, strict=True)):
+                if buffer is not None:
+                    np.copyto(buffer, a)
+                else:
+                    request.set_input_tensor(i, tensor(a, a.shape, bf16) if typed[i] else tensor(a, shared_memory=True))
+            outputs = list(map(torch.from_numpy, infer(request, {}, False, True).values()))
+        for i in words:
+            outputs[i] = outputs[i].view(torch.bfloat16)
+        return outputs
+    return call
 
 
 #: inputs up to this size are copied into the infer request's own buffers rather than shared
