@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cuvil_pgc.instrument import ProfileRegion, Session, SessionConfig
-from cuvil_pgc.instrument.samplers import _opcost
-from cuvil_pgc.instrument.samplers._opcost import estimate_cost
+from cuvil_pgc.instrument.samplers import op_cost
+from cuvil_pgc.instrument.samplers.op_cost import estimate_cost
 from cuvil_pgc.instrument.samplers.torch_ops import TorchOpSampler, nesting_depths, read_ops
 from tests._regionlines import with_paths
 
@@ -108,13 +108,13 @@ def test_the_formulas_are_torch_flop_counter_s():
     from torch.utils import flop_counter
 
     for a, b in (([3, 5], [5, 7]), ([1, 512], [512, 10])):
-        assert _opcost._mm_flop(a, b) == flop_counter.mm_flop(a, b)
-    assert _opcost._bmm_flop([4, 3, 5], [4, 5, 7]) == flop_counter.bmm_flop([4, 3, 5], [4, 5, 7])
+        assert op_cost._mm_flop(a, b) == flop_counter.mm_flop(a, b)
+    assert op_cost._bmm_flop([4, 3, 5], [4, 5, 7]) == flop_counter.bmm_flop([4, 3, 5], [4, 5, 7])
     for x, w, out, transposed in (([2, 3, 32, 32], [16, 3, 3, 3], [2, 16, 30, 30], False),
                                   ([1, 8, 10], [8, 4, 5], [1, 4, 14], True)):
-        assert _opcost._conv_flop(x, w, out, transposed) == flop_counter.conv_flop_count(x, w, out, transposed)
+        assert op_cost._conv_flop(x, w, out, transposed) == flop_counter.conv_flop_count(x, w, out, transposed)
     for q, kv in (([2, 4, 8, 16], [2, 4, 12, 16]), ([1, 8, 5, 32], [1, 2, 5, 32])):     # GQA too
-        assert _opcost._sdpa_flop(q, kv, kv) == flop_counter.sdpa_flop_count(q, kv, kv)
+        assert op_cost._sdpa_flop(q, kv, kv) == flop_counter.sdpa_flop_count(q, kv, kv)
     assert estimate_cost("aten::mm", [[3, 5], [6, 7]], [F4] * 2).flops is None     # mismatched: unknown
 
 
@@ -143,7 +143,7 @@ _shape = st.lists(st.integers(min_value=-2, max_value=64), max_size=5)
 
 
 @settings(max_examples=150, deadline=None)
-@given(name=st.sampled_from(sorted(_opcost._RULES) + ["aten::add", "aten::sum", "aten::copy_", "x"]),
+@given(name=st.sampled_from(sorted(op_cost._RULES) + ["aten::add", "aten::sum", "aten::copy_", "x"]),
        shapes=st.lists(_shape, max_size=8),
        dtypes=st.lists(st.sampled_from([F4, "c10::Half", "Scalar", "TensorList", "", "weird"]), max_size=8),
        concrete=st.none() | st.lists(st.none() | st.integers(-3, 5) | st.lists(st.integers(-3, 5), max_size=3)

@@ -1,7 +1,7 @@
 """FLOP and byte estimates for the operators of traces recorded elsewhere.
 
 Our operator sampler writes each op's estimate into the trace (``flops``, ``bytes``; see
-:mod:`cuvil_pgc.instrument.samplers._opcost`). A torch.profiler (Kineto) trace recorded with
+:mod:`cuvil_pgc.instrument.samplers.op_cost`). A torch.profiler (Kineto) trace recorded with
 ``record_shapes=True`` carries the same shapes and dtypes (``Input Dims``, ``Input type``) but no
 estimate (only ``with_flops=True`` adds FLOPs, for matmuls and convolutions), so its regions had
 no work to weigh against the machine's roofs, and fusion candidates no intermediate bytes.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil_pgc.instrument.samplers._opcost import estimate_cost
+from cuvil_pgc.instrument.samplers.op_cost import estimate_cost
 from cuvil_pgc.trace.columns import Trace
 
 

@@ -11,7 +11,7 @@ Contract (sampler name ``torch_ops``, DESIGN.md "Trace file"):
 - ``stop`` disables the profiler and reads ``kineto_results.events()`` directly (no
   FunctionEvent / EventList building). Each ``cpu_op`` becomes an X event with
   ``args: {"region_id", "shapes", "dtypes", "flops", "bytes", "depth"}`` and ``bytes_partial: true``
-  when the output size could not be inferred (see ``_opcost``). Profiler bookkeeping is skipped:
+  when the output size could not be inferred (see ``op_cost``). Profiler bookkeeping is skipped:
   only Kineto activity type ``cpu_op`` is kept, so ``ProfilerStep#N``, ``record_function`` ranges
   (``user_annotation``), ``[memory]`` instants and Python-function events never appear as ops.
   Ops whose end was not recorded (still running on another thread at stop) are dropped and
@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 
 from cuvil_pgc._quiet import kineto_chatter
-from cuvil_pgc.instrument.samplers._opcost import CONCRETE_OPS, VIEW_OPS, estimate_cost
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
+from cuvil_pgc.instrument.samplers.op_cost import CONCRETE_OPS, VIEW_OPS, estimate_cost
 from cuvil_pgc.trace import schema
 
 log = logging.getLogger("cuvil_pgc")
