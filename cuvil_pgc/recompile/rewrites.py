@@ -25,6 +25,9 @@
   Past :data:`MAX_GEMM_DECONV_OUTPUT` outputs per sample the column buffer outgrows the saving (a
   64->32-channel 16x16->32x32 one: 0.63 vs 0.34 ms), and eager keeps the original forward everywhere:
   eager's own GEMM + col2im was slower at half of the shapes measured.
+- ``nn.TransformerEncoder`` built with ``enable_nested_tensor`` becomes
+  :class:`ZeroPaddedTransformerEncoder`: its exported program returns zeros at the padded
+  positions where eager's nested-tensor path does (else no build of it passes the guard).
 - Conv + BatchNorm folding (eval mode): a ``Conv{1,2,3}d`` whose only user is a ``BatchNorm``
   (found by tracing each parent with ``torch.fx``) gets the BN's scale and shift folded into its
   weight and bias, and the BN becomes ``nn.Identity``. Inductor freezing does this too; the
@@ -51,7 +54,7 @@ CELL_REWRITES = ("lstm_cell:", "gru_cell:")
 MAX_GEMM_DECONV_OUTPUT = 16384
 #: bump when a rewrite's generated program changes: cached AOTInductor packages of rewritten
 #: modules and the records of their measurements are keyed by it
-REWRITES_VERSION = 7
+REWRITES_VERSION = 8
 
 
 def cell_rewrite_applies(rnn: nn.Module, x: Any) -> bool:
@@ -277,6 +280,47 @@ def math_attention_applies(mha: nn.MultiheadAttention, query: Any, key: Any, val
                 0 if mha.batch_first else 1] * mha.num_heads))
 
 
+# ----------------------------------------------------------------------------- padded encoder
+
+class ZeroPaddedTransformerEncoder(nn.TransformerEncoder):
+    """``nn.TransformerEncoder`` returning zeros at the padded positions wherever eager does.
+
+    In inference with a key padding mask, eager runs the encoder on a nested tensor of the tokens
+    alone and pads its output with zeros. An exported program (torch.export, ONNX) traces the
+    dense path, which computes every position, so every runtime or AOTInductor build of such an
+    encoder failed the accuracy guard at the padded positions (a 2-layer encoder: 384 of 2048
+    values off by up to 3.3) and the model stayed eager. This subclass zeroes the padded positions
+    of the output where eager takes the nested path: :func:`nested_padding_applies`, and (in the
+    graph, as it depends on the mask's values) eager's check that each row's padding is at its
+    end. The other positions are the dense path's, which match the nested path's to rounding
+    (1e-6 on that encoder). Run eagerly it takes the nested path itself; the zeroing changes nothing.
+    """
+
+    def forward(self, src: torch.Tensor, mask: torch.Tensor | None = None,
+                src_key_padding_mask: torch.Tensor | None = None, is_causal: bool | None = None) -> torch.Tensor:
+        out = super().forward(src, mask, src_key_padding_mask, is_causal)
+        if not nested_padding_applies(self, src, mask, src_key_padding_mask):
+            return out
+        m = src_key_padding_mask
+        pad = m if m.dtype == torch.bool else m != 0
+        if getattr(self, "mask_check", True):       # eager pads with zeros only where padding ends each row
+            pad = pad & ~(pad[:, :-1] & ~pad[:, 1:]).any()
+        return out.masked_fill((pad if self.layers[0].self_attn.batch_first else pad.t()).unsqueeze(-1), 0.0)
+
+
+def nested_padding_applies(encoder: nn.TransformerEncoder, src: Any, mask: Any, src_key_padding_mask: Any) -> bool:
+    """Whether eager ``nn.TransformerEncoder`` runs this call on a nested tensor, as far as that
+    does not depend on the values (torch's own conditions: the fast path enabled, the encoder
+    built with ``enable_nested_tensor`` and in eval mode, a batched input with a key padding mask
+    and no attention mask, no autocast, and no weight needing grad while grad is on)."""
+    first = encoder.layers[0]
+    weights = (first.self_attn.in_proj_weight, first.linear1.weight, first.linear2.weight)
+    return (torch.backends.mha.get_fastpath_enabled() and getattr(encoder, "use_nested_tensor", False)
+            and not first.training and isinstance(src, torch.Tensor) and src.dim() == 3
+            and isinstance(src_key_padding_mask, torch.Tensor) and mask is None and not torch.is_autocast_enabled()
+            and not (torch.is_grad_enabled() and any(w is not None and w.requires_grad for w in weights)))
+
+
 # ----------------------------------------------------------------------------- transposed convolution
 
 class GemmConvTranspose1d(nn.ConvTranspose1d):
@@ -402,6 +446,8 @@ def rewrite_opportunities(module: nn.Module) -> list[str]:
             found.append(f"gru_cell:{name}")
         elif type(sub) is nn.MultiheadAttention:
             found.append(f"attention_math:{name}")
+        elif type(sub) is nn.TransformerEncoder and getattr(sub, "use_nested_tensor", False):
+            found.append(f"padded_encoder:{name}")
         elif gemm_deconv_rewritable(sub):
             found.append(f"deconv_gemm:{name}")
         found.extend(f"fold_conv_bn:{_join(name, c)}+{b}" for c, b in _conv_bn_pairs(sub))
@@ -423,6 +469,9 @@ def apply_rewrites(module: nn.Module, example_inputs: tuple[Any, ...] | None = N
             elif type(child) is nn.MultiheadAttention:
                 child.__class__ = MathMultiheadAttention
                 applied.append(f"attention_math:{_join(name, cname)}")
+            elif type(child) is nn.TransformerEncoder and getattr(child, "use_nested_tensor", False):
+                child.__class__ = ZeroPaddedTransformerEncoder
+                applied.append(f"padded_encoder:{_join(name, cname)}")
             elif gemm_deconv_rewritable(child):
                 child.__class__ = _GEMM_DECONVS[type(child)]
                 applied.append(f"deconv_gemm:{_join(name, cname)}")
@@ -437,6 +486,9 @@ def apply_rewrites(module: nn.Module, example_inputs: tuple[Any, ...] | None = N
     elif type(out) is nn.MultiheadAttention:
         out.__class__ = MathMultiheadAttention
         applied = ["attention_math:"]
+    elif type(out) is nn.TransformerEncoder and getattr(out, "use_nested_tensor", False):
+        out.__class__ = ZeroPaddedTransformerEncoder
+        applied = [*applied, "padded_encoder:"]
     elif gemm_deconv_rewritable(out):
         out.__class__ = _GEMM_DECONVS[type(out)]
         applied = ["deconv_gemm:"]
