@@ -256,8 +256,9 @@ def test_a_worker_that_cannot_rebuild_the_output_structure_returns_the_tensors_a
     unknown = {**spec["outputs"], "spec": spec["outputs"]["spec"].replace("null", '"no.such.Output"', 1)}
     with torch.no_grad():
         out = region({**spec, "outputs": unknown})(*inputs)
-        assert isinstance(out, tuple) and torch.equal(out[0], model(*inputs))
-        assert torch.equal(region(spec)(*inputs), model(*inputs))
+        assert isinstance(out, tuple) and len(out) == 1          # ONNX Runtime's GEMM rounds as it does,
+        torch.testing.assert_close(out[0], model(*inputs))       # not bit for bit as torch's
+        torch.testing.assert_close(region(spec)(*inputs), model(*inputs))
 
 
 class HfLike(nn.Module):
