@@ -57,6 +57,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--deployed-runs", type=int, default=1,
                    help="with --deployed: races per model, each with fresh worker processes; each contender's "
                         "figure is the median of its races' medians (one race spreads by about 3%% per model)")
+    p.add_argument("--sample-ms", type=float, default=None,
+                   help="with --deployed: the shortest timing sample (default process_race's 5 ms). Each sample "
+                        "starts in a worker woken from its pipe read, on caches the other workers left cold: "
+                        "short samples weigh that first call, as a service with sporadic requests sees it; "
+                        "long ones (50) time the steady state of a busy one")
     return p.parse_args()
 
 
@@ -247,6 +252,10 @@ def deployed_race(reference: str, build, artifacts: dict[str, str], args, workdi
     specs = {"eager": {**base, "kind": "eager"}, "compile": {**base, "kind": "compile"},
              **{k: {**base, "kind": k, "path": p} for k, p in artifacts.items()},
              "build": {**base, "kind": "build", "path": path, "pubkey": str(pub)}}
+    if args.sample_ms is not None:
+        from cuvil_pgc.recompile import process_race
+
+        process_race.MIN_SAMPLE_S = args.sample_ms / 1e3
     runs = [race_in_processes(specs, args.rounds) for _ in range(max(1, args.deployed_runs))]
     failed = {k: why for _, dead in runs for k, why in dead.items()}
     medians = {k: statistics.median(m[k] for m, _ in runs) for k in runs[0][0] if all(k in m for m, _ in runs)}
