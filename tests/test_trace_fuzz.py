@@ -202,3 +202,23 @@ def test_any_metadata_analyzes_and_renders_or_names_the_field(overrides: dict, s
         assert any(f"{prefix}.{field}" in str(exc) for field in overrides), str(exc)
         return
     _analyze_and_render(path)
+
+
+@pytest.mark.parametrize("field", ["ts", "dur", "counter"])
+def test_a_number_beyond_float_range_is_named_not_a_crash(tmp_path, field):
+    """JSON numbers may have any number of digits: an integer past float64's range made NumPy raise
+    OverflowError, which the reader reported as failing 'unexpectedly' (the fuzz test found one)."""
+    doc = json.loads((DATA / "kineto_gpu" / "gpu_two_regions.json").read_text())
+    event = next(e for e in doc["traceEvents"] if e.get("ph") == "X")
+    huge = 10**400
+    if field == "counter":
+        doc["traceEvents"].append({"ph": "C", "name": "mem", "pid": 1, "ts": event["ts"], "args": {"bytes": huge, "ok": 1}})
+    else:
+        event[field] = huge if field == "ts" else -huge
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(doc))
+    what = {"ts": r"event #\d+ .* has inf timestamp", "dur": r"event #\d+ .* has -inf duration",
+            "counter": r"Number out of range - at `\$\.traceEvents\[\d+\]\.args\.bytes`"}[field]
+    with pytest.raises(TraceError, match=what) as err:
+        load_trace(path)
+    assert "unexpectedly" not in str(err.value)

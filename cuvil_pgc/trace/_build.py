@@ -45,7 +45,7 @@ from cuvil_pgc.trace import _ours, _region_tree
 from cuvil_pgc.trace._clock import FileClock, kineto_us_clock, needs_exact
 from cuvil_pgc.trace._decode import Document, Event, KinetoDocument, KinetoEvent
 from cuvil_pgc.trace._side_events import FLOW_KINDS, add_names, counter_columns, id_column, link_flows
-from cuvil_pgc.trace.columns import StringTable
+from cuvil_pgc.trace.columns import StringTable, float_column
 from cuvil_pgc.trace.schema import CAT_PROFILER_RANGE, CAT_TO_KIND, MAX_TIME_US, Kind
 
 _EMPTY = msgspec.Raw(b"{}")
@@ -165,7 +165,7 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
 
 
 def _row_ts(xs: list[Any]) -> np.ndarray:
-    return np.array([e.ts for e in xs], dtype=np.float64)
+    return float_column([e.ts for e in xs])
 
 
 def _to_ns(events: list[Any], exact: list[int | None]) -> None:
@@ -245,7 +245,7 @@ def chunk_part(events: list[KinetoEvent], raw_events: Callable[[], list[Event]],
     xs = evs.xs
     cols, cats = _basic_columns(xs, "kineto", strings)
     ts_values = [e.ts for e in xs]
-    cols["ts"] = np.array(ts_values, dtype=np.float64)
+    cols["ts"] = float_column(ts_values)
     cols["dur"] = durations(xs, evs.skipped)
     big = not len(xs) or (bool(np.isfinite(cols["ts"]).all()) and float(cols["ts"].min()) > NS_FLOOR)
     exact = np.array([int(v) for v in ts_values], dtype=np.int64) if big else None
@@ -389,7 +389,7 @@ def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dic
 def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str, fmt: str) -> FileClock:
     """``ts`` / ``dur`` columns in µs; returns the clock that converted them (``_clock``)."""
     ts_values = [e.ts for e in xs]
-    ts = np.array(ts_values, dtype=np.float64)
+    ts = float_column(ts_values)
     dur = durations(xs, evs.skipped)
     clock = FileClock()
     if len(ts) and np.isfinite(ts).all() and float(ts.min()) > NS_FLOOR and float(ts.max()) < 2**63:
@@ -407,7 +407,7 @@ def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str
 
 def _counter_ts(counters: list[Any]) -> np.ndarray:
     """The finite ``ts`` of counter events (they may start before the first row)."""
-    ts = np.array([e.ts for e in counters if type(e.ts) in (int, float)], dtype=np.float64)
+    ts = float_column([e.ts for e in counters if type(e.ts) in (int, float)])
     return ts[np.isfinite(ts)]
 
 
@@ -423,7 +423,7 @@ NO_DURATION = "X without dur"
 def durations(xs: list[Event], skipped: dict[str, int]) -> np.ndarray:
     """The ``dur`` column: an X event without one lasts 0 µs (as Chrome's viewer draws it), counted
     in ``skipped[NO_DURATION]`` so the reader says how many."""
-    dur = np.array([e.dur for e in xs], dtype=np.float64)
+    dur = float_column([e.dur for e in xs])
     missing = np.isnan(dur)
     if missing.any():
         dur[missing] = 0.0

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cuvil_pgc.trace.columns import float_column
 from cuvil_pgc.trace.schema import MAX_TIME_US
 
 #: µs above which a float64 ``ts`` is off by more than 1e-6 µs (2**33 µs, 2.4 hours)
@@ -45,7 +46,7 @@ class FileClock:
         """``values`` (``ts`` as the file wrote them) in µs on this clock."""
         if self.origin_ns is not None:
             return (np.array([int(v) for v in values], dtype=np.int64) - self.origin_ns) / 1000.0
-        ts = np.array(values, dtype=np.float64)
+        ts = float_column(values)
         if self.shift_us:
             return np.round((ts - self.shift_us) * 1000.0) / 1000.0
         return ts

@@ -23,12 +23,26 @@ Conventions:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from cuvil_pgc.trace.schema import Kind
+
+#: the smallest integer a float64 cannot hold (JSON numbers may have any number of digits)
+FLOAT_OVERFLOW = 2**1024
+
+
+def float_column(values: Any) -> np.ndarray:
+    """``values`` (numbers as a file wrote them) as float64, an integer beyond float's range as an
+    infinity of its sign, for the reader's range checks to name; NumPy raises OverflowError on it."""
+    try:
+        return np.array(values, dtype=np.float64)
+    except OverflowError:
+        return np.array([(math.inf if v > 0 else -math.inf) if type(v) is int and abs(v) >= FLOAT_OVERFLOW else v
+                         for v in values], dtype=np.float64)
 
 EVENT_COLUMNS: dict[str, np.dtype] = {
     "kind": np.dtype(np.uint8),
