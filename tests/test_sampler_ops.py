@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from cuvil_pgc.instrument import ProfileRegion, Session, SessionConfig
 from cuvil_pgc.instrument.samplers import op_cost
+from cuvil_pgc.instrument.samplers._kineto_clock import MARK_PREFIX, OpClock, anchor
 from cuvil_pgc.instrument.samplers.op_cost import estimate_cost
 from cuvil_pgc.instrument.samplers.torch_ops import TorchOpSampler, nesting_depths, read_ops
 from tests._regionlines import with_paths
@@ -200,6 +201,65 @@ def test_ops_attributed_to_innermost_region_and_none_outside(tmp_path):
     assert [e["args"]["region"] for e in _ops(trace, "aten::exp")] == [None]
 
 
+def test_ops_keep_their_regions_when_the_wall_clock_pairing_is_off(tmp_path, monkeypatch):
+    # The session's (monotonic, wall) pair read 3 ms late, as a wall-clock step or a slewing NTP
+    # leaves it: ops placed through the wall clock would all land 3 ms off their regions.
+    from cuvil_pgc.instrument import clock as clock_mod
+    from cuvil_pgc.instrument import session as session_mod
+
+    real = clock_mod.SessionClock.now
+
+    def skewed():
+        pair = real()
+        return clock_mod.SessionClock(pair.start_mono_ns, pair.start_unix_ns + 3_000_000)
+
+    monkeypatch.setattr(session_mod.SessionClock, "now", staticmethod(skewed))
+    x = torch.randn(16, 16)
+
+    def body():
+        torch.exp(x)
+        with ProfileRegion("outer"):
+            torch.neg(x)
+            with ProfileRegion("inner"):
+                torch.sigmoid(x)
+
+    trace = _record(tmp_path, body)
+    status = trace["cuvil"]["samplers"]["torch_ops"]
+    assert status["clock"]["aligned_by"] == "clock marks"
+    assert abs(status["clock"]["wall_offset_us"] + 3000) < 500       # the marks measured the skew
+    assert [e["args"]["region"] for e in _ops(trace, "aten::exp")] == [None]
+    assert [e["args"]["region"] for e in _ops(trace, "aten::neg")] == ["outer"]
+    assert [e["args"]["region"] for e in _ops(trace, "aten::sigmoid")] == ["outer/inner"]
+    assert not [e for e in _ops(trace) if e["name"].startswith(MARK_PREFIX)]
+
+
+def test_clock_marks_bound_the_offset_and_ops_follow_its_drift():
+    marks = [("m0", 1000, 1400), ("m1", 2000, 2300), ("m2", 3000, 3900)]
+    # Kineto read each mark 5_000_000 ns after the monotonic clock: offset in [k - after, k - before]
+    recorded = {"m0": 5_001_200, "m1": 5_002_100, "m2": 5_003_100}
+    a = anchor(marks, recorded)
+    # brackets [4_999_800, 5_000_200], [4_999_800, 5_000_100], [4_999_200, 5_000_100] intersect
+    assert (a.offset_ns, a.error_ns, a.kineto_ns) == (4_999_950, 150, 5_002_100)
+    assert anchor(marks, {}) is None
+    # marks that contradict each other: the narrowest bracket decides
+    b = anchor([("a", 0, 10), ("b", 100, 2000)], {"a": 1_000_005, "b": 1_000_000})
+    assert abs(b.offset_ns - 1_000_000) <= 5
+
+    class Session:
+        start_mono_ns, start_unix_ns = 1_000, 1_790_000_000_000_000_000
+    start = [("s", 1_000, 1_000)]
+    stop = [("e", 1_001_000, 1_001_000)]
+    base = 1_790_000_000_000_010_000        # Kineto's Unix ns are beyond float64's exact range
+    # Kineto runs 20 µs fast over the 1 ms between the ends (a rate difference)
+    clock = OpClock.measured(Session, start, stop, {"s": base, "e": base + 1_020_000})
+    assert clock.status()["aligned_by"] == "clock marks" and clock.status()["drift_us"] == 20.0
+    us = clock.to_us(np.array([base, base + 510_000, base + 1_020_000, base + 5_000_000], dtype=np.int64))
+    np.testing.assert_allclose(us, [0.0, 500.0, 1000.0, 1000.0 + (5_000_000 - 1_020_000) / 1000.0], atol=1e-3)
+    fallback = OpClock.measured(Session, start, stop, {})
+    assert fallback.status()["aligned_by"] == "wall clock"
+    assert fallback.to_us(np.array([Session.start_unix_ns + 2_500], dtype=np.int64))[0] == 2.5
+
+
 def test_ops_on_other_threads_use_their_own_regions(tmp_path):
     x = torch.randn(8, 8)
     ready, go = threading.Event(), threading.Event()
@@ -374,9 +434,10 @@ def test_read_ops_keeps_cpu_ops_and_counts_unfinished_ones():
         _FakeKinetoEvent("[memory]", 5, 0, 7, activity="cpu_instant_event"),
         conv, mm,
         _FakeKinetoEvent("aten::add", 300, -1, 7),            # still running when the profiler stopped
+        _FakeKinetoEvent(MARK_PREFIX + "start0", 90, 1, 7),    # clock marks are no ops
     ]
     ops, incomplete = read_ops(events)
-    assert incomplete == 1
+    assert incomplete == 1 and ops.marks == {MARK_PREFIX + "start0": 90}
     assert ops.names == ["aten::conv2d", "aten::mm"]
     assert ops.tids == [7, 8] and ops.starts == [100, 200] and ops.ends == [150, 210]
     assert ops.concrete == [[None] * 3 + [[2, 2], [1, 1], [1, 1], 1], None]
@@ -386,7 +447,7 @@ def test_read_ops_keeps_cpu_ops_and_counts_unfinished_ones():
 def test_failure_while_converting_is_recorded_and_the_profiler_is_released(tmp_path, monkeypatch):
     from cuvil_pgc.instrument.samplers import torch_ops
 
-    def broken(ops, ctx):
+    def broken(*args):
         raise ValueError("conversion exploded")
 
     monkeypatch.setattr(torch_ops, "to_trace_events", broken)

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuvil_pgc.instrument.samplers._kineto_clock import OpClock
 from cuvil_pgc.instrument.samplers.base import SamplerContext
 
 CAT_PYTHON = "python_function"
 COUNTER_MEMORY = "memory_allocated"
 
 
-def extra_events(kineto_events: Any, ctx: SamplerContext) -> list[dict[str, Any]]:
-    """``python_function`` X events and ``memory_allocated`` counter events on the trace clock."""
-    t0 = ctx.clock.start_unix_ns
+def extra_events(kineto_events: Any, ctx: SamplerContext, clock: OpClock) -> list[dict[str, Any]]:
+    """``python_function`` X events and ``memory_allocated`` counter events on the trace clock
+    (``clock``: Kineto's times on it)."""
     out: list[dict[str, Any]] = []
     held: dict[int, int] = {}
     for ev in kineto_events:
@@ -29,11 +30,15 @@ def extra_events(kineto_events: Any, ctx: SamplerContext) -> list[dict[str, Any]
             return out
         if kind == CAT_PYTHON and ctx.config.with_stack:
             out.append({"ph": "X", "cat": CAT_PYTHON, "name": ev.name(), "pid": ctx.pid,
-                        "tid": ev.device_resource_id(), "ts": (ev.start_ns() - t0) / 1000.0,
+                        "tid": ev.device_resource_id(), "ts": _us(clock, ev.start_ns()),
                         "dur": max(ev.duration_ns(), 0) / 1000.0, "args": {}})
         elif ev.name() == "[memory]" and ctx.config.profile_memory:
             device = ev.device_index()
             held[device] = held.get(device, 0) + ev.nbytes()
             out.append({"ph": "C", "name": COUNTER_MEMORY, "pid": ctx.pid, "tid": 0,
-                        "ts": (ev.start_ns() - t0) / 1000.0, "args": {"bytes": held[device], "device": device}})
+                        "ts": _us(clock, ev.start_ns()), "args": {"bytes": held[device], "device": device}})
     return out
+
+
+def _us(clock: OpClock, unix_ns: int) -> float:
+    return float(clock.to_us([unix_ns])[0])

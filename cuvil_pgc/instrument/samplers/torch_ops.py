@@ -29,14 +29,11 @@ Contract (sampler name ``torch_ops``, DESIGN.md "Trace file"):
 
 Clock alignment. ``_KinetoEvent.start_ns()`` is Unix-epoch wall time in ns: Kineto stamps events
 with its approximate (TSC) clock and converts them with its own (approximate, wall) pairs. Regions
-are stamped with ``time.perf_counter_ns()`` (CLOCK_MONOTONIC). The session stores one
-(monotonic, wall) pair, ``SessionClock``, taken with the wall read bracketed by two monotonic
-reads; regions convert with ``mono_to_us`` and ops with ``unix_to_us``, so both land on the trace
-clock (µs since the session start). Measured here (torch 2.13 CPU), an op converted this way starts
-0.5 µs or more after a ``perf_counter_ns()`` read taken just before calling it, and ends before
-one taken just after: the residual error is well under the Python-level gap between entering a
-region and the first op in it. Wall-clock steps during a session (NTP jumps) would shift ops
-against regions; slews do not matter at these time scales.
+are stamped with ``time.perf_counter_ns()`` (CLOCK_MONOTONIC). Going from one to the other through
+the wall clock is off by a few µs or more on a loaded machine, so ``start`` and ``stop`` stamp
+clock marks into the profiler's stream, each between two monotonic reads, and ops are placed by
+the offset those marks measure (``_kineto_clock``; ``status["clock"]`` reports its error bound and
+drift). The marks are profiler ranges named ``cuvil_pgc::clock_mark#...``; they never appear as ops.
 
 Thread ids. ``start_thread_id()`` is a small per-profiler counter (1, 2, ...), not an OS id. For
 CPU ops ``device_resource_id()`` is Kineto's system thread id (``gettid()``), which equals
@@ -54,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from cuvil_pgc._quiet import kineto_chatter
+from cuvil_pgc.instrument.samplers._kineto_clock import MARK_PREFIX, OpClock, stamp_marks
 from cuvil_pgc.instrument.samplers.base import Sampler, SamplerContext
 from cuvil_pgc.instrument.samplers.op_cost import CONCRETE_OPS, VIEW_OPS, estimate_cost
 from cuvil_pgc.trace import schema
@@ -73,6 +71,7 @@ class TorchOpSampler(Sampler):
         super().__init__()
         self._ctx: SamplerContext | None = None
         self._profiler: Any = None
+        self._start_marks: list[tuple[str, int, int]] = []
 
     def unavailable(self) -> str | None:
         try:
@@ -90,6 +89,7 @@ class TorchOpSampler(Sampler):
     def start(self, ctx: SamplerContext) -> None:
         self._ctx = ctx
         self._profiler, notes = _start_profiler(ctx.config)
+        self._start_marks = stamp_marks("start")
         if notes:
             self.status["notes"] = notes
 
@@ -98,6 +98,7 @@ class TorchOpSampler(Sampler):
         ctx = self._ctx
         if profiler is None or ctx is None:
             return
+        stop_marks = stamp_marks("stop")
         t0 = time.perf_counter()
         with kineto_chatter():
             profiler.__exit__(None, None, None)
@@ -110,16 +111,17 @@ class TorchOpSampler(Sampler):
             kineto_events = profiler.kineto_results.events()
             ops, incomplete = read_ops(kineto_events, ctx.config.record_shapes)
             ctx.count_dropped(self.name, incomplete)
-            events = to_trace_events(ops, ctx)
+            clock = OpClock.measured(ctx.clock, self._start_marks, stop_marks, ops.marks)
+            events = to_trace_events(ops, ctx, clock)
             if ctx.config.with_stack or ctx.config.profile_memory:
                 from cuvil_pgc.instrument.samplers._torch_extras import extra_events
 
-                events += extra_events(kineto_events, ctx)
+                events += extra_events(kineto_events, ctx, clock)
         finally:
             if gc_was_enabled:
                 gc.enable()
         ctx.emit(events)
-        self.status.update(ops=len(events), threads=len(set(ops.tids)),
+        self.status.update(ops=len(events), threads=len(set(ops.tids)), clock=clock.status(),
                            disable_ms=round((t1 - t0) * 1e3, 3),
                            process_ms=round((time.perf_counter() - t1) * 1e3, 3))
 
@@ -154,9 +156,10 @@ def _experimental_config(notes: list[str], profile_memory: bool = False) -> Any:
 
 
 class OpColumns:
-    """Kept ops as parallel lists (one entry per op, in Kineto's order)."""
+    """Kept ops as parallel lists (one entry per op, in Kineto's order), and the Kineto start of
+    each clock mark by name (``_kineto_clock``)."""
 
-    __slots__ = ("names", "starts", "ends", "tids", "shapes", "dtypes", "concrete")
+    __slots__ = ("names", "starts", "ends", "tids", "shapes", "dtypes", "concrete", "marks")
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -166,6 +169,7 @@ class OpColumns:
         self.shapes: list[list[list[int]]] = []
         self.dtypes: list[list[str]] = []
         self.concrete: list[Any] = []
+        self.marks: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.names)
@@ -179,10 +183,13 @@ def read_ops(kineto_events: Any, with_shapes: bool = True) -> tuple[OpColumns, i
         if not _is_op(ev):
             continue
         start, dur = ev.start_ns(), ev.duration_ns()
+        name = ev.name()
+        if name.startswith(MARK_PREFIX):
+            ops.marks[name] = start
+            continue
         if dur < 0:
             incomplete += 1
             continue
-        name = ev.name()
         ops.names.append(name)
         ops.starts.append(start)
         ops.ends.append(start + dur)
@@ -227,14 +234,16 @@ def nesting_depths(tids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     return depth
 
 
-def to_trace_events(ops: OpColumns, ctx: SamplerContext) -> list[dict[str, Any]]:
-    """Chrome-trace X events on the trace clock, each with its region, shapes and cost estimate."""
+def to_trace_events(ops: OpColumns, ctx: SamplerContext, clock: OpClock | None = None) -> list[dict[str, Any]]:
+    """Chrome-trace X events on the trace clock (``clock``: Kineto's times on it; default through
+    the wall clock), each with its region, shapes and cost estimate."""
     if not len(ops):
         return []
+    clock = clock or OpClock(ctx.clock.start_mono_ns, ctx.clock.start_unix_ns)
     tids = np.asarray(ops.tids, dtype=np.int64)
     starts_ns = np.asarray(ops.starts, dtype=np.int64)
     ends_ns = np.asarray(ops.ends, dtype=np.int64)
-    ts = (starts_ns - ctx.clock.start_unix_ns) / 1000.0
+    ts = clock.to_us(starts_ns)
     dur = (ends_ns - starts_ns) / 1000.0
     depth = nesting_depths(tids, starts_ns, ends_ns)
     region_of = _region_ids(ctx, tids, ts)
