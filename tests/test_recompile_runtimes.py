@@ -311,6 +311,24 @@ def test_an_openvino_conversion_failure_names_the_operators_it_could_not_convert
         "RuntimeError: Exporting a ScriptModule is not supported"
 
 
+@pytest.mark.skipif(not runtimes.check("openvino").ok, reason="needs openvino")
+def test_a_failed_openvino_conversion_leaves_the_root_logger_as_it_was(tmp_path):
+    """openvino.convert_model sets the root logger to ERROR and puts it back only when it succeeds:
+    after a candidate it could not convert, every later warning of the process (the user's, and the
+    one saying why a pinned plan could not be built) went unseen."""
+    import logging
+
+    from cuvil_pgc.recompile.runtime_build import convert_openvino
+
+    (tmp_path / "m.onnx").write_bytes(b"not an onnx model")
+    root = logging.getLogger()
+    before = (root.level, list(root.filters), list(root.handlers))
+    with pytest.raises(Exception):
+        convert_openvino(tmp_path / "m.onnx", tmp_path / "m.xml")
+    assert (root.level, list(root.filters), list(root.handlers)) == before
+    assert logging.getLogger("cuvil_pgc.recompile.plan").isEnabledFor(logging.WARNING)
+
+
 def test_export_error_names_its_exporter():
     assert ExportError("torch.onnx.export failed: boom").exporter == "torch.onnx.export"
     assert exporter_of_reason("ExportError: openvino.convert_model failed: x") == "openvino.convert_model"

@@ -27,6 +27,7 @@ import io
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,12 +187,31 @@ def _line(message: str) -> str:
     return first_line(summary.group(1) if summary else message)
 
 
+@contextlib.contextmanager
+def root_logger_kept() -> Iterator[None]:
+    """The root logger's level, filters and handlers as they were, whatever the block does to them.
+
+    ``openvino.convert_model`` sets the root logger to ERROR (``ovc.logger.init_logger``), adds a
+    filter to it and, where it has no handler, a handler of its own, and puts them back only when
+    the conversion succeeds: after one OpenVINO candidate it could not convert, every warning of
+    the process (the user's, and ours saying why a pinned plan could not be built) went unseen."""
+    root = logging.getLogger()
+    level, filters, handlers = root.level, list(root.filters), list(root.handlers)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        root.filters[:] = filters
+        root.handlers[:] = handlers
+
+
 def convert_openvino(onnx_path: Path, xml: Path) -> None:
     """OpenVINO IR of the ONNX file, weights kept in fp32 (``save_model`` would halve them)."""
     import openvino as ov
 
     tmp = xml.with_name(f"{xml.stem}.{os.getpid()}.tmp.xml")
-    model = ov.convert_model(str(onnx_path))
+    with root_logger_kept():
+        model = ov.convert_model(str(onnx_path))
     ov.save_model(model, str(tmp), compress_to_fp16=False)
     os.replace(tmp.with_suffix(".bin"), xml.with_suffix(".bin"))
     os.replace(tmp, xml)
