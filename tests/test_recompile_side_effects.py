@@ -8,6 +8,7 @@ from torch import nn
 
 from cuvil_pgc.recompile import recompile
 from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.runtimes import check
 
 
 class _Small(nn.Module):
@@ -35,3 +36,15 @@ def test_an_aoti_build_leaves_inductors_config_as_it_was():
               deployed_race=False, rounds=3, dynamic=True)
     after = _inductor_config()
     assert {k: (before[k], after.get(k)) for k in before if before[k] != after.get(k)} == {}
+
+
+@pytest.mark.usefixtures("build_env")
+@pytest.mark.skipif(not check("ort").ok, reason="needs onnxruntime")
+def test_a_recompile_leaves_torchs_random_generator_where_it_was():
+    """The search draws other input values and a runtime's build random tensors from torch's
+    global generator: a caller that seeded torch drew different numbers after a recompile."""
+    torch.manual_seed(0)
+    model, x = _Small().eval(), torch.randn(2, 12)
+    before = torch.get_rng_state()
+    recompile(model, (x,), plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3)
+    assert torch.equal(torch.get_rng_state(), before)
