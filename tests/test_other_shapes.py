@@ -104,6 +104,34 @@ def test_a_loaded_build_runs_other_batch_sizes_and_lengths_on_its_runtime_in_a_s
     assert got["refused"] == [True, True] and got["fallback"] == 2
 
 
+@needs_ort
+def test_a_build_from_one_request_serves_batches_on_its_program():
+    """From a batch-1 example (one request, as services capture it) the exporter leaves the ids' and
+    the mask's batch free under two names. In a Hugging Face encoder the mask's could change alone
+    (a batch-1 mask broadcasts) and the ids' could not, so the ids' stayed fixed and every batched
+    call ran the original module. Both vary together now; a call where they differ runs the
+    original module."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.DistilBertConfig(vocab_size=50, dim=16, hidden_dim=32, n_layers=1, n_heads=2)
+    model = transformers.DistilBertModel(config).eval()
+    ids, mask = torch.randint(0, 50, (1, 6)), torch.ones(1, 6, dtype=torch.long)
+    build = recompile(model, (ids, mask), plan={"": Candidate("", "ort")}, records=False, deployed_race=False,
+                      rounds=3, dynamic=True)
+    (_, (batch, length)), (_, (mask_batch, mask_length)) = build.plan.choices[0].other_shapes["inputs"]
+    assert (batch, length) == (mask_batch, mask_length)
+    assert build.plan.choices[0].other_shapes["ranges"][batch] == [1, 64]
+    fast = build.module
+    ids3, mask3 = torch.randint(0, 50, (3, 9)), torch.ones(3, 9, dtype=torch.long)
+    mask3[1, 5:] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(fast(ids3, mask3).last_hidden_state, model(ids3, mask3).last_hidden_state)
+        assert fast.other_shape_calls == 1 and fast.fallback_calls == 0
+        broadcast = fast(ids3, mask3[:1]).last_hidden_state           # the original module's answer
+        torch.testing.assert_close(broadcast, model(ids3, mask3[:1]).last_hidden_state)
+    assert fast.other_shape_calls == 1 and fast.fallback_calls == 1
+
+
 @needs_ov
 def test_openvino_regions_get_one_too_and_fixed_dimensions_stay_with_the_original_module(tmp_path, caplog):
     model, inputs = Scaler().eval(), (torch.randn(3, 12),)

@@ -239,9 +239,13 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
             return _compare(runner, module, _resized(args, free, {name: captured[name] + 1}), rtol, atol)
         except OtherShapesError:
             return False
-    # a size that cannot change alone varies with the others of its captured size that cannot either
+    # a size that cannot change alone varies with the others of its captured size that cannot
+    # either. Sizes captured at 1 (a batch of one request; free in torch.onnx.export's programs)
+    # vary together, never alone: in eager a batch-1 attention mask broadcasts over ids of any
+    # batch, so the mask's batch could change alone, the ids' had no partner and stayed fixed, and
+    # every batched call of a Hugging Face encoder ran the original module.
     by_size: dict[int, str] = {}
-    group = {name: name if alone(name) else by_size.setdefault(n, name) for name, n in captured.items()}
+    group = {name: name if n != 1 and alone(name) else by_size.setdefault(n, name) for name, n in captured.items()}
     named = [[group[name] if name else "" for name in dims] for dims in free]
     ranges: dict[str, tuple[int, int]] = {}
     refused = []
