@@ -173,7 +173,8 @@ ORT_EPS = {"cpu": ["CPUExecutionProvider"],
 
 def ort_session_options(ort: Any, knobs: dict[str, str]) -> Any:
     """SessionOptions for the candidate's knobs: ``opt`` (graph optimization level, default all),
-    ``exec`` (sequential | parallel), ``threads`` (intra-op; default torch's), ``spin`` (on | off)."""
+    ``exec`` (sequential | parallel), ``threads`` (intra-op; default torch's), ``spin`` (on | off |
+    run: spin while a run lasts, stop when it returns; see :func:`~.runtime_build.knobs_of`)."""
     so = ort.SessionOptions()
     level = knobs.get("opt", "all")
     so.graph_optimization_level = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -185,6 +186,8 @@ def ort_session_options(ort: Any, knobs: dict[str, str]) -> Any:
     so.intra_op_num_threads = runtime_threads(knobs)
     so.inter_op_num_threads = 1 if knobs.get("exec") != "parallel" else runtime_threads(knobs)
     so.add_session_config_entry("session.intra_op.allow_spinning", "0" if knobs.get("spin") == "off" else "1")
+    if knobs.get("spin") == "run":
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     so.log_severity_level = 3
     return so
 
