@@ -233,6 +233,27 @@ def test_ops_keep_their_regions_when_the_wall_clock_pairing_is_off(tmp_path, mon
     assert not [e for e in _ops(trace) if e["name"].startswith(MARK_PREFIX)]
 
 
+def test_a_torch_that_cannot_stamp_clock_marks_still_records_its_ops(tmp_path, monkeypatch):
+    import torch._C._profiler as torch_profiler
+
+    class Broken:
+        def __init__(self, name):
+            raise RuntimeError("no RecordFunction here")
+
+    monkeypatch.setattr(torch_profiler, "_RecordFunctionFast", Broken)
+    x = torch.randn(4, 4)
+
+    def body():
+        with ProfileRegion("outer"):
+            torch.neg(x)
+
+    trace = _record(tmp_path, body)
+    status = trace["cuvil"]["samplers"]["torch_ops"]
+    assert status["status"] == "ok" and status["clock"]["aligned_by"] == "wall clock"
+    assert [e["args"]["region"] for e in _ops(trace, "aten::neg")] == ["outer"]
+    assert not torch.autograd._profiler_enabled()
+
+
 def test_clock_marks_bound_the_offset_and_ops_follow_its_drift():
     marks = [("m0", 1000, 1400), ("m1", 2000, 2300), ("m2", 3000, 3900)]
     # Kineto read each mark 5_000_000 ns after the monotonic clock: offset in [k - after, k - before]
