@@ -655,7 +655,7 @@ def test_an_ort_region_inside_the_model_stops_spinning_when_its_run_returns():
     import onnxruntime as ort
 
     from cuvil_pgc.recompile.runtime_build import knobs_of
-    from cuvil_pgc.recompile.runtime_region import ort_session_options
+    from cuvil_pgc.recompile.runtime_region import measuring_in_process, ort_session_options
 
     assert knobs_of(Candidate("encoder.layer.0", "ort")) == {"spin": "run"}
     assert knobs_of(Candidate("encoder", "ort", knobs=(("spin", "off"),))) == {"spin": "off"}
@@ -666,6 +666,10 @@ def test_an_ort_region_inside_the_model_stops_spinning_when_its_run_returns():
     assert run.get_session_config_entry("session.intra_op.allow_spinning") == "1"    # within a run it spins
     with pytest.raises(RuntimeError, match="does not have configuration"):     # a whole model spins on
         ort_session_options(ort, {}).get_session_config_entry(stop)
+    with measuring_in_process():       # the searching process: no session spins between its runs
+        assert ort_session_options(ort, {}).get_session_config_entry(stop) == "1"
+        with pytest.raises(RuntimeError, match="does not have configuration"):
+            ort_session_options(ort, {"spin": "off"}).get_session_config_entry(stop)
 
 
 @pytest.mark.slow   # exports the probe to ONNX

@@ -40,11 +40,21 @@ def test_an_aoti_build_leaves_inductors_config_as_it_was():
 
 @pytest.mark.usefixtures("build_env")
 @pytest.mark.skipif(not check("ort").ok, reason="needs onnxruntime")
-def test_a_recompile_leaves_torchs_random_generator_where_it_was():
+def test_a_recompile_leaves_torchs_random_generator_and_onnx_runtimes_spinning_as_it_found_them():
     """The search draws other input values and a runtime's build random tensors from torch's
-    global generator: a caller that seeded torch drew different numbers after a recompile."""
+    global generator: a caller that seeded torch drew different numbers after a recompile. And the
+    search's ONNX Runtime sessions stop spinning after each run (``measuring_in_process``), the
+    sessions made after it, as a service's, spin as their plan says."""
+    import onnxruntime as ort
+
+    from cuvil_pgc.recompile.runtime_region import ort_session_options
+
     torch.manual_seed(0)
     model, x = _Small().eval(), torch.randn(2, 12)
     before = torch.get_rng_state()
-    recompile(model, (x,), plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3)
+    build = recompile(model, (x,), plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3)
     assert torch.equal(torch.get_rng_state(), before)
+    stop = "session.force_spinning_stop"
+    assert build.module._compiled.session.get_session_options().get_session_config_entry(stop) == "1"
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        ort_session_options(ort, {}).get_session_config_entry(stop)

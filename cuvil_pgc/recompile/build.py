@@ -122,11 +122,12 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     import torch
 
     from cuvil_pgc._threads import torch_threads
+    from cuvil_pgc.recompile.runtime_region import measuring_in_process
 
     # The search draws random inputs and Inductor's autotuning random tensors from torch's global
     # generator: a caller that seeded torch gets the same random numbers after a recompile as before.
     cuda = [torch.cuda.current_device()] if str(device).startswith("cuda") and torch.cuda.is_available() else []
-    with torch_threads(threads) as count, torch.random.fork_rng(devices=cuda):
+    with torch_threads(threads) as count, torch.random.fork_rng(devices=cuda), measuring_in_process():
         build = _recompile(model, example_inputs, traces, analysis=analysis, budget=budget, exhaustive=exhaustive,
                            rtol=rtol, atol=atol, device=device, records=records, machine=machine,
                            progress=progress, rounds=rounds, backends=backends, plan=plan, calibrate=calibrate,
