@@ -234,12 +234,11 @@ def nesting_depths(tids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     return depth
 
 
-def to_trace_events(ops: OpColumns, ctx: SamplerContext, clock: OpClock | None = None) -> list[dict[str, Any]]:
-    """Chrome-trace X events on the trace clock (``clock``: Kineto's times on it; default through
-    the wall clock), each with its region, shapes and cost estimate."""
+def to_trace_events(ops: OpColumns, ctx: SamplerContext, clock: OpClock) -> list[dict[str, Any]]:
+    """Chrome-trace X events on the trace clock (``clock``: Kineto's times on it), each with its
+    region, shapes and cost estimate."""
     if not len(ops):
         return []
-    clock = clock or OpClock(ctx.clock.start_mono_ns, ctx.clock.start_unix_ns)
     tids = np.asarray(ops.tids, dtype=np.int64)
     starts_ns = np.asarray(ops.starts, dtype=np.int64)
     ends_ns = np.asarray(ops.ends, dtype=np.int64)
