@@ -18,13 +18,16 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def race_in_processes(specs: dict[str, dict], rounds: int, replicas: int = 3) -> tuple[dict[str, float], dict[str, str]]:
+def race_in_processes(specs: dict[str, dict], rounds: int, replicas: int = 3,
+                      min_sample_s: float | None = None) -> tuple[dict[str, float], dict[str, str]]:
     """Median seconds per call of each contender in ``specs`` (see :func:`contender`), each in
-    ``replicas`` worker processes of its own; and why a contender's worker failed to start."""
+    ``replicas`` worker processes of its own (samples of at least ``min_sample_s``, default
+    process_race's); and why a contender's worker failed to start."""
     from cuvil_pgc.recompile import process_race
 
     commands = {k: [sys.executable, os.path.join(HERE, "_deployed_race.py"), json.dumps(spec)] for k, spec in specs.items()}
-    samples, failed = process_race.race_in_processes(commands, rounds, replicas)
+    samples, failed = process_race.race_in_processes(commands, rounds, replicas,
+                                                     min_sample_s=min_sample_s or process_race.MIN_SAMPLE_S)
     return {k: s.median_s for k, s in samples.items()}, failed
 
 

@@ -252,11 +252,8 @@ def deployed_race(reference: str, build, artifacts: dict[str, str], args, workdi
     specs = {"eager": {**base, "kind": "eager"}, "compile": {**base, "kind": "compile"},
              **{k: {**base, "kind": k, "path": p} for k, p in artifacts.items()},
              "build": {**base, "kind": "build", "path": path, "pubkey": str(pub)}}
-    if args.sample_ms is not None:
-        from cuvil_pgc.recompile import process_race
-
-        process_race.MIN_SAMPLE_S = args.sample_ms / 1e3
-    runs = [race_in_processes(specs, args.rounds) for _ in range(max(1, args.deployed_runs))]
+    min_sample_s = None if args.sample_ms is None else args.sample_ms / 1e3
+    runs = [race_in_processes(specs, args.rounds, min_sample_s=min_sample_s) for _ in range(max(1, args.deployed_runs))]
     failed = {k: why for _, dead in runs for k, why in dead.items()}
     medians = {k: statistics.median(m[k] for m, _ in runs) for k in runs[0][0] if all(k in m for m, _ in runs)}
     return {k: v * 1e3 for k, v in medians.items()}, failed

@@ -42,10 +42,11 @@ SAMPLE_TIMEOUT_S = 120.0
 
 def race_in_processes(commands: dict[str, list[str]], rounds: int, replicas: int = 3, *,
                       env: dict[str, str] | None = None, setup_timeout_s: float = SETUP_TIMEOUT_S,
-                      sample_timeout_s: float = SAMPLE_TIMEOUT_S) -> tuple[dict[str, Samples], dict[str, str]]:
+                      sample_timeout_s: float = SAMPLE_TIMEOUT_S,
+                      min_sample_s: float = MIN_SAMPLE_S) -> tuple[dict[str, Samples], dict[str, str]]:
     """Per-call samples of each contender, its ``replicas`` workers' samples pooled (at least
-    ``rounds`` rounds, whole cycles of the balanced orders); and, for each contender that could
-    not run, why (the last line its worker wrote to stderr). A contender runs whole or not at all:
+    ``rounds`` rounds, whole cycles of the balanced orders, each sample at least ``min_sample_s``
+    long); and, for each contender that could not run, why (the last line its worker wrote to stderr). A contender runs whole or not at all:
     one failed worker takes its replicas out. A worker that stops answering mid-race ends the race
     for every contender (the samples so far would compare unequal rounds)."""
     workers: dict[str, subprocess.Popen[str]] = {}
@@ -73,7 +74,7 @@ def race_in_processes(commands: dict[str, list[str]], rounds: int, replicas: int
         if not ready:
             return {}, failed
         once = {name: _sample(proc, 1, sample_timeout_s) for name, proc in ready.items()}
-        calls = max(1, math.ceil(MIN_SAMPLE_S / max(min(once.values()), 1e-7)))
+        calls = max(1, math.ceil(min_sample_s / max(min(once.values()), 1e-7)))
         names = list(ready)
         orders = balanced_orders(len(names))
         pooled = {k: Samples(k) for k in dict.fromkeys(_contender(n) for n in names)}
