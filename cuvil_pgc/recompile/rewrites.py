@@ -308,6 +308,12 @@ class ZeroPaddedTransformerEncoder(nn.TransformerEncoder):
         return out.masked_fill((pad if self.layers[0].self_attn.batch_first else pad.t()).unsqueeze(-1), 0.0)
 
 
+def padded_encoder_rewritable(module: nn.Module) -> bool:
+    """Whether ``module`` is an ``nn.TransformerEncoder`` built with ``enable_nested_tensor``
+    (whether a call takes the nested path, :func:`nested_padding_applies` decides per call)."""
+    return type(module) is nn.TransformerEncoder and getattr(module, "use_nested_tensor", False)
+
+
 def nested_padding_applies(encoder: nn.TransformerEncoder, src: Any, mask: Any, src_key_padding_mask: Any) -> bool:
     """Whether eager ``nn.TransformerEncoder`` runs this call on a nested tensor, as far as that
     does not depend on the values (torch's own conditions: the fast path enabled, the encoder
@@ -446,7 +452,7 @@ def rewrite_opportunities(module: nn.Module) -> list[str]:
             found.append(f"gru_cell:{name}")
         elif type(sub) is nn.MultiheadAttention:
             found.append(f"attention_math:{name}")
-        elif type(sub) is nn.TransformerEncoder and getattr(sub, "use_nested_tensor", False):
+        elif padded_encoder_rewritable(sub):
             found.append(f"padded_encoder:{name}")
         elif gemm_deconv_rewritable(sub):
             found.append(f"deconv_gemm:{name}")
@@ -469,7 +475,7 @@ def apply_rewrites(module: nn.Module, example_inputs: tuple[Any, ...] | None = N
             elif type(child) is nn.MultiheadAttention:
                 child.__class__ = MathMultiheadAttention
                 applied.append(f"attention_math:{_join(name, cname)}")
-            elif type(child) is nn.TransformerEncoder and getattr(child, "use_nested_tensor", False):
+            elif padded_encoder_rewritable(child):
                 child.__class__ = ZeroPaddedTransformerEncoder
                 applied.append(f"padded_encoder:{_join(name, cname)}")
             elif gemm_deconv_rewritable(child):
@@ -486,7 +492,7 @@ def apply_rewrites(module: nn.Module, example_inputs: tuple[Any, ...] | None = N
     elif type(out) is nn.MultiheadAttention:
         out.__class__ = MathMultiheadAttention
         applied = ["attention_math:"]
-    elif type(out) is nn.TransformerEncoder and getattr(out, "use_nested_tensor", False):
+    elif padded_encoder_rewritable(out):
         out.__class__ = ZeroPaddedTransformerEncoder
         applied = [*applied, "padded_encoder:"]
     elif gemm_deconv_rewritable(out):
