@@ -63,6 +63,28 @@ class Reassigns(nn.Module):
         return x * self.steps
 
 
+class NoisyAtInference(nn.Module):
+    """Adds noise in its forward whatever the mode, as a sampled latent or noise injection does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x + 0.01 * torch.randn_like(x))
+
+
+class DiffersOnlyOnItsFirstCall(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.calls = 0            # a Python counter, not a buffer: no state the check looks at
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.fc(x) + (1.0 if self.calls == 1 else 0.0)
+
+
 def running_sum():
     torch.manual_seed(0)
     return RunningSum().eval(), (torch.randn(4, 8),)
@@ -117,3 +139,20 @@ def test_the_cli_says_it_in_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert done.value.code != 0 and "buffer seen" in err and "Traceback" not in err
     assert not (tmp_path / "b.cuvilpkg").exists()
+
+
+@pytest.mark.usefixtures("build_env")
+def test_a_forward_that_draws_random_numbers_is_refused_up_front_with_the_cause():
+    torch.manual_seed(0)
+    model, inputs = NoisyAtInference().eval(), (torch.randn(2, 8),)
+    with pytest.raises(RecompileError) as err:
+        recompile(model, inputs, records=False, backends=("eager", "aoti"))
+    assert "draws random numbers" in str(err.value) and "off by up to" in str(err.value)
+    assert "outside the model" in err.value.fix
+    check_stateless(model, inputs, rtol=1.0, atol=1.0)       # noise the caller's tolerances accept
+
+
+def test_outputs_that_differ_only_on_the_first_call_are_not_random():
+    model = DiffersOnlyOnItsFirstCall().eval()
+    check_stateless(model, (torch.randn(2, 8),))
+    assert model.calls == 3

@@ -160,7 +160,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     from cuvil_pgc.recompile.stateless import check_stateless
 
     try:
-        check_stateless(model, example_inputs)
+        check_stateless(model, example_inputs, rtol=rtol, atol=atol)
     except CuvilError:
         raise
     except Exception as exc:          # the user's model on their inputs, reported as such

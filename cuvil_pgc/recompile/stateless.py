@@ -12,6 +12,13 @@ earlier state, and the user read "fails the accuracy guard ... off by up to nan"
 :class:`~cuvil_pgc.errors.RecompileError` naming the buffer or input and the fix. Parameters are
 not snapshotted: copying a large model's weights would double its memory, and a forward that
 rewrites its own weights is rare enough to be left to the guard.
+
+The random generator is such state too. A forward that draws from it (noise added at inference,
+a sampled latent, ``torch.multinomial``) returns other outputs on every call, and no program
+draws what eager drew: ONNX Runtime, OpenVINO and Inductor have random generators of their own.
+The search then measured every candidate and rejected each for "values off by up to 0.01", and
+shipped eager, without saying why. The two calls' outputs are compared with the search's own
+accuracy guard, so that such a model is refused up front, with the cause.
 """
 
 from __future__ import annotations
@@ -24,18 +31,23 @@ from torch.utils import _pytree as pytree
 from cuvil_pgc.errors import RecompileError
 
 
-def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...]) -> None:
+def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: float | None = None,
+                    atol: float | None = None) -> None:
     """Call ``model`` twice on ``inputs`` (no autograd): if the second call changes a buffer or an
     input tensor (the first may build a cache lazily, as eager's first call does), put back what
-    both calls changed and raise :class:`RecompileError` naming them."""
+    both calls changed and raise :class:`RecompileError` naming them. If instead its outputs differ
+    beyond the accuracy guard (``rtol``/``atol``, see :mod:`.accuracy`), and differ again on a
+    third call (a first call may warm something up), raise :class:`RecompileError`: the forward
+    draws random numbers."""
     original = _tracked(model, inputs)
     at_start = _values(original)
-    _call(model, inputs)
+    first = _call(model, inputs)
     settled = _values(_tracked(model, inputs))
-    _call(model, inputs)
+    second = _call(model, inputs)
     now = _tracked(model, inputs)
     changed = [key for key, t in now.items() if key not in settled or not _same(t, settled[key])]
     if not changed:
+        _check_repeatable(model, inputs, first, second, rtol, atol)
         return
     with torch.no_grad():              # the user's buffers and example inputs as they were
         for key, t in original.items():
@@ -63,9 +75,26 @@ def _values(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key: t.detach().clone() for key, t in tensors.items()}
 
 
-def _call(model: torch.nn.Module, inputs: tuple[Any, ...]) -> None:
+def _check_repeatable(model: torch.nn.Module, inputs: tuple[Any, ...], first: Any, second: Any,
+                      rtol: float | None, atol: float | None) -> None:
+    from cuvil_pgc.recompile.accuracy import check_outputs
+
+    if check_outputs(first, second, rtol=rtol, atol=atol).ok:
+        return
+    check = check_outputs(second, _call(model, inputs), rtol=rtol, atol=atol)
+    if check.ok:
+        return
+    raise RecompileError(
+        f"the model's outputs differ between calls on the same inputs ({check.reason}): its forward draws "
+        "random numbers (noise, a sampled latent, torch.multinomial, dropout that eval() does not switch off), "
+        "and no build draws the numbers eager draws, so every candidate would fail the accuracy guard",
+        fix="draw the random numbers outside the model and pass them in as an input, or recompile a submodule "
+            "whose forward is deterministic; widen rtol/atol only if differences this large are acceptable")
+
+
+def _call(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Any:
     with torch.no_grad():
-        model(*inputs)
+        return model(*inputs)
 
 
 def _same(now: torch.Tensor, before: torch.Tensor) -> bool:
