@@ -1,4 +1,4 @@
-"""``nn.TransformerEncoder`` with a key padding mask (rewrites.ZeroPaddedTransformerEncoder): eager
+"""``nn.TransformerEncoder`` with a key padding mask (rewrites.attention.ZeroPaddedTransformerEncoder): eager
 runs it on a nested tensor and returns zeros at the padded positions, every exported program
 computes them, so no build of such a model passed the accuracy guard and it stayed eager."""
 
@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from cuvil_pgc.recompile import recompile, runtimes
-from cuvil_pgc.recompile.rewrites import ZeroPaddedTransformerEncoder, apply_rewrites, rewrite_opportunities
+from cuvil_pgc.recompile.rewrites import apply_rewrites, rewrite_opportunities
+from cuvil_pgc.recompile.rewrites.attention import ZeroPaddedTransformerEncoder
 
 
 class Tagger(nn.Module):

@@ -16,7 +16,8 @@ from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures, generate_sp
 from cuvil_pgc.recompile.cost_models import PRIORS, MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.matching import match_regions, structural_hash
 from cuvil_pgc.recompile.records import Record, RecordDB
-from cuvil_pgc.recompile.rewrites import CellGRU, CellLSTM, apply_rewrites
+from cuvil_pgc.recompile.rewrites import apply_rewrites
+from cuvil_pgc.recompile.rewrites.cells import CellGRU, CellLSTM
 from cuvil_pgc.recompile.search import search
 from cuvil_pgc.recompile.search_records import refit_sample
 from cuvil_pgc.recompile.trials import SearchOptions
@@ -753,7 +754,8 @@ def test_channels_last_keeps_an_image_stem_nchw_on_the_cpu():
 
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_attention_rewrite_is_equal_and_leaves_other_calls_to_the_original(batch_first):
-    from cuvil_pgc.recompile.rewrites import MathMultiheadAttention, apply_rewrites, rewrite_opportunities
+    from cuvil_pgc.recompile.rewrites import apply_rewrites, rewrite_opportunities
+    from cuvil_pgc.recompile.rewrites.attention import MathMultiheadAttention
 
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=batch_first)

@@ -66,7 +66,7 @@ def test_a_compiled_rnn_without_a_fused_kernel_saves_its_per_step_input_projecti
 
 
 def test_no_cell_rewrite_is_offered_for_an_rnn_the_cell_math_would_not_run():
-    from cuvil_pgc.recompile.rewrites import MAX_UNROLLED_STEPS
+    from cuvil_pgc.recompile.rewrites.cells import MAX_UNROLLED_STEPS
     from tests.test_recompile_cell_rewrite import PackedTagger
 
     model = PackedTagger(nn.GRU(8, 16, batch_first=True)).eval()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from cuvil_pgc.recompile.rewrites import CellGRU, CellLSTM
+from cuvil_pgc.recompile.rewrites.cells import CellGRU, CellLSTM
 
 
 def exported_addmms(module: nn.Module, x: torch.Tensor) -> tuple[int, torch.export.ExportedProgram]:
@@ -75,7 +75,8 @@ class PackedTagger(nn.Module):
 
 @pytest.mark.parametrize("rnn", [nn.LSTM(8, 16, batch_first=True), nn.GRU(8, 16, batch_first=True, num_layers=2)])
 def test_packed_and_long_sequences_run_the_original_module(rnn):
-    from cuvil_pgc.recompile.rewrites import MAX_UNROLLED_STEPS, apply_rewrites
+    from cuvil_pgc.recompile.rewrites import apply_rewrites
+    from cuvil_pgc.recompile.rewrites.cells import MAX_UNROLLED_STEPS
 
     torch.manual_seed(0)
     model = PackedTagger(rnn.eval())

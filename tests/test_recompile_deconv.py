@@ -9,13 +9,12 @@ from torch import nn
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import op_census
-from cuvil_pgc.recompile.rewrites import (
+from cuvil_pgc.recompile.rewrites import apply_rewrites, rewrite_opportunities
+from cuvil_pgc.recompile.rewrites.deconv import (
     MAX_GEMM_DECONV_OUTPUT,
     GemmConvTranspose1d,
     GemmConvTranspose2d,
-    apply_rewrites,
     gemm_deconv_applies,
-    rewrite_opportunities,
 )
 
 

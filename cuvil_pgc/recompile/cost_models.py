@@ -37,7 +37,7 @@ from typing import Any
 from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.recompile.candidates import OVERHEAD_LABELS, RUNTIME_BACKENDS, Candidate, ScopeFeatures
 from cuvil_pgc.recompile.measure import conv_kernel_ratios, median, prepacked_gemm_overhead_us
-from cuvil_pgc.recompile.rewrites import CELL_REWRITES
+from cuvil_pgc.recompile.rewrites.cells import CELL_REWRITES
 
 #: µs per call of each backend variant on top of eager (measured, see module docstring)
 PRIORS = {

@@ -21,14 +21,10 @@ from cuvil_pgc.recompile.candidates import ScopeFeatures
 from cuvil_pgc.recompile.matching import RegionMatch
 from cuvil_pgc.recompile.measure import gemm_us
 from cuvil_pgc.recompile.ort_fusion import attention_shape
-from cuvil_pgc.recompile.rewrites import (
-    CELL_REWRITES,
-    cell_rewrite_applies,
-    gemm_deconv_applies,
-    gemm_deconv_rewritable,
-    math_attention_applies,
-    rewrite_opportunities,
-)
+from cuvil_pgc.recompile.rewrites import rewrite_opportunities
+from cuvil_pgc.recompile.rewrites.attention import math_attention_applies
+from cuvil_pgc.recompile.rewrites.cells import CELL_REWRITES, cell_rewrite_applies
+from cuvil_pgc.recompile.rewrites.deconv import gemm_deconv_applies, gemm_deconv_rewritable
 
 if TYPE_CHECKING:
     from cuvil_pgc.analyze.analysis import Analysis
@@ -194,7 +190,7 @@ def rnn_cell_gemms(rnn: torch.nn.RNNBase, args: tuple[Any, ...], stepwise: bool 
                    ) -> list[tuple[int, int, int, int]]:
     """The GEMMs a cell rewrite runs for one call of ``rnn``, as (count, m, k, n): per layer and
     direction, one projection of every step's input and one hidden-state product per step. Empty
-    where the rewrite does not apply (:func:`~.rewrites.cell_rewrite_applies`). ``stepwise``: the GEMMs
+    where the rewrite does not apply (:func:`~.rewrites.cells.cell_rewrite_applies`). ``stepwise``: the GEMMs
     of an RNN without a fused kernel (a CPU ``nn.GRU``), which projects each step's input alone."""
     x = args[0] if args else None
     if not cell_rewrite_applies(rnn, x):
