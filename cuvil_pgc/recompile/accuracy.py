@@ -34,6 +34,15 @@ class AccuracyResult:
     max_abs_err: float = 0.0
     max_rel_err: float = 0.0
     ref_scale: float = 0.0          # the largest finite magnitude among the reference's float values
+    #: the largest error as a multiple of what the tolerance allows at its value (inf: not finite)
+    excess: float = 0.0
+
+    @property
+    def decisive(self) -> bool:
+        """Failed by at least :data:`DECISIVE_EXCESS` times the tolerance: more than running the same
+        arithmetic in another order (other thread counts, another schedule) changes, so a sibling
+        candidate that differs only in such knobs fails too."""
+        return not self.ok and self.excess >= DECISIVE_EXCESS
 
     @property
     def garbage(self) -> bool:
@@ -46,6 +55,8 @@ class AccuracyResult:
 
 #: see :attr:`AccuracyResult.garbage`
 GARBAGE_FACTOR = 1e3
+#: see :attr:`AccuracyResult.decisive`
+DECISIVE_EXCESS = 10.0
 
 
 def check_outputs(reference: Any, candidate: Any, *, rtol: float | None = None,
@@ -168,7 +179,10 @@ def _compare_tensor(ref: Any, out: Any, where: str, state: AccuracyResult, rtol:
         worst = float(diff.max())
         state.max_abs_err = worst if math.isnan(worst) else max(state.max_abs_err, worst)
         state.max_rel_err = max(state.max_rel_err, float((diff / ref64.abs().clamp_min(1e-12)).max()))
-    bad = ~(diff <= at + rt * ref64.abs()) & ~both_nan
+    allowed = at + rt * ref64.abs()
+    bad = ~(diff <= allowed) & ~both_nan
     if bool(bad.any()):
+        excess = torch.where(bad, diff / allowed, torch.zeros_like(diff))
+        state.excess = max(state.excess, float(excess.nan_to_num(math.inf).max()))
         raise _Mismatch(f"{where}: {int(bad.sum())} of {bad.numel()} values off by up to "
                         f"{float(diff.max()):.3g} (rtol={rt:g}, atol={at:g})")

@@ -20,7 +20,7 @@ them (see :mod:`.cost_models`).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cuvil_pgc.analyze import vocabulary
@@ -32,6 +32,9 @@ WORK_LABELS = vocabulary.with_remedy("work")                            # memory
 NO_REMEDY_LABELS = vocabulary.with_remedy("none")                       # idle, communication, setup
 MAX_SUBSCOPES = 3
 MIN_SCOPE_SHARE = 0.3
+#: runtime knobs that change how the work is scheduled (threads, spinning, execution mode, the
+#: performance hint, pinning), never which arithmetic runs: see :attr:`Candidate.arithmetic_key`
+SCHEDULING_KNOBS = frozenset({"threads", "spin", "exec", "hint", "pin"})
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,12 @@ class Candidate:
     @property
     def key(self) -> str:
         return f"{self.scope or '<model>'}::{self.config}"
+
+    @property
+    def arithmetic_key(self) -> str:
+        """The key without the :data:`SCHEDULING_KNOBS`: candidates that share it run the same
+        arithmetic, so what fails the accuracy guard decisively for one fails it for all."""
+        return replace(self, knobs=tuple(k for k in self.knobs if k[0] not in SCHEDULING_KNOBS)).key
 
     @property
     def unknown(self) -> list[str]:

@@ -5,7 +5,11 @@ compile or export is rejected as ``compile_error``, one whose outputs differ fro
 the tolerances as ``accuracy_error``, each with its reason; once an exporter (torch.export,
 torch.onnx.export, openvino.convert_model, torch_tensorrt.compile) fails on a scope's module, the
 scope's other candidates through that exporter (AOTInductor; ONNX Runtime and OpenVINO; ...) are
-rejected with that reason without being built or counted against the budget. Measurements are interleaved with the scope's eager module and with
+rejected with that reason without being built or counted against the budget; so are the
+candidates differing only in knobs that schedule the work (threads, spinning, the performance
+hint: :data:`~.candidates.SCHEDULING_KNOBS`) from one that failed the accuracy guard by 10x its
+tolerance or more (:attr:`~.accuracy.AccuracyResult.decisive`), which leaves the budget to a rewrite,
+another precision or backend that may pass. Measurements are interleaved with the scope's eager module and with
 the fastest candidate of the scope measured so far, the incumbent (same inputs, balanced orders,
 medians; see :mod:`.measure`). A candidate's ratio to eager is its ratio to the incumbent of its
 own run times the incumbent's ratio (to eager, in the first run), and it is expressed against the
@@ -94,6 +98,7 @@ class _Search:
         self.incumbents: dict[str, tuple[str, Callable[[], Any]]] = {}   # scope -> (trial key, built callable)
         self.left_out: list[tuple[Candidate, str]] = []   # candidates the guard cannot pass, with the reason
         self.unexportable: dict[tuple[str, bool, str], str] = {}   # (scope, rewritten, exporter) -> why it failed
+        self.inaccurate: dict[str, str] = {}    # Candidate.arithmetic_key -> why its arithmetic fails the guard
         self.measured = self.reused = 0
         self.baselines_measured = 0          # runtime defaults measured outside the budget
         self.runtime_defaults: list[Candidate] = []
@@ -191,7 +196,7 @@ class _Search:
                                    self.trials.values())[:min(BATCH, room)]
             self._measure_batch(scope, batch)
             done = {c.key for c, _ in batch}
-            pending = [c for c in pending if c.key not in done and not self._reject_unexportable(c)]
+            pending = [c for c in pending if c.key not in done and not self._rejected_unbuilt(c)]
             if not self.opt.exhaustive:   # a scope of the same structure and inputs (layers.1 after
                 pending = self._reuse_records(pending)   # layers.0) reuses these now
             if self.progress:
@@ -229,7 +234,7 @@ class _Search:
         if not self.opt.exhaustive:
             self.baselines_measured += self.measured - before
             self.measured = before
-        return [c for c in pending if c.key not in todo and not self._reject_unexportable(c)]
+        return [c for c in pending if c.key not in todo and not self._rejected_unbuilt(c)]
 
     def _log_missing_runtime_defaults(self) -> None:
         """Say which runtime baselines the race will lack, and why (not installed, restricted away)."""
@@ -299,7 +304,7 @@ class _Search:
         torch._dynamo.reset()     # earlier batches' graphs are garbage; keep the recompile limit free
         contenders: dict[str, Callable[[], Any]] = {"eager": lambda: module(*inputs.args, **inputs.kwargs)}
         for cand, predicted in batch:
-            if self._reject_unexportable(cand):
+            if self._rejected_unbuilt(cand):
                 continue
             trial = Trial(cand, predicted)
             self.trials[cand.key] = trial
@@ -347,17 +352,23 @@ class _Search:
         self.unexportable.setdefault((cand.scope, cand.rewrite, exporter_of_reason(reason)),
                                      f"{cand.config} showed that {reason}")
 
-    def _reject_unexportable(self, cand: Candidate) -> bool:
-        """Reject ``cand`` if one of the exporters its build runs already failed on its module in
-        this search: it goes into the trials with that reason, not built and not counted against the
-        budget (its backend's options cannot change what the exporter sees). True when rejected."""
+    def _rejected_unbuilt(self, cand: Candidate) -> bool:
+        """Reject ``cand`` if this search already showed that it would fail: one of the exporters its
+        build runs failed on its module (its backend's options cannot change what the exporter sees),
+        or a candidate differing from it only in knobs that schedule the work failed the accuracy
+        guard decisively (:attr:`~.accuracy.AccuracyResult.decisive`). It goes into the trials with
+        that reason, not built and not counted against the budget, which is left for candidates
+        that may pass (a rewrite, another precision or backend). True when rejected."""
         from cuvil_pgc.recompile.runtime_build import exporters
 
         why = next((self.unexportable[k] for k in ((cand.scope, cand.rewrite, e) for e in exporters(cand.backend))
                     if k in self.unexportable), None)
+        status = "compile_error"
+        if why is None and cand.arithmetic_key in self.inaccurate:
+            why, status = self.inaccurate[cand.arithmetic_key], "accuracy_error"
         if why is None:
             return False
-        self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), "compile_error",
+        self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), status,
                                       reason=f"not built: {why}")
         return True
 
@@ -417,6 +428,10 @@ class _Search:
             if check.garbage:
                 trial.reason += (" (far outside the reference's range: a runtime fault more likely than rounding; "
                                  "a later search checks it again)")
+            elif check.decisive:
+                self.inaccurate.setdefault(cand.arithmetic_key, f"{cand.config} failed the accuracy guard by "
+                                           f"{check.excess:.3g}x its tolerance ({check.reason}), and the knobs "
+                                           "between them only schedule the work")
             return None
         fn = realized.module
         return lambda: fn(*inputs.args, **inputs.kwargs)
