@@ -128,18 +128,20 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
     """
     evs = _Events(doc.trace_events)
     exact = None
-    if fmt == "kineto" and exact_ns is not None and needs_exact(_row_ts(evs.xs), NS_FLOOR):
+    row_ts = _row_ts(evs.xs) if fmt == "kineto" and exact_ns is not None else None
+    if row_ts is not None and needs_exact(row_ts, NS_FLOOR):
         exact = exact_ns()
         if exact is not None and len(exact) == len(evs.all):
             _to_ns(evs.all, exact)
             raw_events = _in_ns(raw_events, exact) if raw_events is not None else None
+            row_ts = None                  # the events now hold other times
         else:
             exact = None
     if evs.counters and raw_events is not None and isinstance(doc, KinetoDocument):
         evs.counters = [e for e in raw_events() if e.ph == "C"]
     xs = evs.xs
     cols, other_cats = _basic_columns(xs, fmt, strings)
-    clock = _times(cols, xs, evs, path, fmt)
+    clock = _times(cols, xs, evs, path, fmt, row_ts)
     if fmt == "kineto":
         args, given, paths = _kineto_args(xs, cols), np.zeros(len(xs), bool), None
     else:
@@ -386,14 +388,15 @@ def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dic
     return cols, other_cats
 
 
-def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str, fmt: str) -> FileClock:
-    """``ts`` / ``dur`` columns in µs; returns the clock that converted them (``_clock``)."""
-    ts_values = [e.ts for e in xs]
-    ts = float_column(ts_values)
+def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str, fmt: str,
+           row_ts: np.ndarray | None = None) -> FileClock:
+    """``ts`` / ``dur`` columns in µs; returns the clock that converted them (``_clock``).
+    ``row_ts``: the events' ``ts`` as floats where the caller has them already (:func:`_row_ts`)."""
+    ts = _row_ts(xs) if row_ts is None else row_ts
     dur = durations(xs, evs.skipped)
     clock = FileClock()
     if len(ts) and np.isfinite(ts).all() and float(ts.min()) > NS_FLOOR and float(ts.max()) < 2**63:
-        exact = np.array([int(v) for v in ts_values], dtype=np.int64)   # ints beyond 2**53 stay exact
+        exact = np.array([int(e.ts) for e in xs], dtype=np.int64)   # ints beyond 2**53 stay exact
         clock = FileClock(origin_ns=int(exact.min()))
         ts = (exact - clock.origin_ns) / 1000.0
         dur = dur / 1000.0
