@@ -4,6 +4,7 @@ module's own call, in signed builds; and what doctor says about them."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -311,20 +312,18 @@ def test_an_openvino_conversion_failure_names_the_operators_it_could_not_convert
         "RuntimeError: Exporting a ScriptModule is not supported"
 
 
-@pytest.mark.skipif(not runtimes.check("openvino").ok, reason="needs openvino")
+@needs_ov
 def test_a_failed_openvino_conversion_leaves_the_root_logger_as_it_was(tmp_path):
     """openvino.convert_model sets the root logger to ERROR and puts it back only when it succeeds:
     after a candidate it could not convert, every later warning of the process (the user's, and the
     one saying why a pinned plan could not be built) went unseen."""
-    import logging
+    from openvino.tools.ovc.error import Error
 
     from cuvil_pgc.recompile.runtime_build import convert_openvino
 
     (tmp_path / "m.onnx").write_bytes(b"not an onnx model")
     root = logging.getLogger()
     before = (root.level, list(root.filters), list(root.handlers))
-    from openvino.tools.ovc.error import Error
-
     with pytest.raises(Error):
         convert_openvino(tmp_path / "m.onnx", tmp_path / "m.xml")
     assert (root.level, list(root.filters), list(root.handlers)) == before
