@@ -30,6 +30,8 @@ def test_each_contender_gets_its_replicas_samples_pooled():
     # 4 workers: whole cycles of 4 balanced orders, one sample per worker per round, two workers each
     assert [len(s.seconds) for s in samples.values()] == [8, 8]
     assert all(x > 0 for s in samples.values() for x in s.seconds)
+    assert [len(s.processes) for s in samples.values()] == [2, 2]       # each worker's median
+    assert all(min(s.seconds) <= p <= max(s.seconds) for s in samples.values() for p in s.processes)
 
 
 def test_a_worker_that_fails_to_start_takes_its_contender_out_with_its_reason():
@@ -180,7 +182,7 @@ def _decide(monkeypatch, deployed: dict[str, list[float]] | Exception, winner: s
         assert set(specs) == {"model", "<model>::ort", "<model>::openvino"}
         if isinstance(deployed, Exception):
             raise deployed
-        return {k: Samples(k, v) for k, v in deployed.items()}, failed or {}
+        return {k: v if isinstance(v, Samples) else Samples(k, v) for k, v in deployed.items()}, failed or {}
 
     monkeypatch.setattr(standalone, "race_standalone", fake_race)
     monkeypatch.setattr(standalone, "standalone_spec", lambda cand, realized, si, device: {"config": cand.config})
@@ -204,6 +206,29 @@ def test_the_race_in_processes_decides_between_whole_model_plans(monkeypatch):
     # a lead the race cannot tell from noise goes to the runtime default
     chosen, _ = _decide(monkeypatch, {"model": noisy(1.0), "<model>::ort": noisy(1.001), "<model>::openvino": noisy(1.3)})
     assert chosen == "<model>::ort"
+
+
+def test_a_lead_that_not_every_worker_process_shows_goes_to_the_runtime_default(monkeypatch):
+    """A process's memory layout alone moves a contender by a few percent: pooled, one slow default
+    process makes a plan look faster with confidence. The plan must beat the default in every
+    process (with three each, a one-sided rank test at 5%)."""
+    rng = random.Random(1)
+
+    def processes(*ms):                 # 20 samples per process, 1% noise around each process's ``ms``
+        seconds = [[m * 1e-3 * (1 + rng.uniform(-0.01, 0.01)) for _ in range(20)] for m in ms]
+        return [x for xs in seconds for x in xs], [sorted(xs)[10] for xs in seconds]
+
+    plan_s, plan_p = processes(1.00, 1.00, 1.04)
+    default_s, default_p = processes(1.03, 1.03, 1.12)      # pooled: the plan leads by 3%
+    race = {"model": Samples("model", plan_s, plan_p), "<model>::ort": Samples("<model>::ort", default_s, default_p),
+            "<model>::openvino": Samples("<model>::openvino", *processes(1.3, 1.3, 1.3))}
+    chosen, result = _decide(monkeypatch, race)
+    assert result.deployed_medians_us["model"] < result.deployed_medians_us["<model>::ort"]
+    assert chosen == "<model>::ort"
+    plan_s, plan_p = processes(1.00, 1.00, 1.01)               # faster in every process
+    race["model"] = Samples("model", plan_s, plan_p)
+    chosen, _ = _decide(monkeypatch, race)
+    assert chosen == "model"
 
 
 def test_the_searching_process_decides_where_the_race_in_processes_cannot(monkeypatch):

@@ -36,6 +36,9 @@ class Samples:
 
     name: str
     seconds: list[float] = field(default_factory=list)
+    #: the median of each worker process the samples were pooled from (:mod:`.process_race`);
+    #: empty for a race in one process
+    processes: list[float] = field(default_factory=list)
 
     @property
     def median_s(self) -> float:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cuvil_pgc.recompile.measure import Samples, balanced_orders, whole_cycles
+from cuvil_pgc.recompile.measure import Samples, balanced_orders, median, whole_cycles
 
 MIN_SAMPLE_S = 0.005
 #: seconds a worker may take to set its contender up, and to answer one sample
@@ -78,9 +78,13 @@ def race_in_processes(commands: dict[str, list[str]], rounds: int, replicas: int
         names = list(ready)
         orders = balanced_orders(len(names))
         pooled = {k: Samples(k) for k in dict.fromkeys(_contender(n) for n in names)}
+        own: dict[str, list[float]] = {n: [] for n in names}
         for r in range(whole_cycles(rounds, len(names))):
             for i in orders[r % len(orders)]:
-                pooled[_contender(names[i])].seconds.append(_sample(ready[names[i]], calls, sample_timeout_s) / calls)
+                own[names[i]].append(_sample(ready[names[i]], calls, sample_timeout_s) / calls)
+                pooled[_contender(names[i])].seconds.append(own[names[i]][-1])
+        for name, seconds in own.items():
+            pooled[_contender(name)].processes.append(median(seconds))
         return pooled, failed
     finally:
         for proc in workers.values():
