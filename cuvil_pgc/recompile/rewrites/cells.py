@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,9 +30,26 @@ class _CellRNN(nn.Module):
     the cell math does not cover (:func:`cell_rewrite_applies`). It is held unregistered, so the
     rewrite's state and exported graph hold only the cell buffers; device and dtype moves follow."""
 
-    def __init__(self, rnn: nn.Module) -> None:
+    def __init__(self, rnn: nn.Module,
+                 biases: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]) -> None:
+        """Copy ``rnn``'s weights, per layer and direction (suffix ``_l{layer}[_reverse]``), into
+        buffers ``wi`` (W_ih transposed), ``wh`` (W_hh transposed) and ``whr`` (W_hh), then the
+        buffers ``biases(b_ih, b_hh)`` names (zeros where ``rnn`` has no bias)."""
         super().__init__()
         object.__setattr__(self, "original", rnn)
+        self.hidden_size, self.num_layers = rnn.hidden_size, rnn.num_layers
+        self.batch_first, self.directions = rnn.batch_first, 2 if rnn.bidirectional else 1
+        for layer in range(self.num_layers):
+            for d in range(self.directions):
+                sfx = f"_l{layer}" + ("_reverse" if d else "")
+                w_ih, w_hh = getattr(rnn, "weight_ih" + sfx), getattr(rnn, "weight_hh" + sfx)
+                # separate contiguous buffers, not slices of one: Inductor's CPP GEMM template
+                # miscomputes a frozen weight that is a view with a storage offset (torch 2.13)
+                self.register_buffer("wi" + sfx, w_ih.t().contiguous().detach().clone())
+                self.register_buffer("wh" + sfx, w_hh.t().contiguous().detach().clone())
+                self.register_buffer("whr" + sfx, w_hh.contiguous().detach().clone())
+                for name, value in biases(*_rnn_bias(rnn, sfx, w_ih.shape[0], w_ih)).items():
+                    self.register_buffer(name + sfx, value.detach().clone())
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         self.original._apply(fn, recurse)
@@ -44,20 +62,7 @@ class CellLSTM(_CellRNN):
     def __init__(self, lstm: nn.LSTM) -> None:
         if lstm.proj_size:
             raise ValueError("LSTM with proj_size is not rewritten")
-        super().__init__(lstm)
-        self.hidden_size, self.num_layers = lstm.hidden_size, lstm.num_layers
-        self.batch_first, self.directions = lstm.batch_first, 2 if lstm.bidirectional else 1
-        for layer in range(self.num_layers):
-            for d in range(self.directions):
-                sfx = f"_l{layer}" + ("_reverse" if d else "")
-                w_ih, w_hh = getattr(lstm, "weight_ih" + sfx), getattr(lstm, "weight_hh" + sfx)
-                b = _rnn_bias(lstm, sfx, w_ih.shape[0], w_ih)
-                # separate contiguous buffers, not slices of one: Inductor's CPP GEMM template
-                # miscomputes a frozen weight that is a view with a storage offset (torch 2.13)
-                self.register_buffer("wi" + sfx, w_ih.t().contiguous().detach().clone())
-                self.register_buffer("wh" + sfx, w_hh.t().contiguous().detach().clone())
-                self.register_buffer("whr" + sfx, w_hh.contiguous().detach().clone())
-                self.register_buffer("b" + sfx, (b[0] + b[1]).detach().clone())
+        super().__init__(lstm, lambda b_ih, b_hh: {"b": b_ih + b_hh})
 
     def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
         if not cell_rewrite_applies(self, x):     # dynamo must not see the original on this path
@@ -99,19 +104,7 @@ class CellGRU(_CellRNN):
     """nn.GRU as explicit cell math."""
 
     def __init__(self, gru: nn.GRU) -> None:
-        super().__init__(gru)
-        self.hidden_size, self.num_layers = gru.hidden_size, gru.num_layers
-        self.batch_first, self.directions = gru.batch_first, 2 if gru.bidirectional else 1
-        for layer in range(self.num_layers):
-            for d in range(self.directions):
-                sfx = f"_l{layer}" + ("_reverse" if d else "")
-                w_ih, w_hh = getattr(gru, "weight_ih" + sfx), getattr(gru, "weight_hh" + sfx)
-                b_ih, b_hh = _rnn_bias(gru, sfx, w_ih.shape[0], w_ih)
-                self.register_buffer("wi" + sfx, w_ih.t().contiguous().detach().clone())
-                self.register_buffer("wh" + sfx, w_hh.t().contiguous().detach().clone())
-                self.register_buffer("whr" + sfx, w_hh.contiguous().detach().clone())
-                self.register_buffer("bi" + sfx, b_ih.detach().clone())
-                self.register_buffer("bh" + sfx, b_hh.detach().clone())
+        super().__init__(gru, lambda b_ih, b_hh: {"bi": b_ih, "bh": b_hh})
 
     def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None):
         if not cell_rewrite_applies(self, x):     # dynamo must not see the original on this path
