@@ -434,6 +434,28 @@ def test_a_neighbour_that_tries_a_new_knob_value_comes_before_one_that_repeats(m
     assert runs[2][:2] == [mat, f"{mat}+rewrite"]
 
 
+def test_a_batch_tries_a_backend_the_scope_has_not_tried_before_mutating_options():
+    """Both runtimes measured at their defaults, ONNX Runtime leads; the models favour its option
+    variants (their correction was learned from it) over AOTInductor (its prior alone). The batch
+    pairs the favourite with AOTInductor's best-ranked candidate, not with another ONNX Runtime option."""
+    from cuvil_pgc.recompile.search_policy import batch_order
+    from cuvil_pgc.recompile.trials import Trial
+
+    ort, openvino = Candidate("", "ort"), Candidate("", "openvino")
+    basic, extended = (Candidate("", "ort", knobs=(("opt", level),)) for level in ("basic", "extended"))
+    autotuned = Candidate("", "aoti", mode="max-autotune-no-cudagraphs")
+    ranked = [(extended, 150.0), (basic, 150.0), (autotuned, 210.0), (Candidate("", "aoti"), 211.0)]
+    trials = [Trial(ort, 200.0, "ok", 124.0), Trial(openvino, 200.0, "ok", 130.0), Trial(Candidate(""), 280.0, "ok", 280.0)]
+    assert [c for c, _ in batch_order(ranked, ort, trials)[:2]] == [extended, autotuned]
+    # once AOTInductor was tried in this scope (another scope's trials do not count), the incumbent's
+    # neighbour: another setting of its runtime's options, not an ONNX Runtime candidate for OpenVINO
+    throughput = Candidate("", "openvino", knobs=(("hint", "throughput"),))
+    ranked = [(extended, 150.0), (basic, 150.0), (throughput, 160.0)]
+    tried = [*trials, Trial(Candidate("", "aoti"), 211.0, "ok", 150.0), Trial(Candidate("blocks.0", "compile"), 1.0)]
+    assert [c for c, _ in batch_order(ranked, ort, tried)[:2]] == [extended, basic]
+    assert [c for c, _ in batch_order(ranked, openvino, tried)[:2]] == [extended, throughput]
+
+
 class Twin(nn.Module):
     """Two blocks of one structure (other weights), like the layers of a transformer."""
 

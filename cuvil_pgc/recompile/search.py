@@ -22,8 +22,9 @@ refitted from all of this machine's records before each batch (on the CPU, the m
 prepacked GEMM call and its convolution kernel ratios are measured once per process for the cost
 models); once a few measurements are in, only candidates predicted to beat the best measured time
 of their scope by 2 % are tried, their predictions made optimistic by the spread of this search's
-prediction errors so far, and a batch pairs the models' favourite with the best-ranked one-knob
-neighbour of the scope's incumbent (those rules: :mod:`.search_policy`). Before all that, the whole
+prediction errors so far, and a batch pairs the models' favourite with the best-ranked candidate
+of a backend not yet tried in the scope, else with the best-ranked one-knob neighbour of the scope's
+incumbent (those rules: :mod:`.search_policy`). Before all that, the whole
 model on each runtime backend usable here at its defaults (ONNX Runtime, OpenVINO) is measured as a
 baseline, whatever the budget: what a user would deploy instead is always known and in the race.
 These baselines are counted apart (``SearchResult.baselines_measured``, the plan's
@@ -68,10 +69,10 @@ from cuvil_pgc.recompile.search_policy import (
     BATCH,
     MIN_EXPLORE,
     MIN_GAIN,
+    batch_order,
     budget_cap,
     default_budget,
     prediction_spread,
-    with_neighbour,
 )
 from cuvil_pgc.recompile.search_records import SearchRecords
 from cuvil_pgc.recompile.trials import SearchOptions, SearchResult, Trial
@@ -192,7 +193,7 @@ class _Search:
                 continue
             incumbent = self.incumbents.get(scope)
             best = self.trials[incumbent[0]].candidate if incumbent else None
-            batch = with_neighbour([(c, p) for c, p in ranked if c.scope == scope], best,
+            batch = batch_order([(c, p) for c, p in ranked if c.scope == scope], best,
                                    self.trials.values())[:min(BATCH, room)]
             self._measure_batch(scope, batch)
             done = {c.key for c, _ in batch}

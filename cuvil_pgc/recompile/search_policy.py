@@ -5,8 +5,8 @@
 - The stop rule: once a few measurements are in, a candidate is tried only while its prediction,
   made optimistic by how far off the predictions are on this model (:func:`prediction_spread`),
   beats the best measured of its scope by :data:`MIN_GAIN`.
-- A batch: the cost models' favourite and the best-ranked one-knob neighbour of the incumbent
-  (:func:`with_neighbour`).
+- A batch: the cost models' favourite and, second, the best-ranked candidate of a backend not yet
+  tried in the scope, else the best-ranked one-knob neighbour of the incumbent (:func:`batch_order`).
 
 Functions of the search's trials (anything with ``candidate``, ``status``, ``measured_us``,
 ``predicted_us`` and ``reused``), so each rule is tested on its own.
@@ -27,8 +27,10 @@ MIN_GAIN = 0.02      # a candidate must be predicted this much faster than the b
 #: the fewest measurements a default budget allows: eager and the top-ranked candidate (one more
 #: when that one fails, see :func:`budget_cap`)
 MIN_BUDGET = 2
-#: a candidate's configuration knobs (its scope aside)
-KNOBS = ("backend", "mode", "freezing", "cpp_wrapper", "rewrite", "channels_last", "precision")
+#: a candidate's configuration knobs (its scope aside); a runtime's own options (``knobs``: ONNX
+#: Runtime's optimization level, OpenVINO's hint, ...) count as one, so that ``ort+opt=basic`` is a
+#: neighbour of ``ort``, not of ``openvino``
+KNOBS = ("backend", "mode", "freezing", "cpp_wrapper", "rewrite", "channels_last", "precision", "knobs")
 
 Ranked = list[tuple[Candidate, float]]
 
@@ -48,6 +50,30 @@ def budget_cap(budget: int, stretchable: bool, trials: Iterable[Any]) -> int:
     return budget + (bool(tried) and all(t.status in ("compile_error", "accuracy_error") for t in tried))
 
 
+def batch_order(ranked: Ranked, best: Candidate | None, trials: Iterable[Any]) -> Ranked:
+    """``ranked`` (one scope's candidates still worth trying, best predicted first) with what a
+    batch measures after the models' favourite moved to second place: the best-ranked candidate of
+    a backend no candidate of the scope was tried on yet (nor the favourite's), else the incumbent's
+    neighbour (:func:`with_neighbour`).
+
+    The models' learned corrections are kept per backend, so what the measured backends showed
+    about a scope does not move an unmeasured backend's prediction: in the zoo MLP's search both
+    runtimes at their defaults ran in 60 % of their predicted time, their option variants were then
+    predicted from that and AOTInductor from its prior, so the budget went to ``ort+opt=basic`` and
+    ``ort+opt=extended`` (within 5 % of ``ort``), and AOTInductor, whose max-autotune package ran in
+    two thirds of the runtimes' time in the exhaustive search, was never measured. One measurement
+    per backend corrects that backend's predictions; options are mutated after."""
+    if not ranked:
+        return ranked
+    favourite = ranked[0][0]
+    tried = {"eager", favourite.backend} | {t.candidate.backend for t in trials
+                                            if t.candidate.scope == favourite.scope and t.status != "not_measured"}
+    fresh = next((item for item in ranked[1:] if item[0].backend not in tried), None)
+    if fresh is None:
+        return with_neighbour(ranked, best, trials)
+    return [ranked[0], fresh, *(item for item in ranked[1:] if item is not fresh)]
+
+
 def with_neighbour(ranked: Ranked, best: Candidate | None, trials: Iterable[Any]) -> Ranked:
     """``ranked`` (one scope's candidates, best predicted first) with the best-ranked one-knob
     neighbour of ``best``, the scope's incumbent, moved to second place: a batch measures the cost
@@ -57,7 +83,8 @@ def with_neighbour(ranked: Ranked, best: Candidate | None, trials: Iterable[Any]
     otherwise always pick the same sibling. A neighbour that sets its knob to a value no measured
     candidate of the incumbent's backend in this scope has comes first (on the GRU tagger the
     priors mutated max-autotune packages into one another and never measured the default mode,
-    whose plain package won the exhaustive search)."""
+    whose plain package won the exhaustive search). A runtime's options are one knob (:data:`KNOBS`):
+    ``ort+opt=basic`` is a neighbour of ``ort``, not of ``openvino``."""
     if best is None:
         return ranked
     neighbours = [item for item in ranked[1:] if _knobs_apart(item[0], best) == 1]
