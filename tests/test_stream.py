@@ -230,7 +230,7 @@ def test_a_dead_reading_worker_is_a_fallback_not_an_error(tmp_path: Path) -> Non
     """Sending a piece to a worker that died (a broken pipe) falls back to the sequential reader
     instead of failing the load (waiting on one: test_parallel_read_falls_back_when_a_worker_dies)."""
     from cuvil_pgc.trace import _parallel
-    from cuvil_pgc.trace._build import StreamFallback
+    from cuvil_pgc.trace._chunks import StreamFallback
 
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "pid": 1, "tid": 1}]}))

@@ -30,7 +30,7 @@ String pids/tids (Kineto's ``"Spans"`` lanes) become negative ids: ``-2 - string
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress, count
 from operator import attrgetter
@@ -83,7 +83,7 @@ class SourceColumns:
     shift_us: int = 0                            # a Kineto µs file rebased: its ts = shift_us is 0 here
 
 
-class _Events:
+class Events:
     """Events of a document split by phase (``X`` rows, counters, metadata, flows, the rest counted)."""
 
     def __init__(self, events: list[Event] | list[KinetoEvent]) -> None:
@@ -126,7 +126,7 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
     ``exact_ns``: every event's ``ts`` in whole ns from its text (``_decode.exact_ns_times``); called
     only when a Kineto file's µs carry fractions a float64 cannot hold (``_clock.needs_exact``).
     """
-    evs = _Events(doc.trace_events)
+    evs = Events(doc.trace_events)
     exact = None
     row_ts = _row_ts(evs.xs) if fmt == "kineto" and exact_ns is not None else None
     if row_ts is not None and needs_exact(row_ts, NS_FLOOR):
@@ -140,16 +140,16 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
     if evs.counters and raw_events is not None and isinstance(doc, KinetoDocument):
         evs.counters = [e for e in raw_events() if e.ph == "C"]
     xs = evs.xs
-    cols, other_cats = _basic_columns(xs, fmt, strings)
+    cols, other_cats = basic_columns(xs, fmt, strings)
     clock = _times(cols, xs, evs, path, fmt, row_ts)
     if fmt == "kineto":
-        args, given, paths = _kineto_args(xs, cols), np.zeros(len(xs), bool), None
+        args, given, paths = kineto_args(xs, cols), np.zeros(len(xs), bool), None
     else:
         args, given, paths, refs = _our_args(xs, cols, evs, path, strings)
         tree_notes = _region_tree.fill_paths(cols, paths, evs.meta, strings, refs, given)   # schema 2: ids
     link_flows(cols, evs, strings, clock)
     if other_cats.get(CAT_PROFILER_RANGE) and raw_events is not None and fmt == "kineto":
-        _profiler_ranges(xs, raw_events, cols, args)
+        profiler_ranges(xs, raw_events, cols, args)
     src = SourceColumns(cols=cols, args=args, region_path=paths, region_given=given,
                         counters=counter_columns(evs, strings, path, clock), origin_ns=clock.origin_ns,
                         shift_us=clock.shift_us)
@@ -161,7 +161,7 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
                          "from their text, from the earliest event")
     elif clock.origin_ns is not None:
         src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
-    src.warnings = _skipped_notes(evs, other_cats)
+    src.warnings = skipped_notes(evs, other_cats)
     src.notes.extend(src.warnings)
     return src
 
@@ -194,131 +194,7 @@ SASS_FLOPS = {f"smsp__sass_thread_inst_executed_op_{op}_pred_on.sum": 2 if "fma"
               for op in ("ffma", "fmul", "fadd", "hfma", "hmul", "hadd", "dfma", "dmul", "dadd")}
 
 
-class StreamFallback(Exception):
-    """A streamed file needs the whole-file path (which reports its problem precisely)."""
-
-
-class _Collected:
-    """Non-X events gathered over the chunks of a streamed file (the shape ``_Events`` has)."""
-
-    def __init__(self) -> None:
-        self.flows: list[Any] = []
-        self.counters: list[Any] = []
-        self.meta: list[Any] = []
-        self.skipped: dict[str, int] = {}
-
-    def file_index(self, k: int, ph: str = "X") -> int:
-        raise StreamFallback("an error message needs the event's index in the file")
-
-
-@dataclass
-class ChunkPart:
-    """One chunk of a streamed Kineto file as columns (:func:`chunk_part`), interned into its own
-    ``strings`` when it was built in a worker process (:meth:`reintern` maps them to the file's)."""
-
-    cols: dict[str, np.ndarray]
-    exact: np.ndarray | None             # the ts as exact ints when the chunk counts in Unix ns
-    args: A.RowArgs
-    other_cats: dict[str, int]
-    rest: _Collected
-    strings: list[str] | None = None
-
-    def reintern(self, strings: StringTable) -> None:
-        """Name and string pid/tid codes of this part's own table → codes of ``strings``."""
-        if self.strings is None:
-            return
-        table = np.array([strings.intern(s) for s in self.strings] or [0], dtype=np.int64)
-        cols = self.cols
-        cols["name"] = table[cols["name"]].astype(np.int32)
-        for col in ("pid", "tid"):
-            ids = cols[col]
-            named = ids <= -2                        # -2 - index: a string pid/tid (see id_column)
-            if named.any():
-                ids[named] = -2 - table[-2 - ids[named]]
-        self.strings = None
-
-
-def chunk_part(events: list[KinetoEvent], raw_events: Callable[[], list[Event]], strings: StringTable) -> ChunkPart:
-    """Columns of one chunk of a streamed Kineto file (see :func:`build_kineto_chunks`)."""
-    evs = _Events(events)
-    rest = _Collected()
-    if evs.counters:      # typed args drop counter series: read them raw, as copies
-        rest.counters = [msgspec.structs.replace(e, args=_copied(e.args)) for e in raw_events() if e.ph == "C"]
-    xs = evs.xs
-    cols, cats = _basic_columns(xs, "kineto", strings)
-    ts_values = [e.ts for e in xs]
-    cols["ts"] = float_column(ts_values)
-    cols["dur"] = durations(xs, evs.skipped)
-    big = not len(xs) or (bool(np.isfinite(cols["ts"]).all()) and float(cols["ts"].min()) > NS_FLOOR)
-    exact = np.array([int(v) for v in ts_values], dtype=np.int64) if big else None
-    args = _kineto_args(xs, cols)
-    if cats.get(CAT_PROFILER_RANGE):
-        _profiler_ranges(xs, raw_events, cols, args)
-    rest.flows, rest.meta, rest.skipped = evs.flows, evs.meta, evs.skipped
-    return ChunkPart(cols, exact, args, cats, rest)
-
-
-def build_kineto_chunks(chunks: Iterable[tuple[list[KinetoEvent], Callable[[], list[Event]]]],
-                        strings: StringTable, path: str) -> SourceColumns:
-    """Columns of a Kineto file read chunk by chunk (``_stream``): the same result as
-    :func:`build_source` on the whole file, without holding its bytes or its events at once.
-    Raises StreamFallback where the whole-file path must decide (bad times)."""
-    return assemble_chunks((chunk_part(events, raw, strings) for events, raw in chunks), strings, path)
-
-
-def assemble_chunks(parts_in: Iterable[ChunkPart], strings: StringTable, path: str) -> SourceColumns:
-    """One source's columns from its chunks' parts, in file order (each released as it is read)."""
-    parts: list[dict[str, np.ndarray]] = []
-    exact: list[np.ndarray | None] = []
-    arg_parts: list[A.RowArgs] = []
-    other_cats: dict[str, int] = {}
-    rest = _Collected()
-    for part in parts_in:
-        part.reintern(strings)
-        parts.append(part.cols)
-        exact.append(part.exact)
-        arg_parts.append(part.args)
-        rest.counters += part.rest.counters
-        rest.flows += part.rest.flows
-        rest.meta += part.rest.meta
-        for table, more in ((rest.skipped, part.rest.skipped), (other_cats, part.other_cats)):
-            for k, v in more.items():
-                table[k] = table.get(k, 0) + v
-    if not parts:
-        raise StreamFallback("no events")
-    cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0])}   # one column at a time
-    del parts
-    args = A.RowArgs.concat(arg_parts, [len(p.codes) for p in arg_parts])
-    del arg_parts
-    ts = cols["ts"]
-    if len(ts) and bool(np.isfinite(ts).all()) and float(ts.min()) > NS_FLOOR:
-        if any(e is None for e in exact):
-            raise StreamFallback("mixed time units")
-        ints = np.concatenate(exact)
-        clock = FileClock(origin_ns=int(ints.min()))
-        cols["ts"], cols["dur"] = (ints - clock.origin_ns) / 1000.0, cols["dur"] / 1000.0
-    elif needs_exact(ts, NS_FLOOR):
-        raise StreamFallback("µs timestamps with ns decimals beyond float64 precision: read whole, exactly")
-    else:
-        clock = kineto_us_clock(ts, _counter_ts(rest.counters))
-        cols["ts"] = clock.us(ts)
-    del exact
-    for col in (cols["ts"], cols["dur"]):
-        if (~np.isfinite(col) | (col < 0) | (col > MAX_TIME_US)).any():
-            raise StreamFallback("bad times")
-    link_flows(cols, rest, strings, clock)
-    src = SourceColumns(cols=cols, args=args, region_path=None, region_given=np.zeros(len(cols["ts"]), bool),
-                        counters=counter_columns(rest, strings, path, clock), origin_ns=clock.origin_ns,
-                        shift_us=clock.shift_us)
-    src.thread_names, src.process_names = add_names(rest.meta, strings)
-    if clock.origin_ns is not None:
-        src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
-    src.warnings = _skipped_notes(rest, other_cats)
-    src.notes.extend(src.warnings)
-    return src
-
-
-def _profiler_ranges(xs: list[KinetoEvent], raw_events: Callable[[], list[Event]], cols: dict[str, np.ndarray],
+def profiler_ranges(xs: list[KinetoEvent], raw_events: Callable[[], list[Event]], cols: dict[str, np.ndarray],
                      args: A.RowArgs) -> None:
     """``cuda_profiler_range`` rows: their counters as args (``{"cat", "counters"}``) and FLOPs from
     the SASS instruction counters when recorded."""
@@ -334,7 +210,7 @@ def _profiler_ranges(xs: list[KinetoEvent], raw_events: Callable[[], list[Event]
             cols["flops"][r] = float(sum(counters.get(k, 0) * f for k, f in SASS_FLOPS.items()))
 
 
-def _skipped_notes(evs: _Events, other_cats: dict[str, int]) -> list[str]:
+def skipped_notes(evs: Events, other_cats: dict[str, int]) -> list[str]:
     """What the reader did not analyse, with counts (the user must never lose events silently)."""
     notes = []
     phases = {ph: n for ph, n in evs.skipped.items() if ph != NO_DURATION}
@@ -358,7 +234,7 @@ def _skipped_notes(evs: _Events, other_cats: dict[str, int]) -> list[str]:
 LEGACY_CPU_PID = "CPU functions"
 
 
-def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+def basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """The columns every row has, and the count of rows per category read as Kind.OTHER."""
     n = len(xs)
     kinds_of = _KINETO_KIND if fmt == "kineto" else _OURS_KIND
@@ -388,7 +264,7 @@ def _basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dic
     return cols, other_cats
 
 
-def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str, fmt: str,
+def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: Events, path: str, fmt: str,
            row_ts: np.ndarray | None = None) -> FileClock:
     """``ts`` / ``dur`` columns in µs; returns the clock that converted them (``_clock``).
     ``row_ts``: the events' ``ts`` as floats where the caller has them already (:func:`_row_ts`)."""
@@ -401,14 +277,14 @@ def _times(cols: dict[str, np.ndarray], xs: list[Event], evs: _Events, path: str
         ts = (exact - clock.origin_ns) / 1000.0
         dur = dur / 1000.0
     elif fmt == "kineto":
-        clock = kineto_us_clock(ts, _counter_ts(evs.counters))   # refuses what _check_times would
+        clock = kineto_us_clock(ts, counter_ts(evs.counters))   # refuses what _check_times would
         ts = clock.us(ts)
     _check_times(ts, dur, evs, path)
     cols["ts"], cols["dur"] = ts, dur
     return clock
 
 
-def _counter_ts(counters: list[Any]) -> np.ndarray:
+def counter_ts(counters: list[Any]) -> np.ndarray:
     """The finite ``ts`` of counter events (they may start before the first row)."""
     ts = float_column([e.ts for e in counters if type(e.ts) in (int, float)])
     return ts[np.isfinite(ts)]
@@ -434,7 +310,7 @@ def durations(xs: list[Event], skipped: dict[str, int]) -> np.ndarray:
     return dur
 
 
-def _check_times(ts: np.ndarray, dur: np.ndarray, evs: _Events, path: str) -> None:
+def _check_times(ts: np.ndarray, dur: np.ndarray, evs: Events, path: str) -> None:
     for col, what in ((ts, "timestamp (ts)"), (dur, "duration (dur)")):
         bad = ~np.isfinite(col) | (col < 0) | (col > MAX_TIME_US)
         if bad.any():
@@ -447,7 +323,7 @@ def _check_times(ts: np.ndarray, dur: np.ndarray, evs: _Events, path: str) -> No
                              path=path, fix="the file is damaged or was not written by a trace exporter")
 
 
-def _decode_batch(decoder: msgspec.json.Decoder, xs: list[Event], rows: list[int], evs: _Events,
+def _decode_batch(decoder: msgspec.json.Decoder, xs: list[Event], rows: list[int], evs: Events,
                   path: str) -> list[Any]:
     raws = [xs[r].args or _EMPTY for r in rows]
     try:
@@ -464,7 +340,7 @@ def _decode_batch(decoder: msgspec.json.Decoder, xs: list[Event], rows: list[int
                          fix="the file does not follow the Chrome/Kineto trace format") from None
 
 
-def _kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> A.RowArgs:
+def kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> A.RowArgs:
     """Columns from the inline-decoded args; the sparse args entries (materialised lazily)."""
     kinds = cols["kind"]
     for col, only in _KINETO_COLUMN_KINDS.items():   # each column from the categories Kineto writes it for
@@ -507,17 +383,17 @@ def _shared_op_args(op_args: list[A.KinetoArgs]) -> tuple[np.ndarray, list[A.Kin
     first_of_key: dict[bytes, int] = {}
     first_rows = np.fromiter(map(first_of_key.setdefault, keys, count()), dtype=np.int64, count=len(op_args))
     firsts, codes = np.unique(first_rows, return_inverse=True)      # codes in order of first appearance
-    shared = [msgspec.structs.replace(a, shapes=_copied(a.shapes), dtypes=_copied(a.dtypes),
+    shared = [msgspec.structs.replace(a, shapes=copied_raw(a.shapes), dtypes=copied_raw(a.dtypes),
                                       external_id=-1, external_id_v1=-1, correlation=-1)
               for a in map(op_args.__getitem__, firsts.tolist())]
     return codes.astype(np.int64, copy=False), shared
 
 
-def _copied(raw: msgspec.Raw) -> msgspec.Raw:
+def copied_raw(raw: msgspec.Raw) -> msgspec.Raw:
     return msgspec.Raw(bytes(raw)) if raw else raw
 
 
-def _our_args(xs: list[Event], cols: dict[str, np.ndarray], evs: _Events, path: str,
+def _our_args(xs: list[Event], cols: dict[str, np.ndarray], evs: Events, path: str,
               strings: StringTable) -> tuple[dict[int, Any], np.ndarray, list[str | None], dict[int, int]]:
     """Our files: column keys in one typed pass (see ``_ours``), the rest raw until read."""
     rows = list(range(len(xs)))

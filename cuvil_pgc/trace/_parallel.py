@@ -2,7 +2,7 @@
 columns in worker processes side by side, then assembled in file order.
 
 Contract: ``read_parallel(path, strings, max_events)`` returns ``(metadata, SourceColumns)`` — the
-same as :func:`~cuvil_pgc.trace._build.build_kineto_chunks` over ``_stream`` gives — or None when the
+same as :func:`~cuvil_pgc.trace._chunks.build_kineto_chunks` over ``_stream`` gives — or None when the
 file is not one to read this way; it raises StreamFallback when the file needs the sequential
 reader after all (which then reports any problem exactly as it would have).
 
@@ -34,7 +34,8 @@ from multiprocessing.connection import Connection
 from cuvil_pgc._pool import in_pool_worker, paused_for_fork, usable_cores
 from cuvil_pgc.errors import ConfigError
 from cuvil_pgc.trace import _stream
-from cuvil_pgc.trace._build import ChunkPart, SourceColumns, StreamFallback, assemble_chunks, chunk_part
+from cuvil_pgc.trace._build import SourceColumns
+from cuvil_pgc.trace._chunks import ChunkPart, StreamFallback, assemble_chunks, chunk_part
 from cuvil_pgc.trace._decode import KinetoDocument
 from cuvil_pgc.trace._input import max_trace_bytes
 from cuvil_pgc.trace.columns import StringTable

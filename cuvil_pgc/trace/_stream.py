@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from cuvil_pgc.trace._build import StreamFallback
+from cuvil_pgc.trace._chunks import StreamFallback
 from cuvil_pgc.trace._decode import Event, KinetoDocument, KinetoEvent
 from cuvil_pgc.trace._input import max_trace_bytes
 

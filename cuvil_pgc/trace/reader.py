@@ -60,7 +60,8 @@ import numpy as np
 
 from cuvil_pgc.errors import ConfigError, CuvilError, TraceError
 from cuvil_pgc.trace import _decode, _input, _parallel, _stream, _summary_source
-from cuvil_pgc.trace._build import SourceColumns, StreamFallback, build_kineto_chunks, build_source
+from cuvil_pgc.trace._build import SourceColumns, build_source
+from cuvil_pgc.trace._chunks import StreamFallback, build_kineto_chunks
 from cuvil_pgc.trace._dynamo_timed import compile_rows
 from cuvil_pgc.trace._metadata import check_metadata
 from cuvil_pgc.trace._regions import resolve_regions
