@@ -61,8 +61,9 @@ def batch_order(ranked: Ranked, best: Candidate | None, trials: Iterable[Any]) -
     runtimes at their defaults ran in 60 % of their predicted time, their option variants were then
     predicted from that and AOTInductor from its prior, so the budget went to ``ort+opt=basic`` and
     ``ort+opt=extended`` (within 5 % of ``ort``), and AOTInductor, whose max-autotune package ran in
-    two thirds of the runtimes' time in the exhaustive search, was never measured. One measurement
-    per backend corrects that backend's predictions; options are mutated after."""
+    two thirds of the runtimes' time in the exhaustive search, was measured in one of four traced
+    searches. One measurement per backend corrects that backend's predictions; options are mutated
+    after."""
     if not ranked:
         return ranked
     favourite = ranked[0][0]
