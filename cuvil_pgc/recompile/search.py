@@ -194,7 +194,7 @@ class _Search:
             incumbent = self.incumbents.get(scope)
             best = self.trials[incumbent[0]].candidate if incumbent else None
             batch = batch_order([(c, p) for c, p in ranked if c.scope == scope], best,
-                                   self.trials.values())[:min(BATCH, room)]
+                                self.trials.values())[:min(BATCH, room)]
             self._measure_batch(scope, batch)
             done = {c.key for c, _ in batch}
             pending = [c for c in pending if c.key not in done and not self._rejected_unbuilt(c)]
