@@ -445,13 +445,14 @@ def test_a_batch_tries_a_backend_the_scope_has_not_tried_before_mutating_options
     basic, extended = (Candidate("", "ort", knobs=(("opt", level),)) for level in ("basic", "extended"))
     autotuned = Candidate("", "aoti", mode="max-autotune-no-cudagraphs")
     ranked = [(extended, 150.0), (basic, 150.0), (autotuned, 210.0), (Candidate("", "aoti"), 211.0)]
-    trials = [Trial(ort, 200.0, "ok", 124.0), Trial(openvino, 200.0, "ok", 130.0), Trial(Candidate(""), 280.0, "ok", 280.0)]
+    trials = [Trial(ort, 200.0, "ok", 124.0), Trial(openvino, 200.0, "ok", 130.0), Trial(Candidate(""), 280.0, "ok", 280.0),
+              Trial(Candidate("blocks.0", "aoti"), 40.0, "ok", 38.0)]      # another scope's trial does not count
     assert [c for c, _ in batch_order(ranked, ort, trials)[:2]] == [extended, autotuned]
-    # once AOTInductor was tried in this scope (another scope's trials do not count), the incumbent's
-    # neighbour: another setting of its runtime's options, not an ONNX Runtime candidate for OpenVINO
+    # once AOTInductor was tried in this scope, the incumbent's neighbour: another setting of its
+    # runtime's options, not an ONNX Runtime candidate for OpenVINO
     throughput = Candidate("", "openvino", knobs=(("hint", "throughput"),))
     ranked = [(extended, 150.0), (basic, 150.0), (throughput, 160.0)]
-    tried = [*trials, Trial(Candidate("", "aoti"), 211.0, "ok", 150.0), Trial(Candidate("blocks.0", "compile"), 1.0)]
+    tried = [*trials, Trial(Candidate("", "aoti"), 211.0, "ok", 150.0)]
     assert [c for c, _ in batch_order(ranked, ort, tried)[:2]] == [extended, basic]
     assert [c for c, _ in batch_order(ranked, openvino, tried)[:2]] == [extended, throughput]
 
