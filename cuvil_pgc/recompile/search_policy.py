@@ -72,7 +72,7 @@ def batch_order(ranked: Ranked, best: Candidate | None, trials: Iterable[Any]) -
     fresh = next((item for item in ranked[1:] if item[0].backend not in tried), None)
     if fresh is None:
         return with_neighbour(ranked, best, trials)
-    return [ranked[0], fresh, *(item for item in ranked[1:] if item is not fresh)]
+    return _second(ranked, fresh)
 
 
 def with_neighbour(ranked: Ranked, best: Candidate | None, trials: Iterable[Any]) -> Ranked:
@@ -94,7 +94,12 @@ def with_neighbour(ranked: Ranked, best: Candidate | None, trials: Iterable[Any]
     tried = [t.candidate for t in trials if t.candidate.scope == best.scope
              and t.candidate.backend == best.backend and t.status != "not_measured"]
     neighbour = next((item for item in neighbours if _new_knob_value(item[0], best, tried)), neighbours[0])
-    return [ranked[0], neighbour, *(item for item in ranked[1:] if item is not neighbour)]
+    return _second(ranked, neighbour)
+
+
+def _second(ranked: Ranked, item: tuple[Candidate, float]) -> Ranked:
+    """``ranked`` with ``item`` (one of ``ranked[1:]``) moved to second place."""
+    return [ranked[0], item, *(other for other in ranked[1:] if other is not item)]
 
 
 def prediction_spread(trials: Iterable[Any], predict_now: Callable[[Any], float]) -> float:
