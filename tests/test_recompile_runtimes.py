@@ -78,6 +78,37 @@ def test_cuda_space_has_the_cuda_providers_and_tensorrt():
     assert "ort" not in configs and not any(c.startswith("openvino") for c in configs)
 
 
+@needs_ort
+def test_a_gpu_machine_with_the_cpu_onnxruntime_package_gets_no_ort_candidates_and_refuses_ort_regions(
+        monkeypatch, tmp_path):
+    import onnxruntime
+
+    from cuvil_pgc.recompile.runtime_region import OrtRunner
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    runtimes.reset()
+    try:
+        status = runtimes.check("ort", "cuda")
+        assert not status.ok and "no CUDA execution provider" in status.reason
+        assert "onnxruntime-gpu" in status.fix
+        assert runtimes.check("ort", "cpu").ok and "ort" not in runtimes.available("cuda")
+        with pytest.raises(BuildError) as info:   # a build made where onnxruntime-gpu was
+            OrtRunner(str(tmp_path / "never_parsed.onnx"), {"ep": "cuda"}, None)
+        assert "CUDAExecutionProvider" in info.value.problem and "onnxruntime-gpu" in info.value.fix
+        with pytest.raises(BuildError, match="'rocm'"):
+            OrtRunner(str(tmp_path / "never_parsed.onnx"), {"ep": "rocm"}, None)
+        # onnxruntime-gpu without TensorRT: the CUDA provider only
+        monkeypatch.setattr(onnxruntime, "get_available_providers",
+                            lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+        runtimes.reset()
+        assert runtimes.check("ort", "cuda").ok and runtimes.ort_eps() == ("cpu", "cuda")
+        space = RuntimeSpace(("ort",), ort_eps=runtimes.ort_eps())
+        configs = {c.config for c in scope_candidates(feats("compute"), device="cuda", runtimes=space)}
+        assert "ort+ep=cuda" in configs and "ort+ep=tensorrt" not in configs
+    finally:
+        runtimes.reset()
+
+
 def test_backends_option_restricts_and_knobs_survive_json():
     space = generate_space([feats()], backends=("ort",), runtimes=RuntimeSpace(("ort", "openvino")))
     assert {c.backend for c in space} == {"eager", "ort"}

@@ -149,12 +149,15 @@ def generate_space(scopes: list[ScopeFeatures], device: str = "cpu",
 @dataclass(frozen=True)
 class RuntimeSpace:
     """What the runtime candidates depend on in this process: the runtime backends usable here,
-    whether the CPU runs bf16 natively (AVX512-BF16 / AMX, as OpenVINO reports it) and the
-    deployment's thread count (torch's intra-op threads)."""
+    whether the CPU runs bf16 natively (AVX512-BF16 / AMX, as OpenVINO reports it), the
+    deployment's thread count (torch's intra-op threads) and ONNX Runtime's execution providers
+    (:data:`~.runtimes.ORT_PROVIDERS`: a GPU machine with the CPU package has none for CUDA
+    tensors, so no ONNX Runtime candidate there)."""
 
     backends: tuple[str, ...] = ()
     native_bf16: bool = False
     threads: int = 1
+    ort_eps: tuple[str, ...] = ("cpu", "cuda", "tensorrt")
 
     @classmethod
     def here(cls, device: str = "cpu") -> RuntimeSpace:
@@ -163,7 +166,8 @@ class RuntimeSpace:
         from cuvil_pgc.recompile import runtimes
 
         usable = runtimes.available(device)
-        return cls(usable, "openvino" in usable and runtimes.openvino_native_bf16(), torch.get_num_threads())
+        return cls(usable, "openvino" in usable and runtimes.openvino_native_bf16(), torch.get_num_threads(),
+                   runtimes.ort_eps())
 
 
 def scope_candidates(feats: ScopeFeatures, device: str = "cpu",
@@ -241,8 +245,8 @@ def _runtime_configs(feats: ScopeFeatures, device: str, space: RuntimeSpace, lab
     for rw in ([False, True] if feats.rewrites else [False]):
         if "ort" in space.backends:
             if cuda:
-                out += [Candidate(scope, "ort", rewrite=rw, knobs=(("ep", "cuda"),)),
-                        Candidate(scope, "ort", rewrite=rw, knobs=(("ep", "tensorrt"),))]
+                out += [Candidate(scope, "ort", rewrite=rw, knobs=(("ep", ep),))
+                        for ep in ("cuda", "tensorrt") if ep in space.ort_eps]
             else:
                 out.append(Candidate(scope, "ort", rewrite=rw))
         if "openvino" in space.backends and not cuda:

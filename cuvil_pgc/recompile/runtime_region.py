@@ -221,6 +221,24 @@ def runtime_threads(knobs: dict[str, str]) -> int:
     return int(knobs["threads"]) if "threads" in knobs else torch.get_num_threads()
 
 
+def _check_provider(ort: Any, ep: str, onnx_path: str) -> None:
+    """Refuse an execution provider this ONNX Runtime lacks: given a provider it does not have,
+    ``InferenceSession`` only warns and runs on the CPU (CUDA tensors then go through host copies,
+    or fail deep in IO binding)."""
+    from cuvil_pgc.errors import BuildError
+    from cuvil_pgc.recompile.runtimes import ORT_GPU_FIX, ORT_PROVIDERS
+
+    have = ort.get_available_providers()
+    if ep not in ORT_EPS:
+        raise BuildError(f"the ONNX Runtime region asks for execution provider {ep!r}, which this cuvil-pgc "
+                         f"does not know ({', '.join(ORT_EPS)})", path=onnx_path,
+                         fix="load it with the cuvil-pgc that made it, or recompile here")
+    if ORT_PROVIDERS[ep] not in have:
+        raise BuildError(f"onnxruntime {ort.__version__} has no {ORT_PROVIDERS[ep]} here (it has "
+                         f"{', '.join(have)})", path=onnx_path,
+                         fix=ORT_GPU_FIX if ep != "cpu" else "reinstall onnxruntime")
+
+
 class OrtRunner(RuntimeRunner):
     """An ONNX Runtime session: CPU tensors go in as NumPy views, its outputs come back wrapped;
     CUDA tensors through IO binding, the outputs written into torch tensors."""
@@ -231,6 +249,7 @@ class OrtRunner(RuntimeRunner):
 
         super().__init__(template, original)
         ep = knobs.get("ep", "cpu")
+        _check_provider(ort, ep, onnx_path)
         self.session = ort.InferenceSession(onnx_path, ort_session_options(ort, knobs), providers=ORT_EPS[ep])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -38,6 +38,12 @@ RUNTIMES = {
     "tensorrt": Runtime("tensorrt", "Torch-TensorRT", ("torch_tensorrt",), "tensorrt", ("cuda",)),
 }
 RUNTIME_BACKENDS = tuple(RUNTIMES)
+#: ONNX Runtime's execution providers by the value of a candidate's ``ep`` knob. The package
+#: decides which exist: ``onnxruntime`` has the CPU provider alone (on GPU machines too: it is
+#: what ``pip install onnxruntime`` gives), ``onnxruntime-gpu`` adds CUDA and TensorRT.
+ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+                 "tensorrt": "TensorrtExecutionProvider"}
+ORT_GPU_FIX = "pip install onnxruntime-gpu (in place of onnxruntime)"
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,26 @@ def check(backend: str, device: str = "cpu") -> RuntimeStatus:
     if kind not in runtime.devices:
         return RuntimeStatus(backend, False, reason=f"{runtime.title} regions run on {'/'.join(runtime.devices)}, "
                                                     f"not {kind}", fix=f"recompile for {runtime.devices[0]}")
-    return _import_status(backend)
+    status = _import_status(backend)
+    if status.ok and backend == "ort" and kind == "cuda" and "cuda" not in ort_eps():
+        return RuntimeStatus(backend, False, status.detail, fix=ORT_GPU_FIX, reason=(
+            f"onnxruntime {version('ort')} has no CUDA execution provider (it runs on "
+            f"{', '.join(ort_eps()) or 'nothing'} here: the CPU package)"))
+    return status
+
+
+@functools.cache
+def ort_eps() -> tuple[str, ...]:
+    """The ``ep`` values (:data:`ORT_PROVIDERS`) the installed ONNX Runtime can run here."""
+    if not _import_status("ort").ok:
+        return ()
+    try:
+        import onnxruntime
+
+        have = set(onnxruntime.get_available_providers())
+    except Exception:      # a broken install: it runs nothing
+        return ()
+    return tuple(ep for ep, provider in ORT_PROVIDERS.items() if provider in have)
 
 
 def available(device: str = "cpu") -> tuple[str, ...]:
@@ -96,6 +121,7 @@ def require(backend: str, device: str, path: str | None = None) -> None:
 def reset() -> None:
     """Forget the import results (tests that fake a runtime's module call this)."""
     _import_status.cache_clear()
+    ort_eps.cache_clear()
 
 
 @functools.cache
