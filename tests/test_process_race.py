@@ -127,6 +127,10 @@ def test_only_whole_model_cpu_artifacts_with_a_written_down_output_race_alone():
     assert standalone_spec(cand, realized, scope_inputs, "cuda") is None
     assert standalone_spec(Candidate("a", "ort"), realized, scope_inputs, "cpu") is None     # a sub-region
     assert standalone_spec(Candidate("", "compile"), realized, scope_inputs, "cpu") is None  # needs the model's code
+    # a load check rebuilds a region of any scope on any device
+    assert standalone_spec(cand, realized, scope_inputs, "cuda", check=True) is not None
+    assert standalone_spec(Candidate("a", "ort"), realized, scope_inputs, "cpu", check=True) is not None
+    assert standalone_spec(Candidate("a", "compile"), realized, scope_inputs, "cpu", check=True) is None
     realized.module.compiled.template = None                   # an output structure not learnt yet
     assert standalone_spec(cand, realized, scope_inputs, "cpu") is None
 
@@ -318,3 +322,63 @@ def test_an_aoti_plan_returning_a_model_output_races_in_its_worker():
     spec = standalone_spec(cand, realized, scope_inputs, "cpu")
     samples, failed = race_standalone({"aoti": spec}, inputs, {"aoti": reference}, rounds=2, replicas=1)
     assert failed == {} and len(samples["aoti"].seconds) == 2
+
+
+# ----------------------------------------------------------------------------- load checks
+
+@needs_ort
+def test_a_fresh_process_rebuilds_the_region_from_its_artifact_and_a_crash_is_named(tmp_path):
+    """The load check's worker is real: it rebuilds the ONNX Runtime region from its file and
+    answers; a worker that dies of a signal (as AOTInductor CUDA packages killed fresh processes
+    on an H200) or fails is named, and a region answering otherwise than here fails too."""
+    from cuvil_pgc.recompile.standalone import fresh_process_failures, standalone_spec
+
+    model, inputs, cand, realized, scope_inputs = _realized_ort()
+    specs = {"": standalone_spec(cand, realized, scope_inputs, "cpu", check=True)}
+    with torch.no_grad():
+        reference = model(*inputs)
+    assert fresh_process_failures(specs, {"": inputs}, {"": reference}) == {}
+    assert "differ from the searching process's" in fresh_process_failures(specs, {"": inputs},
+                                                                          {"": reference + 1.0})[""]
+    crasher = tmp_path / "python"
+    crasher.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    crasher.chmod(0o755)
+    why = fresh_process_failures(specs, {"": inputs}, {"": reference}, python=str(crasher))[""]
+    assert "crashed (SIGSEGV)" in why
+
+
+def test_a_winning_plan_a_fresh_process_cannot_load_does_not_ship(monkeypatch):
+    """The fastest plan whose artifacts crash a fresh process loses to the next fastest; its
+    reason goes into plan.json and the console's plan caption."""
+    from cuvil_pgc.recompile import plan as plan_module
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.plan_doc import Plan
+    from cuvil_pgc.recompile.trials import SearchResult
+    from cuvil_pgc.viewer.console_recompile import plan_view
+
+    crash = "a process of its own that loaded it crashed (SIGSEGV), as a deployment loading the build would"
+    checked = []
+
+    def fake_failures(s, choices, realized):
+        checked.append(next(iter(choices.values())).config)
+        return {"": crash} if choices == plans["<model>::aoti+freezing"] else {}
+
+    monkeypatch.setattr(plan_module, "_fresh_process_failures", fake_failures)
+    plans = {"<model>::aoti+freezing": {"": Candidate("", "aoti", freezing=True)},
+             "<model>::ort": {"": Candidate("", "ort")}}
+    built = {name: ({"": None}, nn.Identity()) for name in plans}
+    medians = {"eager": 3.0, "<model>::aoti+freezing": 1.0, "<model>::ort": 2.0}
+    result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
+    chosen = plan_module._loadable_winner(_FakeSearch(), result, plans, built, medians, "<model>::aoti+freezing")
+    assert chosen == "<model>::ort" and checked == ["aoti+freezing", "ort"]
+    assert result.unloadable == {"<model>::aoti+freezing": f"<model>: {crash}"}
+    # a plan the race in processes of its own ran is not loaded again; eager has nothing to load
+    checked.clear()
+    result.deployed_medians_us = {"<model>::ort": 2.0}
+    assert plan_module._loadable_winner(_FakeSearch(), result, plans, built, medians, "<model>::ort") == "<model>::ort"
+    assert plan_module._loadable_winner(_FakeSearch(), result, plans, built, medians, "eager") == "eager"
+    assert checked == []
+    plan = Plan(unloadable=result.unloadable)
+    assert Plan.from_json(plan.to_json()).unloadable == result.unloadable
+    assert "unloadable" not in Plan().to_json()
+    assert "crashed (SIGSEGV)" in plan_view(plan, "build.cuvilpkg").caption

@@ -628,6 +628,8 @@ def test_ort_on_cuda_uses_the_cuda_and_tensorrt_providers(monkeypatch, tmp_path)
     import onnxruntime
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", FakeSession)
+    monkeypatch.setattr(onnxruntime, "get_available_providers",      # onnxruntime-gpu's
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
     runtime_region.OrtRunner(str(tmp_path / "m.onnx"), {"ep": "tensorrt", "threads": "3"}, None)
     assert seen == {"providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
                     "threads": 3}

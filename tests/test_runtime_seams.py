@@ -61,6 +61,7 @@ def test_cuda_regions_run_through_io_binding_into_torch_tensors(monkeypatch):
     import onnxruntime
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", FakeSession)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     FakeSession.runs = []
     a, b = torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.arange(4, dtype=torch.int64)
     template = OutputTemplate.of({"x": a.clone(), "rest": (None, b.clone())})

@@ -165,6 +165,7 @@ def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], bui
     winner = _confident(min((k for k in medians if allow_eager or k != "eager"), key=medians.get), defaults, samples)
     if getattr(s.opt, "deployed_race", False):
         winner = _deployed_winner(s, result, plans, built, winner, defaults)
+    winner = _loadable_winner(s, result, plans, built, medians, winner)
     result.baseline_us = medians["eager"]
     result.plan_us = medians[winner]
     result.final_medians_us = medians
@@ -173,6 +174,39 @@ def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], bui
     else:
         result.choices = plans[winner]
         result.realized, result.module = built[winner]
+
+
+def _loadable_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], built: dict[str, Any],
+                     medians: dict[str, float], winner: str) -> str:
+    """``winner``, or the fastest plan after it whose artifact regions (AOTInductor packages,
+    runtime sessions) a fresh process rebuilds and runs (:func:`~.standalone.fresh_process_failures`):
+    a plan that crashes the process that loads it must not ship. A plan the deployed race ran in
+    processes of its own passed that already; eager has nothing to load."""
+    for name in [winner, *sorted((k for k in medians if k != winner), key=medians.get)]:
+        if name == "eager" or name in result.deployed_medians_us:
+            return name
+        failures = _fresh_process_failures(s, plans[name], built[name][0])
+        if not failures:
+            return name
+        result.unloadable[name] = "; ".join(f"{scope or '<model>'}: {why}" for scope, why in failures.items())
+        log.warning("cuvil-pgc: plan %s does not ship: %s", name, result.unloadable[name])
+    return "eager"
+
+
+def _fresh_process_failures(s: Any, choices: dict[str, Candidate], realized: dict[str, Realized]) -> dict[str, str]:
+    from cuvil_pgc.recompile.standalone import fresh_process_failures, standalone_spec
+
+    specs, inputs, references = {}, {}, {}
+    for scope, cand in choices.items():
+        spec = standalone_spec(cand, realized[scope], s.scope_inputs[scope], s.opt.device, check=True)
+        if spec is not None:
+            specs[scope], inputs[scope] = spec, s.scope_inputs[scope].args
+            with torch.no_grad():
+                references[scope] = realized[scope].module(*inputs[scope])
+    if not specs:
+        return {}
+    stage(getattr(s, "progress", None), f"loading the plan's {len(specs)} compiled region(s) in a fresh process")
+    return fresh_process_failures(specs, inputs, references)
 
 
 def _confident(winner: str, defaults: list[str] | tuple[str, ...], samples: dict[str, Any]) -> str:

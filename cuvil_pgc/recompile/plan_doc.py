@@ -13,7 +13,8 @@
      "stale": [{"path", "reason"}], "unmatched": [...],
      "measured_candidates", "reused_records", "space_size", "baseline_ms", "plan_ms", "speedup_vs_eager",
      "final_medians_ms", "deployed_medians_ms",
-     "runtime_defaults": [{"config", "measured_ms", "status", "reason"}]}
+     "runtime_defaults": [{"config", "measured_ms", "status", "reason"}],
+     "unloadable": {plan: why a fresh process could not load and run it} (absent when empty)}
 
 Format 1 (still read) is the same without ``runtime_defaults``, and its TensorRT choices carry the
 engine's GPU and TensorRT version in ``runtime`` (format 2 records them in the manifest, see
@@ -220,6 +221,8 @@ class Plan:
     deployed_medians_ms: dict[str, float | None] = field(default_factory=dict)
     #: the whole model on each runtime at its defaults, measured as baselines outside the budget
     runtime_defaults: list[dict[str, Any]] = field(default_factory=list)
+    #: plans that won a race but did not ship: why a fresh process could not load and run them
+    unloadable: dict[str, str] = field(default_factory=dict)
     format: int = PLAN_FORMAT        # the format it was read in; to_json writes PLAN_FORMAT
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -235,8 +238,9 @@ class Plan:
         doc["format"] = max([PLAN_FORMAT, *(c.format for c in self.choices)])
         doc["choices"] = [c.to_json() for c in self.choices]
         doc["regions"] = [r.to_json() for r in self.regions]
-        if not self.deployed_medians_ms:    # added within format 2: a plan without that race reads as before
-            del doc["deployed_medians_ms"]
+        for name in ("deployed_medians_ms", "unloadable"):    # added within format 2: absent when empty
+            if not doc[name]:
+                del doc[name]
         return _with_extra(doc, self.extra)
 
     @classmethod
@@ -265,6 +269,7 @@ class Plan:
                    baseline_ms=_number(known.get("baseline_ms")), plan_ms=_number(known.get("plan_ms")),
                    speedup_vs_eager=_number(known.get("speedup_vs_eager")), final_medians_ms=medians,
                    deployed_medians_ms=deployed, runtime_defaults=[d for d in _list(known.get("runtime_defaults")) if isinstance(d, dict)],
+                   unloadable={_text(k): _text(v) for k, v in _dict(known.get("unloadable")).items()},
                    format=fmt, extra=extra)
 
 
@@ -295,6 +300,7 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
         final_medians_ms={k: _ms(v) for k, v in result.final_medians_us.items()},
         deployed_medians_ms={k: _ms(v) for k, v in getattr(result, "deployed_medians_us", {}).items()},
         runtime_defaults=[t.to_json() for t in getattr(result, "runtime_defaults", [])],
+        unloadable=dict(getattr(result, "unloadable", {})),
     )
 
 

@@ -9,6 +9,12 @@ package), checks that it answers the captured inputs with the searching process'
 serves timing requests (:mod:`.process_race`). :func:`race_standalone` writes the inputs and
 specs to a private directory and races the plans there; :mod:`.plan` lets that race decide
 between whole-model plans (see its docstring for why).
+
+:func:`fresh_process_failures` asks the same worker (``--check``) only to rebuild a region of
+any scope, on any device, and answer its captured inputs: the plan that ships must load in a
+process that did not build it. On an H200 with torch 2.11, AOTInductor CUDA packages that ran in
+the searching process killed every fresh process that loaded them (SIGSEGV inside torch's
+``AOTIModelPackageLoader``), which ``load_build(fallback="eager")`` cannot catch.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -33,11 +41,21 @@ STANDALONE_BACKENDS = ("ort", "openvino", "aoti")
 REPLICAS = 3
 
 
-def standalone_spec(cand: Any, realized: Any, scope_inputs: Any, device: str) -> dict[str, Any] | None:
+#: seconds a fresh process may take to load a region and answer its inputs
+CHECK_TIMEOUT_S = 600.0
+
+
+def standalone_spec(cand: Any, realized: Any, scope_inputs: Any, device: str, *,
+                    check: bool = False) -> dict[str, Any] | None:
     """What a worker needs to run ``cand``'s whole-model region (``realized``) for the captured
     inputs, or None where it needs more (the model's code, a GPU, an output structure not known
-    yet)."""
-    if cand.scope or cand.backend not in STANDALONE_BACKENDS or device != "cpu" or not realized.artifact:
+    yet). With ``check`` (a load check, not a race), a region of any scope on any device."""
+    if cand.backend not in STANDALONE_BACKENDS or not realized.artifact:
+        return None
+    if check:
+        if scope_inputs.kwargs:          # the worker passes positional inputs alone
+            return None
+    elif cand.scope or device != "cpu":
         return None
     outputs = flat = None
     template = getattr(getattr(realized.module, "compiled", None), "template", None)
@@ -77,6 +95,42 @@ def race_standalone(specs: dict[str, dict[str, Any]], inputs: tuple[Any, ...], r
                 json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(references[name])}, f)
             commands[name] = [sys.executable, "-m", __name__, path]
         return race_in_processes(commands, rounds, replicas, env=_worker_env())
+
+
+def fresh_process_failures(specs: dict[str, dict[str, Any]], inputs: dict[str, tuple[Any, ...]],
+                           references: dict[str, Any], *, timeout: float = CHECK_TIMEOUT_S,
+                           python: str = sys.executable) -> dict[str, str]:
+    """Why each region of ``specs`` (by name, with its ``inputs`` and this process's output for
+    them, ``references``) could not be rebuilt from its artifact and answer in a fresh process;
+    empty when every one could. A region whose artifact crashes its process is named with the
+    signal."""
+    failures = {}
+    with tempfile.TemporaryDirectory(prefix="cuvil-check-") as tmp:     # private: mode 0700
+        for i, (name, spec) in enumerate(specs.items()):
+            data, path = os.path.join(tmp, f"inputs{i}.pt"), os.path.join(tmp, f"region{i}.json")
+            torch.save({"args": list(inputs[name]), "references": {name: _tensors(references[name])}}, data)
+            with open(path, "w") as f:
+                json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(references[name])}, f)
+            try:
+                proc = subprocess.run([python, "-m", __name__, path, "--check"], env=_worker_env(),
+                                      capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                failures[name] = f"a process of its own did not load and run it within {timeout:.0f} s"
+                continue
+            if proc.returncode < 0:
+                failures[name] = (f"a process of its own that loaded it crashed ({_signal_name(-proc.returncode)}), "
+                                  "as a deployment loading the build would")
+            elif proc.returncode:
+                last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+                failures[name] = f"a process of its own could not load and run it: {last[:300]}"
+    return failures
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:
@@ -154,7 +208,8 @@ def main(argv: list[str]) -> int:
         check = check_outputs(data["references"][spec["plan"]], _tensors(module(*args)))
         if not check.ok:
             raise RuntimeError(f"the worker's outputs differ from the searching process's: {check.reason}")
-        serve(lambda: module(*args))
+        if "--check" not in argv[1:]:
+            serve(lambda: module(*args))
     return 0
 
 

@@ -70,6 +70,8 @@ class SearchResult:
     #: the whole model on each runtime at its defaults: baselines measured outside the budget
     runtime_defaults: list[Trial] = field(default_factory=list)
     baselines_measured: int = 0
+    #: plans that won a race but did not ship: why a fresh process could not load and run them
+    unloadable: dict[str, str] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:

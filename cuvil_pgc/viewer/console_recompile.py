@@ -33,7 +33,7 @@ def plan_view(plan: Plan, path: str | None = None) -> TableView:
     caption = (f"whole model: eager {_ms(plan.baseline_ms)} ms → {_ms(plan.plan_ms)} ms "
                f"({fmt_speedup(plan.speedup_vs_eager)}); measured {plan.measured_candidates} of "
                f"{plan.space_size} candidates, {plan.reused_records} from records; stale regions: {stale}"
-               + _runtime_defaults(plan) + _deployed(plan))
+               + _runtime_defaults(plan) + _deployed(plan) + _unloadable(plan))
     return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
 
 
@@ -42,6 +42,12 @@ def _deployed(plan: Plan) -> str:
     that race): the figures that chose the plan where they differ from the searching process's."""
     parts = [f"{name} {_ms(v)} ms" for name, v in plan.deployed_medians_ms.items()]
     return f"; decided in processes of their own: {', '.join(parts)}" if parts else ""
+
+
+def _unloadable(plan: Plan) -> str:
+    """``; not shipped: <model>::aoti+freezing (a process of its own that loaded it crashed ...)``."""
+    parts = [f"{name} ({why})" for name, why in plan.unloadable.items()]
+    return f"; not shipped, a fresh process could not load them: {', '.join(parts)}" if parts else ""
 
 
 def _runtime_defaults(plan: Plan) -> str:
