@@ -369,14 +369,18 @@ def test_a_winning_plan_a_fresh_process_cannot_load_does_not_ship(monkeypatch):
     built = {name: ({"": None}, nn.Identity()) for name in plans}
     medians = {"eager": 3.0, "<model>::aoti+freezing": 1.0, "<model>::ort": 2.0}
     result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
-    chosen = plan_module._loadable_winner(_FakeSearch(), result, plans, built, medians, "<model>::aoti+freezing")
+    search = _FakeSearch()
+    assert plan_module._loadable_winner(search, result, plans, built, medians, "<model>::aoti+freezing") \
+        == "<model>::aoti+freezing" and checked == []      # on the CPU: no check (see its docstring)
+    search.opt.device = "cuda"
+    chosen = plan_module._loadable_winner(search, result, plans, built, medians, "<model>::aoti+freezing")
     assert chosen == "<model>::ort" and checked == ["aoti+freezing", "ort"]
     assert result.unloadable == {"<model>::aoti+freezing": f"<model>: {crash}"}
     # a plan the race in processes of its own ran is not loaded again; eager has nothing to load
     checked.clear()
     result.deployed_medians_us = {"<model>::ort": 2.0}
-    assert plan_module._loadable_winner(_FakeSearch(), result, plans, built, medians, "<model>::ort") == "<model>::ort"
-    assert plan_module._loadable_winner(_FakeSearch(), result, plans, built, medians, "eager") == "eager"
+    assert plan_module._loadable_winner(search, result, plans, built, medians, "<model>::ort") == "<model>::ort"
+    assert plan_module._loadable_winner(search, result, plans, built, medians, "eager") == "eager"
     assert checked == []
     plan = Plan(unloadable=result.unloadable)
     assert Plan.from_json(plan.to_json()).unloadable == result.unloadable
