@@ -92,6 +92,9 @@ def test_a_gpu_machine_with_the_cpu_onnxruntime_package_gets_no_ort_candidates_a
         assert not status.ok and "no CUDA execution provider" in status.reason
         assert "onnxruntime-gpu" in status.fix
         assert runtimes.check("ort", "cpu").ok and "ort" not in runtimes.available("cuda")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)    # doctor on a GPU machine
+        described = runtimes.describe("ort")
+        assert described.ok and "none for CUDA" in described.detail and "onnxruntime-gpu" in described.detail
         with pytest.raises(BuildError) as info:   # a build made where onnxruntime-gpu was
             OrtRunner(str(tmp_path / "never_parsed.onnx"), {"ep": "cuda"}, None)
         assert "CUDAExecutionProvider" in info.value.problem and "onnxruntime-gpu" in info.value.fix

@@ -147,6 +147,10 @@ def describe(backend: str) -> RuntimeStatus:
             import onnxruntime
 
             where = "providers " + ", ".join(onnxruntime.get_available_providers())
+            import torch
+
+            if torch.cuda.is_available() and "cuda" not in ort_eps():
+                where += f" (none for CUDA: GPU regions need it; {ORT_GPU_FIX})"
         elif backend == "openvino":
             import openvino
 
