@@ -230,3 +230,42 @@ def test_a_plan_must_beat_the_runtime_default_with_confidence_to_ship(monkeypatc
     plan_mod._final_race(s, result, plans, built, defaults=["<model>::ort"])
     assert result.choices == plans[ships]
     assert result.plan_us == pytest.approx(result.final_medians_us[ships])
+
+
+@pytest.mark.parametrize("rule", [True, False])
+def test_cuda_graphs_are_measured_on_a_launch_bound_scope_whatever_their_prior(monkeypatch, rule):
+    """The cost models predict CUDA graphs far slower than eager (their prior, as on the H200 where
+    they were 15 % slower for a model they ran 2.3x faster): on a launch-bound scope the stop
+    rule still keeps them until one is measured; without that rule they are never tried."""
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile import cost_models
+    from cuvil_pgc.recompile.search import search
+    from cuvil_pgc.recompile.trials import SearchOptions
+
+    fake_measurements(monkeypatch, {"": 1.0}, {"<model>::cudagraphs": 0.3})
+    monkeypatch.setitem(cost_models.PRIORS["fixed_us"], "cudagraphs", 5000.0)
+    if not rule:
+        monkeypatch.setattr(search_mod, "untried_remedy", lambda *args: False)
+    torch.manual_seed(0)
+    result = search(Mlp().eval(), (torch.randn(2, 16),), Analysis(regions=[stats("model", 300.0, "Mlp")]),
+                    options=SearchOptions(budget=6, device="cuda", backends=("aoti", "compile", "cudagraphs"),
+                                          rounds=3))
+    measured = {k for k, t in result.trials.items() if t.status == "ok"}
+    assert ("<model>::cudagraphs" in measured) is rule
+    assert (result.choices == {"": Candidate("", "cudagraphs", mode="reduce-overhead")}) is rule
+
+
+def test_only_cuda_graphs_on_a_launch_bound_scope_not_yet_measured_there_are_kept():
+    from cuvil_pgc.recompile.candidates import ScopeFeatures
+    from cuvil_pgc.recompile.search_policy import untried_remedy
+    from cuvil_pgc.recompile.trials import Trial
+
+    graphs = Candidate("", "cudagraphs", mode="reduce-overhead")
+    launch = ScopeFeatures(scope="", path="model", bottleneck="launch_overhead", eager_us=300.0, labels=["host_bound"])
+    compute = ScopeFeatures(scope="", path="model", bottleneck="compute", eager_us=300.0, labels=["compute"])
+    assert untried_remedy(graphs, launch, []) and not untried_remedy(graphs, compute, [])
+    assert not untried_remedy(Candidate("", "aoti"), launch, [])
+    other_scope = Trial(Candidate("head", "cudagraphs", mode="reduce-overhead"), 1.0, "ok", 1.0)
+    assert untried_remedy(graphs, launch, [other_scope])
+    failed_here = Trial(Candidate("", "cudagraphs", mode="reduce-overhead", rewrite=True), 1.0, "compile_error")
+    assert not untried_remedy(graphs, launch, [failed_here])

@@ -73,6 +73,7 @@ from cuvil_pgc.recompile.search_policy import (
     budget_cap,
     default_budget,
     prediction_spread,
+    untried_remedy,
 )
 from cuvil_pgc.recompile.search_records import SearchRecords
 from cuvil_pgc.recompile.trials import SearchOptions, SearchResult, Trial
@@ -183,7 +184,8 @@ class _Search:
             ranked = self.cost.rank(pending, self.features)
             if not self.opt.exhaustive and self.measured + self.reused >= MIN_EXPLORE:
                 spread = self._prediction_spread()
-                ranked = [(c, p) for c, p in ranked if p / spread < self._best_in_scope(c.scope) * (1 - MIN_GAIN)]
+                ranked = [(c, p) for c, p in ranked if p / spread < self._best_in_scope(c.scope) * (1 - MIN_GAIN)
+                          or untried_remedy(c, self.features[c.scope], self.trials.values())]
                 if not ranked:
                     break    # nothing left is predicted to beat what was measured
             scope = ranked[0][0].scope

@@ -7,6 +7,8 @@
   beats the best measured of its scope by :data:`MIN_GAIN`.
 - A batch: the cost models' favourite and, second, the best-ranked candidate of a backend not yet
   tried in the scope, else the best-ranked one-knob neighbour of the incumbent (:func:`batch_order`).
+- CUDA graphs on a scope the profile calls launch-bound stay worth trying, whatever the prediction,
+  until one is measured there (:func:`untried_remedy`).
 
 Functions of the search's trials (anything with ``candidate``, ``status``, ``measured_us``,
 ``predicted_us`` and ``reused``), so each rule is tested on its own.
@@ -18,7 +20,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.candidates import OVERHEAD_LABELS, Candidate, ScopeFeatures
 from cuvil_pgc.recompile.measure import median
 
 BATCH = 2
@@ -73,6 +75,19 @@ def batch_order(ranked: Ranked, best: Candidate | None, trials: Iterable[Any]) -
     if fresh is None:
         return with_neighbour(ranked, best, trials)
     return _second(ranked, fresh)
+
+
+def untried_remedy(cand: Candidate, feats: ScopeFeatures, trials: Iterable[Any]) -> bool:
+    """Whether ``cand`` is CUDA graphs on a scope whose profile says launch-bound (an overhead
+    label), and no CUDA graphs candidate of that scope was measured yet: the stop rule keeps it,
+    whatever the cost models predict. A graph replay's prior is a guess until this GPU's records
+    correct it: on an H200 the models predicted a launch-bound model's CUDA graphs 15 % slower
+    than eager (0.733 against 0.637 ms), the stop rule never measured them, and torch.compile's
+    CUDA graphs ran the model 2.31x faster than eager."""
+    if cand.backend != "cudagraphs" or not set(feats.labels or [feats.bottleneck]) & set(OVERHEAD_LABELS):
+        return False
+    return not any(t.candidate.scope == cand.scope and t.candidate.backend == "cudagraphs"
+                   and t.status != "not_measured" for t in trials)
 
 
 def with_neighbour(ranked: Ranked, best: Candidate | None, trials: Iterable[Any]) -> Ranked:
