@@ -236,11 +236,17 @@ def test_a_lead_that_not_every_worker_process_shows_goes_to_the_runtime_default(
 
 
 def test_the_searching_process_decides_where_the_race_in_processes_cannot(monkeypatch):
+    from cuvil_pgc.recompile.plan import _loadable_winner
+
     fast, slow = [1.0e-3] * 20, [1.2e-3] * 20
-    # the winner's own workers failed: nothing to compare it with
+    # the winner's own workers failed: nothing to compare it with, and it does not ship (a
+    # deployment's process would fail as its workers did): the next fastest in this process does
     chosen, result = _decide(monkeypatch, {"<model>::ort": fast, "<model>::openvino": slow},
                              failed={"model": "cannot load"})
     assert chosen == "model" and result.deployed_medians_us == {}
+    assert result.unloadable == {"model": "<model>: a process of its own could not load and run it: cannot load"}
+    medians = {"eager": 3.0, "model": 1.0, "<model>::openvino": 1.1, "<model>::ort": 1.2}
+    assert _loadable_winner(_FakeSearch(), result, {}, {}, medians, "model") == "<model>::openvino"
     chosen, _ = _decide(monkeypatch, RuntimeError("a race worker stopped answering"))
     assert chosen == "model"
     # a composite plan needs the model's code: no race in processes

@@ -185,13 +185,17 @@ def _loadable_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]]
     a plan that crashes the process that loads it must not ship. A plan the deployed race ran in
     processes of its own passed that already; eager has nothing to load.
 
-    Only on :data:`FRESH_LOAD_DEVICES`: there no deployed race runs, and AOTInductor CUDA packages
-    crashed fresh processes (torch 2.11 on an H200). On the CPU, whole-model plans go through the
-    deployed race, and packages and runtime files load in services' processes throughout the tests."""
-    if str(getattr(s.opt, "device", "cpu")).split(":")[0] not in FRESH_LOAD_DEVICES:
-        return winner
+    A plan whose workers failed in the deployed race (``result.unloadable``) does not ship either.
+    The fresh-process check runs only on :data:`FRESH_LOAD_DEVICES`: there no deployed race runs,
+    and AOTInductor CUDA packages crashed fresh processes (torch 2.11 on an H200). On the CPU,
+    whole-model plans go through the deployed race, and packages and runtime files load in
+    services' processes throughout the tests."""
+    unloadable = getattr(result, "unloadable", {})       # the deployed race's failed plans
+    check = str(getattr(s.opt, "device", "cpu")).split(":")[0] in FRESH_LOAD_DEVICES
     for name in [winner, *sorted((k for k in medians if k != winner), key=medians.get)]:
-        if name == "eager" or name in getattr(result, "deployed_medians_us", {}):
+        if name in unloadable:
+            continue
+        if name == "eager" or not check or name in getattr(result, "deployed_medians_us", {}):
             return name
         failures = _fresh_process_failures(s, plans[name], built[name][0])
         if not failures:
@@ -265,8 +269,9 @@ def _deployed_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]]
     except Exception as exc:       # a worker that stopped answering: the race in this process stands
         log.warning("cuvil-pgc: the race in processes of their own stopped (%s); keeping %s", exc, winner)
         return winner
-    for name, why in failed.items():
+    for name, why in failed.items():      # as a deployment's process would not: it does not ship
         log.warning("cuvil-pgc: plan %s could not run in a process of its own: %s", name, why)
+        result.unloadable[name] = f"<model>: a process of its own could not load and run it: {why}"
     if winner not in samples:
         return winner
     result.deployed_medians_us = {k: v.median_s * 1e6 for k, v in samples.items()}
