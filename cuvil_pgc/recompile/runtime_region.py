@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 
 from cuvil_pgc.recompile.hf_outputs import fast_builder, same_model_output
 from cuvil_pgc.recompile.output_values import is_size
+from cuvil_pgc.recompile.runtimes import ORT_GPU_FIX, ORT_PROVIDERS
 
 TENSOR_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
            "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
@@ -168,9 +169,10 @@ class RuntimeRunner:
 
 ORT_LEVELS = ("disabled", "basic", "extended", "all")
 ORT_MODES = ("sequential", "parallel")
-ORT_EPS = {"cpu": ["CPUExecutionProvider"],
-           "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-           "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
+#: each ``ep`` knob's providers for a session: the one asked for first, then those ONNX Runtime
+#: hands the nodes it cannot run to
+ORT_EPS = {ep: [ORT_PROVIDERS[p] for p in chain]
+           for ep, chain in {"cpu": ("cpu",), "cuda": ("cuda", "cpu"), "tensorrt": ("tensorrt", "cuda", "cpu")}.items()}
 
 
 _measuring = contextvars.ContextVar("cuvil_pgc_measuring_in_process", default=False)
@@ -226,15 +228,14 @@ def _check_provider(ort: Any, ep: str, onnx_path: str) -> None:
     ``InferenceSession`` only warns and runs on the CPU (CUDA tensors then go through host copies,
     or fail deep in IO binding)."""
     from cuvil_pgc.errors import BuildError
-    from cuvil_pgc.recompile.runtimes import ORT_GPU_FIX, ORT_PROVIDERS
 
     have = ort.get_available_providers()
     if ep not in ORT_EPS:
         raise BuildError(f"the ONNX Runtime region asks for execution provider {ep!r}, which this cuvil-pgc "
                          f"does not know ({', '.join(ORT_EPS)})", path=onnx_path,
                          fix="load it with the cuvil-pgc that made it, or recompile here")
-    if ORT_PROVIDERS[ep] not in have:
-        raise BuildError(f"onnxruntime {ort.__version__} has no {ORT_PROVIDERS[ep]} here (it has "
+    if ORT_EPS[ep][0] not in have:
+        raise BuildError(f"onnxruntime {ort.__version__} has no {ORT_EPS[ep][0]} here (it has "
                          f"{', '.join(have)})", path=onnx_path,
                          fix=ORT_GPU_FIX if ep != "cpu" else "reinstall onnxruntime")
 
