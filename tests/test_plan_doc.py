@@ -138,6 +138,20 @@ def test_the_race_in_processes_round_trips_and_a_plan_without_it_reads_as_before
     assert "raced in processes of their own" in html and "&lt;model&gt;::ort: 290 µs" in html
 
 
+def test_plans_that_did_not_ship_round_trip_and_show_in_the_report_and_the_cli():
+    from cuvil_pgc.viewer._run_sections import plan_section
+    from cuvil_pgc.viewer.console_recompile import plan_view
+
+    doc = {**json.loads(json.dumps(FORMAT_1)), "format": 2,
+           "unloadable": {"<model>::aoti+freezing": "<model>: a process of its own that loaded it crashed (SIGSEGV)"}}
+    plan = Plan.from_json(doc)
+    assert plan.unloadable == doc["unloadable"] and plan.to_json()["unloadable"] == doc["unloadable"]
+    html = plan_section(plan, None, False)
+    assert "did not ship" in html and "&lt;model&gt;::aoti+freezing: &lt;model&gt;: a process of its own" in html
+    assert "not shipped, a fresh process could not load them: <model>::aoti+freezing" in plan_view(plan).caption
+    assert "did not ship" not in plan_section(Plan.from_json(FORMAT_1), None, False)
+
+
 def test_a_choices_program_for_other_sizes_round_trips_and_a_malformed_one_is_dropped():
     doc = json.loads(json.dumps(FORMAT_1))
     record = {"artifact": "ort/0-shapes.onnx", "inputs": [["int64", [None, None]]]}

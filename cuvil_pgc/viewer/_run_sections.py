@@ -121,6 +121,9 @@ def plan_section(plan: Plan | None, build: dict[str, Any] | None, has_figure: bo
     if plan.deployed_medians_ms:
         body += "<h3>Whole-model plans raced in processes of their own (this race chose the plan)</h3>" + _reasons(
             [f"{name}: {fmt_ms(v)}" for name, v in plan.deployed_medians_ms.items()])
+    if plan.unloadable:
+        body += "<h3>Plans that won a race but did not ship (a fresh process could not load and run them)</h3>" \
+            + _reasons([f"{name}: {why}" for name, why in plan.unloadable.items()])
     if plan.stale:
         body += "<h3>Stale regions (changed since the build; skipped at load)</h3>" + _reasons(
             [f"{s.get('path')}: {s.get('reason')}" for s in plan.stale])
