@@ -250,7 +250,8 @@ def _deployed_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]]
                      winner: str, defaults: list[str] | tuple[str, ...]) -> str:
     """Where the race's winner is a whole-model plan a worker process can run alone, the fastest of
     those plans raced each in processes of their own (:mod:`.standalone`); ``winner`` otherwise,
-    or when its own workers could not run."""
+    or when its own workers could not run (each plan whose workers failed goes into
+    ``result.unloadable``, and :func:`_loadable_winner` passes it over)."""
     from cuvil_pgc.recompile.standalone import race_standalone, standalone_spec
 
     specs = {}
@@ -269,7 +270,7 @@ def _deployed_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]]
     except Exception as exc:       # a worker that stopped answering: the race in this process stands
         log.warning("cuvil-pgc: the race in processes of their own stopped (%s); keeping %s", exc, winner)
         return winner
-    for name, why in failed.items():      # as a deployment's process would not: it does not ship
+    for name, why in failed.items():      # a deployment's process would fail the same way
         log.warning("cuvil-pgc: plan %s could not run in a process of its own: %s", name, why)
         result.unloadable[name] = f"<model>: a process of its own could not load and run it: {why}"
     if winner not in samples:
