@@ -126,6 +126,11 @@ class ScopeFeatures:
     labels: list[str] = field(default_factory=list)   # bottlenecks of the regions inside the scope
     evidence: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def label_set(self) -> set[str]:
+        """The scope's labels; its bottleneck alone where the profile gave none."""
+        return set(self.labels or [self.bottleneck])
+
 
 def generate_space(scopes: list[ScopeFeatures], device: str = "cpu",
                    backends: tuple[str, ...] | None = None,
@@ -172,7 +177,7 @@ class RuntimeSpace:
 
 def scope_candidates(feats: ScopeFeatures, device: str = "cpu",
                      runtimes: RuntimeSpace | None = None) -> list[Candidate]:
-    labels = set(feats.labels or [feats.bottleneck])
+    labels = feats.label_set
     out = [Candidate(feats.scope)]
     if labels <= NO_REMEDY_LABELS:
         return out

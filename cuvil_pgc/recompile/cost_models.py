@@ -403,7 +403,7 @@ def op_family(feats: ScopeFeatures) -> str:
 
 def _label_preference(cand: Candidate, feats: ScopeFeatures) -> int:
     """0 when the candidate's main lever fits the scope's bottleneck label, 1 otherwise."""
-    labels = set(feats.labels or [feats.bottleneck])
+    labels = feats.label_set
     if labels & set(OVERHEAD_LABELS):
         return 0 if cand.backend in ("aoti", "cudagraphs", *RUNTIME_BACKENDS) or cand.rewrite or cand.cpp_wrapper else 1
     if "compute" in labels:

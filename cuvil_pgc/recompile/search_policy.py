@@ -84,7 +84,7 @@ def untried_remedy(cand: Candidate, feats: ScopeFeatures, trials: Iterable[Any])
     correct it: on an H200 the models predicted a launch-bound model's CUDA graphs 15 % slower
     than eager (0.733 against 0.637 ms), the stop rule never measured them, and torch.compile's
     CUDA graphs ran the model 2.31x faster than eager."""
-    if cand.backend != "cudagraphs" or not set(feats.labels or [feats.bottleneck]) & set(OVERHEAD_LABELS):
+    if cand.backend != "cudagraphs" or not feats.label_set & set(OVERHEAD_LABELS):
         return False
     return not any(t.candidate.scope == cand.scope and t.candidate.backend == "cudagraphs"
                    and t.status != "not_measured" for t in trials)
