@@ -90,9 +90,7 @@ def race_standalone(specs: dict[str, dict[str, Any]], inputs: tuple[Any, ...], r
         torch.save({"args": list(inputs), "references": {k: _tensors(references[k]) for k in specs}}, data)
         commands = {}
         for i, (name, spec) in enumerate(specs.items()):
-            path = os.path.join(tmp, f"plan{i}.json")
-            with open(path, "w") as f:
-                json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(references[name])}, f)
+            path = _write_spec(os.path.join(tmp, f"plan{i}.json"), spec, name, data, references[name])
             commands[name] = [sys.executable, "-m", __name__, path]
         return race_in_processes(commands, rounds, replicas, env=_worker_env())
 
@@ -107,10 +105,9 @@ def fresh_process_failures(specs: dict[str, dict[str, Any]], inputs: dict[str, t
     failures = {}
     with tempfile.TemporaryDirectory(prefix="cuvil-check-") as tmp:     # private: mode 0700
         for i, (name, spec) in enumerate(specs.items()):
-            data, path = os.path.join(tmp, f"inputs{i}.pt"), os.path.join(tmp, f"region{i}.json")
+            data = os.path.join(tmp, f"inputs{i}.pt")
             torch.save({"args": list(inputs[name]), "references": {name: _tensors(references[name])}}, data)
-            with open(path, "w") as f:
-                json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(references[name])}, f)
+            path = _write_spec(os.path.join(tmp, f"region{i}.json"), spec, name, data, references[name])
             try:
                 proc = subprocess.run([python, "-m", __name__, path, "--check"], env=_worker_env(),
                                       capture_output=True, text=True, timeout=timeout)
@@ -124,6 +121,14 @@ def fresh_process_failures(specs: dict[str, dict[str, Any]], inputs: dict[str, t
                 last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
                 failures[name] = f"a process of its own could not load and run it: {last[:300]}"
     return failures
+
+
+def _write_spec(path: str, spec: dict[str, Any], name: str, data: str, reference: Any) -> str:
+    """The worker's file at ``path``: ``spec``, under ``name`` in the inputs file ``data``, with the
+    modules of its output's classes (``reference``, see :func:`_output_modules`); returns ``path``."""
+    with open(path, "w") as f:
+        json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(reference)}, f)
+    return path
 
 
 def _signal_name(number: int) -> str:
