@@ -69,8 +69,8 @@ def small_model():
 
 # ----------------------------------------------------------------------------- the steps
 class Steps:
-    def __init__(self, out: Path, device: str) -> None:
-        self.out, self.device, self.failed = out, device, []
+    def __init__(self, device: str) -> None:
+        self.failed: list[str] = []
         # a crash in native code (a loaded package, a runtime) prints the Python stack
         self.env = {**os.environ, "GPU_RECOMPILE_DEVICE": device, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__} (CUDA {torch.version.cuda}); "
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}; python {sys.version.split()[0]}")
-    steps = Steps(out, args.device)
+    steps = Steps(args.device)
     spec = f"{HERE}:small_model"
     trace, build, key = out / "small.trace.json", out / "small.cuvilpkg", out / "signing.key"
     steps.cli("doctor", ["doctor"], 120)

@@ -37,8 +37,8 @@ def test_the_plan_summary_shows_measured_and_refused_candidates_not_those_the_bu
     assert "not shipped: <model>::aoti: <model>: a process of its own that loaded it crashed (SIGSEGV)" in out
 
 
-def test_a_step_that_fails_or_hangs_is_recorded_and_the_run_goes_on(script, tmp_path, capsys):
-    steps = script.Steps(tmp_path, "cpu")
+def test_a_step_that_fails_or_hangs_is_recorded_and_the_run_goes_on(script, capsys):
+    steps = script.Steps("cpu")
     assert steps.run("ok", [sys.executable, "-c", "print('fine')"], 60) == "fine\n"
     assert steps.run("fails", [sys.executable, "-c", "import sys; print('why', file=sys.stderr); sys.exit(3)"], 60) is None
     assert steps.run("hangs", [sys.executable, "-c", "import time; time.sleep(30)"], 1) is None
