@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cuvil_pgc.analyze import vocabulary
-from cuvil_pgc.recompile.runtimes import RUNTIME_BACKENDS
+from cuvil_pgc.recompile.runtimes import ORT_PROVIDERS, RUNTIME_BACKENDS
 
 BACKENDS = ("eager", "compile", "aoti", "cudagraphs", *RUNTIME_BACKENDS)
 OVERHEAD_LABELS = tuple(sorted(vocabulary.with_remedy("overhead")))   # launch_overhead, host_bound, ...
@@ -162,7 +162,7 @@ class RuntimeSpace:
     backends: tuple[str, ...] = ()
     native_bf16: bool = False
     threads: int = 1
-    ort_eps: tuple[str, ...] = ("cpu", "cuda", "tensorrt")
+    ort_eps: tuple[str, ...] = tuple(ORT_PROVIDERS)
 
     @classmethod
     def here(cls, device: str = "cpu") -> RuntimeSpace:
