@@ -187,7 +187,8 @@ def _loadable_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]]
 
     A plan whose workers failed in the deployed race (``result.unloadable``) does not ship either.
     The fresh-process check runs only on :data:`FRESH_LOAD_DEVICES`: there no deployed race runs,
-    and AOTInductor CUDA packages crashed fresh processes (torch 2.11 on an H200). On the CPU,
+    and AOTInductor CUDA packages crashed fresh processes (torch 2.11 on an H200, before
+    :mod:`.cxx_runtime`). On the CPU,
     whole-model plans go through the deployed race, and packages and runtime files load in
     services' processes throughout the tests."""
     unloadable = getattr(result, "unloadable", {})       # the deployed race's failed plans

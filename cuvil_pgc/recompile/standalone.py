@@ -14,7 +14,8 @@ between whole-model plans (see its docstring for why).
 any scope, on any device, and answer its captured inputs: the plan that ships must load in a
 process that did not build it. On an H200 with torch 2.11, AOTInductor CUDA packages that ran in
 the searching process killed every fresh process that loaded them (SIGSEGV inside torch's
-``AOTIModelPackageLoader``), which ``load_build(fallback="eager")`` cannot catch.
+``AOTIModelPackageLoader``; :mod:`.cxx_runtime` found the cause), which
+``load_build(fallback="eager")`` cannot catch.
 """
 
 from __future__ import annotations
