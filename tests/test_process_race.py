@@ -42,6 +42,17 @@ def test_a_worker_that_fails_to_start_takes_its_contender_out_with_its_reason():
     assert failed == {"bad": "cannot read plan0.onnx: truncated"}
 
 
+def test_a_worker_that_crashes_while_setting_up_is_named_with_its_signal():
+    """A native crash (an AOTInductor package did this on an H200) is the signal, not the last
+    line the worker happened to print."""
+    body = "import os, signal, sys; print('UserWarning: something harmless', file=sys.stderr, flush=True); " \
+           "os.kill(os.getpid(), signal.SIGSEGV)"
+    samples, failed = race_in_processes({"crashy": _worker(body), "good": _worker("call = lambda: None")},
+                                        rounds=2, replicas=1)
+    assert set(samples) == {"good"}
+    assert failed["crashy"].startswith("it crashed (SIGSEGV); its last message: ")   # (faulthandler's, if on)
+
+
 def test_a_contender_that_fails_in_one_replica_has_its_other_replicas_stopped_before_the_race(tmp_path):
     """The first replica sets up fine, the second fails: the first must not idle beside the race
     (it is killed: its exit handler never runs), and the contender is out with the reason."""

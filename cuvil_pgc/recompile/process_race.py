@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -131,19 +132,33 @@ def _sample(proc: subprocess.Popen[str], calls: int, timeout_s: float) -> float:
     try:
         return float(reply or "")
     except ValueError:
-        why = f"no answer within {timeout_s:.0f} s" if reply is None else f"exit status {proc.wait()}"
+        why = f"no answer within {timeout_s:.0f} s" if reply is None else exit_reason(proc.wait())
         raise RuntimeError(f"a race worker stopped answering ({why})") from None
 
 
 def _why(proc: subprocess.Popen[str], log: Any, reply: str) -> str:
-    """Why a worker did not say ready: its last line on stderr, once it has exited."""
+    """Why a worker did not say ready: the signal that killed it, else its last line on stderr,
+    once it has exited."""
     if reply:
         proc.kill()
         return f"it answered {reply.strip()[:80]!r} instead of 'ready'"
     proc.wait()
     log.seek(0)
     lines = log.read().strip().splitlines()
+    if proc.returncode < 0:     # a crash: its last line (a warning, often) is not why
+        return f"it {exit_reason(proc.returncode)}" + (f"; its last message: {lines[-1][:200]}" if lines else "")
     return (lines[-1] if lines else f"it exited with status {proc.returncode} and no message")[:300]
+
+
+def exit_reason(returncode: int) -> str:
+    """A worker's exit as a user reads it: "crashed (SIGSEGV)" for a signal, else its exit status."""
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"crashed ({name})"
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

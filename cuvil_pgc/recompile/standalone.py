@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc.recompile.measure import Samples
-from cuvil_pgc.recompile.process_race import race_in_processes, serve
+from cuvil_pgc.recompile.process_race import exit_reason, race_in_processes, serve
 
 #: backends whose whole-model region a worker can rebuild from its artifact alone
 STANDALONE_BACKENDS = ("ort", "openvino", "aoti")
@@ -116,7 +115,7 @@ def fresh_process_failures(specs: dict[str, dict[str, Any]], inputs: dict[str, t
                 failures[name] = f"a process of its own did not load and run it within {timeout:.0f} s"
                 continue
             if proc.returncode < 0:
-                failures[name] = (f"a process of its own that loaded it crashed ({_signal_name(-proc.returncode)}), "
+                failures[name] = (f"a process of its own that loaded it {exit_reason(proc.returncode)}, "
                                   "as a deployment loading the build would")
             elif proc.returncode:
                 last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
@@ -130,13 +129,6 @@ def _write_spec(path: str, spec: dict[str, Any], name: str, data: str, reference
     with open(path, "w") as f:
         json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(reference)}, f)
     return path
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:
