@@ -563,6 +563,32 @@ def test_records_of_an_older_census_are_reused_but_refit_with_todays_features(tm
     assert all(refit_sample(r) is not None and r.features["scope"]["flops"] > 1.0 for r in healed)
 
 
+def test_the_refit_counts_each_measurement_once(tmp_path, monkeypatch):
+    """A trial is a record as soon as it is measured: the refit takes it from the records alone."""
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.cost_models import PlanCostModel
+    from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
+
+    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    monkeypatch.setattr(search_mod, "time_interleaved",
+                        lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
+    fits = []
+    real_refit = PlanCostModel.refit
+    monkeypatch.setattr(PlanCostModel, "refit", lambda self, samples: fits.append(list(samples)) or real_refit(self, samples))
+    model, inputs = chain()
+    an = Analysis(regions=[stats("model", "launch_overhead", 300.0, module="Chain")])
+    options = SearchOptions(budget=8, backends=("compile", "aoti"), rounds=5, deployed_race=False)
+    for records in (RecordDB(tmp_path), None):
+        fits.clear()
+        result = search(model, inputs, an, records=records, machine_key="m", options=options)
+        measured = sorted(t.candidate.key for t in result.trials.values()
+                          if t.status == "ok" and t.candidate.backend != "eager")
+        assert fits and measured, (fits, result.trials)     # a refit before each batch after the first
+        keys = [c.key for c, _f, _us in fits[-1]]
+        assert keys and len(keys) == len(set(keys)) and set(keys) <= set(measured)
+
+
 def test_aoti_packages_are_cached_per_weight_values():
     """Two modules of one structure (layers.0 and layers.1, or a model before and after
     fine-tuning) must not share a cached package: it embeds the weights."""

@@ -296,9 +296,13 @@ class _Search:
         return left
 
     def _refit(self) -> None:
-        samples = [] if self.records is None else self.records.refit_samples()
-        samples += [(t.candidate, self.features[t.candidate.scope], t.measured_us) for t in self.trials.values()
-                    if t.status == "ok" and t.measured_us and not t.reused and t.candidate.backend != "eager"]
+        """Refit the cost models on this machine's records, which hold this search's trials too
+        (:meth:`_record`); without a record database, on this search's trials."""
+        if self.records is not None:
+            samples = self.records.refit_samples()
+        else:
+            samples = [(t.candidate, self.features[t.candidate.scope], t.measured_us) for t in self.trials.values()
+                       if t.status == "ok" and t.measured_us and not t.reused and t.candidate.backend != "eager"]
         if samples:
             self.cost.refit(samples)
 
