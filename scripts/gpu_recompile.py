@@ -26,7 +26,7 @@ On the lent H200 (the device tool; its image has torch, onnx, onnxruntime and nv
 from the repository root with ``PYTHONPATH=$PWD`` and these wheels for Python 3.12 installed
 with ``pip install --no-deps --target``: msgspec, orjson, opentelemetry-api, opentelemetry-sdk,
 opentelemetry-semantic-conventions, cryptography, cffi, pycparser, cupti-python 13.0.* and
-pyelftools (12 MB in all). With ``--budget 5`` it took about 4 minutes there (2026-12-04).
+pyelftools (12 MB in all). With ``--budget 4`` it took about 4.5 minutes there (2026-12-04).
 """
 
 from __future__ import annotations
