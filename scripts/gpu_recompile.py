@@ -11,7 +11,8 @@ Each step runs in a process of its own, as a user runs it, and prints what it fo
 4. ``cuvil-pgc keygen`` and ``cuvil-pgc recompile --device cuda`` over eager, torch.compile,
    AOTInductor, CUDA graphs, ONNX Runtime's CUDA and TensorRT providers and Torch-TensorRT, signed;
    then the plan: what each region runs, every measured candidate with its status and reason, and
-   the candidates of each backend the space held;
+   the candidates of each backend the space held; and the calibration probe's records, with the
+   fixed cost per call the cost models fit from them;
 5. the race (``THIS_FILE race``, a fresh process; again without the build where that one fails):
    ``load_build`` with the signature required, then
    eager, torch.compile, torch.compile with CUDA graphs (mode reduce-overhead) and the build in
@@ -39,6 +40,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve()
 BACKENDS = "eager,compile,aoti,cudagraphs,ort,tensorrt"
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan_json is None:
         return _finish(steps)
     print_plan(json.loads(plan_json))
+    print_probes()
     race_args = [str(key) + ".pub", args.device, str(args.rounds)]
     if steps.run("race", [sys.executable, str(HERE), "race", str(build), *race_args], 200) is None:
         steps.run("race without the build", [sys.executable, str(HERE), "race", "-", *race_args], 200)
@@ -184,6 +187,32 @@ def print_plan(doc: dict) -> None:
         print(f"  deployed race: {plan['deployed_medians_ms']}")
     for name, why in (plan.get("unloadable") or {}).items():
         print(f"  not shipped: {name}: {why}")
+
+
+def print_probes(db: Any = None) -> None:
+    """The calibration probe's records (``cuvil_pgc.recompile.calibrate``, in the record database
+    ``db``, default the user's) per machine key: each backend variant's time on the three-op probe
+    against eager's, and the fixed cost per call the cost models fit from them. On the H200 the
+    models predicted CUDA graphs slower than eager for a model they ran 1.9x faster."""
+    from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel, backend_variant
+    from cuvil_pgc.recompile.records import RecordDB
+    from cuvil_pgc.recompile.search_records import refit_sample
+
+    by_machine: dict[str, list[Any]] = {}
+    for record in db if db is not None else RecordDB():
+        sample = refit_sample(record) if record.features.get("probe") else None
+        if sample is not None:
+            by_machine.setdefault(record.machine, []).append((record, sample))
+    for machine, pairs in by_machine.items():
+        model = PlanCostModel(MachineFigures.from_analysis_machine({}))
+        model.refit([sample for _, sample in pairs])
+        print(f"\ncalibration probe on {machine}:")
+        for record, (cand, _feats, _us) in sorted(pairs, key=lambda p: p[0].median_us):
+            fixed = model.overhead.fixed_us.get(backend_variant(cand))
+            print(f"  {cand.config:<24} {record.median_us:9.1f} us (eager {record.eager_us:.1f} us)"
+                  + ("" if fixed is None else f"; fitted fixed cost {fixed:.1f} us per call"))
+    if not by_machine:
+        print("\ncalibration probe: no records")
 
 
 # ----------------------------------------------------------------------------- the race

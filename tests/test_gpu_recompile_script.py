@@ -37,6 +37,27 @@ def test_the_plan_summary_shows_measured_and_refused_candidates_not_those_the_bu
     assert "not shipped: <model>::aoti: <model>: a process of its own that loaded it crashed (SIGSEGV)" in out
 
 
+@pytest.mark.slow   # the probe builds an AOTInductor package: ~20 s here
+def test_the_calibration_probes_are_printed_with_the_fixed_costs_fitted_from_them(script, tmp_path, capsys):
+    """What the next GPU session needs to see why the cost models put CUDA graphs behind eager."""
+    import torch
+
+    from cuvil_pgc.recompile.calibrate import calibrate_backends
+    from cuvil_pgc.recompile.records import RecordDB
+
+    db = RecordDB(tmp_path)
+    script.print_probes(db)
+    assert "calibration probe: no records" in capsys.readouterr().out
+    torch.manual_seed(0)
+    calibrate_backends(db, "machine-a", rounds=3)
+    script.print_probes(RecordDB(tmp_path))
+    out = capsys.readouterr().out
+    assert "calibration probe on machine-a:" in out
+    lines = {line.split()[0]: line for line in out.splitlines()[1:] if line.startswith("  ")}
+    assert {"eager", "compile", "aoti"} <= set(lines)
+    assert all("fitted fixed cost" in line and " us (eager " in line for line in lines.values())
+
+
 def test_a_step_that_fails_or_hangs_is_recorded_and_the_run_goes_on(script, capsys):
     steps = script.Steps("cpu")
     assert steps.run("ok", [sys.executable, "-c", "print('fine')"], 60) == "fine\n"
