@@ -12,8 +12,8 @@ GCC 13.3, the system libstdc++ 6.0.33; 2026-12-04):
   (what :func:`share_cxx_runtime` does). It also ran where libstdc++ was in ``LD_PRELOAD``, and
   where onnxruntime had been imported first.
 - It crashed after importing pyarrow, or cuvil-pgc's CLI and recompiler, first.
-- The searching process had imported onnxruntime. So the package it measured crashed only the
-  processes that loaded the build.
+- The searching process imports onnxruntime to ask which providers it has. That is the likely
+  reason the packages it measured ran there and crashed only the processes that loaded the build.
 
 Our reading is that, with no libstdc++ in the global scope, the package's library binds the
 standard library's shared inline objects to its own copies. The evidence above does not settle
