@@ -188,12 +188,14 @@ class CompiledRegion(nn.Module):
         if grad and self._inference_only:
             return ("it was called with autograd recording, where torch.compile would compile it again, for "
                     "autograd; call the model under torch.inference_mode() or torch.no_grad()")
-        # positional plain tensors (the usual call) are their own leaves: the pytree walk was about a
-        # third of this wrapper's cost per call over a torch.compile program's (2-vCPU machine)
-        leaves = args if not kwargs and all(type(a) is torch.Tensor for a in args) else pytree.tree_leaves((args, kwargs))
-        if (grad or self._inference_only) and any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
-            return ("an input requires grad: the build's programs record no autograd; detach it, or call the model "
-                    "under torch.inference_mode()")
+        if grad or self._inference_only:
+            # positional plain tensors (the usual call) are their own leaves: the pytree walk was about a
+            # third of this wrapper's cost per call over a torch.compile program's (2-vCPU machine)
+            plain = not kwargs and all(type(a) is torch.Tensor for a in args)
+            if any(isinstance(t, torch.Tensor) and t.requires_grad
+                   for t in (args if plain else pytree.tree_leaves((args, kwargs)))):
+                return ("an input requires grad: the build's programs record no autograd; detach it, or call the "
+                        "model under torch.inference_mode()")
         return None
 
     def _hooked(self) -> str | None:
