@@ -33,7 +33,7 @@ def test_loading_a_package_first_makes_libstdcxx_global():
     before, during = _run("""
 from cuvil_pgc.recompile import aoti_outputs
 seen = []
-torch._inductor.aoti_load_package = lambda path: seen.append(is_global()) or (lambda *a: a)
+torch._C._aoti.AOTIModelPackageLoader = lambda *args: seen.append(is_global())
 print(is_global())
 aoti_outputs.aoti_runner("region.pt2", False, None, None)
 print(seen[0])

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,15 +144,40 @@ def test_recompile_aoti_round_trip_signed(tmp_path):
         assert torch.allclose(fast(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
 
 
+#: a deployment's process loads the build; torch's CPU ISA probe would raise (see aoti_loader: it
+#: compiles and loads a test library per ISA, 48 s of a fresh process's load on the H200)
+FRESH_LOAD = """
+import sys, torch, torch._inductor.cpu_vec_isa as isa
+def probed(*args, **kwargs):
+    raise AssertionError("the CPU ISA was probed")
+isa.pick_vec_isa = isa.valid_vec_isa_list = probed
+from cuvil_pgc.recompile import load_build
+from tests.test_recompile_build import host_bound
+model, inputs = host_bound()
+fast = load_build(sys.argv[1], model)
+with torch.no_grad():
+    print(fast.cuvil_load_report.aoti_packages, torch.allclose(fast(*inputs), model(*inputs), rtol=1e-4, atol=1e-5))
+"""
+
+
+def _load_in_a_fresh_process(path) -> list[str]:
+    proc = subprocess.run([sys.executable, "-c", FRESH_LOAD, str(path)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split()
+
+
 @pytest.mark.slow
 def test_a_package_is_not_applied_to_weights_changed_since_the_build(tmp_path, monkeypatch):
     """An AOTInductor package holds the weights it was built with: a fine-tuned model of the same
-    structure runs that region eagerly, listed and warned about, never with the old weights."""
+    structure runs that region eagerly, listed and warned about, never with the old weights. A
+    fresh process loads the build without torch's CPU ISA probe."""
     model, inputs = host_bound()
     build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, rounds=5, records=RecordDB(tmp_path / "rec"))
     path = build.save(tmp_path / "w.cuvilpkg")
     monkeypatch.setenv("CUVIL_ALLOW_UNSIGNED", "1")       # the documented opt-in, for the whole test
     assert load_build(path, host_bound()[0]).cuvil_load_report.aoti_packages == 1
+    assert _load_in_a_fresh_process(path) == ["1", "True"]
     tuned, _ = host_bound()
     with torch.no_grad():
         tuned.fc1.bias.add_(0.5)

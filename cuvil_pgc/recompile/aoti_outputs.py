@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
+from cuvil_pgc.recompile.aoti_loader import load_aoti_package
 from cuvil_pgc.recompile.output_values import check_constant_outputs
 from cuvil_pgc.recompile.realized import FastAOTI
 from cuvil_pgc.recompile.runtime_region import OutputTemplate, RuntimeRunner
@@ -69,11 +69,9 @@ def aoti_output_template(prepared: nn.Module, inputs: Any) -> OutputTemplate | N
 
 def aoti_runner(path: str, tensor_outputs: bool, template: Any, original: nn.Module) -> Any:
     """The loaded AOTInductor package at ``path``: as torch loads it, or for a package of the
-    region's output tensors (``tensor_outputs``), behind :class:`TensorOutputsAOTI`. The process's
-    libstdc++ goes into its global symbol scope first (:mod:`.cxx_runtime`: without that, CUDA
-    packages crashed fresh processes on the H200)."""
-    share_cxx_runtime()
-    compiled = torch._inductor.aoti_load_package(path)
+    region's output tensors (``tensor_outputs``), behind :class:`TensorOutputsAOTI`
+    (:func:`~.aoti_loader.load_aoti_package` loads it)."""
+    compiled = load_aoti_package(path)
     return TensorOutputsAOTI(compiled, template, original) if tensor_outputs else compiled
 
 

@@ -1,0 +1,60 @@
+"""Load an AOTInductor package in the time a deployment can afford: without torch's ISA probe.
+
+``torch._inductor.aoti_load_package`` reads the package through ``torch.export``'s pt2 loader,
+which compares the package's device metadata with this machine's before it loads the model, only
+to log a warning where they differ (``codecache.get_device_information``). Telling this machine's
+CPU vector ISA (``cpu_vec_isa.pick_vec_isa``) compiles a test library for each ISA the CPU
+claims and loads each in a child Python. Measured in fresh processes:
+
+- on the lent H200 (torch 2.11, whose child Python imports torch, 4-5 s there; 2026-12-04),
+  ``aoti_load_package`` of a small model's package took 49.4 s, 48 of them in those children.
+  The race's ``load_build`` took 42-54 s;
+- here (torch 2.13, 2-vCPU AMD EPYC, a tiny package), 9.6-9.9 s with an empty Inductor cache
+  (a new container) and 1.2 s with a warm one, against 0.04 s for the package loader itself.
+
+:func:`load_aoti_package` builds torch's package loader directly, as ``load_package`` does for
+packages of older layouts. Nothing is lost: a build's manifest records the CPU capability and
+the GPU it was made for, and ``load_build`` refuses a build made for another
+(``load._check_environment``), where torch's check only warns. Where this torch's loader
+takes other arguments, the public call runs instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
+
+#: the model name ``aoti_compile_and_package`` gives a package's only model
+MODEL_NAME = "model"
+
+
+def load_aoti_package(path: str) -> Any:
+    """The AOTInductor package at ``path``, loaded for this process's current device, as
+    ``torch._inductor.aoti_load_package(path)`` returns it. The process's libstdc++ goes into its
+    global symbol scope first (:mod:`.cxx_runtime`: without that, CUDA packages crashed fresh
+    processes on the H200)."""
+    share_cxx_runtime()
+    parts = _direct_parts()
+    if parts is not None:
+        loader_class, compiled_class = parts
+        try:
+            loader = loader_class(path, MODEL_NAME, False, 1, -1)  # single-threaded off, 1 runner, current device
+        except TypeError:         # pybind refused the arguments: another torch's signature
+            pass
+        else:
+            return compiled_class(loader)
+    return torch._inductor.aoti_load_package(path)
+
+
+def _direct_parts() -> tuple[Any, Any] | None:
+    """torch's package loader class and the callable model that wraps it, or None where this
+    torch has not both."""
+    loader_class = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
+    try:
+        from torch._inductor.package.package import AOTICompiledModel
+    except ImportError:
+        return None
+    return None if loader_class is None else (loader_class, AOTICompiledModel)
