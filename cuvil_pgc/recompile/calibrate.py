@@ -62,8 +62,10 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
                                     **{k: (lambda m=m: m(*inputs.args)) for k, (_, m) in fns.items()}},
                                    rounds=rounds)
     eager_us = samples["eager"].median_s * 1e6
+    # on a GPU its three kernels of 8 elements take next to nothing: all of eager's time is the host's
     feats = ScopeFeatures(scope="", path="", bottleneck="launch_overhead", eager_us=eager_us, ops=3,
-                          pointwise_ops=3, flops=32, bytes=128, labels=["launch_overhead"])
+                          pointwise_ops=3, flops=32, bytes=128, labels=["launch_overhead"],
+                          evidence={"gpu_us": 0.0} if device.startswith("cuda") else {})
     measured = {"eager": (Candidate(""), None), **fns}
     for key, (cand, _) in measured.items():
         db.add(Record(structure=structure, candidate=program_key(cand), machine=machine_key, inputs=inputs.signature,

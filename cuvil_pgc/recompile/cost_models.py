@@ -7,7 +7,13 @@ factor for the multiplicative ones), and ``refit(samples)`` from measured record
     t = overhead(backend) + ops_after × per_op(backend) [+ GEMMs × prepacked cost] + work × fusion × layout × precision
 
 where the eager time of a scope splits into dispatch (ops × the machine's per-op cost, at most
-80 %) and work. The starting figures (``PRIORS``) are fixed costs above eager measured with the
+80 %) and work. On a GPU (the profile holds the scope's kernels: ``evidence["gpu_us"]``, their time
+per forward) the work is the kernels' time and the rest of eager's is the host's: dispatch, launch
+and Python, which compiled programs cut and CUDA graphs remove. There every kernel a non-graph
+backend runs is launched from the host (the machine's launch latency on top of ``per_op``). On the
+H200 (``tests/data/h200``) the CPU rule counted 0.59 ms of a host-bound model's 0.65 as work,
+which no backend removes, and after the probe's refit put its CUDA graphs at 0.83 ms and its
+AOTInductor package at 0.68; with the kernels' 0.064 ms as work, 0.23 and 0.26. Both ran 0.22. The starting figures (``PRIORS``) are fixed costs above eager measured with the
 calibration probe (:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one thread (eager
 16.7 µs, torch.compile 58, cpp_wrapper 50, AOTInductor 8.9 through the direct runner call of
 :class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs'
@@ -74,6 +80,7 @@ class MachineFigures:
     peak_flops: float = 100e9
     peak_low_flops: float | None = None     # bf16/fp16 FLOP/s when measured
     mem_bw: float = 8e9
+    launch_us: float = 5.0                   # a GPU kernel's launch from the host
     #: convolution kernels' time ratios: "channels_last" (NHWC over NCHW), "prepacked" (freezing's
     #: prepacked kernel over the plain one, NCHW) and "prepacked_channels_last" (the same in NHWC)
     conv_ratios: dict[str, float] = field(default_factory=lambda: dict(PRIORS["conv_ratios"]))
@@ -96,7 +103,8 @@ class MachineFigures:
         peaks = cpu.get("peak_flops") or {}
         low = peaks.get("bf16") or peaks.get("fp16")
         dispatch = cpu.get("dispatch_overhead_s")
-        return cls(dispatch_us=(dispatch * 1e6) if dispatch else 4.0,
+        launch = cpu.get("launch_latency_s")
+        return cls(dispatch_us=(dispatch * 1e6) if dispatch else 4.0, launch_us=(launch * 1e6) if launch else 5.0,
                    peak_flops=float(peaks.get("fp32", 100e9)), peak_low_flops=float(low) if low else None,
                    mem_bw=float(cpu.get("mem_bw", 8e9)))
 
@@ -115,9 +123,20 @@ def backend_variant(cand: Candidate) -> str:
 
 
 def split_eager(feats: ScopeFeatures, machine: MachineFigures) -> tuple[float, float]:
-    """(dispatch µs, work µs) of the scope's eager time per forward."""
+    """(dispatch µs, work µs) of the scope's eager time per forward: on a GPU, work is the
+    kernels' time (:func:`on_gpu`) and dispatch the rest."""
+    if on_gpu(feats):
+        work = min(float(feats.evidence["gpu_us"]), feats.eager_us)
+        return feats.eager_us - work, work
     dispatch = min(feats.ops * machine.dispatch_us, 0.8 * feats.eager_us)
     return dispatch, max(feats.eager_us - dispatch, 0.0)
+
+
+def on_gpu(feats: ScopeFeatures) -> bool:
+    """Whether the scope runs on a GPU as the profile saw it: its features carry its kernels' time
+    per forward (``evidence["gpu_us"]``, :func:`~.features.gpu_kernel_us`; the calibration probe
+    on CUDA says 0, its three tiny kernels)."""
+    return "gpu_us" in feats.evidence
 
 
 @dataclass
@@ -159,7 +178,10 @@ class LaunchCostModel:
         if cand.backend == "eager":
             return split_eager(feats, self.machine)[0]
         kernels = max(feats.ops - feats.pointwise_ops * 0.8, 1.0)    # pointwise ops fuse into neighbours
-        return kernels * self.per_op_us.get(cand.backend, 1.0) + self.prepacked_gemm_us(cand, feats)
+        per_kernel = self.per_op_us.get(cand.backend, 1.0)
+        if on_gpu(feats) and cand.backend != "cudagraphs":       # a graph replays its kernels in one launch
+            per_kernel += self.machine.launch_us
+        return kernels * per_kernel + self.prepacked_gemm_us(cand, feats)
 
     def prepacked_gemm_us(self, cand: Candidate, feats: ScopeFeatures) -> float:
         """Freezing without autotuning hands every GEMM with a constant weight to a prepacked vendor

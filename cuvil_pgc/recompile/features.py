@@ -219,7 +219,7 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     if census["rnn_steps"]:
         evidence["rnn_steps"] = census["rnn_steps"] * calls
         evidence["rnn_calls"] = census["rnn_calls"] * calls
-    device = next((p.device.type for p in module.parameters()), "cpu")
+    device = device_of(module)
     for key in ("cell_gemms", "stepwise_gemms"):    # what those GEMMs cost on this machine, measured
         if census[key]:
             evidence[key[:-1] + "_us"] = sum(n * gemm_us(m, k, w, device) for n, m, k, w in census[key]) * calls
@@ -237,7 +237,7 @@ def scope_features(scope: str, module: Any, inputs: Any, match: RegionMatch | No
     if census["deconv_calls"]:
         evidence["deconv_calls"] = census["deconv_calls"] * calls
     if stats:
-        evidence.update(_profile_evidence(stats, analysis, root_calls, scale))
+        evidence.update(_profile_evidence(stats, analysis, root_calls, scale, device))
     return ScopeFeatures(
         scope=scope, path=stats.path if stats else "", bottleneck=stats.bottleneck if stats else "unknown",
         eager_us=eager_us, calls=calls, ops=census["ops"] * calls, pointwise_ops=census["pointwise"] * calls,
@@ -262,7 +262,13 @@ def _rewrites_that_apply(module: Any, census: dict[str, Any]) -> list[str]:
             if not r.startswith(CELL_REWRITES) or r.split(":", 1)[1] in census["cell_rnns"]]
 
 
-def _profile_evidence(stats: Any, analysis: Analysis | None, root_calls: float, scale: float) -> dict[str, Any]:
+def device_of(module: Any) -> str:
+    """The device type the module's parameters are on (``"cpu"`` without parameters)."""
+    return next((p.device.type for p in module.parameters()), "cpu")
+
+
+def _profile_evidence(stats: Any, analysis: Analysis | None, root_calls: float, scale: float,
+                      device: str) -> dict[str, Any]:
     out: dict[str, Any] = {"bottleneck_evidence": stats.evidence, "confidence": stats.confidence}
     rnn_us = sum(float(op.get("total_us", 0.0)) for op in stats.top_ops or []
                  if any(k in str(op.get("name", "")).lower() for k in ("lstm", "gru", "rnn")))
@@ -272,7 +278,19 @@ def _profile_evidence(stats: Any, analysis: Analysis | None, root_calls: float, 
                 if f.region == stats.path or f.region.startswith(stats.path + "/"))
     if saved:
         out["fusion_bytes_saved"] = saved / max(root_calls, 1.0)
+    gpu_us = gpu_kernel_us(analysis, stats.path) if device == "cuda" else 0.0   # not for a CPU search of a GPU profile
+    if gpu_us and root_calls:
+        out["gpu_us"] = gpu_us / root_calls
     return out
+
+
+def gpu_kernel_us(analysis: Analysis | None, path: str) -> float:
+    """GPU kernel time of the region ``path`` and the regions inside it, over the whole profile:
+    each region's evidence holds its own kernels' busy time (``kernel_busy_us``, their union).
+    Not scaled to the search's timing: a kernel's duration does not grow with the host-side
+    instrumentation that the scale corrects for."""
+    return sum(float(r.evidence.get("kernel_busy_us") or 0.0) for r in getattr(analysis, "regions", [])
+               if r.path == path or r.path.startswith(path + "/"))
 
 
 def root_labels(analysis: Analysis | None, matched: list[RegionMatch], top: int = 5) -> list[str]:
