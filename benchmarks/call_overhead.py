@@ -12,7 +12,9 @@ between runs, so it repeats the race (--runs) and prints each run's ratio and th
 
 ``--backend compile`` races a build of the whole model as a torch.compile program against
 ``torch.compile(model)``: both compile the same program in their own process, so the ratio is the
-build's per-call checks (its captured inputs, autograd, hooks) over Dynamo's own.
+build's per-call checks (its captured inputs, autograd, hooks) over Dynamo's own. ``--backend aoti``
+races a build of the whole model as an AOTInductor package against the same package's runner
+called on the flat input list (``loader.boxed_run``, the fastest call it has).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="transformer", help="a zoo name or MODULE_OR_FILE:FACTORY")
-    p.add_argument("--backend", default="openvino", choices=("ort", "openvino", "compile"))
+    p.add_argument("--backend", default="openvino", choices=("ort", "openvino", "compile", "aoti"))
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                    help="OpenVINO's inference precision (bf16: its own default on CPUs with AMX)")
     p.add_argument("--runs", type=int, default=5)
