@@ -13,11 +13,14 @@ and Python, which compiled programs cut and CUDA graphs remove. There every kern
 backend runs is launched from the host (the machine's launch latency on top of ``per_op``). On the
 H200 (``tests/data/h200``) the CPU rule counted 0.59 ms of a host-bound model's 0.65 as work,
 which no backend removes, and after the probe's refit put its CUDA graphs at 0.83 ms and its
-AOTInductor package at 0.68; with the kernels' 0.064 ms as work, 0.23 and 0.26. Both ran 0.22. The starting figures (``PRIORS``) are fixed costs above eager measured with the
-calibration probe (:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one thread (eager
-16.7 µs, torch.compile 58, cpp_wrapper 50, AOTInductor 8.9 through the direct runner call of
-:class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs'
-15 µs is a placeholder until the probe runs on a GPU. The refit replaces them with this machine's
+AOTInductor package at 0.68; with the kernels' 0.064 ms as work, 0.23 and 0.26. Both ran 0.22.
+
+The starting figures (``PRIORS``) are fixed costs above eager measured with the calibration probe
+(:mod:`.calibrate`) on a 2-core CPU with torch 2.13 and one thread (eager 16.7 µs, torch.compile
+58, cpp_wrapper 50, AOTInductor 8.9 through the direct runner call of
+:class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs' 15 µs
+is a placeholder until the probe runs on a GPU (on the H200 it measured them at 204.7 µs a call
+against eager's 79.1, a cost of CUDA graph trees' Python on that host). The refit replaces them with this machine's
 probe records (the probe is measured once per machine); other measurements never move a fixed
 cost. Freezing without autotuning routes each GEMM to a prepacked vendor linear kernel whose extra
 per-call cost the search measures on the machine (27-42 µs per call over MKL's addmm on the
