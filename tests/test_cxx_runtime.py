@@ -1,4 +1,5 @@
-"""An AOTInductor package loads with the process's libstdc++ in its global symbol scope.
+"""An AOTInductor package loads, and a cpp_wrapper program compiles, with the process's libstdc++
+in its global symbol scope.
 
 On the H200 a CUDA package crashed each fresh process that loaded it unless libstdc++ was global
 (see :mod:`cuvil_pgc.recompile.cxx_runtime`). The crash needs that GPU machine; these tests pin
@@ -56,3 +57,20 @@ print(cxx_runtime.share_cxx_runtime(), any("libanl" in line for line in open("/p
     if shared == "skip":
         pytest.skip("no libanl.so.1 on this machine")
     assert (shared, loaded) == ("False", "False")
+
+
+def test_a_cpp_wrapper_program_is_compiled_with_libstdcxx_global():
+    """torch.compile with cpp_wrapper loads Inductor-compiled C++ into the process, as a package does."""
+    before, during = _run("""
+from torch import nn
+from cuvil_pgc.recompile.apply import ScopeInputs, realize
+from cuvil_pgc.recompile.candidates import Candidate
+seen = []
+torch.compile = lambda module, **kwargs: seen.append(is_global()) or module
+print(is_global())
+realize(nn.Linear(2, 2), Candidate("", "compile", cpp_wrapper=True), ScopeInputs((torch.zeros(1, 2),)))
+print(seen[0])
+""")
+    if before == "True":
+        pytest.skip("this Python has libstdc++ in its global scope from the start")
+    assert (before, during) == ("False", "True")

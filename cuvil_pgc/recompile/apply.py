@@ -36,6 +36,7 @@ from cuvil_pgc.recompile.aoti_outputs import (
     aoti_runner,
 )
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
+from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.realized import CompiledRegion, ExportError, Realized
 from cuvil_pgc.recompile.records import cache_dir
@@ -175,6 +176,8 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
             enforce_limit()
         runner = aoti_runner(path, template is not None, template, module)
         return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), path, applied)
+    if cand.cpp_wrapper:     # its wrapper is Inductor-compiled C++ loaded into this process, as a package is
+        share_cxx_runtime()
     compiled = torch.compile(prepared, **_compile_kwargs(cand))
     # the captured signature: torch.compile would recompile for any other call (see CompiledRegion)
     if inputs.signature is not None:

@@ -19,6 +19,10 @@ Our reading is that, with no libstdc++ in the global scope, the package's librar
 standard library's shared inline objects to its own copies. The evidence above does not settle
 the mechanism; promoting libstdc++ gives the order of an ordinary C++ program, whose executable
 links it.
+
+A torch.compile program with ``cpp_wrapper`` loads Inductor-compiled C++ into the process too;
+``apply.realize`` promotes libstdc++ before it builds one. None was seen to crash (the H200's
+searching process had libstdc++ global already): a precaution for the processes that load a build.
 """
 
 from __future__ import annotations
