@@ -1,8 +1,9 @@
 """Contenders raced each in its own process, as deployed (``recompile_speedup.py --deployed``).
 
 A worker process sets up one contender the way a deployment runs it: the eager model,
-``torch.compile`` of it, an AOTInductor package's runner, an ONNX Runtime session or an OpenVINO compiled model made from the
-exported file, or the saved, signed build through ``load_build``; then it serves timing requests
+``torch.compile`` of it, an AOTInductor package's runner, an ONNX Runtime session or an OpenVINO
+compiled model made from the exported file, or the saved, signed build through ``load_build``;
+then it serves timing requests
 (``cuvil_pgc.recompile.process_race``, which the recompiler's own race in worker processes uses
 too: balanced orders, 5 ms samples, three processes per contender, see its docstring for why).
 
@@ -54,7 +55,10 @@ def contender(spec: dict):
             raise RuntimeError(f"the build loaded with regions skipped: {fast.cuvil_load_report.skipped}")
         return lambda: fast(*inputs)
     if kind == "aoti":       # the package's fastest call: its runner on the flat input list, no call spec parsed
-        loader = torch._inductor.aoti_load_package(spec["path"]).loader
+        from cuvil_pgc.recompile.aoti_loader import load_aoti_package
+
+        # loaded as the build loads it (with libstdc++ global, which CUDA packages need)
+        loader = load_aoti_package(spec["path"]).loader
         return lambda: loader.boxed_run(list(inputs))
     if kind == "ort":
         import onnxruntime as ort

@@ -20,9 +20,9 @@ The starting figures (``PRIORS``) are fixed costs above eager measured with the 
 58, cpp_wrapper 50, AOTInductor 8.9 through the direct runner call of
 :class:`~.apply.CompiledRegion`; minus the probe's own predicted variable part); CUDA graphs' 15 µs
 is a placeholder until the probe runs on a GPU (on the H200 it measured them at 204.7 µs a call
-against eager's 79.1, a cost of CUDA graph trees' Python on that host). The refit replaces them with this machine's
-probe records (the probe is measured once per machine); other measurements never move a fixed
-cost. Freezing without autotuning routes each GEMM to a prepacked vendor linear kernel whose extra
+against eager's 79.1, a cost of CUDA graph trees' Python on that host). The refit replaces them
+with this machine's probe records (the probe is measured once per machine); other measurements
+never move a fixed cost. Freezing without autotuning routes each GEMM to a prepacked vendor linear kernel whose extra
 per-call cost the search measures on the machine (27-42 µs per call over MKL's addmm on the
 reference AMD EPYC, where it made AOTInductor with freezing 3.5x slower than without on the GRU
 tagger). Its convolutions are prepacked oneDNN ones too, and channels_last changes which
