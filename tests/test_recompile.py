@@ -1014,7 +1014,8 @@ def test_an_export_failure_rejects_the_scopes_other_aoti_builds_without_building
 
 def test_near_ties_of_the_whole_model_are_raced_again_at_the_end(monkeypatch):
     """A search measures each candidate once; configurations within 20% of the best whole-model
-    trial go into the final side-by-side race with it, so noise does not decide near ties."""
+    trial, and the fastest trial of each other backend within 50% of it, go into the final
+    side-by-side race with it, so one noisy trial does not decide between them."""
     from types import SimpleNamespace
 
     from cuvil_pgc.recompile import plan as plan_mod
@@ -1027,13 +1028,19 @@ def test_near_ties_of_the_whole_model_are_raced_again_at_the_end(monkeypatch):
     close = trial(Candidate("", "aoti", freezing=True), 108.0)
     closer = trial(Candidate("", "aoti", mode="max-autotune-no-cudagraphs"), 103.0)
     wide = trial(Candidate("", "aoti", mode="max-autotune-no-cudagraphs", freezing=True), 117.0)   # one noisy trial
-    far = trial(Candidate("", "compile"), 125.0)
+    far = trial(Candidate("", "compile"), 125.0)                  # another backend, within 50%
+    farther = trial(Candidate("", "compile", freezing=True), 130.0)  # not that backend's fastest
+    graphs = trial(Candidate("", "cudagraphs", mode="reduce-overhead"), 140.0)
+    beyond = trial(Candidate("", "ort"), 151.0)
     broken = trial(Candidate("", "aoti", rewrite=True), 101.0, status="accuracy_error")
     eager = trial(Candidate(""), 250.0)
     sub = trial(Candidate("layer", "aoti"), 101.0)
-    trials = {t.candidate.key: t for t in (best, close, closer, wide, far, broken, eager, sub)}
+    trials = {t.candidate.key: t for t in (best, close, closer, wide, far, farther, graphs, beyond, broken, eager,
+                                           sub)}
     assert plan_mod.runners_up(trials, best) == [closer.candidate, close.candidate, wide.candidate]
     assert plan_mod.runners_up(trials, best, most=2) == [closer.candidate, close.candidate]
+    assert plan_mod.other_backends(trials, best) == [far.candidate, graphs.candidate]
+    assert plan_mod.other_backends(trials, best, most=1) == [far.candidate]
 
     raced = {}
     monkeypatch.setattr(plan_mod, "_build_plan", lambda s, choices: ({}, object()))
@@ -1042,8 +1049,8 @@ def test_near_ties_of_the_whole_model_are_raced_again_at_the_end(monkeypatch):
                         features={"": SimpleNamespace(eager_us=250.0), "layer": SimpleNamespace(eager_us=10.0)})
     plan_mod.choose_plan(s, SimpleNamespace(measured=7))
     assert raced[best.candidate.key] == {"": best.candidate}        # named as measured
-    assert {closer.candidate.key, close.candidate.key} <= set(raced)
-    assert far.candidate.key not in raced and broken.candidate.key not in raced
+    assert {closer.candidate.key, close.candidate.key, far.candidate.key, graphs.candidate.key} <= set(raced)
+    assert not {farther.candidate.key, beyond.candidate.key, broken.candidate.key} & set(raced)
 
 
 def test_a_region_plan_is_raced_beyond_the_budget_only_when_nothing_else_beat_eager(monkeypatch):

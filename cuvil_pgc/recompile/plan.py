@@ -1,13 +1,15 @@
 """Choosing the plan from the search's trials, and the final side-by-side check.
 
 Per scope the fastest accurate measured trial wins. Plans then compete: the whole model as one
-compile boundary (its best trial, and up to two runners-up measured within 10 % of it: a search
-measures each candidate once, so near ties are decided again side by side; and every runtime at
-its defaults, what a user would deploy instead, however far behind the search measured it) and the *composite* of
-the best sub-region choices (disjoint regions, each compiled alone, the rest eager, predicted from
-their measured savings). All are rebuilt (AOTInductor packages come from the artifact cache), checked end to end with the accuracy
-guard, and timed interleaved with eager; the fastest wins, and eager itself wins when nothing beats
-it in that run (a plan is never slower than what it replaces, as far as the medians can tell).
+compile boundary (its best trial, up to three runners-up measured within 20 % of it and the
+fastest trial of up to two other backends within 50 %: a search measures each candidate once, so
+near ties are decided again side by side; and every runtime at its defaults, what a user would
+deploy instead, however far behind the search measured it) and the *composite* of the best
+sub-region choices (disjoint regions, each compiled alone, the rest eager, predicted from their
+measured savings). All are rebuilt (AOTInductor packages come from the artifact cache), checked
+end to end with the accuracy guard, and timed interleaved with eager; the fastest wins, and eager
+itself wins when nothing beats it in that run (a plan is never slower than what it replaces, as
+far as the medians can tell).
 
 A plan beats the fastest runtime default in the race only when the race says so with confidence
 (the bootstrap 95% interval of its speedup over the default lies above 1); otherwise the default
@@ -45,6 +47,12 @@ log = logging.getLogger(__name__)
 #: ranked over 10% ahead, and the exhaustive search's plan raced 12% ahead of it)
 RUNNER_UP_WITHIN = 0.20
 MAX_RUNNERS_UP = 3
+#: the fastest whole-model trial of each other backend this close to the best is raced again too:
+#: one trial ranks backends less reliably than it ranks one backend's knobs (on an H200 the search
+#: measured an AOTInductor package at 0.131 ms and CUDA graphs at 0.161; the package then ran 0.203
+#: ms in the final race, and CUDA graphs ran 1.23x ahead of it in a fresh process)
+OTHER_BACKEND_WITHIN = 0.5
+MAX_OTHER_BACKENDS = 2
 # The final race decides near ties from few samples of ~0.5 ms each: it takes many more rounds than
 # a search batch (200 x 0.5 ms x 4 contenders is under half a second) so a descheduled sample or
 # two cannot flip it.
@@ -73,6 +81,21 @@ def runners_up(trials: dict[str, Any], best: Any, within: float = RUNNER_UP_WITH
                     and t.measured_us is not None and not t.candidate.is_baseline
                     and t.measured_us <= best.measured_us * (1 + within)), key=lambda t: t.measured_us)
     return [t.candidate for t in close[:most]]
+
+
+def other_backends(trials: dict[str, Any], best: Any, within: float = OTHER_BACKEND_WITHIN,
+                   most: int = MAX_OTHER_BACKENDS) -> list[Candidate]:
+    """The fastest whole-model trial of each backend other than the best's, measured within
+    ``within`` of it, fastest first: the final race decides between backends side by side."""
+    fastest: dict[str, Any] = {}
+    for t in trials.values():
+        if t.candidate.scope == "" and t.status == "ok" and t.measured_us is not None \
+                and not t.candidate.is_baseline and t.candidate.backend != best.candidate.backend \
+                and t.measured_us <= best.measured_us * (1 + within):
+            cur = fastest.get(t.candidate.backend)
+            if cur is None or t.measured_us < cur.measured_us:
+                fastest[t.candidate.backend] = t
+    return [t.candidate for t in sorted(fastest.values(), key=lambda t: t.measured_us)[:most]]
 
 
 def passing_runtime_defaults(trials: dict[str, Any], defaults: list[Candidate]) -> list[Candidate]:
@@ -120,8 +143,8 @@ def choose_plan(s: Any, result: Any) -> None:
     root = best.get("")
     if root is not None and not root.candidate.is_baseline:
         plans[root.candidate.key] = {"": root.candidate}     # named as measured: <model>::aoti+freezing
-        for cand in runners_up(s.trials, root):
-            plans[cand.key] = {"": cand}
+        for cand in runners_up(s.trials, root) + other_backends(s.trials, root):
+            plans.setdefault(cand.key, {"": cand})
         for baseline in passing_runtime_defaults(s.trials, getattr(s, "runtime_defaults", [])):
             name = next((k for k, p in plans.items() if p == {"": baseline}), baseline.key)
             plans.setdefault(name, {"": baseline})
