@@ -76,13 +76,14 @@ def main() -> int:
     times: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         warm = os.path.join(tmp, "warm")
-        load_once(LOADERS[0], package, warm)          # fills the shared cache
+        print(f"filling a shared Inductor cache: {load_once(LOADERS[0], package, warm):.3f} s", flush=True)
         for run in range(args.runs):
             order = LOADERS if run % 2 == 0 else LOADERS[::-1]
             for state in ("empty cache", "warm cache"):
                 for loader in order:
                     cache = os.path.join(tmp, f"empty-{run}-{loader}") if state == "empty cache" else warm
                     times.setdefault((state, loader), []).append(load_once(loader, package, cache))
+                    print(f"  run {run + 1}, {state}, {loader}: {times[(state, loader)][-1]:.3f} s", flush=True)
     print(f"\nfresh-process load of {package} ({args.runs} runs, python {sys.version.split()[0]}):")
     for state in ("empty cache", "warm cache"):
         medians = {loader: statistics.median(times[(state, loader)]) for loader in LOADERS}

@@ -163,7 +163,8 @@ def _finish(steps: Steps) -> int:
 
 def print_plan(doc: dict) -> None:
     """The plan: each region's choice, every candidate that was measured or turned down for a
-    reason other than the budget, and how many candidates of each backend the space held."""
+    reason other than the budget, how many candidates of each backend the space held, and the final
+    race's medians (a region's ``measured_ms`` comes from there, its alternatives' from the search)."""
     plan = doc.get("plan", doc)
     print(f"\nplan: {plan.get('measured_candidates')} of {plan.get('space_size')} candidates measured; "
           f"eager {plan.get('baseline_ms')} ms, plan {plan.get('plan_ms')} ms, "
@@ -183,6 +184,8 @@ def print_plan(doc: dict) -> None:
     for default in plan.get("runtime_defaults", []):
         print(f"  runtime default {default.get('config')}: {default.get('status')}, {default.get('measured_ms')} ms"
               f"{' — ' + default['reason'] if default.get('reason') else ''}")
+    if plan.get("final_medians_ms"):
+        print(f"  final race in the searching process (ms): {plan['final_medians_ms']}")
     if plan.get("deployed_medians_ms"):
         print(f"  deployed race: {plan['deployed_medians_ms']}")
     for name, why in (plan.get("unloadable") or {}).items():

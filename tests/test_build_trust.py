@@ -362,7 +362,7 @@ def test_recompile_signs_with_the_configured_key_and_says_how_to_make_one(tmp_pa
         seen.append(kw["threads"])
         plan = {"format": 1, "device": "cpu", "choices": [], "regions": [], "measured_candidates": 1,
                 "reused_records": 0, "space_size": 1, "speedup_vs_eager": 1.0, "baseline_ms": 1.0,
-                "plan_ms": 1.0, "stale": []}
+                "plan_ms": 1.0, "stale": [], "final_medians_ms": {"eager": 1.0}}
         return build_mod.Build(module=model, plan=Plan.from_json(plan), artifacts={}, cache_artifacts=None,
                                fingerprint=current_fingerprint("cpu"), model_hash=structural_hash(model),
                                trace_hashes=[], threads=kw["threads"], model_class=type(model).__qualname__)
@@ -376,7 +376,10 @@ def test_recompile_signs_with_the_configured_key_and_says_how_to_make_one(tmp_pa
     signed = tmp_path / "s.cuvilpkg"
     code, out, err = _cli(capsys, "recompile", str(trace), "--model", f"{factory}:build", "-o", str(signed),
                           "--threads", "1", "--json")
-    assert code == 0 and json.loads(out)["threads"] == 1 and seen == [1]
+    doc = json.loads(out)
+    assert code == 0 and doc["threads"] == 1 and seen == [1]
+    # the final race's medians: a region's measured_ms comes from there, its alternatives' from the search
+    assert doc["final_medians_ms"] == {"eager": 1.0} and doc["deployed_medians_ms"] == {}
     with open_build(signed, keys[1], require_signature=True) as vb:
         assert vb.signature_verified and vb.manifest.threads == 1
     monkeypatch.delenv("CUVIL_SIGNING_KEY")

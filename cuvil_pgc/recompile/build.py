@@ -78,7 +78,8 @@ class Build:
                 "reused_records": plan.reused_records, "space_size": plan.space_size,
                 "speedup_vs_eager": plan.speedup_vs_eager, "baseline_ms": plan.baseline_ms,
                 "plan_ms": plan.plan_ms, "stale": plan.stale, "runtime_defaults": plan.runtime_defaults,
-                "unloadable": plan.unloadable, "threads": self.threads}
+                "unloadable": plan.unloadable, "final_medians_ms": plan.final_medians_ms,
+                "deployed_medians_ms": plan.deployed_medians_ms, "threads": self.threads}
 
 
 # ----------------------------------------------------------------------------- recompile
