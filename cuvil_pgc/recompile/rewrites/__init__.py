@@ -5,7 +5,7 @@
   step one ``addmm`` with the hidden weights plus pointwise gates. For single-step and
   short sequences this removes most of cuDNN/oneDNN RNN's fixed per-call cost; compiled, the
   pointwise gates fuse. Each step unrolls into the graph, so the cost models charge the rewrite
-  per step (see :mod:`.cost_models`). Calls the cell math does not cover run the original module
+  per step (see :mod:`~cuvil_pgc.recompile.cost_components`). Calls the cell math does not cover run the original module
   (:func:`cell_rewrite_applies`): packed sequences (whose batch shrinks step by step, and which
   torch.export cannot capture either) and sequences longer than :data:`MAX_UNROLLED_STEPS`.
   Compiled on the CPU at batch 1 over more than one step, each step's hidden product is written as
