@@ -138,6 +138,29 @@ def test_the_race_in_processes_round_trips_and_a_plan_without_it_reads_as_before
     assert "raced in processes of their own" in html and "&lt;model&gt;::ort: 290 µs" in html
 
 
+def test_the_final_race_shows_in_the_report_and_the_cli_where_it_raced_more_than_the_plan():
+    """A region's measured time comes from the final race and its alternatives' from the search:
+    the race's other contenders are shown, so a shipped plan that looks slower than an alternative's
+    search trial reads right."""
+    from cuvil_pgc.viewer._run_sections import plan_section
+    from cuvil_pgc.viewer.console_recompile import plan_view
+
+    doc = {**json.loads(json.dumps(FORMAT_1)), "format": 2,
+           "final_medians_ms": {"<model>::aoti": 0.18, "<model>::cudagraphs": 0.2, "eager": 0.43}}
+    plan = Plan.from_json(doc)
+    assert "final race: <model>::aoti 0.1800 ms, <model>::cudagraphs 0.2000 ms, eager 0.4300 ms" \
+        in plan_view(plan).caption
+    plan = Plan.from_json({**doc, "final_medians_ms": {"eager": 0.43, "<model>::cudagraphs": 0.2,
+                                                       "<model>::aoti": 0.18}})
+    assert "final race: <model>::aoti 0.1800 ms, <model>::cudagraphs 0.2000 ms, eager 0.4300 ms" \
+        in plan_view(plan).caption                                       # fastest first
+    html = plan_section(plan, None, False)
+    assert "The final race" in html and html.index("::aoti: 180 µs") < html.index("::cudagraphs: 200 µs") \
+        < html.index("eager: 430 µs")
+    plan = Plan.from_json({**doc, "final_medians_ms": {"eager": 0.43, "<model>::aoti": 0.18}})
+    assert "final race" not in plan_view(plan).caption and "The final race" not in plan_section(plan, None, False)
+
+
 def test_plans_that_did_not_ship_round_trip_and_show_in_the_report_and_the_cli():
     from cuvil_pgc.viewer._run_sections import plan_section
     from cuvil_pgc.viewer.console_recompile import plan_view

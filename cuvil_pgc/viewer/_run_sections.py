@@ -24,7 +24,7 @@ from cuvil_pgc.viewer._sections import (
     section,
     table,
 )
-from cuvil_pgc.viewer.formats import clip, fmt_ms
+from cuvil_pgc.viewer.formats import clip, fastest_first, fmt_ms
 from cuvil_pgc.viewer.template import text
 
 NO_COMPILE = "No torch.compile activity recorded in this trace."
@@ -118,6 +118,10 @@ def plan_section(plan: Plan | None, build: dict[str, Any] | None, has_figure: bo
         body += "<h3>Runtimes at their defaults (whole model, measured as baselines)</h3>" + _reasons(
             [f"{d.get('config')}: " + (f"{fmt_ms(d.get('measured_ms'))}" if d.get("status") == "ok" else
                                        f"{d.get('status')} {d.get('reason') or ''}") for d in plan.runtime_defaults])
+    if len(plan.final_medians_ms) > 2:       # more than eager and the plan
+        body += ("<h3>The final race: plans side by side in the searching process (a region's measured time "
+                 "comes from here, its alternatives' from the search)</h3>"
+                 + _reasons([f"{name}: {fmt_ms(v)}" for name, v in fastest_first(plan.final_medians_ms)]))
     if plan.deployed_medians_ms:
         body += "<h3>Whole-model plans raced in processes of their own (this race chose the plan)</h3>" + _reasons(
             [f"{name}: {fmt_ms(v)}" for name, v in plan.deployed_medians_ms.items()])

@@ -7,6 +7,7 @@ from typing import Any
 
 from cuvil_pgc.recompile.plan_doc import Plan, region_speedup
 from cuvil_pgc.trace.schema import display_path
+from cuvil_pgc.viewer.formats import fastest_first
 from cuvil_pgc.viewer.tables import Column, TableView, fmt_speedup, render_view
 
 
@@ -33,8 +34,17 @@ def plan_view(plan: Plan, path: str | None = None) -> TableView:
     caption = (f"whole model: eager {_ms(plan.baseline_ms)} ms → {_ms(plan.plan_ms)} ms "
                f"({fmt_speedup(plan.speedup_vs_eager)}); measured {plan.measured_candidates} of "
                f"{plan.space_size} candidates, {plan.reused_records} from records; stale regions: {stale}"
-               + _runtime_defaults(plan) + _deployed(plan) + _unloadable(plan))
+               + _runtime_defaults(plan) + _final_race(plan) + _deployed(plan) + _unloadable(plan))
     return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
+
+
+def _final_race(plan: Plan) -> str:
+    """``; final race: eager 0.43 ms, <model>::aoti 0.18 ms, <model>::cudagraphs 0.16 ms`` where it
+    raced more than eager and the plan: a region's measured time comes from this race, its
+    alternatives' from the search's trials, which can rank them otherwise."""
+    parts = [f"{name} {_ms(v)} ms" for name, v in fastest_first(plan.final_medians_ms)]
+    return f"; final race: {', '.join(parts)}" if len(parts) > 2 else ""
+
 
 
 def _deployed(plan: Plan) -> str:

@@ -42,3 +42,8 @@ def clip(value: Any, limit: int = 200) -> str:
     """A string, or any value as JSON, cut to ``limit`` characters."""
     s = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
     return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def fastest_first(medians: dict[str, float | None]) -> list[tuple[str, float | None]]:
+    """A race's (contender, median) pairs, fastest first (plan.json keeps them sorted by name)."""
+    return sorted(medians.items(), key=lambda kv: (kv[1] is None, kv[1] or 0.0))
