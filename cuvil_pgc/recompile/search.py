@@ -84,7 +84,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 class _Search:
     def __init__(self, model: Any, example_inputs: tuple[Any, ...], analysis: Analysis | None, options: SearchOptions,
                  records: RecordDB | None, machine_key: str, progress: Progress | None) -> None:
@@ -221,6 +220,7 @@ class _Search:
         if trial is None or not trial.ratio:
             return f"{label}: nothing beats eager yet"
         return f"{label}: best {trial.candidate.key} {1 / trial.ratio:.2f}x"
+
     def _measure_runtime_defaults(self, pending: list[Candidate]) -> list[Candidate]:
         """Measure the whole model on each runtime at its defaults first, whatever the cost models
         predict and whatever the budget: that is what a user would deploy instead of a build, so
