@@ -39,12 +39,11 @@ def plan_view(plan: Plan, path: str | None = None) -> TableView:
 
 
 def _final_race(plan: Plan) -> str:
-    """``; final race: eager 0.43 ms, <model>::aoti 0.18 ms, <model>::cudagraphs 0.16 ms`` where it
-    raced more than eager and the plan: a region's measured time comes from this race, its
+    """``; final race: <model>::cudagraphs 0.16 ms, <model>::aoti 0.18 ms, eager 0.43 ms`` (fastest
+    first) where it raced more than eager and the plan: a region's measured time comes from this race, its
     alternatives' from the search's trials, which can rank them otherwise."""
     parts = [f"{name} {_ms(v)} ms" for name, v in fastest_first(plan.final_medians_ms)]
     return f"; final race: {', '.join(parts)}" if len(parts) > 2 else ""
-
 
 
 def _deployed(plan: Plan) -> str:
