@@ -18,9 +18,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from cuvil_pgc.recompile.aoti_loader import load_aoti_package
+from cuvil_pgc.recompile.aoti_loader import FastAOTI, load_aoti_package
 from cuvil_pgc.recompile.output_values import check_constant_outputs
-from cuvil_pgc.recompile.realized import FastAOTI
 from cuvil_pgc.recompile.runtime_region import OutputTemplate, RuntimeRunner
 
 #: what a package of the region's output tensors adds to its cache key (the region's own package

@@ -191,8 +191,8 @@ class AotiRunner:
 
     def __init__(self, path: str, tensor_outputs: bool = False, template: OutputTemplate | None = None,
                  original: nn.Module | None = None) -> None:
+        from cuvil_pgc.recompile.aoti_loader import FastAOTI
         from cuvil_pgc.recompile.aoti_outputs import aoti_runner
-        from cuvil_pgc.recompile.realized import FastAOTI
 
         runner = aoti_runner(path, tensor_outputs, template, original)
         self._call = runner.call_positional if tensor_outputs else FastAOTI(runner)

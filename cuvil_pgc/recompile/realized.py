@@ -20,8 +20,10 @@ from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
 from cuvil_pgc._example_inputs import forward_parameters
+from cuvil_pgc.recompile.aoti_loader import FastAOTI
 from cuvil_pgc.recompile.index_bounds import array_checks, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
+from cuvil_pgc.recompile.region_state import load_into_original, state_dict_as_original
 
 log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warnings always had
 
@@ -81,8 +83,8 @@ class CompiledRegion(nn.Module):
         #: the original forward's (name, default) per parameter, which keyword calls are bound by
         self._params = forward_parameters(original) if signature is not None else None
         self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
-        self.register_state_dict_post_hook(_state_dict_as_original)
-        self.register_load_state_dict_pre_hook(_load_into_original)
+        self.register_state_dict_post_hook(state_dict_as_original)
+        self.register_load_state_dict_pre_hook(load_into_original)
         self._hooked()                  # the first call may take the lean path
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -343,44 +345,6 @@ def _is_dynamo_module(program: Any) -> bool:
     return eval_frame is not None and isinstance(program, eval_frame.OptimizedModule)
 
 
-def _state_dict_as_original(module: CompiledRegion, state_dict: dict[str, Any], prefix: str, _meta: Any) -> None:
-    """A build's ``state_dict`` has the keys of the model it was built from: the original module's,
-    not ``original.``-prefixed, and not the compiled program's copy (a torch.compile region's
-    ``OptimizedModule`` is a submodule)."""
-    inner, program = prefix + "original.", prefix + "_compiled."
-    for key in [k for k in state_dict if k.startswith((inner, program))]:
-        value = state_dict.pop(key)
-        if key.startswith(inner):
-            state_dict[prefix + key[len(inner):]] = value
-
-
-def _load_into_original(module: CompiledRegion, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
-    """``load_state_dict`` of the original model's keys loads into the original module. Weights that
-    differ from the ones the region was built with make it run the original module from then on
-    (the compiled program holds the old ones), with a warning."""
-    inner = prefix + "original."
-    current = module.original.state_dict(keep_vars=True)
-    changed = []
-    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
-        value = state_dict.pop(key)
-        name = key[len(prefix):]
-        state_dict[inner + name] = value
-        now = current.get(name)
-        if not (isinstance(value, torch.Tensor) and isinstance(now, torch.Tensor) and now.shape == value.shape
-                and torch.equal(now.detach(), value.detach().to(now.device))):
-            changed.append(name)
-    program = module._modules.get("_compiled")
-    if program is not None:      # the compiled program's own copy loads as it is (see _state_dict_as_original)
-        for name, value in program.state_dict(keep_vars=True).items():
-            state_dict.setdefault(f"{prefix}_compiled.{name}", value)
-    if changed and not module.weights_changed:
-        module.weights_changed = True
-        module._lean = module._direct = None
-        log.warning("cuvil-pgc: %s: the weights loaded into it differ from the ones it was built with (%s%s): "
-                    "it runs the original module from now on; recompile for these weights", module.config,
-                    ", ".join(changed[:3]), f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-
-
 def _torch_own(hook: Any) -> bool:
     """Whether a hook is torch's own (defined in a ``torch`` module), not the user's."""
     owner = getattr(hook, "__module__", None) or type(hook).__module__
@@ -437,23 +401,6 @@ _Tensor = torch.Tensor
 #: whether autocast is on for any device: a build computes in the precision it was built with, so
 #: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
-
-
-class FastAOTI:
-    """Calls an AOTInductor runner with positional tensors without re-parsing its call spec each time.
-
-    ``AOTICompiledModel.__call__`` deserializes both tree specs on every call (tens of µs); for
-    inputs that are exactly the captured positional tensors, the flat input list is the args.
-    """
-
-    def __init__(self, compiled: Any) -> None:
-        self.loader = compiled.loader
-        self.out_spec = torch.utils._pytree.treespec_loads(self.loader.get_call_spec()[1])
-        self.single = self.out_spec.is_leaf()
-
-    def __call__(self, args: tuple[Any, ...]) -> Any:
-        out = self.loader.boxed_run(list(args))
-        return out[0] if self.single else torch.utils._pytree.tree_unflatten(out, self.out_spec)
 
 
 class ExportError(RuntimeError):
