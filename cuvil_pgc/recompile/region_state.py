@@ -3,23 +3,21 @@
 :class:`~.realized.CompiledRegion` registers these two hooks: a build's ``state_dict`` has the keys
 of the model it was built from, and loading that model's keys loads into the original module;
 weights that differ from the ones the region was built with make it run the original module from
-then on (the compiled program holds the old ones).
+then on (the compiled program holds the old ones). ``module`` is that region (not imported here:
+``realized`` imports this module).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from cuvil_pgc.recompile.realized import CompiledRegion
 
 log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warnings always had
 
 
-def state_dict_as_original(module: CompiledRegion, state_dict: dict[str, Any], prefix: str, _meta: Any) -> None:
+def state_dict_as_original(module: Any, state_dict: dict[str, Any], prefix: str, _meta: Any) -> None:
     """A build's ``state_dict`` has the keys of the model it was built from: the original module's,
     not ``original.``-prefixed, and not the compiled program's copy (a torch.compile region's
     ``OptimizedModule`` is a submodule)."""
@@ -30,7 +28,7 @@ def state_dict_as_original(module: CompiledRegion, state_dict: dict[str, Any], p
             state_dict[prefix + key[len(inner):]] = value
 
 
-def load_into_original(module: CompiledRegion, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+def load_into_original(module: Any, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
     """``load_state_dict`` of the original model's keys loads into the original module. Weights that
     differ from the ones the region was built with make it run the original module from then on
     (the compiled program holds the old ones), with a warning."""
