@@ -4,6 +4,7 @@ asserts on a timing."""
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 
@@ -83,6 +84,38 @@ def test_a_worker_that_dies_mid_race_ends_the_race_loudly():
     body = "import os\nn = [0]\ndef call():\n    n[0] += 1\n    if n[0] > 8: os._exit(3)"
     with pytest.raises(RuntimeError, match="stopped answering"):
         race_in_processes({"dies": _worker(body)}, rounds=50, replicas=1)
+
+
+_SIBLINGS_STOPPED = """
+import atexit, os
+n = [0]
+atexit.register(lambda: open(os.path.join(MARKS, str(os.getpid())), "w").close())
+def siblings():
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            continue
+        state, ppid = stat.rpartition(")")[2].split()[:2]
+        if int(ppid) == os.getppid() and int(pid) != os.getpid():
+            yield pid, state
+def call():
+    n[0] += 1
+    if n[0] > 5:       # past the warm-up, when every worker is set up: each other one stands stopped
+        running = [(pid, state) for pid, state in siblings() if state not in "TtZX"]
+        if running:
+            raise SystemExit(f"workers not stopped during this one's sample: {running}")
+"""
+
+
+@pytest.mark.skipif(not (os.path.isdir("/proc/self") and hasattr(os, "waitid")), reason="reads process states in /proc")
+def test_idle_workers_stand_stopped_while_another_takes_its_sample_and_end_cleanly(tmp_path):
+    """A worker's thread pools spin on after its sample (see process_race's docstring): every other
+    worker is stopped while one is timed, and each is resumed to end on its own (no kill)."""
+    body = f"MARKS = {str(tmp_path)!r}" + _SIBLINGS_STOPPED
+    samples, failed = race_in_processes({"a": _worker(body), "b": _worker(body)}, rounds=4, replicas=2)
+    assert failed == {} and [len(s.seconds) for s in samples.values()] == [8, 8]
+    assert len(os.listdir(tmp_path)) == 4          # every worker ran its exit handlers: none was killed
 
 
 # ----------------------------------------------------------------------------- standalone plans
