@@ -85,6 +85,24 @@ def test_recompile_builds_one_tensor_at_its_own_shape_and_a_tokenizer_s_output_a
         torch.testing.assert_close(build.module(input_ids=ids, attention_mask=torch.ones(2, 6)), model(ids))
 
 
+def test_a_tokenizer_s_output_that_skips_a_parameter_is_called_by_keyword_on_the_build():
+    """GPT-2's forward takes ``past_key_values`` and ``cache_position`` before ``attention_mask``: its
+    tokenizer's output was built with None in their places, and the same keyword call of the loaded
+    build then ran the original module on every call."""
+    torch.manual_seed(0)
+    model, ids, types = Encoder().eval(), torch.randint(0, 50, (2, 6)), torch.ones(2, 6)
+    build = recompile(model, BatchEncoding(input_ids=ids, token_type_ids=types),     # attention_mask skipped
+                      plan={"": Candidate("", "compile")}, records=False, deployed_race=False, rounds=3, calibrate=False)
+    region = build.module
+    with torch.no_grad():
+        for call in (lambda: region(input_ids=ids, token_type_ids=types), lambda: region(ids, token_type_ids=types),
+                     lambda: region(token_type_ids=types, input_ids=ids, output_hidden=False)):
+            torch.testing.assert_close(call(), model(ids, None, types))
+        assert region.fallback_calls == 0
+        torch.testing.assert_close(region(input_ids=ids, attention_mask=types), model(ids, types))  # another call
+    assert region.fallback_calls == 1
+
+
 def test_recompile_reports_the_model_raising_on_a_list_of_inputs_with_the_fix():
     with pytest.raises(RecompileError, match="the model raised on its example inputs") as err:
         recompile(nn.Linear(3, 1), [torch.randn(2, 3)], records=False, deployed_race=False, calibrate=False)

@@ -274,24 +274,26 @@ class CompiledRegion(nn.Module):
         if params is None:
             return None
         if self._spec is not None:
-            return self._bound(args, kwargs, len(self._spec))
-        # captured with nested or non-tensor arguments: the binding whose signature is the captured one
-        count = len(args)
-        while count < len(params) and params[count][0] in kwargs:
-            count += 1
+            return self._bound(args, kwargs, len(self._spec), fill=False)   # tensors only: none skipped
+        # captured with nested or non-tensor arguments (a mapping of inputs that skipped parameters
+        # was captured with their defaults in their places): the binding whose signature is the captured one
+        count = max((i + 1 for i, (name, _) in enumerate(params) if name in kwargs), default=0)
+        count = max(count, len(args))
         for n in range(count, len(args) - 1, -1):
             positional = self._bound(args, kwargs, n)
             if positional is not None and input_signature((positional, {})) == self.signature:
                 return positional
         return None
 
-    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any], count: int) -> tuple[Any, ...] | None:
-        """The call with its first ``count`` parameters positional (see :meth:`_positional`)."""
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any], count: int,
+               fill: bool = True) -> tuple[Any, ...] | None:
+        """The call with its first ``count`` parameters positional (see :meth:`_positional`), those
+        among them it does not pass at their defaults where ``fill``."""
         params = self._params
         if len(params) < count or len(args) > count:
             return None
         wanted = params[len(args):count]
-        if any(name not in kwargs for name, _ in wanted):
+        if any(name not in kwargs and (not fill or default is inspect.Parameter.empty) for name, default in wanted):
             return None
         taken = {name for name, _ in wanted}
         defaults = dict(params[count:])
@@ -299,7 +301,7 @@ class CompiledRegion(nn.Module):
             if name not in taken and not (name in defaults and _is_default(value, defaults[name])) \
                     and not _as_configured(self.original, name, value):
                 return None
-        return args + tuple(kwargs[name] for name, _ in wanted)
+        return args + tuple(kwargs.get(name, default) for name, default in wanted)
 
     def _misfit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Why a call does not fit the build (for its one warning)."""
