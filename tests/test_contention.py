@@ -129,3 +129,27 @@ def test_recompile_is_silent_about_load_on_a_quiet_machine(tmp_path, monkeypatch
                                       "-o", str(tmp_path / "m.cuvilpkg")])
     assert result.exit_code == 0, result.output
     assert "machine is busy" not in result.stderr
+
+
+def test_recompile_does_not_count_its_own_load_as_a_busy_machine(tmp_path, monkeypatch):
+    """The search's compile workers and the race's worker processes raise the load average (5.0
+    on 2 idle cores after one): the load that says other processes took CPU is the one before."""
+    from types import SimpleNamespace
+
+    import cuvil_pgc.recompile.build as build_mod
+    from tests.test_cli_tables import _plan
+
+    monkeypatch.setattr(contention, "_read_loadavg", lambda: (1.0, 1))
+    monkeypatch.setattr(contention, "usable_cores", lambda: 2)
+
+    def searching(net, inputs, traces, **kw):       # the search's own processes load the machine
+        monkeypatch.setattr(contention, "_read_loadavg", lambda: (5.0, 6))
+        return SimpleNamespace(plan=_plan("model"), save=lambda *a, **k: None, to_json=lambda: {"build": "m.cuvilpkg"})
+
+    monkeypatch.setattr(build_mod, "recompile", searching)
+    trace = tmp_path / "t.trace.json"
+    trace.write_text("{}")
+    result = CliRunner().invoke(app, ["recompile", str(trace), "--model", "cuvil_pgc.zoo:mlp",
+                                      "-o", str(tmp_path / "m.cuvilpkg")])
+    assert result.exit_code == 0, result.output
+    assert "machine is busy" not in result.stderr

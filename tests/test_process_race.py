@@ -324,6 +324,61 @@ def test_the_final_race_sends_whole_model_plans_to_worker_processes():
     assert result.deployed_medians_us == {}
 
 
+_MLP_FACTORY = """
+import torch
+from torch import nn
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+def build():
+    torch.manual_seed(0)
+    return Mlp().eval(), (torch.randn(2, 16),)
+
+def other_weights():
+    torch.manual_seed(1)
+    return Mlp().eval(), (torch.randn(2, 16),)
+"""
+
+
+@needs_ort
+def test_eager_from_the_model_s_factory_races_in_processes_and_gives_the_build_s_figures(tmp_path):
+    """In the searching process the backends' thread pools share the cores, so its eager figure
+    and the plan's can be far from what each runs at deployed: with the model's MODULE:FACTORY,
+    eager races in processes of its own beside the plans, and the build's figures come from there."""
+    from types import SimpleNamespace
+
+    from cuvil_pgc.recompile.plan import _final_race
+    from cuvil_pgc.recompile.trials import SearchOptions, SearchResult
+
+    factory = tmp_path / "factory.py"
+    factory.write_text(_MLP_FACTORY)
+    model, inputs, cand, realized, scope_inputs = _realized_ort()
+    *_, basic, realized_basic, _ = _realized_ort([("opt", "basic")])
+    plans = {"model": {"": basic}, "<model>::ort": {"": cand}}
+    built = {"model": ({"": realized_basic}, realized_basic.module), "<model>::ort": ({"": realized}, realized.module)}
+    s = SimpleNamespace(model=model, inputs=inputs, scope_inputs={"": scope_inputs},
+                        opt=SearchOptions(rounds=5, deployed_race=True, model_ref=f"{factory}:build"))
+    result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
+    _final_race(s, result, plans, built, allow_eager=False, defaults=["<model>::ort"])
+    deployed = result.deployed_medians_us
+    assert set(deployed) == {"model", "<model>::ort", "eager"}
+    shipped = next(name for name in plans if plans[name] == result.choices)
+    assert (result.baseline_us, result.plan_us) == (deployed["eager"], deployed[shipped])
+    assert set(result.final_medians_us) == {"eager", "model", "<model>::ort"}       # this process's, kept
+
+    s.opt.model_ref = f"{factory}:other_weights"     # not the model searched: its eager does not race
+    result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
+    _final_race(s, result, plans, built, allow_eager=False, defaults=["<model>::ort"])
+    assert set(result.deployed_medians_us) == {"model", "<model>::ort"} and result.unloadable == {}
+    assert result.baseline_us == result.final_medians_us["eager"]
+
+
 @needs_ort
 def test_a_worker_that_cannot_rebuild_the_output_structure_returns_the_tensors_as_a_tuple():
     """In the worker the structure's class may not be imported (a ``ModelOutput`` of a library the

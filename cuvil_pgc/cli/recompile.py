@@ -75,13 +75,17 @@ def register(app: typer.Typer) -> None:
         from cuvil_pgc._quiet import log_path_for, third_party_output
         from cuvil_pgc.viewer.progress import search_progress
 
+        # the load before the search: other processes'. After it, the load average holds the
+        # search's own (its compile workers, the race's worker processes: 5.0 on 2 idle cores)
+        busy = busy_warnings("measured speedups")
         captured = None
         try:
             with third_party_output(log_path_for(output), verbose=verbose) as captured:
                 with search_progress(quiet=quiet or as_json, console=Console(file=captured.terminal)) as progress:
                     build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol,
                                       atol=atol, device=device, progress=progress, backends=chosen,
-                                      threads=threads, deployed_race=deployed_race, dynamic=dynamic)
+                                      threads=threads, deployed_race=deployed_race, dynamic=dynamic,
+                                      model_ref=model)
                 build.save(output, name=name or _build_name(model), version=version, signing_key=key)
         except BaseException:
             _log_note(captured)
@@ -90,7 +94,6 @@ def register(app: typer.Typer) -> None:
 
         if key is None:
             print_note(f"note: {UNSIGNED_NOTE}", err=True)
-        busy = busy_warnings("measured speedups")
         if as_json:
             emit_json({**build.to_json(), "warnings": busy})
             _log_note(captured)

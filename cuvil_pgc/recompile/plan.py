@@ -189,10 +189,12 @@ def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], bui
     medians = {k: v.median_s * 1e6 for k, v in samples.items()}
     winner = _confident(min((k for k in medians if allow_eager or k != "eager"), key=medians.get), defaults, samples)
     if getattr(s.opt, "deployed_race", False):
-        winner = _deployed_winner(s, result, plans, built, winner, defaults)
+        winner = _deployed_winner(s, result, plans, built, winner, defaults, allow_eager)
     winner = _loadable_winner(s, result, plans, built, medians, winner)
-    result.baseline_us = medians["eager"]
-    result.plan_us = medians[winner]
+    deployed = getattr(result, "deployed_medians_us", {})
+    figures = deployed if "eager" in deployed and winner in deployed else medians    # as deployed, where raced so
+    result.baseline_us = figures["eager"]
+    result.plan_us = figures[winner]
     result.final_medians_us = medians
     if winner == "eager":
         result.choices, result.realized, result.module = {}, {}, s.model
@@ -271,11 +273,12 @@ def _confident(winner: str, defaults: list[str] | tuple[str, ...], samples: dict
 
 
 def _deployed_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], built: dict[str, Any],
-                     winner: str, defaults: list[str] | tuple[str, ...]) -> str:
+                     winner: str, defaults: list[str] | tuple[str, ...], allow_eager: bool = True) -> str:
     """Where the race's winner is a whole-model plan a worker process can run alone, the fastest of
     those plans raced each in processes of their own (:mod:`.standalone`); ``winner`` otherwise,
     or when its own workers could not run (each plan whose workers failed goes into
-    ``result.unloadable``, and :func:`_loadable_winner` passes it over)."""
+    ``result.unloadable``, and :func:`_loadable_winner` passes it over). With the model's
+    ``MODULE:FACTORY`` (``opt.model_ref``) eager races there too, and wins where it is fastest."""
     from cuvil_pgc.recompile.standalone import race_standalone, standalone_spec
 
     specs = {}
@@ -286,8 +289,11 @@ def _deployed_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]]
                 specs[name] = spec
     if winner not in specs or len(specs) < 2:
         return winner
+    ref = getattr(s.opt, "model_ref", None)
+    if ref:         # eager too, the factory's model in a worker of its own (see build.recompile's model_ref)
+        specs["eager"] = {"model_ref": ref, "threads": torch.get_num_threads()}
     with torch.no_grad():
-        references = {name: built[name][1](*s.inputs) for name in specs}
+        references = {name: (s.model if name == "eager" else built[name][1])(*s.inputs) for name in specs}
     stage(getattr(s, "progress", None), f"racing {len(specs)} whole-model plans in processes of their own")
     try:
         samples, failed = race_standalone(specs, s.inputs, references, rounds=DEPLOYED_RACE_ROUNDS)
@@ -295,12 +301,17 @@ def _deployed_winner(s: Any, result: Any, plans: dict[str, dict[str, Candidate]]
         log.warning("cuvil-pgc: the race in processes of their own stopped (%s); keeping %s", exc, winner)
         return winner
     for name, why in failed.items():      # a deployment's process would fail the same way
+        if name == "eager":                # a factory that makes other weights: the figures stay this process's
+            log.warning("cuvil-pgc: eager did not race in processes of their own (%s); the build's speedup "
+                        "over eager is the searching process's", why)
+            continue
         log.warning("cuvil-pgc: plan %s could not run in a process of its own: %s", name, why)
         result.unloadable[name] = f"<model>: a process of its own could not load and run it: {why}"
     if winner not in samples:
         return winner
     result.deployed_medians_us = {k: v.median_s * 1e6 for k, v in samples.items()}
-    fastest = _confident(min(samples, key=lambda k: samples[k].median_s), defaults, samples)
+    fastest = _confident(min((k for k in samples if allow_eager or k != "eager"), key=lambda k: samples[k].median_s),
+                         defaults, samples)
     if fastest != winner:
         log.info("cuvil-pgc: in processes of their own %s ran fastest (%s); this process had measured %s fastest",
                  fastest, ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in result.deployed_medians_us.items()), winner)

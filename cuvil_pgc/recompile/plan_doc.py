@@ -28,8 +28,10 @@ fields (the candidate's own, see :meth:`Candidate.from_json`, too).
 ``regions`` has one entry per searched scope (the whole model first); "chosen" says what runs
 there, including ``merged into <model>: CONFIG`` when the whole model is one compile boundary.
 The whole model's ``measured_ms`` and ``baseline_ms`` come from the final interleaved race (the
-same figures as ``plan_ms`` and ``baseline_ms``), so its speedup is one race's; a region's come
-from the search batch that measured it. ``runtime_defaults`` are the whole model on each runtime
+same figures as ``plan_ms`` and ``baseline_ms``), so its speedup is one race's: the race in
+processes of their own where eager ran there too (``deployed_medians_ms`` then holds "eager"; see
+``recompile``'s ``model_ref``), else the searching process's (``final_medians_ms``); a region's
+come from the search batch that measured it. ``runtime_defaults`` are the whole model on each runtime
 backend at its default settings, measured as baselines outside the budget (what a user would
 deploy instead of the build). ``deployed_medians_ms`` are the whole-model plans that were raced
 again each in processes of their own (:mod:`.standalone`; empty where none was): where they

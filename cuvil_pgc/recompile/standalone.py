@@ -183,6 +183,16 @@ def region(spec: dict[str, Any]) -> nn.Module:
     return runtime_region(cand, spec["artifact"], template, _NotTheModel(), spec["signature"], spec["spec"]).module
 
 
+def _eager_model(ref: str) -> Any:
+    """The model ``ref`` (``MODULE:FACTORY``, the reference the search's model came from) makes, in
+    eval mode: eager, raced beside the plans; its outputs are checked against the searching
+    process's eager outputs like a plan's (a factory that draws other weights does not race)."""
+    from cuvil_pgc._eval_mode import eval_mode
+    from cuvil_pgc._modelspec import load_model_spec
+
+    return eval_mode(load_model_spec(ref, check=False)[0])
+
+
 class _NotTheModel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("the race worker's inputs do not match the region's captured inputs")
@@ -201,7 +211,7 @@ def main(argv: list[str]) -> int:
             pass                   # the runtimes' plans then return their tensors as a tuple (see _flat)
     data = torch.load(spec["inputs"], weights_only=True)
     args = tuple(data["args"])
-    module = region(spec)
+    module = _eager_model(spec["model_ref"]) if spec.get("model_ref") else region(spec)
     with torch.no_grad():
         check = check_outputs(data["references"][spec["plan"]], _tensors(module(*args)))
         if not check.ok:

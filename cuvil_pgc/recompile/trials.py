@@ -27,6 +27,8 @@ class SearchOptions:
     fixed: dict[str, Candidate] | None = None   # a pinned plan: skip the search, build and time this
     #: decide between whole-model plans again in processes of their own, as deployed (.standalone)
     deployed_race: bool = True
+    #: the MODULE:FACTORY the model came from: that race then runs eager too (see build.recompile)
+    model_ref: str | None = None
 
 
 @dataclass
