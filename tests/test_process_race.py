@@ -118,6 +118,43 @@ def test_idle_workers_stand_stopped_while_another_takes_its_sample_and_end_clean
     assert len(os.listdir(tmp_path)) == 4          # every worker ran its exit handlers: none was killed
 
 
+_KILLED_MID_RACE = """
+import subprocess, sys, signal, os
+worker = subprocess.Popen([sys.executable, "-c", "from cuvil_pgc.recompile.process_race import serve; serve(lambda: None)"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+assert worker.stdout.readline().strip() == "ready"
+os.kill(worker.pid, signal.SIGSTOP)            # as the race leaves an idle worker
+print(worker.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)           # the racing process dies mid-race
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+def test_a_stopped_worker_does_not_outlive_a_racing_process_killed_mid_race():
+    import subprocess
+    import time
+
+    racer = subprocess.Popen([sys.executable, "-c", _KILLED_MID_RACE], stdout=subprocess.PIPE, text=True)
+    pid = int(racer.stdout.readline())
+    racer.wait(timeout=60)
+    try:
+        deadline = time.monotonic() + 30          # liveness, not a timing: it is gone at once, or never
+        while _state(pid) not in ("Z", "X") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _state(pid) in ("Z", "X")
+    finally:
+        if _state(pid) not in ("Z", "X"):
+            os.kill(pid, 9)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return "X"
+
+
 # ----------------------------------------------------------------------------- standalone plans
 
 class Mlp(nn.Module):

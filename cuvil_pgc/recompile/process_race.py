@@ -105,6 +105,7 @@ def race_in_processes(commands: dict[str, list[str]], rounds: int, replicas: int
 
 def serve(call: Callable[[], Any], warmup: int = 5) -> None:
     """The worker's side: warm ``call`` up, say ``ready``, then time N calls per request line."""
+    _die_with_parent()
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())        # anything else printed goes to stderr
@@ -117,6 +118,20 @@ def serve(call: Callable[[], Any], warmup: int = 5) -> None:
         for _ in range(n):
             call()
         replies.write(f"{time.perf_counter() - start!r}\n")
+
+
+def _die_with_parent() -> None:
+    """Where the kernel offers it (Linux), have this worker killed when the racing process dies: it
+    stands stopped between samples (:func:`_pause`), where it cannot see its input close, and a
+    racing process killed mid-race would leave it stopped for good."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _contender(worker: str) -> str:
