@@ -188,6 +188,44 @@ def test_keyword_calls_of_a_region_captured_positionally_run_the_build(caplog):
     assert "keyword arguments it was not captured with (attention_mask, input_ids, scale)" in caplog.text
 
 
+class SkipsACache(nn.Module):
+    """GPT-2's order: the ids, then a cache a service leaves None, then the mask; ids index a table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(30, 6), nn.Linear(6, 2)
+
+    def forward(self, input_ids, past_key_values=None, attention_mask=None, use_cache: bool | None = None):
+        return self.fc(self.emb(input_ids) * attention_mask.unsqueeze(-1))
+
+
+@needs_ort
+def test_a_region_captured_with_none_among_its_inputs_takes_the_lean_call_after_its_first():
+    """A tokenizer's mapping that skips GPT-2's past_key_values is captured as (ids, None, mask): no
+    spec of tensors, so every call went through nn.Module's dispatch and the hashed signature."""
+    torch.manual_seed(0)
+    model, ids, mask = SkipsACache().eval(), torch.randint(0, 30, (2, 5)), torch.ones(2, 5)
+    region = realize(model, Candidate("", "ort"), ScopeInputs((ids, None, mask)), machine="t").module
+    forwards = []
+    real_forward = region.forward
+    region.forward = lambda *a, **k: forwards.append(len(a)) or real_forward(*a, **k)
+    with torch.no_grad():
+        ref = model(ids, None, mask)
+        torch.testing.assert_close(region(ids, None, mask), ref, rtol=1e-4, atol=1e-5)        # learns the call
+        assert forwards == [3]
+        for call in (lambda: region(ids, None, mask), lambda: region(input_ids=ids, attention_mask=mask),
+                     lambda: region(ids, attention_mask=mask, use_cache=None)):
+            torch.testing.assert_close(call(), ref, rtol=1e-4, atol=1e-5)
+        assert forwards == [3] and region.fallback_calls == 0         # the lean call, every time
+        cache = torch.zeros(2, 5)                                     # a tensor where None was captured
+        torch.testing.assert_close(region(ids, cache, mask), model(ids, cache, mask))
+        assert region.fallback_calls == 1
+        bad = ids.clone()
+        bad[0, 0] = 30                                                # an id past the table: eager's error
+        with pytest.raises(IndexError):
+            region(input_ids=bad, attention_mask=mask)
+
+
 @needs_ort
 def test_the_fallback_warning_says_what_does_not_fit(caplog):
     torch.manual_seed(0)
