@@ -845,18 +845,23 @@ def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_gua
 
 
 def test_output_template_shortcuts_build_what_the_pytree_builds():
-    """One tensor and a flat tuple of tensors are built without the pytree; every shape of output
-    comes back as the pytree would build it."""
+    """One tensor, a flat tuple of tensors, and a plain dict, tuple or list of tensors and constants
+    are built without the pytree; every shape of output comes back as the pytree would build it."""
+    from collections import OrderedDict, namedtuple
+
     from torch.utils import _pytree as pytree
 
     from cuvil_pgc.recompile.runtime_region import OutputTemplate
 
     a, b = torch.ones(1), torch.ones(2)
-    for out, direct in ((a, True), ((a, b), True), ((a, None), False), ({"x": a}, False), ([a], False),
-                        ((a, (b,)), False), ((b, a), True)):
+    pair = namedtuple("pair", "x y")
+    for out, direct in ((a, True), ((a, b), True), ((a, None), True), ({"x": a}, True), ([a], True),
+                        ({"logits": b, "aux": None, "mean": a, "n": 3}, True), ((b, a), True),
+                        ((a, (b,)), False), ({"x": [a]}, False), (pair(a, b), False), (OrderedDict(x=a), False)):
         template = OutputTemplate.of(out)
-        assert (template.is_single or template._tuple) is direct, out
+        assert (template.is_single or template._tuple or template._flat is not None) is direct, out
         fresh = [torch.zeros_like(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         built = template.build(fresh)
-        assert pytree.tree_structure(built) == pytree.tree_structure(out)
+        assert type(built) is type(out) and pytree.tree_structure(built) == pytree.tree_structure(out)
+        assert repr(built) == repr(template._unflatten(fresh))
         assert [t.shape for t in pytree.tree_leaves(built) if isinstance(t, torch.Tensor)] == [t.shape for t in fresh]

@@ -58,6 +58,7 @@ class OutputTemplate:
         #: the output is the runtime's one tensor itself (callers may skip :meth:`build`)
         self.is_single = in_order and len(self.leaves) == 1 and self.spec.is_leaf()
         self._tuple = in_order and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children())
+        self._flat = None if self.is_single or self._tuple else _flat_builder(self.spec, self.leaves)
         self._hf = fast_builder(self.spec, self.leaves)      # a Hugging Face ModelOutput (see .hf_outputs)
         self._hf_proven = False
 
@@ -81,6 +82,8 @@ class OutputTemplate:
             return outputs[0]
         if self._tuple:
             return tuple(outputs)
+        if self._flat is not None:
+            return self._flat(outputs)
         if self._hf is not None:
             return self._hf(outputs) if self._hf_proven else self._prove_hf(outputs)
         return self._unflatten(outputs)
@@ -112,6 +115,23 @@ class OutputTemplate:
     def from_json(cls, doc: dict[str, Any]) -> OutputTemplate:
         return cls(pytree.treespec_loads(doc["spec"]), [(kind, v) for kind, v in doc["leaves"]],
                    [(tuple(shape), TENSOR_DTYPES[dtype]) for shape, dtype in doc["tensors"]])
+
+
+def _flat_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[torch.Tensor]], Any] | None:
+    """A builder of a plain dict, tuple or list of output tensors and constants (``{"logits": t,
+    "aux": None}``, ``(probs, None)``) that does not go through ``pytree.tree_unflatten``, or None
+    for any other structure (nested, a namedtuple, an OrderedDict, a dataclass). The pytree's
+    rebuild of a three-entry dict took 2.1 µs warm against 0.1 µs for the dict itself, and a
+    GRU tagger returning one ran 6.5% behind ONNX Runtime called plainly where it was deployed."""
+    kind = spec.type
+    if kind not in (dict, tuple, list) or not all(c.is_leaf() for c in spec.children()):
+        return None
+    picks = [(what == "t", v) for what, v in leaves]
+    if kind is dict:
+        keyed = [(key, tensor, v) for key, (tensor, v) in zip(spec.context, picks, strict=True)]
+        return lambda outputs: {key: outputs[v] if tensor else v for key, tensor, v in keyed}
+    make = tuple if kind is tuple else list
+    return lambda outputs: make([outputs[v] if tensor else v for tensor, v in picks])
 
 
 class RuntimeRunner:
