@@ -322,3 +322,38 @@ def test_an_aoti_program_for_other_sizes_reads_any_layout():
     runner._call = Package()
     runner.call_positional((torch.randn(4, 6).t(), torch.randn(3)))
     assert seen == [True, True]
+
+
+class SkipsACache(nn.Module):
+    """GPT-2's order: the ids, a cache a service leaves None, then the mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(50, 8), nn.Linear(8, 3)
+
+    def forward(self, input_ids, past_key_values=None, attention_mask=None):
+        return self.fc(self.emb(input_ids) * attention_mask.unsqueeze(-1)).mean(1)
+
+
+@needs_ort
+def test_a_region_captured_with_none_among_its_inputs_serves_other_lengths_by_keyword(tmp_path):
+    """A tokenizer's mapping that skips GPT-2's past_key_values is captured as (ids, None, mask): the
+    program for other sizes takes the tensors, the None stays where it was, and a service's keyword
+    calls at other lengths run it, in a loaded build too."""
+    torch.manual_seed(0)
+    model, ids = SkipsACache().eval(), torch.randint(0, 50, (1, 8))
+    build = recompile(model, {"input_ids": ids, "attention_mask": torch.ones(1, 8)}, plan={"": Candidate("", "ort")},
+                      records=False, deployed_race=False, rounds=3, dynamic=True)
+    record = build.plan.choices[0].other_shapes
+    assert record is not None and record["inputs"][1] is None and len(record["inputs"]) == 3
+    fast = load_build(build.save(tmp_path / "n.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
+    with torch.no_grad():
+        for length in (5, 13, 8):
+            longer = torch.randint(0, 50, (1, length))
+            mask = torch.ones(1, length)
+            torch.testing.assert_close(fast(input_ids=longer, attention_mask=mask), model(longer, None, mask),
+                                       rtol=1e-4, atol=1e-5)
+        assert (fast.other_shape_calls, fast.fallback_calls) == (2, 0)
+        cache = torch.zeros(1, 5)               # a tensor where None was captured: the original module
+        torch.testing.assert_close(fast(longer[:, :5], cache, mask[:, :5]), model(longer[:, :5], cache, mask[:, :5]))
+    assert fast.fallback_calls == 1

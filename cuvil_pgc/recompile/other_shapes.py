@@ -16,8 +16,11 @@ The second program passes the accuracy guard at the captured inputs and at probe
 before it ships; a dimension it gets wrong stays fixed, and a program that gets every one wrong is
 left out with the reason. In a build its files are the members ``<backend>/<n>-shapes<suffix>``, covered by the manifest and the signature like every other member,
 and the plan's choice records them in ``other_shapes``: ``{"artifact": member, "inputs": [[dtype,
-[size or null, ...]], ...]}`` (null: a free dimension). A cuvil-pgc that
-predates them ignores the record and runs the original module for other sizes, as before.
+[size or null, ...]], ...]}`` (null: a free dimension; an input that is null itself was captured
+as None, as a tokenizer's mapping that skips GPT-2's ``past_key_values`` leaves it, and the
+program does not take it). A cuvil-pgc that
+predates them ignores the record and runs the original module for other sizes, as before (one that
+predates the null inputs warns that the record is malformed, and does the same).
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ class OtherShapes:
     and a length), and each name's sizes are bounded by the range the accuracy guard checked."""
 
     runner: Any                                                 # calls a tuple of tensors (call_positional)
-    inputs: list[tuple[torch.dtype, tuple[int | str, ...]]]     # per positional input: dtype, dimensions
+    #: per positional input: dtype and dimensions, or None for an input captured as None (a
+    #: tokenizer's mapping that skips GPT-2's past_key_values), which the program does not take
+    inputs: list[tuple[torch.dtype, tuple[int | str, ...]] | None]
     ranges: dict[str, tuple[int, int]]                          # per size name: the smallest and largest checked
     artifact: str                                               # its first local file
 
@@ -78,7 +83,12 @@ class OtherShapes:
         if len(args) != len(self.inputs):
             return f"{len(args)} positional inputs, built for {len(self.inputs)}"
         sizes: dict[str, int] = {}
-        for i, (a, (dtype, dims)) in enumerate(zip(args, self.inputs, strict=True)):
+        for i, (a, spec) in enumerate(zip(args, self.inputs, strict=True)):
+            if spec is None:
+                if a is not None:
+                    return f"input {i} is a {type(a).__name__}, built for None"
+                continue
+            dtype, dims = spec
             if not isinstance(a, torch.Tensor) or a.dtype != dtype or not a.is_cpu:
                 return f"input {i} is not a {dtype} CPU tensor"
             if a.dim() != len(dims):
@@ -96,12 +106,14 @@ class OtherShapes:
         return None
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
-        """Run ``args`` (which :meth:`fits`: positional tensors, so no flattening of the call)."""
-        return self.runner.call_positional(args)
+        """Run ``args`` (which :meth:`fits`: positional tensors and the captured Nones, which the
+        program does not take, so no flattening of the call)."""
+        return self.runner.call_positional(tuple(a for a in args if a is not None))
 
     def to_json(self, member: str) -> dict[str, Any]:
         return {"artifact": member,
-                "inputs": [[str(dtype).removeprefix("torch."), list(dims)] for dtype, dims in self.inputs],
+                "inputs": [None if spec is None else [str(spec[0]).removeprefix("torch."), list(spec[1])]
+                           for spec in self.inputs],
                 "ranges": {name: list(r) for name, r in self.ranges.items()}}
 
 
@@ -117,8 +129,9 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
 
     if cand.backend not in BACKENDS:
         raise OtherShapesError(f"only ONNX Runtime, OpenVINO and AOTInductor regions get one, not {cand.backend}")
-    if inputs.kwargs or not inputs.args or not all(isinstance(a, torch.Tensor) and a.is_cpu for a in inputs.args):
-        raise OtherShapesError("it is called with other than positional CPU tensors")
+    if inputs.kwargs or not any(isinstance(a, torch.Tensor) for a in inputs.args) \
+            or not all(a is None or isinstance(a, torch.Tensor) and a.is_cpu for a in inputs.args):
+        raise OtherShapesError("it is called with other than positional CPU tensors (and Nones)")
     try:
         if cand.backend == "aoti":
             runner, first, free = _aoti_program(prepared, cand, inputs, key)
@@ -130,9 +143,18 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
         raise OtherShapesError(f"{type(exc).__name__}: {first_line(str(exc), 200)}") from exc
     if not any(name for sizes in free for name in sizes):
         raise OtherShapesError("the exporter fixed every input dimension (the program allows no other sizes)")
+    free = _at_positions(inputs.args, free)
     names, ranges = _check(runner, module, inputs.args, free, rtol, atol)
-    return OtherShapes(runner, [(a.dtype, tuple(name or n for name, n in zip(dims, a.shape, strict=True)))
+    return OtherShapes(runner, [None if a is None else (a.dtype, tuple(name or n for name, n in zip(dims, a.shape,
+                                                                                                   strict=True)))
                                 for a, dims in zip(inputs.args, names, strict=True)], ranges, first)
+
+
+def _at_positions(args: tuple[Any, ...], free: list[list[str]]) -> list[list[str]]:
+    """The exported program's free dimensions per tensor input, placed at the positions of the
+    call's arguments (none for an argument captured as None, which the program does not take)."""
+    per_tensor = iter(free)
+    return [[] if a is None else next(per_tensor) for a in args]
 
 
 def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
@@ -143,7 +165,7 @@ def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: 
     onnx_path = artifact_path(key, "onnx-shapes", None, ".onnx")
     if not onnx_path.exists():
         export_onnx(prepared, inputs, onnx_path, len(template.tensors), free_sizes=True)
-    free = free_dimensions(str(onnx_path), len(inputs.args))
+    free = free_dimensions(str(onnx_path), sum(a is not None for a in inputs.args))
     first = onnx_path
     if cand.backend == "openvino":
         first = artifact_path(key, "openvino-shapes", None, ".xml")
@@ -163,7 +185,7 @@ def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tupl
         exported = export_program(prepared if template is None else TensorOutputs(prepared), inputs, free_sizes=True)
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     free = [["" if isinstance(d, int) else str(d) for d in placeholders[name].meta["val"].shape]
-            for name in exported.graph_signature.user_inputs]
+            for name in exported.graph_signature.user_inputs if name is not None]     # None: an input captured as None
     tensors = "" if template is None else f"|{TENSOR_OUTPUTS_KEY}"
     path = artifact_path(f"{key}|{program_key(cand)}{tensors}", "aoti-shapes", None, ".pt2")
     if not path.exists():
@@ -202,7 +224,7 @@ class AotiRunner:
 
     def call_positional(self, args: tuple[Any, ...]) -> Any:
         # the package reads its inputs at the captured strides: another layout is copied first
-        return self._call(tuple(a if a.is_contiguous() else a.contiguous() for a in args))
+        return self._call(tuple(a if a.is_contiguous() else a.contiguous() for a in args if a is not None))
 
 
 def free_dimensions(onnx_path: str, count: int) -> list[list[str]]:
@@ -232,7 +254,8 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     differently stays fixed; then all that vary change together once. The captured values are
     tiled or cropped, so token ids stay valid ids."""
     _compare(runner, module, args, rtol, atol)
-    captured = {name: n for a, dims in zip(args, free, strict=True) for name, n in zip(dims, a.shape, strict=True) if name}
+    captured = {name: n for a, dims in zip(args, free, strict=True) if a is not None
+                for name, n in zip(dims, a.shape, strict=True) if name}
 
     def alone(name: str) -> bool:
         try:
@@ -324,14 +347,17 @@ def _resized(args: tuple[torch.Tensor, ...], free: list[list[str]], new: dict[st
     """``args`` with the dimensions of the symbols in ``new`` at those sizes, values tiled or cropped."""
     out = []
     for t, names in zip(args, free, strict=True):
+        if t is None:
+            out.append(None)
+            continue
         shape = [new.get(name, n) if name else n for name, n in zip(names, t.shape, strict=True)]
         reps = [-(-s // n) if n else 1 for s, n in zip(shape, t.shape, strict=True)]
         out.append(t.repeat(*reps)[tuple(slice(0, s) for s in shape)].contiguous())
     return tuple(out)
 
 
-def _shapes(args: tuple[torch.Tensor, ...]) -> str:
-    return ", ".join(str(tuple(a.shape)) for a in args)
+def _shapes(args: tuple[torch.Tensor | None, ...]) -> str:
+    return ", ".join("None" if a is None else str(tuple(a.shape)) for a in args)
 
 
 def package_members(backend: str, index: int, first: str) -> dict[str, str]:
@@ -360,10 +386,11 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         return
     try:
         stem = record["artifact"].rsplit(".", 1)[0]
-        inputs = [(TENSOR_DTYPES[dtype], tuple(d if isinstance(d, str) else int(d) for d in dims))
-                  for dtype, dims in record["inputs"]]
+        inputs = [None if spec is None else (TENSOR_DTYPES[spec[0]], tuple(d if isinstance(d, str) else int(d)
+                                                                           for d in spec[1]))
+                  for spec in record["inputs"]]
         ranges = {str(name): (int(lo), int(hi)) for name, (lo, hi) in record["ranges"].items()}
-        if any(isinstance(d, str) and d not in ranges for _, dims in inputs for d in dims):
+        if any(isinstance(d, str) and d not in ranges for spec in inputs if spec is not None for d in spec[1]):
             raise KeyError("a size without a range")
     except (AttributeError, KeyError, TypeError, ValueError):
         log.warning("cuvil-pgc: the build's record of the program for other input sizes of %s is malformed; "

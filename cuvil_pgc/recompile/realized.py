@@ -310,9 +310,11 @@ class CompiledRegion(nn.Module):
         # was captured with their defaults in their places): the binding whose signature is the captured one
         count = max((i + 1 for i, (name, _) in enumerate(params) if name in kwargs), default=0)
         count = max(count, len(args))
+        other = self.other_shapes        # or a call its program for other sizes fits
         for n in range(count, len(args) - 1, -1):
             positional = self._bound(args, kwargs, n)
-            if positional is not None and input_signature((positional, {})) == self.signature:
+            if positional is not None and (input_signature((positional, {})) == self.signature
+                                           or other is not None and other.fits(positional)):
                 return positional
         return None
 
