@@ -123,10 +123,7 @@ def test_recompile_is_silent_about_load_on_a_quiet_machine(tmp_path, monkeypatch
     _fake_recompile(monkeypatch)
     monkeypatch.setattr(contention, "_read_loadavg", lambda: (1.0, 1))
     monkeypatch.setattr(contention, "usable_cores", lambda: 2)
-    trace = tmp_path / "t.trace.json"
-    trace.write_text("{}")
-    result = CliRunner().invoke(app, ["recompile", str(trace), "--model", "cuvil_pgc.zoo:mlp",
-                                      "-o", str(tmp_path / "m.cuvilpkg")])
+    result = _recompile_cli(tmp_path)
     assert result.exit_code == 0, result.output
     assert "machine is busy" not in result.stderr
 
@@ -147,9 +144,13 @@ def test_recompile_does_not_count_its_own_load_as_a_busy_machine(tmp_path, monke
         return SimpleNamespace(plan=_plan("model"), save=lambda *a, **k: None, to_json=lambda: {"build": "m.cuvilpkg"})
 
     monkeypatch.setattr(build_mod, "recompile", searching)
-    trace = tmp_path / "t.trace.json"
-    trace.write_text("{}")
-    result = CliRunner().invoke(app, ["recompile", str(trace), "--model", "cuvil_pgc.zoo:mlp",
-                                      "-o", str(tmp_path / "m.cuvilpkg")])
+    result = _recompile_cli(tmp_path)
     assert result.exit_code == 0, result.output
     assert "machine is busy" not in result.stderr
+
+
+def _recompile_cli(tmp_path):
+    trace = tmp_path / "t.trace.json"
+    trace.write_text("{}")
+    return CliRunner().invoke(app, ["recompile", str(trace), "--model", "cuvil_pgc.zoo:mlp",
+                                    "-o", str(tmp_path / "m.cuvilpkg")])

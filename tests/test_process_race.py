@@ -361,30 +361,19 @@ def test_the_final_race_sends_whole_model_plans_to_worker_processes():
     assert result.deployed_medians_us == {}
 
 
-_MLP_FACTORY = """
-import torch
-from torch import nn
-
-class Mlp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-def build():
+def mlp_factory():
+    """``tests.test_process_race:mlp_factory``: the model of :func:`_realized_ort`, as a worker makes it."""
     torch.manual_seed(0)
     return Mlp().eval(), (torch.randn(2, 16),)
 
-def other_weights():
+
+def other_weights_factory():
     torch.manual_seed(1)
     return Mlp().eval(), (torch.randn(2, 16),)
-"""
 
 
 @needs_ort
-def test_eager_from_the_model_s_factory_races_in_processes_and_gives_the_build_s_figures(tmp_path):
+def test_eager_from_the_model_s_factory_races_in_processes_and_gives_the_build_s_figures():
     """In the searching process the backends' thread pools share the cores, so its eager figure
     and the plan's can be far from what each runs at deployed: with the model's MODULE:FACTORY,
     eager races in processes of its own beside the plans, and the build's figures come from there."""
@@ -393,14 +382,12 @@ def test_eager_from_the_model_s_factory_races_in_processes_and_gives_the_build_s
     from cuvil_pgc.recompile.plan import _final_race
     from cuvil_pgc.recompile.trials import SearchOptions, SearchResult
 
-    factory = tmp_path / "factory.py"
-    factory.write_text(_MLP_FACTORY)
     model, inputs, cand, realized, scope_inputs = _realized_ort()
     *_, basic, realized_basic, _ = _realized_ort([("opt", "basic")])
     plans = {"model": {"": basic}, "<model>::ort": {"": cand}}
     built = {"model": ({"": realized_basic}, realized_basic.module), "<model>::ort": ({"": realized}, realized.module)}
     s = SimpleNamespace(model=model, inputs=inputs, scope_inputs={"": scope_inputs},
-                        opt=SearchOptions(rounds=5, deployed_race=True, model_ref=f"{factory}:build"))
+                        opt=SearchOptions(rounds=5, deployed_race=True, model_ref="tests.test_process_race:mlp_factory"))
     result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
     _final_race(s, result, plans, built, allow_eager=False, defaults=["<model>::ort"])
     deployed = result.deployed_medians_us
@@ -409,7 +396,7 @@ def test_eager_from_the_model_s_factory_races_in_processes_and_gives_the_build_s
     assert (result.baseline_us, result.plan_us) == (deployed["eager"], deployed[shipped])
     assert set(result.final_medians_us) == {"eager", "model", "<model>::ort"}       # this process's, kept
 
-    s.opt.model_ref = f"{factory}:other_weights"     # not the model searched: its eager does not race
+    s.opt.model_ref = "tests.test_process_race:other_weights_factory"     # not the model searched: its eager does not race
     result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
     _final_race(s, result, plans, built, allow_eager=False, defaults=["<model>::ort"])
     assert set(result.deployed_medians_us) == {"model", "<model>::ort"} and result.unloadable == {}
