@@ -90,14 +90,15 @@ _SIBLINGS_STOPPED = """
 import atexit, os
 n = [0]
 atexit.register(lambda: open(os.path.join(MARKS, str(os.getpid())), "w").close())
-def siblings():
+def siblings():       # this race's other workers (the test process may have other children)
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = open(f"/proc/{pid}/stat").read()
+            command = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
         except OSError:
             continue
         state, ppid = stat.rpartition(")")[2].split()[:2]
-        if int(ppid) == os.getppid() and int(pid) != os.getpid():
+        if int(ppid) == os.getppid() and int(pid) != os.getpid() and MARKS in command:
             yield pid, state
 def call():
     n[0] += 1
