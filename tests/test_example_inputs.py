@@ -86,9 +86,9 @@ def test_recompile_builds_one_tensor_at_its_own_shape_and_a_tokenizer_s_output_a
 
 
 def test_a_tokenizer_s_output_that_skips_a_parameter_is_called_by_keyword_on_the_build():
-    """GPT-2's forward takes ``past_key_values`` and ``cache_position`` before ``attention_mask``: its
-    tokenizer's output was built with None in their places, and the same keyword call of the loaded
-    build then ran the original module on every call."""
+    """GPT-2's forward takes its cache (``past_key_values``) before ``attention_mask``: its tokenizer's
+    output was built with None in its place, and the same keyword call of the loaded build then ran
+    the original module on every call."""
     torch.manual_seed(0)
     model, ids, types = Encoder().eval(), torch.randint(0, 50, (2, 6)), torch.ones(2, 6)
     build = recompile(model, BatchEncoding(input_ids=ids, token_type_ids=types),     # attention_mask skipped
