@@ -67,10 +67,7 @@ class CompiledRegion(nn.Module):
         self._inference_only = _is_dynamo_module(compiled)
         if self._spec is not None and not self._inference_only:
             self._fast = FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
-            lean = getattr(compiled, "lean_parts", None)
-            parts = lean(self._spec) if lean is not None and GLOBAL_HOOKS is not None else None
-            if parts is not None:    # with its id inputs, checked on the arrays it hands the runtime
-                self._lean = (*parts, array_checks(self._spec, self.index_bounds))
+            self._lean = self._lean_call(self._spec)
         if self._spec is not None and self._lean is None and not self.index_bounds and GLOBAL_HOOKS is not None:
             self._direct = self._fast or (lambda args: compiled(*args))
         self.fallback_calls = 0
@@ -200,18 +197,26 @@ class CompiledRegion(nn.Module):
         runner's generic call, and a 2-layer GPT-2 on OpenVINO ran 0.69 ms deployed against
         0.54 ms for the same compiled model called plainly."""
         self.__dict__["_learned"] = True         # a plain bool, as fallback_calls
-        if self._spec is not None or self._lean is not None or GLOBAL_HOOKS is None \
+        if self._spec is not None or self._lean is not None \
                 or not any(a is None for a in args) or not all(a is None or type(a) is torch.Tensor for a in args):
             return
-        tensors = [(a.shape, a.dtype, a.device, a.stride()) for a in args if a is not None]
+        self.__dict__["_lean"] = self._lean_call([None if a is None else (a.shape, a.dtype, a.device, a.stride())
+                                                  for a in args])
+
+    def _lean_call(self, positions: list[tuple[Any, ...] | None]) -> tuple[Any, ...] | None:
+        """What the lean call of :meth:`__call__` takes for positional inputs that are each a tensor,
+        (shape, dtype, device, strides), or None (a (None, None) check): the runner's array call
+        (:meth:`~.runtime_region.RuntimeRunner.lean_parts`), and its id inputs, checked on the arrays
+        it hands the runtime. None where the program has no array call for them."""
+        tensors = [p for p in positions if p is not None]
         lean_parts = getattr(self._compiled, "lean_parts", None)
-        parts = lean_parts(tensors) if lean_parts is not None and tensors else None
+        parts = lean_parts(tensors) if lean_parts is not None and GLOBAL_HOOKS is not None and tensors else None
         if parts is None:
-            return
+            return None
         _, checks, run, single, build = parts
         taken = iter(checks)
-        self.__dict__["_lean"] = (len(args), [(None, None) if a is None else next(taken) for a in args], run, single,
-                                  build, array_checks(tensors, self.index_bounds))
+        return (len(positions), [(None, None) if p is None else next(taken) for p in positions], run, single, build,
+                array_checks(tensors, self.index_bounds))
 
     def _eager_only(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         """Why a call that fits the build's inputs must still run the original module: autocast
