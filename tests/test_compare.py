@@ -58,7 +58,8 @@ def test_ratio_ci_and_bootstrap_on_known_samples():
 
 def test_interleaving_rotates_the_order():
     calls = []
-    time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=4, warmup=0, inner=1)
+    time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=4, warmup=0, inner=1,
+                     settle_s=0)
     rounds = ["".join(calls[i:i + 2]) for i in range(0, 8, 2)]
     assert rounds == ["ab", "ba", "ab", "ba"]
 
@@ -78,9 +79,37 @@ def test_interleaving_varies_each_contenders_predecessor():
     """A plain rotation of abc always runs b right after a; the timed order must not."""
     calls = []
     fns = {k: (lambda k=k: calls.append(k)) for k in "abcd"}
-    time_interleaved(fns, rounds=8, warmup=0, inner=1)
+    time_interleaved(fns, rounds=8, warmup=0, inner=1, settle_s=0)
     before_b = {calls[i - 1] for i in range(1, len(calls)) if calls[i] == "b"}
     assert before_b >= {"a", "c", "d"}
+
+
+def test_each_sample_follows_untimed_calls_of_its_own_contender(monkeypatch):
+    """The threads a predecessor left spinning must settle before a contender is timed: every timed
+    sample comes right after settle_s of its own untimed calls, which its time leaves out."""
+    import itertools
+
+    from cuvil_pgc.recompile import measure
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock["t"])
+    calls = []
+
+    def contender(name, seconds):
+        def call():
+            calls.append(name)
+            clock["t"] += seconds
+        return call
+
+    samples = time_interleaved({"a": contender("a", 0.25), "b": contender("b", 0.5)},
+                               rounds=4, warmup=0, inner=2, settle_s=0.75)
+    runs = [(name, len(list(group))) for name, group in itertools.groupby(calls)]
+    # rounds ab ba ab ba; a settles in 3 calls (0.75 s), b in 2 (1 s), then each takes its 2 timed calls
+    assert runs == [("a", 5), ("b", 4 + 4), ("a", 5 + 5), ("b", 4 + 4), ("a", 5)]
+    assert samples["a"].seconds == [0.25] * 4 and samples["b"].seconds == [0.5] * 4
+    calls.clear()
+    time_interleaved({"a": contender("a", 0.25)}, rounds=3, warmup=0, inner=2, settle_s=0.75)
+    assert calls == ["a"] * 6                 # alone, a contender is its own predecessor: nothing to settle
 
 
 def test_compare_verdict_on_models_of_known_different_speed():

@@ -7,7 +7,14 @@ orders are a Williams design (:func:`balanced_orders`): over its rows every cont
 after every other equally often. A contender's time depends on its predecessor (the caches it
 leaves cold, the threads it leaves spinning); a plain rotation keeps one fixed predecessor for each
 contender, which measured the same ONNX Runtime session 14% slower when it always followed
-OpenVINO than when it followed a torch contender. When
+OpenVINO than when it followed a torch contender. Before each timed sample, the contender runs
+untimed for :data:`SETTLE_S` (:func:`_settle`): the thread pools of the contender before it spin
+on after its run (OpenMP's, OpenVINO's), on the cores this one needs, and no deployment has
+another runtime's threads spinning beside its model. A GRU tagger at 2 threads on 2 cores, four
+contenders in one process, four passes (ms): ONNX Runtime 0.43-3.71 unsettled, 0.28-0.34
+settled (0.27 in a process of its own), OpenVINO 0.70-0.78 / 0.42-0.43 (0.44), AOTInductor
+0.59-0.66 / 0.36-0.41 (0.39), eager 1.71-1.83 / 1.45-1.53 (1.54). Sleeping instead made it worse
+(eager 10 ms): idle cores wake slowly. When
 CUDA is initialized in the process, every sample is bracketed by ``torch.cuda.synchronize``.
 Statistics are medians; :func:`ratio_ci` bootstraps the ratio of two medians. Nothing here
 asserts on times: callers compare contenders measured in the same run.
@@ -26,6 +33,9 @@ from typing import Any
 #: a sample should last at least this long so the timer's resolution does not matter, and not much
 #: longer: on a shared machine a short sample is less likely to contain a preemption
 MIN_SAMPLE_S = 0.0005
+#: seconds a contender runs untimed before each of its samples, so the threads its predecessor left
+#: spinning settle (see the module's docstring); its own call's cost when that is longer
+SETTLE_S = 0.003
 DEFAULT_ROUNDS = 25
 DEFAULT_BOOTSTRAP = 2000
 
@@ -107,9 +117,14 @@ def calibrate_inner(fn: Callable[[], Any], min_sample_s: float = MIN_SAMPLE_S, c
 
 
 def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = DEFAULT_ROUNDS, warmup: int = 5,
-                     inner: int | None = None, sync: Callable[[], None] | None = None) -> dict[str, Samples]:
-    """Time each zero-argument callable in interleaved rounds (balanced orders); returns per-call samples."""
+                     inner: int | None = None, sync: Callable[[], None] | None = None,
+                     settle_s: float = SETTLE_S) -> dict[str, Samples]:
+    """Time each zero-argument callable in interleaved rounds (balanced orders); returns per-call
+    samples. Each sample follows ``settle_s`` of untimed calls of its contender (none where one
+    contender runs alone: it is its own predecessor)."""
     names = list(fns)
+    if len(names) < 2:
+        settle_s = 0.0
     sync = sync or _cuda_sync()
     for name in names:
         for _ in range(warmup):
@@ -121,8 +136,19 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = DEFA
     orders = balanced_orders(len(names))
     for r in range(rounds):
         for i in orders[r % len(orders)]:
+            _settle(fns[names[i]], settle_s)
             out[names[i]].seconds.append(_one_sample(fns[names[i]], counts[names[i]], sync))
     return out
+
+
+def _settle(fn: Callable[[], Any], seconds: float) -> None:
+    """Call ``fn`` untimed until ``seconds`` have passed (at least once where ``seconds`` > 0)."""
+    if seconds <= 0:
+        return
+    end = time.perf_counter() + seconds
+    fn()
+    while time.perf_counter() < end:
+        fn()
 
 
 def whole_cycles(rounds: int, n: int) -> int:
