@@ -126,13 +126,14 @@ def test_the_race_in_processes_round_trips_and_a_plan_without_it_reads_as_before
     newer["format"] = 2
     plan = Plan.from_json(newer)
     assert plan.deployed_medians_ms == {} and "deployed_medians_ms" not in plan.to_json()
-    newer["deployed_medians_ms"] = {"model": 0.26, "<model>::ort": 0.29}
+    newer["deployed_medians_ms"] = {"<model>::ort": 0.29, "model": 0.26}
     plan = Plan.from_json(newer)
     assert plan.deployed_medians_ms == {"model": 0.26, "<model>::ort": 0.29} and plan.extra == {}
     assert plan.to_json()["deployed_medians_ms"] == newer["deployed_medians_ms"]
     from cuvil_pgc.viewer._run_sections import plan_section
     from cuvil_pgc.viewer.console_recompile import plan_view
 
+    # fastest first, like the final race
     assert "decided in processes of their own: model 0.2600 ms, <model>::ort 0.2900 ms" in plan_view(plan).caption
     html = plan_section(plan, None, False)
     assert "raced in processes of their own" in html and "&lt;model&gt;::ort: 290 µs" in html
