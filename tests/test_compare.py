@@ -110,6 +110,10 @@ def test_each_sample_follows_untimed_calls_of_its_own_contender(monkeypatch):
     calls.clear()
     time_interleaved({"a": contender("a", 0.25)}, rounds=3, warmup=0, inner=2, settle_s=0.75)
     assert calls == ["a"] * 6                 # alone, a contender is its own predecessor: nothing to settle
+    calls.clear()            # asynchronous work (GPU): each settling call waits for its work, as a sample does
+    time_interleaved({"a": contender("a", 0.25), "b": contender("b", 0.5)}, rounds=2, warmup=0, inner=2,
+                     settle_s=0.75, sync=lambda: calls.append("|"))
+    assert "".join(calls) == "a|a|a||aa|" + "b|b||bb|" + "b|b||bb|" + "a|a|a||aa|"
 
 
 def test_compare_verdict_on_models_of_known_different_speed():

@@ -136,19 +136,24 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = DEFA
     orders = balanced_orders(len(names))
     for r in range(rounds):
         for i in orders[r % len(orders)]:
-            _settle(fns[names[i]], settle_s)
+            _settle(fns[names[i]], settle_s, sync)
             out[names[i]].seconds.append(_one_sample(fns[names[i]], counts[names[i]], sync))
     return out
 
 
-def _settle(fn: Callable[[], Any], seconds: float) -> None:
-    """Call ``fn`` untimed until ``seconds`` have passed (at least once where ``seconds`` > 0)."""
+def _settle(fn: Callable[[], Any], seconds: float, sync: Callable[[], None] | None) -> None:
+    """Call ``fn`` untimed until ``seconds`` have passed (at least once where ``seconds`` > 0),
+    each call synchronized where the work is asynchronous (GPU): unsynchronized, a 3 ms loop of
+    kernel launches would queue far more than 3 ms of work for the sample to wait out."""
     if seconds <= 0:
         return
     end = time.perf_counter() + seconds
-    fn()
-    while time.perf_counter() < end:
+    while True:
         fn()
+        if sync:
+            sync()
+        if time.perf_counter() >= end:
+            return
 
 
 def whole_cycles(rounds: int, n: int) -> int:
