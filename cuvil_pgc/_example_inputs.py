@@ -49,6 +49,17 @@ def inputs_hint(given: Any, model: Any = None) -> str:
                     f"the model in a module whose forward takes them by position (def forward(self, {names}): "
                     f"return self.model({', '.join(f'{k}={k}' for k in keyword_only[:4])}))")
         others = [repr(k) for k in given if params is not None and k not in params]
+        if others and params and model is not None and _takes_var_keywords(model):
+            named = [k for k in given if k in params]
+            flags = ", ".join(f"{k}={given[k]!r}" if _is_flag(given[k]) else f"{k}=..." for k in given if k not in params)
+            one = len(others) == 1
+            return (f"{', '.join(others[:4])} {'is' if one else 'are'} not among the forward's named parameters but "
+                    f"{'goes' if one else 'go'} to its **kwargs, and a build is made for the inputs a call passes by "
+                    f"position: leave {'it' if one else 'them'} out of the example inputs, or wrap the model in a "
+                    f"module that passes {'it' if one else 'them'} "
+                    f"(def forward(self, {', '.join(named) or 'inputs'}): return self.model("
+                    f"{', '.join(f'{k}={k}' for k in named)}{', ' if named else ''}{flags})) and build, load and "
+                    "call that module")
         which = f" ({', '.join(others[:4])} not among them)" if others else ""
         return (f"example_inputs is a {type(given).__name__} whose keys are not all parameters of the forward{which}, "
                 "so it was passed as one argument: keep only the forward's parameters (e.g. input_ids, "
@@ -83,6 +94,20 @@ def _keyword_only(model: Any) -> set[str]:
     except (TypeError, ValueError):
         return set()
     return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def _takes_var_keywords(model: Any) -> bool:
+    """Whether ``model.forward`` takes ``**kwargs`` (Hugging Face models in transformers 5 take their
+    ``output_hidden_states``, ``return_dict`` and other flags there)."""
+    try:
+        params = inspect.signature(getattr(model, "forward", model)).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _is_flag(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _parameters(model: Any) -> dict[str, Any] | None:

@@ -33,6 +33,21 @@ SOURCE = textwrap.dedent('''
         return nn.Linear(4, 2), {"input": torch.randn(3, 4)}
 
 
+    class Flagged(nn.Module):      # as Hugging Face models in transformers 5 take their flags
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, input_ids, attention_mask=None, **kwargs):
+            out = self.fc(input_ids * attention_mask)
+            return (out, out) if kwargs.get("output_hidden_states") else out
+
+
+    def flag_inputs():
+        x = torch.randn(3, 4)
+        return Flagged(), {"input_ids": x, "attention_mask": torch.ones_like(x), "output_hidden_states": True}
+
+
     def bad_shape():
         return nn.Linear(4, 2), (torch.randn(3, 5),)
 
@@ -72,6 +87,18 @@ def test_a_dict_of_other_keys_is_one_argument_and_the_error_says_to_name_the_par
     assert "example_inputs is a dict whose keys are not all parameters of the forward ('features' not among them)" \
         in str(err.value)
     assert "input_ids, attention_mask" in str(err.value)
+
+
+def test_a_flag_for_the_forward_s_kwargs_gets_the_wrapper_to_write_as_its_fix(models):
+    """transformers 5 moved output_hidden_states, return_dict and the like into **kwargs: "keep only
+    the forward's parameters" would drop what the user asked for."""
+    with pytest.raises(ModelSpecError, match=r"the model raised on its example inputs") as err:
+        load_model_spec(f"{models}:flag_inputs")
+    message = str(err.value)
+    assert "'output_hidden_states' is not among the forward's named parameters but goes to its **kwargs" in message
+    assert ("def forward(self, input_ids, attention_mask): return self.model(input_ids=input_ids, "
+            "attention_mask=attention_mask, output_hidden_states=True)") in message
+    assert "keep only the forward's parameters" not in message
 
 
 def test_a_model_failing_on_its_inputs_is_reported_before_any_work(models):
