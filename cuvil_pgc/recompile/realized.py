@@ -71,6 +71,8 @@ class CompiledRegion(nn.Module):
         if self._spec is not None and self._lean is None and not self.index_bounds and GLOBAL_HOOKS is not None:
             self._direct = self._fast or (lambda args: compiled(*args))
         self.fallback_calls = 0
+        #: why the first call that ran the original module did (None: none has)
+        self.first_fallback: str | None = None
         #: torch's hook-handle counter when no module inside the region had a hook (-1: look again)
         self._hooks_seen = -1
         #: the program for other input sizes (:class:`~.other_shapes.OtherShapes`; None: the original
@@ -294,8 +296,9 @@ class CompiledRegion(nn.Module):
     def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.__dict__["fallback_calls"] += 1         # a plain int: not nn.Module.__setattr__'s checks
         if self.fallback_calls == 1:
+            self.__dict__["first_fallback"] = self._misfit(args, kwargs)
             log.warning("cuvil-pgc: %s runs the original module: %s (further calls that do not fit are counted "
-                        "in fallback_calls)", self.config, self._misfit(args, kwargs))
+                        "in fallback_calls)", self.config, self.first_fallback)
         return self.original(*args, **kwargs)
 
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -441,6 +444,13 @@ _Tensor = torch.Tensor
 #: whether autocast is on for any device: a build computes in the precision it was built with, so
 #: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
+
+
+def first_fallback(module: nn.Module) -> str | None:
+    """Why a build region in ``module`` (or ``module`` itself) ran its original module, for the
+    first such region; None where every region ran its program."""
+    return next((m.first_fallback for m in module.modules() if isinstance(m, CompiledRegion) and m.fallback_calls),
+                None)
 
 
 class ExportError(RuntimeError):

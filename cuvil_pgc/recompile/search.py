@@ -63,7 +63,7 @@ from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import add_rnn_time, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
-from cuvil_pgc.recompile.realized import ExportError, exporter_of_reason
+from cuvil_pgc.recompile.realized import ExportError, exporter_of_reason, first_fallback
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.search_policy import (
     BATCH,
@@ -322,7 +322,7 @@ class _Search:
             fn = self._build_checked(cand, module, inputs, scope, trial)
             if fn is not None:
                 contenders[cand.key] = fn
-            else:
+            elif trial.status != "runs_original":    # a state of this process (a hook), not of the candidate
                 self._record(trial, scope, None)
         if len(contenders) == 1:
             return
@@ -439,6 +439,11 @@ class _Search:
                 self.inaccurate.setdefault(cand.arithmetic_key, f"{cand.config} failed the accuracy guard by "
                                            f"{check.excess:.3g}x its tolerance ({check.reason}), and the knobs "
                                            "between them only schedule the work")
+            return None
+        ran_eager = first_fallback(realized.module)
+        if ran_eager is not None:       # its figure would be eager's, its accuracy eager's
+            trial.status, trial.reason = "runs_original", f"the build runs the original module here: {ran_eager}"
+            log.info("candidate %s rejected: %s", cand.key, trial.reason)
             return None
         fn = realized.module
         return lambda: fn(*inputs.args, **inputs.kwargs)

@@ -1,0 +1,40 @@
+"""A candidate whose build would run the original module in the searching process (a hook inside
+its region, which no compiled program calls) is rejected with the reason: its figure would be
+eager's and its accuracy eager's. Hugging Face models in transformers 5 install such hooks on
+their first call with ``output_hidden_states``; every candidate of such a model once measured as
+eager and passed the guard, bf16 included, and went into the records as "ok"."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile import runtimes
+from cuvil_pgc.recompile import search as search_mod
+from cuvil_pgc.recompile.records import RecordDB
+from cuvil_pgc.recompile.trials import SearchOptions
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUVIL_PGC_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.skipif(not runtimes.check("ort").ok, reason="needs onnxruntime")
+def test_a_candidate_whose_region_runs_the_original_module_is_rejected_with_why_and_not_recorded(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    seen = []
+    model[0].register_forward_hook(lambda m, args, out: seen.append(1))      # a user's hook inside the model
+    inputs = (torch.randn(2, 16),)
+    db = RecordDB(tmp_path / "rec")
+    options = SearchOptions(budget=4, backends=("ort",), rounds=3, deployed_race=False)
+    result = search_mod.search(model, inputs, None, options=options, records=db, machine_key="m")
+    whole = result.trials["<model>::ort"]
+    assert whole.status == "runs_original", whole
+    assert whole.reason.startswith("the build runs the original module here: a hook is registered on '0'")
+    assert whole.measured_us is None
+    assert result.choices.get("") is None or result.choices[""].backend == "eager"
+    assert all(t.status in ("runs_original", "not_measured") for key, t in result.trials.items() if "ort" in key)
+    assert not [r for r in db.for_machine("m") if "ort" in r.candidate]     # the next search tries them again
