@@ -100,6 +100,7 @@ class _Search:
         self.left_out: list[tuple[Candidate, str]] = []   # candidates the guard cannot pass, with the reason
         self.unexportable: dict[tuple[str, bool, str], str] = {}   # (scope, rewritten, exporter) -> why it failed
         self.inaccurate: dict[str, str] = {}    # Candidate.arithmetic_key -> why its arithmetic fails the guard
+        self.runs_original: dict[str, str] = {}     # scope -> why its build regions run the original module here
         self.measured = self.reused = 0
         self.baselines_measured = 0          # runtime defaults measured outside the budget
         self.runtime_defaults: list[Candidate] = []
@@ -363,7 +364,8 @@ class _Search:
         """Reject ``cand`` if this search already showed that it would fail: one of the exporters its
         build runs failed on its module (its backend's options cannot change what the exporter sees),
         or a candidate differing from it only in knobs that schedule the work failed the accuracy
-        guard decisively (:attr:`~.accuracy.AccuracyResult.decisive`). It goes into the trials with
+        guard decisively (:attr:`~.accuracy.AccuracyResult.decisive`), or a build of the same scope
+        ran the original module (a hook inside it, which no program calls). It goes into the trials with
         that reason, not built and not counted against the budget, which is left for candidates
         that may pass (a rewrite, another precision or backend). True when rejected."""
         from cuvil_pgc.recompile.runtime_build import exporters
@@ -373,6 +375,8 @@ class _Search:
         status = "compile_error"
         if why is None and cand.arithmetic_key in self.inaccurate:
             why, status = self.inaccurate[cand.arithmetic_key], "accuracy_error"
+        if why is None and cand.scope in self.runs_original:
+            why, status = self.runs_original[cand.scope], "runs_original"
         if why is None:
             return False
         self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), status,
@@ -444,6 +448,7 @@ class _Search:
         if ran_eager is not None:       # its figure would be eager's, its accuracy eager's
             trial.status, trial.reason = "runs_original", f"the build runs the original module here: {ran_eager}"
             log.info("candidate %s rejected: %s", cand.key, trial.reason)
+            self.runs_original.setdefault(scope, trial.reason)     # so would every other build of the scope
             return None
         fn = realized.module
         return lambda: fn(*inputs.args, **inputs.kwargs)
