@@ -15,29 +15,49 @@ from cuvil_pgc.recompile import search as search_mod
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.trials import SearchOptions
 
+needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="needs onnxruntime")
+
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
 
 
-@pytest.mark.skipif(not runtimes.check("ort").ok, reason="needs onnxruntime")
-def test_a_candidate_whose_region_runs_the_original_module_is_rejected_with_why_and_not_recorded(tmp_path):
+def _search(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
-    seen = []
-    model[0].register_forward_hook(lambda m, args, out: seen.append(1))      # a user's hook inside the model
-    inputs = (torch.randn(2, 16),)
+    model[0].register_forward_hook(lambda m, args, out: None)      # a user's hook inside the model
     db = RecordDB(tmp_path / "rec")
     options = SearchOptions(budget=4, backends=("ort",), rounds=3, deployed_race=False)
-    result = search_mod.search(model, inputs, None, options=options, records=db, machine_key="m")
+    result = search_mod.search(model, (torch.randn(2, 16),), None, options=options, records=db, machine_key="m")
     ort = [t for key, t in result.trials.items() if key.startswith("<model>::ort")]
+    assert result.choices.get("") is None or result.choices[""].backend == "eager"
+    # a state of this process, not of the candidates: the next search tries them again (the model has
+    # one scope here; without the hook these are recorded "ok")
+    assert not [r for r in db.for_machine("m") if r.candidate.startswith("ort")]
+    return result, ort
+
+
+WHY = "the build runs the original module here: a hook is registered on '0'"
+
+
+@needs_ort
+def test_a_scope_with_a_hook_inside_gets_no_build_and_says_why(tmp_path):
+    """Every build of the scope would run the original module: none is built, none is recorded."""
+    result, ort = _search(tmp_path)
+    assert ort and all(t.status == "not_measured" or (t.status == "runs_original" and t.reason.startswith(
+        "not built: " + WHY)) for t in ort), ort
+    assert any(t.status == "runs_original" for t in ort)
+
+
+@needs_ort
+def test_a_build_that_ran_the_original_module_is_rejected_and_not_recorded(tmp_path, monkeypatch):
+    """What a look at the scope's hooks cannot foresee: the built region ran the original module."""
+    monkeypatch.setattr(search_mod, "hooked_inside", lambda module: None)
+    result, ort = _search(tmp_path)
     built = [t for t in ort if t.status == "runs_original" and not t.reason.startswith("not built")]
     assert len(built) == 1, ort           # so would every other build of the scope: one is built, no more
-    assert built[0].reason.startswith("the build runs the original module here: a hook is registered on '0'")
-    assert built[0].measured_us is None
+    assert built[0].reason.startswith(WHY) and built[0].measured_us is None
     others = [t for t in ort if t is not built[0]]
     assert others and all(t.status == "not_measured" or (t.status == "runs_original" and t.reason == "not built: "
                                                          + built[0].reason) for t in others)
-    assert result.choices.get("") is None or result.choices[""].backend == "eager"
-    assert not [r for r in db.for_machine("m") if "ort" in r.candidate]     # the next search tries them again

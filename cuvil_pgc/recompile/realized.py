@@ -227,8 +227,7 @@ class CompiledRegion(nn.Module):
         and a user's hook on a module inside the region, which no compiled program calls."""
         hooked = self._hooked()
         if hooked is not None:
-            return (f"a hook is registered on {hooked}, which the build's programs do not call (the original module "
-                    "does, as long as the hook stays)")
+            return hook_reason(hooked)
         if self.index_bounds:
             plain = not kwargs and all(type(a) is torch.Tensor for a in args)
             bad = self._id_out_of_range(args if plain else [t for t in pytree.tree_leaves((args, kwargs))
@@ -263,12 +262,10 @@ class CompiledRegion(nn.Module):
         (``RemovableHandle.next_id``): one comparison per call, also on the lean path."""
         if RemovableHandle.next_id == self._hooks_seen:
             return None
-        for name, module in self.original.named_modules():
-            for hooks in (module._forward_pre_hooks, module._forward_hooks):
-                if any(not _torch_own(hook) for hook in hooks.values()):
-                    return repr(name) if name else "the original module"
-        self.__dict__["_hooks_seen"] = RemovableHandle.next_id       # a plain int, as fallback_calls
-        return None
+        hooked = hooked_inside(self.original)
+        if hooked is None:
+            self.__dict__["_hooks_seen"] = RemovableHandle.next_id       # a plain int, as fallback_calls
+        return hooked
 
     def _id_out_of_range(self, leaves: Any) -> tuple[int, int] | None:
         """The first (input, rows) whose input holds an id outside the table it indexes, or None
@@ -444,6 +441,21 @@ _Tensor = torch.Tensor
 #: whether autocast is on for any device: a build computes in the precision it was built with, so
 #: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
+
+
+def hooked_inside(module: nn.Module) -> str | None:
+    """The first module inside ``module`` (itself included, as ``the original module``) with a
+    forward or forward-pre hook that is not torch's own, or None."""
+    for name, inner in module.named_modules():
+        for hooks in (inner._forward_pre_hooks, inner._forward_hooks):
+            if any(not _torch_own(hook) for hook in hooks.values()):
+                return repr(name) if name else "the original module"
+    return None
+
+
+def hook_reason(hooked: str) -> str:
+    return (f"a hook is registered on {hooked}, which the build's programs do not call (the original module "
+            "does, as long as the hook stays)")
 
 
 def first_fallback(module: nn.Module) -> str | None:

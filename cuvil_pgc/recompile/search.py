@@ -63,7 +63,13 @@ from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.features import add_rnn_time, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
-from cuvil_pgc.recompile.realized import ExportError, exporter_of_reason, first_fallback
+from cuvil_pgc.recompile.realized import (
+    ExportError,
+    exporter_of_reason,
+    first_fallback,
+    hook_reason,
+    hooked_inside,
+)
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.search_policy import (
     BATCH,
@@ -309,6 +315,8 @@ class _Search:
 
     def _measure_batch(self, scope: str, batch: list[tuple[Candidate, float]]) -> None:
         module, inputs, feats = self._module(scope), self.scope_inputs[scope], self.features[scope]
+        if scope not in self.runs_original and (hooked := hooked_inside(module)) is not None:
+            self.runs_original[scope] = f"the build runs the original module here: {hook_reason(hooked)}"
         torch._dynamo.reset()     # earlier batches' graphs are garbage; keep the recompile limit free
         contenders: dict[str, Callable[[], Any]] = {"eager": lambda: module(*inputs.args, **inputs.kwargs)}
         for cand, predicted in batch:
