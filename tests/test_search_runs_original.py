@@ -61,3 +61,42 @@ def test_a_build_that_ran_the_original_module_is_rejected_and_not_recorded(tmp_p
     others = [t for t in ort if t is not built[0]]
     assert others and all(t.status == "not_measured" or (t.status == "runs_original" and t.reason == "not built: "
                                                          + built[0].reason) for t in others)
+
+
+@needs_ort
+def test_hugging_face_output_capturing_hooks_inside_the_region_s_model_are_its_program_s_outputs():
+    """transformers 5 hooks a model's layers on its first call with output_hidden_states; a region
+    holding the whole model traced what they collect into its outputs, and runs its program. A
+    region below the model (its encoder) must let them run: the collector is its caller's."""
+    transformers = pytest.importorskip("transformers")
+    from cuvil_pgc.recompile import recompile
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.realized import hooked_inside
+
+    class Hidden(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=100, max_position_embeddings=32)
+    model = Hidden(transformers.BertModel(config).eval()).eval()
+    ids = torch.randint(1, 100, (1, 12))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        reference = model(**inputs)           # installs the hooks, as the profile's and recompile's calls do
+    if hooked_inside(model.model.encoder) is None:
+        pytest.skip("this transformers installs no output-capturing hooks")
+    assert hooked_inside(model) is None and hooked_inside(model.model) is None
+    build = recompile(model, inputs, plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3,
+                      calibrate=False)
+    with torch.no_grad():
+        out = build.module(**inputs)
+    assert build.module.fallback_calls == 0
+    assert len(out.hidden_states) == len(reference.hidden_states) == 3
+    for a, b in zip(out.hidden_states, reference.hidden_states, strict=True):
+        torch.testing.assert_close(a, b)

@@ -445,12 +445,35 @@ _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torc
 
 def hooked_inside(module: nn.Module) -> str | None:
     """The first module inside ``module`` (itself included, as ``the original module``) with a
-    forward or forward-pre hook that is not torch's own, or None."""
+    forward or forward-pre hook that is neither torch's own nor a Hugging Face output-capturing hook
+    whose model is inside ``module`` too (:func:`_captured_by_the_program`), or None."""
     for name, inner in module.named_modules():
         for hooks in (inner._forward_pre_hooks, inner._forward_hooks):
-            if any(not _torch_own(hook) for hook in hooks.values()):
+            if any(not _torch_own(hook) and not _captured_by_the_program(hook, module, name)
+                   for hook in hooks.values()):
                 return repr(name) if name else "the original module"
     return None
+
+
+#: where transformers (5 and later) defines the hooks it installs on a model's layers the first time
+#: a call asks for ``output_hidden_states`` or ``output_attentions``
+HF_OUTPUT_CAPTURING = "transformers.utils.output_capturing"
+
+
+def _captured_by_the_program(hook: Any, region: nn.Module, name: str) -> bool:
+    """Whether ``hook`` (on the module at ``name`` inside ``region``) is a Hugging Face
+    output-capturing hook of a model that is itself inside the region. Such a hook does nothing
+    unless its model's forward has a collector active, and whatever it collects goes into that
+    forward's output: a program exported from the region traced it into its outputs. (Inside a
+    region below the model, the collector belongs to a forward outside it, and the hook must run.)"""
+    if getattr(hook, "__module__", None) != HF_OUTPUT_CAPTURING:
+        return False
+    parts = name.split(".") if name else []
+    for depth in range(len(parts) + 1):
+        owner = region.get_submodule(".".join(parts[:depth]))
+        if any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.") for c in type(owner).__mro__):
+            return True
+    return False
 
 
 def hook_reason(hooked: str) -> str:
