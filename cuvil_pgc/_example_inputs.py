@@ -73,9 +73,8 @@ def forward_parameters(model: Any) -> list[tuple[str, Any]] | None:
     the signature cannot be read or starts with a positional-only or ``*args`` parameter. What a
     mapping of example inputs binds to here, and what a loaded build binds keyword calls to
     (:class:`~cuvil_pgc.recompile.realized.CompiledRegion`)."""
-    try:
-        params = list(inspect.signature(getattr(model, "forward", model)).parameters.values())
-    except (TypeError, ValueError):
+    params = _signature(model)
+    if params is None:
         return None
     out = []
     for p in params:
@@ -89,21 +88,22 @@ def forward_parameters(model: Any) -> list[tuple[str, Any]] | None:
 
 def _keyword_only(model: Any) -> set[str]:
     """The names of ``model.forward``'s keyword-only parameters (after a ``*``)."""
-    try:
-        params = inspect.signature(getattr(model, "forward", model)).parameters.values()
-    except (TypeError, ValueError):
-        return set()
-    return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return {p.name for p in _signature(model) or () if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 def _takes_var_keywords(model: Any) -> bool:
     """Whether ``model.forward`` takes ``**kwargs`` (Hugging Face models in transformers 5 take their
     ``output_hidden_states``, ``return_dict`` and other flags there)."""
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in _signature(model) or ())
+
+
+def _signature(model: Any) -> list[inspect.Parameter] | None:
+    """The parameters of ``model.forward`` (of ``model`` where it has none), or None where the
+    signature cannot be read."""
     try:
-        params = inspect.signature(getattr(model, "forward", model)).parameters.values()
+        return list(inspect.signature(getattr(model, "forward", model)).parameters.values())
     except (TypeError, ValueError):
-        return False
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        return None
 
 
 def _is_flag(value: Any) -> bool:
