@@ -808,6 +808,7 @@ def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_gua
     baseline beside fp32 whatever the tolerances, because its plugin keeps outputs and sensitive
     layers in f32 (the rounded-outputs filter that keeps autocast bf16 out does not apply); the
     guard decides on its outputs. Autocast bf16 stays out under the default guard."""
+    from cuvil_pgc.recompile import plan as plan_mod
     from cuvil_pgc.recompile import runtimes
     from cuvil_pgc.recompile import search as search_mod
     from cuvil_pgc.recompile.realized import Realized
@@ -827,6 +828,7 @@ def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_gua
         return Realized(Rounded(module) if cand.precision == "bf16" else module)
 
     monkeypatch.setattr(search_mod, "realize", fake_realize)
+    monkeypatch.setattr(plan_mod, "realize", fake_realize)      # the final plans: no AOTInductor compile
     monkeypatch.setattr(runtimes, "openvino_native_bf16", lambda: native)
     bf16 = "<model>::openvino+bf16"
     for rtol, passes in ((None, False), (2e-2, True)):
