@@ -119,3 +119,88 @@ def test_a_script_module_with_number_arguments_runs_on_a_runtime_and_other_value
         for args, kwargs in [((x, 0.5), {}), ((x,), {"shift": 4}), ((x,), {"negate": True})]:
             torch.testing.assert_close(fast(*args, **kwargs), model(*args, **kwargs))
     assert fast.fallback_calls == 3
+
+
+SCRIPTED_INSIDE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class ScriptedInside(nn.Module):
+        """An eager model calling a ``torch.jit.script``-ed block, with a dict output."""
+
+        def __init__(self):
+            super().__init__()
+            self.pre = nn.Linear(16, 32)
+            self.block = torch.jit.script(nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32)))
+            self.post = nn.Linear(32, 4)
+
+        def forward(self, x):
+            h = self.block(self.pre(x).tanh())
+            return {"logits": self.post(h), "pooled": h.mean(-1)}
+
+
+    def make():
+        torch.manual_seed(0)
+        return ScriptedInside().eval(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(1)),)
+''')
+
+SCRIPTED_SERVICE = textwrap.dedent('''
+    import json, sys
+    import torch
+    from cuvil_pgc import load_build
+    from scripted_model import make
+
+    model, (x,) = make()
+    fast = load_build(sys.argv[1], model, pubkey=sys.argv[2])
+    with torch.no_grad():
+        out, ref = fast(x), model(x)
+    print(json.dumps({"applied": fast.cuvil_load_report.applied, "fallback_calls": fast.fallback_calls,
+                      "keys": list(out), "diff": max(float((out[k] - ref[k]).abs().max()) for k in ref)}))
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ort", "openvino"])
+def test_an_eager_model_calling_a_scripted_block_runs_on_a_runtime_in_a_service(tmp_path, keys, monkeypatch, backend):
+    """``torch.export`` fails on the call into a TorchScript submodule (``Sequential.forward() takes
+    2 positional arguments but 3 were given``), so a model holding one had no runtime candidate and
+    shipped eager. Traced with ``torch.jit.trace`` (which keeps the scripted call) and exported
+    by the TorchScript exporter, it runs on each runtime, its dict output rebuilt key by key, and
+    the build loads in a service that builds the model itself."""
+    if not check(backend).ok:
+        pytest.skip(f"needs {backend}")
+    (tmp_path / "scripted_model.py").write_text(SCRIPTED_INSIDE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from scripted_model import make
+
+    model, (x,) = make()
+    build = recompile(model, (x,), plan={"": Candidate("", backend)}, records=False, deployed_race=False, rounds=3)
+    assert [c.candidate.backend for c in build.plan.choices] == [backend]
+    with torch.no_grad():
+        out, ref = build.module(x), model(x)
+    assert list(out) == ["logits", "pooled"] and build.module.fallback_calls == 0
+    for k in ref:
+        torch.testing.assert_close(out[k], ref[k], rtol=1e-4, atol=1e-5)
+    path = build.save(tmp_path / "scripted.cuvilpkg", signing_key=str(keys[0]))
+    report = run_service(SCRIPTED_SERVICE, path, keys[1], cwd=tmp_path)
+    assert report["applied"] == [f"<model>: {backend}"] and report["fallback_calls"] == 0, report
+    assert report["keys"] == ["logits", "pooled"] and report["diff"] < 1e-4, report
+
+
+def test_the_export_leaves_the_user_s_torchscript_model_as_it_was(tmp_path, keys, saved):
+    """The TorchScript exporter inlines calls in the graphs it is given, in place: exporting the
+    user's ``torch.jit.load``-ed model itself rewrote its code, so its structural hash changed, and
+    the build loaded onto that same model in the same process ran it eagerly ("module changed
+    since the build"). The export runs on a private copy: the model's code stays as it was, and the
+    build applies to the model it was made from."""
+    from cuvil_pgc import load_build
+
+    model = torch.jit.load(str(saved)).eval()
+    ids = torch.randint(0, 500, (2, 16))
+    code = model.code
+    build = recompile(model, (ids,), plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3)
+    assert model.code == code
+    path = build.save(tmp_path / "tagger.cuvilpkg", signing_key=str(keys[0]))
+    fast = load_build(path, model, pubkey=str(keys[1]))
+    assert fast.cuvil_load_report.applied == ["<model>: ort"] and not fast.cuvil_load_report.skipped

@@ -8,10 +8,16 @@ A runner feeds the region's tensors only, so such a graph was rejected and the m
 runtime candidate. Each number argument is written into the graph as the constant the call had
 (given or by default), as the dynamo exporter specializes numbers; a call with another value does
 not match the region's captured signature and runs the original module.
+
+An eager model that calls a scripted submodule (``self.block = torch.jit.script(...)``) fails
+``torch.export`` at that call; it is traced with ``torch.jit.trace``, which keeps the call, and
+the trace goes to the same exporter (:func:`export_traced`). Every export runs on a private copy
+of the module, so the exporter's in-place passes never reach the user's model.
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -26,35 +32,89 @@ def export_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...], kw
     """``module`` for ``args`` and ``kwargs`` as one ``.onnx`` file at fixed sizes (the program for
     other sizes needs the dynamo exporter's free dimensions), its outputs flattened by the exporter
     as :class:`~.aoti_outputs.TensorOutputs` flattens them, which the caller checks. The module
-    itself is exported: a traced wrapper may not call TorchScript."""
-    torch.onnx.export(module, args + ((kwargs,) if kwargs else ()), str(path), dynamo=False,
-                      opset_version=opset, do_constant_folding=True)
-    numbers = number_arguments(module, args, kwargs)
-    if numbers is not None and any(v is not None for v in numbers):
-        _write_constants(path, numbers)
+    itself is exported: a traced wrapper may not call TorchScript.
+
+    It is exported from a private copy (:func:`_private_copy`): the exporter's passes rewrite the
+    graphs of the module it is given and of the scripted modules that one calls, in place. The
+    copy has no Python signature to fill the defaults from, so every argument is passed, bound
+    from the TorchScript schema (:func:`bound_arguments`)."""
+    bound = bound_arguments(module, args, kwargs)
+    call = args + ((kwargs,) if kwargs else ()) if bound is None else tuple(bound)
+    torch.onnx.export(_private_copy(module), call, str(path), dynamo=False, opset_version=opset,
+                      do_constant_folding=True)
+    if bound is not None:
+        numbers = [_number(param, value) for param, value in zip(_schema(module), bound, strict=True)]
+        if any(v is not None for v in numbers):
+            _write_constants(path, numbers)
 
 
-def number_arguments(module: torch.jit.ScriptModule, args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> list[Any] | None:
-    """Per argument of the scripted ``forward`` past ``self``: its value where it is a number, else
-    None; None for all when the schema cannot be read or an argument has no value to bind."""
-    try:
-        params = module.forward.schema.arguments[1:]           # past self
-    except (AttributeError, RuntimeError):
+def _private_copy(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+    """``module`` saved and loaded again: the same code and weights in types and graphs of its own.
+
+    The TorchScript exporter inlines the calls in the graph it exports, and the graphs of the
+    scripted modules called there, in place. On the user's module that changed its code
+    (``module.code``) and so its structural hash: a build loaded onto the model it was just made
+    from, in the same process, found the region "changed since the build" and ran it eagerly; and
+    every other module of the same scripted type in the process (which share their graphs) changed
+    with it. A deep copy shares the types, and with them the graphs."""
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    buffer.seek(0)
+    return torch.jit.load(buffer)
+
+
+def holds_torchscript(module: torch.nn.Module) -> bool:
+    """Whether a TorchScript module (``torch.jit.script`` of a submodule) is inside ``module``,
+    which is not one itself: ``torch.export`` fails on the call into it ("Sequential.forward() takes
+    2 positional arguments but 3 were given")."""
+    return not isinstance(module, torch.jit.ScriptModule) and any(
+        isinstance(m, torch.jit.ScriptModule) for m in module.modules())
+
+
+def export_traced(module: torch.nn.Module, args: tuple[Any, ...], path: Path, opset: int) -> None:
+    """An eager ``module`` that calls TorchScript inside, for its positional tensor ``args``, as one
+    ``.onnx`` file at fixed sizes: ``torch.jit.trace`` records its eager code and keeps the call
+    into the scripted submodule, and the TorchScript exporter takes the result. ``module`` is the
+    region with its outputs flattened (:class:`~.aoti_outputs.TensorOutputs`), so the graph's
+    outputs come in the order the runner's template expects. (The TorchScript exporter traces an
+    eager module itself too, but its trace does not find the scripted submodules: "Tried to trace
+    ... but it is not part of the active trace".)"""
+    traced = torch.jit.trace(module, args, strict=False, check_trace=False)
+    export_torchscript(traced, args, {}, path, opset)
+
+
+def bound_arguments(module: torch.jit.ScriptModule, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> list[Any] | None:
+    """The value of every argument of the scripted ``forward`` past ``self``: given by position or
+    keyword, else its default; None when the schema cannot be read or an argument has no value."""
+    params = _schema(module)
+    if params is None:
         return None
-    numbers = []
+    values = []
     for i, param in enumerate(params):
         if i < len(args):
-            value = args[i]
+            values.append(args[i])
         elif param.name in kwargs:
-            value = kwargs[param.name]
+            values.append(kwargs[param.name])
         elif param.has_default_value():
-            value = param.default_value
+            values.append(param.default_value)
         else:
             return None
-        kind = _NUMBER_TYPES.get(str(param.type))
-        numbers.append(kind(value) if kind is not None and type(value) in (bool, int, float) else None)
-    return numbers
+    return values
+
+
+def _schema(module: torch.jit.ScriptModule) -> list[Any] | None:
+    """The arguments of the scripted ``forward`` past ``self``, or None where it cannot be read."""
+    try:
+        return list(module.forward.schema.arguments[1:])
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _number(param: Any, value: Any) -> Any:
+    """``value`` as the number type of ``param`` where both are numbers, else None."""
+    kind = _NUMBER_TYPES.get(str(param.type))
+    return kind(value) if kind is not None and type(value) in (bool, int, float) else None
 
 
 def _write_constants(path: Path, numbers: list[Any]) -> None:
