@@ -74,3 +74,35 @@ def test_a_padded_encoder_gets_a_runtime_build_that_matches_eager_on_other_masks
         for pad in (padding([9, 4], 12), padding([12, 12], 12), padding([12, 5], 12, at_end=False)):
             torch.testing.assert_close(build.module(x, pad), model(x, pad), rtol=1e-4, atol=1e-5)
     assert build.module.fallback_calls == 0
+
+
+def test_encoder_layers_fed_a_nested_tensor_are_not_scopes(tmp_path, monkeypatch):
+    """In inference with a padding mask, ``nn.TransformerEncoder`` hands its layers a nested tensor:
+    no program can be exported for it, and the census (with the fast path off) made the layer
+    raise on it, so a recompile whose profile named the layers died with an internal error
+    ("NestedTensorImpl doesn't support sizes"). Such modules are not scopes; the encoder and the
+    model still are, and a pinned plan naming a layer gets an error that says why."""
+    from cuvil_pgc import instrument_module, profile
+    from cuvil_pgc.errors import RecompileError
+    from cuvil_pgc.recompile.apply import capture_scope_inputs
+    from cuvil_pgc.recompile.candidates import Candidate
+
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+    model, inputs = tagger()
+    captured = capture_scope_inputs(model, inputs, ["encoder", "encoder.layers.0", "encoder.layers.1", "head"])
+    assert set(captured) == {"", "encoder", "head"}
+
+    trace = tmp_path / "tagger.trace.json"
+    handle = instrument_module(model)
+    with profile(str(trace), ops=True, gpu="off", sample_hz=0), torch.no_grad():
+        for _ in range(5):
+            model(*inputs)
+    handle.remove()
+    build = recompile(model, inputs, str(trace), backends=("eager",), budget=2, records=False,
+                      deployed_race=False, rounds=3)
+    assert not any("layers" in scope for scope in build.result.features)
+    with torch.no_grad():
+        torch.testing.assert_close(build.module(*inputs), model(*inputs))
+    with pytest.raises(RecompileError, match="encoder.layers.0.*nested tensors"):
+        recompile(model, inputs, plan={"encoder.layers.0": Candidate("encoder.layers.0", "eager")}, records=False,
+                  deployed_race=False, rounds=3)

@@ -76,7 +76,9 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
                          scopes: list[str]) -> dict[str, ScopeInputs]:
     """Inputs each scope receives during one forward of ``model`` (the first call of each). A
     TorchScript module (``torch.jit.script``, and each module inside one) is not a scope: it refuses
-    hooks, and its code is compiled already."""
+    hooks, and its code is compiled already. Nor is a module called with a nested tensor: the
+    layers of ``nn.TransformerEncoder`` in inference with a padding mask get one, which has no
+    sizes to export for, and which they take only on the fast path that the census turns off."""
     modules = dict(model.named_modules())
     captured: dict[str, ScopeInputs] = {"": ScopeInputs(tuple(example_inputs))}
     hooks = []
@@ -91,7 +93,12 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
     finally:
         for h in hooks:
             h.remove()
-    return captured
+    return {scope: inputs for scope, inputs in captured.items() if not scope or not _holds_nested(inputs)}
+
+
+def _holds_nested(inputs: ScopeInputs) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.is_nested
+               for t in torch.utils._pytree.tree_leaves((inputs.args, inputs.kwargs)))
 
 
 class _Autocast(nn.Module):
