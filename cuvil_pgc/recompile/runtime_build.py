@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 #: the files of each runtime's artifact, the first one named in the plan
 ARTIFACT_SUFFIXES = {"ort": (".onnx",), "openvino": (".xml", ".bin"), "tensorrt": (".ep",)}
 #: bump when the ONNX export's program changes (exporter options)
-ONNX_EXPORT_VERSION = 1
+ONNX_EXPORT_VERSION = 2
 OPSET = 18
 
 
