@@ -74,3 +74,15 @@ def test_a_model_with_a_scripted_submodule_recompiles_with_the_profile_naming_it
     assert "block" not in build.result.scope_inputs
     with torch.no_grad():
         torch.testing.assert_close(build(x), model(x))
+
+
+def test_torch_export_s_failure_on_a_scripted_submodule_names_it():
+    """torch.export's own message ("Residual.forward() takes 2 positional arguments but 3 were
+    given") does not say that the call into TorchScript is the cause; the rejection does."""
+    from cuvil_pgc.recompile.apply import ScopeInputs, export_program
+    from cuvil_pgc.recompile.realized import ExportError
+
+    torch.manual_seed(0)
+    model, x = WithScripted(Residual()).eval(), torch.randn(2, 8)
+    with pytest.raises(ExportError, match="calls the TorchScript module 'block', which torch.export cannot trace"):
+        export_program(model, ScopeInputs((x,)))

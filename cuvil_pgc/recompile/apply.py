@@ -250,7 +250,10 @@ def export_program(prepared: nn.Module, inputs: ScopeInputs, *, free_sizes: bool
         # wrongly at batch 2, and the LSTM step's corrupted the heap ("double free or corruption")
         return torch.export.export(_Positional(prepared), inputs.args, dynamic_shapes=dynamic)
     except Exception as exc:
-        raise ExportError(f"torch.export failed: {type(exc).__name__}: {first_line(str(exc))}") from exc
+        from cuvil_pgc.recompile.torchscript_onnx import torch_export_note
+
+        raise ExportError(f"torch.export failed: {type(exc).__name__}: {first_line(str(exc))}"
+                          f"{torch_export_note(prepared)}") from exc
 
 
 def package_aoti(exported: Any, cand: Candidate, path: str) -> None:

@@ -46,7 +46,7 @@ from cuvil_pgc.recompile.runtime_region import (
     OutputTemplate,
     TensorRTRunner,
 )
-from cuvil_pgc.recompile.torchscript_onnx import export_torchscript, export_traced, holds_torchscript
+from cuvil_pgc.recompile.torchscript_onnx import export_torchscript, export_traced, scripted_submodule
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
                                      for a in args)} if free_sizes else None
             if isinstance(prepared, torch.jit.ScriptModule) and not free_sizes:   # torch.export refuses it
                 export_torchscript(prepared, args, inputs.kwargs, tmp, OPSET)
-            elif holds_torchscript(prepared) and not free_sizes and not inputs.kwargs:     # or fails inside it
+            elif scripted_submodule(prepared) is not None and not free_sizes and not inputs.kwargs:     # or fails inside it
                 export_traced(eval_mode(TensorOutputs(prepared)), args, tmp, OPSET)
             else:
                 program = torch.onnx.export(eval_mode(TensorOutputs(prepared)), args, kwargs=inputs.kwargs or None,

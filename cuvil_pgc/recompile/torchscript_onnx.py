@@ -63,12 +63,22 @@ def _private_copy(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
     return torch.jit.load(buffer)
 
 
-def holds_torchscript(module: torch.nn.Module) -> bool:
-    """Whether a TorchScript module (``torch.jit.script`` of a submodule) is inside ``module``,
-    which is not one itself: ``torch.export`` fails on the call into it ("Sequential.forward() takes
-    2 positional arguments but 3 were given")."""
-    return not isinstance(module, torch.jit.ScriptModule) and any(
-        isinstance(m, torch.jit.ScriptModule) for m in module.modules())
+def scripted_submodule(module: torch.nn.Module) -> str | None:
+    """The name of the first TorchScript module (``torch.jit.script`` of a submodule) inside
+    ``module``, which is not one itself, or None: ``torch.export`` fails on the call into it
+    ("Sequential.forward() takes 2 positional arguments but 3 were given")."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return None
+    return next((name for name, m in module.named_modules() if isinstance(m, torch.jit.ScriptModule)), None)
+
+
+def torch_export_note(module: torch.nn.Module) -> str:
+    """What to add to a ``torch.export`` failure of ``module`` that calls TorchScript: the cause,
+    which the exporter's own message does not name."""
+    name = scripted_submodule(module)
+    return "" if name is None else (f" (the region calls the TorchScript module {name!r}, which torch.export "
+                                    "cannot trace into; its ONNX Runtime and OpenVINO candidates are exported "
+                                    "with the TorchScript exporter)")
 
 
 def export_traced(module: torch.nn.Module, args: tuple[Any, ...], path: Path, opset: int) -> None:
