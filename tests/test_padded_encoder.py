@@ -11,6 +11,7 @@ from torch import nn
 from cuvil_pgc.recompile import recompile, runtimes
 from cuvil_pgc.recompile.rewrites import apply_rewrites, rewrite_opportunities
 from cuvil_pgc.recompile.rewrites.attention import ZeroPaddedTransformerEncoder
+from tests._profiled import record_trace
 
 
 class Tagger(nn.Module):
@@ -82,7 +83,6 @@ def test_encoder_layers_fed_a_nested_tensor_are_not_scopes(tmp_path, monkeypatch
     raise on it, so a recompile whose profile named the layers died with an internal error
     ("NestedTensorImpl doesn't support sizes"). Such modules are not scopes; the encoder and the
     model still are, and a pinned plan naming a layer gets an error that says why."""
-    from cuvil_pgc import instrument_module, profile
     from cuvil_pgc.errors import RecompileError
     from cuvil_pgc.recompile.apply import capture_scope_inputs
     from cuvil_pgc.recompile.candidates import Candidate
@@ -92,13 +92,8 @@ def test_encoder_layers_fed_a_nested_tensor_are_not_scopes(tmp_path, monkeypatch
     captured = capture_scope_inputs(model, inputs, ["encoder", "encoder.layers.0", "encoder.layers.1", "head"])
     assert set(captured) == {"", "encoder", "head"}
 
-    trace = tmp_path / "tagger.trace.json"
-    handle = instrument_module(model)
-    with profile(str(trace), ops=True, gpu="off", sample_hz=0), torch.no_grad():
-        for _ in range(5):
-            model(*inputs)
-    handle.remove()
-    build = recompile(model, inputs, str(trace), backends=("eager",), budget=2, records=False,
+    trace = record_trace(model, inputs, tmp_path / "tagger.trace.json", calls=5)
+    build = recompile(model, inputs, trace, backends=("eager",), budget=2, records=False,
                       deployed_race=False, rounds=3)
     assert not any("layers" in scope for scope in build.result.features)
     with torch.no_grad():

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from cuvil_pgc import instrument_module, profile
 from cuvil_pgc.cli import main
+from tests._profiled import record_trace
 
 
 class Step(nn.Module):
@@ -34,13 +34,7 @@ def step():
 def trace(tmp_path, monkeypatch):
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
     model, inputs = step()
-    path = tmp_path / "step.trace.json"
-    handle = instrument_module(model)
-    with profile(str(path), ops=True, gpu="off", sample_hz=0), torch.no_grad():
-        for _ in range(10):
-            model(*inputs)
-    handle.remove()
-    return str(path)
+    return record_trace(model, inputs, tmp_path / "step.trace.json", calls=10)
 
 
 @pytest.mark.slow

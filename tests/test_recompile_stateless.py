@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from cuvil_pgc import instrument_module, profile
 from cuvil_pgc.cli import main
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile import recompile
 from cuvil_pgc.recompile.stateless import check_stateless
+from tests._profiled import record_trace
 
 
 class RunningSum(nn.Module):
@@ -128,11 +128,7 @@ def test_a_nan_buffer_left_alone_is_not_a_change():
 def test_the_cli_says_it_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
     model, inputs = running_sum()
-    trace = tmp_path / "sum.trace.json"
-    handle = instrument_module(model)
-    with profile(str(trace), ops=True, gpu="off", sample_hz=0), torch.no_grad():
-        model(*inputs)
-    handle.remove()
+    trace = record_trace(model, inputs, tmp_path / "sum.trace.json")
     with pytest.raises(SystemExit) as done:
         main(["recompile", str(trace), "--model", f"{os.path.abspath(__file__)}:running_sum",
               "-o", str(tmp_path / "b.cuvilpkg"), "--backends", "eager"])
