@@ -58,3 +58,51 @@ def test_a_recompile_leaves_torchs_random_generator_and_onnx_runtimes_spinning_a
     assert build.module._compiled.session.get_session_options().get_session_config_entry(stop) == "1"
     with pytest.raises(RuntimeError, match="does not have configuration"):
         ort_session_options(ort, {}).get_session_config_entry(stop)
+
+
+class _Varied(nn.Module):
+    """A LayerNorm, a BatchNorm in eval, a config-like attribute and a scripted block. (Not
+    ``nn.MultiheadAttention``: the TorchScript exporter cannot export a trace of it, "transpose for
+    tensor of unknown rank", so a model holding both has no runtime candidate.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.temperature = 0.5
+        self.proj = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+        self.bn = nn.BatchNorm1d(16)
+        self.block = torch.jit.script(nn.Sequential(nn.Linear(16, 16), nn.ReLU()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.softmax(self.proj(x) @ x.transpose(1, 2), -1) @ x
+        h = self.bn(self.norm(h + x).transpose(1, 2)).transpose(1, 2)
+        return self.block(h) / self.temperature
+
+
+def _state(model: nn.Module) -> dict:
+    """Everything of the model a build is matched by, and each submodule's attributes and code."""
+    from cuvil_pgc._structure import settings_digest, structural_hash, weights_digest
+
+    return {"structure": structural_hash(model), "weights": weights_digest(model),
+            "settings": settings_digest(model), "training": [m.training for m in model.modules()],
+            "attributes": [sorted(vars(m)) for m in model.modules() if not isinstance(m, torch.jit.ScriptModule)],
+            "code": [m.code for m in model.modules() if isinstance(m, torch.jit.ScriptModule)]}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+@pytest.mark.parametrize("backend", ["ort", "openvino"])
+def test_a_runtime_build_leaves_the_user_s_model_as_it_found_it(backend):
+    """A recompile reads the user's model; it must not change it. The TorchScript exporter rewrote
+    the graphs of the scripted block inside such a model in place, which changed its code and
+    structural hash, so a build no longer applied to the model it was made from. Compared: the
+    hashes a build is matched by, each submodule's mode and attributes, and the scripted code."""
+    if not check(backend).ok:
+        pytest.skip(f"needs {backend}")
+    torch.manual_seed(0)
+    model = _Varied().eval()
+    before = _state(model)
+    build = recompile(model, (torch.randn(2, 6, 16),), plan={"": Candidate("", backend)}, records=False,
+                      deployed_race=False, rounds=3)
+    assert [c.candidate.backend for c in build.plan.choices] == [backend]
+    assert _state(model) == before
