@@ -41,6 +41,8 @@ from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.realized import CompiledRegion, ExportError, Realized
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
+from cuvil_pgc.recompile.runtime_region import tensor_leaves
+from cuvil_pgc.recompile.torchscript_onnx import torch_export_note
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +95,8 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
     finally:
         for h in hooks:
             h.remove()
-    return {scope: inputs for scope, inputs in captured.items() if not scope or not _holds_nested(inputs)}
-
-
-def _holds_nested(inputs: ScopeInputs) -> bool:
-    return any(isinstance(t, torch.Tensor) and t.is_nested
-               for t in torch.utils._pytree.tree_leaves((inputs.args, inputs.kwargs)))
+    return {scope: inputs for scope, inputs in captured.items()
+            if not scope or not any(t.is_nested for t in tensor_leaves(inputs.args, inputs.kwargs))}
 
 
 class _Autocast(nn.Module):
@@ -250,8 +248,6 @@ def export_program(prepared: nn.Module, inputs: ScopeInputs, *, free_sizes: bool
         # wrongly at batch 2, and the LSTM step's corrupted the heap ("double free or corruption")
         return torch.export.export(_Positional(prepared), inputs.args, dynamic_shapes=dynamic)
     except Exception as exc:
-        from cuvil_pgc.recompile.torchscript_onnx import torch_export_note
-
         raise ExportError(f"torch.export failed: {type(exc).__name__}: {first_line(str(exc))}"
                           f"{torch_export_note(prepared)}") from exc
 

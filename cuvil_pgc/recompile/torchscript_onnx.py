@@ -38,12 +38,13 @@ def export_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...], kw
     graphs of the module it is given and of the scripted modules that one calls, in place. The
     copy has no Python signature to fill the defaults from, so every argument is passed, bound
     from the TorchScript schema (:func:`bound_arguments`)."""
-    bound = bound_arguments(module, args, kwargs)
+    params = _schema(module)
+    bound = None if params is None else bound_arguments(params, args, kwargs)
     call = args + ((kwargs,) if kwargs else ()) if bound is None else tuple(bound)
     torch.onnx.export(_private_copy(module), call, str(path), dynamo=False, opset_version=opset,
                       do_constant_folding=True)
     if bound is not None:
-        numbers = [_number(param, value) for param, value in zip(_schema(module), bound, strict=True)]
+        numbers = [_number(param, value) for param, value in zip(params, bound, strict=True)]
         if any(v is not None for v in numbers):
             _write_constants(path, numbers)
 
@@ -93,13 +94,9 @@ def export_traced(module: torch.nn.Module, args: tuple[Any, ...], path: Path, op
     export_torchscript(traced, args, {}, path, opset)
 
 
-def bound_arguments(module: torch.jit.ScriptModule, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> list[Any] | None:
-    """The value of every argument of the scripted ``forward`` past ``self``: given by position or
-    keyword, else its default; None when the schema cannot be read or an argument has no value."""
-    params = _schema(module)
-    if params is None:
-        return None
+def bound_arguments(params: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
+    """The value of each of ``params`` (a scripted ``forward``'s schema arguments past ``self``,
+    :func:`_schema`): given by position or keyword, else its default; None when one has no value."""
     values = []
     for i, param in enumerate(params):
         if i < len(args):
