@@ -257,8 +257,9 @@ def test_an_output_structure_that_cannot_be_written_down_races_as_a_tuple_of_its
     same tensors as one tuple, in the order the reference's tensors come (what it checks)."""
     from dataclasses import dataclass
 
+    from cuvil_pgc.recompile.object_outputs import output_tensors
     from cuvil_pgc.recompile.runtime_region import OutputTemplate
-    from cuvil_pgc.recompile.standalone import _tensors, standalone_spec
+    from cuvil_pgc.recompile.standalone import standalone_spec
 
     @dataclass
     class Out:
@@ -274,7 +275,7 @@ def test_an_output_structure_that_cannot_be_written_down_races_as_a_tuple_of_its
     assert spec["outputs"] is None
     worker_template = OutputTemplate.from_json(spec["flat_outputs"])
     built = worker_template.build([a, b])
-    assert isinstance(built, tuple) and _tensors(built) == _tensors(Out(a, b)) == [a, b]
+    assert isinstance(built, tuple) and output_tensors(built) == output_tensors(Out(a, b)) == [a, b]
 
 
 class _FakeSearch:

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from cuvil_pgc.recompile.aoti_loader import FastAOTI, load_aoti_package
+from cuvil_pgc.recompile.object_outputs import is_output_leaf, output_tensors
 from cuvil_pgc.recompile.output_values import check_constant_outputs
 from cuvil_pgc.recompile.runtime_region import OutputTemplate, RuntimeRunner
 
@@ -29,7 +30,8 @@ TENSOR_OUTPUTS_KEY = "tensor outputs"
 
 
 class TensorOutputs(nn.Module):
-    """The region with its output flattened to the tensors in it: what an ONNX graph can return,
+    """The region with its output flattened to the tensors in it (those inside an object the
+    pytree leaves whole too, see :mod:`.object_outputs`): what an ONNX graph can return,
     and what an AOTInductor package returns where its call spec cannot record the structure; the
     runner's :class:`~.runtime_region.OutputTemplate` puts them back into the original structure."""
 
@@ -38,7 +40,7 @@ class TensorOutputs(nn.Module):
         self.inner = inner
 
     def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
-        return tuple(t for t in pytree.tree_leaves(self.inner(*args, **kwargs)) if isinstance(t, torch.Tensor))
+        return tuple(output_tensors(self.inner(*args, **kwargs)))
 
 
 def aoti_output_template(prepared: nn.Module, inputs: Any) -> OutputTemplate | None:
@@ -55,7 +57,7 @@ def aoti_output_template(prepared: nn.Module, inputs: Any) -> OutputTemplate | N
     dataclass output's package returned the example's tensors for every input)."""
     with torch.no_grad():
         out = prepared(*inputs.args, **inputs.kwargs)
-    leaves, spec = pytree.tree_flatten(out)
+    leaves, spec = pytree.tree_flatten(out, is_leaf=is_output_leaf)
     if any(type(leaf) is not torch.Tensor for leaf in leaves):
         check_constant_outputs(prepared, inputs, out, "torch.export")
         return OutputTemplate.of(out)

@@ -38,6 +38,7 @@ from cuvil_pgc.recompile.aoti_outputs import (
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
+from cuvil_pgc.recompile.object_outputs import OUTPUTS_VERSION
 from cuvil_pgc.recompile.realized import CompiledRegion, ExportError, Realized
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
@@ -285,6 +286,8 @@ def program_key(cand: Candidate) -> str:
     (rewrites, layout): a cached package or a recorded measurement of an older program is not
     reused for a changed one."""
     versions = [f"rewrites-v{REWRITES_VERSION}"] * cand.rewrite + [f"layout-v{LAYOUT_VERSION}"] * cand.channels_last
+    if cand.backend == "aoti" or cand.backend in RUNTIME_BACKENDS:   # an export of the output's tensors
+        versions.append(f"outputs-v{OUTPUTS_VERSION}")
     if cand.backend in RUNTIME_BACKENDS:   # a measurement of another runtime version is not this one's
         from cuvil_pgc.recompile import runtimes
         from cuvil_pgc.recompile.runtime_build import ONNX_EXPORT_VERSION

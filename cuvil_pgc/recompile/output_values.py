@@ -5,8 +5,9 @@ region's output tensors (:mod:`.aoti_outputs`). The runner puts every other leaf
 original output back as a constant: the value the example call returned (see
 :class:`~.runtime_region.OutputTemplate`). That is right for what the export fixes anyway (None,
 a shape, a flag from the module's configuration) and wrong for a value computed from the inputs'
-values (``probs.max().item()``, ``bool(x.sum() > 0)``, a Hugging Face cache object holding the
-example's tensors): the build would return the example's value for every input.
+values (``probs.max().item()``, ``bool(x.sum() > 0)``): the build would return the example's
+value for every input. An object holding tensors that :mod:`.object_outputs` opens (a Hugging Face
+cache) is rebuilt around the runtime's tensors; the rest of it must stay the same.
 
 :func:`check_constant_outputs` tells the two apart by calling the region again with other values
 of the same shapes and dtypes. A value that changes, or a call that cannot run, rejects the
@@ -21,6 +22,14 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from cuvil_pgc.recompile.object_outputs import (
+    MAX_DEPTH,
+    ObjectLeaf,
+    holds_tensors,
+    is_output_leaf,
+    same_value,
+)
+
 
 def check_constant_outputs(prepared: nn.Module, inputs: Any, reference: Any, exporter: str) -> None:
     """Raise ExportError (``<exporter> failed: ...``) when a non-tensor, non-None leaf of
@@ -28,7 +37,7 @@ def check_constant_outputs(prepared: nn.Module, inputs: Any, reference: Any, exp
     when the inputs' values change."""
     from cuvil_pgc.recompile.realized import ExportError
 
-    leaves = pytree.tree_flatten_with_path(reference, is_leaf=is_size)[0]
+    leaves = pytree.tree_flatten_with_path(reference, is_leaf=is_output_leaf)[0]
     values = [(path, v) for path, v in leaves if not isinstance(v, torch.Tensor) and v is not None]
     if not values:
         return
@@ -40,32 +49,26 @@ def check_constant_outputs(prepared: nn.Module, inputs: Any, reference: Any, exp
                           f"({_name(values[0][0])}: {type(values[0][1]).__name__}), which an exported graph "
                           f"cannot compute, and they could not be checked with other input values "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    found = dict(pytree.tree_flatten_with_path(other, is_leaf=is_output_leaf)[0])
     for path, value in values:
-        if holds_tensors(value):
-            raise ExportError(f"{exporter} failed: {_name(path)} is a {type(value).__name__} holding tensors, which "
-                              "torch's pytree does not open, so an exported graph cannot return them in it (register "
+        if (opened := ObjectLeaf.of(value)) is not None:        # a cache: its tensors are outputs
+            if path not in found or not opened.same_shape(ObjectLeaf.of(found[path])):
+                raise ExportError(f"{exporter} failed: {_name(path)} is a {type(value).__name__} holding tensors "
+                                  "whose other contents change with the input values (its structure, or a value "
+                                  "besides the tensors), which an exported graph cannot return (return the tensors "
+                                  "alone)")
+        elif holds_tensors(value):
+            raise ExportError(f"{exporter} failed: {_name(path)} is a {type(value).__name__} holding tensors that "
+                              "neither torch's pytree nor cuvil-pgc opens (slots, a cycle, or deeper than "
+                              f"{MAX_DEPTH} levels), so an exported graph cannot return them in it (register "
                               "the class with torch.utils._pytree.register_dataclass, or return a tuple or dict; for a "
                               "Hugging Face decoder's cache: use_cache=False)")
-    found = dict(pytree.tree_flatten_with_path(other, is_leaf=is_size)[0])
-    for path, value in values:
-        if path not in found or not same_value(found[path], value):
+        elif path not in found or not same_value(found[path], value):
             seen = f"{_short(value)}, then {_short(found[path])}" if path in found else "then missing"
             raise ExportError(f"{exporter} failed: {_name(path)} is a {type(value).__name__} that changes with the "
                               f"input values ({seen}); an exported graph returns tensors only and would return the "
                               "example's (return it as a tensor, or leave it out: use_cache=False for a Hugging "
                               "Face decoder)")
-
-
-def holds_tensors(value: Any) -> bool:
-    """Whether an object the pytree left whole has tensors among its attributes (a plain
-    ``@dataclass`` or class used as an output container)."""
-    fields = getattr(value, "__dict__", None)
-    return isinstance(fields, dict) and any(isinstance(v, torch.Tensor) for v in fields.values())
-
-
-def is_size(x: Any) -> bool:
-    """torch.Size is a leaf here: torch's pytree rebuilds it as a plain tuple."""
-    return isinstance(x, torch.Size)
 
 
 def other_values(tree: Any) -> Any:
@@ -83,13 +86,6 @@ def other_values(tree: Any) -> Any:
         return torch.roll(t.detach(), 1, -1) if t.dim() else t
 
     return pytree.tree_map(change, tree)
-
-
-def same_value(a: Any, b: Any) -> bool:
-    try:
-        return a is b or type(a) is type(b) and bool(a == b)
-    except Exception:       # an __eq__ that raises or does not return a bool
-        return False
 
 
 def _name(path: tuple[Any, ...]) -> str:

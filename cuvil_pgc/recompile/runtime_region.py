@@ -30,7 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil_pgc.recompile.hf_outputs import fast_builder, same_model_output
-from cuvil_pgc.recompile.output_values import is_size
+from cuvil_pgc.recompile.object_outputs import ObjectLeaf, is_output_leaf, output_tensors
 from cuvil_pgc.recompile.runtimes import ORT_GPU_FIX, ORT_PROVIDERS
 
 TENSOR_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -49,7 +49,9 @@ class OutputTemplate:
     constant, and each output tensor's shape and dtype (what a runner allocates)."""
 
     spec: Any                               # pytree TreeSpec
-    leaves: list[tuple[str, Any]]           # ("t", index into the runtime's outputs) | ("c", constant)
+    #: ("t", index into the runtime's outputs) | ("c", constant) | ("o", (first index, ObjectLeaf)):
+    #: an object holding tensors the pytree does not open (:mod:`.object_outputs`)
+    leaves: list[tuple[str, Any]]
     tensors: list[tuple[tuple[int, ...], torch.dtype]]
 
     def __post_init__(self) -> None:
@@ -64,12 +66,15 @@ class OutputTemplate:
 
     @classmethod
     def of(cls, output: Any) -> OutputTemplate:
-        flat, spec = pytree.tree_flatten(output, is_leaf=is_size)
+        flat, spec = pytree.tree_flatten(output, is_leaf=is_output_leaf)
         leaves, tensors = [], []
         for leaf in flat:
             if isinstance(leaf, torch.Tensor):
                 leaves.append(("t", len(tensors)))
                 tensors.append((tuple(leaf.shape), leaf.dtype))
+            elif (opened := ObjectLeaf.of(leaf)) is not None:
+                leaves.append(("o", (len(tensors), opened)))
+                tensors.extend((tuple(t.shape), t.dtype) for t in output_tensors(leaf))
             else:
                 leaves.append(("c", leaf))
         return cls(spec, leaves, tensors)
@@ -89,7 +94,8 @@ class OutputTemplate:
         return self._unflatten(outputs)
 
     def _unflatten(self, outputs: list[torch.Tensor]) -> Any:
-        return pytree.tree_unflatten([outputs[v] if kind == "t" else v for kind, v in self.leaves], self.spec)
+        return pytree.tree_unflatten([outputs[v] if kind == "t" else v[1].build(iter(outputs[v[0]:])) if kind == "o"
+                                      else v for kind, v in self.leaves], self.spec)
 
     def _prove_hf(self, outputs: list[torch.Tensor]) -> Any:
         """The first output built both ways: the fast builder stays only if they agree."""
@@ -124,7 +130,8 @@ def _flat_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[to
     rebuild of a three-entry dict took 2.1 µs warm against 0.1 µs for the dict itself, and a
     GRU tagger returning one ran 6.5% behind ONNX Runtime called plainly where it was deployed."""
     kind = spec.type
-    if kind not in (dict, tuple, list) or not all(c.is_leaf() for c in spec.children()):
+    if kind not in (dict, tuple, list) or not all(c.is_leaf() for c in spec.children()) \
+            or any(what == "o" for what, _ in leaves):
         return None
     picks = [(what == "t", v) for what, v in leaves]
     if kind is dict:
@@ -475,5 +482,4 @@ class TensorRTRunner(RuntimeRunner):
         if self.template is None:
             return super().__call__(*args, **kwargs)
         out = self.program(*args, **kwargs)
-        flat = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        return self.template.build(flat)
+        return self.template.build(output_tensors(out))

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc.recompile.measure import Samples
+from cuvil_pgc.recompile.object_outputs import output_tensors
 from cuvil_pgc.recompile.process_race import exit_reason, race_in_processes, serve
 
 #: backends whose whole-model region a worker can rebuild from its artifact alone
@@ -87,7 +88,7 @@ def race_standalone(specs: dict[str, dict[str, Any]], inputs: tuple[Any, ...], r
     its tolerance, so only a plan's own output tells whether the worker rebuilt that plan."""
     with tempfile.TemporaryDirectory(prefix="cuvil-race-") as tmp:     # private: mode 0700
         data = os.path.join(tmp, "inputs.pt")
-        torch.save({"args": list(inputs), "references": {k: _tensors(references[k]) for k in specs}}, data)
+        torch.save({"args": list(inputs), "references": {k: output_tensors(references[k]) for k in specs}}, data)
         commands = {}
         for i, (name, spec) in enumerate(specs.items()):
             path = _write_spec(os.path.join(tmp, f"plan{i}.json"), spec, name, data, references[name])
@@ -106,7 +107,7 @@ def fresh_process_failures(specs: dict[str, dict[str, Any]], inputs: dict[str, t
     with tempfile.TemporaryDirectory(prefix="cuvil-check-") as tmp:     # private: mode 0700
         for i, (name, spec) in enumerate(specs.items()):
             data = os.path.join(tmp, f"inputs{i}.pt")
-            torch.save({"args": list(inputs[name]), "references": {name: _tensors(references[name])}}, data)
+            torch.save({"args": list(inputs[name]), "references": {name: output_tensors(references[name])}}, data)
             path = _write_spec(os.path.join(tmp, f"region{i}.json"), spec, name, data, references[name])
             try:
                 proc = subprocess.run([python, "-m", __name__, path, "--check"], env=_worker_env(),
@@ -129,12 +130,6 @@ def _write_spec(path: str, spec: dict[str, Any], name: str, data: str, reference
     with open(path, "w") as f:
         json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(reference)}, f)
     return path
-
-
-def _tensors(output: Any) -> list[torch.Tensor]:
-    """An output's tensors in order: what a worker compares (weights-only files hold no
-    ``ModelOutput`` or other classes)."""
-    return [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
 
 
 def _output_modules(output: Any) -> list[str]:
@@ -213,7 +208,7 @@ def main(argv: list[str]) -> int:
     args = tuple(data["args"])
     module = _eager_model(spec["model_ref"]) if spec.get("model_ref") else region(spec)
     with torch.no_grad():
-        check = check_outputs(data["references"][spec["plan"]], _tensors(module(*args)))
+        check = check_outputs(data["references"][spec["plan"]], output_tensors(module(*args)))
         if not check.ok:
             raise RuntimeError(f"the worker's outputs differ from the searching process's: {check.reason}")
         if "--check" not in argv[1:]:

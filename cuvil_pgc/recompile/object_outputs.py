@@ -1,0 +1,190 @@
+"""Objects in a region's output that hold tensors where torch's pytree does not look.
+
+A Hugging Face decoder left at ``use_cache=True`` (its config's default) returns its cache: a
+``DynamicCache`` holding a ``DynamicLayer`` per layer, each holding that layer's key and value
+tensors. The pytree leaves such an object whole, so an exported graph could not return it, and
+every ONNX Runtime, OpenVINO and AOTInductor candidate of the model was rejected.
+
+:func:`output_tensors` lists an output's tensors with those inside such objects (through their
+attributes, lists, tuples and dicts) in the order :class:`ObjectLeaf` puts them back: a new
+object of the same class, built without its ``__init__``, with the example's other attributes
+(flags, devices, configs: the same objects) and the runtime's tensors. Whether those other
+attributes stay the same for other input values is checked as for any value in an output
+(:func:`~.output_values.check_constant_outputs` with :meth:`ObjectLeaf.same_shape`).
+
+An object that cannot be opened this way (a cycle, ``__slots__``, tensors deeper than
+:data:`MAX_DEPTH`, a tuple subclass holding tensors) is left whole, and rejected as before.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+#: bump when the outputs an export can return change: a recorded rejection of an older version's
+#: export (a decoder's cache, before this module opened it) is not reused
+OUTPUTS_VERSION = 1
+#: how deep inside an object tensors are looked for (a cache: object, list of layers, layer)
+MAX_DEPTH = 6
+
+_TENSOR, _CONSTANT, _SEQUENCE, _MAPPING, _OBJECT = range(5)
+
+
+class ObjectLeaf:
+    """How to rebuild an object of a region's output around other tensors: its skeleton (the
+    structure, constants and tensor slots, walked as :func:`output_tensors` walks it) and how many
+    tensors it takes."""
+
+    def __init__(self, skeleton: tuple[Any, ...], count: int) -> None:
+        self.skeleton = skeleton
+        self.count = count
+
+    @classmethod
+    def of(cls, value: Any) -> ObjectLeaf | None:
+        """The leaf for the object ``value``, or None where it is not an object holding tensors
+        or cannot be opened."""
+        tensors: list[torch.Tensor] = []
+        skeleton = _walk(value, tensors, 0, set())
+        if skeleton is None or skeleton[0] != _OBJECT:
+            return None
+        return cls(skeleton, len(tensors))
+
+    def build(self, tensors: Iterator[torch.Tensor]) -> Any:
+        """A new object holding the next :attr:`count` tensors of ``tensors``."""
+        return _rebuild(self.skeleton, tensors)
+
+    def same_shape(self, other: ObjectLeaf | None) -> bool:
+        """Whether ``other`` has the same structure, the same constants and as many tensors."""
+        return other is not None and other.count == self.count and _same(self.skeleton, other.skeleton)
+
+    def __repr__(self) -> str:
+        return f"ObjectLeaf({_type_name(self.skeleton)}, {self.count} tensors)"
+
+
+def output_tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors of ``output`` in the order an exported region returns them: the pytree's
+    leaves (:func:`is_output_leaf`), each object leaf opened (see :class:`ObjectLeaf`)."""
+    tensors: list[torch.Tensor] = []
+    for leaf in pytree.tree_leaves(output, is_leaf=is_output_leaf):
+        if isinstance(leaf, torch.Tensor):
+            tensors.append(leaf)
+        elif _openable(leaf):
+            found: list[torch.Tensor] = []
+            if _walk(leaf, found, 0, set()) is not None:
+                tensors.extend(found)
+    return tensors
+
+
+def is_output_leaf(value: Any) -> bool:
+    """Where an output's pytree walk stops: a ``torch.Size`` (the pytree rebuilds it as a plain
+    tuple) and a Hugging Face cache. A cache is a pytree node only in a process where transformers'
+    exporter registered it, and its tensors' order must not depend on that: the process that
+    exports a region and the one that loads it each open it as :class:`ObjectLeaf` does."""
+    if isinstance(value, torch.Size):
+        return True
+    cache = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
+    return isinstance(cache, type) and isinstance(value, cache)
+
+
+def _openable(value: Any) -> bool:
+    """An instance whose attributes are its state: not a class, a module, a function, a method
+    or an ``nn.Module`` (a module in an output is returned as itself, its weights its own)."""
+    return hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType, nn.Module)) \
+        and not callable(value)
+
+
+def _walk(value: Any, tensors: list[torch.Tensor], depth: int, path: set[int]) -> tuple[Any, ...] | None:
+    """The skeleton of ``value``, its tensors appended to ``tensors``; None where a tensor is
+    inside something that cannot be rebuilt."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return (_TENSOR,)
+    kind = type(value)
+    if kind in (list, tuple, dict) or _openable(value):
+        if depth >= MAX_DEPTH or id(value) in path:      # what is below, or a cycle's copy, is not known
+            return None
+        path.add(id(value))
+        try:
+            if kind is dict:
+                items = list(value.items())
+            elif kind in (list, tuple):
+                items = list(enumerate(value))
+            else:
+                items = list(vars(value).items())
+            start = len(tensors)
+            children = [(key, _walk(v, tensors, depth + 1, path)) for key, v in items]
+        finally:
+            path.discard(id(value))
+        if any(child is None for _, child in children):
+            return None
+        if len(tensors) == start:               # nothing to put back: the object itself
+            return (_CONSTANT, value)
+        if kind is dict:
+            return (_MAPPING, dict, children)
+        if kind in (list, tuple):
+            return (_SEQUENCE, kind, [child for _, child in children])
+        return (_OBJECT, kind, children)
+    return None if holds_tensors(value) else (_CONSTANT, value)
+
+
+def holds_tensors(value: Any) -> bool:
+    """Whether a value left as it is holds tensors one level down (an object's attributes or
+    slots, a container's items): returning the example's would return stale tensors."""
+    if isinstance(value, nn.Module) or isinstance(value, (str, bytes)):
+        return False
+    if isinstance(value, dict):
+        inner = value.values()
+    elif isinstance(value, (list, tuple)):
+        inner = value
+    else:
+        inner = list(getattr(value, "__dict__", {}).values()) + \
+            [getattr(value, s, None) for s in getattr(type(value), "__slots__", ())]
+    return any(isinstance(v, torch.Tensor) for v in inner)
+
+
+def _rebuild(node: tuple[Any, ...], tensors: Iterator[torch.Tensor]) -> Any:
+    kind = node[0]
+    if kind == _TENSOR:
+        return next(tensors)
+    if kind == _CONSTANT:
+        return node[1]
+    if kind == _SEQUENCE:
+        return node[1]([_rebuild(child, tensors) for child in node[2]])
+    if kind == _MAPPING:
+        return {key: _rebuild(child, tensors) for key, child in node[2]}
+    obj = node[1].__new__(node[1])
+    obj.__dict__.update({key: _rebuild(child, tensors) for key, child in node[2]})
+    return obj
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    if a[0] != b[0]:
+        return False
+    if a[0] == _TENSOR:
+        return True
+    if a[0] == _CONSTANT:
+        return same_value(a[1], b[1])
+    if a[1] is not b[1] or len(a[2]) != len(b[2]):
+        return False
+    if a[0] == _SEQUENCE:
+        return all(_same(x, y) for x, y in zip(a[2], b[2], strict=True))
+    return all(k == j and _same(x, y) for (k, x), (j, y) in zip(a[2], b[2], strict=True))
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two values an output holds besides tensors are the same: one object, or equal and
+    of one type."""
+    try:
+        return a is b or type(a) is type(b) and bool(a == b)
+    except Exception:       # an __eq__ that raises or does not return a bool
+        return False
+
+
+def _type_name(node: tuple[Any, ...]) -> str:
+    return node[1].__name__ if node[0] in (_SEQUENCE, _MAPPING, _OBJECT) else "value"

@@ -1,0 +1,212 @@
+"""An output holding tensors in an object torch's pytree leaves whole (a Hugging Face decoder's
+``DynamicCache`` at the config's default ``use_cache=True``, a plain dataclass) is exported as its
+tensors and rebuilt around the runtime's: such a decoder used to get no ONNX Runtime, OpenVINO or
+AOTInductor candidate at all."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile import runtimes
+from cuvil_pgc.recompile.apply import ScopeInputs, realize
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.object_outputs import MAX_DEPTH, ObjectLeaf, output_tensors
+from cuvil_pgc.recompile.output_values import check_constant_outputs
+from cuvil_pgc.recompile.realized import ExportError
+from cuvil_pgc.recompile.runtime_region import OutputTemplate
+from tests._service import run_service
+
+
+class Layer:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values, self.ready, self.device = keys, values, True, keys.device
+
+
+class Cache:
+    """Like transformers' DynamicCache: a list of layers, each holding its tensors, and flags."""
+
+    def __init__(self, layers: list[Layer], tag: object = "v1") -> None:
+        self.layers, self.offloading, self.tag = layers, False, tag
+
+
+class Decoder(nn.Module):
+    def __init__(self, n_layers: int = 2, tag_from_input: bool = False) -> None:
+        super().__init__()
+        self.kv = nn.ModuleList(nn.Linear(8, 16) for _ in range(n_layers))
+        self.head = nn.Linear(8, 5)
+        self.tag_from_input = tag_from_input
+
+    def forward(self, x: torch.Tensor):
+        layers = [Layer(*fc(x).chunk(2, -1)) for fc in self.kv]
+        tag = round(float(x.sum()), 3) if self.tag_from_input else "v1"
+        return {"logits": self.head(x), "cache": Cache(layers, tag)}
+
+
+def test_a_cache_s_tensors_are_outputs_and_each_build_is_a_new_cache_around_them():
+    torch.manual_seed(0)
+    model, x = Decoder().eval(), torch.randn(3, 8)
+    with torch.no_grad():
+        out = model(x)
+    tensors = output_tensors(out)
+    expected = [out["logits"]] + [t for layer in out["cache"].layers for t in (layer.keys, layer.values)]
+    assert len(tensors) == 5 and all(a is b for a, b in zip(tensors, expected, strict=True))
+
+    template = OutputTemplate.of(out)
+    assert template.to_json() is None                       # a loaded build learns it from one call
+    fresh = [torch.randn_like(t) for t in tensors]
+    built = template.build(fresh)
+    cache = built["cache"]
+    assert type(cache) is Cache and cache is not out["cache"] and cache.layers is not out["cache"].layers
+    assert [type(layer) for layer in cache.layers] == [Layer, Layer]
+    assert built["logits"] is fresh[0] and cache.layers[1].values is fresh[4]
+    assert (cache.offloading, cache.tag, cache.layers[0].ready, cache.layers[0].device) == (False, "v1", True, x.device)
+    assert template.build(fresh)["cache"] is not cache      # a new object on every call
+
+
+def test_objects_that_cannot_be_rebuilt_are_left_whole():
+    t = torch.ones(2)
+
+    class Slotted:
+        __slots__ = ("t",)
+
+        def __init__(self) -> None:
+            self.t = t
+
+    looped = Cache([Layer(t, t)])
+    looped.layers[0].owner = looped
+    deep: object = Layer(t, t)
+    for _ in range(MAX_DEPTH):
+        deep = Cache([deep])
+    no_tensors = Cache([])
+    for value in (Slotted(), looped, deep, no_tensors, t, None, 3):
+        assert ObjectLeaf.of(value) is None, value
+    assert output_tensors({"a": looped, "b": t}) == [t]     # what cannot be opened adds no tensors
+
+
+def test_a_hugging_face_cache_opens_the_same_way_where_transformers_registered_it_with_the_pytree():
+    """transformers' exporter registers its caches as pytree nodes, in that process only: the
+    process that exports a region and the one that loads it must still agree on the order of the
+    cache's tensors (else keys come back as values), so a cache is always opened here."""
+    cache_utils = pytest.importorskip("transformers.cache_utils")
+    from torch.utils import _pytree as pytree
+
+    cache = cache_utils.DynamicCache()
+    for i in range(2):
+        cache.update(torch.full((1, 2, 3, 4), 2.0 * i), torch.full((1, 2, 3, 4), 2.0 * i + 1), i)
+    out = {"logits": torch.zeros(2), "cache": cache}
+    unregistered = output_tensors(out)
+    template = OutputTemplate.of(out)
+    assert type(cache) not in pytree.SUPPORTED_NODES and len(unregistered) == 5
+
+    def flatten(c):          # another order than the walk's: every layer's values, then its keys
+        return [layer.values for layer in c.layers] + [layer.keys for layer in c.layers], None
+
+    pytree.register_pytree_node(type(cache), flatten, lambda values, context: None)
+    try:
+        registered, again = output_tensors(out), OutputTemplate.of(out)
+    finally:
+        pytree._deregister_pytree_node(type(cache))
+    assert all(a is b for a, b in zip(registered, unregistered, strict=True))
+    assert [float(t.flatten()[0]) for t in registered] == [0, 0, 1, 2, 3]
+    assert [kind for kind, _ in again.leaves] == [kind for kind, _ in template.leaves] == ["t", "o"]
+
+
+def test_a_cache_whose_other_contents_change_with_the_inputs_is_refused():
+    torch.manual_seed(0)
+    x = torch.randn(3, 8)
+    steady, changing = Decoder().eval(), Decoder(tag_from_input=True).eval()
+    with torch.no_grad():
+        check_constant_outputs(steady, ScopeInputs((x,)), steady(x), "torch.onnx.export")     # no error
+        with pytest.raises(ExportError, match=r"output\['cache'\] is a Cache holding tensors whose other "
+                                              r"contents change with the input values"):
+            check_constant_outputs(changing, ScopeInputs((x,)), changing(x), "torch.onnx.export")
+
+
+def _llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(3, 300, (1, 12), generator=torch.Generator().manual_seed(1))
+    return model, ids
+
+
+def _cache(out):
+    """The decoder's cache: ``cache`` in transformers 5, ``past_key_values`` before."""
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
+
+def _cache_tensors(cache) -> list[torch.Tensor]:
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+@pytest.mark.usefixtures("build_env")
+@pytest.mark.parametrize("backend", ["ort", "openvino", "aoti"])
+def test_a_decoder_left_at_use_cache_true_runs_on_the_backend_and_its_cache_feeds_the_next_step(backend):
+    if backend != "aoti" and not runtimes.check(backend).ok:
+        pytest.skip(f"needs {backend}")
+    model, ids = _llama()
+    assert model.config.use_cache
+    mask = torch.ones_like(ids)
+    realized = realize(model, Candidate("", backend), ScopeInputs((ids, mask)), machine="test")
+    other = torch.randint(3, 300, ids.shape, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out, ref = realized.module(other, mask), model(other, mask)
+        assert type(_cache(out)) is type(_cache(ref)) and _cache(out).get_seq_length() == _cache(ref).get_seq_length() == 12
+        torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
+        for a, b in zip(_cache_tensors(_cache(out)), _cache_tensors(_cache(ref)), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        step = torch.tensor([[7]])                  # the next token, decoded eagerly on each cache
+        after_build = model(step, past_key_values=_cache(out)).logits
+        after_eager = model(step, past_key_values=_cache(ref)).logits
+    torch.testing.assert_close(after_build, after_eager, rtol=1e-4, atol=1e-5)
+    assert realized.module.fallback_calls == 0
+
+
+SERVICE = textwrap.dedent('''
+    import json, sys
+    import torch
+    import transformers
+    from cuvil_pgc import load_build
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.load_state_dict(torch.load(sys.argv[1]))
+    fast = load_build(sys.argv[2], model, pubkey=sys.argv[3])
+    ids = torch.randint(3, 300, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        outs = [fast(ids, torch.ones_like(ids)) for _ in range(3)]   # the first learns the output's structure
+        ref = model(ids, torch.ones_like(ids))
+    cache = lambda o: o.cache if hasattr(o, 'cache') else o.past_key_values   # transformers 5 | 4
+    out = outs[-1]
+    pairs = [(out.logits, ref.logits)] + [(a, b) for la, lb in zip(cache(out).layers, cache(ref).layers)
+                                           for a, b in ((la.keys, lb.keys), (la.values, lb.values))]
+    print(json.dumps({"applied": fast.cuvil_load_report.applied, "fallback_calls": fast.fallback_calls,
+                      "cache": type(cache(out)).__name__, "diff": max(float((a - b).abs().max()) for a, b in pairs),
+                      "distinct": cache(outs[1]) is not cache(outs[2])}))
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_a_decoder_s_build_returns_its_cache_in_a_service(tmp_path, keys):
+    if not runtimes.check("openvino").ok:
+        pytest.skip("needs openvino")
+    from cuvil_pgc.recompile import recompile
+
+    model, ids = _llama()
+    build = recompile(model, (ids, torch.ones_like(ids)), plan={"": Candidate("", "openvino")}, records=False,
+                      deployed_race=False, rounds=3)
+    assert [c.candidate.backend for c in build.plan.choices] == ["openvino"]
+    path = build.save(tmp_path / "llama.cuvilpkg", signing_key=str(keys[0]))
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    report = run_service(SERVICE, tmp_path / "weights.pt", path, keys[1], cwd=tmp_path)
+    assert report["applied"] == ["<model>: openvino"] and report["fallback_calls"] == 0, report
+    assert report["cache"] == "DynamicCache" and report["distinct"] and report["diff"] < 1e-4, report
