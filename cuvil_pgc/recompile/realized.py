@@ -52,7 +52,9 @@ class CompiledRegion(nn.Module):
         self.original = original
         self._compiled = compiled          # not a submodule: an AOTI runner or an OptimizedModule
         self.signature = signature
-        self.config = config
+        #: the candidate's configuration (``ort+opt=extended``); not ``config``, which a Hugging Face
+        #: model's own config answers (see :meth:`__getattr__`)
+        self.plan_config = config
         self._spec = None if spec is None else [(torch.Size(shape), getattr(torch, dtype), torch.device(dev),
                                                  tuple(strides)) for shape, dtype, dev, strides in spec]
         #: input position -> rows of the table it indexes (:mod:`.index_bounds`): a call with an id
@@ -160,9 +162,23 @@ class CompiledRegion(nn.Module):
         return clone
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(f"cuvil-pgc: a loaded build cannot be pickled ({self.config} runs a compiled program that "
+        raise TypeError(f"cuvil-pgc: a loaded build cannot be pickled ({self.plan_config} runs a compiled program that "
                         "lives in this process): pickle or torch.save the model's state_dict instead, and in the "
                         "other process call load_build on the .cuvilpkg (copy.deepcopy works within a process)")
+
+    def __getattr__(self, name: str) -> Any:
+        """An attribute the region does not have is the original module's: the caller's code reads
+        a region as the module it replaced (a parent's ``self.proj.weight`` or
+        ``self.conv.out_channels``, a service's ``model.config`` or ``model.generate(...)``, which
+        then runs the original module). nn.Module's own lookup (parameters, buffers, submodules)
+        comes first; special names are never forwarded (copying and pickling stay the region's)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("_modules", {}).get("original")
+            if original is None or name.startswith("__"):
+                raise
+            return getattr(original, name)
 
     @property
     def compiled(self) -> Any:
@@ -285,7 +301,7 @@ class CompiledRegion(nn.Module):
             if self.other_sizes_failures == 1:
                 log.warning("cuvil-pgc: %s's program for other input sizes failed (%s: %s); the original module "
                             "answers this call (further failures are counted in other_sizes_failures)",
-                            self.config, type(exc).__name__, str(exc).strip().split("\n")[0][:200])
+                            self.plan_config, type(exc).__name__, str(exc).strip().split("\n")[0][:200])
             return self._fall_back(args, {})
         self.__dict__["other_shape_calls"] += 1      # a plain int: not nn.Module.__setattr__'s checks (~3 µs)
         return out
@@ -295,7 +311,7 @@ class CompiledRegion(nn.Module):
         if self.fallback_calls == 1:
             self.__dict__["first_fallback"] = self._misfit(args, kwargs)
             log.warning("cuvil-pgc: %s runs the original module: %s (further calls that do not fit are counted "
-                        "in fallback_calls)", self.config, self.first_fallback)
+                        "in fallback_calls)", self.plan_config, self.first_fallback)
         return self.original(*args, **kwargs)
 
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:

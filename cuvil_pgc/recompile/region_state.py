@@ -51,5 +51,5 @@ def load_into_original(module: Any, state_dict: dict[str, Any], prefix: str, *_:
         module.weights_changed = True
         module._lean = module._direct = None
         log.warning("cuvil-pgc: %s: the weights loaded into it differ from the ones it was built with (%s%s): "
-                    "it runs the original module from now on; recompile for these weights", module.config,
+                    "it runs the original module from now on; recompile for these weights", module.plan_config,
                     ", ".join(changed[:3]), f" and {len(changed) - 3} more" if len(changed) > 3 else "")
