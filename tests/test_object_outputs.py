@@ -168,6 +168,23 @@ def test_a_decoder_left_at_use_cache_true_runs_on_the_backend_and_its_cache_feed
     assert realized.module.fallback_calls == 0
 
 
+def test_a_decoder_s_output_is_rebuilt_by_the_fast_model_output_builder():
+    """Built through its constructor (the pytree's rebuild), a ModelOutput holding a cache took
+    17.8 µs warm against 3.9 µs built directly: the direct builder takes the rebuilt cache too."""
+    pytest.importorskip("transformers")
+    model, ids = _llama()
+    with torch.no_grad():
+        reference = model(ids)
+    template = OutputTemplate.of(reference)
+    tensors = output_tensors(reference)
+    first, second = template.build(tensors), template.build(tensors)
+    assert template._hf is not None and template._hf_proven            # proven on the first, kept
+    assert type(second) is type(reference) and list(second.keys()) == list(reference.keys())
+    assert second.logits is tensors[0] and _cache(second) is second[list(second.keys())[1]]
+    assert _cache(second) is not _cache(first) and type(_cache(second)) is type(_cache(reference))
+    assert all(a is b for a, b in zip(_cache_tensors(_cache(second)), tensors[1:], strict=True))
+
+
 SERVICE = textwrap.dedent('''
     import json, sys
     import torch

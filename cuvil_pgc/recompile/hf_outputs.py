@@ -23,6 +23,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+from cuvil_pgc.recompile.object_outputs import output_tensors
+
 
 def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[Any]], Any] | None:
     """A builder of the output ``spec`` describes from the runtime's outputs, or None where it
@@ -33,20 +37,22 @@ def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[Any
     cls = getattr(spec, "type", None)
     if base is None or not isinstance(cls, type) or not issubclass(cls, base) or not dataclasses.is_dataclass(cls):
         return None
-    if any(kind != "t" for kind, _ in leaves) or not all(c.is_leaf() for c in spec.children()):
+    if any(kind not in ("t", "o") for kind, _ in leaves) or not all(c.is_leaf() for c in spec.children()):
         return None
     keys, fields = list(spec.context), [f.name for f in dataclasses.fields(cls)]
     if len(keys) != len(leaves) or not set(keys) <= set(fields):
         return None
-    pairs = [(key, index) for key, (_, index) in zip(keys, leaves, strict=True)]
+    # ("o", (first, ObjectLeaf)): a decoder's cache, rebuilt around the outputs from ``first`` on
+    pairs = [(key, index if kind == "t" else -1, None if kind == "t" else index)
+             for key, (kind, index) in zip(keys, leaves, strict=True)]
     new, set_item, empty = cls.__new__, OrderedDict.__setitem__, dict.fromkeys(fields)
 
     def build(outputs: list[Any]) -> Any:
         obj = new(cls)
         attrs = obj.__dict__
         attrs.update(empty)
-        for key, index in pairs:
-            value = outputs[index]
+        for key, index, opened in pairs:
+            value = outputs[index] if opened is None else opened[1].build(iter(outputs[opened[0]:]))
             attrs[key] = value
             set_item(obj, key, value)
         return obj
@@ -55,10 +61,21 @@ def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[Any
 
 def same_model_output(fast: Any, reference: Any) -> bool:
     """Whether two ModelOutputs hold the same objects the same way: type, items in order, every
-    dataclass field, and the same instance attributes."""
+    dataclass field, and the same instance attributes. An object rebuilt around the outputs (a
+    cache) is new in each; it must be of one type, hold the same tensors and be the item and the
+    attribute both."""
     if type(fast) is not type(reference) or list(fast.keys()) != list(reference.keys()):
         return False
     fields = [f.name for f in dataclasses.fields(reference)]
-    return all(fast[k] is reference[k] for k in reference.keys()) \
-        and all(getattr(fast, f) is getattr(reference, f) for f in fields) \
+    return all(_same(fast[k], reference[k]) and getattr(fast, k, None) is fast[k] for k in reference.keys()) \
+        and all(_same(getattr(fast, f), getattr(reference, f)) for f in fields) \
         and fast.__dict__.keys() == reference.__dict__.keys()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b) or not hasattr(a, "__dict__") or isinstance(a, torch.Tensor):
+        return False
+    ours, theirs = output_tensors(a), output_tensors(b)
+    return len(ours) == len(theirs) > 0 and all(x is y for x, y in zip(ours, theirs, strict=True))
