@@ -18,6 +18,9 @@ from typing import Any
 
 from cuvil_pgc.errors import ConfigError
 
+#: Hugging Face's output flags: a model reads each from its config where a call leaves it at None
+HF_OUTPUT_FLAGS = ("return_dict", "output_attentions", "output_hidden_states", "use_cache")
+
 
 def positional_inputs(model: Any, given: Any) -> tuple[Any, ...]:
     """The positional arguments ``model`` is called with for ``given``: a tuple as it is; a mapping
@@ -49,6 +52,15 @@ def inputs_hint(given: Any, model: Any = None) -> str:
                     f"the model in a module whose forward takes them by position (def forward(self, {names}): "
                     f"return self.model({', '.join(f'{k}={k}' for k in keyword_only[:4])}))")
         others = [repr(k) for k in given if params is not None and k not in params]
+        configured = _config_flags(model, [k for k in given if params is not None and k not in params], given)
+        if others and params and configured:
+            one, names = len(configured) == 1, ", ".join(repr(k) for k in configured)
+            sets = "; ".join(f"model.config.{k} = {given[k]!r}" for k in configured)
+            return (f"{names} {'goes' if one else 'go'} to the forward's **kwargs, which a build's example inputs cannot "
+                    f"carry; a Hugging Face model reads {'it' if one else 'them'} from its config: set {sets} (in the "
+                    f"process that loads the build too: a build checks the config it was made with), leave "
+                    f"{'it' if one else 'them'} out of the example inputs, and calls passing "
+                    f"{', '.join(f'{k}={given[k]!r}' for k in configured)} run the build")
         if others and params and model is not None and _takes_var_keywords(model):
             named = [k for k in given if k in params]
             flags = ", ".join(f"{k}={given[k]!r}" if _is_flag(given[k]) else f"{k}=..." for k in given if k not in params)
@@ -104,6 +116,17 @@ def _signature(model: Any) -> list[inspect.Parameter] | None:
         return list(inspect.signature(getattr(model, "forward", model)).parameters.values())
     except (TypeError, ValueError):
         return None
+
+
+def _config_flags(model: Any, names: list[str], given: Mapping[str, Any]) -> list[str]:
+    """``names`` where every one is a Hugging Face output flag (:data:`HF_OUTPUT_FLAGS`) given as a
+    bool that ``model``'s config holds, so the config can set it; else none."""
+    config = getattr(model, "config", None)
+    if not names or config is None or not _takes_var_keywords(model):
+        return []
+    if all(k in HF_OUTPUT_FLAGS and type(given[k]) is bool and hasattr(config, k) for k in names):
+        return names
+    return []
 
 
 def _is_flag(value: Any) -> bool:

@@ -13,6 +13,8 @@ from cuvil_pgc._modelspec import load_model_spec
 from cuvil_pgc.errors import ModelSpecError
 
 SOURCE = textwrap.dedent('''
+    import types
+
     import torch
     from torch import nn
 
@@ -46,6 +48,18 @@ SOURCE = textwrap.dedent('''
     def flag_inputs():
         x = torch.randn(3, 4)
         return Flagged(), {"input_ids": x, "attention_mask": torch.ones_like(x), "output_hidden_states": True}
+
+
+    class Configured(Flagged):      # ... and read each flag from their config where a call leaves it out
+        def __init__(self):
+            super().__init__()
+            self.config = types.SimpleNamespace(output_hidden_states=False, return_dict=True)
+
+
+    def config_flag_inputs():
+        x = torch.randn(3, 4)
+        return Configured(), {"input_ids": x, "attention_mask": torch.ones_like(x), "output_hidden_states": True,
+                              "return_dict": True}
 
 
     def bad_shape():
@@ -99,6 +113,19 @@ def test_a_flag_for_the_forward_s_kwargs_gets_the_wrapper_to_write_as_its_fix(mo
     assert ("def forward(self, input_ids, attention_mask): return self.model(input_ids=input_ids, "
             "attention_mask=attention_mask, output_hidden_states=True)") in message
     assert "keep only the forward's parameters" not in message
+
+
+def test_a_hugging_face_flag_in_the_example_inputs_gets_the_config_setting_as_its_fix(models):
+    """A model with a config reads the flag from it: setting it there needs no wrapper, and calls
+    passing the flag then run the build (they repeat the config, see realized._as_configured)."""
+    with pytest.raises(ModelSpecError, match=r"the model raised on its example inputs") as err:
+        load_model_spec(f"{models}:config_flag_inputs")
+    message = str(err.value)
+    assert ("'output_hidden_states', 'return_dict' go to the forward's **kwargs, which a build's example inputs "
+            "cannot carry; a Hugging Face model reads them from its config: set model.config.output_hidden_states = "
+            "True; model.config.return_dict = True (in the process that loads the build too") in message
+    assert "calls passing output_hidden_states=True, return_dict=True run the build" in message
+    assert "def forward(self" not in message
 
 
 def test_a_model_failing_on_its_inputs_is_reported_before_any_work(models):

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
-from cuvil_pgc._example_inputs import forward_parameters
+from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS, forward_parameters
 from cuvil_pgc.recompile.aoti_loader import FastAOTI
 from cuvil_pgc.recompile.index_bounds import array_checks, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
@@ -415,14 +415,11 @@ def _is_default(value: Any, default: Any) -> bool:
             and isinstance(value, (bool, int, float, str)) and value == default)
 
 
-#: Hugging Face's output flags: a call passing the value the model's config gives (``return_dict=True``
-#: where ``config.return_dict`` is True) returns what the default (None: the config's) returns
-HF_OUTPUT_FLAGS = ("return_dict", "output_attentions", "output_hidden_states", "use_cache")
-
-
 def _as_configured(module: nn.Module, name: str, value: Any) -> bool:
     """Whether keyword ``name=value`` only repeats what ``module``'s Hugging Face config sets (see
-    :data:`HF_OUTPUT_FLAGS`); services pass ``return_dict=True`` on every call."""
+    :data:`~cuvil_pgc._example_inputs.HF_OUTPUT_FLAGS`): a call passing the value the config gives
+    returns what the default (None: the config's) returns; services pass ``return_dict=True`` on
+    every call."""
     config = getattr(module, "config", None)
     if name not in HF_OUTPUT_FLAGS or type(value) is not bool or config is None:
         return False
