@@ -207,7 +207,8 @@ SERVICE = textwrap.dedent('''
                                            for a, b in ((la.keys, lb.keys), (la.values, lb.values))]
     print(json.dumps({"applied": fast.cuvil_load_report.applied, "fallback_calls": fast.fallback_calls,
                       "cache": type(cache(out)).__name__, "diff": max(float((a - b).abs().max()) for a, b in pairs),
-                      "distinct": cache(outs[1]) is not cache(outs[2])}))
+                      "distinct": cache(outs[1]) is not cache(outs[2]),
+                      "lean": fast._lean is not None}))
 ''')
 
 
@@ -227,3 +228,4 @@ def test_a_decoder_s_build_returns_its_cache_in_a_service(tmp_path, keys):
     report = run_service(SERVICE, tmp_path / "weights.pt", path, keys[1], cwd=tmp_path)
     assert report["applied"] == ["<model>: openvino"] and report["fallback_calls"] == 0, report
     assert report["cache"] == "DynamicCache" and report["distinct"] and report["diff"] < 1e-4, report
+    assert report["lean"], report     # once the first call showed the output's structure: no dispatch per call
