@@ -43,7 +43,7 @@ def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[Any
     if len(keys) != len(leaves) or not set(keys) <= set(fields):
         return None
     # ("o", (first, ObjectLeaf)): a decoder's cache, rebuilt around the outputs from ``first`` on
-    pairs = [(key, index if kind == "t" else -1, None if kind == "t" else index)
+    pairs = [(key, index if kind == "t" else -1, None if kind == "t" else index[1])
              for key, (kind, index) in zip(keys, leaves, strict=True)]
     new, set_item, empty = cls.__new__, OrderedDict.__setitem__, dict.fromkeys(fields)
 
@@ -52,7 +52,7 @@ def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[Any
         attrs = obj.__dict__
         attrs.update(empty)
         for key, index, opened in pairs:
-            value = outputs[index] if opened is None else opened[1].build(iter(outputs[opened[0]:]))
+            value = outputs[index] if opened is None else opened.build(outputs)
             attrs[key] = value
             set_item(obj, key, value)
         return obj

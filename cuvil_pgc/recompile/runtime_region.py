@@ -72,7 +72,7 @@ class OutputTemplate:
             if isinstance(leaf, torch.Tensor):
                 leaves.append(("t", len(tensors)))
                 tensors.append((tuple(leaf.shape), leaf.dtype))
-            elif (opened := ObjectLeaf.of(leaf)) is not None:
+            elif (opened := ObjectLeaf.of(leaf, first=len(tensors))) is not None:
                 leaves.append(("o", (len(tensors), opened)))
                 tensors.extend((tuple(t.shape), t.dtype) for t in output_tensors(leaf))
             else:
@@ -94,7 +94,7 @@ class OutputTemplate:
         return self._unflatten(outputs)
 
     def _unflatten(self, outputs: list[torch.Tensor]) -> Any:
-        return pytree.tree_unflatten([outputs[v] if kind == "t" else v[1].build(iter(outputs[v[0]:])) if kind == "o"
+        return pytree.tree_unflatten([outputs[v] if kind == "t" else v[1].build(outputs) if kind == "o"
                                       else v for kind, v in self.leaves], self.spec)
 
     def _prove_hf(self, outputs: list[torch.Tensor]) -> Any:
