@@ -357,3 +357,33 @@ def test_a_region_captured_with_none_among_its_inputs_serves_other_lengths_by_ke
         cache = torch.zeros(1, 5)               # a tensor where None was captured: the original module
         torch.testing.assert_close(fast(longer[:, :5], cache, mask[:, :5]), model(longer[:, :5], cache, mask[:, :5]))
     assert fast.fallback_calls == 1
+
+
+class Lenient(nn.Module):
+    """Takes token ids one longer than their mask in eager (as a Llama returning its cache did)."""
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return ids.float().sum(-1, keepdim=True) + mask[:, :1]
+
+
+@pytest.mark.parametrize("backend,apart", [("ort", True), ("aoti", False)])
+def test_an_aoti_program_is_never_probed_with_sizes_it_named_apart_varying_alone(monkeypatch, backend, apart):
+    """A failed check in an AOTInductor kernel ends the process (it runs in OpenMP's threads, where
+    the error reaches std::terminate): the recompile of such a Llama died probing ids 17 long with a
+    mask 16 long. An AOTInductor program sees sizes captured equal varying together only; the
+    runtimes, whose errors are exceptions, are still probed apart."""
+    model, args = Lenient().eval(), (torch.randint(0, 9, (1, 16)), torch.ones(1, 16))
+    seen = []
+
+    def program(*call):
+        seen.append(tuple(tuple(a.shape) for a in call))
+        return model(*call)
+
+    fake = lambda *a, **k: (program, "first", [["", "s0"], ["", "s1"]])        # noqa: E731
+    monkeypatch.setattr(other_shapes, "_aoti_program", fake)
+    monkeypatch.setattr(other_shapes, "_runtime_program", fake)
+    from cuvil_pgc.recompile.apply import ScopeInputs
+
+    other_shapes.build_other_shapes(model, model, Candidate("", backend), ScopeInputs(args), key="k",
+                                    rtol=None, atol=None)
+    assert any(ids[1] != mask[1] for ids, mask in seen) is apart, seen

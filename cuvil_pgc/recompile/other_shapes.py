@@ -144,7 +144,11 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
     if not any(name for sizes in free for name in sizes):
         raise OtherShapesError("the exporter fixed every input dimension (the program allows no other sizes)")
     free = _at_positions(inputs.args, free)
-    names, ranges = _check(runner, module, inputs.args, free, rtol, atol)
+    # an AOTInductor kernel checks its index arithmetic inside OpenMP's threads, where a failed
+    # check ends the process (std::terminate): it is never probed with sizes it named apart
+    # varying alone (a Llama returning its cache accepted token ids one longer than their mask in
+    # eager; the package aborted the recompile)
+    names, ranges = _check(runner, module, inputs.args, free, rtol, atol, alone_probes=cand.backend != "aoti")
     return OtherShapes(runner, [None if a is None else (a.dtype, tuple(name or n for name, n in zip(dims, a.shape,
                                                                                                    strict=True)))
                                 for a, dims in zip(inputs.args, names, strict=True)], ranges, first)
@@ -238,7 +242,8 @@ def free_dimensions(onnx_path: str, count: int) -> list[list[str]]:
 
 
 def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free: list[list[str]],
-           rtol: float | None, atol: float | None) -> tuple[list[list[str]], dict[str, tuple[int, int]]]:
+           rtol: float | None, atol: float | None,
+           alone_probes: bool = True) -> tuple[list[list[str]], dict[str, tuple[int, int]]]:
     """The accuracy guard at the captured inputs and at other sizes: (each input's dimensions as the
     name of a size that varies, "" where it stays fixed; each name's range of sizes checked).
 
@@ -252,7 +257,8 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     runtime may answer it anyway or be left in a broken state). Checking both ends catches a
     forward that branches on the size. A named size at which the program fails or answers
     differently stays fixed; then all that vary change together once. The captured values are
-    tiled or cropped, so token ids stay valid ids."""
+    tiled or cropped, so token ids stay valid ids. Without ``alone_probes`` the sizes captured
+    equal always vary together."""
     _compare(runner, module, args, rtol, atol)
     captured = {name: n for a, dims in zip(args, free, strict=True) if a is not None
                 for name, n in zip(dims, a.shape, strict=True) if name}
@@ -268,7 +274,8 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     # batch, so the mask's batch could change alone, the ids' had no partner and stayed fixed, and
     # every batched call of a Hugging Face encoder ran the original module.
     by_size: dict[int, str] = {}
-    group = {name: name if n != 1 and alone(name) else by_size.setdefault(n, name) for name, n in captured.items()}
+    group = {name: name if n != 1 and alone_probes and alone(name) else by_size.setdefault(n, name)
+             for name, n in captured.items()}
     named = [[group[name] if name else "" for name in dims] for dims in free]
     ranges: dict[str, tuple[int, int]] = {}
     refused = []
