@@ -387,3 +387,26 @@ def test_an_aoti_program_is_never_probed_with_sizes_it_named_apart_varying_alone
     other_shapes.build_other_shapes(model, model, Candidate("", backend), ScopeInputs(args), key="k",
                                     rtol=None, atol=None)
     assert any(ids[1] != mask[1] for ids, mask in seen) is apart, seen
+
+
+class MaskAtLeast(nn.Module):
+    """Takes a mask longer than its ids (it crops it), not ids longer than their mask."""
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return ids.float() * mask[:, :ids.shape[1]]
+
+
+def test_a_size_that_cannot_change_alone_ties_the_sizes_captured_equal_that_could(monkeypatch):
+    """The ids' length could not change alone, the mask's could: each varied alone, the ids only
+    up to the mask's captured length and the mask only down to it, so a call at any other length
+    ran the original module. Both now vary together."""
+    model, args = MaskAtLeast().eval(), (torch.randint(0, 9, (1, 16)), torch.ones(1, 16))
+    fake = lambda *a, **k: (model, "first", [["", "s0"], ["", "s1"]])        # noqa: E731
+    monkeypatch.setattr(other_shapes, "_runtime_program", fake)
+    from cuvil_pgc.recompile.apply import ScopeInputs
+
+    shapes = other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
+                                             rtol=None, atol=None)
+    for n in (9, 20):
+        call = (torch.randint(0, 9, (1, n)), torch.ones(1, n))
+        assert shapes.fits(call), shapes.misfit(call)

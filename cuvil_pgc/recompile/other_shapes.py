@@ -273,9 +273,14 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     # vary together, never alone: in eager a batch-1 attention mask broadcasts over ids of any
     # batch, so the mask's batch could change alone, the ids' had no partner and stayed fixed, and
     # every batched call of a Hugging Face encoder ran the original module.
+    # A size that cannot change alone ties every size captured equal to it, those that could
+    # change alone too: a Llama took a mask longer than its ids but not ids longer than their mask,
+    # and with only the ids' size tied (to nothing) neither varied with the other, so every call at
+    # another length ran the original module.
+    solo = {name: n != 1 and alone_probes and alone(name) for name, n in captured.items()}
+    tied = {n for name, n in captured.items() if not solo[name]}
     by_size: dict[int, str] = {}
-    group = {name: name if n != 1 and alone_probes and alone(name) else by_size.setdefault(n, name)
-             for name, n in captured.items()}
+    group = {name: by_size.setdefault(n, name) if n in tied else name for name, n in captured.items()}
     named = [[group[name] if name else "" for name in dims] for dims in free]
     ranges: dict[str, tuple[int, int]] = {}
     refused = []
