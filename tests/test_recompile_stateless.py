@@ -152,3 +152,38 @@ def test_outputs_that_differ_only_on_the_first_call_are_not_random():
     model = DiffersOnlyOnItsFirstCall().eval()
     check_stateless(model, (torch.randn(2, 8),))
     assert model.calls == 3
+
+
+class AddsToItsFeatures(nn.Module):
+    """As sentence-transformers' modules do: the features dict in, the same dict out, embeddings added."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 4)
+
+    def forward(self, features: dict) -> dict:
+        features["token_embeddings"] = self.emb(features["input_ids"])
+        features["sentence_embedding"] = features["token_embeddings"].mean(1)
+        return features
+
+
+class Copying(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, features: dict) -> dict:
+        return self.model(dict(features))
+
+
+def test_a_forward_adding_to_its_input_dict_is_refused_with_the_wrapper_and_the_dict_put_back():
+    """The search's calls grew the example dict, the build was made for a dict with the embeddings
+    in it, and no call of the user's (ids and mask only) ever matched it: every one ran eagerly."""
+    features = {"input_ids": torch.randint(0, 20, (2, 5)), "attention_mask": torch.ones(2, 5)}
+    given = dict(features)
+    with pytest.raises(RecompileError, match=r"changes the entries of the dict input\[0\] \('sentence_embedding', "
+                                             r"'token_embeddings'\) on every call") as err:
+        check_stateless(AddsToItsFeatures().eval(), (features,))
+    assert "self.model(dict(features))" in err.value.fix
+    assert features.keys() == given.keys() and all(features[k] is v for k, v in given.items())
+    check_stateless(Copying(AddsToItsFeatures()).eval(), (features,))           # the fix it names passes

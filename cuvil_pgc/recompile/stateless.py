@@ -13,6 +13,12 @@ earlier state, and the user read "fails the accuracy guard ... off by up to nan"
 not snapshotted: copying a large model's weights would double its memory, and a forward that
 rewrites its own weights is rare enough to be left to the guard.
 
+So are the entries of a dict or list among the inputs: sentence-transformers' modules add their
+embeddings to the features dict they are given. The search's calls grew the example dict, the build
+was made for a dict holding the embeddings, and no call of the user's matched it, so every call ran
+the original module. Such a forward is refused, with the wrapper that hands it a copy, and the dict
+is put back as it was.
+
 The random generator is such state too. A forward that draws from it (noise added at inference,
 a sampled latent, ``torch.multinomial``) returns other outputs on every call, and no program
 draws what eager drew: ONNX Runtime, OpenVINO and Inductor have random generators of their own.
@@ -39,9 +45,11 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     beyond the accuracy guard (``rtol``/``atol``, see :mod:`.accuracy`), and differ again on a
     third call (a first call may warm something up), raise :class:`RecompileError`: the forward
     draws random numbers."""
+    containers = _containers(inputs, "input")
     original = _tracked(model, inputs)
     at_start = _values(original)
     first = _call(model, inputs)
+    _check_containers(containers)
     settled = _values(_tracked(model, inputs))
     second = _call(model, inputs)
     now = _tracked(model, inputs)
@@ -62,6 +70,51 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
         fix="recompile a submodule whose forward leaves its buffers and inputs as it found them, or move the "
             "state out of the forward (clone an input before changing it; keep counters and caches outside the "
             "model)")
+
+
+def _containers(value: Any, where: str) -> list[tuple[str, Any, Any]]:
+    """Each dict and list among the inputs: (where, the container, a shallow copy of it)."""
+    if type(value) is dict:
+        return [(where, value, dict(value))] + [c for k, v in value.items() for c in _containers(v, f"{where}[{k!r}]")]
+    if type(value) in (list, tuple):
+        inner = [c for i, v in enumerate(value) for c in _containers(v, f"{where}[{i}]")]
+        return ([(where, value, list(value))] if type(value) is list else []) + inner
+    return []
+
+
+def _check_containers(containers: list[tuple[str, Any, Any]]) -> None:
+    """Raise RecompileError, once every container is put back, where the call added, removed or
+    replaced an entry of a dict or list among the inputs (sentence-transformers' modules add their
+    embeddings to the features dict they are given). The search's calls would grow the example
+    inputs, the build would be made for those, and no call of the user's would match it: every
+    one ran the original module."""
+    changed = [(where, now, before) for where, now, before in containers if _changed(now, before)]
+    if not changed:
+        return
+    where, now, before = changed[0]
+    keys = sorted(set(now) ^ set(before), key=str) if type(now) is dict else []
+    kind = type(now).__name__
+    for _, now, before in containers:
+        if type(now) is dict:
+            now.clear()
+            now.update(before)
+        else:
+            now[:] = before
+    added = f" ({', '.join(map(repr, keys[:4]))})" if keys else ""
+    raise RecompileError(
+        f"the model's forward changes the entries of the {kind} {where}{added} on every call; a "
+        "build is made for the inputs a call passes, and recompile's calls would have changed them (recompile "
+        "put them back)",
+        fix="recompile a module whose forward gets a copy: class Copying(nn.Module): def __init__(self, model): "
+            "super().__init__(); self.model = model; def forward(self, features): return self.model(dict(features)) "
+            "(sentence-transformers' modules add their outputs to the features dict they are given), and load and "
+            "call that module")
+
+
+def _changed(now: Any, before: Any) -> bool:
+    if type(now) is dict:
+        return now.keys() != before.keys() or any(now[k] is not v for k, v in before.items())
+    return len(now) != len(before) or any(a is not b for a, b in zip(now, before, strict=True))
 
 
 def _tracked(model: torch.nn.Module, inputs: tuple[Any, ...]) -> dict[str, torch.Tensor]:
