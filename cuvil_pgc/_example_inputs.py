@@ -51,8 +51,9 @@ def inputs_hint(given: Any, model: Any = None) -> str:
                     f"of the forward (after a *), and a build is made for the inputs a call passes by position: wrap "
                     f"the model in a module whose forward takes them by position (def forward(self, {names}): "
                     f"return self.model({', '.join(f'{k}={k}' for k in keyword_only[:4])}))")
-        others = [repr(k) for k in given if params is not None and k not in params]
-        configured = _config_flags(model, [k for k in given if params is not None and k not in params], given)
+        extra = [k for k in given if params is not None and k not in params]
+        others = [repr(k) for k in extra]
+        configured = _config_flags(model, extra, given)
         if others and params and configured:
             one, names = len(configured) == 1, ", ".join(repr(k) for k in configured)
             sets = "; ".join(f"model.config.{k} = {given[k]!r}" for k in configured)

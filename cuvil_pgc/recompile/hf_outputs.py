@@ -21,6 +21,7 @@ import dataclasses
 import sys
 from collections import OrderedDict
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -42,17 +43,17 @@ def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[Any
     keys, fields = list(spec.context), [f.name for f in dataclasses.fields(cls)]
     if len(keys) != len(leaves) or not set(keys) <= set(fields):
         return None
-    # ("o", (first, ObjectLeaf)): a decoder's cache, rebuilt around the outputs from ``first`` on
-    pairs = [(key, index if kind == "t" else -1, None if kind == "t" else index[1])
-             for key, (kind, index) in zip(keys, leaves, strict=True)]
+    # an output tensor, or ("o", ObjectLeaf): a decoder's cache, rebuilt around the outputs
+    pairs = [(key, itemgetter(value) if kind == "t" else value.build)
+             for key, (kind, value) in zip(keys, leaves, strict=True)]
     new, set_item, empty = cls.__new__, OrderedDict.__setitem__, dict.fromkeys(fields)
 
     def build(outputs: list[Any]) -> Any:
         obj = new(cls)
         attrs = obj.__dict__
         attrs.update(empty)
-        for key, index, opened in pairs:
-            value = outputs[index] if opened is None else opened.build(outputs)
+        for key, get in pairs:
+            value = get(outputs)
             attrs[key] = value
             set_item(obj, key, value)
         return obj

@@ -49,8 +49,8 @@ class OutputTemplate:
     constant, and each output tensor's shape and dtype (what a runner allocates)."""
 
     spec: Any                               # pytree TreeSpec
-    #: ("t", index into the runtime's outputs) | ("c", constant) | ("o", (first index, ObjectLeaf)):
-    #: an object holding tensors the pytree does not open (:mod:`.object_outputs`)
+    #: ("t", index into the runtime's outputs) | ("c", constant) | ("o", ObjectLeaf): an object
+    #: holding tensors the pytree does not open (:mod:`.object_outputs`)
     leaves: list[tuple[str, Any]]
     tensors: list[tuple[tuple[int, ...], torch.dtype]]
 
@@ -73,8 +73,8 @@ class OutputTemplate:
                 leaves.append(("t", len(tensors)))
                 tensors.append((tuple(leaf.shape), leaf.dtype))
             elif (opened := ObjectLeaf.of(leaf, first=len(tensors))) is not None:
-                leaves.append(("o", (len(tensors), opened)))
-                tensors.extend((tuple(t.shape), t.dtype) for t in output_tensors(leaf))
+                leaves.append(("o", opened))
+                tensors.extend(opened.tensors)
             else:
                 leaves.append(("c", leaf))
         return cls(spec, leaves, tensors)
@@ -94,7 +94,7 @@ class OutputTemplate:
         return self._unflatten(outputs)
 
     def _unflatten(self, outputs: list[torch.Tensor]) -> Any:
-        return pytree.tree_unflatten([outputs[v] if kind == "t" else v[1].build(outputs) if kind == "o"
+        return pytree.tree_unflatten([outputs[v] if kind == "t" else v.build(outputs) if kind == "o"
                                       else v for kind, v in self.leaves], self.spec)
 
     def _prove_hf(self, outputs: list[torch.Tensor]) -> Any:
