@@ -71,7 +71,7 @@ def test_hugging_face_output_capturing_hooks_inside_the_region_s_model_are_its_p
     transformers = pytest.importorskip("transformers")
     from cuvil_pgc.recompile import recompile
     from cuvil_pgc.recompile.candidates import Candidate
-    from cuvil_pgc.recompile.realized import hooked_inside
+    from cuvil_pgc.recompile.region_hooks import hooked_inside
 
     class Hidden(nn.Module):
         def __init__(self, model):

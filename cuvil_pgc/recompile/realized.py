@@ -23,6 +23,7 @@ from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS, forward_parameters
 from cuvil_pgc.recompile.aoti_loader import FastAOTI
 from cuvil_pgc.recompile.index_bounds import array_checks, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
+from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
 from cuvil_pgc.recompile.region_state import load_into_original, state_dict_as_original
 
 log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warnings always had
@@ -414,12 +415,6 @@ def _is_dynamo_module(program: Any) -> bool:
     return eval_frame is not None and isinstance(program, eval_frame.OptimizedModule)
 
 
-def _torch_own(hook: Any) -> bool:
-    """Whether a hook is torch's own (defined in a ``torch`` module), not the user's."""
-    owner = getattr(hook, "__module__", None) or type(hook).__module__
-    return owner == "torch" or owner.startswith("torch.")
-
-
 def _is_default(value: Any, default: Any) -> bool:
     """Whether a keyword argument repeats its parameter's default (None, a flag, a number, a string)."""
     if value is default:
@@ -467,44 +462,6 @@ _Tensor = torch.Tensor
 #: whether autocast is on for any device: a build computes in the precision it was built with, so
 #: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
-
-
-def hooked_inside(module: nn.Module) -> str | None:
-    """The first module inside ``module`` (itself included, as ``the original module``) with a
-    forward or forward-pre hook that is neither torch's own nor a Hugging Face output-capturing hook
-    whose model is inside ``module`` too (:func:`_captured_by_the_program`), or None."""
-    for name, inner in module.named_modules():
-        for hooks in (inner._forward_pre_hooks, inner._forward_hooks):
-            if any(not _torch_own(hook) and not _captured_by_the_program(hook, module, name)
-                   for hook in hooks.values()):
-                return repr(name) if name else "the original module"
-    return None
-
-
-#: where transformers (5 and later) defines the hooks it installs on a model's layers the first time
-#: a call asks for ``output_hidden_states`` or ``output_attentions``
-HF_OUTPUT_CAPTURING = "transformers.utils.output_capturing"
-
-
-def _captured_by_the_program(hook: Any, region: nn.Module, name: str) -> bool:
-    """Whether ``hook`` (on the module at ``name`` inside ``region``) is a Hugging Face
-    output-capturing hook of a model that is itself inside the region. Such a hook does nothing
-    unless its model's forward has a collector active, and whatever it collects goes into that
-    forward's output: a program exported from the region traced it into its outputs. (Inside a
-    region below the model, the collector belongs to a forward outside it, and the hook must run.)"""
-    if getattr(hook, "__module__", None) != HF_OUTPUT_CAPTURING:
-        return False
-    parts = name.split(".") if name else []
-    for depth in range(len(parts) + 1):
-        owner = region.get_submodule(".".join(parts[:depth]))
-        if any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.") for c in type(owner).__mro__):
-            return True
-    return False
-
-
-def hook_reason(hooked: str) -> str:
-    return (f"a hook is registered on {hooked}, which the build's programs do not call (the original module "
-            "does, as long as the hook stays)")
 
 
 def first_fallback(module: nn.Module) -> str | None:

@@ -1,0 +1,59 @@
+"""Which hooks keep a compiled region from running its program.
+
+A build's programs (an AOTInductor package, an ONNX Runtime or OpenVINO graph) do not call the
+forward hooks and forward-pre hooks registered on the modules inside a region: a region holding a
+user's hook runs its original module, so the hook runs (the search lists it as ``runs_original``,
+:class:`~.realized.CompiledRegion` checks again at run time). Torch's own hooks, and Hugging Face's
+output-capturing hooks whose model is inside the region (what they collect goes into the
+program's outputs), do not count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+
+def hooked_inside(module: nn.Module) -> str | None:
+    """The first module inside ``module`` (itself included, as ``the original module``) with a
+    forward or forward-pre hook that is neither torch's own nor a Hugging Face output-capturing hook
+    whose model is inside ``module`` too (:func:`_captured_by_the_program`), or None."""
+    for name, inner in module.named_modules():
+        for hooks in (inner._forward_pre_hooks, inner._forward_hooks):
+            if any(not _torch_own(hook) and not _captured_by_the_program(hook, module, name)
+                   for hook in hooks.values()):
+                return repr(name) if name else "the original module"
+    return None
+
+
+#: where transformers (5 and later) defines the hooks it installs on a model's layers the first time
+#: a call asks for ``output_hidden_states`` or ``output_attentions``
+HF_OUTPUT_CAPTURING = "transformers.utils.output_capturing"
+
+
+def _captured_by_the_program(hook: Any, region: nn.Module, name: str) -> bool:
+    """Whether ``hook`` (on the module at ``name`` inside ``region``) is a Hugging Face
+    output-capturing hook of a model that is itself inside the region. Such a hook does nothing
+    unless its model's forward has a collector active, and whatever it collects goes into that
+    forward's output: a program exported from the region traced it into its outputs. (Inside a
+    region below the model, the collector belongs to a forward outside it, and the hook must run.)"""
+    if getattr(hook, "__module__", None) != HF_OUTPUT_CAPTURING:
+        return False
+    parts = name.split(".") if name else []
+    for depth in range(len(parts) + 1):
+        owner = region.get_submodule(".".join(parts[:depth]))
+        if any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.") for c in type(owner).__mro__):
+            return True
+    return False
+
+
+def hook_reason(hooked: str) -> str:
+    return (f"a hook is registered on {hooked}, which the build's programs do not call (the original module "
+            "does, as long as the hook stays)")
+
+
+def _torch_own(hook: Any) -> bool:
+    """Whether a hook is torch's own (defined in a ``torch`` module), not the user's."""
+    owner = getattr(hook, "__module__", None) or type(hook).__module__
+    return owner == "torch" or owner.startswith("torch.")
