@@ -76,7 +76,7 @@ def contender(spec: dict):
         import numpy as np
         import openvino as ov
 
-        from cuvil_pgc.recompile.runtime_region import openvino_config, openvino_input_buffers
+        from cuvil_pgc.recompile.openvino_runner import openvino_config, openvino_input_buffers
 
         core = ov.Core()
         config = openvino_config({"threads": str(spec["threads"])}, "bf16" if kind == "openvino-native" else "fp32")

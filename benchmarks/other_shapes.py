@@ -104,7 +104,7 @@ def _plain_call(backend: str, path: str, threads: int):
         return lambda *xs: [torch.from_numpy(o) for o in session.run(None, {n: t.numpy() for n, t in zip(names, xs, strict=True)})]
     import openvino as ov
 
-    from cuvil_pgc.recompile.runtime_region import openvino_config
+    from cuvil_pgc.recompile.openvino_runner import openvino_config
 
     core = ov.Core()
     request = core.compile_model(core.read_model(path), "CPU", openvino_config({"threads": str(threads)}, "fp32")) \

@@ -127,7 +127,8 @@ def as_a_user_calls_it(region):
     rebuilding (about 6% of a 1 ms model). The same session and compiled model, so the same result."""
     import torch
 
-    from cuvil_pgc.recompile.runtime_region import OpenVinoRunner, OrtRunner
+    from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
+    from cuvil_pgc.recompile.ort_runner import OrtRunner
 
     runner = region.compiled
     if isinstance(runner, OrtRunner):

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves
 
-from cuvil_pgc.recompile import runtime_region
+from cuvil_pgc.recompile import output_template
 from cuvil_pgc.recompile.hf_outputs import same_model_output
-from cuvil_pgc.recompile.runtime_region import OutputTemplate
+from cuvil_pgc.recompile.output_template import OutputTemplate
 
 outputs_mod = pytest.importorskip("transformers.modeling_outputs")
 
@@ -45,7 +45,7 @@ def test_a_model_output_is_rebuilt_equal_to_its_constructors(make, monkeypatch):
 def test_a_fast_build_that_disagrees_with_the_constructor_is_dropped(monkeypatch):
     template = OutputTemplate.of(outputs_mod.BaseModelOutput(last_hidden_state=torch.randn(2, 3)))
     assert template._hf is not None
-    monkeypatch.setattr(runtime_region, "same_model_output", lambda fast, reference: False)
+    monkeypatch.setattr(output_template, "same_model_output", lambda fast, reference: False)
     outs = [torch.randn(2, 3)]
     first = template.build(outs)
     assert template._hf is None and first.last_hidden_state is outs[0]

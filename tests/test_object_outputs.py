@@ -15,9 +15,9 @@ from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile.apply import ScopeInputs, realize
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.object_outputs import MAX_DEPTH, ObjectLeaf, output_tensors
+from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.output_values import check_constant_outputs
 from cuvil_pgc.recompile.realized import ExportError
-from cuvil_pgc.recompile.runtime_region import OutputTemplate
 from tests._service import run_service
 
 

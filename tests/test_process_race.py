@@ -258,7 +258,7 @@ def test_an_output_structure_that_cannot_be_written_down_races_as_a_tuple_of_its
     from dataclasses import dataclass
 
     from cuvil_pgc.recompile.object_outputs import output_tensors
-    from cuvil_pgc.recompile.runtime_region import OutputTemplate
+    from cuvil_pgc.recompile.output_template import OutputTemplate
     from cuvil_pgc.recompile.standalone import standalone_spec
 
     @dataclass

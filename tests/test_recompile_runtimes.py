@@ -83,7 +83,7 @@ def test_a_gpu_machine_with_the_cpu_onnxruntime_package_gets_no_ort_candidates_a
         monkeypatch, tmp_path):
     import onnxruntime
 
-    from cuvil_pgc.recompile.runtime_region import OrtRunner
+    from cuvil_pgc.recompile.ort_runner import OrtRunner
 
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
     runtimes.reset()
@@ -182,7 +182,7 @@ def test_openvino_copies_small_inputs_into_its_buffers_and_shares_large_ones_eve
     """Small inputs are copied into the infer request's own buffers (binding new memory each call
     costs more than the copy), large ones shared; either way each call reads that call's inputs,
     and an earlier call's output is not overwritten by the next."""
-    from cuvil_pgc.recompile.runtime_region import openvino_input_buffers
+    from cuvil_pgc.recompile.openvino_runner import openvino_input_buffers
 
     torch.manual_seed(0)
     model = SmallAndLarge().eval()
@@ -299,7 +299,7 @@ def test_the_lean_openvino_call_matches_the_checked_one_and_steps_aside_for_othe
 
 
 def test_the_lean_call_falls_back_to_the_public_run_where_a_session_has_no_compiled_one():
-    from cuvil_pgc.recompile.runtime_region import _compiled_run
+    from cuvil_pgc.recompile.ort_runner import _compiled_run
 
     class Bare:
         def run(self, names, feeds, options=None):
@@ -314,7 +314,7 @@ def test_the_lean_call_falls_back_to_the_public_run_where_a_session_has_no_compi
 
 
 def test_the_openvino_call_falls_back_to_the_public_infer_where_a_request_has_no_compiled_one():
-    from cuvil_pgc.recompile.runtime_region import _native_infer
+    from cuvil_pgc.recompile.openvino_runner import _native_infer
 
     class Public:                                  # not an openvino._pyopenvino.InferRequest
         def infer(self, inputs=None, share_inputs=False, share_outputs=False, *, decode_strings=True):
@@ -614,7 +614,7 @@ def test_a_tensorrt_build_for_another_gpu_or_version_is_refused_before_its_engin
 @needs_ort
 def test_ort_on_cuda_uses_the_cuda_and_tensorrt_providers(monkeypatch, tmp_path):
     """The execution provider knob picks ONNX Runtime's providers (a fake session records them)."""
-    from cuvil_pgc.recompile import runtime_region
+    from cuvil_pgc.recompile import ort_runner
 
     seen = {}
 
@@ -633,7 +633,7 @@ def test_ort_on_cuda_uses_the_cuda_and_tensorrt_providers(monkeypatch, tmp_path)
     monkeypatch.setattr(onnxruntime, "InferenceSession", FakeSession)
     monkeypatch.setattr(onnxruntime, "get_available_providers",      # onnxruntime-gpu's
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
-    runtime_region.OrtRunner(str(tmp_path / "m.onnx"), {"ep": "tensorrt", "threads": "3"}, None)
+    ort_runner.OrtRunner(str(tmp_path / "m.onnx"), {"ep": "tensorrt", "threads": "3"}, None)
     assert seen == {"providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
                     "threads": 3}
 
@@ -667,7 +667,8 @@ def test_a_build_choosing_a_configuration_with_unknown_fields_is_refused_not_sil
 def test_knobs_become_the_runtimes_own_options():
     import onnxruntime as ort
 
-    from cuvil_pgc.recompile.runtime_region import openvino_config, ort_session_options
+    from cuvil_pgc.recompile.openvino_runner import openvino_config
+    from cuvil_pgc.recompile.ort_runner import ort_session_options
 
     so = ort_session_options(ort, {"opt": "basic", "exec": "parallel", "threads": "2", "spin": "off"})
     assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -689,8 +690,8 @@ def test_an_ort_region_inside_the_model_stops_spinning_when_its_run_returns():
     same cores: a ViT with one layer on ONNX Runtime at 2 threads ran up to 2.8x slower than eager."""
     import onnxruntime as ort
 
+    from cuvil_pgc.recompile.ort_runner import measuring_in_process, ort_session_options
     from cuvil_pgc.recompile.runtime_build import knobs_of
-    from cuvil_pgc.recompile.runtime_region import measuring_in_process, ort_session_options
 
     assert knobs_of(Candidate("encoder.layer.0", "ort")) == {"spin": "run"}
     assert knobs_of(Candidate("encoder", "ort", knobs=(("spin", "off"),))) == {"spin": "off"}
@@ -853,7 +854,7 @@ def test_output_template_shortcuts_build_what_the_pytree_builds():
 
     from torch.utils import _pytree as pytree
 
-    from cuvil_pgc.recompile.runtime_region import OutputTemplate
+    from cuvil_pgc.recompile.output_template import OutputTemplate
 
     a, b = torch.ones(1), torch.ones(2)
     pair = namedtuple("pair", "x y")

@@ -47,7 +47,7 @@ def test_a_recompile_leaves_torchs_random_generator_and_onnx_runtimes_spinning_a
     sessions made after it, as a service's, spin as their plan says."""
     import onnxruntime as ort
 
-    from cuvil_pgc.recompile.runtime_region import ort_session_options
+    from cuvil_pgc.recompile.ort_runner import ort_session_options
 
     torch.manual_seed(0)
     model, x = _Small().eval(), torch.randn(2, 12)

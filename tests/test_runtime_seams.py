@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from cuvil_pgc.recompile import runtimes
-from cuvil_pgc.recompile.runtime_region import OrtRunner, OutputTemplate
+from cuvil_pgc.recompile.ort_runner import OrtRunner
+from cuvil_pgc.recompile.output_template import OutputTemplate
 
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
 

@@ -6,7 +6,7 @@ packaging ("Can't serialize TreeSpec of namedtuple class"), and a package return
 output (``{"n": 3}``) as a tensor; no AOTInductor candidate of such a region was built. Such a
 region is packaged as :class:`TensorOutputs` (the tensors of its output, as the ONNX export
 flattens them too) and run behind :class:`TensorOutputsAOTI`, whose
-:class:`~.runtime_region.OutputTemplate` puts them back; a build records it in its plan choice's
+:class:`~.output_template.OutputTemplate` puts them back; a build records it in its plan choice's
 ``runtime`` (plan.json format 3, see :data:`~.plan_doc.TENSOR_OUTPUTS_FORMAT`).
 """
 
@@ -20,8 +20,9 @@ from torch.utils import _pytree as pytree
 
 from cuvil_pgc.recompile.aoti_loader import FastAOTI, load_aoti_package
 from cuvil_pgc.recompile.object_outputs import is_output_leaf, output_tensors
+from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.output_values import check_constant_outputs
-from cuvil_pgc.recompile.runtime_region import OutputTemplate, RuntimeRunner
+from cuvil_pgc.recompile.runtime_region import RuntimeRunner
 
 #: what a package of the region's output tensors adds to its cache key (the region's own package
 #: and the one for other input sizes): a package cached by a version that packaged the whole output
@@ -33,7 +34,7 @@ class TensorOutputs(nn.Module):
     """The region with its output flattened to the tensors in it (those inside an object the
     pytree leaves whole too, see :mod:`.object_outputs`): what an ONNX graph can return,
     and what an AOTInductor package returns where its call spec cannot record the structure; the
-    runner's :class:`~.runtime_region.OutputTemplate` puts them back into the original structure."""
+    runner's :class:`~.output_template.OutputTemplate` puts them back into the original structure."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()

@@ -129,7 +129,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
     import torch
 
     from cuvil_pgc._threads import torch_threads
-    from cuvil_pgc.recompile.runtime_region import measuring_in_process
+    from cuvil_pgc.recompile.ort_runner import measuring_in_process
 
     # The search draws random inputs and Inductor's autotuning random tensors from torch's global
     # generator: a caller that seeded torch gets the same random numbers after a recompile as before.

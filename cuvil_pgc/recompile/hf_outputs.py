@@ -11,7 +11,7 @@ runtime called plainly, which returns bare arrays).
 :func:`fast_builder` builds the same object directly: every dataclass field set as an attribute
 (None where the output has none), the present ones as items, in field order, which is what the
 constructor leaves for tensor outputs. A builder must prove itself: the caller
-(:class:`~.runtime_region.OutputTemplate`) builds its first output both ways and keeps it only
+(:class:`~.output_template.OutputTemplate`) builds its first output both ways and keeps it only
 where :func:`same_model_output` finds the two alike.
 """
 

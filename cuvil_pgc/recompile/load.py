@@ -241,8 +241,8 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
     from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS
     from cuvil_pgc.recompile.matching import structural_hash
     from cuvil_pgc.recompile.other_shapes import load_other_shapes
+    from cuvil_pgc.recompile.output_template import OutputTemplate
     from cuvil_pgc.recompile.runtime_build import load_region
-    from cuvil_pgc.recompile.runtime_region import OutputTemplate
 
     artifact_backends = ("aoti", *RUNTIME_BACKENDS)
     for choice in plan.choices:

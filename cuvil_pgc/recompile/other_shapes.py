@@ -34,6 +34,9 @@ from torch import nn
 
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.accuracy import check_outputs
+from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
+from cuvil_pgc.recompile.ort_runner import OrtRunner
+from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.runtime_build import (
     ARTIFACT_SUFFIXES,
     artifact_path,
@@ -41,7 +44,6 @@ from cuvil_pgc.recompile.runtime_build import (
     export_onnx,
     knobs_of,
 )
-from cuvil_pgc.recompile.runtime_region import OpenVinoRunner, OrtRunner, OutputTemplate
 
 log = logging.getLogger(__name__)
 
@@ -390,7 +392,7 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
     ``vb``. A malformed record is warned about and left out (the region then runs the original
     module for other sizes, as a build without one does)."""
     from cuvil_pgc.recompile.aoti_outputs import TensorOutputsAOTI
-    from cuvil_pgc.recompile.runtime_region import TENSOR_DTYPES
+    from cuvil_pgc.recompile.output_template import TENSOR_DTYPES
 
     record = choice.other_shapes
     cand = choice.candidate

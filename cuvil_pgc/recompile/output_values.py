@@ -3,7 +3,7 @@
 An ONNX, OpenVINO or TensorRT graph returns tensors only, as does an AOTInductor package of a
 region's output tensors (:mod:`.aoti_outputs`). The runner puts every other leaf of the
 original output back as a constant: the value the example call returned (see
-:class:`~.runtime_region.OutputTemplate`). That is right for what the export fixes anyway (None,
+:class:`~.output_template.OutputTemplate`). That is right for what the export fixes anyway (None,
 a shape, a flag from the module's configuration) and wrong for a value computed from the inputs'
 values (``probs.max().item()``, ``bool(x.sum() > 0)``): the build would return the example's
 value for every input. An object holding tensors that :mod:`.object_outputs` opens (a Hugging Face

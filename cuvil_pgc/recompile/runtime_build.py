@@ -39,13 +39,11 @@ from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.index_bounds import index_bounds
+from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
+from cuvil_pgc.recompile.ort_runner import OrtRunner
+from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.output_values import check_constant_outputs
-from cuvil_pgc.recompile.runtime_region import (
-    OpenVinoRunner,
-    OrtRunner,
-    OutputTemplate,
-    TensorRTRunner,
-)
+from cuvil_pgc.recompile.runtime_region import TensorRTRunner
 from cuvil_pgc.recompile.torchscript_onnx import export_torchscript, export_traced, scripted_submodule
 
 log = logging.getLogger(__name__)

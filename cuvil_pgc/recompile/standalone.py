@@ -74,7 +74,7 @@ def _flat(template: Any) -> dict[str, Any] | None:
     cannot rebuild (one that cannot be written down, or a Hugging Face ``ModelOutput``, whose
     class the worker has not imported): it then times the runtime and a cheap output instead of
     the structure's, alike for every plan it races."""
-    from cuvil_pgc.recompile.runtime_region import OutputTemplate
+    from cuvil_pgc.recompile.output_template import OutputTemplate
 
     return OutputTemplate.of(tuple(torch.empty(shape, dtype=dtype) for shape, dtype in template.tensors)).to_json()
 
@@ -162,8 +162,8 @@ def region(spec: dict[str, Any]) -> nn.Module:
     module it falls back to for other inputs is a stand-in: the worker checks it never does."""
     from cuvil_pgc.recompile.apply import realize
     from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.output_template import OutputTemplate
     from cuvil_pgc.recompile.runtime_build import runtime_region
-    from cuvil_pgc.recompile.runtime_region import OutputTemplate
 
     cand = Candidate.from_json(spec["candidate"])
     template = None
