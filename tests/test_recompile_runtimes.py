@@ -200,6 +200,40 @@ def test_openvino_copies_small_inputs_into_its_buffers_and_shares_large_ones_eve
         torch.testing.assert_close(runner.run([ids, image])[0], model(ids, image), rtol=1e-4, atol=1e-4)
 
 
+@needs_ort
+@needs_ov
+@pytest.mark.parametrize("backend", ["ort", "openvino"])
+def test_a_region_called_from_several_threads_at_once_answers_each_call_with_its_own_inputs(backend):
+    """A service calls its model from a pool of threads. OpenVINO's one infer request, whose input
+    buffers every call copies into, serves one call at a time; ONNX Runtime's session runs calls
+    side by side. Either way each thread gets the answer to its own inputs."""
+    import threading
+
+    torch.manual_seed(0)
+    model = SmallAndLarge().eval()
+    region = realize(model, Candidate("", backend), ScopeInputs((torch.randint(0, 50, (1, 32)),
+                                                                 torch.randn(1, 3, 96, 96))), machine="t").module
+    calls = [[(torch.randint(0, 50, (1, 32)), torch.randn(1, 3, 96, 96)) for _ in range(40)] for _ in range(4)]
+    with torch.no_grad():
+        wanted = [[model(*c) for c in thread] for thread in calls]
+    got: list[list[torch.Tensor]] = [[] for _ in calls]
+    start = threading.Barrier(len(calls))
+
+    def serve(i: int) -> None:
+        start.wait()
+        with torch.no_grad():
+            got[i].extend(region(*c) for c in calls[i])
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert region.fallback_calls == 0 and [len(g) for g in got] == [40] * 4
+    for mine, want in zip(got, wanted, strict=True):
+        for out, ref in zip(mine, want, strict=True):
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
 @needs_ov
 def test_an_openvino_region_of_a_bf16_model_takes_and_returns_bf16():
     """A model cast to bf16 whole (``model.to(torch.bfloat16)``): NumPy holds bf16 as raw 16-bit
