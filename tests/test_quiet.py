@@ -80,13 +80,16 @@ def test_recompile_prints_the_log_path_and_keeps_stdout_clean(tmp_path, monkeypa
     monkeypatch.setattr(build_mod, "recompile", fake_recompile)
     trace = tmp_path / "t.trace.json"
     trace.write_text("{}")
-    out = str(tmp_path / "model.cuvilpkg")
+    deep = tmp_path / ("a_directory_" * 8)        # the log's path is wider than the terminal
+    deep.mkdir()
+    out = str(deep / "model.cuvilpkg")
     result = CliRunner().invoke(app, ["recompile", str(trace), "--model", "cuvil_pgc.zoo:mlp", "-o", out],
                                 env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert "AUTOTUNE" not in result.stdout and "recompile plan" in result.stdout
-    assert log_path_for(out) == str(tmp_path / "model.build.log")
+    assert log_path_for(out) == str(deep / "model.build.log") and len(log_path_for(out)) > 80
     assert f"lines): {log_path_for(out)}" in " ".join(result.stderr.split())    # wrapped at words
+    assert log_path_for(out) in result.stderr.splitlines()       # on a line of its own, whole: it can be copied
     assert all(len(line) <= 80 or " " not in line for line in result.stderr.splitlines())
     assert "API call failed" in open(log_path_for(out)).read()
 
