@@ -1,6 +1,7 @@
-"""Ids outside an embedding table (:mod:`cuvil_pgc.recompile.index_bounds`): eager raises
-IndexError, ONNX Runtime reads a negative id from the table's end and OpenVINO answers any id with
-numbers, so a runtime region hands such a call to the original module."""
+"""Indices outside what they index (:mod:`cuvil_pgc.recompile.index_bounds`): eager raises
+IndexError; ONNX Runtime reads a negative id from a table's end, OpenVINO answers any index with
+numbers, and an AOTInductor package aborts the process. So a region hands such a call to the
+original module: ids outside an embedding table, and node ids outside a graph's nodes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from torch import nn
 
 from cuvil_pgc.recompile import recompile, runtimes
 from cuvil_pgc.recompile.candidates import Candidate
-from cuvil_pgc.recompile.index_bounds import index_bounds, out_of_range
+from cuvil_pgc.recompile.index_bounds import IndexBounds, index_bounds, out_of_range, program_index_bounds
+from tests._service import run_service
 
 
 def _graph(tmp_path, nodes, inputs, tables):
@@ -48,7 +50,110 @@ def test_inputs_that_reach_a_table_through_ops_that_only_move_values_are_bounded
     inputs = [("ids", TensorProto.INT64), ("kinds", TensorProto.INT64), ("shifted", TensorProto.INT64),
               ("mask", TensorProto.INT64), ("pos", TensorProto.INT32), ("one", TensorProto.INT64)]
     path = _graph(tmp_path, nodes, inputs, {"words": (100, 4), "small": (30, 4), "types": (2, 4), "cols": (4, 7)})
-    assert index_bounds(path) == {0: 30, 1: 2, 4: 7}
+    assert index_bounds(path) == IndexBounds({0: 30, 1: 2, 4: 7}, frozenset())     # tables of the model's own
+
+
+def test_indices_into_a_tensor_of_the_inputs_are_bounded_by_its_size_for_the_captured_sizes(tmp_path):
+    """A graph network's ``x[src]`` and ``index_add_(0, dst, ...)`` export as GatherND and ScatterND
+    on ``x`` and on a buffer of its rows, their indices a row of the edge list picked with a
+    constant index: bounded by the rows, and *sized* (no bound at other sizes)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    const = [helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.int64), name))
+             for name, v in (("zero", 0), ("one", 1), ("axis", [1]))]
+    nodes = [*const,
+             helper.make_node("Gather", ["edges", "zero"], ["src"]),            # edge_index[0]
+             helper.make_node("Gather", ["edges", "one"], ["dst"]),
+             helper.make_node("Unsqueeze", ["src", "axis"], ["src1"]),
+             helper.make_node("Unsqueeze", ["dst", "axis"], ["dst1"]),
+             helper.make_node("GatherND", ["x", "src1"], ["msg"]),
+             helper.make_node("ScatterND", ["x", "dst1", "msg"], ["agg"], reduction="add"),
+             helper.make_node("GatherND", ["grid", "cells"], ["g"])]             # two axes: the smaller bounds both
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [50, 8]),
+                                           helper.make_tensor_value_info("edges", TensorProto.INT64, [2, 200]),
+                                           helper.make_tensor_value_info("cells", TensorProto.INT64, [6, 2])],
+                              [helper.make_tensor_value_info("agg", TensorProto.FLOAT, [50, 8]),
+                               helper.make_tensor_value_info("g", TensorProto.FLOAT, [6])],
+                              initializer=[numpy_helper.from_array(np.zeros((9, 4), np.float32), "grid")])
+    path = tmp_path / "gnn.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    assert index_bounds(path) == IndexBounds({1: 50, 2: 4}, frozenset({1}))
+
+
+class Graph(nn.Module):
+    """Message passing over an edge list, as a fraud or recommendation service's graph network."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.out = nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        src, dst = edge_index[0], edge_index[1]
+        h = torch.relu(self.lin(x))
+        return self.out(torch.zeros_like(h).index_add_(0, dst, h[src]) + h)
+
+
+def test_a_torch_export_program_gives_the_same_bounds():
+    torch.manual_seed(0)
+    exported = torch.export.export(Graph().eval(), (torch.randn(20, 8), torch.randint(0, 20, (2, 40))))
+    assert program_index_bounds(exported) == IndexBounds({1: 20}, frozenset({1}))
+    lookup = torch.export.export(Lookup().eval(), (torch.randint(0, 10, (2, 5)), torch.ones(2, 5, dtype=torch.long)))
+    assert program_index_bounds(lookup) == IndexBounds({0: 10}, frozenset())
+
+
+GRAPH_SERVICE = """
+import json, sys
+import torch
+from cuvil_pgc import load_build
+from tests.test_index_bounds import Graph
+
+model = Graph().eval()
+model.load_state_dict(torch.load(sys.argv[1]))
+fast = load_build(sys.argv[2], model, pubkey=sys.argv[3])
+x, edges = torch.load(sys.argv[4])
+with torch.no_grad():
+    good = float((fast(x, edges) - model(x, edges)).abs().max())
+    bad = edges.clone()
+    bad[1, 7] = x.shape[0]                 # a node id one past the graph's nodes
+    errors = []
+    for run in (model, fast):
+        try:
+            run(x, bad)
+            errors.append(None)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+print(json.dumps({"good": good, "errors": errors, "fallback_calls": fast.fallback_calls,
+                  "applied": fast.cuvil_load_report.applied}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+@pytest.mark.parametrize("backend", ["aoti", "openvino"])
+def test_a_node_id_past_the_graph_raises_eagers_error_in_a_service_instead_of_aborting_it(backend, tmp_path, keys,
+                                                                                           caplog):
+    """Before, AOTInductor's package aborted the service process (its kernel's index check throws
+    inside OpenMP's threads) and OpenVINO answered with numbers. A build made with other sizes on
+    gets none for this region: its bound holds for the captured sizes only."""
+    if backend != "aoti" and not runtimes.check(backend).ok:
+        pytest.skip(f"{backend} not installed")
+    torch.manual_seed(0)
+    model = Graph().eval()
+    x, edges = torch.randn(20, 8), torch.randint(0, 20, (2, 40))
+    with caplog.at_level(logging.WARNING):
+        build = recompile(model, (x, edges), plan={"": Candidate("", backend)}, records=False, deployed_race=False,
+                          rounds=3, dynamic=True)
+    assert build.plan.choices[0].runtime["index_bounds"] == {"1": 20}
+    assert build.plan.choices[0].runtime["sized_index_inputs"] == [1]
+    assert build.module.other_shapes is None and "other sizes run the original module: input 1" in caplog.text
+    path = build.save(tmp_path / "graph.cuvilpkg", signing_key=str(keys[0]))
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    torch.save((x, edges), tmp_path / "inputs.pt")
+    report = run_service(GRAPH_SERVICE, tmp_path / "weights.pt", path, keys[1], tmp_path / "inputs.pt", cwd=tmp_path)
+    assert report["applied"] == [f"<model>: {backend}"] and report["good"] < 1e-4, report
+    eager, built = report["errors"]
+    assert eager is not None and built == eager and report["fallback_calls"] == 1, report    # eager's own error
 
 
 def test_out_of_range_reads_negative_ids_as_out_of_range():
@@ -71,9 +176,11 @@ class Lookup(nn.Module):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("build_env")
-@pytest.mark.parametrize("backend", ["ort", "openvino"])
+@pytest.mark.parametrize("backend", ["ort", "openvino", "aoti"])
 def test_a_runtime_region_hands_ids_outside_the_table_to_the_original_module(backend, caplog):
-    if not runtimes.check(backend).ok:
+    """AOTInductor's package raised for an id outside the table here (its embedding's check runs
+    outside OpenMP's threads); the region checks it before the package's direct call all the same."""
+    if backend != "aoti" and not runtimes.check(backend).ok:
         pytest.skip(f"{backend} not installed")
     torch.manual_seed(0)
     model = Lookup().eval()
@@ -82,6 +189,8 @@ def test_a_runtime_region_hands_ids_outside_the_table_to_the_original_module(bac
                       rounds=3)
     fast = build.module
     assert fast.index_bounds == {0: 10}             # the ids index 10 rows; the mask indexes nothing
+    if backend == "aoti":                           # the package's own call, the ids checked before it
+        assert fast._direct is not None and [(i, rows) for i, _, rows in fast._direct_ids] == [(0, 10)]
     with torch.no_grad():
         assert torch.allclose(fast(ids, mask), model(ids, mask), atol=1e-5)
         for bad in (10, -1):
@@ -91,4 +200,4 @@ def test_a_runtime_region_hands_ids_outside_the_table_to_the_original_module(bac
                 fast(wrong, mask)
         fast(ids, mask * 7)                         # any mask value: the mask indexes no table
     assert fast.fallback_calls == 2
-    assert "input 0 holds an id outside 0-9" in caplog.text
+    assert "input 0 holds an index outside 0-9" in caplog.text

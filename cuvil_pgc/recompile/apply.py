@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from cuvil_pgc.recompile.aoti_outputs import (
 )
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
+from cuvil_pgc.recompile.index_bounds import IndexBounds, program_index_bounds
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.object_outputs import OUTPUTS_VERSION
 from cuvil_pgc.recompile.realized import CompiledRegion, ExportError, Realized
@@ -151,12 +153,13 @@ def prepare_module(module: nn.Module, cand: Candidate, device: str) -> tuple[nn.
 def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, device: str = "cpu",
             machine: str = "", artifact: str | None = None, signature: str | None = None,
             spec: list[list[Any]] | None = None, weights: str | None = None,
-            tensor_outputs: bool = False, template: Any = None) -> Realized:
+            tensor_outputs: bool = False, template: Any = None, index_bounds: IndexBounds | None = None) -> Realized:
     """Build ``cand`` for ``module``; raises whatever the backend raises (the search records it).
 
     ``artifact`` (with ``signature``) loads an existing AOTInductor package instead of compiling
     (``tensor_outputs``: one returning the region's output tensors, restored by ``template`` or
-    learned from the first call, see :func:`~.aoti_outputs.aoti_output_template`); for torch.compile,
+    learned from the first call, see :func:`~.aoti_outputs.aoti_output_template`; ``index_bounds``: the
+    package's, recorded in the plan); for torch.compile,
     which needs no inputs to build, ``signature`` and ``spec`` stand in for the captured inputs'
     where ``inputs`` has none (a loaded build).
     ``weights`` is the module's :func:`weights_digest` where the caller already has it (hashing a
@@ -164,7 +167,7 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     """
     if cand.backend == "aoti" and artifact is not None:
         runner = aoti_runner(artifact, tensor_outputs, template, module)
-        return Realized(CompiledRegion(module, runner, signature, cand.config, spec), artifact)
+        return Realized(CompiledRegion(module, runner, signature, cand.config, spec, index_bounds), artifact)
     if inputs is None:
         raise ValueError(f"{cand.key} needs example inputs or an artifact")
     prepared, applied = prepare_module(module, cand, device)
@@ -175,13 +178,15 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     if cand.backend == "aoti":
         template = aoti_output_template(prepared, inputs)
         path = str(_aoti_path(module, cand, inputs, machine, weights, tensor_outputs=template is not None))
-        if os.path.exists(path):
+        bounds = _cached_bounds(path)
+        if bounds is not None:
             touch(path)                       # least recently used goes first (cuvil_pgc._cache)
         else:
-            _compile_aoti(prepared if template is None else TensorOutputs(prepared), cand, inputs, path)
+            bounds = _compile_aoti(prepared if template is None else TensorOutputs(prepared), cand, inputs, path)
             enforce_limit()
         runner = aoti_runner(path, template is not None, template, module)
-        return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec), path, applied)
+        return Realized(CompiledRegion(module, runner, inputs.signature, cand.config, inputs.spec, bounds), path,
+                        applied)
     if cand.cpp_wrapper:     # its wrapper is Inductor-compiled C++ loaded into this process, as a package is
         share_cxx_runtime()
     compiled = torch.compile(prepared, **_compile_kwargs(cand))
@@ -231,9 +236,32 @@ def _compile_kwargs(cand: Candidate) -> dict[str, Any]:
     return {"options": options} if options else {}
 
 
-def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, path: str) -> None:
+def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, path: str) -> IndexBounds:
+    """Export and package; the program's index bounds are kept beside the package (a cached package
+    is not exported again)."""
     with torch.no_grad():
-        package_aoti(export_program(prepared, inputs), cand, path)
+        exported = export_program(prepared, inputs)
+        bounds = program_index_bounds(exported)
+        package_aoti(exported, cand, path)
+    doc = {"rows": {str(i): n for i, n in bounds.rows.items()}, "sized": sorted(bounds.sized)}
+    Path(_bounds_path(path)).write_text(json.dumps(doc))
+    return bounds
+
+
+def _bounds_path(package: str) -> str:
+    return f"{package}.bounds.json"
+
+
+def _cached_bounds(package: str) -> IndexBounds | None:
+    """The index bounds kept beside a cached package, or None when the package (or, for one cached
+    by an older cuvil-pgc, they) must be made again."""
+    try:
+        if not os.path.exists(package):
+            return None
+        doc = json.loads(Path(_bounds_path(package)).read_text())
+        return IndexBounds({int(i): int(n) for i, n in doc["rows"].items()}, frozenset(int(i) for i in doc["sized"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def export_program(prepared: nn.Module, inputs: ScopeInputs, *, free_sizes: bool = False) -> Any:

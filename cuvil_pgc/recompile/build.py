@@ -234,6 +234,12 @@ def _add_other_shapes(result: Any, device: str, rtol: float | None, atol: float 
         region = getattr(result.realized.get(scope), "module", None)
         if cand.backend not in other_shapes.BACKENDS or region is None:
             continue
+        if region.sized_bounds:
+            log.warning("cuvil-pgc: %s (%s) runs only its captured input sizes, other sizes run the original "
+                        "module: input %s indexes a tensor whose size follows the inputs' (%s), which the program "
+                        "for other sizes could not check", scope or "<model>", cand.config,
+                        ", ".join(map(str, sorted(region.sized_bounds))), "an id past it raises in eager")
+            continue
         inputs = result.scope_inputs[scope]
         prepared, _ = prepare_module(region.original, cand, device)
         key = runtime_key(region.original, cand, inputs, result.machine, result.weights.get(scope))

@@ -1,26 +1,37 @@
-"""Which inputs of an exported region index a table, and how many rows the table has.
+"""Which inputs of an exported region index a tensor, and how many rows it has along that axis.
 
-Eager PyTorch raises ``IndexError`` for a token id outside its embedding table (``0 <= id < N``).
-The runtimes do not: an exported embedding is an ONNX ``Gather``, for which ONNX Runtime reads a
+Eager PyTorch raises ``IndexError`` for an index outside the tensor it indexes: a token id outside
+its embedding table, a node id outside a graph's nodes in ``x[src]`` or ``index_add_``. The
+programs do not: an exported embedding is an ONNX ``Gather``, for which ONNX Runtime reads a
 negative id from the end of the table, and OpenVINO answers any id outside it with numbers
 (measured: ids -1 and 12 into a 10-row table; ONNX Runtime raised only for 12). A service fed a
-tokenizer's ids for another vocabulary would return wrong answers without an error.
+tokenizer's ids for another vocabulary would return wrong answers without an error. A graph
+network's edge list with a node id past its nodes got numbers from OpenVINO, and from an
+AOTInductor package an abort of the whole process (its index check throws inside OpenMP's
+threads: ``terminate called after throwing an instance of 'c10::Error'``).
 
-:func:`index_bounds` finds, in a region's ``.onnx``, each graph input that reaches a ``Gather``
-from a constant table through ops that only move or reshape its values (``view``, ``unsqueeze``,
-``expand``, a slice, an integer cast), and the table's size along the gathered axis. A loaded
-region (:class:`~.realized.CompiledRegion`) checks those inputs on every call and hands a call
-with an id out of range to the original module, which raises eager's own error. An input that
-reaches a table some other way (an offset added to it, say) is not checked, as before; an input
-whose slice alone reaches the table is checked whole, which at worst sends a call eager accepts
-to the original module.
+:func:`index_bounds` finds, in a region's ``.onnx``, each graph input that reaches the indices of
+a ``Gather``, ``GatherElements``, ``GatherND``, ``ScatterElements`` or ``ScatterND`` through ops
+that only move or reshape its values (``view``, ``unsqueeze``, ``expand``, a slice, a row picked
+with a constant index, an integer cast), and the size of the indexed tensor along the indexed
+axis; :func:`program_index_bounds` does the same in a ``torch.export`` program (an AOTInductor
+package's), for ``embedding``, ``index``, ``index_select``, ``index_add``, ``index_put``,
+``gather``, ``scatter`` and their kin. A loaded region (:class:`~.realized.CompiledRegion`)
+checks those inputs on every call and hands a call with an index out of range to the original
+module, which raises eager's own error. An input that reaches the indices some other way (an
+offset added to it, say) is not checked, as before; an input whose slice alone reaches them is
+checked whole, which at worst sends a call eager accepts to the original module.
+
+A bound is *sized* where the indexed tensor is not one of the model's own (a table) but computed
+from the inputs (``x[src]``): it holds for the captured sizes only, so such a region gets no
+program for other sizes (:mod:`.other_shapes`).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -33,48 +44,179 @@ _UNSIGNED = {np.dtype(np.int64): np.uint64, np.dtype(np.int32): np.uint32}
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
 
-def index_bounds(onnx_path: str | Path) -> dict[int, int]:
-    """input position (among the graph's inputs that are not initializers, the order of the
-    region's tensor leaves) -> the number of rows of the smallest table it indexes."""
+class IndexBounds(NamedTuple):
+    """input position (among the region's tensor inputs, the order of its tensor leaves) -> the
+    rows of the smallest tensor it indexes; and the positions whose bound is sized (see above)."""
+
+    rows: dict[int, int]
+    sized: frozenset[int] = frozenset()
+
+
+#: ONNX ops whose second input indexes their first: op -> its default axis (None: the leading axes
+#: of the data, as many as the indices' last dimension: GatherND, ScatterND)
+_ONNX_INDEXING = {"Gather": 0, "GatherElements": 0, "ScatterElements": 0, "GatherND": None, "ScatterND": None}
+
+
+def index_bounds(onnx_path: str | Path) -> IndexBounds:
+    """The :class:`IndexBounds` of the region exported to ``onnx_path``."""
     import onnx
 
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:             # shapes of intermediates unknown: inputs' and tables' only
+        pass
+    graph = model.graph
     tables = {i.name: list(i.dims) for i in graph.initializer}
+    constant_values = {i.name: i for i in graph.initializer}
     producer = {}
     for node in graph.node:
         if node.op_type == "Constant":
             value = next((a.t for a in node.attribute if a.name == "value"), None)
             if value is not None:
                 tables[node.output[0]] = list(value.dims)
+                constant_values[node.output[0]] = value
         for out in node.output:
             producer[out] = node
     positions = {i.name: n for n, i in enumerate(x for x in graph.input if x.name not in tables)}
     integer = {i.name for i in graph.input if i.type.tensor_type.elem_type in _INTEGER_TYPES}
-    bounds: dict[int, int] = {}
+    shapes = {v.name: _static_dims(v) for v in [*graph.input, *graph.value_info]}
+    rows: dict[int, int] = {}
+    sized: set[int] = set()
     for node in graph.node:
-        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in tables:
+        if node.op_type not in _ONNX_INDEXING or len(node.input) < 2:
             continue
-        dims = tables[node.input[0]]
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        if not dims or not -len(dims) <= axis < len(dims):
+        data = node.input[0]
+        dims = tables.get(data) or shapes.get(data)
+        if not dims:
             continue
-        source = _source(node.input[1], producer)
-        if source in positions and source in integer:
-            rows = int(dims[axis])
-            bounds[positions[source]] = min(rows, bounds.get(positions[source], rows))
-    return bounds
+        if _ONNX_INDEXING[node.op_type] is None:          # ND: the indices' last dimension names the axes
+            leading = (shapes.get(node.input[1]) or [0])[-1]
+            if not 0 < leading <= len(dims):
+                continue
+            size = min(dims[:leading])           # one bound for every axis: at worst eager answers a good call
+        else:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if not -len(dims) <= axis < len(dims):
+                continue
+            size = dims[axis]
+        source = _source(node.input[1], producer, constant_values)
+        if size > 0 and source in positions and source in integer:
+            _bound(rows, positions[source], int(size))
+            if data not in tables:
+                sized.add(positions[source])
+    return IndexBounds(rows, frozenset(sized))
 
 
-def _source(name: str, producer: dict[str, Any]) -> str:
-    """The tensor ``name`` takes its values from, through ops that only move them."""
+def _static_dims(value: Any) -> list[int] | None:
+    """A value's dims where all are known numbers, else None."""
+    dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
+    if not dims or any(not d.HasField("dim_value") for d in dims):
+        return None
+    return [d.dim_value for d in dims]
+
+
+def _bound(rows: dict[int, int], position: int, size: int) -> None:
+    rows[position] = min(size, rows.get(position, size))
+
+
+def _source(name: str, producer: dict[str, Any], constants: dict[str, Any]) -> str:
+    """The tensor ``name`` takes its values from, through ops that only move them (a ``Gather``
+    with constant indices picks some of its data's values: ``edge_index[0]``)."""
     for _ in range(64):
         node = producer.get(name)
-        if node is None or node.op_type not in _PASS_VALUES or not node.input:
+        if node is None or not node.input:
+            return name
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in constants:
+            name = node.input[0]
+            continue
+        if node.op_type not in _PASS_VALUES:
             return name
         if node.op_type == "Cast" and next((a.i for a in node.attribute if a.name == "to"), 0) not in _INTEGER_TYPES:
             return name
         name = node.input[0]
     return name
+
+
+def program_index_bounds(exported: Any) -> IndexBounds:
+    """The :class:`IndexBounds` of a ``torch.export`` program (see the module's docstring)."""
+    from torch.export.graph_signature import InputKind, TensorArgument
+
+    kinds = {spec.arg.name: spec.kind for spec in exported.graph_signature.input_specs
+             if isinstance(spec.arg, TensorArgument)}
+    user = [name for name, kind in kinds.items() if kind == InputKind.USER_INPUT]
+    positions = {name: i for i, name in enumerate(user)}
+    rows: dict[int, int] = {}
+    sized: set[int] = set()
+    for node in exported.graph.nodes:
+        for data, dim, index in _fx_indexing(node):
+            source = _fx_source(index)
+            if source is None or source.name not in positions or source.meta.get("val") is None \
+                    or source.meta["val"].dtype not in _INDEX_DTYPES:
+                continue
+            value = data.meta.get("val") if isinstance(data, torch.fx.Node) else None
+            if value is None or not -value.dim() <= dim < value.dim():
+                continue
+            size = value.shape[dim]
+            if not isinstance(size, int) or size < 1:          # a symbolic size: not bounded here
+                continue
+            _bound(rows, positions[source.name], size)
+            table = data.op == "get_attr" or kinds.get(data.name) not in (None, InputKind.USER_INPUT)
+            if not table:
+                sized.add(positions[source.name])
+    return IndexBounds(rows, frozenset(sized))
+
+
+def _fx_indexing(node: Any) -> list[tuple[Any, int, Any]]:
+    """(indexed tensor, dim, index node) of each index an ATen op of ``node`` takes."""
+    if node.op != "call_function" or not hasattr(node.target, "_schema"):
+        return []
+    name = node.target._schema.name.removeprefix("aten::")
+    args = node.args
+    if name == "embedding":
+        return [(args[0], 0, args[1])]
+    if name in ("index", "index_put", "index_put_", "_unsafe_index", "_unsafe_index_put"):
+        return [(args[0], k, idx) for k, idx in enumerate(args[1]) if idx is not None]
+    if name in _FX_DIM_INDEX and len(args) > 2:
+        return [(args[0], args[1], args[2])] if isinstance(args[1], int) else []
+    return []
+
+
+#: ATen ops called as ``op(self, dim, index, ...)``
+_FX_DIM_INDEX = {"index_select", "index_add", "index_add_", "index_copy", "index_copy_", "index_fill",
+                 "index_fill_", "index_reduce", "index_reduce_", "gather", "scatter", "scatter_",
+                 "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"}
+#: ATen ops whose output holds only values of their first argument
+_FX_PASS_VALUES = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "select", "slice", "expand",
+                   "permute", "transpose", "t", "clone", "contiguous", "alias", "flatten", "narrow", "detach",
+                   "_to_copy", "to", "lift_fresh_copy"}
+
+
+def _fx_source(node: Any) -> Any:
+    """The placeholder ``node`` takes its values from through ops that only move them, or None."""
+    import operator
+
+    for _ in range(64):
+        if not isinstance(node, torch.fx.Node):
+            return None
+        if node.op == "placeholder":
+            return node
+        if node.op != "call_function" or not node.args:
+            return None
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
+                and getattr(node.args[0].target, "_schema", None) is not None \
+                and node.args[0].target._schema.name.removeprefix("aten::") in ("unbind", "split", "split_with_sizes",
+                                                                                "chunk"):
+            node = node.args[0].args[0]
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or schema.name.removeprefix("aten::") not in _FX_PASS_VALUES:
+            return None
+        value = node.meta.get("val")
+        if value is not None and getattr(value, "dtype", None) not in _INDEX_DTYPES:
+            return None                  # cast to a float: its values are not ids any more
+        node = node.args[0]
+    return None
 
 
 def array_checks(spec: list[tuple[Any, ...]], bounds: dict[int, int]) -> tuple[tuple[int, Any, int], ...]:

@@ -242,7 +242,7 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
     from cuvil_pgc.recompile.matching import structural_hash
     from cuvil_pgc.recompile.other_shapes import load_other_shapes
     from cuvil_pgc.recompile.output_template import OutputTemplate
-    from cuvil_pgc.recompile.runtime_build import load_region
+    from cuvil_pgc.recompile.runtime_build import bounds_of, load_region
 
     artifact_backends = ("aoti", *RUNTIME_BACKENDS)
     for choice in plan.choices:
@@ -279,7 +279,8 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
             outputs = info.get("outputs")
             realized[scope] = realize(module, cand, None, artifact=local, signature=choice.input_signature,
                                       spec=choice.input_spec, tensor_outputs=bool(info.get("tensor_outputs")),
-                                      template=OutputTemplate.from_json(outputs) if outputs else None)
+                                      template=OutputTemplate.from_json(outputs) if outputs else None,
+                                      index_bounds=bounds_of(info, path))
             load_other_shapes(vb, choice, realized[scope].module, extract_dir, plan.device)
             report.aoti_packages += 1
         else:

@@ -311,17 +311,22 @@ def _runtime(result: Any, scope: str, cand: Candidate) -> dict[str, Any] | None:
     an AOTInductor package of the region's output tensors (see :data:`TENSOR_OUTPUTS_FORMAT`)."""
     if scope not in result.realized:
         return None
+    from cuvil_pgc.recompile.runtime_build import bounds_record, runtime_info
+
     if cand.backend == "aoti":
-        runner = getattr(result.realized[scope].module, "compiled", None)
-        template = getattr(runner, "template", None)
-        if template is None:          # torch's own package, which keeps the structure itself
+        region = result.realized[scope].module
+        template = getattr(getattr(region, "compiled", None), "template", None)
+        bounds = bounds_record(region)
+        if template is None and not bounds:        # torch's own package, which keeps the structure itself
             return None
         import torch
 
-        return {"name": "aoti", "version": torch.__version__, "outputs": template.to_json(), "tensor_outputs": True}
+        info = {"name": "aoti", "version": torch.__version__, **bounds}
+        if template is not None:
+            info.update(outputs=template.to_json(), tensor_outputs=True)
+        return info
     if cand.backend not in RUNTIME_BACKENDS:
         return None
-    from cuvil_pgc.recompile.runtime_build import runtime_info
 
     return runtime_info(cand.backend, result.realized[scope])
 

@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS, forward_parameters
 from cuvil_pgc.recompile.aoti_loader import FastAOTI
-from cuvil_pgc.recompile.index_bounds import array_checks, out_of_range
+from cuvil_pgc.recompile.index_bounds import IndexBounds, array_checks, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
 from cuvil_pgc.recompile.region_state import load_into_original, state_dict_as_original
@@ -48,7 +48,7 @@ class CompiledRegion(nn.Module):
     """
 
     def __init__(self, original: nn.Module, compiled: Any, signature: str | None, config: str,
-                 spec: list[list[Any]] | None = None, index_bounds: dict[int, int] | None = None) -> None:
+                 spec: list[list[Any]] | None = None, index_bounds: IndexBounds | None = None) -> None:
         super().__init__()
         self.original = original
         self._compiled = compiled          # not a submodule: an AOTI runner or an OptimizedModule
@@ -58,9 +58,11 @@ class CompiledRegion(nn.Module):
         self.plan_config = config
         self._spec = None if spec is None else [(torch.Size(shape), getattr(torch, dtype), torch.device(dev),
                                                  tuple(strides)) for shape, dtype, dev, strides in spec]
-        #: input position -> rows of the table it indexes (:mod:`.index_bounds`): a call with an id
-        #: outside them runs the original module, which raises as eager does
-        self.index_bounds = dict(index_bounds or {})
+        #: input position -> rows of the tensor it indexes (:mod:`.index_bounds`): a call with an
+        #: index outside them runs the original module, which raises as eager does
+        self.index_bounds = dict(index_bounds.rows) if index_bounds else {}
+        #: the positions whose bound holds for the captured sizes only (no program for other sizes)
+        self.sized_bounds = index_bounds.sized if index_bounds else frozenset()
         self._fast = None            # exactly the captured positional tensors: skip the generic call
         self._lean = None            # a runtime's own array call, taken before nn.Module's dispatch
         self._direct = None          # the program's call on the captured tensors, taken before nn.Module's dispatch
@@ -71,8 +73,12 @@ class CompiledRegion(nn.Module):
         if self._spec is not None and not self._inference_only:
             self._fast = FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
             self._lean = self._lean_call(self._spec)
-        if self._spec is not None and self._lean is None and not self.index_bounds and GLOBAL_HOOKS is not None:
+        #: the index inputs the direct call checks (:func:`~.index_bounds.array_checks`): on CPU tensors only
+        self._direct_ids: tuple[tuple[int, Any, int], ...] = ()
+        if self._spec is not None and self._lean is None and GLOBAL_HOOKS is not None \
+                and (not self.index_bounds or all(dev.type == "cpu" for _, _, dev, _ in self._spec)):
             self._direct = self._fast or (lambda args: compiled(*args))
+            self._direct_ids = array_checks(self._spec, self.index_bounds)
         self.fallback_calls = 0
         #: why the first call that ran the original module did (None: none has)
         self.first_fallback: str | None = None
@@ -116,7 +122,12 @@ class CompiledRegion(nn.Module):
                                 or a.device != device or a.stride() != strides:
                             break
                     else:
-                        return direct(args)
+                        for i, unsigned, rows in self._direct_ids:     # an index out of range: forward raises
+                            u = args[i].numpy().view(unsigned)
+                            if u.item(u.argmax()) >= rows:
+                                break
+                        else:
+                            return direct(args)
             elif (positional := self._positional(args, kwargs) if kwargs else args) is not None \
                     and len(positional) == lean[0]:
                 count, checks, run, single, build, ids = lean
@@ -263,8 +274,9 @@ class CompiledRegion(nn.Module):
             bad = self._id_out_of_range(args if plain else [t for t in pytree.tree_leaves((args, kwargs))
                                                              if isinstance(t, torch.Tensor)])
             if bad is not None:
-                return (f"input {bad[0]} holds an id outside 0-{bad[1] - 1}, the rows of the table it indexes: the "
-                        "runtimes do not check ids as eager does, and the original module raises eager's error")
+                return (f"input {bad[0]} holds an index outside 0-{bad[1] - 1}, the rows of what it indexes: the "
+                        "build's programs do not check indices as eager does, and the original module raises "
+                        "eager's error")
         if _autocast():
             return "it was called under autocast, which the build's programs do not follow (they compute in " \
                    "the precision they were built with)"

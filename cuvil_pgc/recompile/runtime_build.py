@@ -38,7 +38,7 @@ from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile._stderr import first_line
-from cuvil_pgc.recompile.index_bounds import index_bounds
+from cuvil_pgc.recompile.index_bounds import IndexBounds, index_bounds
 from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
 from cuvil_pgc.recompile.ort_runner import OrtRunner
 from cuvil_pgc.recompile.output_template import OutputTemplate
@@ -78,9 +78,9 @@ def knobs_of(cand: Any) -> dict[str, str]:
 
 
 def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any, reference: Any, *,
-                 device: str, key: str) -> tuple[Any, str, dict[int, int]]:
+                 device: str, key: str) -> tuple[Any, str, IndexBounds | None]:
     """The runner of ``cand`` for ``module``, the path of its (first) artifact file, and the inputs
-    that index tables with the tables' rows (:func:`~.index_bounds.index_bounds`; none for TensorRT).
+    that index a tensor with its rows (:func:`~.index_bounds.index_bounds`; none for TensorRT).
 
     ``prepared`` is the module to export (rewrites applied), ``reference`` its output for
     ``inputs`` (the output structure), ``key`` the artifact cache key of the scope and program.
@@ -93,7 +93,7 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
         path = artifact_path(key, "tensorrt", cand, ".ep")
         if not path.exists():
             _compile_tensorrt(prepared, cand, inputs, path)
-        return tensorrt_runner(str(path), template, module), str(path), {}
+        return tensorrt_runner(str(path), template, module), str(path), None
     onnx_path = artifact_path(key, "onnx", None, ".onnx")
     if not onnx_path.exists():
         export_onnx(prepared, inputs, onnx_path, len(template.tensors))
@@ -294,10 +294,20 @@ def runtime_info(backend: str, realized: Any) -> dict[str, Any]:
     info: dict[str, Any] = {"name": backend, "version": runtimes.version(backend)}
     template = getattr(getattr(realized.module, "compiled", None), "template", None)
     info["outputs"] = template.to_json() if template is not None else None
-    bounds = getattr(realized.module, "index_bounds", None)
-    if bounds:        # older versions ignore it and leave ids unchecked, as they did
-        info["index_bounds"] = {str(i): rows for i, rows in sorted(bounds.items())}
+    info.update(bounds_record(realized.module))
     return info
+
+
+def bounds_record(region: Any) -> dict[str, Any]:
+    """What plan.json records of a region's :class:`~.index_bounds.IndexBounds` (nothing when it
+    has none; older versions ignore it and leave ids unchecked, as they did)."""
+    rows = getattr(region, "index_bounds", None)
+    if not rows:
+        return {}
+    record: dict[str, Any] = {"index_bounds": {str(i): n for i, n in sorted(rows.items())}}
+    if region.sized_bounds:
+        record["sized_index_inputs"] = sorted(region.sized_bounds)
+    return record
 
 
 def engine_target() -> Any:
@@ -325,11 +335,11 @@ def load_region(vb: Any, choice: Any, module: nn.Module, extract_dir: Path, devi
     outputs = info.get("outputs")
     template = OutputTemplate.from_json(outputs) if outputs else None
     return runtime_region(cand, first, template, module, choice.input_signature, choice.input_spec,
-                          _bounds(info.get("index_bounds"), path))
+                          bounds_of(info, path))
 
 
 def runtime_region(cand: Any, first: str, template: OutputTemplate | None, module: nn.Module,
-                   signature: str | None, spec: list[list[Any]] | None, bounds: dict[int, int] | None = None) -> Any:
+                   signature: str | None, spec: list[list[Any]] | None, bounds: IndexBounds | None = None) -> Any:
     """The :class:`~.realized.Realized` region running ``cand``'s artifact (its first file at
     ``first``) for ``module``'s captured inputs: what a loaded build runs, and what a race worker
     (:mod:`.standalone`) times."""
@@ -344,18 +354,21 @@ def runtime_region(cand: Any, first: str, template: OutputTemplate | None, modul
     return Realized(CompiledRegion(module, runner, signature, cand.config, spec, bounds), first)
 
 
-def _bounds(doc: Any, path: str) -> dict[int, int]:
-    """A plan's ``index_bounds`` record ({"input position": rows}) as ints."""
+def bounds_of(info: dict[str, Any], path: str) -> IndexBounds | None:
+    """The :class:`~.index_bounds.IndexBounds` a plan choice's runtime record holds (see
+    :func:`bounds_record`), or None."""
+    doc, sized = info.get("index_bounds"), info.get("sized_index_inputs", [])
     if doc is None:
-        return {}
+        return None
     try:
         bounds = {int(i): int(rows) for i, rows in doc.items()}
+        sized = frozenset(int(i) for i in sized)
     except (AttributeError, TypeError, ValueError):
         bounds = {}
-    if not bounds or any(i < 0 or rows < 1 for i, rows in bounds.items()):
-        raise BuildError(f"plan.json's index_bounds {doc!r} is not a map of input positions to table sizes",
-                         path=path, fix="rebuild the package with `cuvil-pgc recompile`")
-    return bounds
+    if not bounds or any(i < 0 or rows < 1 for i, rows in bounds.items()) or not sized <= set(bounds):
+        raise BuildError(f"plan.json's index_bounds {doc!r} (sized: {sized!r}) is not a map of input positions to "
+                         "the sizes they index", path=path, fix="rebuild the package with `cuvil-pgc recompile`")
+    return IndexBounds(bounds, sized)
 
 
 def check_engines(manifest: Any, plan: Any, path: str) -> None:

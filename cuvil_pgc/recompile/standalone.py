@@ -64,9 +64,12 @@ def standalone_spec(cand: Any, realized: Any, scope_inputs: Any, device: str, *,
         return None
     if template is not None:        # a runtime's, or an AOTInductor package of the output tensors
         outputs, flat = template.to_json(), _flat(template)
+    from cuvil_pgc.recompile.runtime_build import bounds_record
+
     return {"candidate": cand.to_json(), "artifact": realized.artifact, "signature": scope_inputs.signature,
             "spec": scope_inputs.spec, "outputs": outputs, "flat_outputs": flat, "threads": torch.get_num_threads(),
-            "tensor_outputs": cand.backend == "aoti" and template is not None}
+            "tensor_outputs": cand.backend == "aoti" and template is not None,
+            "bounds": bounds_record(realized.module)}      # its index checks, as load_build's region has them
 
 
 def _flat(template: Any) -> dict[str, Any] | None:
@@ -163,7 +166,7 @@ def region(spec: dict[str, Any]) -> nn.Module:
     from cuvil_pgc.recompile.apply import realize
     from cuvil_pgc.recompile.candidates import Candidate
     from cuvil_pgc.recompile.output_template import OutputTemplate
-    from cuvil_pgc.recompile.runtime_build import runtime_region
+    from cuvil_pgc.recompile.runtime_build import bounds_of, runtime_region
 
     cand = Candidate.from_json(spec["candidate"])
     template = None
@@ -172,10 +175,13 @@ def region(spec: dict[str, Any]) -> nn.Module:
             template = OutputTemplate.from_json(spec["outputs"])
         except Exception:          # not written down, or its class is not imported here (see _flat)
             template = OutputTemplate.from_json(spec["flat_outputs"])
+    bounds = bounds_of(spec.get("bounds") or {}, spec["artifact"])
     if cand.backend == "aoti":
         return realize(_NotTheModel(), cand, None, artifact=spec["artifact"], signature=spec["signature"],
-                       spec=spec["spec"], tensor_outputs=spec.get("tensor_outputs", False), template=template).module
-    return runtime_region(cand, spec["artifact"], template, _NotTheModel(), spec["signature"], spec["spec"]).module
+                       spec=spec["spec"], tensor_outputs=spec.get("tensor_outputs", False), template=template,
+                       index_bounds=bounds).module
+    return runtime_region(cand, spec["artifact"], template, _NotTheModel(), spec["signature"], spec["spec"],
+                          bounds).module
 
 
 def _eager_model(ref: str) -> Any:
