@@ -236,9 +236,9 @@ def _add_other_shapes(result: Any, device: str, rtol: float | None, atol: float 
             continue
         if region.sized_bounds:
             log.warning("cuvil-pgc: %s (%s) runs only its captured input sizes, other sizes run the original "
-                        "module: input %s indexes a tensor whose size follows the inputs' (%s), which the program "
-                        "for other sizes could not check", scope or "<model>", cand.config,
-                        ", ".join(map(str, sorted(region.sized_bounds))), "an id past it raises in eager")
+                        "module: input %s indexes a tensor sized by the inputs (a graph's nodes, say), a bound the "
+                        "program for other sizes could not check", scope or "<model>", cand.config,
+                        ", ".join(map(str, sorted(region.sized_bounds))))
             continue
         inputs = result.scope_inputs[scope]
         prepared, _ = prepare_module(region.original, cand, device)
