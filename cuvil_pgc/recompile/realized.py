@@ -75,7 +75,10 @@ class CompiledRegion(nn.Module):
             self._lean = self._lean_call(self._spec)
         #: the index inputs the direct call checks (:func:`~.index_bounds.array_checks`): on CPU tensors only
         self._direct_ids: tuple[tuple[int, Any, int], ...] = ()
-        if self._spec is not None and self._lean is None and GLOBAL_HOOKS is not None \
+        # a runtime's runner that learns its output's structure on the first call gets its lean
+        # call then (:meth:`_learn_lean`, in :meth:`forward`): no direct call, which would skip it
+        learns_lean = hasattr(compiled, "lean_parts") and getattr(compiled, "template", None) is None
+        if self._spec is not None and self._lean is None and GLOBAL_HOOKS is not None and not learns_lean \
                 and (not self.index_bounds or all(dev.type == "cpu" for _, _, dev, _ in self._spec)):
             self._direct = self._fast or (lambda args: compiled(*args))
             self._direct_ids = array_checks(self._spec, self.index_bounds)
