@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from cuvil_pgc.recompile._signal_stack import kept_signal_stack
 from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.runtime_region import RuntimeRunner, numpy_view, runtime_threads
 
@@ -50,7 +51,8 @@ class OpenVinoRunner(RuntimeRunner):
         super().__init__(template, original)
         self._ov = ov
         core = ov.Core()
-        self.compiled = core.compile_model(core.read_model(xml_path), "CPU", openvino_config(knobs, precision))
+        with kept_signal_stack():         # the CPU plugin's own would outlive it on this thread (see there)
+            self.compiled = core.compile_model(core.read_model(xml_path), "CPU", openvino_config(knobs, precision))
         self.request = self.compiled.create_infer_request()
         self._lock = threading.Lock()     # an infer request serves one call at a time
 

@@ -130,7 +130,10 @@ def openvino_native_bf16() -> bool:
     try:
         import openvino as ov
 
-        return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        from cuvil_pgc.recompile._signal_stack import kept_signal_stack
+
+        with kept_signal_stack():         # loading the CPU plugin replaces this thread's (see there)
+            return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     except Exception:
         return False
 
@@ -154,7 +157,10 @@ def describe(backend: str) -> RuntimeStatus:
         elif backend == "openvino":
             import openvino
 
-            where = "devices " + ", ".join(openvino.Core().available_devices)
+            from cuvil_pgc.recompile._signal_stack import kept_signal_stack
+
+            with kept_signal_stack():
+                where = "devices " + ", ".join(openvino.Core().available_devices)
         else:
             import torch
 
