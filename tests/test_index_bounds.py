@@ -200,3 +200,15 @@ def test_a_runtime_region_hands_ids_outside_the_table_to_the_original_module(bac
         fast(ids, mask * 7)                         # any mask value: the mask indexes no table
     assert fast.fallback_calls == 2
     assert "input 0 holds an index outside 0-9" in caplog.text
+
+
+def test_bounds_round_trip_through_their_record_and_a_bad_record_is_refused():
+    """One record, in plan.json and beside a cached AOTInductor package."""
+    bounds = IndexBounds({0: 30, 2: 50}, frozenset({2}))
+    assert bounds.to_record() == {"index_bounds": {"0": 30, "2": 50}, "sized_index_inputs": [2]}
+    assert IndexBounds.from_record(bounds.to_record()) == bounds
+    assert IndexBounds({}).to_record() == {} and IndexBounds.from_record({}) is None
+    for bad in ({"index_bounds": {"0": 0}}, {"index_bounds": {"x": 3}}, {"index_bounds": []},
+                {"index_bounds": {"0": 3}, "sized_index_inputs": [1]}):
+        with pytest.raises(ValueError, match="is not a map of input positions"):
+            IndexBounds.from_record(bad)

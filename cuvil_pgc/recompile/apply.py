@@ -243,8 +243,7 @@ def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, pat
         exported = export_program(prepared, inputs)
         bounds = program_index_bounds(exported)
         package_aoti(exported, cand, path)
-    doc = {"rows": {str(i): n for i, n in bounds.rows.items()}, "sized": sorted(bounds.sized)}
-    Path(_bounds_path(path)).write_text(json.dumps(doc))
+    Path(_bounds_path(path)).write_text(json.dumps(bounds.to_record()))
     return bounds
 
 
@@ -258,9 +257,9 @@ def _cached_bounds(package: str) -> IndexBounds | None:
     try:
         if not os.path.exists(package):
             return None
-        doc = json.loads(Path(_bounds_path(package)).read_text())
-        return IndexBounds({int(i): int(n) for i, n in doc["rows"].items()}, frozenset(int(i) for i in doc["sized"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        record = json.loads(Path(_bounds_path(package)).read_text())
+        return IndexBounds.from_record(record) or IndexBounds({})
+    except (OSError, ValueError, AttributeError):        # AttributeError: JSON that is not an object
         return None
 
 

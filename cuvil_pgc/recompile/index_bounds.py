@@ -51,6 +51,34 @@ class IndexBounds(NamedTuple):
     rows: dict[int, int]
     sized: frozenset[int] = frozenset()
 
+    def to_record(self) -> dict[str, Any]:
+        """The JSON record of these bounds (plan.json's choice, a cached package's): nothing
+        when there are none."""
+        if not self.rows:
+            return {}
+        record: dict[str, Any] = {"index_bounds": {str(i): n for i, n in sorted(self.rows.items())}}
+        if self.sized:
+            record["sized_index_inputs"] = sorted(self.sized)
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> IndexBounds | None:
+        """The bounds :meth:`to_record` wrote, None for its empty record; ValueError for a record
+        that is not such (positions and sizes that are not whole numbers, a sized position
+        without a bound)."""
+        doc, sized = record.get("index_bounds"), record.get("sized_index_inputs", [])
+        if doc is None:
+            return None
+        try:
+            rows = {int(i): int(n) for i, n in doc.items()}
+            positions = frozenset(int(i) for i in sized)
+        except (AttributeError, TypeError, ValueError):
+            rows, positions = {}, frozenset()
+        if not rows or any(i < 0 or n < 1 for i, n in rows.items()) or not positions <= set(rows):
+            raise ValueError(f"index_bounds {doc!r} (sized: {sized!r}) is not a map of input positions to the "
+                             "sizes they index")
+        return cls(rows, positions)
+
 
 #: ONNX ops whose second input indexes their first: op -> its default axis (None: the leading axes
 #: of the data, as many as the indices' last dimension: GatherND, ScatterND)

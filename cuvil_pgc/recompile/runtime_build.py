@@ -302,12 +302,7 @@ def bounds_record(region: Any) -> dict[str, Any]:
     """What plan.json records of a region's :class:`~.index_bounds.IndexBounds` (nothing when it
     has none; older versions ignore it and leave ids unchecked, as they did)."""
     rows = getattr(region, "index_bounds", None)
-    if not rows:
-        return {}
-    record: dict[str, Any] = {"index_bounds": {str(i): n for i, n in sorted(rows.items())}}
-    if region.sized_bounds:
-        record["sized_index_inputs"] = sorted(region.sized_bounds)
-    return record
+    return IndexBounds(rows, region.sized_bounds).to_record() if rows else {}
 
 
 def engine_target() -> Any:
@@ -357,18 +352,10 @@ def runtime_region(cand: Any, first: str, template: OutputTemplate | None, modul
 def bounds_of(info: dict[str, Any], path: str) -> IndexBounds | None:
     """The :class:`~.index_bounds.IndexBounds` a plan choice's runtime record holds (see
     :func:`bounds_record`), or None."""
-    doc, sized = info.get("index_bounds"), info.get("sized_index_inputs", [])
-    if doc is None:
-        return None
     try:
-        bounds = {int(i): int(rows) for i, rows in doc.items()}
-        sized = frozenset(int(i) for i in sized)
-    except (AttributeError, TypeError, ValueError):
-        bounds = {}
-    if not bounds or any(i < 0 or rows < 1 for i, rows in bounds.items()) or not sized <= set(bounds):
-        raise BuildError(f"plan.json's index_bounds {doc!r} (sized: {sized!r}) is not a map of input positions to "
-                         "the sizes they index", path=path, fix="rebuild the package with `cuvil-pgc recompile`")
-    return IndexBounds(bounds, sized)
+        return IndexBounds.from_record(info)
+    except ValueError as exc:
+        raise BuildError(f"plan.json's {exc}", path=path, fix="rebuild the package with `cuvil-pgc recompile`") from exc
 
 
 def check_engines(manifest: Any, plan: Any, path: str) -> None:
