@@ -131,13 +131,13 @@ print(json.dumps({"good": good, "errors": errors, "fallback_calls": fast.fallbac
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("build_env")
-@pytest.mark.parametrize("backend", ["aoti", "openvino"])
+@pytest.mark.parametrize("backend", ["aoti", "openvino", "compile"])
 def test_a_node_id_past_the_graph_raises_eagers_error_in_a_service_instead_of_aborting_it(backend, tmp_path, keys,
                                                                                            caplog):
-    """Before, AOTInductor's package aborted the service process (its kernel's index check throws
-    inside OpenMP's threads) and OpenVINO answered with numbers. A build made with other sizes on
-    gets none for this region: its bound holds for the captured sizes only."""
-    if backend != "aoti" and not runtimes.check(backend).ok:
+    """Before, AOTInductor's package and torch.compile's program aborted the service process (their
+    kernels' index check throws inside OpenMP's threads) and OpenVINO answered with numbers. A build
+    made with other sizes on gets none for this region: its bound holds for the captured sizes only."""
+    if backend in runtimes.RUNTIMES and not runtimes.check(backend).ok:
         pytest.skip(f"{backend} not installed")
     torch.manual_seed(0)
     model = Graph().eval()
@@ -147,7 +147,9 @@ def test_a_node_id_past_the_graph_raises_eagers_error_in_a_service_instead_of_ab
                           rounds=3, dynamic=True)
     assert build.plan.choices[0].runtime["index_bounds"] == {"1": 20}
     assert build.plan.choices[0].runtime["sized_index_inputs"] == [1]
-    assert build.module.other_shapes is None and "other sizes run the original module: input 1" in caplog.text
+    assert build.module.other_shapes is None
+    if backend != "compile":         # which builds no program for other sizes
+        assert "other sizes run the original module: input 1" in caplog.text
     path = build.save(tmp_path / "graph.cuvilpkg", signing_key=str(keys[0]))
     torch.save(model.state_dict(), tmp_path / "weights.pt")
     torch.save((x, edges), tmp_path / "inputs.pt")
@@ -200,6 +202,60 @@ def test_a_runtime_region_hands_ids_outside_the_table_to_the_original_module(bac
         fast(ids, mask * 7)                         # any mask value: the mask indexes no table
     assert fast.fallback_calls == 2
     assert "input 0 holds an index outside 0-9" in caplog.text
+
+
+class Fields(nn.Module):
+    """A DLRM-style recommender: one table for every categorical field, each field's ids shifted
+    into its own rows; and a product of ids, which no bound follows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table, self.small = nn.Embedding(300, 8), nn.Embedding(50, 8)
+        self.register_buffer("offsets", torch.tensor([0, 100, 200]), persistent=False)
+
+    def forward(self, ids: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+        return self.table(ids + self.offsets).sum(1) + self.small(item + 3) + self.small(item * 2)
+
+
+def test_ids_shifted_by_a_constant_are_bounded_by_the_rows_less_the_largest_shift(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    exported = torch.export.export(Fields().eval(), (torch.randint(0, 100, (4, 3)), torch.randint(0, 20, (4,))))
+    assert program_index_bounds(exported) == IndexBounds({0: 100, 1: 47}, frozenset())
+    offsets = helper.make_node("Constant", [], ["offsets"],
+                               value=numpy_helper.from_array(np.array([0, 100, 200], np.int64), "o"))
+    negative = helper.make_node("Constant", [], ["back"], value=numpy_helper.from_array(np.array([-1], np.int64), "b"))
+    nodes = [offsets, negative,
+             helper.make_node("Add", ["offsets", "ids"], ["shifted"]),
+             helper.make_node("Gather", ["table", "shifted"], ["t"]),
+             helper.make_node("Add", ["other", "back"], ["down"]),          # a negative shift: not followed
+             helper.make_node("Gather", ["table", "down"], ["d"])]
+    path = _graph(tmp_path, nodes, [("ids", TensorProto.INT64), ("other", TensorProto.INT64)], {"table": (300, 4)})
+    assert index_bounds(path) == IndexBounds({0: 100}, frozenset())
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_a_torch_compile_region_hands_ids_outside_the_table_to_the_original_module(caplog):
+    """Inductor's kernels check indices inside OpenMP's threads, as AOTInductor's do: an id past the
+    table aborted a process that called torch.compile's program."""
+    torch.manual_seed(0)
+    model = Fields().eval()
+    ids, item = torch.randint(0, 100, (4, 3)), torch.randint(0, 20, (4,))
+    build = recompile(model, (ids, item), plan={"": Candidate("", "compile")}, records=False, deployed_race=False,
+                      rounds=3)
+    fast = build.module
+    assert build.plan.choices[0].runtime["index_bounds"] == {"0": 100, "1": 47}
+    with torch.no_grad():
+        assert torch.allclose(fast(ids, item), model(ids, item), atol=1e-5)
+        past = ids.clone()
+        past[1, 2] = 100                  # the last field's rows end at 300
+        with caplog.at_level(logging.WARNING), pytest.raises(IndexError):
+            fast(past, item)
+        spilled = ids.clone()
+        spilled[1, 0] = 150               # the first field's id into the second field's rows: eager answers
+        assert torch.allclose(fast(spilled, item), model(spilled, item), atol=1e-5)
+    assert fast.fallback_calls == 2 and "input 0 holds an index outside 0-99" in caplog.text
 
 
 def test_bounds_round_trip_through_their_record_and_a_bad_record_is_refused():

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,8 +161,8 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     (``tensor_outputs``: one returning the region's output tensors, restored by ``template`` or
     learned from the first call, see :func:`~.aoti_outputs.aoti_output_template`; ``index_bounds``: the
     package's, recorded in the plan); for torch.compile,
-    which needs no inputs to build, ``signature`` and ``spec`` stand in for the captured inputs'
-    where ``inputs`` has none (a loaded build).
+    which needs no inputs to build, ``signature``, ``spec`` and ``index_bounds`` (see
+    :func:`compile_bounds`) stand in for the captured inputs' where ``inputs`` has none (a loaded build).
     ``weights`` is the module's :func:`weights_digest` where the caller already has it (hashing a
     large model's weights again for every candidate costs seconds).
     """
@@ -193,7 +194,31 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     # the captured signature: torch.compile would recompile for any other call (see CompiledRegion)
     if inputs.signature is not None:
         signature, spec = inputs.signature, inputs.spec
-    return Realized(CompiledRegion(module, compiled, signature, cand.config, spec), rewrites=applied)
+        index_bounds = compile_bounds(module, inputs) if device == "cpu" else None
+    return Realized(CompiledRegion(module, compiled, signature, cand.config, spec, index_bounds), rewrites=applied)
+
+
+#: module -> captured input signature -> the index bounds of its program (:func:`compile_bounds`)
+_COMPILE_BOUNDS: weakref.WeakKeyDictionary[nn.Module, dict[str, IndexBounds]] = weakref.WeakKeyDictionary()
+
+
+def compile_bounds(module: nn.Module, inputs: ScopeInputs) -> IndexBounds:
+    """The index bounds of a torch.compile region on CPU, from a ``torch.export`` of the original
+    module at the captured inputs (its rewrites and precision do not change what it indexes), once
+    per module and inputs: Inductor's C++ kernels check indices as AOTInductor's do, inside
+    OpenMP's threads, so an id out of range aborted the process (``terminate called after throwing
+    an instance of 'std::runtime_error'``, measured with torch.compile itself on a graph network
+    and an embedding of ``ids + offsets``). None found where the module does not export: the
+    region runs unchecked, as before."""
+    known = _COMPILE_BOUNDS.setdefault(module, {})
+    if inputs.signature not in known:
+        try:
+            with torch.no_grad():
+                known[inputs.signature] = program_index_bounds(export_program(eval_mode(module), inputs))
+        except ExportError as exc:
+            log.debug("no index bounds for a torch.compile region: %s", exc)
+            known[inputs.signature] = IndexBounds({})
+    return known[inputs.signature]
 
 
 def _realize_runtime(module: nn.Module, prepared: nn.Module, applied: list[str], cand: Candidate,

@@ -18,9 +18,11 @@ axis; :func:`program_index_bounds` does the same in a ``torch.export`` program (
 package's), for ``embedding``, ``index``, ``index_select``, ``index_add``, ``index_put``,
 ``gather``, ``scatter`` and their kin. A loaded region (:class:`~.realized.CompiledRegion`)
 checks those inputs on every call and hands a call with an index out of range to the original
-module, which raises eager's own error. An input that reaches the indices some other way (an
-offset added to it, say) is not checked, as before; an input whose slice alone reaches them is
-checked whole, which at worst sends a call eager accepts to the original module.
+module, which raises eager's own error. An input shifted by a constant of the model's on the way
+(``emb(ids + field_offsets)``, as DLRM-style recommenders index one table for all their fields) is
+bounded by the rows less the largest shift. An input that reaches the indices some other way (a
+product, another input added) is not checked, as before; an input whose slice alone reaches them
+is checked whole, which at worst sends a call eager accepts to the original module.
 
 A bound is *sized* where the indexed tensor is not one of the model's own (a table) but computed
 from the inputs (``x[src]``): it holds for the captured sizes only, so such a region gets no
@@ -128,9 +130,9 @@ def index_bounds(onnx_path: str | Path) -> IndexBounds:
             if not -len(dims) <= axis < len(dims):
                 continue
             size = dims[axis]
-        source = _source(node.input[1], producer, constant_values)
-        if size > 0 and source in positions and source in integer:
-            _bound(rows, positions[source], int(size))
+        source, shift = _source(node.input[1], producer, constant_values)
+        if size - shift > 0 and source in positions and source in integer:
+            _bound(rows, positions[source], int(size - shift))
             if data not in tables:
                 sized.add(positions[source])
     return IndexBounds(rows, frozenset(sized))
@@ -148,22 +150,44 @@ def _bound(rows: dict[int, int], position: int, size: int) -> None:
     rows[position] = min(size, rows.get(position, size))
 
 
-def _source(name: str, producer: dict[str, Any], constants: dict[str, Any]) -> str:
+def _source(name: str, producer: dict[str, Any], constants: dict[str, Any]) -> tuple[str, int]:
     """The tensor ``name`` takes its values from, through ops that only move them (a ``Gather``
-    with constant indices picks some of its data's values: ``edge_index[0]``)."""
+    with constant indices picks some of its data's values: ``edge_index[0]``), and the largest
+    constant added to them on the way (an ``Add`` of a constant whose values are all >= 0)."""
+    shift = 0
     for _ in range(64):
         node = producer.get(name)
         if node is None or not node.input:
-            return name
+            return name, shift
         if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in constants:
             name = node.input[0]
             continue
+        if node.op_type == "Add" and len(node.input) == 2:
+            added = _onnx_shift(node.input, constants)
+            if added is None:
+                return name, shift
+            shift, name = shift + added[0], added[1]
+            continue
         if node.op_type not in _PASS_VALUES:
-            return name
+            return name, shift
         if node.op_type == "Cast" and next((a.i for a in node.attribute if a.name == "to"), 0) not in _INTEGER_TYPES:
-            return name
+            return name, shift
         name = node.input[0]
-    return name
+    return name, shift
+
+
+def _onnx_shift(operands: Any, constants: dict[str, Any]) -> tuple[int, str] | None:
+    """(the largest value, the other operand) of an ``Add`` of an integer constant with no negative
+    value, or None."""
+    from onnx import numpy_helper
+
+    for k in (0, 1):
+        const, other = operands[k], operands[1 - k]
+        if const in constants and other not in constants and constants[const].data_type in _INTEGER_TYPES:
+            values = numpy_helper.to_array(constants[const])
+            if values.size and values.min() >= 0:
+                return int(values.max()), other
+    return None
 
 
 def program_index_bounds(exported: Any) -> IndexBounds:
@@ -174,11 +198,12 @@ def program_index_bounds(exported: Any) -> IndexBounds:
              if isinstance(spec.arg, TensorArgument)}
     user = [name for name, kind in kinds.items() if kind == InputKind.USER_INPUT]
     positions = {name: i for i, name in enumerate(user)}
+    constants = _program_constants(exported)
     rows: dict[int, int] = {}
     sized: set[int] = set()
     for node in exported.graph.nodes:
         for data, dim, index in _fx_indexing(node):
-            source = _fx_source(index)
+            source, shift = _fx_source(index, constants)
             if source is None or source.name not in positions or source.meta.get("val") is None \
                     or source.meta["val"].dtype not in _INDEX_DTYPES:
                 continue
@@ -186,9 +211,9 @@ def program_index_bounds(exported: Any) -> IndexBounds:
             if value is None or not -value.dim() <= dim < value.dim():
                 continue
             size = value.shape[dim]
-            if not isinstance(size, int) or size < 1:          # a symbolic size: not bounded here
+            if not isinstance(size, int) or size - shift < 1:          # a symbolic size: not bounded here
                 continue
-            _bound(rows, positions[source.name], size)
+            _bound(rows, positions[source.name], size - shift)
             table = data.op == "get_attr" or kinds.get(data.name) not in (None, InputKind.USER_INPUT)
             if not table:
                 sized.add(positions[source.name])
@@ -220,17 +245,29 @@ _FX_PASS_VALUES = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "s
                    "_to_copy", "to", "lift_fresh_copy"}
 
 
-def _fx_source(node: Any) -> Any:
-    """The placeholder ``node`` takes its values from through ops that only move them, or None."""
+def _program_constants(exported: Any) -> dict[str, torch.Tensor]:
+    """Placeholder name -> value of each lifted buffer, parameter and constant of a program."""
+    from torch.export.graph_signature import TensorArgument
+
+    values = {**exported.state_dict, **exported.constants}
+    return {spec.arg.name: values[spec.target] for spec in exported.graph_signature.input_specs
+            if isinstance(spec.arg, TensorArgument) and spec.target in values}
+
+
+def _fx_source(node: Any, constants: dict[str, torch.Tensor]) -> tuple[Any, int]:
+    """The placeholder ``node`` takes its values from through ops that only move them (or None),
+    and the largest constant added to them on the way (an ``add`` of a number or of a constant
+    tensor of the program's with no negative value)."""
     import operator
 
+    shift = 0
     for _ in range(64):
         if not isinstance(node, torch.fx.Node):
-            return None
+            return None, 0
         if node.op == "placeholder":
-            return node
+            return node, shift
         if node.op != "call_function" or not node.args:
-            return None
+            return None, 0
         if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
                 and getattr(node.args[0].target, "_schema", None) is not None \
                 and node.args[0].target._schema.name.removeprefix("aten::") in ("unbind", "split", "split_with_sizes",
@@ -238,12 +275,37 @@ def _fx_source(node: Any) -> Any:
             node = node.args[0].args[0]
             continue
         schema = getattr(node.target, "_schema", None)
-        if schema is None or schema.name.removeprefix("aten::") not in _FX_PASS_VALUES:
-            return None
+        name = schema.name.removeprefix("aten::") if schema is not None else None
         value = node.meta.get("val")
         if value is not None and getattr(value, "dtype", None) not in _INDEX_DTYPES:
-            return None                  # cast to a float: its values are not ids any more
+            return None, 0                  # cast to a float: its values are not ids any more
+        if name == "add" and len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1:
+            added = _fx_shift(node.args, constants)
+            if added is None:
+                return None, 0
+            shift, node = shift + added[0], added[1]
+            continue
+        if name not in _FX_PASS_VALUES:
+            return None, 0
         node = node.args[0]
+    return None, 0
+
+
+def _fx_shift(operands: Any, constants: dict[str, torch.Tensor]) -> tuple[int, Any] | None:
+    """(the largest value, the other operand) of an ``add`` of an integer number or constant with
+    no negative value, or None."""
+    for k in (0, 1):
+        const, other = operands[k], operands[1 - k]
+        if not isinstance(other, torch.fx.Node):
+            continue
+        if isinstance(const, int) and not isinstance(const, bool):
+            values = torch.tensor(const)
+        elif isinstance(const, torch.fx.Node) and const.name in constants:
+            values = constants[const.name]
+        else:
+            continue
+        if values.dtype in _INDEX_DTYPES and values.numel() and int(values.min()) >= 0:
+            return int(values.max()), other
     return None
 
 

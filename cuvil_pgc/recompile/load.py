@@ -284,23 +284,25 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
             load_other_shapes(vb, choice, realized[scope].module, extract_dir, plan.device)
             report.aoti_packages += 1
         else:
-            realized[scope] = _realize_lazy(module, cand, plan.device, choice)
+            realized[scope] = _realize_lazy(module, cand, plan.device, choice, path)
             report.compiled_regions += cand.backend != "eager"
         other = getattr(getattr(realized.get(scope), "module", None), "other_shapes", None)
         report.applied.append(f"{scope or '<model>'}: {cand.config}" + (" (and other input sizes)" if other else ""))
 
 
-def _realize_lazy(module: Any, cand: Any, device: str, choice: Any) -> Any:
+def _realize_lazy(module: Any, cand: Any, device: str, choice: Any, path: str) -> Any:
     """torch.compile candidates need no inputs to build: compilation happens on the first call that
-    fits the build's captured inputs (``choice.input_signature``, ``input_spec``)."""
+    fits the build's captured inputs (``choice.input_signature``, ``input_spec``), its ids checked
+    against the bounds the plan records."""
     from cuvil_pgc.recompile.apply import prepare_module, realize
     from cuvil_pgc.recompile.realized import Realized
+    from cuvil_pgc.recompile.runtime_build import bounds_of
 
     if cand.backend == "eager":
         prepared, applied = prepare_module(module, cand, device)
         return Realized(prepared, rewrites=applied)
     return realize(module, cand, _NoInputs(), device=device, signature=choice.input_signature,
-                   spec=choice.input_spec)
+                   spec=choice.input_spec, index_bounds=bounds_of(choice.runtime or {}, path))
 
 
 class _NoInputs:

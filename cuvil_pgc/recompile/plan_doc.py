@@ -307,8 +307,9 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
 
 
 def _runtime(result: Any, scope: str, cand: Candidate) -> dict[str, Any] | None:
-    """What a region exported to a runtime records (see :func:`~.runtime_build.runtime_info`), and
-    an AOTInductor package of the region's output tensors (see :data:`TENSOR_OUTPUTS_FORMAT`)."""
+    """What a region exported to a runtime records (see :func:`~.runtime_build.runtime_info`), an
+    AOTInductor package of the region's output tensors (see :data:`TENSOR_OUTPUTS_FORMAT`), and the
+    index bounds an AOTInductor or torch.compile region checks."""
     if scope not in result.realized:
         return None
     from cuvil_pgc.recompile.runtime_build import bounds_record, runtime_info
@@ -325,6 +326,13 @@ def _runtime(result: Any, scope: str, cand: Candidate) -> dict[str, Any] | None:
         if template is not None:
             info.update(outputs=template.to_json(), tensor_outputs=True)
         return info
+    if cand.backend in ("compile", "cudagraphs"):          # the index checks its region makes (compile_bounds)
+        bounds = bounds_record(result.realized[scope].module)
+        if not bounds:
+            return None
+        import torch
+
+        return {"name": "torch.compile", "version": torch.__version__, **bounds}
     if cand.backend not in RUNTIME_BACKENDS:
         return None
 
