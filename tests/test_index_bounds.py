@@ -206,7 +206,8 @@ def test_a_runtime_region_hands_ids_outside_the_table_to_the_original_module(bac
 
 class Fields(nn.Module):
     """A DLRM-style recommender: one table for every categorical field, each field's ids shifted
-    into its own rows; and a product of ids, which no bound follows."""
+    into its own rows; an item id shifted by a number; hashed ids (``%``, always in range), and
+    positions counted from a mask (``cumsum``: bounded by the length, not by any id)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -214,14 +215,29 @@ class Fields(nn.Module):
         self.register_buffer("offsets", torch.tensor([0, 100, 200]), persistent=False)
 
     def forward(self, ids: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
-        return self.table(ids + self.offsets).sum(1) + self.small(item + 3) + self.small(item * 2)
+        positions = (ids > 0).long().cumsum(1)
+        return (self.table(ids + self.offsets).sum(1) + self.small(item + 3) + self.small(ids % 50).sum(1)
+                + self.small(positions).sum(1))
+
+
+class Doubled(nn.Module):
+    """Ids that reach their table through a product: no bound follows them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(50, 8)
+
+    def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.table(ids * 2) + x
 
 
 def test_ids_shifted_by_a_constant_are_bounded_by_the_rows_less_the_largest_shift(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     exported = torch.export.export(Fields().eval(), (torch.randint(0, 100, (4, 3)), torch.randint(0, 20, (4,))))
-    assert program_index_bounds(exported) == IndexBounds({0: 100, 1: 47}, frozenset())
+    assert program_index_bounds(exported) == IndexBounds({0: 100, 1: 47}, frozenset(), frozenset())
+    doubled = torch.export.export(Doubled().eval(), (torch.randint(0, 20, (4,)), torch.randn(4, 8)))
+    assert program_index_bounds(doubled) == IndexBounds({}, frozenset(), frozenset({0}))
     offsets = helper.make_node("Constant", [], ["offsets"],
                                value=numpy_helper.from_array(np.array([0, 100, 200], np.int64), "o"))
     negative = helper.make_node("Constant", [], ["back"], value=numpy_helper.from_array(np.array([-1], np.int64), "b"))
@@ -256,6 +272,22 @@ def test_a_torch_compile_region_hands_ids_outside_the_table_to_the_original_modu
         spilled[1, 0] = 150               # the first field's id into the second field's rows: eager answers
         assert torch.allclose(fast(spilled, item), model(spilled, item), atol=1e-5)
     assert fast.fallback_calls == 2 and "input 0 holds an index outside 0-99" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_no_inductor_program_is_built_for_ids_that_reach_a_table_through_arithmetic():
+    """No check before the call can follow ``ids * 2``: AOTInductor and torch.compile, whose kernels
+    would abort the process on a value out of range, are rejected with the reason (the runtimes,
+    which raise their own error or answer with numbers there, are not)."""
+    torch.manual_seed(0)
+    model = Doubled().eval()
+    build = recompile(model, (torch.randint(0, 20, (4,)), torch.randn(4, 8)), budget=6, records=False,
+                      deployed_race=False, rounds=3, backends=("eager", "compile", "aoti"))
+    rejected = {t.candidate.backend: t.reason for t in build.result.trials.values() if t.status == "compile_error"}
+    assert set(rejected) == {"compile", "aoti"}, rejected
+    assert all("input 0 reaches an index through arithmetic" in why for why in rejected.values()), rejected
+    assert all(c.candidate.backend == "eager" for c in build.plan.choices)
 
 
 def test_bounds_round_trip_through_their_record_and_a_bad_record_is_refused():

@@ -39,7 +39,7 @@ from cuvil_pgc.recompile.aoti_outputs import (
 )
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
-from cuvil_pgc.recompile.index_bounds import IndexBounds, program_index_bounds
+from cuvil_pgc.recompile.index_bounds import IndexBounds, program_index_bounds, unchecked_reason
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.object_outputs import OUTPUTS_VERSION
 from cuvil_pgc.recompile.realized import CompiledRegion, ExportError, Realized
@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 LOW_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+#: bump when what :mod:`.index_bounds` checks in AOTInductor and torch.compile regions changes
+INDEX_CHECKS_VERSION = 1
 #: bump when the channels_last program changes (see :class:`_ChannelsLast`)
 LAYOUT_VERSION = 2
 #: CPU convolutions with fewer input channels keep NCHW under channels_last: oneDNN's NHWC kernels
@@ -195,6 +197,8 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     if inputs.signature is not None:
         signature, spec = inputs.signature, inputs.spec
         index_bounds = compile_bounds(module, inputs) if device == "cpu" else None
+        if index_bounds is not None and unchecked_reason(index_bounds):
+            raise ExportError(unchecked_reason(index_bounds))
     return Realized(CompiledRegion(module, compiled, signature, cand.config, spec, index_bounds), rewrites=applied)
 
 
@@ -267,6 +271,8 @@ def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, pat
     with torch.no_grad():
         exported = export_program(prepared, inputs)
         bounds = program_index_bounds(exported)
+        if unchecked_reason(bounds):
+            raise ExportError(unchecked_reason(bounds))
         package_aoti(exported, cand, path)
     Path(_bounds_path(path)).write_text(json.dumps(bounds.to_record()))
     return bounds
@@ -338,6 +344,8 @@ def program_key(cand: Candidate) -> str:
     (rewrites, layout): a cached package or a recorded measurement of an older program is not
     reused for a changed one."""
     versions = [f"rewrites-v{REWRITES_VERSION}"] * cand.rewrite + [f"layout-v{LAYOUT_VERSION}"] * cand.channels_last
+    if cand.backend in ("aoti", "compile"):     # the index checks its region makes (or refuses it for)
+        versions.append(f"index-checks-v{INDEX_CHECKS_VERSION}")
     if cand.backend == "aoti" or cand.backend in RUNTIME_BACKENDS:   # an export of the output's tensors
         versions.append(f"outputs-v{OUTPUTS_VERSION}")
     if cand.backend in RUNTIME_BACKENDS:   # a measurement of another runtime version is not this one's

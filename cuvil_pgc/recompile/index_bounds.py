@@ -48,10 +48,16 @@ _INDEX_DTYPES = (torch.int64, torch.int32)
 
 class IndexBounds(NamedTuple):
     """input position (among the region's tensor inputs, the order of its tensor leaves) -> the
-    rows of the smallest tensor it indexes; and the positions whose bound is sized (see above)."""
+    rows of the smallest tensor it indexes; the positions whose bound is sized (see above); and
+    the positions whose values reach an index through arithmetic no bound follows (``ids * 2``,
+    ``ids - 1``, another input added), found in ``torch.export`` programs only: an AOTInductor or
+    torch.compile program of such a region aborts the process on a value out of range, so
+    :func:`~.apply.realize` refuses to build one (:func:`unchecked_reason`). Not recorded: a
+    build holds no such region."""
 
     rows: dict[int, int]
     sized: frozenset[int] = frozenset()
+    unchecked: frozenset[int] = frozenset()
 
     def to_record(self) -> dict[str, Any]:
         """The JSON record of these bounds (plan.json's choice, a cached package's): nothing
@@ -201,11 +207,13 @@ def program_index_bounds(exported: Any) -> IndexBounds:
     constants = _program_constants(exported)
     rows: dict[int, int] = {}
     sized: set[int] = set()
+    unchecked: set[int] = set()
     for node in exported.graph.nodes:
         for data, dim, index in _fx_indexing(node):
             source, shift = _fx_source(index, constants)
             if source is None or source.name not in positions or source.meta.get("val") is None \
                     or source.meta["val"].dtype not in _INDEX_DTYPES:
+                unchecked.update(positions[p.name] for p in _fx_ids_reaching(index, positions))
                 continue
             value = data.meta.get("val") if isinstance(data, torch.fx.Node) else None
             if value is None or not -value.dim() <= dim < value.dim():
@@ -217,7 +225,20 @@ def program_index_bounds(exported: Any) -> IndexBounds:
             table = data.op == "get_attr" or kinds.get(data.name) not in (None, InputKind.USER_INPUT)
             if not table:
                 sized.add(positions[source.name])
-    return IndexBounds(rows, frozenset(sized))
+    return IndexBounds(rows, frozenset(sized), frozenset(unchecked))
+
+
+def unchecked_reason(bounds: IndexBounds) -> str | None:
+    """Why an AOTInductor or torch.compile program of a region with these bounds must not be
+    built, or None. Worded as an ExportError's (its exporter first): every program torch.export
+    makes of the region has the same indices."""
+    if not bounds.unchecked:
+        return None
+    names = ", ".join(map(str, sorted(bounds.unchecked)))
+    return (f"torch.export failed to bound the region's indices: input {names} reaches an index through "
+            "arithmetic that no check before the call follows, and an out-of-range value would abort the "
+            "process in Inductor's kernels (their index check throws inside OpenMP's threads) where eager "
+            "raises IndexError")
 
 
 def _fx_indexing(node: Any) -> list[tuple[Any, int, Any]]:
@@ -243,6 +264,41 @@ _FX_DIM_INDEX = {"index_select", "index_add", "index_add_", "index_copy", "index
 _FX_PASS_VALUES = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "select", "slice", "expand",
                    "permute", "transpose", "t", "clone", "contiguous", "alias", "flatten", "narrow", "detach",
                    "_to_copy", "to", "lift_fresh_copy"}
+
+
+#: ATen ops whose output's values follow their inputs' arithmetically (an index made of ids by them
+#: is out of range wherever they take the ids; comparisons, ``cumsum`` of a mask, ``argmax`` and
+#: ``remainder`` by a size make values that do not follow an id's range this way)
+_FX_ARITHMETIC = {"add", "sub", "rsub", "mul", "neg", "floor_divide", "div", "cat", "stack", "where",
+                  "masked_fill", "abs", "bitwise_and", "bitwise_or", "bitwise_xor"}
+
+
+def _fx_ids_reaching(node: Any, positions: dict[str, int]) -> list[Any]:
+    """The integer user inputs whose values reach ``node`` through arithmetic and moves."""
+    import operator
+
+    found, seen, todo = [], set(), [node]
+    while todo and len(seen) < 512:
+        node = todo.pop()
+        if not isinstance(node, torch.fx.Node) or node in seen:
+            continue
+        seen.add(node)
+        value = node.meta.get("val")
+        if not isinstance(value, (list, tuple)) and getattr(value, "dtype", None) not in _INDEX_DTYPES:
+            continue                 # a float or a mask: not an id's values (a list: split's parts)
+        if node.op == "placeholder":
+            found += [node] if node.name in positions else []
+            continue
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:
+            todo.append(node.args[0] if isinstance(node.args[0], torch.fx.Node) else None)
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.name.removeprefix("aten::") in _FX_ARITHMETIC | _FX_PASS_VALUES:
+            todo += [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)]
+            todo += [a for arg in node.args if isinstance(arg, (list, tuple)) for a in arg]
+    return found
 
 
 def _program_constants(exported: Any) -> dict[str, torch.Tensor]:
