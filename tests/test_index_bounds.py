@@ -15,6 +15,7 @@ from torch import nn
 from cuvil_pgc.recompile import recompile, runtimes
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.index_bounds import IndexBounds, index_bounds, out_of_range, program_index_bounds
+from cuvil_pgc.recompile.plan_doc import SIZE_BOUNDS_FORMAT
 from tests._service import run_service
 
 
@@ -112,19 +113,21 @@ model = Graph().eval()
 model.load_state_dict(torch.load(sys.argv[1]))
 fast = load_build(sys.argv[2], model, pubkey=sys.argv[3])
 x, edges = torch.load(sys.argv[4])
+bigger, more_edges = torch.randn(2 * x.shape[0], x.shape[1]), torch.randint(0, 2 * x.shape[0], (2, 60))
+good, errors = [], []
 with torch.no_grad():
-    good = float((fast(x, edges) - model(x, edges)).abs().max())
-    bad = edges.clone()
-    bad[1, 7] = x.shape[0]                 # a node id one past the graph's nodes
-    errors = []
-    for run in (model, fast):
-        try:
-            run(x, bad)
-            errors.append(None)
-        except Exception as exc:
-            errors.append(f"{type(exc).__name__}: {exc}")
+    for nodes, edge_list in ((x, edges), (bigger, more_edges)):      # the captured sizes, and a larger graph
+        good.append(float((fast(nodes, edge_list) - model(nodes, edge_list)).abs().max()))
+        bad = edge_list.clone()
+        bad[1, 7] = nodes.shape[0]                 # a node id one past the graph's nodes
+        for run in (model, fast):
+            try:
+                run(nodes, bad)
+                errors.append(None)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
 print(json.dumps({"good": good, "errors": errors, "fallback_calls": fast.fallback_calls,
-                  "applied": fast.cuvil_load_report.applied,
+                  "other_shape_calls": fast.other_shape_calls, "applied": fast.cuvil_load_report.applied,
                   "direct_ids": [[i, rows] for i, _, rows in fast._direct_ids]}))
 """
 
@@ -135,8 +138,9 @@ print(json.dumps({"good": good, "errors": errors, "fallback_calls": fast.fallbac
 def test_a_node_id_past_the_graph_raises_eagers_error_in_a_service_instead_of_aborting_it(backend, tmp_path, keys,
                                                                                            caplog):
     """Before, AOTInductor's package and torch.compile's program aborted the service process (their
-    kernels' index check throws inside OpenMP's threads) and OpenVINO answered with numbers. A build
-    made with other sizes on gets none for this region: its bound holds for the captured sizes only."""
+    kernels' index check throws inside OpenMP's threads) and OpenVINO answered with numbers. The
+    bound follows the graph's nodes: the program for other sizes checks the edge list against the
+    call's own nodes (torch.compile builds no such program)."""
     if backend in runtimes.RUNTIMES and not runtimes.check(backend).ok:
         pytest.skip(f"{backend} not installed")
     torch.manual_seed(0)
@@ -147,18 +151,27 @@ def test_a_node_id_past_the_graph_raises_eagers_error_in_a_service_instead_of_ab
                           rounds=3, dynamic=True)
     assert build.plan.choices[0].runtime["index_bounds"] == {"1": 20}
     assert build.plan.choices[0].runtime["sized_index_inputs"] == [1]
-    assert build.module.other_shapes is None
-    if backend != "compile":         # which builds no program for other sizes
-        assert "other sizes run the original module: input 1" in caplog.text
+    other = build.module.other_shapes
+    if backend == "compile":
+        assert other is None
+    else:                         # the edge list checked against the rows of x, whatever they are
+        assert other.index_bounds == {1: (other.inputs[0][1][0],)} and isinstance(other.inputs[0][1][0], str)
+        assert build.plan.choices[0].other_shapes["index_bounds"] == {"1": [other.inputs[0][1][0]]}
+        assert build.plan.to_json()["format"] == SIZE_BOUNDS_FORMAT
     path = build.save(tmp_path / "graph.cuvilpkg", signing_key=str(keys[0]))
     torch.save(model.state_dict(), tmp_path / "weights.pt")
     torch.save((x, edges), tmp_path / "inputs.pt")
     report = run_service(GRAPH_SERVICE, tmp_path / "weights.pt", path, keys[1], tmp_path / "inputs.pt", cwd=tmp_path)
-    assert report["applied"] == [f"<model>: {backend}"] and report["good"] < 1e-4, report
+    assert max(report["good"]) < 1e-4, report
     if backend == "aoti":        # the package's own call, the edge list checked before it
         assert report["direct_ids"] == [[1, 20]], report
-    eager, built = report["errors"]
-    assert eager is not None and built == eager and report["fallback_calls"] == 1, report    # eager's own error
+    eager, built, eager_bigger, built_bigger = report["errors"]
+    assert eager is not None and built == eager and built_bigger == eager_bigger is not None, report  # eager's own error
+    if backend == "compile":     # the larger graph runs the original module
+        assert report["applied"] == ["<model>: compile"] and report["fallback_calls"] == 3, report
+    else:
+        assert report["applied"] == [f"<model>: {backend} (and other input sizes)"], report
+        assert report["fallback_calls"] == 2 and report["other_shape_calls"] == 1, report
 
 
 def test_out_of_range_reads_negative_ids_as_out_of_range():

@@ -379,7 +379,7 @@ def test_an_aoti_program_is_never_probed_with_sizes_it_named_apart_varying_alone
         seen.append(tuple(tuple(a.shape) for a in call))
         return model(*call)
 
-    fake = lambda *a, **k: (program, "first", [["", "s0"], ["", "s1"]])        # noqa: E731
+    fake = lambda *a, **k: (program, "first", [["", "s0"], ["", "s1"]], {})        # noqa: E731
     monkeypatch.setattr(other_shapes, "_aoti_program", fake)
     monkeypatch.setattr(other_shapes, "_runtime_program", fake)
     from cuvil_pgc.recompile.apply import ScopeInputs
@@ -401,7 +401,7 @@ def test_a_size_that_cannot_change_alone_ties_the_sizes_captured_equal_that_coul
     up to the mask's captured length and the mask only down to it, so a call at any other length
     ran the original module. Both now vary together."""
     model, args = MaskAtLeast().eval(), (torch.randint(0, 9, (1, 16)), torch.ones(1, 16))
-    fake = lambda *a, **k: (model, "first", [["", "s0"], ["", "s1"]])        # noqa: E731
+    fake = lambda *a, **k: (model, "first", [["", "s0"], ["", "s1"]], {})        # noqa: E731
     monkeypatch.setattr(other_shapes, "_runtime_program", fake)
     from cuvil_pgc.recompile.apply import ScopeInputs
 
@@ -410,3 +410,49 @@ def test_a_size_that_cannot_change_alone_ties_the_sizes_captured_equal_that_coul
     for n in (9, 20):
         call = (torch.randint(0, 9, (1, n)), torch.ones(1, n))
         assert shapes.fits(call), shapes.misfit(call)
+
+
+def test_indices_into_a_tensor_sized_by_the_inputs_are_checked_against_the_calls_own_size(monkeypatch):
+    """A graph network's edge list indexes its nodes (``x[src]``): the program for other sizes
+    checks each call's node ids against that call's nodes, found as the size the program names
+    for the rows of ``x``; a size no input's dimension is refuses the program."""
+    from cuvil_pgc.recompile.apply import ScopeInputs
+    from tests.test_index_bounds import Graph
+
+    torch.manual_seed(0)
+    model = Graph().eval()
+    args = (torch.randn(20, 8), torch.randint(0, 20, (2, 40)))
+    free = [["s0", ""], ["", "s1"]]
+    monkeypatch.setattr(other_shapes, "_runtime_program", lambda *a, **k: (model, "first", free, {1: {"s0"}}))
+    shapes = other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
+                                             rtol=None, atol=None, sized=frozenset({1}))
+    assert shapes.index_bounds == {1: ("s0",)}
+    assert shapes.to_json("m")["index_bounds"] == {"1": ["s0"]}
+    edges = torch.randint(0, 30, (2, 50))
+    assert shapes.fits((torch.randn(30, 8), edges))
+    edges[0, 3] = 30
+    assert "input 1 holds an index outside 0-29" in shapes.misfit((torch.randn(30, 8), edges))
+    assert shapes.fits((torch.randn(31, 8), edges))
+    monkeypatch.setattr(other_shapes, "_runtime_program", lambda *a, **k: (model, "first", free, {1: {"s0 - 1"}}))
+    with pytest.raises(other_shapes.OtherShapesError, match=r"input 1 indexes a tensor sized by the inputs .*\(s0 - 1\)"):
+        other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
+                                        rtol=None, atol=None, sized=frozenset({1}))
+
+
+@pytest.mark.parametrize("bounds,why", [({"1": ["s9"]}, "is malformed"), ({"5": ["s0"]}, "is malformed"),
+                                        ({"1": [0]}, "is malformed"), (None, "does not check the indices")])
+def test_a_loaded_program_for_other_sizes_that_would_not_check_its_indices_is_left_out(bounds, why, caplog):
+    """A record whose index bounds name no size of the inputs, or none for an input the region
+    bounds by the captured sizes (a graph's edge list), leaves other sizes to the original module."""
+    from types import SimpleNamespace
+
+    record = {"artifact": "ort/0-shapes.onnx", "inputs": [["float32", ["s0", 8]], ["int64", [2, "s1"]]],
+              "ranges": {"s0": [20, 320], "s1": [1, 640]}}
+    if bounds is not None:
+        record["index_bounds"] = bounds
+    choice = SimpleNamespace(other_shapes=record, candidate=Candidate("", "ort"), label="<model>")
+    region = SimpleNamespace(other_shapes=None, sized_bounds=frozenset({1}))
+    vb = SimpleNamespace(extract=lambda *a: pytest.fail("extracted a program it should leave out"))
+    with caplog.at_level(logging.WARNING):
+        other_shapes.load_other_shapes(vb, choice, region, "dir", "cpu")
+    assert region.other_shapes is None and why in caplog.text

@@ -79,8 +79,8 @@ def test_candidate_from_json_keeps_unknown_fields_and_a_known_one_is_unchanged()
 
 
 def test_another_format_or_a_malformed_choice_is_refused():
-    with pytest.raises(PlanFormatError, match="format 4"):
-        Plan.from_json({**FORMAT_1, "format": 4})
+    with pytest.raises(PlanFormatError, match="format 5"):
+        Plan.from_json({**FORMAT_1, "format": 5})
     with pytest.raises(PlanFormatError, match="no candidate"):
         Plan.from_json({**FORMAT_1, "choices": [{"scope": "x"}]})
     with pytest.raises(PlanFormatError, match="not an object"):
@@ -185,3 +185,14 @@ def test_a_choices_program_for_other_sizes_round_trips_and_a_malformed_one_is_dr
     assert plan.choices[0].other_shapes == record and plan.choices[1].other_shapes is None
     assert plan.to_json()["choices"][0]["other_shapes"] == record
     assert "other_shapes" not in Plan.from_json(json.loads(json.dumps(FORMAT_1))).to_json()["choices"][0]
+    assert plan.to_json()["format"] == 2
+
+
+def test_a_program_for_other_sizes_that_checks_indices_makes_the_plan_format_4():
+    """An older cuvil-pgc, which reads up to format 3, would run it without checking an edge
+    list against the call's nodes: it refuses the plan instead."""
+    doc = json.loads(json.dumps(FORMAT_1))
+    doc["choices"][0]["other_shapes"] = {"artifact": "ort/0-shapes.onnx", "inputs": [["int64", ["s0"]]],
+                                         "ranges": {"s0": [1, 64]}, "index_bounds": {"0": ["s0"]}}
+    written = Plan.from_json(doc).to_json()
+    assert written["format"] == 4 and Plan.from_json(written).choices[0].other_shapes["index_bounds"] == {"0": ["s0"]}

@@ -234,18 +234,12 @@ def _add_other_shapes(result: Any, device: str, rtol: float | None, atol: float 
         region = getattr(result.realized.get(scope), "module", None)
         if cand.backend not in other_shapes.BACKENDS or region is None:
             continue
-        if region.sized_bounds:
-            log.warning("cuvil-pgc: %s (%s) runs only its captured input sizes, other sizes run the original "
-                        "module: input %s indexes a tensor sized by the inputs (a graph's nodes, say), a bound the "
-                        "program for other sizes could not check", scope or "<model>", cand.config,
-                        ", ".join(map(str, sorted(region.sized_bounds))))
-            continue
         inputs = result.scope_inputs[scope]
         prepared, _ = prepare_module(region.original, cand, device)
         key = runtime_key(region.original, cand, inputs, result.machine, result.weights.get(scope))
         try:
             region.other_shapes = other_shapes.build_other_shapes(region.original, prepared, cand, inputs, key=key,
-                                                                  rtol=rtol, atol=atol)
+                                                                  rtol=rtol, atol=atol, sized=region.sized_bounds)
         except (other_shapes.OtherShapesError, ExportError) as exc:
             log.warning("cuvil-pgc: %s (%s) runs only its captured input sizes, other sizes run the original "
                         "module: %s", scope or "<model>", cand.config, exc)

@@ -25,8 +25,10 @@ product, another input added) is not checked, as before; an input whose slice al
 is checked whole, which at worst sends a call eager accepts to the original module.
 
 A bound is *sized* where the indexed tensor is not one of the model's own (a table) but computed
-from the inputs (``x[src]``): it holds for the captured sizes only, so such a region gets no
-program for other sizes (:mod:`.other_shapes`).
+from the inputs (``x[src]``): it holds for the captured sizes only. The same analysis of the
+region's program for other sizes names the input size it follows there (``x``'s rows), and that
+program checks it against the call's own (:mod:`.other_shapes`); a region where it follows no
+input's size gets no such program.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class IndexBounds(NamedTuple):
     rows: dict[int, int]
     sized: frozenset[int] = frozenset()
     unchecked: frozenset[int] = frozenset()
+    #: in a program for other sizes: position -> the sizes (an ONNX ``dim_param``, a torch.export
+    #: symbol or expression, less a shift) of the tensors it indexes along the indexed axis, where
+    #: they are not numbers; checkable where each is the name of an input's dimension (see
+    #: :func:`~.other_shapes.build_other_shapes`)
+    named: dict[int, frozenset[str]] = {}
 
     def to_record(self) -> dict[str, Any]:
         """The JSON record of these bounds (plan.json's choice, a cached package's): nothing
@@ -116,9 +123,10 @@ def index_bounds(onnx_path: str | Path) -> IndexBounds:
             producer[out] = node
     positions = {i.name: n for n, i in enumerate(x for x in graph.input if x.name not in tables)}
     integer = {i.name for i in graph.input if i.type.tensor_type.elem_type in _INTEGER_TYPES}
-    shapes = {v.name: _static_dims(v) for v in [*graph.input, *graph.value_info]}
+    shapes = {v.name: _dims(v) for v in [*graph.input, *graph.value_info]}
     rows: dict[int, int] = {}
     sized: set[int] = set()
+    named: dict[int, set[str]] = {}
     for node in graph.node:
         if node.op_type not in _ONNX_INDEXING or len(node.input) < 2:
             continue
@@ -128,28 +136,39 @@ def index_bounds(onnx_path: str | Path) -> IndexBounds:
             continue
         if _ONNX_INDEXING[node.op_type] is None:          # ND: the indices' last dimension names the axes
             leading = (shapes.get(node.input[1]) or [0])[-1]
-            if not 0 < leading <= len(dims):
+            if not isinstance(leading, int) or not 0 < leading <= len(dims):
                 continue
-            size = min(dims[:leading])           # one bound for every axis: at worst eager answers a good call
+            axes = set(dims[:leading])
+            # one bound for every axis: at worst eager answers a good call
+            size = min(axes) if all(isinstance(d, int) for d in axes) else next(iter(axes)) if len(axes) == 1 else None
         else:
             axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            if not -len(dims) <= axis < len(dims):
-                continue
-            size = dims[axis]
+            size = dims[axis] if -len(dims) <= axis < len(dims) else None
         source, shift = _source(node.input[1], producer, constant_values)
-        if size - shift > 0 and source in positions and source in integer:
+        if size is None or source not in positions or source not in integer:
+            continue
+        if isinstance(size, str):            # a size of a program for other sizes
+            named.setdefault(positions[source], set()).add(_less(size, shift))
+            sized.add(positions[source])
+        elif size - shift > 0:
             _bound(rows, positions[source], int(size - shift))
             if data not in tables:
                 sized.add(positions[source])
-    return IndexBounds(rows, frozenset(sized))
+    return IndexBounds(rows, frozenset(sized), named={p: frozenset(n) for p, n in named.items()})
 
 
-def _static_dims(value: Any) -> list[int] | None:
-    """A value's dims where all are known numbers, else None."""
+def _less(size: str, shift: int) -> str:
+    """The name of a named size less a shift (one no input's dimension has)."""
+    return f"{size} - {shift}" if shift else size
+
+
+def _dims(value: Any) -> list[int | str] | None:
+    """A value's dims, each a number or the name of a size (``dim_param``); None where any is
+    unknown."""
     dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
-    if not dims or any(not d.HasField("dim_value") for d in dims):
+    if not dims or any(not d.HasField("dim_value") and not d.dim_param for d in dims):
         return None
-    return [d.dim_value for d in dims]
+    return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims]
 
 
 def _bound(rows: dict[int, int], position: int, size: int) -> None:
@@ -208,6 +227,7 @@ def program_index_bounds(exported: Any) -> IndexBounds:
     rows: dict[int, int] = {}
     sized: set[int] = set()
     unchecked: set[int] = set()
+    named: dict[int, set[str]] = {}
     for node in exported.graph.nodes:
         for data, dim, index in _fx_indexing(node):
             source, shift = _fx_source(index, constants)
@@ -218,14 +238,18 @@ def program_index_bounds(exported: Any) -> IndexBounds:
             value = data.meta.get("val") if isinstance(data, torch.fx.Node) else None
             if value is None or not -value.dim() <= dim < value.dim():
                 continue
-            size = value.shape[dim]
-            if not isinstance(size, int) or size - shift < 1:          # a symbolic size: not bounded here
+            size, position = value.shape[dim], positions[source.name]
+            if isinstance(size, torch.SymInt):           # a program for other sizes
+                named.setdefault(position, set()).add(_less(str(size), shift))
+                sized.add(position)
                 continue
-            _bound(rows, positions[source.name], size - shift)
+            if size - shift < 1:
+                continue
+            _bound(rows, position, size - shift)
             table = data.op == "get_attr" or kinds.get(data.name) not in (None, InputKind.USER_INPUT)
             if not table:
-                sized.add(positions[source.name])
-    return IndexBounds(rows, frozenset(sized), frozenset(unchecked))
+                sized.add(position)
+    return IndexBounds(rows, frozenset(sized), frozenset(unchecked), {p: frozenset(n) for p, n in named.items()})
 
 
 def unchecked_reason(bounds: IndexBounds) -> str | None:

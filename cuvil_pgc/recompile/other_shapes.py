@@ -18,7 +18,9 @@ left out with the reason. In a build its files are the members ``<backend>/<n>-s
 and the plan's choice records them in ``other_shapes``: ``{"artifact": member, "inputs": [[dtype,
 [size or null, ...]], ...]}`` (null: a free dimension; an input that is null itself was captured
 as None, as a tokenizer's mapping that skips GPT-2's ``past_key_values`` leaves it, and the
-program does not take it). A cuvil-pgc that
+program does not take it), and ``index_bounds``, ``{position: [size or size name, ...]}``, where an
+input's indices address a tensor sized by the inputs (see :class:`OtherShapes`; plan.json format
+4). A cuvil-pgc that
 predates them ignores the record and runs the original module for other sizes, as before (one that
 predates the null inputs warns that the record is malformed, and does the same).
 """
@@ -26,7 +28,7 @@ predates the null inputs warns that the record is malformed, and does the same).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,6 +36,7 @@ from torch import nn
 
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.accuracy import check_outputs
+from cuvil_pgc.recompile.index_bounds import index_bounds, out_of_range, program_index_bounds
 from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
 from cuvil_pgc.recompile.ort_runner import OrtRunner
 from cuvil_pgc.recompile.output_template import OutputTemplate
@@ -74,6 +77,10 @@ class OtherShapes:
     inputs: list[tuple[torch.dtype, tuple[int | str, ...]] | None]
     ranges: dict[str, tuple[int, int]]                          # per size name: the smallest and largest checked
     artifact: str                                               # its first local file
+    #: positional input -> the sizes (a number, or a size name of ``inputs``) of the tensors its
+    #: indices address, where one is sized by the call (a graph's nodes: ``x[src]``); a call with an
+    #: index outside one does not fit (see :mod:`.index_bounds`)
+    index_bounds: dict[int, tuple[int | str, ...]] = field(default_factory=dict)
 
     def fits(self, args: tuple[Any, ...]) -> bool:
         """Whether ``args`` are CPU tensors this program was checked for (see :meth:`misfit`)."""
@@ -105,6 +112,13 @@ class OtherShapes:
             lo, hi = self.ranges[name]
             if not lo <= n <= hi:
                 return f"a size of {n} is outside the sizes {lo}-{hi} its program for other sizes was checked at"
+        for i, bounds in self.index_bounds.items():
+            for bound in bounds:
+                rows = bound if type(bound) is int else sizes[bound]
+                if out_of_range(args[i], rows):
+                    return (f"input {i} holds an index outside 0-{rows - 1}, the rows of what it indexes in this "
+                            "call: the program does not check indices as eager does, and the original module "
+                            "raises eager's error")
         return None
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
@@ -113,20 +127,26 @@ class OtherShapes:
         return self.runner.call_positional(tuple(a for a in args if a is not None))
 
     def to_json(self, member: str) -> dict[str, Any]:
-        return {"artifact": member,
-                "inputs": [None if spec is None else [str(spec[0]).removeprefix("torch."), list(spec[1])]
-                           for spec in self.inputs],
-                "ranges": {name: list(r) for name, r in self.ranges.items()}}
+        doc = {"artifact": member,
+               "inputs": [None if spec is None else [str(spec[0]).removeprefix("torch."), list(spec[1])]
+                          for spec in self.inputs],
+               "ranges": {name: list(r) for name, r in self.ranges.items()}}
+        if self.index_bounds:          # a plan holding them is format 4 (see plan_doc.SIZE_BOUNDS_FORMAT)
+            doc["index_bounds"] = {str(i): list(b) for i, b in sorted(self.index_bounds.items())}
+        return doc
 
 
 def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any, *, key: str,
-                       rtol: float | None, atol: float | None) -> OtherShapes:
+                       rtol: float | None, atol: float | None, sized: frozenset[int] = frozenset()) -> OtherShapes:
     """The program of ``cand`` (an ONNX Runtime, OpenVINO or AOTInductor candidate) for ``module`` at
     other input sizes, checked against ``module`` at probes of other sizes; raises
     :class:`OtherShapesError` (or :class:`~.realized.ExportError`).
 
     ``prepared`` is the module the region exports (rewrites applied), ``key`` the region's
-    artifact cache key (:func:`~.apply.runtime_key`)."""
+    artifact cache key (:func:`~.apply.runtime_key`), ``sized`` the tensor inputs whose indices
+    address a tensor sized by the inputs (:attr:`~.index_bounds.IndexBounds.sized`): the program
+    checks each against the size of the call's input that sizes it (a graph's nodes, the rows of
+    ``x``), found in the program for other sizes, or is refused where no input's dimension is that size."""
     from cuvil_pgc.recompile.realized import ExportError
 
     if cand.backend not in BACKENDS:
@@ -136,9 +156,9 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
         raise OtherShapesError("it is called with other than positional CPU tensors (and Nones)")
     try:
         if cand.backend == "aoti":
-            runner, first, free = _aoti_program(prepared, cand, inputs, key)
+            runner, first, free, named = _aoti_program(prepared, cand, inputs, key)
         else:
-            runner, first, free = _runtime_program(module, prepared, cand, inputs, key)
+            runner, first, free, named = _runtime_program(module, prepared, cand, inputs, key)
     except (ExportError, OtherShapesError):
         raise
     except Exception as exc:
@@ -146,14 +166,36 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
     if not any(name for sizes in free for name in sizes):
         raise OtherShapesError("the exporter fixed every input dimension (the program allows no other sizes)")
     free = _at_positions(inputs.args, free)
+    where = _sized_at(inputs.args, free, named, sized)
     # an AOTInductor kernel checks its index arithmetic inside OpenMP's threads, where a failed
     # check ends the process (std::terminate): it is never probed with sizes it named apart
     # varying alone (a Llama returning its cache accepted token ids one longer than their mask in
     # eager; the package aborted the recompile)
     names, ranges = _check(runner, module, inputs.args, free, rtol, atol, alone_probes=cand.backend != "aoti")
+    bounds = {p: tuple(names[i][j] or int(inputs.args[i].shape[j]) for i, j in dims) for p, dims in where.items()}
     return OtherShapes(runner, [None if a is None else (a.dtype, tuple(name or n for name, n in zip(dims, a.shape,
                                                                                                    strict=True)))
-                                for a, dims in zip(inputs.args, names, strict=True)], ranges, first)
+                                for a, dims in zip(inputs.args, names, strict=True)], ranges, first, bounds)
+
+
+def _sized_at(args: tuple[Any, ...], free: list[list[str]], named: dict[int, frozenset[str]],
+              sized: frozenset[int]) -> dict[int, list[tuple[int, int]]]:
+    """Positional input -> the (input, dimension) of each size its indices address, for the tensor
+    inputs ``sized`` (counted among the tensors, as :class:`~.index_bounds.IndexBounds`); raises
+    :class:`OtherShapesError` for one whose size is no input's dimension in the program."""
+    tensors = [i for i, a in enumerate(args) if a is not None]
+    dims = {name: (i, j) for i in reversed(range(len(free))) for j, name in reversed(list(enumerate(free[i])))
+            if name}
+    where: dict[int, list[tuple[int, int]]] = {}
+    for p in sorted(sized):
+        sizes = named.get(p)
+        missing = sorted(n for n in sizes or () if n not in dims)
+        if p >= len(tensors) or not sizes or missing:
+            raise OtherShapesError(f"input {p} indexes a tensor sized by the inputs (a graph's nodes, say), and in the "
+                                   f"program for other sizes that size ({', '.join(missing) or 'unknown'}) is no "
+                                   "input's dimension: no check before the call could bound it")
+        where[tensors[p]] = [dims[n] for n in sorted(sizes)]
+    return where
 
 
 def _at_positions(args: tuple[Any, ...], free: list[list[str]]) -> list[list[str]]:
@@ -164,8 +206,9 @@ def _at_positions(args: tuple[Any, ...], free: list[list[str]]) -> list[list[str
 
 
 def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
-                     key: str) -> tuple[Any, str, list[list[str]]]:
-    """(runner, first file, free dimensions) of the free-size ONNX export on ONNX Runtime or OpenVINO."""
+                     key: str) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]]]:
+    """(runner, first file, free dimensions, named index bounds) of the free-size ONNX export on
+    ONNX Runtime or OpenVINO."""
     with torch.no_grad():
         template = OutputTemplate.of(prepared(*inputs.args))
     onnx_path = artifact_path(key, "onnx-shapes", None, ".onnx")
@@ -177,12 +220,14 @@ def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: 
         first = artifact_path(key, "openvino-shapes", None, ".xml")
         if not first.exists():
             convert_openvino(onnx_path, first)
-    return _runner(cand, str(first), template, module), str(first), free
+    return _runner(cand, str(first), template, module), str(first), free, index_bounds(str(onnx_path)).named
 
 
-def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tuple[Any, str, list[list[str]]]:
-    """(runner, package, free dimensions) of the free-size ``torch.export`` as an AOTInductor package
-    with the candidate's Inductor options (exporting again is seconds; compiling is cached)."""
+def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any,
+                  key: str) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]]]:
+    """(runner, package, free dimensions, named index bounds) of the free-size ``torch.export`` as an
+    AOTInductor package with the candidate's Inductor options (exporting again is seconds; compiling
+    is cached)."""
     from cuvil_pgc.recompile.aoti_outputs import TENSOR_OUTPUTS_KEY, TensorOutputs, aoti_output_template
     from cuvil_pgc.recompile.apply import export_program, package_aoti, program_key
 
@@ -196,7 +241,7 @@ def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any, key: str) -> tupl
     path = artifact_path(f"{key}|{program_key(cand)}{tensors}", "aoti-shapes", None, ".pt2")
     if not path.exists():
         package_aoti(exported, cand, str(path))
-    return AotiRunner(str(path), template is not None, template), str(path), free
+    return AotiRunner(str(path), template is not None, template), str(path), free, program_index_bounds(exported).named
 
 
 def _runner(cand: Any, first: str, template: OutputTemplate | None, original: nn.Module | None,
@@ -406,12 +451,23 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         ranges = {str(name): (int(lo), int(hi)) for name, (lo, hi) in record["ranges"].items()}
         if any(isinstance(d, str) and d not in ranges for spec in inputs if spec is not None for d in spec[1]):
             raise KeyError("a size without a range")
+        bounds = {int(i): tuple(b if isinstance(b, str) else int(b) for b in sizes)
+                  for i, sizes in record.get("index_bounds", {}).items()}
+        if any(not 0 <= i < len(inputs) or inputs[i] is None or not sizes
+               or any(isinstance(b, str) and b not in ranges or isinstance(b, int) and b < 1 for b in sizes)
+               for i, sizes in bounds.items()):
+            raise KeyError("an index bound that is not a size of the inputs")
     except (AttributeError, KeyError, TypeError, ValueError):
         log.warning("cuvil-pgc: the build's record of the program for other input sizes of %s is malformed; "
                     "other sizes run the original module", choice.label)
+        return
+    tensors = [i for i, spec in enumerate(inputs) if spec is not None]
+    if any(p >= len(tensors) or tensors[p] not in bounds for p in region.sized_bounds):
+        log.warning("cuvil-pgc: the program for other input sizes of %s does not check the indices its region "
+                    "bounds by the captured sizes; other sizes run the original module", choice.label)
         return
     local = {suffix: str(vb.extract(stem + suffix, extract_dir)) for suffix in _suffixes(cand.backend)}
     first = local[_suffixes(cand.backend)[0]]
     template = getattr(region.compiled, "template", None)     # runtimes rebuild the output's structure
     runner = _runner(cand, first, template, region.original, isinstance(region.compiled, TensorOutputsAOTI))
-    region.other_shapes = OtherShapes(runner, inputs, ranges, first)
+    region.other_shapes = OtherShapes(runner, inputs, ranges, first, bounds)

@@ -20,7 +20,9 @@ Format 1 (still read) is the same without ``runtime_defaults``, and its TensorRT
 engine's GPU and TensorRT version in ``runtime`` (format 2 records them in the manifest, see
 :mod:`.manifest`). Format 3 is format 2 with an AOTInductor choice whose package returns the
 region's output tensors, ``"runtime": {"name": "aoti", "version", "outputs", "tensor_outputs": true}``
-(see :data:`TENSOR_OUTPUTS_FORMAT`); plans without one are still written as format 2. Fields this
+(see :data:`TENSOR_OUTPUTS_FORMAT`); plans without one are still written as format 2. Format 4 is
+format 3 with a program for other sizes that checks indices against the call's sizes (see
+:data:`SIZE_BOUNDS_FORMAT`). Fields this
 version does not know, at any level, are kept in ``extra`` and written back by
 :meth:`Plan.to_json`: a plan read by an older cuvil-pgc and written again keeps a newer one's
 fields (the candidate's own, see :meth:`Candidate.from_json`, too).
@@ -54,8 +56,14 @@ PLAN_FORMAT = 2
 #: tuple of tensors in place of the region's own structure, so such a plan is format 3, which it
 #: refuses; every other plan stays format 2
 TENSOR_OUTPUTS_FORMAT = 3
+#: the format of a plan whose program for other sizes checks indices against the call's own sizes
+#: (a choice's ``other_shapes`` with ``index_bounds``, a graph network's edge list against its nodes,
+#: see :class:`~.other_shapes.OtherShapes`): a version that reads only up to format 3 would run that
+#: program without the check, where an index past the call's nodes aborts the process or answers with
+#: numbers, so such a plan is format 4, which it refuses
+SIZE_BOUNDS_FORMAT = 4
 #: plan.json formats this version reads
-READ_FORMATS = (1, 2, 3)
+READ_FORMATS = (1, 2, 3, 4)
 PLAN_MEMBER = "plan.json"      # the plan's name inside a build
 
 
@@ -126,6 +134,8 @@ class PlanChoice:
     @property
     def format(self) -> int:
         """The oldest plan.json format that can hold this choice."""
+        if (self.other_shapes or {}).get("index_bounds"):
+            return SIZE_BOUNDS_FORMAT
         return TENSOR_OUTPUTS_FORMAT if (self.runtime or {}).get("tensor_outputs") else PLAN_FORMAT
 
     def to_json(self) -> dict[str, Any]:

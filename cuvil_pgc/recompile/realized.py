@@ -154,7 +154,7 @@ class CompiledRegion(nn.Module):
                         return outputs[0] if single else build(outputs)
                 other = self.other_shapes                # nothing hooks in: skip the dispatch here too
                 if other is not None and other.fits(positional) and not self._matches(positional, {}) \
-                        and not self._eager_only(positional, {}):
+                        and not self._eager_only(positional, {}, other_sizes=True):
                     return self._other_sizes(positional)
         return super().__call__(*args, **kwargs)
 
@@ -220,7 +220,7 @@ class CompiledRegion(nn.Module):
                 self._learn_lean(args)
             return self._compiled(*args, **kwargs)
         if self.other_shapes is not None and not kwargs and self.other_shapes.fits(args) \
-                and self._eager_only(args, kwargs) is None:
+                and self._eager_only(args, kwargs, other_sizes=True) is None:
             return self._other_sizes(args)
         return self._fall_back(args, kwargs)
 
@@ -264,18 +264,20 @@ class CompiledRegion(nn.Module):
         return (len(positions), [(None, None) if p is None else next(taken) for p in positions], run, single, build,
                 array_checks(tensors, self.index_bounds))
 
-    def _eager_only(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    def _eager_only(self, args: tuple[Any, ...], kwargs: dict[str, Any], other_sizes: bool = False) -> str | None:
         """Why a call that fits the build's inputs must still run the original module: autocast
         (eager's outputs would be bf16 or fp16), autograd recorded through an input (the programs
         record none), and for a torch.compile program anything its guards would compile again for;
-        and a user's hook on a module inside the region, which no compiled program calls."""
+        a user's hook on a module inside the region, which no compiled program calls; and an index
+        out of range (for a call of ``other_sizes``, the indices into tensors sized by the inputs
+        are the program for other sizes' to check, against the call's own sizes)."""
         hooked = self._hooked()
         if hooked is not None:
             return hook_reason(hooked)
         if self.index_bounds:
             plain = not kwargs and all(type(a) is torch.Tensor for a in args)
             bad = self._id_out_of_range(args if plain else [t for t in pytree.tree_leaves((args, kwargs))
-                                                             if isinstance(t, torch.Tensor)])
+                                                             if isinstance(t, torch.Tensor)], other_sizes)
             if bad is not None:
                 return (f"input {bad[0]} holds an index outside 0-{bad[1] - 1}, the rows of what it indexes: the "
                         "build's programs do not check indices as eager does, and the original module raises "
@@ -312,10 +314,13 @@ class CompiledRegion(nn.Module):
             self.__dict__["_hooks_seen"] = RemovableHandle.next_id       # a plain int, as fallback_calls
         return hooked
 
-    def _id_out_of_range(self, leaves: Any) -> tuple[int, int] | None:
+    def _id_out_of_range(self, leaves: Any, other_sizes: bool = False) -> tuple[int, int] | None:
         """The first (input, rows) whose input holds an id outside the table it indexes, or None
-        (``leaves``: the call's tensors in the order the export flattened them)."""
+        (``leaves``: the call's tensors in the order the export flattened them; ``other_sizes``:
+        the bounds that hold for the captured sizes only are not checked)."""
         for i, rows in self.index_bounds.items():
+            if other_sizes and i in self.sized_bounds:
+                continue
             if i < len(leaves) and out_of_range(leaves[i], rows):
                 return i, rows
         return None
