@@ -6,6 +6,7 @@ original module: ids outside an embedding table, and node ids outside a graph's 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import pytest
@@ -244,11 +245,23 @@ class Doubled(nn.Module):
         return self.table(ids * 2) + x
 
 
-def test_ids_shifted_by_a_constant_are_bounded_by_the_rows_less_the_largest_shift(tmp_path):
+def _limits(bounds: IndexBounds) -> dict[int, Any]:
+    return {i: n if isinstance(n, int) else n.tolist() for i, n in bounds.rows.items()}
+
+
+def test_ids_shifted_by_a_constant_are_bounded_by_the_rows_less_the_shift_element_by_element(tmp_path):
+    """Each field's ids by its own rows (a DLRM's table holds every field, each shifted into its
+    rows): a call with the first field's id 250 is eager's good call, the last field's 100 is not."""
     from onnx import TensorProto, helper, numpy_helper
 
     exported = torch.export.export(Fields().eval(), (torch.randint(0, 100, (4, 3)), torch.randint(0, 20, (4,))))
-    assert program_index_bounds(exported) == IndexBounds({0: 100, 1: 47}, frozenset(), frozenset())
+    bounds = program_index_bounds(exported)
+    assert _limits(bounds) == {0: [300, 200, 100], 1: 47} and not bounds.sized and not bounds.unchecked
+    assert not out_of_range(torch.tensor([[250, 150, 99]]), bounds.rows[0])
+    assert out_of_range(torch.tensor([[0, 0, 100]]), bounds.rows[0])
+    assert out_of_range(torch.tensor([[-1, 0, 0]]), bounds.rows[0])
+    assert out_of_range(torch.tensor([[0, 0, 0, 0]]), bounds.rows[0])        # another shape: eager answers it
+    assert IndexBounds.from_record(bounds.to_record()).rows[0].tolist() == [300, 200, 100]
     doubled = torch.export.export(Doubled().eval(), (torch.randint(0, 20, (4,)), torch.randn(4, 8)))
     assert program_index_bounds(doubled) == IndexBounds({}, frozenset(), frozenset({0}))
     offsets = helper.make_node("Constant", [], ["offsets"],
@@ -260,7 +273,12 @@ def test_ids_shifted_by_a_constant_are_bounded_by_the_rows_less_the_largest_shif
              helper.make_node("Add", ["other", "back"], ["down"]),          # a negative shift: not followed
              helper.make_node("Gather", ["table", "down"], ["d"])]
     path = _graph(tmp_path, nodes, [("ids", TensorProto.INT64), ("other", TensorProto.INT64)], {"table": (300, 4)})
-    assert index_bounds(path) == IndexBounds({0: 100}, frozenset())
+    assert _limits(index_bounds(path)) == {0: [300, 200, 100]}
+    reshaped = [offsets, helper.make_node("Flatten", ["ids"], ["flat"]),        # elements moved before the shift:
+                helper.make_node("Add", ["flat", "offsets"], ["shifted"]),      # the largest shift bounds all
+                helper.make_node("Gather", ["table", "shifted"], ["t"])]
+    path = _graph(tmp_path, reshaped, [("ids", TensorProto.INT64)], {"table": (300, 4)})
+    assert _limits(index_bounds(path)) == {0: 100}
 
 
 @pytest.mark.slow
@@ -274,7 +292,7 @@ def test_a_torch_compile_region_hands_ids_outside_the_table_to_the_original_modu
     build = recompile(model, (ids, item), plan={"": Candidate("", "compile")}, records=False, deployed_race=False,
                       rounds=3)
     fast = build.module
-    assert build.plan.choices[0].runtime["index_bounds"] == {"0": 100, "1": 47}
+    assert build.plan.choices[0].runtime["index_bounds"] == {"0": [300, 200, 100], "1": 47}
     with torch.no_grad():
         assert torch.allclose(fast(ids, item), model(ids, item), atol=1e-5)
         past = ids.clone()
@@ -282,9 +300,10 @@ def test_a_torch_compile_region_hands_ids_outside_the_table_to_the_original_modu
         with caplog.at_level(logging.WARNING), pytest.raises(IndexError):
             fast(past, item)
         spilled = ids.clone()
-        spilled[1, 0] = 150               # the first field's id into the second field's rows: eager answers
+        spilled[1, 0] = 250               # the first field's id into the last field's rows: eager answers
         assert torch.allclose(fast(spilled, item), model(spilled, item), atol=1e-5)
-    assert fast.fallback_calls == 2 and "input 0 holds an index outside 0-99" in caplog.text
+    assert fast.fallback_calls == 1
+    assert "input 0 holds an index outside 0 and one less than [300, 200, 100]" in caplog.text
 
 
 @pytest.mark.slow
@@ -310,6 +329,7 @@ def test_bounds_round_trip_through_their_record_and_a_bad_record_is_refused():
     assert IndexBounds.from_record(bounds.to_record()) == bounds
     assert IndexBounds({}).to_record() == {} and IndexBounds.from_record({}) is None
     for bad in ({"index_bounds": {"0": 0}}, {"index_bounds": {"x": 3}}, {"index_bounds": []},
-                {"index_bounds": {"0": 3}, "sized_index_inputs": [1]}):
+                {"index_bounds": {"0": 3}, "sized_index_inputs": [1]}, {"index_bounds": {"0": [3, 0]}},
+                {"index_bounds": {"0": []}}, {"index_bounds": {"0": [1.5]}}, {"index_bounds": {"0": True}}):
         with pytest.raises(ValueError, match="is not a map of input positions"):
             IndexBounds.from_record(bad)

@@ -20,7 +20,9 @@ package's), for ``embedding``, ``index``, ``index_select``, ``index_add``, ``ind
 checks those inputs on every call and hands a call with an index out of range to the original
 module, which raises eager's own error. An input shifted by a constant of the model's on the way
 (``emb(ids + field_offsets)``, as DLRM-style recommenders index one table for all their fields) is
-bounded by the rows less the largest shift. An input that reaches the indices some other way (a
+bounded by the rows less the shift, element by element where the shift is a tensor the input's
+shape broadcasts with (each field's ids by its own rows; where a reshape lies between the input
+and the shift, by the rows less the largest shift). An input that reaches the indices some other way (a
 product, another input added) is not checked, as before; an input whose slice alone reaches them
 is checked whole, which at worst sends a call eager accepts to the original module.
 
@@ -48,16 +50,21 @@ _UNSIGNED = {np.dtype(np.int64): np.uint64, np.dtype(np.int32): np.uint32}
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
 
+#: an input's bound: its ids must be >= 0 and below it; a number, or an integer array the input
+#: broadcasts with, element by element (each field of a DLRM's ids has its own rows)
+Limit = int | np.ndarray
+
+
 class IndexBounds(NamedTuple):
     """input position (among the region's tensor inputs, the order of its tensor leaves) -> the
-    rows of the smallest tensor it indexes; the positions whose bound is sized (see above); and
+    :data:`Limit` of its ids (the rows of the smallest tensor it indexes); the positions whose bound is sized (see above); and
     the positions whose values reach an index through arithmetic no bound follows (``ids * 2``,
     ``ids - 1``, another input added), found in ``torch.export`` programs only: an AOTInductor or
     torch.compile program of such a region aborts the process on a value out of range, so
     :func:`~.apply.realize` refuses to build one (:func:`unchecked_reason`). Not recorded: a
     build holds no such region."""
 
-    rows: dict[int, int]
+    rows: dict[int, Limit]
     sized: frozenset[int] = frozenset()
     unchecked: frozenset[int] = frozenset()
     #: in a program for other sizes: position -> the sizes (an ONNX ``dim_param``, a torch.export
@@ -71,7 +78,8 @@ class IndexBounds(NamedTuple):
         when there are none."""
         if not self.rows:
             return {}
-        record: dict[str, Any] = {"index_bounds": {str(i): n for i, n in sorted(self.rows.items())}}
+        record: dict[str, Any] = {"index_bounds": {str(i): n if isinstance(n, int) else n.tolist()
+                                                   for i, n in sorted(self.rows.items())}}
         if self.sized:
             record["sized_index_inputs"] = sorted(self.sized)
         return record
@@ -85,14 +93,29 @@ class IndexBounds(NamedTuple):
         if doc is None:
             return None
         try:
-            rows = {int(i): int(n) for i, n in doc.items()}
+            rows = {int(i): n if isinstance(n, int) and not isinstance(n, bool) else _array(n) for i, n in doc.items()}
             positions = frozenset(int(i) for i in sized)
         except (AttributeError, TypeError, ValueError):
             rows, positions = {}, frozenset()
-        if not rows or any(i < 0 or n < 1 for i, n in rows.items()) or not positions <= set(rows):
+        if not rows or any(i < 0 or np.min(n) < 1 for i, n in rows.items()) or not positions <= set(rows):
             raise ValueError(f"index_bounds {doc!r} (sized: {sized!r}) is not a map of input positions to the "
                              "sizes they index")
         return cls(rows, positions)
+
+
+def _array(values: Any) -> np.ndarray:
+    """A recorded element-wise limit: a nested list of whole numbers, at least one dimension."""
+    if not isinstance(values, list):
+        raise ValueError(values)
+    array = np.asarray(values)
+    if array.ndim < 1 or array.size == 0 or array.dtype.kind != "i":
+        raise ValueError(values)
+    return array.astype(np.int64)
+
+
+def describe(limit: Limit) -> str:
+    """A limit as the error message names it."""
+    return f"0-{limit - 1}" if isinstance(limit, int) else f"0 and one less than {limit.tolist()}, element by element"
 
 
 #: ONNX ops whose second input indexes their first: op -> its default axis (None: the leading axes
@@ -150,16 +173,14 @@ def index_bounds(onnx_path: str | Path) -> IndexBounds:
         if isinstance(size, str):            # a size of a program for other sizes
             named.setdefault(positions[source], set()).add(_less(size, shift))
             sized.add(positions[source])
-        elif size - shift > 0:
-            _bound(rows, positions[source], int(size - shift))
-            if data not in tables:
-                sized.add(positions[source])
+        elif _bound(rows, positions[source], int(size), shift) and data not in tables:
+            sized.add(positions[source])
     return IndexBounds(rows, frozenset(sized), named={p: frozenset(n) for p, n in named.items()})
 
 
-def _less(size: str, shift: int) -> str:
+def _less(size: str, shift: np.ndarray) -> str:
     """The name of a named size less a shift (one no input's dimension has)."""
-    return f"{size} - {shift}" if shift else size
+    return f"{size} - {shift.tolist()}" if shift.any() else size
 
 
 def _dims(value: Any) -> list[int | str] | None:
@@ -171,47 +192,81 @@ def _dims(value: Any) -> list[int | str] | None:
     return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims]
 
 
-def _bound(rows: dict[int, int], position: int, size: int) -> None:
-    rows[position] = min(size, rows.get(position, size))
+def _bound(rows: dict[int, Limit], position: int, size: int, shift: np.ndarray) -> bool:
+    """Bound ``position`` by ``size`` less ``shift`` (and by what bounds it already); False where
+    some element of that limit is below 1 (no id there is valid: left unchecked)."""
+    limit = size - shift
+    if limit.min() < 1:
+        return False
+    new: Limit = int(limit.max()) if limit.min() == limit.max() else limit
+    old = rows.get(position)
+    if old is None:
+        rows[position] = new
+    elif isinstance(old, int) and isinstance(new, int):
+        rows[position] = min(old, new)
+    else:
+        try:
+            rows[position] = np.minimum(old, new)
+        except ValueError:            # shapes that do not broadcast together: the smallest bounds all
+            rows[position] = int(min(np.min(old), np.min(new)))
+    return True
 
 
-def _source(name: str, producer: dict[str, Any], constants: dict[str, Any]) -> tuple[str, int]:
+#: ops on the way from an input to its index that keep each element where it was (a shift of
+#: elements found past any other stays element by element; past one of these, it is its largest)
+_ONNX_IN_PLACE = {"Identity", "Cast"}
+
+
+def _source(name: str, producer: dict[str, Any], constants: dict[str, Any]) -> tuple[str, np.ndarray]:
     """The tensor ``name`` takes its values from, through ops that only move them (a ``Gather``
-    with constant indices picks some of its data's values: ``edge_index[0]``), and the largest
-    constant added to them on the way (an ``Add`` of a constant whose values are all >= 0)."""
-    shift = 0
+    with constant indices picks some of its data's values: ``edge_index[0]``), and the constants
+    added to them on the way (``Add``s of constants with no negative value, see :func:`_bound`)."""
+    shift = np.zeros((), np.int64)
     for _ in range(64):
         node = producer.get(name)
         if node is None or not node.input:
             return name, shift
-        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in constants:
-            name = node.input[0]
-            continue
         if node.op_type == "Add" and len(node.input) == 2:
             added = _onnx_shift(node.input, constants)
             if added is None:
                 return name, shift
-            shift, name = shift + added[0], added[1]
+            shift, name = _added(shift, added[0]), added[1]
+            continue
+        moved = node.op_type not in _ONNX_IN_PLACE
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in constants:
+            name, shift = node.input[0], _largest(shift) if moved else shift
             continue
         if node.op_type not in _PASS_VALUES:
             return name, shift
         if node.op_type == "Cast" and next((a.i for a in node.attribute if a.name == "to"), 0) not in _INTEGER_TYPES:
             return name, shift
-        name = node.input[0]
+        name, shift = node.input[0], _largest(shift) if moved else shift
     return name, shift
 
 
-def _onnx_shift(operands: Any, constants: dict[str, Any]) -> tuple[int, str] | None:
-    """(the largest value, the other operand) of an ``Add`` of an integer constant with no negative
+def _added(shift: np.ndarray, values: np.ndarray) -> np.ndarray:
+    try:
+        return shift + values
+    except ValueError:
+        return np.asarray(shift.max() + values.max())
+
+
+def _largest(shift: np.ndarray) -> np.ndarray:
+    """A shift past an op that moves elements: its largest element, for every element."""
+    return shift if shift.ndim == 0 else np.asarray(shift.max())
+
+
+def _onnx_shift(operands: Any, constants: dict[str, Any]) -> tuple[np.ndarray, str] | None:
+    """(the values, the other operand) of an ``Add`` of an integer constant with no negative
     value, or None."""
     from onnx import numpy_helper
 
     for k in (0, 1):
         const, other = operands[k], operands[1 - k]
         if const in constants and other not in constants and constants[const].data_type in _INTEGER_TYPES:
-            values = numpy_helper.to_array(constants[const])
+            values = numpy_helper.to_array(constants[const]).astype(np.int64)
             if values.size and values.min() >= 0:
-                return int(values.max()), other
+                return values, other
     return None
 
 
@@ -243,11 +298,8 @@ def program_index_bounds(exported: Any) -> IndexBounds:
                 named.setdefault(position, set()).add(_less(str(size), shift))
                 sized.add(position)
                 continue
-            if size - shift < 1:
-                continue
-            _bound(rows, position, size - shift)
             table = data.op == "get_attr" or kinds.get(data.name) not in (None, InputKind.USER_INPUT)
-            if not table:
+            if _bound(rows, position, size, shift) and not table:
                 sized.add(position)
     return IndexBounds(rows, frozenset(sized), frozenset(unchecked), {p: frozenset(n) for p, n in named.items()})
 
@@ -334,46 +386,50 @@ def _program_constants(exported: Any) -> dict[str, torch.Tensor]:
             if isinstance(spec.arg, TensorArgument) and spec.target in values}
 
 
-def _fx_source(node: Any, constants: dict[str, torch.Tensor]) -> tuple[Any, int]:
+#: ATen ops on the way from an input to its index that keep each element where it was (see _ONNX_IN_PLACE)
+_FX_IN_PLACE = {"clone", "contiguous", "alias", "detach", "_to_copy", "to", "lift_fresh_copy"}
+
+
+def _fx_source(node: Any, constants: dict[str, torch.Tensor]) -> tuple[Any, np.ndarray]:
     """The placeholder ``node`` takes its values from through ops that only move them (or None),
-    and the largest constant added to them on the way (an ``add`` of a number or of a constant
-    tensor of the program's with no negative value)."""
+    and the constants added to them on the way (``add``s of a number or of a constant tensor of
+    the program's with no negative value, see :func:`_bound`)."""
     import operator
 
-    shift = 0
+    shift = np.zeros((), np.int64)
     for _ in range(64):
         if not isinstance(node, torch.fx.Node):
-            return None, 0
+            return None, shift
         if node.op == "placeholder":
             return node, shift
         if node.op != "call_function" or not node.args:
-            return None, 0
+            return None, shift
         if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
                 and getattr(node.args[0].target, "_schema", None) is not None \
                 and node.args[0].target._schema.name.removeprefix("aten::") in ("unbind", "split", "split_with_sizes",
                                                                                 "chunk"):
-            node = node.args[0].args[0]
+            node, shift = node.args[0].args[0], _largest(shift)
             continue
         schema = getattr(node.target, "_schema", None)
         name = schema.name.removeprefix("aten::") if schema is not None else None
         value = node.meta.get("val")
         if value is not None and getattr(value, "dtype", None) not in _INDEX_DTYPES:
-            return None, 0                  # cast to a float: its values are not ids any more
+            return None, shift                  # cast to a float: its values are not ids any more
         if name == "add" and len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1:
             added = _fx_shift(node.args, constants)
             if added is None:
-                return None, 0
-            shift, node = shift + added[0], added[1]
+                return None, shift
+            shift, node = _added(shift, added[0]), added[1]
             continue
         if name not in _FX_PASS_VALUES:
-            return None, 0
-        node = node.args[0]
-    return None, 0
+            return None, shift
+        node, shift = node.args[0], shift if name in _FX_IN_PLACE else _largest(shift)
+    return None, shift
 
 
-def _fx_shift(operands: Any, constants: dict[str, torch.Tensor]) -> tuple[int, Any] | None:
-    """(the largest value, the other operand) of an ``add`` of an integer number or constant with
-    no negative value, or None."""
+def _fx_shift(operands: Any, constants: dict[str, torch.Tensor]) -> tuple[np.ndarray, Any] | None:
+    """(the values, the other operand) of an ``add`` of an integer number or constant with no
+    negative value, or None."""
     for k in (0, 1):
         const, other = operands[k], operands[1 - k]
         if not isinstance(other, torch.fx.Node):
@@ -385,29 +441,38 @@ def _fx_shift(operands: Any, constants: dict[str, torch.Tensor]) -> tuple[int, A
         else:
             continue
         if values.dtype in _INDEX_DTYPES and values.numel() and int(values.min()) >= 0:
-            return int(values.max()), other
+            return values.detach().cpu().numpy().astype(np.int64), other
     return None
 
 
-def array_checks(spec: list[tuple[Any, ...]], bounds: dict[int, int]) -> tuple[tuple[int, Any, int], ...]:
+def array_checks(spec: list[tuple[Any, ...]], bounds: dict[int, Limit]) -> tuple[tuple[int, Any, int], ...] | None:
     """(input position, the unsigned NumPy dtype to view it as, rows) of each id input among a
     region's captured positional tensors (``spec``: (shape, dtype, ...) per input): what the lean
     call of :class:`~.realized.CompiledRegion` checks on the NumPy arrays it hands the runtime, in
     three C calls (``view``, ``argmax``, ``item``). Between a runtime's inferences every Python-level
     call runs on cold caches: on the decoder's 32 ids :func:`out_of_range` through the region's
-    method cost 3-4% of its 0.55 ms OpenVINO call, measured in one process, interleaved."""
+    method cost 3-4% of its 0.55 ms OpenVINO call, measured in one process, interleaved. None where
+    a limit is element by element (:data:`Limit`): those regions take the checked path."""
+    if any(not isinstance(rows, int) for rows in bounds.values()):
+        return None             # a limit element by element: the checked path (out_of_range) only
     return tuple((i, _UNSIGNED[np.dtype(torch.empty((), dtype=spec[i][1]).numpy().dtype)], rows)
                  for i, rows in sorted(bounds.items())
                  if i < len(spec) and spec[i][1] in _INDEX_DTYPES and math.prod(spec[i][0]) > 0)
 
 
-def out_of_range(t: torch.Tensor, rows: int) -> bool:
+def out_of_range(t: torch.Tensor, rows: Limit) -> bool:
     """Whether ``t`` holds an id outside ``0 <= id < rows``. A CPU tensor: the largest entry of its
     unsigned view, found with ``argmax`` (a C method; ``max()`` goes through the ufunc machinery,
     which cost 3x more per call between a runtime's inferences, measured on the decoder's 32 ids:
     +9 µs over no check, against +28 µs for ``np.maximum.reduce`` and +53 µs for ``max()``)."""
     if t.dtype not in _INDEX_DTYPES or t.numel() == 0:
         return False
+    if not isinstance(rows, int):          # element by element (a shape it does not broadcast with: out)
+        try:
+            limit = torch.as_tensor(rows, device=t.device)
+            return bool((t < 0).any() or (t >= limit).any())
+        except RuntimeError:
+            return True
     if t.is_cpu and not t.requires_grad:
         a = t.numpy()
         u = a.view(_UNSIGNED[a.dtype])

@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS, forward_parameters
 from cuvil_pgc.recompile.aoti_loader import FastAOTI
-from cuvil_pgc.recompile.index_bounds import IndexBounds, array_checks, out_of_range
+from cuvil_pgc.recompile.index_bounds import IndexBounds, Limit, array_checks, describe, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
 from cuvil_pgc.recompile.region_state import load_into_original, state_dict_as_original
@@ -80,8 +80,10 @@ class CompiledRegion(nn.Module):
         learns_lean = hasattr(compiled, "lean_parts") and getattr(compiled, "template", None) is None
         if self._spec is not None and self._lean is None and GLOBAL_HOOKS is not None and not learns_lean \
                 and (not self.index_bounds or all(dev.type == "cpu" for _, _, dev, _ in self._spec)):
-            self._direct = self._fast or (lambda args: compiled(*args))
-            self._direct_ids = array_checks(self._spec, self.index_bounds)
+            ids = array_checks(self._spec, self.index_bounds)
+            if ids is not None:                 # None: a limit element by element, checked in forward
+                self._direct = self._fast or (lambda args: compiled(*args))
+                self._direct_ids = ids
         self.fallback_calls = 0
         #: why the first call that ran the original module did (None: none has)
         self.first_fallback: str | None = None
@@ -259,10 +261,13 @@ class CompiledRegion(nn.Module):
         parts = lean_parts(tensors) if lean_parts is not None and GLOBAL_HOOKS is not None and tensors else None
         if parts is None:
             return None
+        ids = array_checks(tensors, self.index_bounds)
+        if ids is None:                  # a limit element by element: the checked path
+            return None
         _, checks, run, single, build = parts
         taken = iter(checks)
         return (len(positions), [(None, None) if p is None else next(taken) for p in positions], run, single, build,
-                array_checks(tensors, self.index_bounds))
+                ids)
 
     def _eager_only(self, args: tuple[Any, ...], kwargs: dict[str, Any], other_sizes: bool = False) -> str | None:
         """Why a call that fits the build's inputs must still run the original module: autocast
@@ -279,7 +284,7 @@ class CompiledRegion(nn.Module):
             bad = self._id_out_of_range(args if plain else [t for t in pytree.tree_leaves((args, kwargs))
                                                              if isinstance(t, torch.Tensor)], other_sizes)
             if bad is not None:
-                return (f"input {bad[0]} holds an index outside 0-{bad[1] - 1}, the rows of what it indexes: the "
+                return (f"input {bad[0]} holds an index outside {describe(bad[1])}, the rows of what it indexes: the "
                         "build's programs do not check indices as eager does, and the original module raises "
                         "eager's error")
         if _autocast():
@@ -314,7 +319,7 @@ class CompiledRegion(nn.Module):
             self.__dict__["_hooks_seen"] = RemovableHandle.next_id       # a plain int, as fallback_calls
         return hooked
 
-    def _id_out_of_range(self, leaves: Any, other_sizes: bool = False) -> tuple[int, int] | None:
+    def _id_out_of_range(self, leaves: Any, other_sizes: bool = False) -> tuple[int, Limit] | None:
         """The first (input, rows) whose input holds an id outside the table it indexes, or None
         (``leaves``: the call's tensors in the order the export flattened them; ``other_sizes``:
         the bounds that hold for the captured sizes only are not checked)."""
