@@ -8,7 +8,6 @@ Shared by :mod:`.apply` (torch.compile, AOTInductor, CUDA graphs) and :mod:`.run
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -19,8 +18,9 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
-from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS, forward_parameters
+from cuvil_pgc._example_inputs import forward_parameters
 from cuvil_pgc.recompile.aoti_loader import FastAOTI
+from cuvil_pgc.recompile.call_binding import bind_call, matches, spec_misfit
 from cuvil_pgc.recompile.index_bounds import IndexBounds, Limit, array_checks, describe, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
@@ -357,7 +357,7 @@ class CompiledRegion(nn.Module):
         """A keyword call as the positional call the build was captured with (``model(input_ids=ids,
         attention_mask=mask)`` for one captured as ``model(ids, mask)``), by the original forward's
         parameter names; keywords past the captured ones may only repeat their defaults, or what the
-        model's Hugging Face config sets (:func:`_as_configured`). None when the call does not map
+        model's Hugging Face config sets (:func:`~.call_binding.bind_call`). None when the call does not map
         onto the captured positions."""
         params = self._params            # None where there is no captured signature to bind to
         if params is None:
@@ -380,21 +380,8 @@ class CompiledRegion(nn.Module):
 
     def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any], count: int,
                fill: bool = True) -> tuple[Any, ...] | None:
-        """The call with its first ``count`` parameters positional (see :meth:`_positional`), those
-        among them it does not pass at their defaults where ``fill``."""
-        params = self._params
-        if len(params) < count or len(args) > count:
-            return None
-        wanted = params[len(args):count]
-        if any(name not in kwargs and (not fill or default is inspect.Parameter.empty) for name, default in wanted):
-            return None
-        taken = {name for name, _ in wanted}
-        defaults = dict(params[count:])
-        for name, value in kwargs.items():
-            if name not in taken and not (name in defaults and _is_default(value, defaults[name])) \
-                    and not _as_configured(self.original, name, value):
-                return None
-        return args + tuple(kwargs.get(name, default) for name, default in wanted)
+        """The call with its first ``count`` parameters positional (see :meth:`_positional`)."""
+        return bind_call(self._params, self.original, args, kwargs, count, fill)
 
     def _misfit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Why a call does not fit the build (for its one warning)."""
@@ -403,34 +390,10 @@ class CompiledRegion(nn.Module):
             return why
         if self.other_shapes is not None and not kwargs:
             return self.other_shapes.misfit(args) or "the inputs differ from the captured ones"
-        spec = self._spec
-        if spec is None:
-            return "the call's inputs differ from the captured ones (types, shapes, dtypes or keyword arguments)"
-        if kwargs:
-            return f"keyword arguments it was not captured with ({', '.join(sorted(kwargs))})"
-        if len(args) != len(spec):
-            return f"{len(args)} positional inputs, built for {len(spec)}"
-        for i, (a, (shape, dtype, device, strides)) in enumerate(zip(args, spec, strict=True)):
-            if not isinstance(a, torch.Tensor):
-                return f"input {i} is a {type(a).__name__}, built for a tensor"
-            if a.dtype != dtype or a.device != device:
-                return f"input {i} is {a.dtype} on {a.device}, built for {dtype} on {device}"
-            if a.shape != shape:
-                return (f"input {i} has shape {tuple(a.shape)}, built for {tuple(shape)} (the build is "
-                        "shape-specialized; `recompile --dynamic` adds programs for other sizes)")
-            if a.stride() != strides:
-                return f"input {i} has strides {a.stride()}, built for {strides} (pass a contiguous tensor)"
-        return "the inputs differ from the captured ones"
+        return spec_misfit(self._spec, args, kwargs)
 
     def _matches(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        spec = self._spec
-        if spec is None or kwargs or len(args) != len(spec):
-            return input_signature((args, kwargs)) == self.signature
-        for a, (shape, dtype, device, strides) in zip(args, spec, strict=True):
-            if not isinstance(a, torch.Tensor) or a.shape != shape or a.dtype != dtype or a.device != device \
-                    or a.stride() != strides:
-                return False
-        return True
+        return matches(self._spec, self.signature, args, kwargs)
 
 
 def _is_dynamo_module(program: Any) -> bool:
@@ -438,26 +401,6 @@ def _is_dynamo_module(program: Any) -> bool:
     without importing Dynamo, which a build running only runtimes never needs."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     return eval_frame is not None and isinstance(program, eval_frame.OptimizedModule)
-
-
-def _is_default(value: Any, default: Any) -> bool:
-    """Whether a keyword argument repeats its parameter's default (None, a flag, a number, a string)."""
-    if value is default:
-        return True
-    return (default is not inspect.Parameter.empty and type(value) is type(default)
-            and isinstance(value, (bool, int, float, str)) and value == default)
-
-
-def _as_configured(module: nn.Module, name: str, value: Any) -> bool:
-    """Whether keyword ``name=value`` only repeats what ``module``'s Hugging Face config sets (see
-    :data:`~cuvil_pgc._example_inputs.HF_OUTPUT_FLAGS`): a call passing the value the config gives
-    returns what the default (None: the config's) returns; services pass ``return_dict=True`` on
-    every call."""
-    config = getattr(module, "config", None)
-    if name not in HF_OUTPUT_FLAGS or type(value) is not bool or config is None:
-        return False
-    configured = getattr(config, name, None)
-    return type(configured) is bool and configured is value
 
 
 def _global_hooks() -> tuple[dict[Any, Any], ...] | None:

@@ -1,0 +1,94 @@
+"""How a call of a loaded region compares with the call its build was captured with.
+
+A :class:`~.realized.CompiledRegion` runs its program only for a call with the captured inputs:
+:func:`matches` says whether one has them, :func:`spec_misfit` why not (for the region's one
+warning), and :func:`bind_call` maps a keyword call (``model(input_ids=ids, attention_mask=mask)``)
+onto the captured positional one (``model(ids, mask)``) by the original forward's parameters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS
+from cuvil_pgc.recompile.matching import input_signature
+
+#: per positional tensor input: (shape, dtype, device, strides)
+Spec = list[tuple[torch.Size, torch.dtype, torch.device, tuple[int, ...]]]
+
+
+def matches(spec: Spec | None, signature: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call has the captured inputs: positional tensors of ``spec``, or (captured with
+    other than positional tensors) the captured input ``signature``."""
+    if spec is None or kwargs or len(args) != len(spec):
+        return input_signature((args, kwargs)) == signature
+    for a, (shape, dtype, device, strides) in zip(args, spec, strict=True):
+        if not isinstance(a, torch.Tensor) or a.shape != shape or a.dtype != dtype or a.device != device \
+                or a.stride() != strides:
+            return False
+    return True
+
+
+def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """Why a call does not have the captured inputs (the first difference found)."""
+    if spec is None:
+        return "the call's inputs differ from the captured ones (types, shapes, dtypes or keyword arguments)"
+    if kwargs:
+        return f"keyword arguments it was not captured with ({', '.join(sorted(kwargs))})"
+    if len(args) != len(spec):
+        return f"{len(args)} positional inputs, built for {len(spec)}"
+    for i, (a, (shape, dtype, device, strides)) in enumerate(zip(args, spec, strict=True)):
+        if not isinstance(a, torch.Tensor):
+            return f"input {i} is a {type(a).__name__}, built for a tensor"
+        if a.dtype != dtype or a.device != device:
+            return f"input {i} is {a.dtype} on {a.device}, built for {dtype} on {device}"
+        if a.shape != shape:
+            return (f"input {i} has shape {tuple(a.shape)}, built for {tuple(shape)} (the build is "
+                    "shape-specialized; `recompile --dynamic` adds programs for other sizes)")
+        if a.stride() != strides:
+            return f"input {i} has strides {a.stride()}, built for {strides} (pass a contiguous tensor)"
+    return "the inputs differ from the captured ones"
+
+
+def bind_call(params: list[tuple[str, Any]], original: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              count: int, fill: bool = True) -> tuple[Any, ...] | None:
+    """The call with its first ``count`` parameters (``params``: the original forward's (name,
+    default) pairs) positional, those among them it does not pass at their defaults where
+    ``fill``; keywords past them may only repeat their defaults, or what ``original``'s Hugging
+    Face config sets. None where the call does not bind so."""
+    if len(params) < count or len(args) > count:
+        return None
+    wanted = params[len(args):count]
+    if any(name not in kwargs and (not fill or default is inspect.Parameter.empty) for name, default in wanted):
+        return None
+    taken = {name for name, _ in wanted}
+    defaults = dict(params[count:])
+    for name, value in kwargs.items():
+        if name not in taken and not (name in defaults and _is_default(value, defaults[name])) \
+                and not _as_configured(original, name, value):
+            return None
+    return args + tuple(kwargs.get(name, default) for name, default in wanted)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether a keyword argument repeats its parameter's default (None, a flag, a number, a string)."""
+    if value is default:
+        return True
+    return (default is not inspect.Parameter.empty and type(value) is type(default)
+            and isinstance(value, (bool, int, float, str)) and value == default)
+
+
+def _as_configured(module: nn.Module, name: str, value: Any) -> bool:
+    """Whether keyword ``name=value`` only repeats what ``module``'s Hugging Face config sets (see
+    :data:`~cuvil_pgc._example_inputs.HF_OUTPUT_FLAGS`): a call passing the value the config gives
+    returns what the default (None: the config's) returns; services pass ``return_dict=True`` on
+    every call."""
+    config = getattr(module, "config", None)
+    if name not in HF_OUTPUT_FLAGS or type(value) is not bool or config is None:
+        return False
+    configured = getattr(config, name, None)
+    return type(configured) is bool and configured is value
