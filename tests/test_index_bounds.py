@@ -129,7 +129,7 @@ with torch.no_grad():
                 errors.append(f"{type(exc).__name__}: {exc}")
 print(json.dumps({"good": good, "errors": errors, "fallback_calls": fast.fallback_calls,
                   "other_shape_calls": fast.other_shape_calls, "applied": fast.cuvil_load_report.applied,
-                  "direct_ids": [[i, rows] for i, _, rows in fast._direct_ids]}))
+                  "direct_ids": [[i, rows] for i, _, rows, _ in fast._direct_ids]}))
 """
 
 
@@ -293,6 +293,9 @@ def test_a_torch_compile_region_hands_ids_outside_the_table_to_the_original_modu
                       rounds=3)
     fast = build.module
     assert build.plan.choices[0].runtime["index_bounds"] == {"0": [300, 200, 100], "1": 47}
+    # the direct call checks both, the fields' limits at the ids' own shape
+    assert [(i, rows, None if limit is None else limit.tolist()[1]) for i, _, rows, limit in fast._direct_ids] == \
+        [(0, 0, [300, 200, 100]), (1, 47, None)]
     with torch.no_grad():
         assert torch.allclose(fast(ids, item), model(ids, item), atol=1e-5)
         past = ids.clone()

@@ -74,14 +74,14 @@ class CompiledRegion(nn.Module):
             self._fast = FastAOTI(compiled) if hasattr(compiled, "loader") else getattr(compiled, "call_positional", None)
             self._lean = self._lean_call(self._spec)
         #: the index inputs the direct call checks (:func:`~.index_bounds.array_checks`): on CPU tensors only
-        self._direct_ids: tuple[tuple[int, Any, int], ...] = ()
+        self._direct_ids: tuple[tuple[int, Any, int, Any], ...] = ()
         # a runtime's runner that learns its output's structure on the first call gets its lean
         # call then (:meth:`_learn_lean`, in :meth:`forward`): no direct call, which would skip it
         learns_lean = hasattr(compiled, "lean_parts") and getattr(compiled, "template", None) is None
         if self._spec is not None and self._lean is None and GLOBAL_HOOKS is not None and not learns_lean \
                 and (not self.index_bounds or all(dev.type == "cpu" for _, _, dev, _ in self._spec)):
             ids = array_checks(self._spec, self.index_bounds)
-            if ids is not None:                 # None: a limit element by element, checked in forward
+            if ids is not None:                 # None: a limit that does not fit the captured inputs
                 self._direct = self._fast or (lambda args: compiled(*args))
                 self._direct_ids = ids
         self.fallback_calls = 0
@@ -127,9 +127,9 @@ class CompiledRegion(nn.Module):
                                 or a.device != device or a.stride() != strides:
                             break
                     else:
-                        for i, unsigned, rows in self._direct_ids:     # an index out of range: forward raises
+                        for i, unsigned, rows, limit in self._direct_ids:   # an index out of range: forward raises
                             u = args[i].numpy().view(unsigned)
-                            if u.item(u.argmax()) >= rows:
+                            if u.item(u.argmax()) >= rows if limit is None else (b := u >= limit).item(b.argmax()):
                                 break
                         else:
                             return direct(args)
@@ -147,9 +147,9 @@ class CompiledRegion(nn.Module):
                         break
                     arrays.append(a.numpy())
                 else:
-                    for i, unsigned, rows in ids:        # an id out of range: the checked path raises
+                    for i, unsigned, rows, limit in ids:        # an id out of range: the checked path raises
                         u = arrays[i].view(unsigned)
-                        if u.item(u.argmax()) >= rows:
+                        if u.item(u.argmax()) >= rows if limit is None else (b := u >= limit).item(b.argmax()):
                             break
                     else:
                         outputs = run(arrays)
@@ -262,7 +262,7 @@ class CompiledRegion(nn.Module):
         if parts is None:
             return None
         ids = array_checks(tensors, self.index_bounds)
-        if ids is None:                  # a limit element by element: the checked path
+        if ids is None:                  # a limit that does not fit the captured inputs: the checked path
             return None
         _, checks, run, single, build = parts
         taken = iter(checks)
