@@ -15,8 +15,9 @@ from torch import nn
 
 from cuvil_pgc.recompile import recompile, runtimes
 from cuvil_pgc.recompile.candidates import Candidate
-from cuvil_pgc.recompile.index_bounds import IndexBounds, index_bounds, out_of_range, program_index_bounds
+from cuvil_pgc.recompile.index_bounds import IndexBounds, index_bounds, out_of_range
 from cuvil_pgc.recompile.plan_doc import SIZE_BOUNDS_FORMAT
+from cuvil_pgc.recompile.program_index_bounds import program_index_bounds
 from tests._service import run_service
 
 

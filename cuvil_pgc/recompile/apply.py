@@ -39,9 +39,10 @@ from cuvil_pgc.recompile.aoti_outputs import (
 )
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
-from cuvil_pgc.recompile.index_bounds import IndexBounds, program_index_bounds, unchecked_reason
+from cuvil_pgc.recompile.index_bounds import IndexBounds
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.object_outputs import OUTPUTS_VERSION
+from cuvil_pgc.recompile.program_index_bounds import program_index_bounds, unchecked_reason
 from cuvil_pgc.recompile.realized import CompiledRegion, ExportError, Realized
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
@@ -197,8 +198,8 @@ def realize(module: nn.Module, cand: Candidate, inputs: ScopeInputs | None, *, d
     if inputs.signature is not None:
         signature, spec = inputs.signature, inputs.spec
         index_bounds = compile_bounds(module, inputs) if device == "cpu" else None
-        if index_bounds is not None and unchecked_reason(index_bounds):
-            raise ExportError(unchecked_reason(index_bounds))
+        if index_bounds is not None and (why := unchecked_reason(index_bounds)):
+            raise ExportError(why)
     return Realized(CompiledRegion(module, compiled, signature, cand.config, spec, index_bounds), rewrites=applied)
 
 
@@ -271,8 +272,8 @@ def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, pat
     with torch.no_grad():
         exported = export_program(prepared, inputs)
         bounds = program_index_bounds(exported)
-        if unchecked_reason(bounds):
-            raise ExportError(unchecked_reason(bounds))
+        if why := unchecked_reason(bounds):
+            raise ExportError(why)
         package_aoti(exported, cand, path)
     Path(_bounds_path(path)).write_text(json.dumps(bounds.to_record()))
     return bounds

@@ -14,7 +14,7 @@ threads: ``terminate called after throwing an instance of 'c10::Error'``).
 a ``Gather``, ``GatherElements``, ``GatherND``, ``ScatterElements`` or ``ScatterND`` through ops
 that only move or reshape its values (``view``, ``unsqueeze``, ``expand``, a slice, a row picked
 with a constant index, an integer cast), and the size of the indexed tensor along the indexed
-axis; :func:`program_index_bounds` does the same in a ``torch.export`` program (an AOTInductor
+axis; :func:`~.program_index_bounds.program_index_bounds` does the same in a ``torch.export`` program (an AOTInductor
 package's), for ``embedding``, ``index``, ``index_select``, ``index_add``, ``index_put``,
 ``gather``, ``scatter`` and their kin. A loaded region (:class:`~.realized.CompiledRegion`)
 checks those inputs on every call and hands a call with an index out of range to the original
@@ -47,7 +47,7 @@ _PASS_VALUES = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expan
 _INTEGER_TYPES = {6, 7}     # onnx.TensorProto.INT32, INT64: the index types of Gather
 #: the unsigned view of each index dtype: a negative id reads as a huge one, so one max() checks both ends
 _UNSIGNED = {np.dtype(np.int64): np.uint64, np.dtype(np.int32): np.uint32}
-_INDEX_DTYPES = (torch.int64, torch.int32)
+INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 #: an input's bound: its ids must be >= 0 and below it; a number, or an integer array the input
@@ -61,7 +61,7 @@ class IndexBounds(NamedTuple):
     the positions whose values reach an index through arithmetic no bound follows (``ids * 2``,
     ``ids - 1``, another input added), found in ``torch.export`` programs only: an AOTInductor or
     torch.compile program of such a region aborts the process on a value out of range, so
-    :func:`~.apply.realize` refuses to build one (:func:`unchecked_reason`). Not recorded: a
+    :func:`~.apply.realize` refuses to build one (:func:`~.program_index_bounds.unchecked_reason`). Not recorded: a
     build holds no such region."""
 
     rows: dict[int, Limit]
@@ -147,7 +147,7 @@ def index_bounds(onnx_path: str | Path) -> IndexBounds:
     positions = {i.name: n for n, i in enumerate(x for x in graph.input if x.name not in tables)}
     integer = {i.name for i in graph.input if i.type.tensor_type.elem_type in _INTEGER_TYPES}
     shapes = {v.name: _dims(v) for v in [*graph.input, *graph.value_info]}
-    rows: dict[int, int] = {}
+    rows: dict[int, Limit] = {}
     sized: set[int] = set()
     named: dict[int, set[str]] = {}
     for node in graph.node:
@@ -171,14 +171,14 @@ def index_bounds(onnx_path: str | Path) -> IndexBounds:
         if size is None or source not in positions or source not in integer:
             continue
         if isinstance(size, str):            # a size of a program for other sizes
-            named.setdefault(positions[source], set()).add(_less(size, shift))
+            named.setdefault(positions[source], set()).add(less_shift(size, shift))
             sized.add(positions[source])
-        elif _bound(rows, positions[source], int(size), shift) and data not in tables:
+        elif bound_by(rows, positions[source], int(size), shift) and data not in tables:
             sized.add(positions[source])
     return IndexBounds(rows, frozenset(sized), named={p: frozenset(n) for p, n in named.items()})
 
 
-def _less(size: str, shift: np.ndarray) -> str:
+def less_shift(size: str, shift: np.ndarray) -> str:
     """The name of a named size less a shift (one no input's dimension has)."""
     return f"{size} - {shift.tolist()}" if shift.any() else size
 
@@ -192,7 +192,7 @@ def _dims(value: Any) -> list[int | str] | None:
     return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims]
 
 
-def _bound(rows: dict[int, Limit], position: int, size: int, shift: np.ndarray) -> bool:
+def bound_by(rows: dict[int, Limit], position: int, size: int, shift: np.ndarray) -> bool:
     """Bound ``position`` by ``size`` less ``shift`` (and by what bounds it already); False where
     some element of that limit is below 1 (no id there is valid: left unchecked)."""
     limit = size - shift
@@ -230,28 +230,28 @@ def _source(name: str, producer: dict[str, Any], constants: dict[str, Any]) -> t
             added = _onnx_shift(node.input, constants)
             if added is None:
                 return name, shift
-            shift, name = _added(shift, added[0]), added[1]
+            shift, name = add_shift(shift, added[0]), added[1]
             continue
-        moved = node.op_type not in _ONNX_IN_PLACE
         if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in constants:
-            name, shift = node.input[0], _largest(shift) if moved else shift
+            name, shift = node.input[0], largest_shift(shift)
             continue
         if node.op_type not in _PASS_VALUES:
             return name, shift
         if node.op_type == "Cast" and next((a.i for a in node.attribute if a.name == "to"), 0) not in _INTEGER_TYPES:
             return name, shift
-        name, shift = node.input[0], _largest(shift) if moved else shift
+        name, shift = node.input[0], shift if node.op_type in _ONNX_IN_PLACE else largest_shift(shift)
     return name, shift
 
 
-def _added(shift: np.ndarray, values: np.ndarray) -> np.ndarray:
+def add_shift(shift: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A shift and the values added to it on the way (their largest sum where they do not broadcast)."""
     try:
         return shift + values
     except ValueError:
         return np.asarray(shift.max() + values.max())
 
 
-def _largest(shift: np.ndarray) -> np.ndarray:
+def largest_shift(shift: np.ndarray) -> np.ndarray:
     """A shift past an op that moves elements: its largest element, for every element."""
     return shift if shift.ndim == 0 else np.asarray(shift.max())
 
@@ -270,181 +270,6 @@ def _onnx_shift(operands: Any, constants: dict[str, Any]) -> tuple[np.ndarray, s
     return None
 
 
-def program_index_bounds(exported: Any) -> IndexBounds:
-    """The :class:`IndexBounds` of a ``torch.export`` program (see the module's docstring)."""
-    from torch.export.graph_signature import InputKind, TensorArgument
-
-    kinds = {spec.arg.name: spec.kind for spec in exported.graph_signature.input_specs
-             if isinstance(spec.arg, TensorArgument)}
-    user = [name for name, kind in kinds.items() if kind == InputKind.USER_INPUT]
-    positions = {name: i for i, name in enumerate(user)}
-    constants = _program_constants(exported)
-    rows: dict[int, int] = {}
-    sized: set[int] = set()
-    unchecked: set[int] = set()
-    named: dict[int, set[str]] = {}
-    for node in exported.graph.nodes:
-        for data, dim, index in _fx_indexing(node):
-            source, shift = _fx_source(index, constants)
-            if source is None or source.name not in positions or source.meta.get("val") is None \
-                    or source.meta["val"].dtype not in _INDEX_DTYPES:
-                unchecked.update(positions[p.name] for p in _fx_ids_reaching(index, positions))
-                continue
-            value = data.meta.get("val") if isinstance(data, torch.fx.Node) else None
-            if value is None or not -value.dim() <= dim < value.dim():
-                continue
-            size, position = value.shape[dim], positions[source.name]
-            if isinstance(size, torch.SymInt):           # a program for other sizes
-                named.setdefault(position, set()).add(_less(str(size), shift))
-                sized.add(position)
-                continue
-            table = data.op == "get_attr" or kinds.get(data.name) not in (None, InputKind.USER_INPUT)
-            if _bound(rows, position, size, shift) and not table:
-                sized.add(position)
-    return IndexBounds(rows, frozenset(sized), frozenset(unchecked), {p: frozenset(n) for p, n in named.items()})
-
-
-def unchecked_reason(bounds: IndexBounds) -> str | None:
-    """Why an AOTInductor or torch.compile program of a region with these bounds must not be
-    built, or None. Worded as an ExportError's (its exporter first): every program torch.export
-    makes of the region has the same indices."""
-    if not bounds.unchecked:
-        return None
-    names = ", ".join(map(str, sorted(bounds.unchecked)))
-    return (f"torch.export failed to bound the region's indices: input {names} reaches an index through "
-            "arithmetic that no check before the call follows, and an out-of-range value would abort the "
-            "process in Inductor's kernels (their index check throws inside OpenMP's threads) where eager "
-            "raises IndexError")
-
-
-def _fx_indexing(node: Any) -> list[tuple[Any, int, Any]]:
-    """(indexed tensor, dim, index node) of each index an ATen op of ``node`` takes."""
-    if node.op != "call_function" or not hasattr(node.target, "_schema"):
-        return []
-    name = node.target._schema.name.removeprefix("aten::")
-    args = node.args
-    if name == "embedding":
-        return [(args[0], 0, args[1])]
-    if name in ("index", "index_put", "index_put_", "_unsafe_index", "_unsafe_index_put"):
-        return [(args[0], k, idx) for k, idx in enumerate(args[1]) if idx is not None]
-    if name in _FX_DIM_INDEX and len(args) > 2:
-        return [(args[0], args[1], args[2])] if isinstance(args[1], int) else []
-    return []
-
-
-#: ATen ops called as ``op(self, dim, index, ...)``
-_FX_DIM_INDEX = {"index_select", "index_add", "index_add_", "index_copy", "index_copy_", "index_fill",
-                 "index_fill_", "index_reduce", "index_reduce_", "gather", "scatter", "scatter_",
-                 "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"}
-#: ATen ops whose output holds only values of their first argument
-_FX_PASS_VALUES = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "select", "slice", "expand",
-                   "permute", "transpose", "t", "clone", "contiguous", "alias", "flatten", "narrow", "detach",
-                   "_to_copy", "to", "lift_fresh_copy"}
-
-
-#: ATen ops whose output's values follow their inputs' arithmetically (an index made of ids by them
-#: is out of range wherever they take the ids; comparisons, ``cumsum`` of a mask, ``argmax`` and
-#: ``remainder`` by a size make values that do not follow an id's range this way)
-_FX_ARITHMETIC = {"add", "sub", "rsub", "mul", "neg", "floor_divide", "div", "cat", "stack", "where",
-                  "masked_fill", "abs", "bitwise_and", "bitwise_or", "bitwise_xor"}
-
-
-def _fx_ids_reaching(node: Any, positions: dict[str, int]) -> list[Any]:
-    """The integer user inputs whose values reach ``node`` through arithmetic and moves."""
-    import operator
-
-    found, seen, todo = [], set(), [node]
-    while todo and len(seen) < 512:
-        node = todo.pop()
-        if not isinstance(node, torch.fx.Node) or node in seen:
-            continue
-        seen.add(node)
-        value = node.meta.get("val")
-        if not isinstance(value, (list, tuple)) and getattr(value, "dtype", None) not in _INDEX_DTYPES:
-            continue                 # a float or a mask: not an id's values (a list: split's parts)
-        if node.op == "placeholder":
-            found += [node] if node.name in positions else []
-            continue
-        if node.op != "call_function":
-            continue
-        if node.target is operator.getitem:
-            todo.append(node.args[0] if isinstance(node.args[0], torch.fx.Node) else None)
-            continue
-        schema = getattr(node.target, "_schema", None)
-        if schema is not None and schema.name.removeprefix("aten::") in _FX_ARITHMETIC | _FX_PASS_VALUES:
-            todo += [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)]
-            todo += [a for arg in node.args if isinstance(arg, (list, tuple)) for a in arg]
-    return found
-
-
-def _program_constants(exported: Any) -> dict[str, torch.Tensor]:
-    """Placeholder name -> value of each lifted buffer, parameter and constant of a program."""
-    from torch.export.graph_signature import TensorArgument
-
-    values = {**exported.state_dict, **exported.constants}
-    return {spec.arg.name: values[spec.target] for spec in exported.graph_signature.input_specs
-            if isinstance(spec.arg, TensorArgument) and spec.target in values}
-
-
-#: ATen ops on the way from an input to its index that keep each element where it was (see _ONNX_IN_PLACE)
-_FX_IN_PLACE = {"clone", "contiguous", "alias", "detach", "_to_copy", "to", "lift_fresh_copy"}
-
-
-def _fx_source(node: Any, constants: dict[str, torch.Tensor]) -> tuple[Any, np.ndarray]:
-    """The placeholder ``node`` takes its values from through ops that only move them (or None),
-    and the constants added to them on the way (``add``s of a number or of a constant tensor of
-    the program's with no negative value, see :func:`_bound`)."""
-    import operator
-
-    shift = np.zeros((), np.int64)
-    for _ in range(64):
-        if not isinstance(node, torch.fx.Node):
-            return None, shift
-        if node.op == "placeholder":
-            return node, shift
-        if node.op != "call_function" or not node.args:
-            return None, shift
-        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
-                and getattr(node.args[0].target, "_schema", None) is not None \
-                and node.args[0].target._schema.name.removeprefix("aten::") in ("unbind", "split", "split_with_sizes",
-                                                                                "chunk"):
-            node, shift = node.args[0].args[0], _largest(shift)
-            continue
-        schema = getattr(node.target, "_schema", None)
-        name = schema.name.removeprefix("aten::") if schema is not None else None
-        value = node.meta.get("val")
-        if value is not None and getattr(value, "dtype", None) not in _INDEX_DTYPES:
-            return None, shift                  # cast to a float: its values are not ids any more
-        if name == "add" and len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1:
-            added = _fx_shift(node.args, constants)
-            if added is None:
-                return None, shift
-            shift, node = _added(shift, added[0]), added[1]
-            continue
-        if name not in _FX_PASS_VALUES:
-            return None, shift
-        node, shift = node.args[0], shift if name in _FX_IN_PLACE else _largest(shift)
-    return None, shift
-
-
-def _fx_shift(operands: Any, constants: dict[str, torch.Tensor]) -> tuple[np.ndarray, Any] | None:
-    """(the values, the other operand) of an ``add`` of an integer number or constant with no
-    negative value, or None."""
-    for k in (0, 1):
-        const, other = operands[k], operands[1 - k]
-        if not isinstance(other, torch.fx.Node):
-            continue
-        if isinstance(const, int) and not isinstance(const, bool):
-            values = torch.tensor(const)
-        elif isinstance(const, torch.fx.Node) and const.name in constants:
-            values = constants[const.name]
-        else:
-            continue
-        if values.dtype in _INDEX_DTYPES and values.numel() and int(values.min()) >= 0:
-            return values.detach().cpu().numpy().astype(np.int64), other
-    return None
-
-
 def array_checks(spec: list[tuple[Any, ...]],
                  bounds: dict[int, Limit]) -> tuple[tuple[int, Any, int, np.ndarray | None], ...] | None:
     """(input position, the unsigned NumPy dtype to view it as, rows, the element-wise limit in
@@ -458,7 +283,7 @@ def array_checks(spec: list[tuple[Any, ...]],
     its input's captured shape (those calls always run the original module)."""
     checks = []
     for i, rows in sorted(bounds.items()):
-        if i >= len(spec) or spec[i][1] not in _INDEX_DTYPES or math.prod(spec[i][0]) == 0:
+        if i >= len(spec) or spec[i][1] not in INDEX_DTYPES or math.prod(spec[i][0]) == 0:
             continue
         unsigned = _UNSIGNED[np.dtype(torch.empty((), dtype=spec[i][1]).numpy().dtype)]
         if isinstance(rows, int):
@@ -481,7 +306,7 @@ def out_of_range(t: torch.Tensor, rows: Limit) -> bool:
     unsigned view, found with ``argmax`` (a C method; ``max()`` goes through the ufunc machinery,
     which cost 3x more per call between a runtime's inferences, measured on the decoder's 32 ids:
     +9 µs over no check, against +28 µs for ``np.maximum.reduce`` and +53 µs for ``max()``)."""
-    if t.dtype not in _INDEX_DTYPES or t.numel() == 0:
+    if t.dtype not in INDEX_DTYPES or t.numel() == 0:
         return False
     if t.is_cpu and not t.requires_grad:
         a = t.numpy()

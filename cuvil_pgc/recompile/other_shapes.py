@@ -36,10 +36,11 @@ from torch import nn
 
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.accuracy import check_outputs
-from cuvil_pgc.recompile.index_bounds import index_bounds, out_of_range, program_index_bounds
+from cuvil_pgc.recompile.index_bounds import describe, index_bounds, out_of_range
 from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
 from cuvil_pgc.recompile.ort_runner import OrtRunner
 from cuvil_pgc.recompile.output_template import OutputTemplate
+from cuvil_pgc.recompile.program_index_bounds import program_index_bounds
 from cuvil_pgc.recompile.runtime_build import (
     ARTIFACT_SUFFIXES,
     artifact_path,
@@ -116,7 +117,7 @@ class OtherShapes:
             for bound in bounds:
                 rows = bound if type(bound) is int else sizes[bound]
                 if out_of_range(args[i], rows):
-                    return (f"input {i} holds an index outside 0-{rows - 1}, the rows of what it indexes in this "
+                    return (f"input {i} holds an index outside {describe(rows)}, the rows of what it indexes in this "
                             "call: the program does not check indices as eager does, and the original module "
                             "raises eager's error")
         return None

@@ -324,25 +324,18 @@ def _runtime(result: Any, scope: str, cand: Candidate) -> dict[str, Any] | None:
         return None
     from cuvil_pgc.recompile.runtime_build import bounds_record, runtime_info
 
-    if cand.backend == "aoti":
+    if cand.backend in ("aoti", "compile", "cudagraphs"):       # the index checks its region makes
         region = result.realized[scope].module
-        template = getattr(getattr(region, "compiled", None), "template", None)
+        template = getattr(getattr(region, "compiled", None), "template", None) if cand.backend == "aoti" else None
         bounds = bounds_record(region)
         if template is None and not bounds:        # torch's own package, which keeps the structure itself
             return None
         import torch
 
-        info = {"name": "aoti", "version": torch.__version__, **bounds}
+        info = {"name": "aoti" if cand.backend == "aoti" else "torch.compile", "version": torch.__version__, **bounds}
         if template is not None:
             info.update(outputs=template.to_json(), tensor_outputs=True)
         return info
-    if cand.backend in ("compile", "cudagraphs"):          # the index checks its region makes (compile_bounds)
-        bounds = bounds_record(result.realized[scope].module)
-        if not bounds:
-            return None
-        import torch
-
-        return {"name": "torch.compile", "version": torch.__version__, **bounds}
     if cand.backend not in RUNTIME_BACKENDS:
         return None
 
