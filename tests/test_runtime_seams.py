@@ -23,8 +23,15 @@ class FakeBinding:
     def bind_input(self, name, device_type, device_id, element_type, shape, buffer_ptr):
         self.inputs[name] = (device_type, device_id, element_type, shape, buffer_ptr)
 
-    def bind_output(self, name, device_type, device_id, element_type, shape, buffer_ptr):
+    def bind_output(self, name, device_type, device_id=0, element_type=None, shape=None, buffer_ptr=None):
         self.outputs[name] = (device_type, device_id, element_type, shape, buffer_ptr)
+
+    def get_outputs(self):
+        """The outputs ONNX Runtime allocated (an unbound buffer): the index check's count."""
+        import numpy as np
+
+        return [type("V", (), {"numpy": lambda _, n=FakeSession.out_of_range: np.array(n)})()
+                for name, bound in self.outputs.items() if bound[4] is None]
 
 
 class FakeSession:
@@ -32,6 +39,9 @@ class FakeSession:
     into ``copy``, writing straight into the bound output buffers as ONNX Runtime does."""
 
     runs: list[FakeBinding] = []
+    #: the outputs after the two: the index check's count (see onnx_index_checks)
+    extra_outputs: tuple[str, ...] = ()
+    out_of_range = 0
 
     def __init__(self, path, options, providers):
         self.providers = providers
@@ -40,7 +50,7 @@ class FakeSession:
         return [type("I", (), {"name": n}) for n in ("a", "b")]
 
     def get_outputs(self):
-        return [type("O", (), {"name": n}) for n in ("first", "second")]
+        return [type("O", (), {"name": n}) for n in ("first", "second", *self.extra_outputs)]
 
     def io_binding(self):
         return FakeBinding()
@@ -80,6 +90,26 @@ def test_cuda_regions_run_through_io_binding_into_torch_tensors(monkeypatch):
     result = runner(torch.empty(2, 3, device="meta"), torch.empty(4, dtype=torch.int64, device="meta"))
     assert result["rest"][0] is None
     torch.testing.assert_close(result["x"], a * 2)
+
+
+@needs_ort
+def test_a_cuda_region_whose_program_checks_its_indices_reads_the_count_after_the_bound_run(monkeypatch):
+    import onnxruntime
+
+    from cuvil_pgc.recompile.onnx_index_checks import CHECK_OUTPUT, IndexCheckFailed
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", FakeSession)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(FakeSession, "extra_outputs", (CHECK_OUTPUT,))
+    a, b = torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.arange(4, dtype=torch.int64)
+    runner = OrtRunner("m.onnx", {"ep": "cuda"}, OutputTemplate.of((a.clone(), b.clone())))
+    assert runner.checks_indices
+    out = runner._run_bound([a, b])
+    assert FakeSession.runs[-1].outputs[CHECK_OUTPUT][0] == "cpu"      # the count comes back to the host
+    torch.testing.assert_close(out[0], a)
+    monkeypatch.setattr(FakeSession, "out_of_range", 2)
+    with pytest.raises(IndexCheckFailed):
+        runner._run_bound([a, b])
 
 
 def test_doctor_checks_every_runtime_backend():

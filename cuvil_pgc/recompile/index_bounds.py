@@ -127,11 +127,23 @@ def index_bounds(onnx_path: str | Path) -> IndexBounds:
     """The :class:`IndexBounds` of the region exported to ``onnx_path``."""
     import onnx
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    return onnx_index_bounds(with_shapes(onnx.load(str(onnx_path), load_external_data=False)))[0]
+
+
+def with_shapes(model: Any) -> Any:
+    """``model`` with the shapes and types of its intermediate values inferred, where ONNX can."""
+    import onnx
+
     try:
-        model = onnx.shape_inference.infer_shapes(model)
+        return onnx.shape_inference.infer_shapes(model)
     except Exception:             # shapes of intermediates unknown: inputs' and tables' only
-        pass
+        return model
+
+
+def onnx_index_bounds(model: Any) -> tuple[IndexBounds, list[Any]]:
+    """The :class:`IndexBounds` of an ONNX region (its intermediate shapes inferred: :func:`with_shapes`),
+    and its indexing nodes whose indices they do not bound (computed from the inputs by other
+    arithmetic, or from no input at all: see :mod:`.onnx_index_checks`)."""
     graph = model.graph
     tables = {i.name: list(i.dims) for i in graph.initializer}
     constant_values = {i.name: i for i in graph.initializer}
@@ -150,16 +162,19 @@ def index_bounds(onnx_path: str | Path) -> IndexBounds:
     rows: dict[int, Limit] = {}
     sized: set[int] = set()
     named: dict[int, set[str]] = {}
+    unbounded = []
     for node in graph.node:
         if node.op_type not in _ONNX_INDEXING or len(node.input) < 2:
             continue
         data = node.input[0]
         dims = tables.get(data) or shapes.get(data)
         if not dims:
+            unbounded.append(node)
             continue
         if _ONNX_INDEXING[node.op_type] is None:          # ND: the indices' last dimension names the axes
             leading = (shapes.get(node.input[1]) or [0])[-1]
             if not isinstance(leading, int) or not 0 < leading <= len(dims):
+                unbounded.append(node)
                 continue
             axes = set(dims[:leading])
             # one bound for every axis: at worst eager answers a good call
@@ -169,13 +184,15 @@ def index_bounds(onnx_path: str | Path) -> IndexBounds:
             size = dims[axis] if -len(dims) <= axis < len(dims) else None
         source, shift = _source(node.input[1], producer, constant_values)
         if size is None or source not in positions or source not in integer:
-            continue
-        if isinstance(size, str):            # a size of a program for other sizes
+            unbounded.append(node)
+        elif isinstance(size, str):            # a size of a program for other sizes
             named.setdefault(positions[source], set()).add(less_shift(size, shift))
             sized.add(positions[source])
-        elif bound_by(rows, positions[source], int(size), shift) and data not in tables:
+        elif not bound_by(rows, positions[source], int(size), shift):
+            unbounded.append(node)
+        elif data not in tables:
             sized.add(positions[source])
-    return IndexBounds(rows, frozenset(sized), named={p: frozenset(n) for p, n in named.items()})
+    return IndexBounds(rows, frozenset(sized), named={p: frozenset(n) for p, n in named.items()}), unbounded
 
 
 def less_shift(size: str, shift: np.ndarray) -> str:

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from cuvil_pgc.recompile._signal_stack import kept_signal_stack
+from cuvil_pgc.recompile.onnx_index_checks import CHECK_OUTPUT
 from cuvil_pgc.recompile.output_template import OutputTemplate
-from cuvil_pgc.recompile.runtime_region import RuntimeRunner, numpy_view, runtime_threads
+from cuvil_pgc.recompile.runtime_region import RuntimeRunner, index_checked, numpy_view, runtime_threads
 
 OV_HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
 OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -73,17 +74,22 @@ class OpenVinoRunner(RuntimeRunner):
         typed = [port.get_element_type() == bf16 for port in self.compiled.inputs]
         words = [i for i, port in enumerate(self.compiled.outputs) if port.get_element_type() == bf16]
         if any(typed) or words:
-            return _bf16_call(self._ov, request, lock, infer, buffers, typed, words)
+            call = _bf16_call(self._ov, request, lock, infer, buffers, typed, words)
+        else:
+            def call(arrays: list[Any]) -> list[torch.Tensor]:
+                with lock:
+                    for i, (a, buffer) in enumerate(zip(arrays, buffers, strict=True)):
+                        if buffer is None:
+                            request.set_input_tensor(i, tensor(a, shared_memory=True))
+                        else:
+                            copy(buffer, a)
+                    return list(map(torch.from_numpy, infer(request, {}, False, True).values()))
+        return index_checked(call, "OpenVINO") if self.checks_indices else call
 
-        def call(arrays: list[Any]) -> list[torch.Tensor]:
-            with lock:
-                for i, (a, buffer) in enumerate(zip(arrays, buffers, strict=True)):
-                    if buffer is None:
-                        request.set_input_tensor(i, tensor(a, shared_memory=True))
-                    else:
-                        copy(buffer, a)
-                return list(map(torch.from_numpy, infer(request, {}, False, True).values()))
-        return call
+    @property
+    def checks_indices(self) -> bool:
+        """Whether the program checks indices it computes (:mod:`.onnx_index_checks`)."""
+        return bool(self.compiled.outputs) and CHECK_OUTPUT in self.compiled.outputs[-1].get_names()
 
 
 def _bf16_call(ov: Any, request: Any, lock: Any, infer: Any, buffers: list[Any], typed: list[bool],

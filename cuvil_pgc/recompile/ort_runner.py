@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from cuvil_pgc.recompile.onnx_index_checks import CHECK_OUTPUT
 from cuvil_pgc.recompile.output_template import OutputTemplate
-from cuvil_pgc.recompile.runtime_region import RuntimeRunner, numpy_view, runtime_threads
+from cuvil_pgc.recompile.runtime_region import RuntimeRunner, index_checked, numpy_view, runtime_threads
 from cuvil_pgc.recompile.runtimes import ORT_GPU_FIX, ORT_PROVIDERS
 
 #: each ``ep`` knob's providers for a session: the one asked for first, then those ONNX Runtime
@@ -112,7 +113,12 @@ class OrtRunner(RuntimeRunner):
 
         def call(arrays: list[Any]) -> list[torch.Tensor]:     # map, not a comprehension: no Python frame
             return list(map(torch.from_numpy, run(outputs, dict(zip(names, arrays, strict=True)), None)))
-        return call
+        return index_checked(call, "ONNX Runtime") if self.checks_indices else call
+
+    @property
+    def checks_indices(self) -> bool:
+        """Whether the program checks indices it computes (:mod:`.onnx_index_checks`)."""
+        return self.output_names[-1:] == [CHECK_OUTPUT]
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if not inputs or inputs[0].device.type == "cpu":
@@ -127,10 +133,19 @@ class OrtRunner(RuntimeRunner):
         for name, t in zip(self.input_names, inputs, strict=True):
             binding.bind_input(name, t.device.type, t.device.index or 0, _numpy_dtype(np, t.dtype),
                                tuple(t.shape), t.data_ptr())
-        for name, t in zip(self.output_names, outputs, strict=True):
+        checks = self.checks_indices
+        for name, t in zip(self.output_names[:-1] if checks else self.output_names, outputs, strict=True):
             binding.bind_output(name, t.device.type, t.device.index or 0, _numpy_dtype(np, t.dtype),
                                 tuple(t.shape), t.data_ptr())
-        self.session.run_with_iobinding(binding)
+        if not checks:
+            self.session.run_with_iobinding(binding)
+            return outputs
+        binding.bind_output(CHECK_OUTPUT, "cpu")      # the count of indices out of range (a scalar)
+
+        def run(_: list[Any]) -> list[torch.Tensor]:
+            self.session.run_with_iobinding(binding)
+            return [torch.from_numpy(binding.get_outputs()[-1].numpy())]
+        index_checked(run, "ONNX Runtime")([])
         return outputs
 
 

@@ -23,6 +23,7 @@ from cuvil_pgc.recompile.aoti_loader import FastAOTI
 from cuvil_pgc.recompile.call_binding import bind_call, matches, spec_misfit
 from cuvil_pgc.recompile.index_bounds import IndexBounds, Limit, array_checks, describe, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
+from cuvil_pgc.recompile.onnx_index_checks import IndexCheckFailed
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
 from cuvil_pgc.recompile.region_state import load_into_original, state_dict_as_original
 
@@ -132,7 +133,10 @@ class CompiledRegion(nn.Module):
                             if u.item(u.argmax()) >= rows if limit is None else (b := u >= limit).item(b.argmax()):
                                 break
                         else:
-                            return direct(args)
+                            try:
+                                return direct(args)
+                            except IndexCheckFailed as exc:
+                                return self._fall_back(args, kwargs, str(exc))
             elif (positional := self._positional(args, kwargs) if kwargs else args) is not None \
                     and len(positional) == lean[0]:
                 count, checks, run, single, build, ids = lean
@@ -152,7 +156,10 @@ class CompiledRegion(nn.Module):
                         if u.item(u.argmax()) >= rows if limit is None else (b := u >= limit).item(b.argmax()):
                             break
                     else:
-                        outputs = run(arrays)
+                        try:
+                            outputs = run(arrays)
+                        except IndexCheckFailed as exc:       # an index the program computes: as above
+                            return self._fall_back(args, kwargs, str(exc))
                         return outputs[0] if single else build(outputs)
                 other = self.other_shapes                # nothing hooks in: skip the dispatch here too
                 if other is not None and other.fits(positional) and not self._matches(positional, {}) \
@@ -213,14 +220,17 @@ class CompiledRegion(nn.Module):
         if self._matches(args, kwargs):
             if self._eager_only(args, kwargs) is not None:
                 return self._fall_back(args, kwargs)
-            if self._fast is not None and not kwargs:
-                out = self._fast(args)
-                if not self._learned:        # the runner may have learned its output's structure just now
+            try:
+                if self._fast is not None and not kwargs:
+                    out = self._fast(args)
+                    if not self._learned:        # the runner may have learned its output's structure just now
+                        self._learn_lean(args)
+                    return out
+                if not self._learned and not kwargs:
                     self._learn_lean(args)
-                return out
-            if not self._learned and not kwargs:
-                self._learn_lean(args)
-            return self._compiled(*args, **kwargs)
+                return self._compiled(*args, **kwargs)
+            except IndexCheckFailed as exc:      # an index the program computes is out of range
+                return self._fall_back(args, kwargs, str(exc))
         if self.other_shapes is not None and not kwargs and self.other_shapes.fits(args) \
                 and self._eager_only(args, kwargs, other_sizes=True) is None:
             return self._other_sizes(args)
@@ -335,6 +345,8 @@ class CompiledRegion(nn.Module):
         original module answers the call (counted in ``other_sizes_failures``; the program stays)."""
         try:
             out = self.other_shapes(args)
+        except IndexCheckFailed as exc:          # not a failure: the call is eager's to refuse
+            return self._fall_back(args, {}, str(exc))
         except Exception as exc:
             self.__dict__["other_sizes_failures"] += 1
             if self.other_sizes_failures == 1:
@@ -345,10 +357,12 @@ class CompiledRegion(nn.Module):
         self.__dict__["other_shape_calls"] += 1      # a plain int: not nn.Module.__setattr__'s checks (~3 µs)
         return out
 
-    def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any], why: str | None = None) -> Any:
+        """The original module's answer to a call the build's program does not take (``why``: the
+        reason, where the call's arguments do not tell it)."""
         self.__dict__["fallback_calls"] += 1         # a plain int: not nn.Module.__setattr__'s checks
         if self.fallback_calls == 1:
-            self.__dict__["first_fallback"] = self._misfit(args, kwargs)
+            self.__dict__["first_fallback"] = why or self._misfit(args, kwargs)
             log.warning("cuvil-pgc: %s runs the original module: %s (further calls that do not fit are counted "
                         "in fallback_calls)", self.plan_config, self.first_fallback)
         return self.original(*args, **kwargs)

@@ -38,7 +38,8 @@ from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile._stderr import first_line
-from cuvil_pgc.recompile.index_bounds import IndexBounds, index_bounds
+from cuvil_pgc.recompile.index_bounds import IndexBounds, index_bounds, onnx_index_bounds, with_shapes
+from cuvil_pgc.recompile.onnx_index_checks import add_index_checks
 from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
 from cuvil_pgc.recompile.ort_runner import OrtRunner
 from cuvil_pgc.recompile.output_template import OutputTemplate
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 #: the files of each runtime's artifact, the first one named in the plan
 ARTIFACT_SUFFIXES = {"ort": (".onnx",), "openvino": (".xml", ".bin"), "tensorrt": (".ep",)}
 #: bump when the ONNX export's program changes (exporter options)
-ONNX_EXPORT_VERSION = 2
+ONNX_EXPORT_VERSION = 3
 OPSET = 18
 
 
@@ -167,7 +168,17 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
         tmp.unlink(missing_ok=True)
         raise ExportError(f"torch.onnx.export failed: the ONNX graph has {len(graph_inputs)} inputs and "
                           f"{len(graph.output)} outputs, the region {expected} input and {outputs} output tensors")
+    _add_index_checks(tmp)
     os.replace(tmp, path)
+
+
+def _add_index_checks(path: Path) -> None:
+    """Check in the program the indices it computes from its inputs (:mod:`.onnx_index_checks`)."""
+    import onnx
+
+    model = with_shapes(onnx.load(str(path), load_external_data=False))
+    if add_index_checks(model, onnx_index_bounds(model)[1]):
+        onnx.save(model, str(path))
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -19,6 +19,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil_pgc.recompile.object_outputs import output_tensors
+from cuvil_pgc.recompile.onnx_index_checks import OUT_OF_RANGE, IndexCheckFailed
 from cuvil_pgc.recompile.output_template import OutputTemplate
 
 
@@ -76,6 +77,26 @@ class RuntimeRunner:
     #: NumPy input arrays -> output tensors: the runtime's own CPU call, which :meth:`run` and
     #: :meth:`lean_parts` hand out, made on first use (None: a runtime without one has no lean call)
     _arrays: Callable[[list[Any]], list[torch.Tensor]] | None = None
+
+
+def index_checked(call: Callable[[list[Any]], list[torch.Tensor]],
+                  runtime: str) -> Callable[[list[Any]], list[torch.Tensor]]:
+    """The array call of a program with index checks (its last output counts the indices out of
+    range: :mod:`.onnx_index_checks`): its other outputs, or :class:`~.onnx_index_checks.IndexCheckFailed`
+    where that count is not 0 or the runtime failed (ONNX Runtime refuses some indices past the
+    end itself), for the region to run the original module."""
+
+    def checked(arrays: list[Any]) -> list[torch.Tensor]:
+        try:
+            outputs = call(arrays)
+        except Exception as exc:
+            raise IndexCheckFailed(f"{runtime} failed on it ({type(exc).__name__}: "
+                                   f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}), "
+                                   "in a program that computes indices from its inputs") from exc
+        if outputs.pop().item():
+            raise IndexCheckFailed(OUT_OF_RANGE)
+        return outputs
+    return checked
 
 
 def runtime_threads(knobs: dict[str, str]) -> int:

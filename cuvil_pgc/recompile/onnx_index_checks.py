@@ -1,0 +1,165 @@
+"""Index checks inside an ONNX region's graph, for the indices no check before the call bounds.
+
+:mod:`.index_bounds` bounds the inputs whose ids reach an index as they are (moved, or shifted by a
+constant of the model's), and the region checks those inputs before each call. An index the
+inputs reach through other arithmetic is out of its reach. LayoutLM embeds each box's height and
+width, ``bbox[..., 3] - bbox[..., 1]``: for a box with x1 < x0 eager raises ``IndexError``, while
+ONNX Runtime reads the table from its end and OpenVINO answers with numbers.
+
+:func:`add_index_checks` adds to the graph, for each such index, eager's own test of it (the
+indices a ``Gather``, ``GatherElements``, ``GatherND``, ``ScatterElements`` or ``ScatterND`` takes
+are below the size of what they index along its axis, and not negative; for ``x[idx]``, which eager
+reads from the end, not below minus that size), and sums them into one more graph output,
+:data:`CHECK_OUTPUT`: the number of indices out of range, an int64 scalar. The check costs a
+comparison per index element inside the runtime's own call, and it holds at any input size (the
+sizes are the graph's own ``Shape``). A runner whose graph has that output
+(:class:`~.runtime_region.RuntimeRunner`) raises :class:`IndexCheckFailed` where it is not 0, and
+:class:`~.realized.CompiledRegion` then runs the original module, which raises eager's error.
+
+Which indices: those whose values follow the values of an integer input of the region (through
+any op but ``Shape`` and ``Size``, which read its shape only; through a gather's data, not its
+indices), and that no check before the call bounds. Indices made from sizes (positions from a
+``Range``) or from floats (an ``ArgMax``) are always in range and are left as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: the graph output holding how many indices were out of range (0: none)
+CHECK_OUTPUT = "cuvil_index_out_of_range"
+
+#: ops whose output holds values of their data (input 0) picked by their indices (input 1): their
+#: output follows an input's values only where their data does
+_GATHERS = {"Gather", "GatherElements", "GatherND"}
+#: ATen ops that read a negative index from the end, as ``x[idx]`` does (torch.onnx names the op
+#: each node comes from in the node's metadata)
+_WRAPPING_OPS = ("aten.index.", "aten.index_put", "aten._unsafe_index")
+_INTEGER_TYPES = {6, 7}      # onnx.TensorProto.INT32, INT64
+_FX_NODE = "pkg.torch.onnx.fx_node"
+
+
+#: why a region whose program found an index out of range ran its original module
+OUT_OF_RANGE = ("an index it computes from its inputs (a box's width, ids - 1) is outside what it indexes: the "
+                "original module raises eager's error")
+
+
+class IndexCheckFailed(IndexError):
+    """A region's program found an index out of range (or its runtime failed on one): the region
+    runs the original module for the call, which raises eager's error."""
+
+
+def add_index_checks(model: Any, unbounded: list[Any]) -> int:
+    """Add to ``model`` (an ``onnx.ModelProto`` with its shapes inferred, changed in place) the
+    checks of the indices of ``unbounded`` (its indexing nodes no check before the call bounds: see
+    :func:`~.index_bounds.onnx_index_bounds`) that follow the values of its integer inputs, summed
+    into the output :data:`CHECK_OUTPUT`; how many indices it checks."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    if any(o.name == CHECK_OUTPUT for o in graph.output):
+        return 0
+    valued = _input_valued(graph)
+    checked = [node for node in unbounded if node.input[1] in valued]
+    if not checked:
+        return 0
+    values = [*graph.input, *graph.value_info, *graph.output]
+    types = {v.name: v.type.tensor_type.elem_type for v in values}
+    tables = {i.name for i in graph.initializer}
+    # sizes known when the program is made (a table's, or any value's in a program for fixed sizes)
+    dims = {v.name: d for v in values if (d := _static_dims(v)) is not None}
+    dims.update({i.name: list(i.dims) for i in graph.initializer})
+    nodes, counts = [], []
+    for k, node in enumerate(checked):
+        counts.append(f"cuvil_check_{k}_count" if k else CHECK_OUTPUT if len(checked) == 1 else "cuvil_check_total_0")
+        nodes += _check(node, f"cuvil_check_{k}_", _reads_from_end(node, tables), dims, types.get(node.input[1]),
+                        counts[-1], helper)
+        if k:
+            nodes.append(helper.make_node("Add", [counts[0] if k == 1 else f"cuvil_check_total_{k - 1}", counts[-1]],
+                                          [CHECK_OUTPUT if k == len(checked) - 1 else f"cuvil_check_total_{k}"]))
+    graph.node.extend(nodes)
+    graph.output.append(helper.make_tensor_value_info(CHECK_OUTPUT, TensorProto.INT64, []))
+    return len(checked)
+
+
+def _input_valued(graph: Any) -> set[str]:
+    """The values of ``graph`` (topologically ordered, as ONNX requires) that follow an integer graph
+    input's values."""
+    tables = {i.name for i in graph.initializer}
+    valued = {i.name for i in graph.input if i.name not in tables and i.type.tensor_type.elem_type in _INTEGER_TYPES}
+    for node in graph.node:
+        if node.op_type in ("Shape", "Size"):
+            continue
+        reads = node.input[:1] if node.op_type in _GATHERS else node.input
+        if any(name in valued for name in reads):
+            valued.update(node.output)
+    return valued
+
+
+def _static_dims(value: Any) -> list[int] | None:
+    """A value's dimensions where each is a number, else None."""
+    shape = value.type.tensor_type.shape if value.type.HasField("tensor_type") else None
+    if shape is None or not value.type.tensor_type.HasField("shape") \
+            or any(not d.HasField("dim_value") for d in shape.dim):
+        return None
+    return [d.dim_value for d in shape.dim]
+
+
+def _reads_from_end(node: Any, tables: set[str]) -> bool:
+    """Whether eager reads a negative index of ``node`` from the end (``x[idx]``) rather than raise
+    (``embedding``, ``index_select``, ``gather``, ``scatter``): from the ATen op torch.onnx recorded
+    for it; without that record (the TorchScript exporter), where it indexes a value of the graph
+    rather than a table of the model's."""
+    origin = next((p.value for p in node.metadata_props if p.key == _FX_NODE), None)
+    if origin is not None:
+        return any(op in origin for op in _WRAPPING_OPS)
+    return node.op_type in ("Gather", "GatherND") and node.input[0] not in tables
+
+
+def _check(node: Any, prefix: str, from_end: bool, dims: dict[str, list[int]], index_type: int | None, count: str,
+           helper: Any) -> list[Any]:
+    """The nodes computing into ``count`` (int64) how many indices of ``node`` are out of range
+    (``from_end``: where eager reads a negative index from the end): the sizes along the indexed
+    axes as constants of the index's type where ``dims`` knows them, else from the graph's ``Shape``."""
+    data, index = node.input[0], node.input[1]
+    attrs = {a.name: a.i for a in node.attribute if a.name in ("axis", "batch_dims")}
+    nodes: list[Any] = []
+
+    def add(op: str, inputs: list[str], **kwargs: Any) -> str:
+        out = f"{prefix}{len(nodes)}"
+        nodes.append(helper.make_node(op, inputs, [out], **kwargs))
+        return out
+
+    def constant(values: list[int], shape: list[int]) -> str:
+        typed = index_type if index_type in _INTEGER_TYPES else 7
+        value = add("Constant", [], value=helper.make_tensor(f"{prefix}c{len(nodes)}", typed, shape, values))
+        return value if typed == index_type else add("CastLike", [value, index])
+
+    shape, index_shape = dims.get(data), dims.get(index)
+    if node.op_type in ("GatherND", "ScatterND"):
+        # the index's last dimension holds one index per data axis, from the batch dimensions on
+        first = attrs.get("batch_dims", 0)
+        if shape is not None and index_shape:
+            known = shape[first:first + index_shape[-1]]
+            sizes = constant(known, [len(known)])
+        else:
+            known = None
+            start = add("Constant", [], value=helper.make_tensor(f"{prefix}first", 7, [1], [first]))
+            sizes = add("Slice", [add("Shape", [data]), start, add("Add", [start, add("Shape", [index], start=-1)])])
+            sizes = add("CastLike", [sizes, index])
+    else:
+        axis = attrs.get("axis", 0)
+        known = [shape[axis]] if shape is not None and -len(shape) <= axis < len(shape) else None
+        if known is not None:
+            sizes = constant(known, [])
+        else:
+            sizes = add("CastLike", [add("Shape", [data], start=axis, end=axis + 1 if axis != -1 else 2 ** 62), index])
+    if not from_end:
+        low = constant([0], [])
+    elif known is not None:
+        low = constant([-n for n in known], [len(known)] if node.op_type in ("GatherND", "ScatterND") else [])
+    else:
+        low = add("Neg", [sizes])
+    bad = add("Or", [add("Less", [index, low]), add("GreaterOrEqual", [index, sizes])])
+    nodes.append(helper.make_node("ReduceSum", [add("Cast", [bad], to=7)], [count], keepdims=0))
+    return nodes

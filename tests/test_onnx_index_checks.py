@@ -1,0 +1,138 @@
+"""Indices a region computes from its inputs (:mod:`cuvil_pgc.recompile.onnx_index_checks`): no
+check before the call bounds a box's width or ``ids - 1``, so the ONNX program checks them itself,
+and a region whose program finds one out of range runs the original module, which raises eager's
+error. ONNX Runtime and OpenVINO would answer with numbers (OpenVINO for any index, ONNX Runtime for
+a negative one)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile import recompile, runtimes
+from cuvil_pgc.recompile.apply import ScopeInputs
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.onnx_index_checks import CHECK_OUTPUT
+from cuvil_pgc.recompile.runtime_build import export_onnx
+
+needs_openvino = pytest.mark.skipif(not runtimes.check("openvino").ok, reason="openvino not installed")
+
+
+class Boxes(nn.Module):
+    """LayoutLM's box embeddings: each corner's coordinate indexes a table as it is (bounded before
+    the call), the box's width is computed (checked in the program); the positions come from the
+    input's length only (never out of range: not checked)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.x, self.w, self.pos = nn.Embedding(100, 8), nn.Embedding(40, 8), nn.Embedding(16, 8)
+
+    def forward(self, box: torch.Tensor) -> torch.Tensor:
+        width = box[..., 2] - box[..., 0]
+        positions = torch.arange(box.shape[1], device=box.device)
+        return self.x(box[..., 0]) + self.x(box[..., 2]) + self.w(width) + self.pos(positions)
+
+
+class Shifted(nn.Module):
+    """``x[:, i - 1]``, which eager reads from the end for a negative index (``i`` 0 is the last
+    column), and a gather of ``j * 2``, which eager refuses for one."""
+
+    def forward(self, x: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x[:, i - 1], x.gather(1, (j * 2).expand(x.shape[0], -1))
+
+
+def _boxes(n: int = 5) -> torch.Tensor:
+    x0 = torch.randint(40, 50, (2, n), generator=torch.Generator().manual_seed(0))
+    return torch.stack([x0, x0 * 0, x0 + 3, x0 * 0 + 1], -1)
+
+
+def _count(module: nn.Module, args: tuple, outputs: int, tmp_path):
+    """The region's ONNX export and a call counting its indices out of range on OpenVINO, which
+    answers a Gather's index out of range with numbers (it refuses some of GatherElements' and
+    GatherND's, as ONNX Runtime does some of Gather's)."""
+    import openvino as ov
+
+    path = tmp_path / "m.onnx"
+    export_onnx(module, ScopeInputs(args), path, outputs)
+    compiled = ov.Core().compile_model(str(path), "CPU")
+    names = [n for port in compiled.outputs for n in port.get_names()]
+
+    def count(*a: torch.Tensor) -> int | str:
+        try:
+            return int(list(compiled.create_infer_request().infer([t.numpy() for t in a]).values())[-1])
+        except RuntimeError:        # OpenVINO refused it itself (the region runs the original all the same)
+            return "refused"
+    return names, count
+
+
+@needs_openvino
+def test_the_program_counts_computed_indices_out_of_range_as_eager_tests_them(tmp_path):
+    torch.manual_seed(0)
+    names, count = _count(Boxes().eval(), (_boxes(),), 1, tmp_path)
+    assert CHECK_OUTPUT in names
+    box = _boxes()
+    assert count(box) == 0
+    # each corner in its table (100 rows), the width (x1 - x0) in the width's (40) or not
+    for x0, x1, wrong in ((50, 49, 1), (60, 21, 1), (10, 50, 1), (10, 99, 1), (10, 49, 0), (99, 99, 0)):
+        corners = box.clone()
+        corners[1, 3, 0], corners[1, 3, 2] = x0, x1
+        assert count(corners) == wrong
+    x, fine = torch.randn(3, 6), torch.tensor([[0, 2]])
+    _, count = _count(Shifted().eval(), (x, fine, fine.clone()), 2, tmp_path)
+    assert count(x, fine, fine) == 0
+    for i in ([[-5, 0]], [[6, 1]]):                  # x[:, -6] and x[:, 5]: eager reads them
+        assert count(x, torch.tensor(i), fine) == 0
+    for i in ([[-6, 0]], [[7, 1]]):                  # x[:, -7] and x[:, 6]: eager raises
+        assert count(x, torch.tensor(i), fine) in (1, "refused")
+    # gathers of column -2 (OpenVINO reads it from the end; eager raises) and 6, in each of 3 rows
+    assert count(x, fine, torch.tensor([[-1, 0]])) == 3
+    assert count(x, fine, torch.tensor([[3, 0]])) in (3, "refused")
+
+
+@needs_openvino
+def test_a_program_whose_indices_are_all_checked_before_the_call_gets_no_check(tmp_path):
+    """Ids into a table as they are (the region's pre-call check) and positions from a size."""
+
+    class Plain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.pos = nn.Embedding(30, 4), nn.Embedding(8, 4)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.emb(ids) + self.pos(torch.arange(ids.shape[1]))
+
+    names, _ = _count(Plain().eval(), (torch.randint(0, 30, (2, 8)),), 1, tmp_path)
+    assert CHECK_OUTPUT not in names
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+@pytest.mark.parametrize("backend", ["ort", "openvino"])
+def test_a_runtime_region_hands_a_computed_index_out_of_range_to_the_original_module(backend, caplog):
+    if not runtimes.check(backend).ok:
+        pytest.skip(f"{backend} not installed")
+    torch.manual_seed(0)
+    model, box = Boxes().eval(), _boxes()
+    build = recompile(model, (box,), plan={"": Candidate("", backend)}, records=False, deployed_race=False,
+                      rounds=3, dynamic=True)
+    fast = build.module
+    assert fast.index_bounds == {0: 100}        # the corners' table, checked before the call
+    bad = box.clone()
+    bad[0, 1, 2] = bad[0, 1, 0] - 1             # x1 < x0: each corner in range, the width -1
+    longer = torch.cat([box, box], 1)[:, :9]    # another length (9 of the 16 positions)
+    wrong_longer = longer.clone()
+    wrong_longer[1, 7, 2] = wrong_longer[1, 7, 0] - 2
+    with torch.no_grad():
+        for _ in range(2):                          # the first call learns the lean path; the second takes it
+            torch.testing.assert_close(fast(box), model(box))
+            with caplog.at_level(logging.WARNING), pytest.raises(IndexError, match="index out of range"):
+                fast(bad)
+        torch.testing.assert_close(fast(longer), model(longer))
+        with pytest.raises(IndexError, match="index out of range"):
+            fast(wrong_longer)
+    assert fast.fallback_calls == 3 and fast.other_shape_calls == 1 and fast.other_sizes_failures == 0
+    assert "an index it computes from its inputs" in fast.first_fallback
+    assert "an index it computes from its inputs" in caplog.text
