@@ -108,6 +108,61 @@ def test_a_program_whose_indices_are_all_checked_before_the_call_gets_no_check(t
     assert CHECK_OUTPUT not in names
 
 
+class Positions(nn.Module):
+    """Positions as RoBERTa counts them, ``cumsum(ids != pad) * (ids != pad) + pad``: at a fixed
+    length always within its table, at another length not; hashed ids, ``(ids + 1) * 31 % 50``,
+    always within theirs; positions counted from a mask the caller passes, in range only for a mask
+    of zeros and ones."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.pos, self.hashed, self.tok = nn.Embedding(length + 2, 4), nn.Embedding(50, 4), nn.Embedding(30, 4)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        real = (ids != 1).int()
+        positions = torch.cumsum(real, dim=1) * real + 1
+        return self.pos(positions) + self.hashed((ids + 1) * 31 % 50) + self.tok(ids) + self.pos(mask.cumsum(1))
+
+
+@needs_openvino
+def test_indices_the_programs_constants_and_sizes_keep_in_range_get_no_check(tmp_path):
+    from cuvil_pgc.recompile.onnx_index_checks import value_ranges
+
+    ids, mask = torch.randint(0, 30, (2, 8)), torch.ones(2, 8, dtype=torch.long)
+    fixed, free = tmp_path / "fixed.onnx", tmp_path / "free.onnx"
+    export_onnx(Positions(8).eval(), ScopeInputs((ids, mask)), fixed, 1)
+    export_onnx(Positions(8).eval(), ScopeInputs((ids, mask)), free, 1, free_sizes=True)
+
+    def checked(path):
+        import onnx
+
+        graph = onnx.load(str(path)).graph
+        looked_at = {n.input[0] for n in graph.node if n.op_type == "Less" and n.output[0].startswith("cuvil_")}
+        return sorted(n.name for n in graph.node if n.op_type == "Gather" and n.input[1] in looked_at)
+
+    # fixed: only the mask's positions (their values are the caller's); free: the ids' positions too
+    assert len(checked(fixed)) == 1 and len(checked(free)) == 2
+    import onnx
+    from onnx import helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["n"]), helper.make_node("Cast", ["b"], ["i"], to=7),
+         helper.make_node("CumSum", ["i", "axis"], ["c"]), helper.make_node("Mul", ["c", "i"], ["m"]),
+         helper.make_node("Add", ["m", "one"], ["p"]), helper.make_node("Sub", ["one", "c"], ["q"]),
+         helper.make_node("Mod", ["ids", "seven"], ["h"]), helper.make_node("Cast", ["p"], ["pb"], to=9)],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 5]),
+              helper.make_tensor_value_info("b", onnx.TensorProto.BOOL, [3, 5]),
+              helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [3, 5])], [],
+        initializer=[helper.make_tensor("axis", onnx.TensorProto.INT64, [], [1]),
+                     helper.make_tensor("one", onnx.TensorProto.INT64, [], [1]),
+                     helper.make_tensor("seven", onnx.TensorProto.INT64, [], [7])])
+    dims = {"x": [3, 5], "b": [3, 5], "i": [3, 5], "ids": [3, 5]}
+    ranges = value_ranges(graph, dims)
+    assert ranges["n"] == (0, 5) and ranges["c"] == (0, 5) and ranges["m"] == (0, 5) and ranges["p"] == (1, 6)
+    assert ranges["q"] == (-4, 1) and ranges["h"] == (0, 6) and ranges["pb"] == (0, 1)
+    assert "ids" not in ranges                       # an input's values are the caller's
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("build_env")
 @pytest.mark.parametrize("backend", ["ort", "openvino"])

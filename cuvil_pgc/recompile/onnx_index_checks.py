@@ -59,16 +59,17 @@ def add_index_checks(model: Any, unbounded: list[Any]) -> int:
     graph = model.graph
     if any(o.name == CHECK_OUTPUT for o in graph.output):
         return 0
-    valued = _input_valued(graph)
-    checked = [node for node in unbounded if node.input[1] in valued]
-    if not checked:
-        return 0
     values = [*graph.input, *graph.value_info, *graph.output]
     types = {v.name: v.type.tensor_type.elem_type for v in values}
     tables = {i.name for i in graph.initializer}
     # sizes known when the program is made (a table's, or any value's in a program for fixed sizes)
     dims = {v.name: d for v in values if (d := _static_dims(v)) is not None}
     dims.update({i.name: list(i.dims) for i in graph.initializer})
+    valued, ranges = _input_valued(graph), value_ranges(graph, dims)
+    checked = [node for node in unbounded if node.input[1] in valued
+               and not _in_range(ranges.get(node.input[1]), node, dims, _reads_from_end(node, tables))]
+    if not checked:
+        return 0
     nodes, counts = [], []
     for k, node in enumerate(checked):
         counts.append(f"cuvil_check_{k}_count" if k else CHECK_OUTPUT if len(checked) == 1 else "cuvil_check_total_0")
@@ -94,6 +95,114 @@ def _input_valued(graph: Any) -> set[str]:
         if any(name in valued for name in reads):
             valued.update(node.output)
     return valued
+
+
+#: a value's smallest and largest element, where the program's constants and sizes alone bound them
+Range = tuple[int, int]
+_LARGEST = 2 ** 62           # past this, int64 arithmetic may wrap: no range
+#: ops whose output holds only values of their inputs (all of them: Concat, Where's branches)
+_MOVES = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Transpose", "Slice", "Tile",
+          "Gather", "GatherElements", "GatherND", "Concat", "Max", "Min"}
+#: ONNX element types a Cast keeps a whole number below this size exactly in: int32, int64, float,
+#: double, float16, bfloat16
+_EXACT = {6: 2 ** 31, 7: _LARGEST, 1: 2 ** 24, 11: 2 ** 53, 10: 2 ** 11, 16: 2 ** 8}
+_BOOLEANS = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}
+
+
+def value_ranges(graph: Any, dims: dict[str, list[int]]) -> dict[str, Range]:
+    """The :data:`Range` of each integer or boolean value of ``graph`` that its constants and
+    static sizes bound (``dims``: the values' static dimensions), by interval arithmetic through
+    the ops positions and hashes are made of: a RoBERTa's positions, ``cumsum(ids != pad) * mask
+    + pad``, lie within the length plus the pad (at a fixed length: a number); a CANINE's hashed
+    ids, ``(ids + 1) * prime % buckets``, within the buckets. An integer input has none."""
+    from onnx import numpy_helper
+
+    ranges: dict[str, Range] = {}
+    constants: dict[str, Any] = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    for name, value in constants.items():
+        if value.dtype.kind in "iub" and value.size:
+            ranges[name] = (int(value.min()), int(value.max()))
+    for value in graph.input:            # an input's values are the caller's, a boolean's 0 or 1
+        if value.type.tensor_type.elem_type == 9:
+            ranges[value.name] = (0, 1)
+    for node in graph.node:
+        found = _range_of(node, ranges, constants, dims)
+        if found is not None and all(abs(v) < _LARGEST for v in found):
+            ranges[node.output[0]] = found
+    return ranges
+
+
+def _range_of(node: Any, ranges: dict[str, Range], constants: dict[str, Any], dims: dict[str, list[int]]) -> Range | None:
+    """The range of ``node``'s first output from its inputs', or None."""
+    op, inputs = node.op_type, [ranges.get(name) for name in node.input if name]
+    if op in _BOOLEANS:
+        return 0, 1
+    if op in ("Shape", "Size"):
+        shape = dims.get(node.input[0])
+        return None if not shape else (0, max(shape)) if op == "Shape" else (0, _product(shape))
+    if op == "Range" and len(inputs) == 3 and all(inputs) and inputs[2][0] > 0:
+        return inputs[0][0], inputs[1][1] - 1
+    if op == "Mod" and len(inputs) == 2 and inputs[1] is not None and inputs[1][0] > 0 \
+            and not any(a.name == "fmod" and a.i for a in node.attribute):
+        return 0, inputs[1][1] - 1          # an integer Mod takes the divisor's sign
+    data = inputs[:1] if op in ("Gather", "GatherElements", "GatherND", "Reshape", "Expand", "Tile", "Slice",
+                                "Unsqueeze", "Squeeze") else inputs[1:] if op == "Where" else inputs
+    if not data or any(r is None for r in data):
+        return None
+    if op == "Cast":
+        to = next((a.i for a in node.attribute if a.name == "to"), 0)
+        if to == 9:                          # to bool
+            return 0, 1
+        lo, hi = data[0]
+        exact = _EXACT.get(to)               # past it a value would wrap (int32) or round (a float)
+        return (lo, hi) if exact is not None and -exact <= lo and hi < exact else None
+    if op in _MOVES or op == "Where":
+        return min(r[0] for r in data), max(r[1] for r in data)
+    if op in ("Add", "Sub", "Mul") and len(data) == 2:
+        (a, b), (c, d) = data
+        if op == "Add":
+            return a + c, b + d
+        if op == "Sub":
+            return a - d, b - c
+        products = (a * c, a * d, b * c, b * d)
+        return min(products), max(products)
+    if op == "Neg":
+        return -data[0][1], -data[0][0]
+    if op == "CumSum" and node.input[1] in constants:
+        shape = dims.get(node.input[0])
+        axis = int(constants[node.input[1]].reshape(-1)[0])
+        if not shape or not -len(shape) <= axis < len(shape):
+            return None
+        n, (lo, hi) = shape[axis], data[0]
+        return min(lo, n * lo, 0), max(hi, n * hi, 0)      # 0: an exclusive sum starts there
+    return None
+
+
+def _product(values: list[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _in_range(found: Range | None, node: Any, dims: dict[str, list[int]], from_end: bool) -> bool:
+    """Whether an index whose values lie in ``found`` is always within what ``node`` indexes."""
+    shape = dims.get(node.input[0])
+    if found is None or not shape:
+        return False
+    if node.op_type in ("GatherND", "ScatterND"):
+        batch = next((a.i for a in node.attribute if a.name == "batch_dims"), 0)
+        axes = shape[batch:] or [0]
+        size = min(axes)
+    else:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if not -len(shape) <= axis < len(shape):
+            return False
+        size = shape[axis]
+    return (-size if from_end else 0) <= found[0] and found[1] < size
 
 
 def _static_dims(value: Any) -> list[int] | None:
