@@ -13,11 +13,13 @@ build still takes the inputs by keyword (it binds keyword calls to the captured 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from cuvil_pgc.errors import ConfigError
 
+_MULTIPLE_VALUES = re.compile(r"got multiple values for argument '(\w+)'")
 #: Hugging Face's output flags: a model reads each from its config where a call leaves it at None
 HF_OUTPUT_FLAGS = ("return_dict", "output_attentions", "output_hidden_states", "use_cache")
 
@@ -36,14 +38,26 @@ def positional_inputs(model: Any, given: Any) -> tuple[Any, ...]:
     return (given,)
 
 
-def inputs_hint(given: Any, model: Any = None) -> str:
-    """The fix to suggest where ``model`` raised on its example inputs: a list or a mapping that
-    was passed as one argument may have been meant as the call's arguments."""
+def inputs_hint(given: Any, model: Any = None, error: BaseException | None = None) -> str:
+    """The fix to suggest where ``model`` raised on its example inputs (``error``): a list or a
+    mapping that was passed as one argument may have been meant as the call's arguments; a mapping
+    bound to the forward's positions may name a parameter the forward's decorators pass by keyword."""
     if isinstance(given, list):
         return (f"example_inputs is a {type(given).__name__}, so it was passed as one argument: give a tuple of the "
                 "positional inputs (tuple(inputs))")
     if isinstance(given, Mapping):
         params = _parameters(model) if model is not None else None
+        twice = _MULTIPLE_VALUES.search(str(error)) if isinstance(error, TypeError) else None
+        if twice and params is not None and set(given) <= set(params) and twice[1] in given:
+            name = twice[1]
+            config = getattr(model, "config", None)
+            where = (f"set model.config.{name} = {given[name]!r} and leave {name!r} out of the example inputs"
+                     if config is not None and hasattr(config, name) else
+                     f"leave {name!r} out of the example inputs, or wrap the model in a module that passes it by "
+                     f"keyword (def forward(self, ...): return self.model(..., {name}={given[name]!r}))")
+            return (f"the example inputs were passed by position, in the forward's order, and a decorator on the "
+                    f"forward passes {name!r} by keyword as well (Hugging Face's merge_with_config_defaults does for "
+                    f"use_cache where it cannot find its position): {where}")
         keyword_only = [k for k in given if k in _keyword_only(model)] if model is not None else []
         if keyword_only:
             names = ", ".join(keyword_only[:4])

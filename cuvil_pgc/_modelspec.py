@@ -59,7 +59,7 @@ def _call_once(spec: str, model: Any, inputs: tuple[Any, ...], given: Any) -> No
         with torch.no_grad():
             model(*inputs)
     except Exception as exc:
-        hint = inputs_hint(given, model)
+        hint = inputs_hint(given, model, exc)
         if not isinstance(given, (list, Mapping)):
             hint += " (rerun as `cuvil-pgc --debug <command> ...` for the traceback)"
         raise ModelSpecError(f"{spec}: the model raised on its example inputs: {_one_line(exc)}", fix=hint) from exc

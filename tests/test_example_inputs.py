@@ -4,6 +4,8 @@ inputs, so recompile built a (1, 32) input as one (32,) argument, and a mapping 
 
 from __future__ import annotations
 
+import functools
+import types
 from collections import UserDict
 
 import pytest
@@ -125,3 +127,36 @@ def test_a_mapping_of_keyword_only_parameters_is_refused_with_a_wrapper_not_as_u
     message = str(err.value)
     assert "'x' is a keyword-only parameter of the forward" in message and "return self.model(x=x)" in message
     assert "not among them" not in message
+
+
+def _passes_use_cache_by_keyword(forward):
+    """As Hugging Face's ``merge_with_config_defaults`` does where a ``deprecate_kwarg`` wrapper hides
+    the parameter's position from it (an M2M100 in transformers 5): the flag goes in by keyword too."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        kwargs.setdefault("use_cache", self.config.use_cache)
+        return forward(self, *args, **kwargs)
+    return wrapper
+
+
+class Decorated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.config = nn.Linear(3, 1), types.SimpleNamespace(use_cache=True)
+
+    @_passes_use_cache_by_keyword
+    def forward(self, x, use_cache=None):
+        return self.fc(x)
+
+
+def test_a_parameter_the_forward_s_decorator_passes_by_keyword_gets_the_config_as_the_fix():
+    """The hint used to say the mapping was passed as one argument, whose keys were not all
+    parameters of the forward: they all were, and the call bound them by position."""
+    with pytest.raises(RecompileError) as err:
+        recompile(Decorated(), {"x": torch.randn(2, 3), "use_cache": False}, records=False, deployed_race=False,
+                  calibrate=False)
+    message = str(err.value)
+    assert "got multiple values for argument 'use_cache'" in message
+    assert "set model.config.use_cache = False and leave 'use_cache' out of the example inputs" in message
+    assert "passed as one argument" not in message

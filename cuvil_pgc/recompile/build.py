@@ -172,7 +172,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
         raise
     except Exception as exc:          # the user's model on their inputs, reported as such
         raise RecompileError(f"the model raised on its example inputs: {type(exc).__name__}: {one_line(exc, 300)}",
-                             fix=inputs_hint(given, model)) from exc
+                             fix=inputs_hint(given, model, exc)) from exc
 
     paths = _trace_paths(traces)
     if analysis is None and paths:
