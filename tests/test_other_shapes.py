@@ -456,3 +456,42 @@ def test_a_loaded_program_for_other_sizes_that_would_not_check_its_indices_is_le
     with caplog.at_level(logging.WARNING):
         other_shapes.load_other_shapes(vb, choice, region, "dir", "cpu")
     assert region.other_shapes is None and why in caplog.text
+
+
+class Flagged(nn.Module):
+    """A Hugging Face-style forward taking its ids, their mask and a flag (``use_cache``), which
+    services pass as a value: the program holds it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(50, 8), nn.Linear(8, 3)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, use_cache: bool = True) -> torch.Tensor:
+        h = self.head(self.emb(ids)) * mask.unsqueeze(-1)
+        return h + 1 if use_cache else h
+
+
+@needs_ov
+def test_an_input_captured_as_a_value_is_held_by_the_program_for_other_sizes(tmp_path, keys):
+    """A region called with use_cache=False among its inputs got no program for other sizes
+    ("called with other than positional CPU tensors"): an OPT service ran the original module at
+    every other length."""
+    torch.manual_seed(0)
+    model = Flagged().eval()
+    ids, mask = torch.randint(0, 50, (2, 6)), torch.ones(2, 6, dtype=torch.long)
+    build = recompile(model, (ids, mask, False), plan={"": Candidate("", "openvino")}, records=False,
+                      deployed_race=False, rounds=3, dynamic=True)
+    record = build.plan.choices[0].other_shapes
+    assert record is not None and record["inputs"][2] == {"value": False}
+    path = build.save(tmp_path / "f.cuvilpkg", signing_key=str(keys[0]))
+    fresh = Flagged().eval()
+    fresh.load_state_dict(model.state_dict())
+    fast = load_build(path, fresh, pubkey=str(keys[1]))
+    longer, longer_mask = torch.randint(0, 50, (3, 9)), torch.ones(3, 9, dtype=torch.long)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(longer, longer_mask, False), model(longer, longer_mask, False))
+        torch.testing.assert_close(fast(longer, mask=longer_mask, use_cache=False), model(longer, longer_mask, False))
+        assert fast.other_shape_calls == 2 and fast.fallback_calls == 0
+        for flag in (True, 0):                        # another value, or another type: the original module
+            torch.testing.assert_close(fast(longer, longer_mask, flag), model(longer, longer_mask, flag))
+    assert fast.fallback_calls == 2 and "input 2 is True, built for False" in fast.first_fallback

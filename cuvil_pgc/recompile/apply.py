@@ -301,8 +301,8 @@ def export_program(prepared: nn.Module, inputs: ScopeInputs, *, free_sizes: bool
     try:
         if not free_sizes:
             return torch.export.export(prepared, inputs.args, inputs.kwargs or None)
-        dynamic = {"args": tuple(None if a is None else {i: torch.export.Dim.AUTO for i in range(a.dim())}
-                                 for a in inputs.args)}
+        dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor)
+                                 else None for a in inputs.args)}
         # sizes 0 and 1 stay fixed (torch.export's own rule): exported size-obliviously, as
         # torch.onnx.export does, AOTInductor's code for the zoo MLP captured at batch 1 answered
         # wrongly at batch 2, and the LSTM step's corrupted the heap ("double free or corruption")

@@ -18,7 +18,8 @@ left out with the reason. In a build its files are the members ``<backend>/<n>-s
 and the plan's choice records them in ``other_shapes``: ``{"artifact": member, "inputs": [[dtype,
 [size or null, ...]], ...]}`` (null: a free dimension; an input that is null itself was captured
 as None, as a tokenizer's mapping that skips GPT-2's ``past_key_values`` leaves it, and the
-program does not take it), and ``index_bounds``, ``{position: [size or size name, ...]}``, where an
+program does not take it; ``{"value": v}``, an input captured as a number, string or bool, such as
+a Hugging Face model's ``use_cache=False``, which the program holds and a call must repeat), and ``index_bounds``, ``{position: [size or size name, ...]}``, where an
 input's indices address a tensor sized by the inputs (see :class:`OtherShapes`; plan.json format
 4). A cuvil-pgc that
 predates them ignores the record and runs the original module for other sizes, as before (one that
@@ -59,6 +60,25 @@ class OtherShapesError(RuntimeError):
     """Why a region has no program for other sizes (the build ships without it)."""
 
 
+#: the types of a positional input captured as a value the program holds (``use_cache=False``)
+CONSTANTS = (bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A positional input captured as a value (see :data:`CONSTANTS`), which the program holds: a
+    call must pass the same value, of the same type."""
+
+    value: bool | int | float | str
+
+
+def _constant(value: Any) -> Constant:
+    """A recorded :class:`Constant` (ValueError for a value of another type)."""
+    if type(value) not in CONSTANTS:
+        raise ValueError(value)
+    return Constant(value)
+
+
 #: how far above its captured size a dimension is checked (the larger of the two): calls above the
 #: largest size checked run the original module
 GROWTH, MIN_CEILING = 16, 64
@@ -73,9 +93,10 @@ class OtherShapes:
     and a length), and each name's sizes are bounded by the range the accuracy guard checked."""
 
     runner: Any                                                 # calls a tuple of tensors (call_positional)
-    #: per positional input: dtype and dimensions, or None for an input captured as None (a
-    #: tokenizer's mapping that skips GPT-2's past_key_values), which the program does not take
-    inputs: list[tuple[torch.dtype, tuple[int | str, ...]] | None]
+    #: per positional input: dtype and dimensions, None for an input captured as None (a
+    #: tokenizer's mapping that skips GPT-2's past_key_values), which the program does not take, or
+    #: the :class:`Constant` it was captured as (``use_cache=False``), which the program holds
+    inputs: list[tuple[torch.dtype, tuple[int | str, ...]] | Constant | None]
     ranges: dict[str, tuple[int, int]]                          # per size name: the smallest and largest checked
     artifact: str                                               # its first local file
     #: positional input -> the sizes (a number, or a size name of ``inputs``) of the tensors its
@@ -97,6 +118,10 @@ class OtherShapes:
             if spec is None:
                 if a is not None:
                     return f"input {i} is a {type(a).__name__}, built for None"
+                continue
+            if isinstance(spec, Constant):
+                if type(a) is not type(spec.value) or a != spec.value:
+                    return f"input {i} is {a!r}, built for {spec.value!r}"
                 continue
             dtype, dims = spec
             if not isinstance(a, torch.Tensor) or a.dtype != dtype or not a.is_cpu:
@@ -125,11 +150,12 @@ class OtherShapes:
     def __call__(self, args: tuple[Any, ...]) -> Any:
         """Run ``args`` (which :meth:`fits`: positional tensors and the captured Nones, which the
         program does not take, so no flattening of the call)."""
-        return self.runner.call_positional(tuple(a for a in args if a is not None))
+        return self.runner.call_positional(tuple(a for a in args if isinstance(a, torch.Tensor)))
 
     def to_json(self, member: str) -> dict[str, Any]:
         doc = {"artifact": member,
-               "inputs": [None if spec is None else [str(spec[0]).removeprefix("torch."), list(spec[1])]
+               "inputs": [None if spec is None else {"value": spec.value} if isinstance(spec, Constant)
+                          else [str(spec[0]).removeprefix("torch."), list(spec[1])]
                           for spec in self.inputs],
                "ranges": {name: list(r) for name, r in self.ranges.items()}}
         if self.index_bounds:          # a plan holding them is format 4 (see plan_doc.SIZE_BOUNDS_FORMAT)
@@ -153,8 +179,10 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
     if cand.backend not in BACKENDS:
         raise OtherShapesError(f"only ONNX Runtime, OpenVINO and AOTInductor regions get one, not {cand.backend}")
     if inputs.kwargs or not any(isinstance(a, torch.Tensor) for a in inputs.args) \
-            or not all(a is None or isinstance(a, torch.Tensor) and a.is_cpu for a in inputs.args):
-        raise OtherShapesError("it is called with other than positional CPU tensors (and Nones)")
+            or not all(a is None or isinstance(a, torch.Tensor) and a.is_cpu or type(a) in CONSTANTS
+                       for a in inputs.args):
+        raise OtherShapesError("it is called with other than positional CPU tensors (and Nones, numbers, strings "
+                               "and bools)")
     try:
         if cand.backend == "aoti":
             runner, first, free, named = _aoti_program(prepared, cand, inputs, key)
@@ -174,8 +202,8 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
     # eager; the package aborted the recompile)
     names, ranges = _check(runner, module, inputs.args, free, rtol, atol, alone_probes=cand.backend != "aoti")
     bounds = {p: tuple(names[i][j] or int(inputs.args[i].shape[j]) for i, j in dims) for p, dims in where.items()}
-    return OtherShapes(runner, [None if a is None else (a.dtype, tuple(name or n for name, n in zip(dims, a.shape,
-                                                                                                   strict=True)))
+    return OtherShapes(runner, [(a.dtype, tuple(name or n for name, n in zip(dims, a.shape, strict=True)))
+                                if isinstance(a, torch.Tensor) else None if a is None else Constant(a)
                                 for a, dims in zip(inputs.args, names, strict=True)], ranges, first, bounds)
 
 
@@ -184,7 +212,7 @@ def _sized_at(args: tuple[Any, ...], free: list[list[str]], named: dict[int, fro
     """Positional input -> the (input, dimension) of each size its indices address, for the tensor
     inputs ``sized`` (counted among the tensors, as :class:`~.index_bounds.IndexBounds`); raises
     :class:`OtherShapesError` for one whose size is no input's dimension in the program."""
-    tensors = [i for i, a in enumerate(args) if a is not None]
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     dims = {name: (i, j) for i in reversed(range(len(free))) for j, name in reversed(list(enumerate(free[i])))
             if name}
     where: dict[int, list[tuple[int, int]]] = {}
@@ -203,7 +231,7 @@ def _at_positions(args: tuple[Any, ...], free: list[list[str]]) -> list[list[str
     """The exported program's free dimensions per tensor input, placed at the positions of the
     call's arguments (none for an argument captured as None, which the program does not take)."""
     per_tensor = iter(free)
-    return [[] if a is None else next(per_tensor) for a in args]
+    return [next(per_tensor) if isinstance(a, torch.Tensor) else [] for a in args]
 
 
 def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
@@ -215,7 +243,7 @@ def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: 
     onnx_path = artifact_path(key, "onnx-shapes", None, ".onnx")
     if not onnx_path.exists():
         export_onnx(prepared, inputs, onnx_path, len(template.tensors), free_sizes=True)
-    free = free_dimensions(str(onnx_path), sum(a is not None for a in inputs.args))
+    free = free_dimensions(str(onnx_path), sum(isinstance(a, torch.Tensor) for a in inputs.args))
     first = onnx_path
     if cand.backend == "openvino":
         first = artifact_path(key, "openvino-shapes", None, ".xml")
@@ -235,9 +263,12 @@ def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any,
     template = aoti_output_template(prepared, inputs)   # as the region's own package
     with torch.no_grad():
         exported = export_program(prepared if template is None else TensorOutputs(prepared), inputs, free_sizes=True)
+    from torch.export.graph_signature import InputKind, TensorArgument
+
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
-    free = [["" if isinstance(d, int) else str(d) for d in placeholders[name].meta["val"].shape]
-            for name in exported.graph_signature.user_inputs if name is not None]     # None: an input captured as None
+    free = [["" if isinstance(d, int) else str(d) for d in placeholders[spec.arg.name].meta["val"].shape]
+            for spec in exported.graph_signature.input_specs     # not an input captured as None or a constant
+            if spec.kind == InputKind.USER_INPUT and isinstance(spec.arg, TensorArgument)]
     tensors = "" if template is None else f"|{TENSOR_OUTPUTS_KEY}"
     path = artifact_path(f"{key}|{program_key(cand)}{tensors}", "aoti-shapes", None, ".pt2")
     if not path.exists():
@@ -276,7 +307,8 @@ class AotiRunner:
 
     def call_positional(self, args: tuple[Any, ...]) -> Any:
         # the package reads its inputs at the captured strides: another layout is copied first
-        return self._call(tuple(a if a.is_contiguous() else a.contiguous() for a in args if a is not None))
+        return self._call(tuple(a if a.is_contiguous() else a.contiguous() for a in args
+                                if isinstance(a, torch.Tensor)))
 
 
 def free_dimensions(onnx_path: str, count: int) -> list[list[str]]:
@@ -308,7 +340,7 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     tiled or cropped, so token ids stay valid ids. Without ``alone_probes`` the sizes captured
     equal always vary together."""
     _compare(runner, module, args, rtol, atol)
-    captured = {name: n for a, dims in zip(args, free, strict=True) if a is not None
+    captured = {name: n for a, dims in zip(args, free, strict=True) if isinstance(a, torch.Tensor)
                 for name, n in zip(dims, a.shape, strict=True) if name}
 
     def alone(name: str) -> bool:
@@ -407,8 +439,8 @@ def _resized(args: tuple[torch.Tensor, ...], free: list[list[str]], new: dict[st
     """``args`` with the dimensions of the symbols in ``new`` at those sizes, values tiled or cropped."""
     out = []
     for t, names in zip(args, free, strict=True):
-        if t is None:
-            out.append(None)
+        if not isinstance(t, torch.Tensor):          # None or a constant: as captured
+            out.append(t)
             continue
         shape = [new.get(name, n) if name else n for name, n in zip(names, t.shape, strict=True)]
         reps = [-(-s // n) if n else 1 for s, n in zip(shape, t.shape, strict=True)]
@@ -417,7 +449,7 @@ def _resized(args: tuple[torch.Tensor, ...], free: list[list[str]], new: dict[st
 
 
 def _shapes(args: tuple[torch.Tensor | None, ...]) -> str:
-    return ", ".join("None" if a is None else str(tuple(a.shape)) for a in args)
+    return ", ".join(str(tuple(a.shape)) if isinstance(a, torch.Tensor) else repr(a) for a in args)
 
 
 def package_members(backend: str, index: int, first: str) -> dict[str, str]:
@@ -446,15 +478,15 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         return
     try:
         stem = record["artifact"].rsplit(".", 1)[0]
-        inputs = [None if spec is None else (TENSOR_DTYPES[spec[0]], tuple(d if isinstance(d, str) else int(d)
-                                                                           for d in spec[1]))
+        inputs = [None if spec is None else _constant(spec["value"]) if isinstance(spec, dict)
+                  else (TENSOR_DTYPES[spec[0]], tuple(d if isinstance(d, str) else int(d) for d in spec[1]))
                   for spec in record["inputs"]]
         ranges = {str(name): (int(lo), int(hi)) for name, (lo, hi) in record["ranges"].items()}
-        if any(isinstance(d, str) and d not in ranges for spec in inputs if spec is not None for d in spec[1]):
+        if any(isinstance(d, str) and d not in ranges for spec in inputs if isinstance(spec, tuple) for d in spec[1]):
             raise KeyError("a size without a range")
         bounds = {int(i): tuple(b if isinstance(b, str) else int(b) for b in sizes)
                   for i, sizes in record.get("index_bounds", {}).items()}
-        if any(not 0 <= i < len(inputs) or inputs[i] is None or not sizes
+        if any(not 0 <= i < len(inputs) or not isinstance(inputs[i], tuple) or not sizes
                or any(isinstance(b, str) and b not in ranges or isinstance(b, int) and b < 1 for b in sizes)
                for i, sizes in bounds.items()):
             raise KeyError("an index bound that is not a size of the inputs")
@@ -462,7 +494,7 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
         log.warning("cuvil-pgc: the build's record of the program for other input sizes of %s is malformed; "
                     "other sizes run the original module", choice.label)
         return
-    tensors = [i for i, spec in enumerate(inputs) if spec is not None]
+    tensors = [i for i, spec in enumerate(inputs) if isinstance(spec, tuple)]
     if any(p >= len(tensors) or tensors[p] not in bounds for p in region.sized_bounds):
         log.warning("cuvil-pgc: the program for other input sizes of %s does not check the indices its region "
                     "bounds by the captured sizes; other sizes run the original module", choice.label)

@@ -142,8 +142,8 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
             args = inputs.args + ({},) if not inputs.kwargs and inputs.args and isinstance(inputs.args[-1], dict) \
                 else inputs.args
             # keyed by the wrapper's parameter: TensorOutputs.forward takes the region's arguments as *args
-            dynamic = {"args": tuple(None if a is None else {i: torch.export.Dim.AUTO for i in range(a.dim())}
-                                     for a in args)} if free_sizes else None
+            dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor)
+                                     else None for a in args)} if free_sizes else None
             if isinstance(prepared, torch.jit.ScriptModule) and not free_sizes:   # torch.export refuses it
                 export_torchscript(prepared, args, inputs.kwargs, tmp, OPSET)
             elif scripted_submodule(prepared) is not None and not free_sizes and not inputs.kwargs:     # or fails inside it
