@@ -1,7 +1,7 @@
 """What the index checks inside an ONNX program cost (:mod:`cuvil_pgc.recompile.onnx_index_checks`).
 
-Exports the model once as a region is exported, then makes a copy of the ``.onnx`` without the
-checks, and times ONNX Runtime and OpenVINO on both, called plainly with NumPy inputs, in one
+Exports the model as a region is exported and as a user exports it (the plain
+``torch.onnx.export``, :func:`~cuvil_pgc.recompile.runtime_build.plain_exports`), and times ONNX Runtime and OpenVINO on both, called plainly with NumPy inputs, in one
 process, in interleaved rounds (medians), at one thread. The default model is a small Hugging Face
 LayoutLM, which embeds each box's width and height (``bbox[..., 2] - bbox[..., 0]``): two indices
 no check before the call bounds.
@@ -50,7 +50,7 @@ def main() -> int:
     from cuvil_pgc.recompile.measure import time_interleaved
     from cuvil_pgc.recompile.onnx_index_checks import CHECK_OUTPUT
     from cuvil_pgc.recompile.output_template import OutputTemplate
-    from cuvil_pgc.recompile.runtime_build import export_onnx
+    from cuvil_pgc.recompile.runtime_build import export_onnx, plain_exports
     from cuvil_pgc.recompile.runtime_region import tensor_leaves
 
     model, inputs = layoutlm() if args.model is None else load_model_spec(args.model)
@@ -59,20 +59,16 @@ def main() -> int:
         reference = model(*scope.args, **scope.kwargs)
     feeds = [t.numpy() for t in tensor_leaves(scope.args, scope.kwargs)]
     work = Path(tempfile.mkdtemp(prefix="cuvil-index-checks-"))
-    checked = work / "checked.onnx"
-    export_onnx(model, scope, checked, len(OutputTemplate.of(reference).tensors))
-    graph = onnx.load(str(checked))
-    if graph.graph.output[-1].name != CHECK_OUTPUT:
+    checked, plain = work / "checked.onnx", work / "plain.onnx"
+    outputs = len(OutputTemplate.of(reference).tensors)
+    export_onnx(model, scope, checked, outputs)
+    with plain_exports():
+        export_onnx(model, scope, plain, outputs)
+    graph = onnx.load(str(checked)).graph
+    if graph.output[-1].name != CHECK_OUTPUT:
         print("the program has no index to check: nothing to measure")
         return 0
-    # the checks' nodes are the ones named cuvil_* (the output, cuvil_index_out_of_range, among them)
-    checks = sum(n.op_type == "ReduceSum" and n.output[0].startswith("cuvil_") for n in graph.graph.node)
-    kept = [n for n in graph.graph.node if not n.output[0].startswith("cuvil_")]
-    del graph.graph.node[:]
-    graph.graph.node.extend(kept)
-    graph.graph.output.pop()
-    plain = work / "plain.onnx"
-    onnx.save(graph, str(plain))
+    checks = sum(n.op_type == "ReduceSum" and n.output[0].startswith("cuvil_") for n in graph.node)
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = 1, 1

@@ -85,7 +85,8 @@ def profile_model(name: str, model, inputs, iters: int, workdir: str):
 
 def runtime_baselines(model, inputs, artifacts: dict | None = None) -> tuple[dict, dict[str, str]]:
     """ONNX Runtime and OpenVINO on the whole model at their default settings (ONNX Runtime with all
-    graph optimizations, OpenVINO with the latency hint, both at torch's thread count), each on
+    graph optimizations, OpenVINO with the latency hint, both at torch's thread count; the plain
+    export, without the index checks a build's programs carry), each on
     its own copy of the weights (each timed through our runner and as a user calls it,
     :func:`as_a_user_calls_it`, the faster counting); and why a runtime is absent
     (not installed, or the export or conversion failed). "openvino" computes in f32, as the build's
@@ -97,6 +98,7 @@ def runtime_baselines(model, inputs, artifacts: dict | None = None) -> tuple[dic
     from cuvil_pgc.recompile import runtimes
     from cuvil_pgc.recompile.apply import ScopeInputs, realize
     from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.runtime_build import plain_exports
 
     out, failed = {}, {}
     for backend in ("ort", "openvino", "openvino-native"):
@@ -109,8 +111,9 @@ def runtime_baselines(model, inputs, artifacts: dict | None = None) -> tuple[dic
                 continue
             precision = "bf16"
         try:
-            realized = realize(copy.deepcopy(model), Candidate("", name, precision=precision),
-                               ScopeInputs(tuple(inputs)), machine="benchmark")
+            with plain_exports():        # the export a user makes: without the build's index checks
+                realized = realize(copy.deepcopy(model), Candidate("", name, precision=precision),
+                                   ScopeInputs(tuple(inputs)), machine="benchmark")
             out[backend] = realized.module
             if artifacts is not None:
                 artifacts[backend] = realized.artifact

@@ -191,3 +191,15 @@ def test_a_runtime_region_hands_a_computed_index_out_of_range_to_the_original_mo
     assert fast.fallback_calls == 3 and fast.other_shape_calls == 1 and fast.other_sizes_failures == 0
     assert "an index it computes from its inputs" in fast.first_fallback
     assert "an index it computes from its inputs" in caplog.text
+
+
+@needs_openvino
+def test_plain_exports_are_what_a_user_exports_and_are_cached_apart(tmp_path):
+    """The benchmarks' runtime baselines: the export a user makes, without the build's checks."""
+    from cuvil_pgc.recompile.runtime_build import artifact_path, plain_exports
+
+    with plain_exports():
+        names, _ = _count(Boxes().eval(), (_boxes(),), 1, tmp_path)
+        plain_path = artifact_path("key", "onnx", None, ".onnx")
+    assert CHECK_OUTPUT not in names
+    assert artifact_path("key", "onnx", None, ".onnx") != plain_path

@@ -22,6 +22,7 @@ is untrusted input).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import io
 import logging
@@ -168,8 +169,24 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
         tmp.unlink(missing_ok=True)
         raise ExportError(f"torch.onnx.export failed: the ONNX graph has {len(graph_inputs)} inputs and "
                           f"{len(graph.output)} outputs, the region {expected} input and {outputs} output tensors")
-    _add_index_checks(tmp)
+    if not _plain.get():
+        _add_index_checks(tmp)
     os.replace(tmp, path)
+
+
+_plain = contextvars.ContextVar("cuvil_pgc_plain_exports", default=False)
+
+
+@contextlib.contextmanager
+def plain_exports() -> Iterator[None]:
+    """ONNX exports made inside are the plain ``torch.onnx.export``, as a user makes one, without the
+    index checks cuvil-pgc adds (:mod:`.onnx_index_checks`), and cached apart: the runtimes'
+    baselines in the benchmarks, which race the build against what a user would deploy."""
+    token = _plain.set(True)
+    try:
+        yield
+    finally:
+        _plain.reset(token)
 
 
 def _add_index_checks(path: Path) -> None:
@@ -271,7 +288,7 @@ def artifact_path(key: str, kind: str, cand: Any, suffix: str) -> Path:
     ``openvino``, ``onnx-shapes`` ...), keyed also by the exporter's and the runtime's versions."""
     from cuvil_pgc.recompile.records import cache_dir
 
-    versions = [f"onnx-export-v{ONNX_EXPORT_VERSION}", f"opset-{OPSET}"]
+    versions = [f"onnx-export-v{ONNX_EXPORT_VERSION}", f"opset-{OPSET}", *(["plain"] if _plain.get() else [])]
     if kind.startswith(("openvino", "onnx-fused")):
         runtime = "openvino" if kind.startswith("openvino") else "ort"
         versions.append(f"{kind.split('-')[0]}-{runtimes.version(runtime)}")
