@@ -92,6 +92,30 @@ def test_the_program_counts_computed_indices_out_of_range_as_eager_tests_them(tm
     assert count(x, fine, torch.tensor([[3, 0]])) in (3, "refused")
 
 
+class Bag(nn.Module):
+    """A recommender's bag of ids per example, the bags' starts in ``offsets`` (one flat list of ids)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag, self.head = nn.EmbeddingBag(40, 4, mode="sum"), nn.Linear(4, 2)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bag(ids, offsets))
+
+
+BAD_OFFSETS = ([0, 3, 12], [0, 7, 3], [1, 3, 7], [0, 3, -2])    # past the 10 ids' end, going down, not from 0
+
+
+@needs_openvino
+def test_an_embedding_bag_s_offsets_are_checked_as_eager_checks_them(tmp_path):
+    ids = torch.randint(0, 40, (10,))
+    _, count = _count(Bag().eval(), (ids, torch.tensor([0, 3, 7])), 1, tmp_path)
+    for offsets in ([0, 3, 7], [0, 3, 10], [0, 0, 10]):       # an empty bag, at either end, is a bag
+        assert count(ids, torch.tensor(offsets)) == 0
+    for offsets in BAD_OFFSETS:
+        assert count(ids, torch.tensor(offsets)) == 1
+
+
 @needs_openvino
 def test_a_program_whose_indices_are_all_checked_before_the_call_gets_no_check(tmp_path):
     """Ids into a table as they are (the region's pre-call check) and positions from a size."""
@@ -191,6 +215,23 @@ def test_a_runtime_region_hands_a_computed_index_out_of_range_to_the_original_mo
     assert fast.fallback_calls == 3 and fast.other_shape_calls == 1 and fast.other_sizes_failures == 0
     assert "an index it computes from its inputs" in fast.first_fallback
     assert "an index it computes from its inputs" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_an_onnx_runtime_region_hands_bad_offsets_to_the_original_module():
+    if not runtimes.check("ort").ok:
+        pytest.skip("onnxruntime not installed")
+    torch.manual_seed(0)
+    model, ids, offsets = Bag().eval(), torch.randint(0, 40, (10,)), torch.tensor([0, 3, 7])
+    fast = recompile(model, (ids, offsets), plan={"": Candidate("", "ort")}, records=False, deployed_race=False,
+                     rounds=3).module
+    with torch.no_grad():
+        torch.testing.assert_close(fast(ids, offsets), model(ids, offsets))
+        for bad in BAD_OFFSETS:
+            with pytest.raises(RuntimeError, match="offsets|index|Index"):     # eager's own errors
+                fast(ids, torch.tensor(bad))
+    assert fast.fallback_calls == len(BAD_OFFSETS)
 
 
 @needs_openvino

@@ -24,6 +24,7 @@ indices), and that no check before the call bounds. Indices made from sizes (pos
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 #: the graph output holding how many indices were out of range (0: none)
@@ -52,8 +53,9 @@ class IndexCheckFailed(IndexError):
 def add_index_checks(model: Any, unbounded: list[Any]) -> int:
     """Add to ``model`` (an ``onnx.ModelProto`` with its shapes inferred, changed in place) the
     checks of the indices of ``unbounded`` (its indexing nodes no check before the call bounds: see
-    :func:`~.index_bounds.onnx_index_bounds`) that follow the values of its integer inputs, summed
-    into the output :data:`CHECK_OUTPUT`; how many indices it checks."""
+    :func:`~.index_bounds.onnx_index_bounds`) that follow the values of its integer inputs, and of
+    its embedding bags' offsets (:func:`_bags`), summed into the output :data:`CHECK_OUTPUT`; how
+    many it checks."""
     from onnx import TensorProto, helper
 
     graph = model.graph
@@ -68,19 +70,65 @@ def add_index_checks(model: Any, unbounded: list[Any]) -> int:
     valued, ranges = _input_valued(graph), value_ranges(graph, dims)
     checked = [node for node in unbounded if node.input[1] in valued
                and not _in_range(ranges.get(node.input[1]), node, dims, _reads_from_end(node, tables))]
-    if not checked:
-        return 0
+    bags = _bags(graph, valued)
     nodes, counts = [], []
     for k, node in enumerate(checked):
-        counts.append(f"cuvil_check_{k}_count" if k else CHECK_OUTPUT if len(checked) == 1 else "cuvil_check_total_0")
+        counts.append(f"cuvil_check_{k}_count")
         nodes += _check(node, f"cuvil_check_{k}_", _reads_from_end(node, tables), dims, types.get(node.input[1]),
                         counts[-1], helper)
-        if k:
-            nodes.append(helper.make_node("Add", [counts[0] if k == 1 else f"cuvil_check_total_{k - 1}", counts[-1]],
-                                          [CHECK_OUTPUT if k == len(checked) - 1 else f"cuvil_check_total_{k}"]))
+    for k, (offsets, indices) in enumerate(bags):
+        counts.append(f"cuvil_bag_{k}_count")
+        nodes += _bag_check(offsets, indices, f"cuvil_bag_{k}_", counts[-1], helper)
+    if not counts:
+        return 0
+    total = counts[0]
+    for k, count in enumerate(counts[1:], 1):        # the last sum is the output
+        nodes.append(helper.make_node("Add", [total, count], [f"cuvil_total_{k}"]))
+        total = f"cuvil_total_{k}"
+    nodes[-1].output[0] = CHECK_OUTPUT
     graph.node.extend(nodes)
     graph.output.append(helper.make_tensor_value_info(CHECK_OUTPUT, TensorProto.INT64, []))
-    return len(checked)
+    return len(counts)
+
+
+#: an embedding bag's call as torch.onnx records it: its table, indices and offsets
+_BAG = re.compile(r"target=torch\.ops\.aten\._?embedding_bag\.\w+\]\(args = \(%\w+, %(\w+), %(\w+)")
+
+
+def _bags(graph: Any, valued: set[str]) -> list[tuple[str, str]]:
+    """(offsets, indices) of each embedding bag whose offsets follow an integer input's values: eager
+    refuses offsets that do not start at 0, go down, or pass the indices' end, and the exported
+    program (a loop over slices of the indices) answers them with numbers (ONNX Runtime, for
+    offsets 0, 3, 12 of 10 indices). Found by the ATen op torch.onnx records for its nodes."""
+    names = {i.name for i in graph.input} | {o for n in graph.node for o in n.output}
+    found: dict[tuple[str, str], None] = {}
+    for node in graph.node:
+        origin = next((p.value for p in node.metadata_props if p.key == _FX_NODE), "")
+        if (match := _BAG.search(origin)) and match[2] in valued and {match[1], match[2]} <= names:
+            found[match[2], match[1]] = None
+    return list(found)
+
+
+def _bag_check(offsets: str, indices: str, prefix: str, count: str, helper: Any) -> list[Any]:
+    """The nodes counting into ``count`` eager's refusals of an embedding bag's offsets: a first one
+    that is not 0, one below the one before it, a last one past the indices' end."""
+    nodes: list[Any] = []
+
+    def add(op: str, inputs: list[str], **kwargs: Any) -> str:
+        out = f"{prefix}{len(nodes)}"
+        nodes.append(helper.make_node(op, inputs, [out], **kwargs))
+        return out
+
+    def ints(*values: int) -> str:
+        return add("Constant", [], value=helper.make_tensor(f"{prefix}c{len(nodes)}", 7, [len(values)], values))
+
+    zero, one, minus_one, end = ints(0), ints(1), ints(-1), ints(2 ** 62)
+    first, last = add("Slice", [offsets, zero, one]), add("Slice", [offsets, minus_one, end])
+    bad = [add("Not", [add("Equal", [first, add("CastLike", [zero, offsets])])]),
+           add("Less", [add("Slice", [offsets, one, end]), add("Slice", [offsets, zero, minus_one])]),
+           add("Greater", [last, add("CastLike", [add("Size", [indices]), offsets])])]
+    nodes.append(helper.make_node("ReduceSum", [add("Cast", [add("Concat", bad, axis=0)], to=7)], [count], keepdims=0))
+    return nodes
 
 
 def _input_valued(graph: Any) -> set[str]:
