@@ -230,6 +230,35 @@ def test_a_region_captured_with_none_among_its_inputs_takes_the_lean_call_after_
             region(input_ids=bad, attention_mask=mask)
 
 
+class Flagged(SkipsACache):
+    def forward(self, input_ids, past_key_values=None, attention_mask=None, use_cache: bool | None = None):
+        out = super().forward(input_ids, past_key_values, attention_mask)
+        return out if use_cache is False else out + 1
+
+
+@needs_ort
+def test_a_region_captured_with_a_flag_among_its_inputs_takes_the_lean_call_after_its_first():
+    """A Hugging Face call with use_cache=False is captured as (ids, None, mask, False): every call
+    went through nn.Module's dispatch, the hashed signature and the runner's generic call (an OPT on
+    OpenVINO: 219 µs a call against 121 µs for its runner's own call)."""
+    torch.manual_seed(0)
+    model, ids, mask = Flagged().eval(), torch.randint(0, 30, (2, 5)), torch.ones(2, 5)
+    region = realize(model, Candidate("", "ort"), ScopeInputs((ids, None, mask, False)), machine="t").module
+    forwards = []
+    real_forward = region.forward
+    region.forward = lambda *a, **k: forwards.append(len(a)) or real_forward(*a, **k)
+    with torch.no_grad():
+        ref = model(ids, None, mask, False)
+        torch.testing.assert_close(region(ids, None, mask, False), ref, rtol=1e-4, atol=1e-5)   # learns the call
+        for call in (lambda: region(ids, None, mask, False),
+                     lambda: region(input_ids=ids, attention_mask=mask, use_cache=False)):
+            torch.testing.assert_close(call(), ref, rtol=1e-4, atol=1e-5)
+        assert forwards == [4] and region.fallback_calls == 0         # the lean call, every time
+        for flag in (True, 0, None):                                  # another value or type: the original module
+            torch.testing.assert_close(region(ids, None, mask, flag), model(ids, None, mask, flag))
+        assert region.fallback_calls == 3
+
+
 @needs_ort
 def test_the_fallback_warning_says_what_does_not_fit(caplog):
     torch.manual_seed(0)
