@@ -58,7 +58,7 @@ class FakeSession:
     def run(self, *a, **k):
         raise AssertionError("the bound path must not call run()")
 
-    def run_with_iobinding(self, binding):
+    def run_with_iobinding(self, binding, run_options=None):
         FakeSession.runs.append(binding)
         for src, dst in (("a", "first"), ("b", "second")):
             *_, element_type, shape, ptr = binding.inputs[src]
