@@ -44,6 +44,13 @@ class Shifted(nn.Module):
         return x[:, i - 1], x.gather(1, (j * 2).expand(x.shape[0], -1))
 
 
+class Took(nn.Module):
+    """``x.take(i - 1)``: eager reads a negative index of the flattened ``x`` from the end."""
+
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return x.take(i - 1)
+
+
 def _boxes(n: int = 5) -> torch.Tensor:
     x0 = torch.randint(40, 50, (2, n), generator=torch.Generator().manual_seed(0))
     return torch.stack([x0, x0 * 0, x0 + 3, x0 * 0 + 1], -1)
@@ -87,6 +94,10 @@ def test_the_program_counts_computed_indices_out_of_range_as_eager_tests_them(tm
         assert count(x, torch.tensor(i), fine) == 0
     for i in ([[-6, 0]], [[7, 1]]):                  # x[:, -7] and x[:, 6]: eager raises
         assert count(x, torch.tensor(i), fine) in (1, "refused")
+    names, took = _count(Took().eval(), (x, fine), 1, tmp_path)     # torch.export makes it x.view(-1)[i - 1]
+    assert CHECK_OUTPUT in names
+    assert took(x, fine) == 0 and took(x, torch.tensor([[-17, 0]])) == 0          # x.take(-1), x.take(-18)
+    assert took(x, torch.tensor([[-18, 0]])) in (1, "refused")
     # gathers of column -2 (OpenVINO reads it from the end; eager raises) and 6, in each of 3 rows
     assert count(x, fine, torch.tensor([[-1, 0]])) == 3
     assert count(x, fine, torch.tensor([[3, 0]])) in (3, "refused")
