@@ -269,3 +269,36 @@ def test_only_cuda_graphs_on_a_launch_bound_scope_not_yet_measured_there_are_kep
     assert untried_remedy(graphs, launch, [other_scope])
     failed_here = Trial(Candidate("", "cudagraphs", mode="reduce-overhead", rewrite=True), 1.0, "compile_error")
     assert not untried_remedy(graphs, launch, [failed_here])
+
+
+class Faint(nn.Module):
+    """A head whose answers are all far below the guard's atol (a randomly initialized depth head
+    answered 7.9e-8 at most): zeros in their place pass the guard."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.body, self.scale = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * self.scale
+
+
+@pytest.mark.parametrize("scale, blind", [(1e-7, True), (1.0, False)])
+def test_reduced_precision_is_not_built_where_the_guard_cannot_see_the_outputs(monkeypatch, scale, blind):
+    """OpenVINO's bf16 passed a depth model's guard that any answer would have passed."""
+    from cuvil_pgc.recompile.accuracy import blind_scale
+    from cuvil_pgc.recompile.search import search
+    from cuvil_pgc.recompile.trials import SearchOptions
+
+    fake_measurements(monkeypatch, {"": 1.0}, {"<model>::openvino+bf16": 0.3})
+    monkeypatch.setattr(candidates.RuntimeSpace, "here",      # a CPU that runs bf16 natively
+                        classmethod(lambda cls, device="cpu": RuntimeSpace(("ort", "openvino"), True, 1)))
+    torch.manual_seed(0)
+    model, x = Faint(scale).eval(), torch.randn(2, 16)
+    with torch.no_grad():
+        assert (blind_scale(model(x)) is not None) == blind
+    result = search(model, (x,), Analysis(regions=[stats("model", 300.0, "Faint")]),
+                    options=SearchOptions(budget=4, backends=("openvino",), rounds=3))
+    reason = result.trials["<model>::openvino+bf16"].reason
+    assert ("within the accuracy guard's atol of 0" in reason) == blind
+    assert (result.choices.get("") == Candidate("", "openvino", precision="bf16")) != blind

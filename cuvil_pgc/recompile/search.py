@@ -50,7 +50,7 @@ from cuvil_pgc._progress import Progress, show_best, stage
 from cuvil_pgc._structure import settings_digest, weights_digest
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
-from cuvil_pgc.recompile.accuracy import admits_rounding, check_outputs
+from cuvil_pgc.recompile.accuracy import admits_rounding, blind_scale, check_outputs
 from cuvil_pgc.recompile.apply import LOW_PRECISION_DTYPES, ScopeInputs, capture_scope_inputs, realize
 from cuvil_pgc.recompile.candidates import (
     Candidate,
@@ -142,11 +142,18 @@ class _Search:
         return [c for c in space if not why.get(c.key)]
 
     def _precision_left_out(self, cand: Candidate) -> str:
-        """Why a low-precision candidate cannot pass the accuracy guard ("" when it may): the
+        """Why a low-precision candidate cannot pass the accuracy guard, or could only pass a guard
+        that cannot see ("" when it may): every floating output of the scope lies within atol of 0
+        (:func:`~.accuracy.blind_scale`), or the
         tolerances reject even the scope's eager outputs rounded once to that precision. That holds
         for autocast programs, whose outputs carry the rounding; not for OpenVINO, whose CPU plugin
         keeps its outputs and the layers it deems sensitive in f32 (unseen dwcnn: bf16 passes the
         default guard that the outputs rounded to bf16 fail), so only the guard can tell."""
+        scale = blind_scale(self.refs[cand.scope], rtol=self.opt.rtol, atol=self.opt.atol)
+        if scale is not None:
+            return (f"not built: every floating output of this scope lies within the accuracy guard's atol of 0 "
+                    f"(the largest is {scale:.2g}), so the guard would pass any answer, zeros too; lower --atol "
+                    f"below the outputs' scale to let {cand.precision} compete")
         if cand.backend == "openvino":
             return ""
         low = LOW_PRECISION_DTYPES[cand.precision]
