@@ -284,7 +284,7 @@ class Faint(nn.Module):
 
 
 @pytest.mark.parametrize("scale, blind", [(1e-7, True), (1.0, False)])
-def test_reduced_precision_is_not_built_where_the_guard_cannot_see_the_outputs(monkeypatch, scale, blind):
+def test_reduced_precision_is_not_built_where_the_guard_cannot_see_the_outputs(monkeypatch, caplog, scale, blind):
     """OpenVINO's bf16 passed a depth model's guard that any answer would have passed."""
     from cuvil_pgc.recompile.accuracy import blind_scale
     from cuvil_pgc.recompile.search import search
@@ -297,8 +297,10 @@ def test_reduced_precision_is_not_built_where_the_guard_cannot_see_the_outputs(m
     model, x = Faint(scale).eval(), torch.randn(2, 16)
     with torch.no_grad():
         assert (blind_scale(model(x)) is not None) == blind
-    result = search(model, (x,), Analysis(regions=[stats("model", 300.0, "Faint")]),
-                    options=SearchOptions(budget=4, backends=("openvino",), rounds=3))
+    with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.search"):
+        result = search(model, (x,), Analysis(regions=[stats("model", 300.0, "Faint")]),
+                        options=SearchOptions(budget=4, backends=("openvino",), rounds=3))
+    assert ("the accuracy guard cannot see this model's outputs" in caplog.text) == blind
     reason = result.trials["<model>::openvino+bf16"].reason
     assert ("within the accuracy guard's atol of 0" in reason) == blind
     assert (result.choices.get("") == Candidate("", "openvino", precision="bf16")) != blind
