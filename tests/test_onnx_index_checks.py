@@ -210,6 +210,9 @@ def test_a_runtime_region_hands_a_computed_index_out_of_range_to_the_original_mo
                       rounds=3, dynamic=True)
     fast = build.module
     assert fast.index_bounds == {0: 100}        # the corners' table, checked before the call
+    choice = build.plan.choices[0]              # an older cuvil-pgc refuses the plan (see plan_doc)
+    assert choice.runtime["index_checks"] == choice.other_shapes["index_checks"] == "in-program"
+    assert build.plan.to_json()["format"] == 5
     bad = box.clone()
     bad[0, 1, 2] = bad[0, 1, 0] - 1             # x1 < x0: each corner in range, the width -1
     longer = torch.cat([box, box], 1)[:, :9]    # another length (9 of the 16 positions)

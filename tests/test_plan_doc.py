@@ -79,8 +79,8 @@ def test_candidate_from_json_keeps_unknown_fields_and_a_known_one_is_unchanged()
 
 
 def test_another_format_or_a_malformed_choice_is_refused():
-    with pytest.raises(PlanFormatError, match="format 5"):
-        Plan.from_json({**FORMAT_1, "format": 5})
+    with pytest.raises(PlanFormatError, match="format 6"):
+        Plan.from_json({**FORMAT_1, "format": 6})
     with pytest.raises(PlanFormatError, match="no candidate"):
         Plan.from_json({**FORMAT_1, "choices": [{"scope": "x"}]})
     with pytest.raises(PlanFormatError, match="not an object"):
@@ -196,3 +196,19 @@ def test_a_program_for_other_sizes_that_checks_indices_makes_the_plan_format_4()
                                          "ranges": {"s0": [1, 64]}, "index_bounds": {"0": ["s0"]}}
     written = Plan.from_json(doc).to_json()
     assert written["format"] == 4 and Plan.from_json(written).choices[0].other_shapes["index_bounds"] == {"0": ["s0"]}
+
+
+@pytest.mark.parametrize("where", ["runtime", "other_shapes"])
+def test_a_runtime_program_that_checks_its_computed_indices_makes_the_plan_format_5(where):
+    """An older cuvil-pgc, which reads up to format 4, would hand the program's count of indices
+    out of range back as one more element of a tuple the region returns: it refuses the plan."""
+    doc = json.loads(json.dumps(FORMAT_1))
+    choice = doc["choices"][0]
+    if where == "runtime":
+        choice["runtime"] = {"name": "ort", "version": "1", "outputs": None, "index_checks": "in-program"}
+    else:
+        choice["other_shapes"] = {"artifact": "ort/0-shapes.onnx", "inputs": [["int64", ["s0"]]],
+                                  "ranges": {"s0": [1, 64]}, "index_checks": "in-program"}
+    written = Plan.from_json(doc).to_json()
+    assert written["format"] == 5
+    assert getattr(Plan.from_json(written).choices[0], where)["index_checks"] == "in-program"

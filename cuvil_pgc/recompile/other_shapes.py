@@ -44,6 +44,7 @@ from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.program_index_bounds import program_index_bounds
 from cuvil_pgc.recompile.runtime_build import (
     ARTIFACT_SUFFIXES,
+    IN_PROGRAM,
     artifact_path,
     convert_openvino,
     export_onnx,
@@ -160,6 +161,8 @@ class OtherShapes:
                "ranges": {name: list(r) for name, r in self.ranges.items()}}
         if self.index_bounds:          # a plan holding them is format 4 (see plan_doc.SIZE_BOUNDS_FORMAT)
             doc["index_bounds"] = {str(i): list(b) for i, b in sorted(self.index_bounds.items())}
+        if getattr(self.runner, "checks_indices", False):     # format 5 (plan_doc.PROGRAM_CHECKS_FORMAT)
+            doc["index_checks"] = IN_PROGRAM
         return doc
 
 

@@ -22,7 +22,8 @@ engine's GPU and TensorRT version in ``runtime`` (format 2 records them in the m
 region's output tensors, ``"runtime": {"name": "aoti", "version", "outputs", "tensor_outputs": true}``
 (see :data:`TENSOR_OUTPUTS_FORMAT`); plans without one are still written as format 2. Format 4 is
 format 3 with a program for other sizes that checks indices against the call's sizes (see
-:data:`SIZE_BOUNDS_FORMAT`). Fields this
+:data:`SIZE_BOUNDS_FORMAT`); format 5, with a runtime program that checks the indices it computes
+(see :data:`PROGRAM_CHECKS_FORMAT`). Fields this
 version does not know, at any level, are kept in ``extra`` and written back by
 :meth:`Plan.to_json`: a plan read by an older cuvil-pgc and written again keeps a newer one's
 fields (the candidate's own, see :meth:`Candidate.from_json`, too).
@@ -62,8 +63,13 @@ TENSOR_OUTPUTS_FORMAT = 3
 #: program without the check, where an index past the call's nodes aborts the process or answers with
 #: numbers, so such a plan is format 4, which it refuses
 SIZE_BOUNDS_FORMAT = 4
+#: the format of a plan with a runtime program that checks the indices it computes in one more
+#: output (``index_checks`` in a choice's ``runtime`` or ``other_shapes``, see
+#: :mod:`.onnx_index_checks`): a version that reads only up to format 4 would hand that output back
+#: as one more element of a tuple the region returns, so such a plan is format 5, which it refuses
+PROGRAM_CHECKS_FORMAT = 5
 #: plan.json formats this version reads
-READ_FORMATS = (1, 2, 3, 4)
+READ_FORMATS = (1, 2, 3, 4, 5)
 PLAN_MEMBER = "plan.json"      # the plan's name inside a build
 
 
@@ -134,6 +140,8 @@ class PlanChoice:
     @property
     def format(self) -> int:
         """The oldest plan.json format that can hold this choice."""
+        if (self.runtime or {}).get("index_checks") or (self.other_shapes or {}).get("index_checks"):
+            return PROGRAM_CHECKS_FORMAT
         if (self.other_shapes or {}).get("index_bounds"):
             return SIZE_BOUNDS_FORMAT
         return TENSOR_OUTPUTS_FORMAT if (self.runtime or {}).get("tensor_outputs") else PLAN_FORMAT

@@ -323,7 +323,14 @@ def runtime_info(backend: str, realized: Any) -> dict[str, Any]:
     template = getattr(getattr(realized.module, "compiled", None), "template", None)
     info["outputs"] = template.to_json() if template is not None else None
     info.update(bounds_record(realized.module))
+    if getattr(getattr(realized.module, "compiled", None), "checks_indices", False):
+        info["index_checks"] = IN_PROGRAM          # a plan holding it is format 5 (plan_doc.PROGRAM_CHECKS_FORMAT)
     return info
+
+
+#: a runtime record's ``index_checks``: its program counts the indices out of range in one more
+#: output (:mod:`.onnx_index_checks`)
+IN_PROGRAM = "in-program"
 
 
 def bounds_record(region: Any) -> dict[str, Any]:
