@@ -98,11 +98,10 @@ def blind_scale(reference: Any, *, rtol: float | None = None, atol: float | None
     def zeros(t: Any) -> Any:
         return torch.zeros_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
-    floats = [t for t in torch.utils._pytree.tree_leaves(reference) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not floats or not check_outputs(reference, torch.utils._pytree.tree_map(zeros, reference), rtol=rtol,
-                                       atol=atol).ok:
+    if not any(isinstance(t, torch.Tensor) and t.is_floating_point() for t in torch.utils._pytree.tree_leaves(reference)):
         return None
-    return check_outputs(reference, reference).ref_scale
+    zeroed = check_outputs(reference, torch.utils._pytree.tree_map(zeros, reference), rtol=rtol, atol=atol)
+    return zeroed.ref_scale if zeroed.ok else None       # a walk that passed measured every floating value
 
 
 class _Mismatch(Exception):

@@ -17,6 +17,10 @@ from torch import nn
 from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS
 from cuvil_pgc.recompile.matching import input_signature
 
+#: the types of a positional input a region's program holds as the value it was captured with (a
+#: Hugging Face call's ``use_cache=False``): a call must pass the same value, of the same type
+CAPTURED_VALUES = (bool, int, float, str)
+
 #: per positional tensor input: (shape, dtype, device, strides)
 Spec = list[tuple[torch.Size, torch.dtype, torch.device, tuple[int, ...]]]
 

@@ -37,6 +37,7 @@ from torch import nn
 
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.accuracy import check_outputs
+from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES
 from cuvil_pgc.recompile.index_bounds import describe, index_bounds, out_of_range
 from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
 from cuvil_pgc.recompile.ort_runner import OrtRunner
@@ -61,13 +62,9 @@ class OtherShapesError(RuntimeError):
     """Why a region has no program for other sizes (the build ships without it)."""
 
 
-#: the types of a positional input captured as a value the program holds (``use_cache=False``)
-CONSTANTS = (bool, int, float, str)
-
-
 @dataclass(frozen=True)
 class Constant:
-    """A positional input captured as a value (see :data:`CONSTANTS`), which the program holds: a
+    """A positional input captured as a value (:data:`~.call_binding.CAPTURED_VALUES`), which the program holds: a
     call must pass the same value, of the same type."""
 
     value: bool | int | float | str
@@ -75,7 +72,7 @@ class Constant:
 
 def _constant(value: Any) -> Constant:
     """A recorded :class:`Constant` (ValueError for a value of another type)."""
-    if type(value) not in CONSTANTS:
+    if type(value) not in CAPTURED_VALUES:
         raise ValueError(value)
     return Constant(value)
 
@@ -182,7 +179,7 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
     if cand.backend not in BACKENDS:
         raise OtherShapesError(f"only ONNX Runtime, OpenVINO and AOTInductor regions get one, not {cand.backend}")
     if inputs.kwargs or not any(isinstance(a, torch.Tensor) for a in inputs.args) \
-            or not all(a is None or isinstance(a, torch.Tensor) and a.is_cpu or type(a) in CONSTANTS
+            or not all(a is None or isinstance(a, torch.Tensor) and a.is_cpu or type(a) in CAPTURED_VALUES
                        for a in inputs.args):
         raise OtherShapesError("it is called with other than positional CPU tensors (and Nones, numbers, strings "
                                "and bools)")

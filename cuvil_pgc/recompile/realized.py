@@ -20,7 +20,7 @@ from torch.utils.hooks import RemovableHandle
 
 from cuvil_pgc._example_inputs import forward_parameters
 from cuvil_pgc.recompile.aoti_loader import FastAOTI
-from cuvil_pgc.recompile.call_binding import bind_call, matches, spec_misfit
+from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES, bind_call, matches, spec_misfit
 from cuvil_pgc.recompile.index_bounds import IndexBounds, Limit, array_checks, describe, out_of_range
 from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.onnx_index_checks import IndexCheckFailed
@@ -262,7 +262,7 @@ class CompiledRegion(nn.Module):
                 self.__dict__["_lean"], self.__dict__["_direct"] = lean, None
             return
         if self._spec is not None or self._lean is not None or all(type(a) is torch.Tensor for a in args) \
-                or not all(a is None or type(a) is torch.Tensor or type(a) in _VALUES for a in args):
+                or not all(a is None or type(a) is torch.Tensor or type(a) in CAPTURED_VALUES for a in args):
             return
         self.__dict__["_lean"] = self._lean_call([(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor
                                                   else None if a is None else (_VALUE, a) for a in args])
@@ -448,9 +448,8 @@ _tracing = torch._C._get_tracing_state
 # FakeTensors, which the lean path's exact type check already sends to the checked path.
 _compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
 _Tensor = torch.Tensor
-#: in the lean call's checks, a position captured as a value (of one of the types :data:`_VALUES`)
+#: in the lean call's checks, a position captured as a value (:data:`~.call_binding.CAPTURED_VALUES`)
 _VALUE = object()
-_VALUES = (bool, int, float, str)
 #: whether autocast is on for any device: a build computes in the precision it was built with, so
 #: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
