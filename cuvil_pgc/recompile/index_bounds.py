@@ -44,7 +44,7 @@ import torch
 
 #: ops whose output holds only values of their first input (moved, repeated, reshaped or a subset)
 _PASS_VALUES = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Transpose", "Slice", "Cast"}
-_INTEGER_TYPES = {6, 7}     # onnx.TensorProto.INT32, INT64: the index types of Gather
+INTEGER_TYPES = {6, 7}     # onnx.TensorProto.INT32, INT64: the index types of Gather
 #: the unsigned view of each index dtype: a negative id reads as a huge one, so one max() checks both ends
 _UNSIGNED = {np.dtype(np.int64): np.uint64, np.dtype(np.int32): np.uint32}
 INDEX_DTYPES = (torch.int64, torch.int32)
@@ -157,8 +157,8 @@ def onnx_index_bounds(model: Any) -> tuple[IndexBounds, list[Any]]:
         for out in node.output:
             producer[out] = node
     positions = {i.name: n for n, i in enumerate(x for x in graph.input if x.name not in tables)}
-    integer = {i.name for i in graph.input if i.type.tensor_type.elem_type in _INTEGER_TYPES}
-    shapes = {v.name: _dims(v) for v in [*graph.input, *graph.value_info]}
+    integer = {i.name for i in graph.input if i.type.tensor_type.elem_type in INTEGER_TYPES}
+    shapes = {v.name: value_dims(v) for v in [*graph.input, *graph.value_info]}
     rows: dict[int, Limit] = {}
     sized: set[int] = set()
     named: dict[int, set[str]] = {}
@@ -200,7 +200,7 @@ def less_shift(size: str, shift: np.ndarray) -> str:
     return f"{size} - {shift.tolist()}" if shift.any() else size
 
 
-def _dims(value: Any) -> list[int | str] | None:
+def value_dims(value: Any) -> list[int | str] | None:
     """A value's dims, each a number or the name of a size (``dim_param``); None where any is
     unknown."""
     dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
@@ -254,7 +254,7 @@ def _source(name: str, producer: dict[str, Any], constants: dict[str, Any]) -> t
             continue
         if node.op_type not in _PASS_VALUES:
             return name, shift
-        if node.op_type == "Cast" and next((a.i for a in node.attribute if a.name == "to"), 0) not in _INTEGER_TYPES:
+        if node.op_type == "Cast" and next((a.i for a in node.attribute if a.name == "to"), 0) not in INTEGER_TYPES:
             return name, shift
         name, shift = node.input[0], shift if node.op_type in _ONNX_IN_PLACE else largest_shift(shift)
     return name, shift
@@ -280,7 +280,7 @@ def _onnx_shift(operands: Any, constants: dict[str, Any]) -> tuple[np.ndarray, s
 
     for k in (0, 1):
         const, other = operands[k], operands[1 - k]
-        if const in constants and other not in constants and constants[const].data_type in _INTEGER_TYPES:
+        if const in constants and other not in constants and constants[const].data_type in INTEGER_TYPES:
             values = numpy_helper.to_array(constants[const]).astype(np.int64)
             if values.size and values.min() >= 0:
                 return values, other

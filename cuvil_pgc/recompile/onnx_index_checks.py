@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from cuvil_pgc.recompile.index_bounds import INTEGER_TYPES, value_dims
+
 #: the graph output holding how many indices were out of range (0: none)
 CHECK_OUTPUT = "cuvil_index_out_of_range"
 
@@ -36,7 +38,6 @@ _GATHERS = {"Gather", "GatherElements", "GatherND"}
 #: ATen ops that read a negative index from the end, as ``x[idx]`` does (torch.onnx names the op
 #: each node comes from in the node's metadata)
 _WRAPPING_OPS = ("aten.index.", "aten.index_put", "aten._unsafe_index")
-_INTEGER_TYPES = {6, 7}      # onnx.TensorProto.INT32, INT64
 _FX_NODE = "pkg.torch.onnx.fx_node"
 
 
@@ -65,7 +66,7 @@ def add_index_checks(model: Any, unbounded: list[Any]) -> int:
     types = {v.name: v.type.tensor_type.elem_type for v in values}
     tables = {i.name for i in graph.initializer}
     # sizes known when the program is made (a table's, or any value's in a program for fixed sizes)
-    dims = {v.name: d for v in values if (d := _static_dims(v)) is not None}
+    dims = {v.name: d for v in values if (d := value_dims(v)) is not None and all(type(n) is int for n in d)}
     dims.update({i.name: list(i.dims) for i in graph.initializer})
     valued, ranges = _input_valued(graph), value_ranges(graph, dims)
     checked = [node for node in unbounded if node.input[1] in valued
@@ -135,7 +136,7 @@ def _input_valued(graph: Any) -> set[str]:
     """The values of ``graph`` (topologically ordered, as ONNX requires) that follow an integer graph
     input's values."""
     tables = {i.name for i in graph.initializer}
-    valued = {i.name for i in graph.input if i.name not in tables and i.type.tensor_type.elem_type in _INTEGER_TYPES}
+    valued = {i.name for i in graph.input if i.name not in tables and i.type.tensor_type.elem_type in INTEGER_TYPES}
     for node in graph.node:
         if node.op_type in ("Shape", "Size"):
             continue
@@ -253,15 +254,6 @@ def _in_range(found: Range | None, node: Any, dims: dict[str, list[int]], from_e
     return (-size if from_end else 0) <= found[0] and found[1] < size
 
 
-def _static_dims(value: Any) -> list[int] | None:
-    """A value's dimensions where each is a number, else None."""
-    shape = value.type.tensor_type.shape if value.type.HasField("tensor_type") else None
-    if shape is None or not value.type.tensor_type.HasField("shape") \
-            or any(not d.HasField("dim_value") for d in shape.dim):
-        return None
-    return [d.dim_value for d in shape.dim]
-
-
 def _reads_from_end(node: Any, tables: set[str]) -> bool:
     """Whether eager reads a negative index of ``node`` from the end (``x[idx]``) rather than raise
     (``embedding``, ``index_select``, ``gather``, ``scatter``): from the ATen op torch.onnx recorded
@@ -288,7 +280,7 @@ def _check(node: Any, prefix: str, from_end: bool, dims: dict[str, list[int]], i
         return out
 
     def constant(values: list[int], shape: list[int]) -> str:
-        typed = index_type if index_type in _INTEGER_TYPES else 7
+        typed = index_type if index_type in INTEGER_TYPES else 7
         value = add("Constant", [], value=helper.make_tensor(f"{prefix}c{len(nodes)}", typed, shape, values))
         return value if typed == index_type else add("CastLike", [value, index])
 
