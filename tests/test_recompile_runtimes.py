@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -290,6 +291,8 @@ def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and
         region(x)
         handle.remove()
         assert len(seen) >= 2 and forwards == [1, 1]              # a global hook: the same
+        region(x)
+        assert forwards == [1, 1]                                 # hooks removed: the lean call again
         del forwards[1:]
         strided = torch.randn(16, 3).t()                          # same shape, not contiguous
         torch.testing.assert_close(region(strided)["out"], model(strided)["out"], rtol=1e-4, atol=1e-5)
@@ -298,6 +301,53 @@ def test_the_lean_ort_call_matches_the_checked_one_and_steps_aside_for_hooks_and
     grad = x.clone().requires_grad_()
     out = region(grad)                                            # needs grad: not the NumPy path
     assert len(forwards) == 4 and out["out"].shape == (3, 4)
+
+
+@needs_ort
+def test_a_hook_registered_before_the_region_was_built_is_run_until_removed():
+    """The lean call compares torch's hook-handle counter only: a global hook or one on the region
+    that was already there when the region was built (no handle handed out since) must still send
+    calls through nn.Module's dispatch, which runs it; once it is removed, the lean call again."""
+    seen = []
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda mod, args, out: seen.append(1))
+    try:
+        model, x, region, forwards = counted_region("ort")
+        with torch.no_grad():
+            region(x)
+            region(x)
+        assert forwards == [1, 1] and len(seen) >= 2
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        region(x)
+    assert forwards == [1, 1]                                     # removed: the lean call
+    own = region.register_forward_pre_hook(lambda mod, args: seen.append("pre"))
+    own_id = torch.utils.hooks.RemovableHandle.next_id
+    with torch.no_grad():
+        region(x)
+    assert forwards == [1, 1, 1] and seen[-1] == "pre"
+    own.remove()
+    with torch.no_grad():
+        region(x)
+    assert forwards == [1, 1, 1] and torch.utils.hooks.RemovableHandle.next_id == own_id
+
+
+@needs_ort
+def test_a_region_under_torch_jit_trace_takes_nn_modules_dispatch():
+    """torch.jit.trace records a module's call through nn.Module's dispatch (its scope, its
+    ``_slow_forward``): the lean call's tracing test sends it there."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(16, 8), nn.ReLU()).eval(), torch.randn(3, 16)
+    region = realize(model, Candidate("", "ort"), ScopeInputs((x,)), machine="t").module
+    forwards = []
+    real_forward = region.forward
+    region.forward = lambda *a, **k: forwards.append(1) or real_forward(*a, **k)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")                   # the tracer warns of the runtime's NumPy arrays
+        torch.jit.trace(region, (x,), check_trace=False)
+        assert forwards == [1]
+        region(x)
+    assert forwards == [1]                                # traced no more: the lean call
 
 
 @needs_ort

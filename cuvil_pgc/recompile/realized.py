@@ -90,6 +90,9 @@ class CompiledRegion(nn.Module):
         self.first_fallback: str | None = None
         #: torch's hook-handle counter when no module inside the region had a hook (-1: look again)
         self._hooks_seen = -1
+        #: torch's hook-handle counter when, besides, no hook was on the region itself or global
+        #: (-1: look again; see :meth:`_quiet`)
+        self._quiet_at = -1
         #: the program for other input sizes (:class:`~.other_shapes.OtherShapes`; None: the original
         #: module runs them), and how many calls it ran
         self.other_shapes: Any = None
@@ -100,7 +103,7 @@ class CompiledRegion(nn.Module):
         self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
         self.register_state_dict_post_hook(state_dict_as_original)
         self.register_load_state_dict_pre_hook(load_into_original)
-        self._hooked()                  # the first call may take the lean path
+        self._quiet()                   # the first call may take the lean path
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """For exactly the captured tensors, when nothing hooks into this module or traces it: the
@@ -116,10 +119,8 @@ class CompiledRegion(nn.Module):
         AOTInductor region took 9.4 µs through the dispatch and 5.1 through this path (medians of
         three runs in one process, a trivial program timed after each run of the package)."""
         lean, direct = self._lean, self._direct
-        if (lean is not None or direct is not None) and not (
-                self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
-                or _forward or _forward_pre or _backward or _backward_pre or _always
-                or RemovableHandle.next_id != self._hooks_seen or _tracing() is not None or _compiling() or _autocast()):
+        if (lean is not None or direct is not None) and (RemovableHandle.next_id == self._quiet_at or self._quiet()) \
+                and not (_tracing() or _compiling() or _autocast()):
             if direct is not None:
                 spec = self._spec
                 if not kwargs and len(args) == len(spec) and not (self._inference_only and torch.is_grad_enabled()):
@@ -150,10 +151,12 @@ class CompiledRegion(nn.Module):
                         if type(a) is type(dtype) and a == dtype:
                             continue
                         break
-                    if type(a) is not _Tensor or a.shape != shape or a.dtype is not dtype or a.requires_grad \
-                            or not a.is_cpu or not a.is_contiguous():
+                    if type(a) is not _Tensor or a.shape != shape or a.dtype is not dtype or not a.is_contiguous():
                         break
-                    arrays.append(a.numpy())
+                    try:                 # refuses a tensor that needs grad or is not in CPU memory
+                        arrays.append(a.numpy())
+                    except Exception:
+                        break
                 else:
                     for i, unsigned, rows, limit in ids:        # an id out of range: the checked path raises
                         u = arrays[i].view(unsigned)
@@ -336,6 +339,21 @@ class CompiledRegion(nn.Module):
             self.__dict__["_hooks_seen"] = RemovableHandle.next_id       # a plain int, as fallback_calls
         return hooked
 
+    def _quiet(self) -> bool:
+        """Whether nothing hooks into this region's call: no hook of the user's inside it (see
+        :meth:`_hooked`), none on the region itself and no global module hook, which nn.Module's
+        dispatch would run and :meth:`__call__`'s lean and direct calls skip. Every registration
+        of a hook, global ones included, hands out a handle, so the answer holds until torch's
+        handle counter (``RemovableHandle.next_id``) moves: the lean path compares that one
+        integer. Reading the nine hook registries on each call instead cost 2.5-3 µs of a
+        0.27 ms OpenVINO call (the zoo's tiny BERT, in one process, interleaved: between a
+        runtime's inferences every line of Python runs on cold caches)."""
+        if self._hooked() is not None or self._forward_hooks or self._forward_pre_hooks or self._backward_hooks \
+                or self._backward_pre_hooks or _forward or _forward_pre or _backward or _backward_pre or _always:
+            return False
+        self.__dict__["_quiet_at"] = RemovableHandle.next_id        # a plain int, as fallback_calls
+        return True
+
     def _id_out_of_range(self, leaves: Any, other_sizes: bool = False) -> tuple[int, Limit] | None:
         """The first (input, rows) whose input holds an id outside the table it indexes, or None
         (``leaves``: the call's tensors in the order the export flattened them; ``other_sizes``:
@@ -441,7 +459,10 @@ def _global_hooks() -> tuple[dict[Any, Any], ...] | None:
 GLOBAL_HOOKS = _global_hooks()
 # module globals, one cached lookup each in CompiledRegion.__call__
 _forward, _forward_pre, _backward, _backward_pre, _always = GLOBAL_HOOKS or ({},) * 5
-_tracing = torch._C._get_tracing_state
+#: whether torch.jit.trace is tracing (``torch._C._is_tracing``, what ``torch.jit.is_tracing`` asks;
+#: ``_get_tracing_state`` returns the state, which pybind11 converts: 1 µs more between a runtime's
+#: inferences, measured on the zoo's tiny BERT on OpenVINO)
+_tracing = getattr(torch._C, "_is_tracing", None) or (lambda: torch._C._get_tracing_state() is not None)
 # is_dynamo_compiling is one `return False` outside a trace (True inside one: Dynamo evaluates it
 # as it traces); is_compiling also calls torch.jit.is_scripting() and reads a module global, which
 # cost 2-4% of a 0.35 ms ONNX Runtime GRU call deployed. Export without Dynamo traces with
