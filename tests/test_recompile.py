@@ -293,17 +293,14 @@ def test_second_search_reuses_records_and_measures_less(tmp_path, monkeypatch):
 
 
 def test_records_of_earlier_searches_count_against_the_budget(tmp_path, monkeypatch):
-    import cuvil_pgc.recompile.search as search_mod
     from cuvil_pgc.recompile.measure import Samples
-    from cuvil_pgc.recompile.realized import Realized
 
     # Timings faked at the measurement seam: what the stop rule sees does not depend on the
     # machine's load (a real run measured 3 instead of 4 under load).
     def fake_time(fns, rounds):
         return {k: Samples(k, [1e-3 if k == "eager" else 4e-4 + 1e-5 * (sum(map(ord, k)) % 7)]) for k in fns}
 
-    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
-    monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
+    fake_builds_and_timing(monkeypatch, fake_time)
     model, inputs = rnn_step()
     opts = SearchOptions(budget=4, backends=("eager", "compile"), rounds=5, deployed_race=False)
     first = search(model, inputs, _rnn_analysis(), options=opts, records=RecordDB(tmp_path), machine_key="m")
@@ -358,9 +355,7 @@ def test_challengers_are_timed_side_by_side_with_the_incumbent(monkeypatch):
     faster in every later run while compiled code keeps its speed, and each candidate is truly 5%
     faster than the one measured before it. Through eager alone the later ones would look slower;
     timed next to the best so far, the order comes out right."""
-    import cuvil_pgc.recompile.search as search_mod
     from cuvil_pgc.recompile.measure import Samples
-    from cuvil_pgc.recompile.realized import Realized
 
     runs: list[list[str]] = []
     first_seen: list[str] = []
@@ -377,8 +372,7 @@ def test_challengers_are_timed_side_by_side_with_the_incumbent(monkeypatch):
             out[key] = Samples(key, [ms / 1e3])
         return out
 
-    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
-    monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
+    fake_builds_and_timing(monkeypatch, fake_time)
     model, inputs = chain()
     an = Analysis(regions=[stats("model", "launch_overhead", module="Chain")])
     result = search(model, inputs, an, machine_key="m",
@@ -396,7 +390,6 @@ def scripted_batches(monkeypatch, order: list[str], model, inputs, module: str, 
     fastest and builds cost nothing; returns the configurations each timing run measured."""
     import cuvil_pgc.recompile.search as search_mod
     from cuvil_pgc.recompile.measure import Samples
-    from cuvil_pgc.recompile.realized import Realized
 
     runs: list[list[str]] = []
 
@@ -407,8 +400,7 @@ def scripted_batches(monkeypatch, order: list[str], model, inputs, module: str, 
     def rank(self, cands, feats):       # the models' favourites, in a fixed order
         return [(c, 1.0) for c in sorted(cands, key=lambda c: order.index(c.config) if c.config in order else 99)]
 
-    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
-    monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
+    fake_builds_and_timing(monkeypatch, fake_time)
     monkeypatch.setattr(search_mod.PlanCostModel, "rank", rank)
     an = Analysis(regions=[stats("model", "launch_overhead", module=module)])
     search(model, inputs, an, machine_key="m", options=SearchOptions(budget=5, backends=backends, rounds=5, deployed_race=False))
@@ -507,12 +499,8 @@ def test_an_incumbent_that_fails_later_is_dropped_not_raised(monkeypatch):
 
 def test_a_repeated_block_reuses_what_the_search_just_measured_on_its_twin(tmp_path, monkeypatch):
     import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.measure import Samples
-    from cuvil_pgc.recompile.realized import Realized
 
-    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
-    monkeypatch.setattr(search_mod, "time_interleaved",
-                        lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
+    fake_builds_and_timing(monkeypatch)
     torch.manual_seed(0)
     model, inputs = Twin().eval(), (torch.randn(1, 16),)
     an = Analysis(regions=[stats("model", "launch_overhead", 300.0, module="Twin"),
@@ -535,13 +523,7 @@ def test_a_repeated_block_reuses_what_the_search_just_measured_on_its_twin(tmp_p
 
 
 def test_records_of_an_older_census_are_reused_but_refit_with_todays_features(tmp_path, monkeypatch):
-    import cuvil_pgc.recompile.search as search_mod
-    from cuvil_pgc.recompile.measure import Samples
-    from cuvil_pgc.recompile.realized import Realized
-
-    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
-    monkeypatch.setattr(search_mod, "time_interleaved",
-                        lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
+    fake_builds_and_timing(monkeypatch)
     model, inputs = chain()
     an = Analysis(regions=[stats("model", "launch_overhead", 300.0, module="Chain")])
     options = SearchOptions(budget=3, backends=("compile", "aoti"), rounds=5, deployed_race=False)
@@ -565,14 +547,9 @@ def test_records_of_an_older_census_are_reused_but_refit_with_todays_features(tm
 
 def test_the_refit_counts_each_measurement_once(tmp_path, monkeypatch):
     """A trial is a record as soon as it is measured: the refit takes it from the records alone."""
-    import cuvil_pgc.recompile.search as search_mod
     from cuvil_pgc.recompile.cost_models import PlanCostModel
-    from cuvil_pgc.recompile.measure import Samples
-    from cuvil_pgc.recompile.realized import Realized
 
-    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
-    monkeypatch.setattr(search_mod, "time_interleaved",
-                        lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
+    fake_builds_and_timing(monkeypatch)
     fits = []
     real_refit = PlanCostModel.refit
     monkeypatch.setattr(PlanCostModel, "refit", lambda self, samples: fits.append(list(samples)) or real_refit(self, samples))
@@ -1116,3 +1093,23 @@ def test_native_stderr_of_a_failing_candidate_goes_into_its_reason(capfd):
         os.write(2, b"kernel failed\n")
         raise RuntimeError("run failed")
     assert given.text == "kernel failed\n" and capfd.readouterr().err == ""
+
+
+def fake_builds_and_timing(monkeypatch, search_timing=None):
+    """Every candidate "built" as the module itself and timed at half of eager (or by
+    ``search_timing`` in the search), in the search and in the final plan's build and race alike:
+    for tests of what the search measures, in what order, and what it reuses, which compiling and
+    timing for real would only slow down (an AOTInductor build and a final race of hundreds of
+    rounds per search)."""
+    import cuvil_pgc.recompile.plan as plan_mod
+    import cuvil_pgc.recompile.search as search_mod
+    from cuvil_pgc.recompile.measure import Samples
+    from cuvil_pgc.recompile.realized import Realized
+
+    def half_of_eager(fns, rounds):
+        return {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns}
+
+    for mod in (search_mod, plan_mod):
+        monkeypatch.setattr(mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    monkeypatch.setattr(search_mod, "time_interleaved", search_timing or half_of_eager)
+    monkeypatch.setattr(plan_mod, "time_interleaved", half_of_eager)
