@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -24,12 +25,19 @@ def race_in_processes(specs: dict[str, dict], rounds: int, replicas: int = 3,
     """Median seconds per call of each contender in ``specs`` (see :func:`contender`), each in
     ``replicas`` worker processes of its own (samples of at least ``min_sample_s``, default
     process_race's); and why a contender's worker failed to start."""
+    samples, failed = race_samples(specs, rounds, replicas, min_sample_s)
+    return {k: s.median_s for k, s in samples.items()}, failed
+
+
+def race_samples(specs: dict[str, dict], rounds: int, replicas: int = 3,
+                 min_sample_s: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """:func:`race_in_processes`' per-round samples (``measure.Samples``, rounds in the same order
+    for every contender: what a ratio's confidence interval resamples jointly)."""
     from cuvil_pgc.recompile import process_race
 
     commands = {k: [sys.executable, os.path.join(HERE, "_deployed_race.py"), json.dumps(spec)] for k, spec in specs.items()}
-    samples, failed = process_race.race_in_processes(commands, rounds, replicas,
-                                                     min_sample_s=min_sample_s or process_race.MIN_SAMPLE_S)
-    return {k: s.median_s for k, s in samples.items()}, failed
+    return process_race.race_in_processes(commands, rounds, replicas,
+                                          min_sample_s=min_sample_s or process_race.MIN_SAMPLE_S)
 
 
 def contender(spec: dict):
