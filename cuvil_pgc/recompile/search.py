@@ -116,7 +116,9 @@ class _Search:
         self.scope_inputs = capture_scope_inputs(self.model, self.inputs, subs)
         with torch.no_grad():
             self.refs = {s: self._module(s)(*i.args, **i.kwargs) for s, i in self.scope_inputs.items()}
-        if (blind := blind_scale(self.refs[""], rtol=self.opt.rtol, atol=self.opt.atol)) is not None:
+        #: per scope, the largest floating output where the guard cannot see its outputs (None: it can)
+        self.blind = {s: blind_scale(ref, rtol=self.opt.rtol, atol=self.opt.atol) for s, ref in self.refs.items()}
+        if (blind := self.blind[""]) is not None:
             log.warning("cuvil-pgc: the accuracy guard cannot see this model's outputs: every floating value lies "
                         "within its atol of 0 (the largest is %.2g), so any program would pass it; reduced precision "
                         "is left out, and --atol below the outputs' scale lets the guard compare them", blind)
@@ -153,7 +155,7 @@ class _Search:
         for autocast programs, whose outputs carry the rounding; not for OpenVINO, whose CPU plugin
         keeps its outputs and the layers it deems sensitive in f32 (unseen dwcnn: bf16 passes the
         default guard that the outputs rounded to bf16 fail), so only the guard can tell."""
-        scale = blind_scale(self.refs[cand.scope], rtol=self.opt.rtol, atol=self.opt.atol)
+        scale = self.blind[cand.scope]
         if scale is not None:
             return (f"not built: every floating output of this scope lies within the accuracy guard's atol of 0 "
                     f"(the largest is {scale:.2g}), so the guard would pass any answer, zeros too; lower --atol "
