@@ -274,11 +274,8 @@ def vs_best_interval(medians_ms: dict[str, float], accurate: dict[str, str],
     None where the race did not time both."""
     from cuvil_pgc.recompile.measure import ratio_ci
 
-    rivals = [k for k in DEFAULT_CONTENDERS if k in medians_ms and accurate.get(k, "yes") == "yes"]
-    if not rivals or "build" not in pooled:
-        return None
-    best = min(rivals, key=medians_ms.get)
-    return ratio_ci(pooled[best], pooled["build"]) if best in pooled else None
+    best = best_rival(medians_ms, accurate)
+    return ratio_ci(pooled[best], pooled["build"]) if best is not None and best in pooled and "build" in pooled else None
 
 
 def guard_passes(model, contenders: dict, inputs, guard: dict) -> dict[str, str]:
@@ -357,10 +354,19 @@ def tried(plan: dict) -> list[str]:
 DEFAULT_CONTENDERS = ("eager", "compile", "ort", "openvino", "openvino-native")
 
 
-def best_single(m: dict[str, float], accurate: dict[str, str] | None = None) -> float:
+def best_rival(m: dict[str, float], accurate: dict[str, str] | None = None) -> str | None:
     """The fastest of eager, torch.compile default, ONNX Runtime and OpenVINO (those that ran and
-    pass the build's accuracy guard)."""
-    return min(m[k] for k in DEFAULT_CONTENDERS if k in m and (accurate or {}).get(k, "yes") == "yes")
+    pass the build's accuracy guard); None where none did."""
+    return min((k for k in DEFAULT_CONTENDERS if k in m and (accurate or {}).get(k, "yes") == "yes"),
+               key=m.get, default=None)
+
+
+def best_single(m: dict[str, float], accurate: dict[str, str] | None = None) -> float:
+    """The median of :func:`best_rival`."""
+    best = best_rival(m, accurate)
+    if best is None:
+        raise ValueError("no baseline ran and passed the accuracy guard")
+    return m[best]
 
 
 def report(rows: list[dict]) -> None:
