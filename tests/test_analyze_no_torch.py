@@ -4,6 +4,7 @@ on a machine without a GPU and on one with a (faked) visible GPU whose calibrati
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,15 @@ cuda = result.machine["cuda"]
 print(json.dumps({"torch": "torch" in sys.modules, "source": cuda["source"], "name": cuda["name"]}))
 """
 TRACES = (DATA / "kineto_gpu" / "gpu_two_regions.json",      # deviceProperties: NVIDIA H100 80GB HBM3, 132 SMs
-          DATA / "kineto_generations" / "ns_flows.json")       # no deviceProperties: this machine's GPU
+          DATA / "kineto_generations" / "ns_flows.json")       # no deviceProperties, no host_name
+
+
+def _recorded_here(tmp_path: Path) -> Path:
+    """ns_flows.json as torch.profiler writes it today, naming the host that recorded it: this one."""
+    doc = json.loads(TRACES[1].read_text())
+    path = tmp_path / "here.json"
+    path.write_text(json.dumps({**doc, "host_name": socket.gethostname()}))
+    return path
 
 
 def _analyze(trace: Path, cache: Path, *extra: str) -> dict:
@@ -67,15 +76,19 @@ def test_with_a_visible_gpu_analysis_uses_its_cached_calibration_without_torch(t
     _cache_calibration("NVIDIA H200", 132, cache)               # this machine's GPU
     _cache_calibration("NVIDIA H100 80GB HBM3", 132, cache)     # the GPU gpu_two_regions was recorded on
     driver = _fake_driver(tmp_path, "NVIDIA H200")
-    recorded_elsewhere, this_gpu = (_analyze(trace, cache, str(driver)) for trace in TRACES)
+    recorded_elsewhere, unnamed, here = (_analyze(trace, cache, str(driver))
+                                         for trace in (*TRACES, _recorded_here(tmp_path)))
     assert recorded_elsewhere == {"torch": False, "source": "measured", "name": "NVIDIA H100 80GB HBM3 (sm_90, CUDA 12.8)"}
-    assert this_gpu == {"torch": False, "source": "measured", "name": "NVIDIA H200 (sm_90, CUDA 12.8)"}
+    assert here == {"torch": False, "source": "measured", "name": "NVIDIA H200 (sm_90, CUDA 12.8)"}
+    # a trace that names neither its host nor its GPU may come from anywhere: never this GPU's figures
+    assert unnamed == {"torch": False, "source": "fallback",
+                       "name": "the GPU of an unnamed machine (no host name in the trace)"}
 
 
 def test_with_a_visible_but_uncalibrated_gpu_analysis_falls_back_without_torch(tmp_path) -> None:
     cache = tmp_path / "cache"
     _cache_calibration("NVIDIA H100 80GB HBM3", 114, cache)     # another variant (H100 PCIe has 114 SMs)
     driver = _fake_driver(tmp_path, "NVIDIA H200")
-    recorded_elsewhere, this_gpu = (_analyze(trace, cache, str(driver)) for trace in TRACES)
+    recorded_elsewhere, this_gpu = (_analyze(trace, cache, str(driver)) for trace in (TRACES[0], _recorded_here(tmp_path)))
     assert recorded_elsewhere["source"] == "datasheet" and recorded_elsewhere["torch"] is False
     assert this_gpu == {"torch": False, "source": "fallback", "name": "NVIDIA H200 (sm_?, CUDA ?)"}

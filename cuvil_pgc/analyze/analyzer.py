@@ -12,6 +12,7 @@ cached calibration or the documented fallback, in which case ``analysis.trace["w
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -192,10 +193,13 @@ def _compiled_filter(pattern: str | None) -> str | None:
 
 
 def _machines(trace: Trace, machine: Any) -> tuple[tuple[Any, Any], list[str]]:
-    """(cpu model, gpu model or None) and warnings about fallbacks."""
-    from cuvil_pgc.analyze.machine import default_machine, uncalibrated_warning
+    """(cpu model, gpu model or None) and warnings about fallbacks. A device's model is the given
+    ``machine``, else the GPU the trace names, else this machine's, but only for a trace recorded
+    here: one recorded elsewhere gets the documented fallback, said to be the recording machine's."""
+    from cuvil_pgc.analyze.machine import default_machine, elsewhere_machine, uncalibrated_warning
 
     has_gpu = bool(np.isin(trace.events["kind"], (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)).any())
+    elsewhere = recorded_elsewhere(trace)
     warnings: list[str] = []
     models = []
     for device in ("cpu", "cuda") if has_gpu else ("cpu",):
@@ -203,14 +207,34 @@ def _machines(trace: Trace, machine: Any) -> tuple[tuple[Any, Any], list[str]]:
             models.append(machine)
             continue
         model = _trace_gpu_model(trace, warnings) if device == "cuda" else None
-        if model is not None:
-            models.append(model)
-            continue
-        model = default_machine(device)
-        if _is_fallback(model):
-            warnings.append(uncalibrated_warning(device))
+        if model is None and elsewhere is not None:
+            model = elsewhere_machine(device, elsewhere)
+            warnings.append(f"the trace was recorded on {elsewhere} and does not describe its "
+                            f"{'CPU' if device == 'cpu' else 'GPU'}: bottleneck figures use documented fallback "
+                            "peaks, not this machine's; for measured ones run `cuvil-pgc calibrate -o machine.json"
+                            f"{'' if device == 'cpu' else ' --device cuda'}` on that machine and pass "
+                            "`--machine machine.json`")
+        elif model is None:
+            model = default_machine(device)
+            if _is_fallback(model):
+                warnings.append(uncalibrated_warning(device))
         models.append(model)
     return (models[0], models[1] if has_gpu else None), warnings
+
+
+def recorded_elsewhere(trace: Trace) -> str | None:
+    """The machine(s) the trace was recorded on, named for a message, when any is not this one;
+    None when every file names this host (ours write ``host``, torch.profiler's ``host_name``; a
+    trace built in memory has no files and counts as this machine's)."""
+    here = socket.gethostname()
+    hosts = [s.metadata.get("host") if isinstance(s.metadata, dict) else None for s in trace.sources]
+    if all(h == here for h in hosts):
+        return None
+    named = sorted({h for h in hosts if isinstance(h, str) and h and h != here})
+    parts = [f"host {', '.join(map(repr, named[:3]))}{' and others' if len(named) > 3 else ''}"] if named else []
+    if any(not isinstance(h, str) or not h for h in hosts):
+        parts.append("an unnamed machine (no host name in the trace)")
+    return " and ".join(parts)
 
 
 def _trace_gpu_model(trace: Trace, warnings: list[str]) -> Any:

@@ -341,11 +341,26 @@ _warned: set[str] = set()
 def fallback_machine(device: str = "cpu", identity: dict[str, Any] | None = None) -> MachineModel:
     """The documented fallback model for ``device`` (source="fallback")."""
     device = normalize_device(device)
-    figures = FALLBACK_CPU if device == "cpu" else FALLBACK_CUDA
     identity = identity or _identity_or_generic(device)
-    return MachineModel(device=device, name=describe(identity), fingerprint=fingerprint_of(identity),
-                        source="fallback", torch_version=identity["torch"],
-                        notes={"source": "uncalibrated fallback figures; run `cuvil-pgc calibrate`"},
+    return _fallback(device, describe(identity), identity, "uncalibrated fallback figures; run `cuvil-pgc calibrate`")
+
+
+def elsewhere_machine(device: str, where: str) -> MachineModel:
+    """The documented fallback for a device of another machine, one the trace was recorded on
+    (``where`` names it) but does not describe: a Kineto trace names its GPUs, never its CPU. Never
+    this machine's figures, calibrated or not: they say nothing about the recording machine."""
+    device = normalize_device(device)
+    what = "CPU" if device == "cpu" else "GPU"
+    return _fallback(device, f"the {what} of {where}",
+                     {"device": device, "recorded_on": where},
+                     f"documented fallback figures: the trace was recorded on {where}, whose {what} it does "
+                     "not describe; pass `--machine` with a calibration made there (`cuvil-pgc calibrate -o`)")
+
+
+def _fallback(device: str, name: str, identity: dict[str, Any], note: str) -> MachineModel:
+    figures = FALLBACK_CPU if device == "cpu" else FALLBACK_CUDA
+    return MachineModel(device=device, name=name, fingerprint=fingerprint_of(identity), source="fallback",
+                        torch_version=identity.get("torch", ""), notes={"source": note},
                         **{k: (dict(v) if isinstance(v, dict) else v) for k, v in figures.items()})
 
 
