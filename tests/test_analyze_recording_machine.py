@@ -84,3 +84,40 @@ def test_cli_prints_the_recording_machine_not_this_one(calibrated, tmp_path) -> 
     out = proc.stdout + proc.stderr
     assert "machine (cpu): the CPU of an unnamed machine" in out
     assert calibrated.name not in out
+
+
+def test_a_host_name_shared_with_another_machine_is_told_apart_by_its_cpu(calibrated, tmp_path) -> None:
+    """Every VM here is called ``vm``: our traces record the CPU, and a different one is elsewhere."""
+    doc = json.loads(OURS.read_text())
+    doc["cuvil"].update(host=socket.gethostname(), cpu={"cpu": "AMD EPYC 9654", "isa": ["avx2"], "cores": 16,
+                                                        "arch": "x86_64"})
+    path = tmp_path / "twin.trace.json"
+    path.write_text(json.dumps(doc))
+    a = analyze(load_trace(str(path)))
+    assert a.machine["cpu"]["source"] == "fallback"
+    assert a.machine["cpu"]["name"] == f"the CPU of host {socket.gethostname()!r} (AMD EPYC 9654, 16 cores)"
+
+
+def test_a_real_trace_from_a_gpu_machine_of_the_same_host_name_is_elsewhere(calibrated, monkeypatch) -> None:
+    """The H200 machine's own trace (host 'vm', recorded before traces named their CPU): its GPU is
+    not here, so neither is its CPU."""
+    from cuvil_pgc.analyze import trace_machines
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "vm")
+    monkeypatch.setattr(trace_machines, "_local_gpu_names", lambda: [])
+    a = analyze(load_trace(str(DATA / "h200" / "small_model.trace.json.gz")))
+    assert a.machine["cpu"]["name"] == "the CPU of host 'vm' (with NVIDIA H200)"
+    assert a.machine["cuda"]["source"] == "datasheet" and "H200" in a.machine["cuda"]["name"]
+    monkeypatch.setattr(trace_machines, "_local_gpu_names", lambda: ["NVIDIA H200"])    # on that machine
+    assert analyze(load_trace(str(DATA / "h200" / "small_model.trace.json.gz"))).machine["cpu"]["source"] == "measured"
+
+
+def test_our_new_traces_record_this_cpu(tmp_path) -> None:
+    from cuvil_pgc import profile
+    from cuvil_pgc._cpu_identity import cpu_identity
+
+    path = tmp_path / "t.trace.json"
+    with profile(path, ops=False, gpu="off", sample_hz=0, compile=False):
+        pass
+    meta = load_trace(str(path)).sources[0].metadata
+    assert meta["cpu"] == cpu_identity() and meta["cpu"]["cores"] >= 1

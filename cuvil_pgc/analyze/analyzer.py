@@ -5,14 +5,15 @@ run in order over one :class:`~cuvil_pgc.analyze._prepare.Prepared` view of the 
 vectorised with numpy). Each pass fills its part of the :class:`Analysis`; a pass that reads what
 others write declares them (:func:`~cuvil_pgc.analyze.passes.requires`), and ``analyze`` runs
 them first when ``passes=`` names a subset, so each pass can run alone. Inputs: a Trace, a path,
-or a list of either (merged, each source keeping its rank and weight). The machine model is the given one, else ``default_machine(device)`` (a
-cached calibration or the documented fallback, in which case ``analysis.trace["warnings"]`` says so).
+or a list of either (merged, each source keeping its rank and weight). The machine models are
+those of the machine that recorded the trace (:mod:`~cuvil_pgc.analyze.trace_machines`): the given
+one, the GPU the trace names, this machine's calibration for a trace recorded here, else the
+documented fallback, in which case ``analysis.trace["warnings"]`` says so.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ from cuvil_pgc.analyze.operators import operator_table
 from cuvil_pgc.analyze.passes import Pass, requires, with_prerequisites
 from cuvil_pgc.analyze.ranks import rank_skew
 from cuvil_pgc.analyze.timeline import build_timeline
+from cuvil_pgc.analyze.trace_machines import trace_machines
 from cuvil_pgc.errors import AnalysisError, ConfigError
 from cuvil_pgc.trace.columns import Trace
 from cuvil_pgc.trace.merge import merge_traces
@@ -113,7 +115,7 @@ def analyze(trace: TraceInput, machine: Any = None, filter: str | None = None,
     if any(s.format == "summary" for s in merged.sources):
         return _analyze_summaries(merged, filter)
     check_usable(merged)
-    models, warnings = _machines(merged, machine)
+    models, warnings = trace_machines(merged, machine)
     prep = prepare(merged, roofs_of(*models), _compiled_filter(filter))
     prep.extras["filter"] = filter
     if filter is not None and not prep.paths:
@@ -190,82 +192,6 @@ def _compiled_filter(pattern: str | None) -> str | None:
         raise ConfigError(f"--filter {pattern!r} is not a valid regular expression ({exc})",
                           fix="quote it and escape special characters, e.g. 'decoder\\.layer'") from None
     return pattern
-
-
-def _machines(trace: Trace, machine: Any) -> tuple[tuple[Any, Any], list[str]]:
-    """(cpu model, gpu model or None) and warnings about fallbacks. A device's model is the given
-    ``machine``, else the GPU the trace names, else this machine's, but only for a trace recorded
-    here: one recorded elsewhere gets the documented fallback, said to be the recording machine's."""
-    from cuvil_pgc.analyze.machine import default_machine, elsewhere_machine, uncalibrated_warning
-
-    has_gpu = bool(np.isin(trace.events["kind"], (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)).any())
-    elsewhere = recorded_elsewhere(trace)
-    warnings: list[str] = []
-    models = []
-    for device in ("cpu", "cuda") if has_gpu else ("cpu",):
-        if machine is not None and _device_of(machine) == device:
-            models.append(machine)
-            continue
-        model = _trace_gpu_model(trace, warnings) if device == "cuda" else None
-        if model is None and elsewhere is not None:
-            model = elsewhere_machine(device, elsewhere)
-            warnings.append(f"the trace was recorded on {elsewhere} and does not describe its "
-                            f"{'CPU' if device == 'cpu' else 'GPU'}: bottleneck figures use documented fallback "
-                            "peaks, not this machine's; for measured ones run `cuvil-pgc calibrate -o machine.json"
-                            f"{'' if device == 'cpu' else ' --device cuda'}` on that machine and pass "
-                            "`--machine machine.json`")
-        elif model is None:
-            model = default_machine(device)
-            if _is_fallback(model):
-                warnings.append(uncalibrated_warning(device))
-        models.append(model)
-    return (models[0], models[1] if has_gpu else None), warnings
-
-
-def recorded_elsewhere(trace: Trace) -> str | None:
-    """The machine(s) the trace was recorded on, named for a message, when any is not this one;
-    None when every file names this host (ours write ``host``, torch.profiler's ``host_name``; a
-    trace built in memory has no files and counts as this machine's)."""
-    here = socket.gethostname()
-    hosts = [s.metadata.get("host") if isinstance(s.metadata, dict) else None for s in trace.sources]
-    if all(h == here for h in hosts):
-        return None
-    named = sorted({h for h in hosts if isinstance(h, str) and h and h != here})
-    parts = [f"host {', '.join(map(repr, named[:3]))}{' and others' if len(named) > 3 else ''}"] if named else []
-    if any(not isinstance(h, str) or not h for h in hosts):
-        parts.append("an unnamed machine (no host name in the trace)")
-    return " and ".join(parts)
-
-
-def _trace_gpu_model(trace: Trace, warnings: list[str]) -> Any:
-    """The GPU the trace names in ``deviceProperties``: a calibration of that GPU in the cache (one
-    ``cuvil-pgc calibrate --device cuda`` on a machine with it), else the datasheet figures of its
-    entry in ``gpu_specs.GPUS``; None when the trace names no GPU (with a warning when it names
-    one the table does not know). Never imports torch."""
-    from cuvil_pgc.analyze import gpu_specs
-    from cuvil_pgc.analyze.machine import cached_gpu_model
-
-    props = gpu_specs.trace_gpu([d for s in trace.sources if isinstance(s.metadata, dict)
-                                 for d in (s.metadata.get("devices") or [])])
-    if props is None:
-        return None
-    sms = props.get("numSms")
-    cached = cached_gpu_model(props["name"], sms if isinstance(sms, int) else None)
-    if cached is not None:
-        return cached
-    model = gpu_specs.gpu_from_properties(props)
-    if model is None:
-        warnings.append(f"the trace's GPU {props['name']!r} is not in the table of known GPUs "
-                        "(cuvil_pgc.analyze.gpu_specs): using the documented fallback figures")
-    return model
-
-
-def _device_of(machine: Any) -> str:
-    return "cuda" if str(getattr(machine, "device", "cpu")).startswith("cuda") else "cpu"
-
-
-def _is_fallback(model: Any) -> bool:
-    return getattr(model, "source", "measured") == "fallback"
 
 
 def _machine_json(models: tuple[Any, Any]) -> dict[str, Any]:

@@ -21,12 +21,12 @@ import json
 import logging
 import math
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cuvil_pgc._cpu_identity import cpu_identity
 from cuvil_pgc.errors import AnalysisError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -36,12 +36,6 @@ CACHE_DIR_ENV = "CUVIL_CACHE_DIR"        # overrides the cache folder (default ~
 DTYPES = ("fp32", "bf16", "fp16")
 SOURCES = ("measured", "fallback", "datasheet")   # datasheet: a known GPU named by the trace (gpu_specs)
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
-# ISA features that decide matmul speed per dtype; the fingerprint keeps only these.
-ISA_FLAGS = frozenset({
-    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
-    "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_fp16", "amx_int8",
-    "asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm",          # aarch64 "Features"
-})
 
 
 @dataclass
@@ -232,20 +226,6 @@ def normalize_device(device: str) -> str:
 
 # ---------------------------------------------------------------- identity and cache
 
-def _cpuinfo() -> dict[str, str]:
-    """First value of each field of /proc/cpuinfo ({} where there is none, e.g. macOS)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, sep, value = line.partition(":")
-                if sep:
-                    fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
-
-
 def _torch_version() -> str:
     from importlib import metadata
 
@@ -260,16 +240,7 @@ def _torch_version() -> str:
 def machine_identity(device: str = "cpu") -> dict[str, Any]:
     """What the figures depend on: CPU model and ISA flags or GPU, cores, torch version, device."""
     device = normalize_device(device)
-    info = _cpuinfo()
-    flags = set((info.get("flags") or info.get("Features") or "").split())
-    identity: dict[str, Any] = {
-        "device": device,
-        "cpu": info.get("model name") or platform.processor() or platform.machine(),
-        "isa": sorted(flags & ISA_FLAGS),
-        "cores": os.cpu_count(),
-        "arch": platform.machine(),
-        "torch": _torch_version(),
-    }
+    identity: dict[str, Any] = {"device": device, **cpu_identity(), "torch": _torch_version()}
     if device.startswith("cuda"):
         identity.update(_cuda_identity(device))
     return identity

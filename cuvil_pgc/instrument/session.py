@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from cuvil_pgc._cpu_identity import cpu_identity
 from cuvil_pgc._version import __version__
 from cuvil_pgc.errors import SessionError
 from cuvil_pgc.instrument import region as _region
@@ -379,6 +380,7 @@ class Session:
             "schema_version": schema.SCHEMA_VERSION,
             "version": __version__,
             "host": socket.gethostname(),
+            "cpu": cpu_identity(),          # whether a calibration describes the recording CPU
             "pid": self.pid,
             "rank": rank,
             "world_size": world,

@@ -87,6 +87,7 @@ _LENIENT: dict[str, tuple[Callable[[Any], bool], str]] = {
     "schema_version": (lambda v: v is None or _is_int(v, 0, _I31), "an integer"),
     "command": (lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v), "a list of strings"),
     "config": (lambda v: isinstance(v, dict), "an object"),
+    "cpu": (lambda v: isinstance(v, dict), "an object (the recording CPU)"),
     "devices": (lambda v: isinstance(v, list), "a list of objects"),
     "samplers": (lambda v: isinstance(v, dict), "an object of sampler statuses"),
 }

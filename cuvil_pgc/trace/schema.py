@@ -115,7 +115,7 @@ CAT_PROFILER_RANGE = "cuda_profiler_range"
 
 # Keys of the top-level `cuvil` metadata object.
 META_KEYS = (
-    "schema_version", "version", "host", "pid", "rank", "world_size", "python", "torch", "devices",
+    "schema_version", "version", "host", "cpu", "pid", "rank", "world_size", "python", "torch", "devices",
     "start_unix_ns", "start_monotonic_ns", "command", "dropped", "samplers",
 )
 
