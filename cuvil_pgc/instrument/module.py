@@ -92,9 +92,14 @@ _ABSENT = object()
 
 
 def _wrap(forward: Any, region: ProfileRegion):
+    from torch.compiler import is_compiling
+
     @functools.wraps(forward)
     def forward_in_region(*args: Any, **kwargs: Any) -> Any:
-        if not recording():
+        # where torch.compile traces the call (a model compiled whole, the body of a while_loop or
+        # a torch.cond branch, which torch compiles even in eager) there is no region: Dynamo cannot
+        # enter one, and with fullgraph a region made the user's call fail
+        if not recording() or is_compiling():
             return forward(*args, **kwargs)
         with region:
             return forward(*args, **kwargs)

@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 LOW_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 #: bump when what :mod:`.index_bounds` checks in AOTInductor and torch.compile regions changes
-INDEX_CHECKS_VERSION = 1
+INDEX_CHECKS_VERSION = 2
 #: bump when the channels_last program changes (see :class:`_ChannelsLast`)
 LAYOUT_VERSION = 2
 #: CPU convolutions with fewer input channels keep NCHW under channels_last: oneDNN's NHWC kernels

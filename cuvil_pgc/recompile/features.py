@@ -14,7 +14,8 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._ops import HigherOrderOperator
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from cuvil_pgc.analyze import vocabulary
 from cuvil_pgc.recompile.candidates import ScopeFeatures
@@ -41,14 +42,32 @@ GEMM_OPS = (torch.ops.aten.addmm, torch.ops.aten.mm)
 
 
 class _OpCensus(TorchDispatchMode):
+    """Counts the aten ops of one call. Higher-order ops (``torch.cond``, ``while_loop``, ``scan``)
+    pass through it too: without ``supports_higher_order_operators`` torch refuses any of them under
+    a dispatch mode, and the census crashed every recompile of a model with a ``torch.cond``. A
+    ``cond`` is counted by the branch eager takes (as torch's FLOP counter runs its branches); any
+    other runs as eager runs it, with every mode set aside (the FLOP counter returns
+    ``NotImplemented`` for a ``while_loop``), its ops uncounted."""
+
+    supports_higher_order_operators = True
+
     def __init__(self) -> None:
         super().__init__()
         self.ops = 0
         self.pointwise = 0
         self.gemms = 0
         self.bytes = 0
+        self.higher_order = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, HigherOrderOperator):
+            self.higher_order += 1
+            if func is torch.ops.higher_order.cond and not kwargs:
+                pred, true_fn, false_fn, operands = args
+                with self:
+                    return (true_fn if bool(pred) else false_fn)(*operands)
+            with _disable_current_modes():
+                return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         self.ops += 1
         if torch.Tag.pointwise in getattr(func, "tags", ()):
@@ -135,6 +154,10 @@ def op_census(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
         torch.backends.mha.set_fastpath_enabled(fastpath)
         for h in hooks:
             h.remove()
+        if census.higher_order:
+            # torch.cond and its kin compile their eager call; one compiled under a dispatch mode
+            # fails every later call without it ("torch.* op returned non-Tensor"): start afresh
+            torch._dynamo.reset()
     conv_flops = sum(n for op, n in flops.get_flop_counts().get("Global", {}).items() if "convolution" in str(op))
     return {"ops": census.ops, "pointwise": census.pointwise, "gemms": census.gemms, "bytes": census.bytes,
             "flops": flops.get_total_flops() + sum(uncounted), "conv_flops": conv_flops, "cell_gemms": cell_gemms,

@@ -145,10 +145,12 @@ def onnx_index_bounds(model: Any) -> tuple[IndexBounds, list[Any]]:
     and its indexing nodes whose indices they do not bound (computed from the inputs by other
     arithmetic, or from no input at all: see :mod:`.onnx_index_checks`)."""
     graph = model.graph
-    tables = {i.name: list(i.dims) for i in graph.initializer}
-    constant_values = {i.name: i for i in graph.initializer}
+    graphs = all_graphs(graph)
+    nodes = all_nodes(graph)
+    tables = {i.name: list(i.dims) for g in graphs for i in g.initializer}
+    constant_values = {i.name: i for g in graphs for i in g.initializer}
     producer = {}
-    for node in graph.node:
+    for node in nodes:
         if node.op_type == "Constant":
             value = next((a.t for a in node.attribute if a.name == "value"), None)
             if value is not None:
@@ -158,12 +160,12 @@ def onnx_index_bounds(model: Any) -> tuple[IndexBounds, list[Any]]:
             producer[out] = node
     positions = {i.name: n for n, i in enumerate(x for x in graph.input if x.name not in tables)}
     integer = {i.name for i in graph.input if i.type.tensor_type.elem_type in INTEGER_TYPES}
-    shapes = {v.name: value_dims(v) for v in [*graph.input, *graph.value_info]}
+    shapes = {v.name: value_dims(v) for g in graphs for v in [*g.input, *g.value_info]}
     rows: dict[int, Limit] = {}
     sized: set[int] = set()
     named: dict[int, set[str]] = {}
     unbounded = []
-    for node in graph.node:
+    for node in nodes:
         if node.op_type not in _ONNX_INDEXING or len(node.input) < 2:
             continue
         data = node.input[0]
@@ -193,6 +195,25 @@ def onnx_index_bounds(model: Any) -> tuple[IndexBounds, list[Any]]:
         elif data not in tables:
             sized.add(positions[source])
     return IndexBounds(rows, frozenset(sized), named={p: frozenset(n) for p, n in named.items()}), unbounded
+
+
+def subgraphs(node: Any) -> list[Any]:
+    """The graphs a control-flow node runs (an ``If``'s branches, a ``Loop``'s or ``Scan``'s body)."""
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def all_graphs(graph: Any) -> list[Any]:
+    """``graph`` and the subgraphs of its control-flow nodes, recursively."""
+    return [graph, *(g for node in graph.node for sub in subgraphs(node) for g in all_graphs(sub))]
+
+
+def all_nodes(graph: Any) -> list[Any]:
+    """The nodes of ``graph``, each control-flow node after the nodes of its subgraphs (recursively):
+    an order in which every value a node reads is made before it. An ``If``'s branches read the
+    values around them by name (ONNX names each value once in a model), so an index inside a branch
+    is bounded, or left unbounded, like one outside; a ``Loop``'s or ``Scan``'s body reads its
+    iterations' values as its own inputs, which no input's bound follows."""
+    return [n for node in graph.node for n in (*(m for sub in subgraphs(node) for m in all_nodes(sub)), node)]
 
 
 def less_shift(size: str, shift: np.ndarray) -> str:

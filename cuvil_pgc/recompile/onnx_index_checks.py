@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cuvil_pgc.recompile.index_bounds import INTEGER_TYPES, value_dims
+from cuvil_pgc.recompile.index_bounds import INTEGER_TYPES, all_graphs, all_nodes, subgraphs, value_dims
 
 #: the graph output holding how many indices were out of range (0: none)
 CHECK_OUTPUT = "cuvil_index_out_of_range"
@@ -46,6 +46,11 @@ OUT_OF_RANGE = ("an index it computes from its inputs (a box's width, ids - 1) i
                 "original module raises eager's error")
 
 
+class UncheckableIndex(Exception):
+    """The program computes an index from its inputs where no check can be added to it (inside
+    control flow): the candidate is refused, with this as its reason."""
+
+
 class IndexCheckFailed(IndexError):
     """A region's program found an index out of range (or its runtime failed on one): the region
     runs the original module for the call, which raises eager's error."""
@@ -62,16 +67,22 @@ def add_index_checks(model: Any, unbounded: list[Any]) -> int:
     graph = model.graph
     if any(o.name == CHECK_OUTPUT for o in graph.output):
         return 0
-    values = [*graph.input, *graph.value_info, *graph.output]
+    graphs = all_graphs(graph)
+    values = [v for g in graphs for v in (*g.input, *g.value_info, *g.output)]
     types = {v.name: v.type.tensor_type.elem_type for v in values}
-    tables = {i.name for i in graph.initializer}
+    tables = {i.name for g in graphs for i in g.initializer}
     # sizes known when the program is made (a table's, or any value's in a program for fixed sizes)
     dims = {v.name: d for v in values if (d := value_dims(v)) is not None and all(type(n) is int for n in d)}
-    dims.update({i.name: list(i.dims) for i in graph.initializer})
+    dims.update({i.name: list(i.dims) for g in graphs for i in g.initializer})
     valued, ranges = _input_valued(graph), value_ranges(graph, dims)
     checked = [node for node in unbounded if node.input[1] in valued
                and not _in_range(ranges.get(node.input[1]), node, dims, _reads_from_end(node, tables))]
     bags = _bags(graph, valued)
+    outside = {o for node in graph.node for o in node.output}
+    if inside := [node for node in checked if node.output[0] not in outside]:
+        raise UncheckableIndex(f"a {inside[0].op_type} inside a control-flow branch or loop body (ONNX If, Loop, "
+                               "Scan) takes indices that follow an integer input's values through arithmetic; "
+                               "cuvil-pgc checks such indices only outside control flow")
     nodes, counts = [], []
     for k, node in enumerate(checked):
         counts.append(f"cuvil_check_{k}_count")
@@ -103,9 +114,13 @@ def _bags(graph: Any, valued: set[str]) -> list[tuple[str, str]]:
     offsets 0, 3, 12 of 10 indices). Found by the ATen op torch.onnx records for its nodes."""
     names = {i.name for i in graph.input} | {o for n in graph.node for o in n.output}
     found: dict[tuple[str, str], None] = {}
-    for node in graph.node:
+    for node in all_nodes(graph):
         origin = next((p.value for p in node.metadata_props if p.key == _FX_NODE), "")
-        if (match := _BAG.search(origin)) and match[2] in valued and {match[1], match[2]} <= names:
+        if (match := _BAG.search(origin)) and match[2] in valued:
+            if not {match[1], match[2]} <= names:
+                raise UncheckableIndex("an embedding bag inside a control-flow branch or loop body (ONNX If, Loop, "
+                                       "Scan) takes offsets that follow an integer input's values; cuvil-pgc checks "
+                                       "them only outside control flow")
             found[match[2], match[1]] = None
     return list(found)
 
@@ -137,13 +152,26 @@ def _input_valued(graph: Any) -> set[str]:
     input's values."""
     tables = {i.name for i in graph.initializer}
     valued = {i.name for i in graph.input if i.name not in tables and i.type.tensor_type.elem_type in INTEGER_TYPES}
+    _follow(graph, valued)
+    return valued
+
+
+def _follow(graph: Any, valued: set[str]) -> None:
+    """Add to ``valued`` the values of ``graph`` made from values in it. A control-flow node's
+    outputs follow its inputs and what its subgraphs return; a loop body's inputs (its iterations'
+    values) follow the node's inputs."""
     for node in graph.node:
         if node.op_type in ("Shape", "Size"):
             continue
         reads = node.input[:1] if node.op_type in _GATHERS else node.input
-        if any(name in valued for name in reads):
+        taken = any(name in valued for name in reads)
+        for sub in subgraphs(node):
+            if taken:
+                valued.update(i.name for i in sub.input)
+            _follow(sub, valued)
+            taken = taken or any(o.name in valued for o in sub.output)
+        if taken:
             valued.update(node.output)
-    return valued
 
 
 #: a value's smallest and largest element, where the program's constants and sizes alone bound them
@@ -167,8 +195,9 @@ def value_ranges(graph: Any, dims: dict[str, list[int]]) -> dict[str, Range]:
     from onnx import numpy_helper
 
     ranges: dict[str, Range] = {}
-    constants: dict[str, Any] = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    for node in graph.node:
+    constants: dict[str, Any] = {i.name: numpy_helper.to_array(i) for g in all_graphs(graph) for i in g.initializer}
+    nodes = all_nodes(graph)
+    for node in nodes:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
     for name, value in constants.items():
@@ -177,7 +206,7 @@ def value_ranges(graph: Any, dims: dict[str, list[int]]) -> dict[str, Range]:
     for value in graph.input:            # an input's values are the caller's, a boolean's 0 or 1
         if value.type.tensor_type.elem_type == 9:
             ranges[value.name] = (0, 1)
-    for node in graph.node:
+    for node in nodes:
         found = _range_of(node, ranges, constants, dims)
         if found is not None and all(abs(v) < _LARGEST for v in found):
             ranges[node.output[0]] = found

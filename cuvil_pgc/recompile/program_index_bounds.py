@@ -38,12 +38,13 @@ def program_index_bounds(exported: Any) -> IndexBounds:
     sized: set[int] = set()
     unchecked: set[int] = set()
     named: dict[int, set[str]] = {}
-    for node in exported.graph.nodes:
+    nodes, outer = _program_nodes(exported.graph_module)
+    for node in nodes:
         for data, dim, index in _fx_indexing(node):
-            source, shift = _fx_source(index, constants)
+            source, shift = _fx_source(index, constants, outer)
             if source is None or source.name not in positions or source.meta.get("val") is None \
                     or source.meta["val"].dtype not in INDEX_DTYPES:
-                unchecked.update(positions[p.name] for p in _fx_ids_reaching(index, positions))
+                unchecked.update(positions[p.name] for p in _fx_ids_reaching(index, positions, outer))
                 continue
             value = data.meta.get("val") if isinstance(data, torch.fx.Node) else None
             if value is None or not -value.dim() <= dim < value.dim():
@@ -53,10 +54,56 @@ def program_index_bounds(exported: Any) -> IndexBounds:
                 named.setdefault(position, set()).add(less_shift(str(size), shift))
                 sized.add(position)
                 continue
-            table = data.op == "get_attr" or kinds.get(data.name) not in (None, InputKind.USER_INPUT)
+            data = _outer(data, outer)
+            table = isinstance(data, torch.fx.Node) and (
+                data.op == "get_attr" or kinds.get(data.name) not in (None, InputKind.USER_INPUT))
             if bound_by(rows, position, size, shift) and not table:
                 sized.add(position)
     return IndexBounds(rows, frozenset(sized), frozenset(unchecked), {p: frozenset(n) for p, n in named.items()})
+
+
+#: a subgraph placeholder -> the node it stands for (a ``cond``'s operand), or the operands of a
+#: loop whose iterations reach it (no bound follows them)
+Outer = dict[Any, Any]
+
+
+def _program_nodes(module: Any) -> tuple[list[Any], Outer]:
+    """Every node of a program, those of its higher-order ops' subgraphs (``torch.cond``'s branches, a
+    ``while_loop``'s or ``scan``'s body) included, and what each subgraph placeholder stands for: a
+    cond's branches take its operands in order; a loop body's placeholders take values its iterations
+    make, so they stand for all of the loop's operands (a tuple), which no bound follows."""
+    from torch._ops import HigherOrderOperator
+
+    nodes: list[Any] = []
+    outer: Outer = {}
+
+    def visit(gm: Any) -> None:
+        for node in gm.graph.nodes:
+            nodes.append(node)
+            if node.op != "call_function" or not isinstance(node.target, HigherOrderOperator):
+                continue
+            operands: list[Any] = []
+            torch.fx.node.map_arg((node.args, node.kwargs), operands.append)
+            subs = [getattr(gm, a.target) for a in operands
+                    if a.op == "get_attr" and isinstance(getattr(gm, a.target, None), torch.fx.GraphModule)]
+            values = tuple(a for a in operands if a.op != "get_attr")
+            taken = node.args[3] if node.target is torch.ops.higher_order.cond and len(node.args) == 4 else None
+            for sub in subs:
+                for k, p in enumerate(n for n in sub.graph.nodes if n.op == "placeholder"):
+                    outer[p] = taken[k] if isinstance(taken, (list, tuple)) and k < len(taken) else values
+                visit(sub)
+
+    visit(module)
+    return nodes, outer
+
+
+def _outer(node: Any, outer: Outer) -> Any:
+    """What a subgraph placeholder stands for in the program's own graph (a tuple: no one node)."""
+    for _ in range(64):
+        if not isinstance(node, torch.fx.Node) or node not in outer:
+            return node
+        node = outer[node]
+    return None
 
 
 def unchecked_reason(bounds: IndexBounds) -> str | None:
@@ -107,8 +154,9 @@ _FX_ARITHMETIC = {"add", "sub", "rsub", "mul", "neg", "floor_divide", "div", "ca
 _FX_FOLLOWED = _FX_ARITHMETIC | _FX_PASS_VALUES
 
 
-def _fx_ids_reaching(node: Any, positions: dict[str, int]) -> list[Any]:
-    """The integer user inputs whose values reach ``node`` through arithmetic and moves."""
+def _fx_ids_reaching(node: Any, positions: dict[str, int], outer: Outer) -> list[Any]:
+    """The integer user inputs whose values reach ``node`` through arithmetic and moves (and from a
+    subgraph's placeholders, through what they stand for)."""
     import operator
 
     found, seen, todo = [], set(), [node]
@@ -117,6 +165,10 @@ def _fx_ids_reaching(node: Any, positions: dict[str, int]) -> list[Any]:
         if not isinstance(node, torch.fx.Node) or node in seen:
             continue
         seen.add(node)
+        if node in outer:
+            mapped = outer[node]
+            todo += list(mapped) if isinstance(mapped, tuple) else [mapped]
+            continue
         value = node.meta.get("val")
         if not isinstance(value, (list, tuple)) and getattr(value, "dtype", None) not in INDEX_DTYPES:
             continue                 # a float or a mask: not an id's values (a list: split's parts)
@@ -149,16 +201,19 @@ def _program_constants(exported: Any) -> dict[str, torch.Tensor]:
 _FX_IN_PLACE = {"clone", "contiguous", "alias", "detach", "_to_copy", "to", "lift_fresh_copy"}
 
 
-def _fx_source(node: Any, constants: dict[str, torch.Tensor]) -> tuple[Any, np.ndarray]:
-    """The placeholder ``node`` takes its values from through ops that only move them (or None),
-    and the constants added to them on the way (``add``s of a number or of a constant tensor of
-    the program's with no negative value, see :func:`_bound`)."""
+def _fx_source(node: Any, constants: dict[str, torch.Tensor], outer: Outer) -> tuple[Any, np.ndarray]:
+    """The placeholder of the program's own graph ``node`` takes its values from through ops that
+    only move them (or None), and the constants added to them on the way (``add``s of a number or of
+    a constant tensor of the program's with no negative value, see :func:`_bound`)."""
     import operator
 
     shift = np.zeros((), np.int64)
     for _ in range(64):
         if not isinstance(node, torch.fx.Node):
             return None, shift
+        if node.op == "placeholder" and node in outer:
+            node = outer[node]
+            continue
         if node.op == "placeholder":
             return node, shift
         if node.op != "call_function" or not node.args:

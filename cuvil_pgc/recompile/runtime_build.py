@@ -40,7 +40,7 @@ from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.index_bounds import IndexBounds, index_bounds, onnx_index_bounds, with_shapes
-from cuvil_pgc.recompile.onnx_index_checks import add_index_checks
+from cuvil_pgc.recompile.onnx_index_checks import UncheckableIndex, add_index_checks
 from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
 from cuvil_pgc.recompile.ort_runner import OrtRunner
 from cuvil_pgc.recompile.output_template import OutputTemplate
@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 
 #: the files of each runtime's artifact, the first one named in the plan
 ARTIFACT_SUFFIXES = {"ort": (".onnx",), "openvino": (".xml", ".bin"), "tensorrt": (".ep",)}
-#: bump when the ONNX export's program changes (exporter options)
-ONNX_EXPORT_VERSION = 3
+#: bump when the ONNX export's program changes (exporter options, the index checks it gets)
+ONNX_EXPORT_VERSION = 4
 OPSET = 18
 
 
@@ -170,7 +170,11 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
         raise ExportError(f"torch.onnx.export failed: the ONNX graph has {len(graph_inputs)} inputs and "
                           f"{len(graph.output)} outputs, the region {expected} input and {outputs} output tensors")
     if not _plain.get():
-        _add_index_checks(tmp)
+        try:
+            _add_index_checks(tmp)
+        except UncheckableIndex as exc:
+            tmp.unlink(missing_ok=True)
+            raise ExportError(f"torch.onnx.export made a program whose indices cannot be checked: {exc}") from None
     os.replace(tmp, path)
 
 
