@@ -153,3 +153,63 @@ def test_a_build_of_a_cond_model_raises_eagers_error_for_ids_past_the_branchs_ta
             with pytest.raises(IndexError):
                 fast(wrong, flag)
     assert fast.fallback_calls == 2
+
+
+COMPILED_FACTORY = '''
+import torch
+from torch import nn
+
+COMPILES = []
+
+
+def count(gm, example_inputs):
+    from cuvil_pgc.instrument.region import recording
+
+    COMPILES.append("while recording" if recording() else "before")
+    return gm.forward
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class WithCompiled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre, self.block = nn.Linear(8, 16), torch.compile(Block(), backend=count)
+
+    def forward(self, x):
+        return self.block(self.pre(x))
+
+
+def model():
+    return WithCompiled().eval(), (torch.randn(4, 8),)
+'''
+
+
+def test_profiling_a_model_that_compiles_a_block_compiles_it_before_recording_only(tmp_path, monkeypatch) -> None:
+    """Instrumented after the warm-up, the regions' new forwards failed Dynamo's guards and the first
+    recorded call compiled again: 136 ms in a 2 ms call, ranked the hottest region."""
+    import importlib
+    import sys
+
+    from cuvil_pgc.instrument import runner
+    from cuvil_pgc.instrument.factory import profile as make_session
+    from cuvil_pgc.trace.reader import load_trace
+
+    (tmp_path / "compiled_factory.py").write_text(COMPILED_FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    factory = importlib.import_module("compiled_factory")
+    session = make_session(str(tmp_path / "c.trace.json"), ops=False, gpu="off", sample_hz=0)
+    try:
+        runner.run_model(session, "compiled_factory:model", iters=3, warmup=2, depth=None)
+    finally:
+        sys.modules.pop("compiled_factory", None)
+    assert factory.COMPILES and "while recording" not in factory.COMPILES     # loading and warming up only
+    names = set(load_trace(session.path).strings.strings)
+    assert {"model", "model.block", "model.pre"} <= names and "model.block._orig_mod.a" not in names

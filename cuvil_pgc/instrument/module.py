@@ -98,8 +98,9 @@ def _wrap(forward: Any, region: ProfileRegion):
     def forward_in_region(*args: Any, **kwargs: Any) -> Any:
         # where torch.compile traces the call (a model compiled whole, the body of a while_loop or
         # a torch.cond branch, which torch compiles even in eager) there is no region: Dynamo cannot
-        # enter one, and with fullgraph a region made the user's call fail
-        if not recording() or is_compiling():
+        # enter one, and with fullgraph a region made the user's call fail. Asked first, so that
+        # the traced code does not read (and guard on) whether a session records
+        if is_compiling() or not recording():
             return forward(*args, **kwargs)
         with region:
             return forward(*args, **kwargs)
