@@ -394,6 +394,28 @@ def test_unavailable_while_torch_profiler_records(tmp_path):
     assert not _ops(trace)
 
 
+def test_a_torch_profiler_the_program_runs_itself_is_reported_not_an_empty_ok(tmp_path, caplog):
+    """torch.profiler takes over the process's one profiler: a program that runs its own ended ours,
+    whose ops (before it too) were gone, and the trace said torch_ops "ok" with 0 ops."""
+    import pytest
+
+    from cuvil_pgc.analyze import analyze
+    from cuvil_pgc.errors import AnalysisError
+
+    def body():
+        torch.neg(torch.ones(2))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as own:
+            torch.neg(torch.ones(2))
+        assert any(e.name == "aten::neg" for e in own.events())       # the program's own trace works
+
+    trace = _record(tmp_path, body)
+    status = trace["cuvil"]["samplers"]["torch_ops"]
+    assert status["status"] == "failed" and "its own torch.profiler" in status["reason"]
+    assert "--no-ops" in status["reason"] and "sampler torch_ops disabled" in caplog.text
+    with pytest.raises(AnalysisError, match="samplers that failed while recording: torch_ops: the program ran its own"):
+        analyze(str(tmp_path / "ops.trace.json"))
+
+
 def test_ops_on_by_default_through_profile(tmp_path):
     from cuvil_pgc import profile
 

@@ -37,7 +37,7 @@ from cuvil_pgc.analyze.trace_machines import trace_machines
 from cuvil_pgc.errors import AnalysisError, ConfigError
 from cuvil_pgc.trace.columns import Trace
 from cuvil_pgc.trace.merge import merge_traces
-from cuvil_pgc.trace.schema import Kind
+from cuvil_pgc.trace.schema import STATUS_FAILED, Kind
 
 TraceInput = Trace | str | os.PathLike | Sequence[Trace | str | os.PathLike]
 
@@ -162,7 +162,11 @@ def check_usable(trace: Trace) -> None:
                 f"{paths}: the trace has no regions, operators or kernels to analyse (it holds {_held(trace)})",
                 fix="profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] and let the "
                     "schedule's active steps cover the work (call prof.step() each iteration), then export again")
-        raise AnalysisError(f"{paths}: the trace has no regions, operators or kernels to analyse",
+        failed = [f"{name}: {status.get('reason', 'failed')}" for s in trace.sources if isinstance(s.metadata, dict)
+                  for name, status in (s.metadata.get("samplers") or {}).items()
+                  if isinstance(status, dict) and status.get("status") == STATUS_FAILED]
+        raise AnalysisError(f"{paths}: the trace has no regions, operators or kernels to analyse"
+                            + (f" (samplers that failed while recording: {'; '.join(failed)})" if failed else ""),
                             fix="record with ProfileRegion around your code and/or ops=True "
                                 "(cuvil-pgc profile --ops), or pass a torch.profiler trace")
 

@@ -59,6 +59,8 @@ from cuvil_pgc.trace import schema
 log = logging.getLogger("cuvil_pgc")
 
 _OP_ACTIVITY = "cpu_op"
+#: what to do where the program runs a torch.profiler of its own (one per process)
+_OWN_PROFILER_FIX = "profile with ops=False (--no-ops) and keep the program's own torch.profiler trace"
 
 
 class TorchOpSampler(Sampler):
@@ -82,8 +84,7 @@ class TorchOpSampler(Sampler):
         if not torch.autograd.kineto_available():
             return "this torch build has no Kineto profiler; operator capture needs a build with USE_KINETO"
         if getattr(autograd_profiler, "_is_profiler_enabled", False) or torch.autograd._profiler_enabled():
-            return ("torch.profiler is already recording in this process; stop it, or profile with "
-                    "ops=False and keep your own torch.profiler trace")
+            return f"torch.profiler is already recording in this process; stop it, or {_OWN_PROFILER_FIX}"
         return None
 
     def start(self, ctx: SamplerContext) -> None:
@@ -97,6 +98,16 @@ class TorchOpSampler(Sampler):
         profiler, self._profiler = self._profiler, None
         ctx = self._ctx
         if profiler is None or ctx is None:
+            return
+        import torch
+
+        if not torch.autograd._profiler_enabled():
+            # stopped by another: the program's own torch.profiler took over the process's one
+            # profiler when it started and ended it when it stopped; what ours recorded is gone
+            reason = (f"the program ran its own torch.profiler, which takes over the process's only profiler: "
+                      f"no operators here (they are in the program's own trace); {_OWN_PROFILER_FIX}")
+            log.warning("cuvil-pgc: sampler %s disabled (%s)", self.name, reason)
+            self.status.update(status=schema.STATUS_FAILED, reason=reason)
             return
         stop_marks = stamp_marks("stop")
         t0 = time.perf_counter()
