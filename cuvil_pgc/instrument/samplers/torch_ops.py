@@ -99,11 +99,12 @@ class TorchOpSampler(Sampler):
         ctx = self._ctx
         if profiler is None or ctx is None:
             return
-        import torch
+        import torch.autograd.profiler as autograd_profiler
 
-        if not torch.autograd._profiler_enabled():
+        if not getattr(autograd_profiler, "_is_profiler_enabled", True):
             # stopped by another: the program's own torch.profiler took over the process's one
-            # profiler when it started and ended it when it stopped; what ours recorded is gone
+            # profiler when it started and ended it when it stopped; what ours recorded is gone.
+            # (torch.autograd._profiler_enabled() cannot tell: it answers for the calling thread)
             reason = (f"the program ran its own torch.profiler, which takes over the process's only profiler: "
                       f"no operators here (they are in the program's own trace); {_OWN_PROFILER_FIX}")
             log.warning("cuvil-pgc: sampler %s disabled (%s)", self.name, reason)
