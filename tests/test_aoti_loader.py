@@ -48,3 +48,20 @@ def test_a_torch_without_the_loader_uses_the_public_call(monkeypatch):
     monkeypatch.delattr(torch._C._aoti, "AOTIModelPackageLoader")
     assert aoti_loader.load_aoti_package("/builds/region.pt2") == "public"
     assert public == ["/builds/region.pt2"]
+
+
+def test_the_process_asks_for_amx_before_the_package_loads(monkeypatch):
+    """Inductor's bf16 GEMM kernels use AMX where the CPU has it; a process must ask Linux for it
+    first (torch's ISA probe, which the direct load skips, asked as a side effect). Without it a
+    fresh process died of SIGILL on the package's first call (exit code 132, measured on an AMX Xeon)."""
+    order: list[str] = []
+
+    class Recording(Loader):
+        def __init__(self, *args) -> None:
+            order.append("load")
+            super().__init__(*args)
+
+    monkeypatch.setattr(torch.cpu, "_init_amx", lambda: order.append("amx") or True)
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", Recording)
+    aoti_loader.load_aoti_package("/builds/region.pt2")
+    assert order == ["amx", "load"]

@@ -16,7 +16,14 @@ claims and loads each in a child Python. Measured in fresh processes:
 packages of older layouts. Nothing is lost: a build's manifest records the CPU capability and
 the GPU it was made for, and ``load_build`` refuses a build made for another
 (``load._check_environment``), where torch's check only warns. Where this torch's loader
-takes other arguments, the public call runs instead. :class:`FastAOTI` calls a loaded package with
+takes other arguments, the public call runs instead.
+
+One thing the probe did that a package needs: asking Linux for AMX (``torch.cpu._init_amx``, the
+``arch_prctl`` request a process makes before its first AMX instruction, which the probe makes as
+it tests the AMX ISA). Inductor's bf16 GEMM kernels use AMX where the CPU has it (max-autotune's
+C++ GEMM template); without the request the first call dies of SIGILL. Measured here (an Intel
+Xeon with AMX, a bf16 MLP's aoti+max-autotune+freezing package): ``load_build`` in a fresh
+process, then the first call, exit code 132. :func:`load_aoti_package` makes the request itself. :class:`FastAOTI` calls a loaded package with
 the captured positional tensors without parsing its call spec each time.
 """
 
@@ -38,6 +45,9 @@ def load_aoti_package(path: str) -> Any:
     global symbol scope first (:mod:`.cxx_runtime`: without that, CUDA packages crashed fresh
     processes on the H200)."""
     share_cxx_runtime()
+    init_amx = getattr(torch.cpu, "_init_amx", None)
+    if init_amx is not None:          # False, and nothing asked, where the CPU has no AMX
+        init_amx()
     parts = _direct_parts()
     if parts is not None:
         loader_class, compiled_class = parts
