@@ -50,7 +50,7 @@ from cuvil_pgc._progress import Progress, show_best, stage
 from cuvil_pgc._structure import settings_digest, weights_digest
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
-from cuvil_pgc.recompile.accuracy import admits_rounding, blind_scale, check_outputs
+from cuvil_pgc.recompile.accuracy import admits_rounding, blind_scale, check_outputs, float32_references
 from cuvil_pgc.recompile.apply import LOW_PRECISION_DTYPES, ScopeInputs, capture_scope_inputs, realize
 from cuvil_pgc.recompile.candidates import (
     Candidate,
@@ -116,6 +116,8 @@ class _Search:
         self.scope_inputs = capture_scope_inputs(self.model, self.inputs, subs)
         with torch.no_grad():
             self.refs = {s: self._module(s)(*i.args, **i.kwargs) for s, i in self.scope_inputs.items()}
+        #: per scope of a model computing in bf16/fp16, its outputs in float32 (see accuracy)
+        self.exact = float32_references(self.model, self.scope_inputs, self.refs)
         #: per scope, the largest floating output where the guard cannot see its outputs (None: it can)
         self.blind = {s: blind_scale(ref, rtol=self.opt.rtol, atol=self.opt.atol) for s, ref in self.refs.items()}
         if (blind := self.blind[""]) is not None:
@@ -449,7 +451,8 @@ class _Search:
             return None
         if native.text.strip():
             log.debug("candidate %s wrote to stderr: %s", cand.key, native.text.strip()[:2000])
-        check = check_outputs(self.refs[scope], out, rtol=self.opt.rtol, atol=self.opt.atol)
+        check = check_outputs(self.refs[scope], out, rtol=self.opt.rtol, atol=self.opt.atol,
+                              exact=self.exact.get(scope))
         if not check.ok:
             trial.status, trial.reason, trial.fault = "accuracy_error", check.reason, check.garbage
             if check.garbage:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from cuvil_pgc.recompile.accuracy import GUARD_VERSION
 from cuvil_pgc.recompile.apply import ScopeInputs, program_key
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.features import CENSUS_VERSION
@@ -33,11 +34,13 @@ class SearchRecords:
 
     def reusable(self, cand: Candidate) -> Record | None:
         """The record of ``cand`` this search may reuse instead of measuring it; None also for an
-        accuracy verdict reached with other weights (it holds for the weights it was checked with),
-        and for garbage outputs (:attr:`~.accuracy.AccuracyResult.garbage`: a fault that may not recur)."""
+        accuracy verdict reached with other weights (it holds for the weights it was checked with)
+        or by another version of the guard (:data:`~.accuracy.GUARD_VERSION`), and for garbage
+        outputs (:attr:`~.accuracy.AccuracyResult.garbage`: a fault that may not recur)."""
         rec = self.db.lookup(self._structure(cand.scope), program_key(cand), self.machine,
                              self.inputs[cand.scope].signature)
         if rec is None or (rec.status == "accuracy_error" and (rec.features.get("weights") != self.weights[cand.scope]
+                                                               or rec.features.get("guard", 1) != GUARD_VERSION
                                                                or rec.features.get("fault"))):
             return None
         return rec
@@ -61,7 +64,7 @@ class SearchRecords:
             inputs=self.inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
             eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
             features={"candidate": cand.to_json(), "scope": asdict(feats), "weights": self.weights[scope],
-                      "census": CENSUS_VERSION, **({"fault": True} if trial.fault else {})}))
+                      "census": CENSUS_VERSION, "guard": GUARD_VERSION, **({"fault": True} if trial.fault else {})}))
 
     def refit_samples(self) -> list[tuple[Candidate, ScopeFeatures, float]]:
         """Refit samples from every measurement recorded on this machine."""
