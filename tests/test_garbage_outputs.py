@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cuvil_pgc.recompile import runtimes
-from cuvil_pgc.recompile.accuracy import check_outputs
+from cuvil_pgc.recompile.accuracy import GUARD_VERSION, check_outputs
 from cuvil_pgc.recompile.apply import ScopeInputs, program_key
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.records import Record, RecordDB
@@ -37,7 +37,7 @@ def test_a_garbage_verdict_is_not_reused_but_a_precision_verdict_is(tmp_path):
     for cand, fault in ((rounded, False), (faulty, True)):
         db.add(Record(structure=records._structure(""), candidate=program_key(cand), machine="m",
                       inputs=inputs[""].signature, status="accuracy_error", reason="off",
-                      features={"weights": "w", **({"fault": True} if fault else {})}))
+                      features={"weights": "w", "guard": GUARD_VERSION, **({"fault": True} if fault else {})}))
     assert records.reusable(rounded) is not None
     assert records.reusable(faulty) is None
 
