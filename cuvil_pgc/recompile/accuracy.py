@@ -136,14 +136,12 @@ def float32_references(model: Any, scope_inputs: dict[str, Any], references: dic
 
     import torch
 
-    low = [s for s, ref in references.items() if any(
-        isinstance(t, torch.Tensor) and str(t.dtype).removeprefix("torch.") in LOW_PRECISION
-        for t in torch.utils._pytree.tree_leaves(ref))]
+    low = [s for s, ref in references.items() if any(map(_low_precision, torch.utils._pytree.tree_leaves(ref)))]
     if not low:
         return {}
 
     def wide(t: Any) -> Any:
-        return t.float() if isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16) else t
+        return t.float() if _low_precision(t) else t
 
     try:
         model32 = copy.deepcopy(model).float()
@@ -160,6 +158,13 @@ def float32_references(model: Any, scope_inputs: dict[str, Any], references: dic
         except Exception as exc:
             log.debug("no float32 reference for %r: %s", scope, exc)
     return found
+
+
+def _low_precision(t: Any) -> bool:
+    """Whether ``t`` is a tensor of a :data:`LOW_PRECISION` dtype."""
+    import torch
+
+    return isinstance(t, torch.Tensor) and str(t.dtype).removeprefix("torch.") in LOW_PRECISION
 
 
 class _Mismatch(Exception):
@@ -260,8 +265,7 @@ def _compare_tensor(ref: Any, out: Any, where: str, state: AccuracyResult, rtol:
     allowed = at + rt * ref64.abs()
     bad = ~(diff <= allowed) & ~both_nan
     if bool(bad.any()):
-        low = str(ref.dtype).removeprefix("torch.") in LOW_PRECISION and exact is not None
-        errors = _errors_from(exact, ref64, out64) if low else None
+        errors = _errors_from(exact, ref64, out64) if _low_precision(ref) and exact is not None else None
         if errors is not None and errors[0] <= LOW_PRECISION_MULTIPLIER * errors[1] + at / 10 \
                 and errors[2] <= LOW_PRECISION_MULTIPLIER * errors[3] + at:
             return          # no further from the float32 result than eager's own rounding

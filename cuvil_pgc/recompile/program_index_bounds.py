@@ -209,11 +209,9 @@ def _fx_source(node: Any, constants: dict[str, torch.Tensor], outer: Outer) -> t
 
     shift = np.zeros((), np.int64)
     for _ in range(64):
+        node = _outer(node, outer)
         if not isinstance(node, torch.fx.Node):
             return None, shift
-        if node.op == "placeholder" and node in outer:
-            node = outer[node]
-            continue
         if node.op == "placeholder":
             return node, shift
         if node.op != "call_function" or not node.args:
