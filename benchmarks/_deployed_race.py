@@ -104,6 +104,8 @@ def contender(spec: dict):
 
 
 def serve(spec: dict) -> None:
+    if spec.get("pure_python"):          # the build's calls checked in Python (before cuvil_pgc is imported)
+        os.environ["CUVIL_PGC_PURE_PYTHON"] = "1"
     import torch
 
     from cuvil_pgc.recompile.process_race import serve as serve_calls

@@ -7,6 +7,9 @@ runtime. Both run the same session or compiled model, so the ratio is the build'
 (the lean call, the hook check, output rebuilding): where a build's plan is a runtime at its
 defaults, this is what it loses to that runtime. The effects are 1-2%, the size of the noise
 between runs, so it repeats the race (--runs) and prints each run's ratio and their median.
+Where the C checks of a build's call are built (``_leancall.c``), a third contender is the same
+build with its calls checked in Python (``CUVIL_PGC_PURE_PYTHON``), what a machine without a
+C compiler runs.
 
     python benchmarks/call_overhead.py --model transformer --backend openvino --runs 5
 
@@ -45,7 +48,7 @@ def main() -> int:
     from _deployed_race import race_in_processes
     from recompile_speedup import load
 
-    from cuvil_pgc.recompile import recompile
+    from cuvil_pgc.recompile import lean_checks, recompile
     from cuvil_pgc.recompile.candidates import Candidate
     from cuvil_pgc.recompile.signing import generate_keypair
 
@@ -64,17 +67,24 @@ def main() -> int:
         plain = "openvino-native" if args.precision == "bf16" else args.backend     # the worker's bf16 OpenVINO
         specs = {"plain": {**base, "kind": plain, "path": artifact},
                  "build": {**base, "kind": "build", "path": path, "pubkey": str(pub)}}
-        ratios = []
+        if lean_checks.ACCELERATED:
+            specs["build-python"] = {**specs["build"], "pure_python": True}
+        ratios, python_ratios = [], []
         for run in range(args.runs):
             medians, failed = race_in_processes(specs, args.rounds)
             if failed:
                 print(f"a worker failed: {failed}", file=sys.stderr)
                 return 1
             ratios.append(medians["build"] / medians["plain"])
+            python = ""
+            if "build-python" in medians:
+                python_ratios.append(medians["build-python"] / medians["plain"])
+                python = f", checked in Python {medians['build-python'] * 1e3:.4f} ms ({python_ratios[-1]:.3f}x)"
             print(f"run {run + 1}: plain {medians['plain'] * 1e3:.4f} ms, build {medians['build'] * 1e3:.4f} ms, "
-                  f"build / plain {ratios[-1]:.3f}x", flush=True)
+                  f"build / plain {ratios[-1]:.3f}x{python}", flush=True)
     print(f"{args.model} on {cand.config}: build / plain, median of {args.runs} runs: "
-          f"{statistics.median(ratios):.3f}x (runs {min(ratios):.3f}-{max(ratios):.3f}x)")
+          f"{statistics.median(ratios):.3f}x (runs {min(ratios):.3f}-{max(ratios):.3f}x)"
+          + (f"; checked in Python: {statistics.median(python_ratios):.3f}x" if python_ratios else ""))
     return 0
 
 

@@ -30,8 +30,8 @@ STAGES = set(LAYERS) - {"foundation"}
 #: layers that must not present anything on a terminal themselves
 NO_PRESENTATION = ("foundation", "trace", "instrument", "analyze", "recompile")
 PRESENTATION_LIBRARIES = ("typer", "rich", "click")
-#: optional C extension (setup.py): importing it under ``except ImportError`` is the point
-OPTIONAL_MODULES = {"cuvil_pgc.instrument._fastregion"}
+#: optional C extensions (setup.py): importing them under ``except ImportError`` is the point
+OPTIONAL_MODULES = {"cuvil_pgc.instrument._fastregion", "cuvil_pgc.recompile._leancall"}
 
 
 @dataclass(frozen=True)

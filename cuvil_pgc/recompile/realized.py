@@ -22,6 +22,7 @@ from cuvil_pgc._example_inputs import forward_parameters
 from cuvil_pgc.recompile.aoti_loader import FastAOTI
 from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES, bind_call, matches, spec_misfit
 from cuvil_pgc.recompile.index_bounds import IndexBounds, Limit, array_checks, describe, out_of_range
+from cuvil_pgc.recompile.lean_checks import VALUE, lean_arrays
 from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.onnx_index_checks import IndexCheckFailed
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
@@ -117,13 +118,17 @@ class CompiledRegion(nn.Module):
         about 1-1.5% of the zoo transformer's 80 µs OpenVINO call (measured in processes of their
         own against the runtime called plainly). Right after its package's run, the zoo MLP's
         AOTInductor region took 9.4 µs through the dispatch and 5.1 through this path (medians of
-        three runs in one process, a trivial program timed after each run of the package)."""
+        three runs in one process, a trivial program timed after each run of the package). The
+        runtime's inputs are checked in one call, in C where it was built
+        (:func:`~.lean_checks.lean_arrays`), which also tells a call torch.jit traces by its sizes:
+        asking the tracer (a pybind11 function) is left to regions whose tensors have none."""
         lean, direct = self._lean, self._direct
         if (lean is not None or direct is not None) and (RemovableHandle.next_id == self._quiet_at or self._quiet()) \
-                and not (_tracing() or _compiling() or _autocast()):
+                and not (_compiling() or _autocast()):
             if direct is not None:
                 spec = self._spec
-                if not kwargs and len(args) == len(spec) and not (self._inference_only and torch.is_grad_enabled()):
+                if not kwargs and len(args) == len(spec) and not (self._inference_only and torch.is_grad_enabled()) \
+                        and not _tracing():
                     for a, (shape, dtype, device, strides) in zip(args, spec, strict=True):
                         if type(a) is not _Tensor or a.requires_grad or a.shape != shape or a.dtype is not dtype \
                                 or a.device != device or a.stride() != strides:
@@ -140,36 +145,16 @@ class CompiledRegion(nn.Module):
                                 return self._fall_back(args, kwargs, str(exc))
             elif (positional := self._positional(args, kwargs) if kwargs else args) is not None \
                     and len(positional) == lean[0]:
-                count, checks, run, single, build, ids = lean
-                arrays = []
-                for a, (shape, dtype) in zip(positional, checks, strict=True):
-                    if shape is None:                    # captured as None (see _learn_lean)
-                        if a is None:
-                            continue
-                        break
-                    if shape is _VALUE:                  # captured as this value, which the program holds
-                        if type(a) is type(dtype) and a == dtype:
-                            continue
-                        break
-                    if type(a) is not _Tensor or a.shape != shape or a.dtype is not dtype or not a.is_contiguous():
-                        break
-                    try:                 # refuses a tensor that needs grad or is not in CPU memory
-                        arrays.append(a.numpy())
-                    except Exception:
-                        break
-                else:
-                    for i, unsigned, rows, limit in ids:        # an id out of range: the checked path raises
-                        u = arrays[i].view(unsigned)
-                        if u.item(u.argmax()) >= rows if limit is None else (b := u >= limit).item(b.argmax()):
-                            break
-                    else:
-                        try:
-                            outputs = run(arrays)
-                        except IndexCheckFailed as exc:       # an index the program computes: as above
-                            return self._fall_back(args, kwargs, str(exc))
-                        return outputs[0] if single else build(outputs)
+                count, checks, run, single, build, ids, sized = lean
+                # a call torch.jit traces shows it in its sizes (see lean_checks); one without them asks
+                if (sized or not _tracing()) and (arrays := lean_arrays(positional, checks, ids, _Tensor, VALUE)) is not None:
+                    try:
+                        outputs = run(arrays)
+                    except IndexCheckFailed as exc:       # an index the program computes is out of range
+                        return self._fall_back(args, kwargs, str(exc))
+                    return outputs[0] if single else build(outputs)
                 other = self.other_shapes                # nothing hooks in: skip the dispatch here too
-                if other is not None and other.fits(positional) and not self._matches(positional, {}) \
+                if other is not None and not _tracing() and other.fits(positional) and not self._matches(positional, {}) \
                         and not self._eager_only(positional, {}, other_sizes=True):
                     return self._other_sizes(positional)
         return super().__call__(*args, **kwargs)
@@ -220,7 +205,9 @@ class CompiledRegion(nn.Module):
         if self.weights_changed:
             return self.original(*args, **kwargs)
         if self.signature is None:
-            return self._compiled(*args, **kwargs) if self._hooked() is None else self._fall_back(args, kwargs)
+            if self._hooked() is None and not _tracing():
+                return self._compiled(*args, **kwargs)
+            return self._fall_back(args, kwargs, TRACED if _tracing() else None)
         if kwargs and (self._spec is not None or not self._matches(args, kwargs)) \
                 and (positional := self._positional(args, kwargs)) is not None:
             args, kwargs = positional, {}       # (a call captured with keywords matches as it is)
@@ -268,15 +255,15 @@ class CompiledRegion(nn.Module):
                 or not all(a is None or type(a) is torch.Tensor or type(a) in CAPTURED_VALUES for a in args):
             return
         self.__dict__["_lean"] = self._lean_call([(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor
-                                                  else None if a is None else (_VALUE, a) for a in args])
+                                                  else None if a is None else (VALUE, a) for a in args])
 
     def _lean_call(self, positions: list[tuple[Any, ...] | None]) -> tuple[Any, ...] | None:
         """What the lean call of :meth:`__call__` takes for positional inputs that are each a tensor,
         (shape, dtype, device, strides), None (a (None, None) check) or a value the program holds,
-        (:data:`_VALUE`, value): the runner's array call
+        (:data:`~.lean_checks.VALUE`, value): the runner's array call
         (:meth:`~.runtime_region.RuntimeRunner.lean_parts`), and its id inputs, checked on the arrays
         it hands the runtime. None where the program has no array call for them."""
-        tensors = [p for p in positions if p is not None and p[0] is not _VALUE]
+        tensors = [p for p in positions if p is not None and p[0] is not VALUE]
         lean_parts = getattr(self._compiled, "lean_parts", None)
         parts = lean_parts(tensors) if lean_parts is not None and GLOBAL_HOOKS is not None and tensors else None
         if parts is None:
@@ -286,19 +273,23 @@ class CompiledRegion(nn.Module):
             return None
         _, checks, run, single, build = parts
         taken = iter(checks)
-        return (len(positions), [(None, None) if p is None else p if p[0] is _VALUE else next(taken) for p in positions],
-                run, single, build, ids)
+        sized = any(len(shape) for shape, *_ in tensors)      # whether a traced call shows in its sizes
+        return (len(positions), [(None, None) if p is None else p if p[0] is VALUE else next(taken) for p in positions],
+                run, single, build, ids, sized)
 
     def _eager_only(self, args: tuple[Any, ...], kwargs: dict[str, Any], other_sizes: bool = False) -> str | None:
         """Why a call that fits the build's inputs must still run the original module: autocast
         (eager's outputs would be bf16 or fp16), autograd recorded through an input (the programs
         record none), and for a torch.compile program anything its guards would compile again for;
-        a user's hook on a module inside the region, which no compiled program calls; and an index
+        a user's hook on a module inside the region, which no compiled program calls; torch.jit's
+        tracer, which records what runs (:data:`TRACED`); and an index
         out of range (for a call of ``other_sizes``, the indices into tensors sized by the inputs
         are the program for other sizes' to check, against the call's own sizes)."""
         hooked = self._hooked()
         if hooked is not None:
             return hook_reason(hooked)
+        if _tracing():
+            return TRACED
         if self.index_bounds:
             plain = not kwargs and all(type(a) is torch.Tensor for a in args)
             bad = self._id_out_of_range(args if plain else [t for t in pytree.tree_leaves((args, kwargs))
@@ -469,8 +460,11 @@ _tracing = getattr(torch._C, "_is_tracing", None) or (lambda: torch._C._get_trac
 # FakeTensors, which the lean path's exact type check already sends to the checked path.
 _compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
 _Tensor = torch.Tensor
-#: in the lean call's checks, a position captured as a value (:data:`~.call_binding.CAPTURED_VALUES`)
-_VALUE = object()
+#: why a call torch.jit traces runs the original module: a runtime's outputs come from outside
+#: torch, and the trace held them as constants (a traced ONNX Runtime or OpenVINO region answered
+#: every input with the traced one's result; an AOTInductor one failed the trace)
+TRACED = ("torch.jit is tracing it, and records the original module: the build's programs run outside what the "
+          "tracer sees, and their outputs would be the trace's constants")
 #: whether autocast is on for any device: a build computes in the precision it was built with, so
 #: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))

@@ -1,0 +1,236 @@
+"""The lean call's checks (lean_checks.py): the C version (_leancall.c) against the Python one, and
+a built region's call with each: what it hands its runtime, what it leaves to the checked path, and
+torch.jit's tracer, which must record a region's call rather than run it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile import lean_checks, realized, runtimes
+from cuvil_pgc.recompile.apply import ScopeInputs, realize
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.lean_checks import VALUE, python_lean_arrays
+
+needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
+
+IMPLEMENTATIONS = [pytest.param(python_lean_arrays, id="python")]
+if lean_checks.ACCELERATED:
+    IMPLEMENTATIONS.append(pytest.param(lean_checks.lean_arrays, id="c"))
+
+U64, U32 = np.dtype(np.uint64), np.dtype(np.uint32)
+F = torch.Size([2, 3])
+
+
+def _cases():
+    """(name, positional, checks, ids, whether the call fits)."""
+    x = torch.randn(2, 3)
+    ids = torch.tensor([[0, 4, 9]])
+    ids32 = ids.to(torch.int32)
+    row_limit = np.array([[5, 5, 10]], dtype=np.uint64)        # element-wise: the last id may reach 9
+    tensor = (F, torch.float32)
+    id_check = (torch.Size([1, 3]), torch.int64)
+    return [
+        ("fits", (x,), [tensor], (), True),
+        ("other shape", (torch.randn(3, 2),), [tensor], (), False),
+        ("other dtype", (x.double(),), [tensor], (), False),
+        ("not contiguous", (torch.randn(3, 2).t(),), [tensor], (), False),
+        ("needs grad", (x.clone().requires_grad_(),), [tensor], (), False),
+        ("a Parameter (a subclass)", (nn.Parameter(x.clone(), requires_grad=False),), [tensor], (), False),
+        ("not a tensor", ([[0.0] * 3] * 2,), [tensor], (), False),
+        ("fewer inputs", (x,), [tensor, tensor], (), False),
+        ("None captured as None", (x, None), [tensor, (None, None)], (), True),
+        ("a tensor where None was captured", (x, x), [tensor, (None, None)], (), False),
+        ("the captured value", (x, 3), [tensor, (VALUE, 3)], (), True),
+        ("another value", (x, 4), [tensor, (VALUE, 3)], (), False),
+        ("a value of another type", (x, True), [tensor, (VALUE, 1)], (), False),
+        ("ids in range", (ids,), [id_check], ((0, U64, 10, None),), True),
+        ("an id at the table's end", (ids,), [id_check], ((0, U64, 9, None),), False),
+        ("a negative id", (ids - 1,), [id_check], ((0, U64, 10, None),), False),
+        ("int32 ids in range", (ids32,), [(torch.Size([1, 3]), torch.int32)], ((0, U32, 10, None),), True),
+        ("a negative int32 id", (ids32 - 1,), [(torch.Size([1, 3]), torch.int32)], ((0, U32, 10, None),), False),
+        ("ids below their element-wise limits", (ids,), [id_check], ((0, U64, 0, row_limit),), True),
+        ("an id past its element-wise limit", (ids + torch.tensor([[0, 1, 0]]),), [id_check],
+         ((0, U64, 0, row_limit),), False),
+        ("ids of the second tensor", (x, None, ids), [tensor, (None, None), id_check], ((1, U64, 10, None),), True),
+        ("a 0-dim tensor", (torch.tensor(0.5),), [(torch.Size([]), torch.float32)], (), True),
+    ]
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_lean_arrays_takes_exactly_the_calls_that_fit(impl, case):
+    _, positional, checks, ids, fits = case
+    arrays = impl(positional, checks, ids, torch.Tensor, VALUE)
+    if not fits:
+        assert arrays is None
+        return
+    tensors = [a for a in positional if isinstance(a, torch.Tensor)]
+    assert arrays is not None and len(arrays) == len(tensors)
+    for array, tensor in zip(arrays, tensors, strict=True):
+        assert isinstance(array, np.ndarray) and np.shares_memory(array, tensor.numpy())   # views, no copies
+
+
+@pytest.mark.skipif(not lean_checks.ACCELERATED, reason="the C checks are not built")
+def test_the_c_checks_answer_as_the_python_ones_on_random_calls():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        rows = int(rng.integers(1, 50))
+        ids = torch.from_numpy(rng.integers(-3, 55, size=(1, int(rng.integers(1, 40)))))
+        limit = None if rng.random() < 0.5 else rng.integers(0, 60, size=tuple(ids.shape)).astype(np.uint64)
+        checks = [(ids.shape, torch.int64)]
+        spec = ((0, U64, rows, limit),)
+        python = python_lean_arrays((ids,), checks, spec, torch.Tensor, VALUE)
+        c = lean_checks.lean_arrays((ids,), checks, spec, torch.Tensor, VALUE)
+        assert (python is None) == (c is None), (ids, rows, limit)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_a_call_torch_jit_traces_does_not_fit(impl):
+    """The tracer hands sizes out as tensors: a traced call must be recorded, not run."""
+    seen = []
+
+    def traced(x):
+        seen.append(impl((x,), [(F, torch.float32)], (), torch.Tensor, VALUE))
+        return x * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.trace(traced, (torch.randn(2, 3),), check_trace=False)
+    assert seen == [None]
+    assert impl((torch.randn(2, 3),), [(F, torch.float32)], (), torch.Tensor, VALUE) is not None   # not traced: fits
+
+
+def test_the_c_checks_are_built_where_a_compiler_is():
+    """The install builds them when it can; losing them silently costs 3% of a tiny BERT's call."""
+    if not (shutil.which("cc") or shutil.which("gcc")) or os.environ.get("CUVIL_PGC_PURE_PYTHON"):
+        pytest.skip("no C compiler here, or pure Python forced")
+    assert lean_checks.ACCELERATED, "pip install -e . did not build cuvil_pgc/recompile/_leancall.c"
+
+
+# ----------------------------------------------------------------------------- a region's call
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids))
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, t):
+        return torch.tanh(t * self.w)
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def checks_impl(request, monkeypatch):
+    """Each region test runs with each version of the checks."""
+    monkeypatch.setattr(realized, "lean_arrays", request.param)
+    return request.param
+
+
+def _region(model, *inputs):
+    region = realize(model, Candidate("", "ort"), ScopeInputs(inputs), machine="t").module
+    forwards = []
+    real_forward = region.forward
+    region.forward = lambda *a, **k: forwards.append(1) or real_forward(*a, **k)
+    return region, forwards
+
+
+@needs_ort
+def test_a_region_runs_its_ids_on_the_runtime_and_leaves_the_rest_to_the_checked_path(checks_impl):
+    torch.manual_seed(0)
+    model, ids = Tagger().eval(), torch.randint(0, 50, (2, 7))
+    region, forwards = _region(model, ids)
+    with torch.no_grad():
+        other = torch.randint(0, 50, (2, 7))
+        torch.testing.assert_close(region(other), model(other), rtol=1e-4, atol=1e-5)
+        assert forwards == []                                     # the lean call
+        for bad in (torch.full((2, 7), 50), torch.full((2, 7), -1)):
+            with pytest.raises(IndexError):                       # eager's error, through the checked path
+                region(bad)
+        assert len(forwards) == 2
+        torch.testing.assert_close(region(ids.t().contiguous().t()), model(ids), rtol=1e-4, atol=1e-5)
+        assert len(forwards) == 3 and region.fallback_calls == 3  # not contiguous: the original module too
+
+
+class Doubled(nn.Module):
+    """A module whose forward calls a built region: what torch.jit.trace records around it."""
+
+    def __init__(self, region):
+        super().__init__()
+        self.region = region
+
+    def forward(self, x):
+        return self.region(x) * 2
+
+
+def _traced(module, example):
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")                   # the tracer's own warnings
+        return torch.jit.trace(module, (example,), check_trace=False)
+
+
+@needs_ort
+def test_torch_jit_trace_records_a_region_not_its_runtimes_outputs(checks_impl):
+    """Traced through the runtime, its outputs were the trace's constants: the traced program
+    answered every input with the traced one's result (ONNX Runtime, OpenVINO), or failed the trace
+    (AOTInductor). The tracer records the original module, the region's and its parent's trace alike."""
+    torch.manual_seed(0)
+    model, ids = Tagger().eval(), torch.randint(0, 50, (2, 7))
+    region, forwards = _region(model, ids)
+    traced_region, traced_parent = _traced(region, ids), _traced(Doubled(region), ids)
+    assert len(forwards) == 2 and region.first_fallback == realized.TRACED
+    other = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(traced_region(other), model(other))
+        torch.testing.assert_close(traced_parent(other), model(other) * 2)
+        calls = region.fallback_calls
+        region(other)
+        assert region.fallback_calls == calls and len(forwards) == 2      # not traced: the lean call again
+
+
+@needs_ort
+def test_a_region_of_0_dim_inputs_asks_the_tracer(checks_impl):
+    """Sizes cannot tell a traced call of 0-dim tensors: the region asks torch.jit."""
+    model = Scaled().eval()
+    region, forwards = _region(model, torch.tensor(0.3))
+    with torch.no_grad():
+        torch.testing.assert_close(region(torch.tensor(0.7)), model(torch.tensor(0.7)))
+    assert forwards == []                                         # the lean call
+    traced = _traced(Doubled(region), torch.tensor(0.3))
+    with torch.no_grad():
+        torch.testing.assert_close(traced(torch.tensor(-0.9)), model(torch.tensor(-0.9)) * 2)
+    assert forwards == [1]
+
+
+def test_doctor_says_whether_a_builds_calls_are_checked_in_c(monkeypatch):
+    from cuvil_pgc.cli.doctor import all_checks, check_call_accel
+
+    assert check_call_accel in all_checks()
+    monkeypatch.setattr(lean_checks, "ACCELERATED", True)
+    assert check_call_accel().ok
+    monkeypatch.setattr(lean_checks, "ACCELERATED", False)
+    monkeypatch.setenv("CUVIL_PGC_PURE_PYTHON", "1")
+    forced = check_call_accel()
+    assert not forced.ok and "CUVIL_PGC_PURE_PYTHON" in forced.reason and "unset" in forced.fix
+    monkeypatch.delenv("CUVIL_PGC_PURE_PYTHON")
+    missing = check_call_accel()
+    assert not missing.ok and "compiler" in missing.fix
