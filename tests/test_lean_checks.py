@@ -234,3 +234,38 @@ def test_doctor_says_whether_a_builds_calls_are_checked_in_c(monkeypatch):
     monkeypatch.delenv("CUVIL_PGC_PURE_PYTHON")
     missing = check_call_accel()
     assert not missing.ok and "compiler" in missing.fix
+
+
+@needs_ort
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_torch_export_records_a_region_not_its_runtime(checks_impl, strict):
+    """torch.export (and torch.onnx.export's dynamo=True) of a loaded build failed: its FakeTensors
+    reached the runtime (".numpy() is not supported for tensor subclasses"), and Dynamo's strict
+    export stopped at the tracer's test ("torch.* op returned non-Tensor")."""
+    torch.manual_seed(0)
+    model, ids = Tagger().eval(), torch.randint(0, 50, (2, 7))
+    region, forwards = _region(model, ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exported = torch.export.export(Doubled(region), (ids,), strict=strict).module()
+    other = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(other), model(other) * 2)   # recorded, not a constant
+        calls = len(forwards)
+        torch.testing.assert_close(region(other), model(other))
+    assert len(forwards) == calls and region.fallback_calls == 0    # (export ran a copy) the lean call
+
+
+@needs_ort
+def test_fake_tensors_run_the_original_module(checks_impl):
+    """A tensor subclass (make_fx's or a FakeTensorMode's fakes) cannot be read by the build's
+    programs: the original module answers, with fakes of eager's shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(0)
+    model, ids = Tagger().eval(), torch.randint(0, 50, (2, 7))
+    region, _ = _region(model, ids)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad():
+        out = region(mode.from_tensor(ids))
+    assert type(out).__name__ == "FakeTensor" and out.shape == (2, 7, 3)
+    assert "FakeTensor" in region.first_fallback

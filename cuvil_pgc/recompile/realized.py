@@ -205,9 +205,10 @@ class CompiledRegion(nn.Module):
         if self.weights_changed:
             return self.original(*args, **kwargs)
         if self.signature is None:
-            if self._hooked() is None and not _tracing():
+            recorded = _recorded(args, kwargs)
+            if self._hooked() is None and recorded is None:
                 return self._compiled(*args, **kwargs)
-            return self._fall_back(args, kwargs, TRACED if _tracing() else None)
+            return self._fall_back(args, kwargs, recorded)
         if kwargs and (self._spec is not None or not self._matches(args, kwargs)) \
                 and (positional := self._positional(args, kwargs)) is not None:
             args, kwargs = positional, {}       # (a call captured with keywords matches as it is)
@@ -281,15 +282,16 @@ class CompiledRegion(nn.Module):
         """Why a call that fits the build's inputs must still run the original module: autocast
         (eager's outputs would be bf16 or fp16), autograd recorded through an input (the programs
         record none), and for a torch.compile program anything its guards would compile again for;
-        a user's hook on a module inside the region, which no compiled program calls; torch.jit's
-        tracer, which records what runs (:data:`TRACED`); and an index
+        a user's hook on a module inside the region, which no compiled program calls; a call
+        torch.jit traces or torch.export exports, which record what runs (:func:`_recorded`); and an index
         out of range (for a call of ``other_sizes``, the indices into tensors sized by the inputs
         are the program for other sizes' to check, against the call's own sizes)."""
         hooked = self._hooked()
         if hooked is not None:
             return hook_reason(hooked)
-        if _tracing():
-            return TRACED
+        recorded = _recorded(args, kwargs)
+        if recorded is not None:
+            return recorded
         if self.index_bounds:
             plain = not kwargs and all(type(a) is torch.Tensor for a in args)
             bad = self._id_out_of_range(args if plain else [t for t in pytree.tree_leaves((args, kwargs))
@@ -465,6 +467,27 @@ _Tensor = torch.Tensor
 #: every input with the traced one's result; an AOTInductor one failed the trace)
 TRACED = ("torch.jit is tracing it, and records the original module: the build's programs run outside what the "
           "tracer sees, and their outputs would be the trace's constants")
+#: why a call torch.export exports (torch.onnx.export's dynamo=True too) runs the original module:
+#: the build's programs cannot run on its FakeTensors (the export failed: ".numpy() is not supported
+#: for tensor subclasses") and would be nothing the exporter can record
+EXPORTED = ("torch.export is exporting it, and records the original module: the build's programs run outside "
+            "what the exporter sees")
+_exporting = getattr(torch.compiler, "is_exporting", None) or (lambda: False)
+
+
+def _recorded(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why a call must run the original module for torch to record it (torch.jit's tracer,
+    torch.export, tensor subclasses such as make_fx's FakeTensors, which no program of the build can
+    read), or None."""
+    if _exporting():                    # first: Dynamo, exporting, answers it but cannot call the tracer's test
+        return EXPORTED
+    if not _compiling() and _tracing():
+        return TRACED
+    for t in (args if not kwargs and all(type(a) is _Tensor for a in args) else pytree.tree_leaves((args, kwargs))):
+        if isinstance(t, torch.Tensor) and type(t) is not _Tensor:
+            return (f"an input is a {type(t).__name__}, which the build's programs cannot read (they read a plain "
+                    "tensor's memory), and which records what runs")
+    return None
 #: whether autocast is on for any device: a build computes in the precision it was built with, so
 #: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
 _autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
