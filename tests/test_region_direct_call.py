@@ -56,7 +56,7 @@ def test_the_captured_call_runs_the_program_without_the_module_dispatch(region):
     assert (region.compiled.calls, forward_calls, seen) == (3, [1, 1], [torch.Size([2, 4])])
 
 
-@pytest.mark.parametrize("why", ["requires grad", "autocast", "other shape", "hook", "weights"])
+@pytest.mark.parametrize("why", ["requires grad", "autocast", "other shape", "hook", "weights", "training"])
 def test_a_call_forward_would_not_run_the_program_for_takes_forwards_checks(region, why):
     region, x, forward_calls = region
     original = region.original
@@ -70,6 +70,8 @@ def test_a_call_forward_would_not_run_the_program_for_takes_forwards_checks(regi
     elif why == "weights":
         state = {k: v + 1 for k, v in region.state_dict().items()}
         region.load_state_dict(state)
+    elif why == "training":
+        region.train()
     if why == "autocast":
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = call()
@@ -90,3 +92,21 @@ def test_a_torch_compile_program_with_autograd_on_runs_the_original(monkeypatch)
     with torch.no_grad():
         torch.testing.assert_close(region(x), program(x))
     assert region.fallback_calls == 1
+
+
+def test_a_region_in_training_mode_runs_the_original_module_until_eval():
+    """The programs compute in eval mode: after model.train() (a loaded build the service forgot to
+    leave in eval, or fine-tunes) they answered without dropout, silently."""
+    torch.manual_seed(0)
+    original, x = nn.Sequential(nn.Linear(4, 64), nn.Dropout(0.5)).eval(), torch.randn(2, 4)
+    region = _region(original, Program(), x)
+    assert not region.training                                # a build is made in eval mode
+    parent = nn.Sequential(region).train()                    # model.train() reaches the region
+    with torch.no_grad():
+        first, second = parent(x), parent(x)
+    assert not torch.equal(first, second) and region.compiled.calls == 0   # dropout, as eager in training
+    assert region.fallback_calls == 2 and "training mode" in region.first_fallback
+    parent.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(parent(x), x * 2 + 1)
+    assert region.compiled.calls == 1

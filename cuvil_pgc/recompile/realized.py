@@ -53,6 +53,7 @@ class CompiledRegion(nn.Module):
                  spec: list[list[Any]] | None = None, index_bounds: IndexBounds | None = None) -> None:
         super().__init__()
         self.original = original
+        self.training = False            # a build computes in eval mode; .train() makes it run the original module
         self._compiled = compiled          # not a submodule: an AOTI runner or an OptimizedModule
         self.signature = signature
         #: the candidate's configuration (``ort+opt=extended``); not ``config``, which a Hugging Face
@@ -124,7 +125,7 @@ class CompiledRegion(nn.Module):
         asking the tracer (a pybind11 function) is left to regions whose tensors have none."""
         lean, direct = self._lean, self._direct
         if (lean is not None or direct is not None) and (RemovableHandle.next_id == self._quiet_at or self._quiet()) \
-                and not (_compiling() or _autocast()):
+                and not (self.training or _compiling() or _autocast()):
             if direct is not None:
                 spec = self._spec
                 if not kwargs and len(args) == len(spec) and not (self._inference_only and torch.is_grad_enabled()) \
@@ -205,10 +206,10 @@ class CompiledRegion(nn.Module):
         if self.weights_changed:
             return self.original(*args, **kwargs)
         if self.signature is None:
-            recorded = _recorded(args, kwargs)
-            if self._hooked() is None and recorded is None:
+            why = _recorded(args, kwargs) or (TRAINING if self.training else None)
+            if self._hooked() is None and why is None:
                 return self._compiled(*args, **kwargs)
-            return self._fall_back(args, kwargs, recorded)
+            return self._fall_back(args, kwargs, why)
         if kwargs and (self._spec is not None or not self._matches(args, kwargs)) \
                 and (positional := self._positional(args, kwargs)) is not None:
             args, kwargs = positional, {}       # (a call captured with keywords matches as it is)
@@ -283,7 +284,8 @@ class CompiledRegion(nn.Module):
         (eager's outputs would be bf16 or fp16), autograd recorded through an input (the programs
         record none), and for a torch.compile program anything its guards would compile again for;
         a user's hook on a module inside the region, which no compiled program calls; a call
-        torch.jit traces or torch.export exports, which record what runs (:func:`_recorded`); and an index
+        torch.jit traces or torch.export exports, which record what runs (:func:`_recorded`); the
+        region in training mode (:data:`TRAINING`); and an index
         out of range (for a call of ``other_sizes``, the indices into tensors sized by the inputs
         are the program for other sizes' to check, against the call's own sizes)."""
         hooked = self._hooked()
@@ -292,6 +294,8 @@ class CompiledRegion(nn.Module):
         recorded = _recorded(args, kwargs)
         if recorded is not None:
             return recorded
+        if self.training:
+            return TRAINING
         if self.index_bounds:
             plain = not kwargs and all(type(a) is torch.Tensor for a in args)
             bad = self._id_out_of_range(args if plain else [t for t in pytree.tree_leaves((args, kwargs))
@@ -473,6 +477,11 @@ TRACED = ("torch.jit is tracing it, and records the original module: the build's
 EXPORTED = ("torch.export is exporting it, and records the original module: the build's programs run outside "
             "what the exporter sees")
 _exporting = getattr(torch.compiler, "is_exporting", None) or (lambda: False)
+#: why a region in training mode (``model.train()`` after ``load_build``) runs the original module:
+#: its programs were built in eval mode, and answered without dropout and with batch norm's running
+#: statistics, where the model in training mode drops and normalizes by the batch
+TRAINING = ("it is in training mode (model.train()), and the build's programs compute in eval mode (no dropout, "
+            "batch norm's running statistics): call model.eval() to run them")
 
 
 def _recorded(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
