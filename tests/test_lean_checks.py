@@ -168,7 +168,7 @@ def test_a_region_runs_its_ids_on_the_runtime_and_leaves_the_rest_to_the_checked
                 region(bad)
         assert len(forwards) == 2
         torch.testing.assert_close(region(ids.t().contiguous().t()), model(ids), rtol=1e-4, atol=1e-5)
-        assert len(forwards) == 3 and region.fallback_calls == 3  # not contiguous: the original module too
+        assert len(forwards) == 3 and region.fallback_calls == 2  # not contiguous: copied, the program
 
 
 class Doubled(nn.Module):

@@ -110,3 +110,32 @@ def test_a_region_in_training_mode_runs_the_original_module_until_eval():
     with torch.no_grad():
         torch.testing.assert_close(parent(x), x * 2 + 1)
     assert region.compiled.calls == 1
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "channels_last"])
+def test_a_call_in_another_layout_of_the_captured_sizes_is_copied_into_it(layout):
+    """A program is built for its inputs' strides: a slice, a transpose or channels_last images of
+    the captured sizes ran the original module, every call (the speedup lost to one warning)."""
+    torch.manual_seed(0)
+    if layout == "channels_last":
+        original = nn.Conv2d(3, 4, 3).eval()
+        captured = torch.randn(2, 3, 8, 8)
+        x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    else:
+        original, captured = nn.Linear(4, 4).eval(), torch.randn(2, 4)
+        x = torch.randn(4, 2).t() if layout == "transposed" else torch.randn(2, 8)[:, :4]
+    assert x.shape == captured.shape and x.stride() != captured.stride()
+    region = _region(original, Program(), captured)
+    with torch.no_grad():
+        torch.testing.assert_close(region(x), x * 2 + 1)
+    assert region.compiled.calls == 1 and region.fallback_calls == 0
+
+
+def test_a_layout_no_copy_reaches_runs_the_original_module():
+    """Captured with strides that are neither contiguous nor channels_last (an expanded input): no
+    copy makes them, and a call in another layout runs the original module, as before."""
+    original, captured = nn.Linear(4, 4).eval(), torch.randn(1, 4).expand(3, 4)
+    region, x = _region(original, Program(), captured), torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(region(x), original(x))
+    assert region.compiled.calls == 0 and region.fallback_calls == 1

@@ -37,6 +37,35 @@ def matches(spec: Spec | None, signature: str | None, args: tuple[Any, ...], kwa
     return True
 
 
+def in_captured_layout(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The call's tensors copied into the captured layout where they differ from the captured
+    inputs in it alone: a slice or a transpose of the captured shape, channels_last images for a
+    build captured with contiguous ones, or the reverse. A program is built for its inputs' strides,
+    and a copy costs less than running the original module (which every such call did, the whole
+    speedup lost to a warning). None where the call differs otherwise, or the captured layout is
+    neither contiguous nor channels_last."""
+    if spec is None or kwargs or len(args) != len(spec):
+        return None
+    laid = []
+    for a, (shape, dtype, device, strides) in zip(args, spec, strict=True):
+        if type(a) is not torch.Tensor or a.shape != shape or a.dtype != dtype or a.device != device:
+            return None
+        if a.stride() != strides:
+            layout = _memory_format(shape, strides)
+            if layout is None:
+                return None
+            a = a.contiguous(memory_format=layout)
+        laid.append(a)
+    return tuple(laid)
+
+
+def _memory_format(shape: torch.Size, strides: tuple[int, ...]) -> torch.memory_format | None:
+    """The memory format whose strides ``strides`` are for ``shape`` (contiguous, channels_last), or None."""
+    formats = [torch.contiguous_format] + ([torch.channels_last] if len(shape) == 4 else [])
+    return next((f for f in formats if torch.empty(shape, device="meta", memory_format=f).stride() == tuple(strides)),
+                None)
+
+
 def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """Why a call does not have the captured inputs (the first difference found)."""
     if spec is None:
@@ -54,7 +83,8 @@ def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any]
             return (f"input {i} has shape {tuple(a.shape)}, built for {tuple(shape)} (the build is "
                     "shape-specialized; `recompile --dynamic` adds programs for other sizes)")
         if a.stride() != strides:
-            return f"input {i} has strides {a.stride()}, built for {strides} (pass a contiguous tensor)"
+            return (f"input {i} has strides {a.stride()}, built for {strides} (the build copies a call into a "
+                    "contiguous or channels_last layout it was captured with, not into this one)")
     return "the inputs differ from the captured ones"
 
 

@@ -20,7 +20,13 @@ from torch.utils.hooks import RemovableHandle
 
 from cuvil_pgc._example_inputs import forward_parameters
 from cuvil_pgc.recompile.aoti_loader import FastAOTI
-from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES, bind_call, matches, spec_misfit
+from cuvil_pgc.recompile.call_binding import (
+    CAPTURED_VALUES,
+    bind_call,
+    in_captured_layout,
+    matches,
+    spec_misfit,
+)
 from cuvil_pgc.recompile.index_bounds import IndexBounds, Limit, array_checks, describe, out_of_range
 from cuvil_pgc.recompile.lean_checks import VALUE, lean_arrays
 from cuvil_pgc.recompile.matching import input_signature
@@ -213,7 +219,10 @@ class CompiledRegion(nn.Module):
         if kwargs and (self._spec is not None or not self._matches(args, kwargs)) \
                 and (positional := self._positional(args, kwargs)) is not None:
             args, kwargs = positional, {}       # (a call captured with keywords matches as it is)
-        if self._matches(args, kwargs):
+        matched = self._matches(args, kwargs)
+        if not matched and (laid := in_captured_layout(self._spec, args, kwargs)) is not None:
+            args, matched = laid, True           # other strides of the captured sizes: copied into the captured ones
+        if matched:
             if self._eager_only(args, kwargs) is not None:
                 return self._fall_back(args, kwargs)
             try:
