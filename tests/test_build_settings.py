@@ -13,7 +13,7 @@ from torch import nn
 
 from cuvil_pgc._structure import settings_digest, structural_hash
 from cuvil_pgc.recompile import load_build, recompile, runtimes
-from cuvil_pgc.recompile.apply import ScopeInputs, program_key, realize
+from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key, realize
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.records import Record, RecordDB
 from cuvil_pgc.recompile.search_records import SearchRecords
@@ -98,7 +98,7 @@ def test_search_records_of_other_settings_are_not_reused(tmp_path):
     cand = Candidate("", "aoti")
     inputs = {"": ScopeInputs((torch.randn(3, 16),))}
     mine = SearchRecords(db, "m", {"": "s"}, {"": "settings-a"}, {"": "w"}, inputs)
-    db.add(Record(structure=mine._structure(""), candidate=program_key(cand), machine="m",
+    db.add(Record(structure=mine._structure(""), candidate=measurement_key(cand), machine="m",
                   inputs=inputs[""].signature, status="ok", median_us=10.0))
     assert mine.reusable(cand) is not None
     assert SearchRecords(db, "m", {"": "s"}, {"": "settings-b"}, {"": "w"}, inputs).reusable(cand) is None

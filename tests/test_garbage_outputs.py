@@ -10,7 +10,7 @@ import torch
 
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile.accuracy import GUARD_VERSION, check_outputs
-from cuvil_pgc.recompile.apply import ScopeInputs, program_key
+from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.records import Record, RecordDB
 from cuvil_pgc.recompile.search_records import SearchRecords
@@ -35,7 +35,7 @@ def test_a_garbage_verdict_is_not_reused_but_a_precision_verdict_is(tmp_path):
     records = SearchRecords(db, "m", {"": "s"}, {"": "settings"}, {"": "w"}, inputs)
     rounded, faulty = Candidate("", "ort", precision="bf16"), Candidate("", "openvino")
     for cand, fault in ((rounded, False), (faulty, True)):
-        db.add(Record(structure=records._structure(""), candidate=program_key(cand), machine="m",
+        db.add(Record(structure=records._structure(""), candidate=measurement_key(cand), machine="m",
                       inputs=inputs[""].signature, status="accuracy_error", reason="off",
                       features={"weights": "w", "guard": GUARD_VERSION, **({"fault": True} if fault else {})}))
     assert records.reusable(rounded) is not None

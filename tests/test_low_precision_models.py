@@ -79,10 +79,10 @@ def test_accuracy_verdicts_of_an_older_guard_are_measured_again(tmp_path) -> Non
     inputs = SimpleNamespace(signature="sig")
     records = SearchRecords(db, "m", {"": "s"}, {"": "x"}, {"": "w"}, {"": inputs})
     cand = Candidate("", "openvino")
-    from cuvil_pgc.recompile.apply import program_key
+    from cuvil_pgc.recompile.apply import measurement_key
 
     def add(status: str, **features) -> None:
-        db.add(Record(structure="s|x", candidate=program_key(cand), machine="m", inputs="sig", status=status,
+        db.add(Record(structure="s|x", candidate=measurement_key(cand), machine="m", inputs="sig", status=status,
                       median_us=None, eager_us=None, predicted_us=None, reason="", features={"weights": "w", **features}))
 
     add("accuracy_error")                             # recorded before the guard had a version

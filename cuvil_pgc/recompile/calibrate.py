@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc.recompile import runtimes
-from cuvil_pgc.recompile.apply import ScopeInputs, program_key, realize
+from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.matching import structural_hash
 from cuvil_pgc.recompile.measure import time_interleaved
@@ -45,7 +45,7 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
     configs = list(PROBE_CONFIGS) + ([Candidate("", "cudagraphs", mode="reduce-overhead")]
                                      if device.startswith("cuda") else [])
     configs += [Candidate("", backend) for backend in runtimes.available(device)]
-    todo = [c for c in configs if db.lookup(structure, program_key(c), machine_key, inputs.signature) is None]
+    todo = [c for c in configs if db.lookup(structure, measurement_key(c), machine_key, inputs.signature) is None]
     if not todo:
         return 0
     fns = {}
@@ -68,7 +68,7 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
                           evidence={"gpu_us": 0.0} if device.startswith("cuda") else {})
     measured = {"eager": (Candidate(""), None), **fns}
     for key, (cand, _) in measured.items():
-        db.add(Record(structure=structure, candidate=program_key(cand), machine=machine_key, inputs=inputs.signature,
+        db.add(Record(structure=structure, candidate=measurement_key(cand), machine=machine_key, inputs=inputs.signature,
                       status="ok", median_us=samples[key].median_s * 1e6, eager_us=eager_us,
                       features=probe_features(cand, feats)))
     return len(measured)

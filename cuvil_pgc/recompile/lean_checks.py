@@ -6,6 +6,8 @@ NumPy can view (in CPU memory, no autograd), a None captured as None, a value (a
 bool) equal to the captured one, which the program holds; and every id input below the rows it
 indexes (:func:`~.index_bounds.array_checks`). :func:`lean_arrays` answers with the arrays to hand
 the runtime, or None: the region's checked path then runs the call, and raises what eager raises.
+A region captured with dicts, lists or tuples of tensors among its arguments (a recommender's
+feature dict) takes the lean call too, on the tensors :func:`flat_leaves` takes out of them.
 
 A size that is not an int is a mismatch too: torch.jit's tracer hands sizes out as tensors
 (``THPSize_NewFromSymSizes``), and a traced call must be recorded through nn.Module's dispatch, not
@@ -24,6 +26,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 #: in the checks, a position captured as a value (:data:`~.call_binding.CAPTURED_VALUES`): (VALUE, value)
 VALUE = object()
@@ -62,6 +66,53 @@ def python_lean_arrays(positional: Sequence[Any], checks: Sequence[tuple[Any, An
             return None
     return arrays
 
+
+def nested_layout(args: Sequence[Any]) -> tuple[Any, ...] | None:
+    """How a call's positional arguments nest their tensors, per position: None (the argument
+    itself: a tensor, None or a value), ``("dict", keys)`` (a dict of tensors, keys in the order
+    the export flattened them, its own), ``("list", n)`` or ``("tuple", n)`` (n tensors); None
+    where an argument nests otherwise (deeper, or other than tensors inside)."""
+    layout = []
+    for a in args:
+        if type(a) is dict:
+            if not a or not all(type(v) is _Tensor for v in a.values()):
+                return None
+            layout.append(("dict", tuple(a)))
+        elif type(a) in (list, tuple):
+            if not a or not all(type(v) is _Tensor for v in a):
+                return None
+            layout.append((type(a).__name__, len(a)))
+        else:
+            layout.append(None)
+    return tuple(layout)
+
+
+def flat_leaves(positional: Sequence[Any], layout: tuple[Any, ...]) -> list[Any] | None:
+    """``positional``'s arguments and the tensors they nest, in the order the captured call
+    flattened them (a dict's by its captured keys, whatever order the call's are in); None where the
+    call nests them otherwise (another container, other keys, another length)."""
+    leaves = []
+    for a, nest in zip(positional, layout, strict=True):
+        if nest is None:
+            leaves.append(a)
+        elif nest[0] == "dict":
+            keys = nest[1]
+            if type(a) is not dict or len(a) != len(keys):
+                return None
+            for key in keys:
+                value = a.get(key, _MISSING)
+                if value is _MISSING:
+                    return None
+                leaves.append(value)
+        else:
+            if type(a).__name__ != nest[0] or type(a) not in (list, tuple) or len(a) != nest[1]:
+                return None
+            leaves.extend(a)
+    return leaves
+
+
+_MISSING = object()
+_Tensor = torch.Tensor
 
 LeanArrays = Callable[[Sequence[Any], Sequence[tuple[Any, Any]], Sequence[tuple[Any, ...]], type, object],
                       "list[Any] | None"]

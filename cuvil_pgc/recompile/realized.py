@@ -28,13 +28,18 @@ from cuvil_pgc.recompile.call_binding import (
     spec_misfit,
 )
 from cuvil_pgc.recompile.index_bounds import IndexBounds, Limit, array_checks, describe, out_of_range
-from cuvil_pgc.recompile.lean_checks import VALUE, lean_arrays
+from cuvil_pgc.recompile.lean_checks import VALUE, flat_leaves, lean_arrays, nested_layout
 from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.onnx_index_checks import IndexCheckFailed
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
 from cuvil_pgc.recompile.region_state import load_into_original, state_dict_as_original
 
 log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warnings always had
+
+#: the version of a built region's call (what it checks, how it hands the program its inputs): a
+#: measurement recorded through another version is not reused (:func:`~.apply.measurement_key`).
+#: 2: nested inputs (dicts, lists of tensors) take the lean call; its checks run in C
+CALL_VERSION = 2
 
 
 @dataclass
@@ -152,9 +157,11 @@ class CompiledRegion(nn.Module):
                                 return self._fall_back(args, kwargs, str(exc))
             elif (positional := self._positional(args, kwargs) if kwargs else args) is not None \
                     and len(positional) == lean[0]:
-                count, checks, run, single, build, ids, sized = lean
+                count, checks, run, single, build, ids, sized, layout = lean
+                leaves = positional if layout is None else flat_leaves(positional, layout)
                 # a call torch.jit traces shows it in its sizes (see lean_checks); one without them asks
-                if (sized or not _tracing()) and (arrays := lean_arrays(positional, checks, ids, _Tensor, VALUE)) is not None:
+                if leaves is not None and (sized or not _tracing()) \
+                        and (arrays := lean_arrays(leaves, checks, ids, _Tensor, VALUE)) is not None:
                     try:
                         outputs = run(arrays)
                     except IndexCheckFailed as exc:       # an index the program computes is out of range
@@ -262,18 +269,25 @@ class CompiledRegion(nn.Module):
             if lean is not None:
                 self.__dict__["_lean"], self.__dict__["_direct"] = lean, None
             return
-        if self._spec is not None or self._lean is not None or all(type(a) is torch.Tensor for a in args) \
-                or not all(a is None or type(a) is torch.Tensor or type(a) in CAPTURED_VALUES for a in args):
+        if self._spec is not None or self._lean is not None or all(type(a) is torch.Tensor for a in args):
             return
-        self.__dict__["_lean"] = self._lean_call([(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor
-                                                  else None if a is None else (VALUE, a) for a in args])
+        layout = nested_layout(args)
+        leaves = None if layout is None else flat_leaves(args, layout)
+        if leaves is None or not all(a is None or type(a) is torch.Tensor or type(a) in CAPTURED_VALUES for a in leaves):
+            return
+        self.__dict__["_lean"] = self._lean_call(
+            [(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor else None if a is None else (VALUE, a)
+             for a in leaves], None if all(nest is None for nest in layout) else layout)
 
-    def _lean_call(self, positions: list[tuple[Any, ...] | None]) -> tuple[Any, ...] | None:
+    def _lean_call(self, positions: list[tuple[Any, ...] | None],
+                   layout: tuple[Any, ...] | None = None) -> tuple[Any, ...] | None:
         """What the lean call of :meth:`__call__` takes for positional inputs that are each a tensor,
         (shape, dtype, device, strides), None (a (None, None) check) or a value the program holds,
         (:data:`~.lean_checks.VALUE`, value): the runner's array call
         (:meth:`~.runtime_region.RuntimeRunner.lean_parts`), and its id inputs, checked on the arrays
-        it hands the runtime. None where the program has no array call for them."""
+        it hands the runtime. ``positions`` are the leaves of arguments nested as ``layout`` says
+        (:func:`~.lean_checks.nested_layout`; None: not nested). None where the program has no
+        array call for them."""
         tensors = [p for p in positions if p is not None and p[0] is not VALUE]
         lean_parts = getattr(self._compiled, "lean_parts", None)
         parts = lean_parts(tensors) if lean_parts is not None and GLOBAL_HOOKS is not None and tensors else None
@@ -285,8 +299,9 @@ class CompiledRegion(nn.Module):
         _, checks, run, single, build = parts
         taken = iter(checks)
         sized = any(len(shape) for shape, *_ in tensors)      # whether a traced call shows in its sizes
-        return (len(positions), [(None, None) if p is None else p if p[0] is VALUE else next(taken) for p in positions],
-                run, single, build, ids, sized)
+        return (len(positions) if layout is None else len(layout),
+                [(None, None) if p is None else p if p[0] is VALUE else next(taken) for p in positions],
+                run, single, build, ids, sized, layout)
 
     def _eager_only(self, args: tuple[Any, ...], kwargs: dict[str, Any], other_sizes: bool = False) -> str | None:
         """Why a call that fits the build's inputs must still run the original module: autocast

@@ -4,7 +4,8 @@ Records are JSON lines in ``$CUVIL_CACHE_DIR/records/records.jsonl`` (default
 ``~/.cache/cuvil-pgc/records``), appended under an ``fcntl`` lock so parallel searches do not
 interleave lines. A record is keyed by the structural hash of the measured module, the candidate's
 program key (its configuration plus the versions of the rewrite and layout programs cuvil-pgc
-generates, :func:`~.apply.program_key`), the machine fingerprint and the input signature: the same
+generates, and the version of a built region's call it was timed through,
+:func:`~.apply.measurement_key`), the machine fingerprint and the input signature: the same
 module, program, machine and shapes give the same key, so a second search reuses the measurement
 instead of repeating it, and a changed program is measured afresh.
 Records of other modules on the same machine feed the cost models' refit (TVM MetaSchedule style).

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from cuvil_pgc.recompile.accuracy import GUARD_VERSION
-from cuvil_pgc.recompile.apply import ScopeInputs, program_key
+from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.features import CENSUS_VERSION
 from cuvil_pgc.recompile.records import Record, RecordDB
@@ -37,7 +37,7 @@ class SearchRecords:
         accuracy verdict reached with other weights (it holds for the weights it was checked with)
         or by another version of the guard (:data:`~.accuracy.GUARD_VERSION`), and for garbage
         outputs (:attr:`~.accuracy.AccuracyResult.garbage`: a fault that may not recur)."""
-        rec = self.db.lookup(self._structure(cand.scope), program_key(cand), self.machine,
+        rec = self.db.lookup(self._structure(cand.scope), measurement_key(cand), self.machine,
                              self.inputs[cand.scope].signature)
         if rec is None or (rec.status == "accuracy_error" and (rec.features.get("weights") != self.weights[cand.scope]
                                                                or rec.features.get("guard", 1) != GUARD_VERSION
@@ -60,7 +60,7 @@ class SearchRecords:
         """Record a search trial (:class:`~.search.Trial`) of the scope ``feats`` describes."""
         cand, scope = trial.candidate, feats.scope
         self.db.add(Record(
-            structure=self._structure(scope), candidate=program_key(cand), machine=self.machine,
+            structure=self._structure(scope), candidate=measurement_key(cand), machine=self.machine,
             inputs=self.inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
             eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
             features={"candidate": cand.to_json(), "scope": asdict(feats), "weights": self.weights[scope],
