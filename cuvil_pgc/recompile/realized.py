@@ -490,6 +490,9 @@ _tracing = getattr(torch._C, "_is_tracing", None) or (lambda: torch._C._get_trac
 # FakeTensors, which the lean path's exact type check already sends to the checked path.
 _compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
 _Tensor = torch.Tensor
+#: whether autocast is on for any device: a build computes in the precision it was built with, so
+#: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
+_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
 #: why a call torch.jit traces runs the original module: a runtime's outputs come from outside
 #: torch, and the trace held them as constants (a traced ONNX Runtime or OpenVINO region answered
 #: every input with the traced one's result; an AOTInductor one failed the trace)
@@ -506,24 +509,6 @@ _exporting = getattr(torch.compiler, "is_exporting", None) or (lambda: False)
 #: statistics, where the model in training mode drops and normalizes by the batch
 TRAINING = ("it is in training mode (model.train()), and the build's programs compute in eval mode (no dropout, "
             "batch norm's running statistics): call model.eval() to run them")
-
-
-def _recorded(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """Why a call must run the original module for torch to record it (torch.jit's tracer,
-    torch.export, tensor subclasses such as make_fx's FakeTensors, which no program of the build can
-    read), or None."""
-    if _exporting():                    # first: Dynamo, exporting, answers it but cannot call the tracer's test
-        return EXPORTED
-    if not _compiling() and _tracing():
-        return TRACED
-    for t in (args if not kwargs and all(type(a) is _Tensor for a in args) else pytree.tree_leaves((args, kwargs))):
-        if isinstance(t, torch.Tensor) and type(t) is not _Tensor:
-            return (f"an input is a {type(t).__name__}, which the build's programs cannot read (they read a plain "
-                    "tensor's memory), and which records what runs")
-    return None
-#: whether autocast is on for any device: a build computes in the precision it was built with, so
-#: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
-_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
 
 
 def first_fallback(module: nn.Module) -> str | None:
@@ -549,3 +534,16 @@ def exporter_of_reason(reason: str) -> str:
     return reason.removeprefix(f"{ExportError.__name__}: ").split(" failed", 1)[0]
 
 
+def _recorded(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why a call must run the original module for torch to record it (torch.jit's tracer,
+    torch.export, tensor subclasses such as make_fx's FakeTensors, which no program of the build can
+    read), or None."""
+    if _exporting():                    # first: Dynamo, exporting, answers it but cannot call the tracer's test
+        return EXPORTED
+    if not _compiling() and _tracing():
+        return TRACED
+    for t in (args if not kwargs and all(type(a) is _Tensor for a in args) else pytree.tree_leaves((args, kwargs))):
+        if isinstance(t, torch.Tensor) and type(t) is not _Tensor:
+            return (f"an input is a {type(t).__name__}, which the build's programs cannot read (they read a plain "
+                    "tensor's memory), and which records what runs")
+    return None
