@@ -33,23 +33,12 @@ def runtime_check(backend: str) -> Callable[[], BackendCheck]:
 def check_call_accel() -> BackendCheck:
     """The C checks of a built region's call (:mod:`cuvil_pgc.recompile.lean_checks`), built at
     install when a C compiler is present."""
-    import importlib.util
-    import os
-
     from cuvil_pgc.recompile import lean_checks
 
-    name = "build call accelerator (C)"
-    if lean_checks.ACCELERATED:
-        return BackendCheck(name, True, "a built region checks its call in C before its runtime runs")
-    if os.environ.get("CUVIL_PGC_PURE_PYTHON"):
-        return BackendCheck(name, False, reason="CUVIL_PGC_PURE_PYTHON is set: a build's calls are checked in Python",
-                            fix="unset CUVIL_PGC_PURE_PYTHON")
-    built = importlib.util.find_spec("cuvil_pgc.recompile._leancall") is not None
-    return BackendCheck(name, False, reason="the extension is built but does not load" if built else
-                        "the extension was not built at install: a build's calls are checked in Python "
-                        "(3% of a 0.3 ms ONNX Runtime or OpenVINO call)",
-                        fix="install a C compiler and the Python headers (e.g. apt-get install gcc python3-dev), "
-                            "then reinstall cuvil-pgc")
+    return doctor.c_extension_check("build call accelerator (C)", lean_checks.ACCELERATED,
+                                    "cuvil_pgc.recompile._leancall",
+                                    "a built region checks its call in C before its runtime runs",
+                                    "a build's calls are checked in Python", "3% of a 0.3 ms ONNX Runtime or OpenVINO call")
 
 
 def all_checks() -> list[Callable[[], BackendCheck]]:

@@ -158,19 +158,25 @@ def check_cpu_util(proc: str = "/proc") -> BackendCheck:
 
 def check_region_accel() -> BackendCheck:
     """The C accelerator of ProfileRegion (built at install when a C compiler is present)."""
-    import importlib.util
-
     from cuvil_pgc.instrument import region
 
-    name = "region accelerator (C)"
-    if region.ACCELERATED:
-        return BackendCheck(name, True, "regions and the trace writer run in C")
+    return c_extension_check("region accelerator (C)", region.ACCELERATED, "cuvil_pgc.instrument._fastregion",
+                             "regions and the trace writer run in C", "regions run in pure Python", "~10x the cost")
+
+
+def c_extension_check(name: str, loaded: bool, module: str, detail: str, without: str, cost: str) -> BackendCheck:
+    """A check of one of the optional C extensions setup.py builds: ``detail`` where it ``loaded``;
+    else why not (``without`` it, what runs instead, at ``cost``) and the fix."""
+    import importlib.util
+
+    if loaded:
+        return BackendCheck(name, True, detail)
     if os.environ.get("CUVIL_PGC_PURE_PYTHON"):
-        return BackendCheck(name, False, reason="CUVIL_PGC_PURE_PYTHON is set: pure-Python regions",
+        return BackendCheck(name, False, reason=f"CUVIL_PGC_PURE_PYTHON is set: {without}",
                             fix="unset CUVIL_PGC_PURE_PYTHON")
-    built = importlib.util.find_spec("cuvil_pgc.instrument._fastregion") is not None
+    built = importlib.util.find_spec(module) is not None
     return BackendCheck(name, False, reason="the extension is built but does not load" if built else
-                        "the extension was not built at install: regions run in pure Python (~10x the cost)",
+                        f"the extension was not built at install: {without} ({cost})",
                         fix="install a C compiler and the Python headers (e.g. apt-get install gcc python3-dev), "
                             "then reinstall cuvil-pgc")
 
