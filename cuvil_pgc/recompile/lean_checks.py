@@ -12,7 +12,7 @@ feature dict) takes the lean call too, on the tensors :func:`flat_leaves` takes 
 A size that is not an int is a mismatch too: torch.jit's tracer hands sizes out as tensors
 (``THPSize_NewFromSymSizes``), and a traced call must be recorded through nn.Module's dispatch, not
 run. A region whose tensors have no dimension cannot tell, and asks the tracer
-(:attr:`~.realized.CompiledRegion.__call__`).
+(:meth:`~.realized.CompiledRegion.__call__`).
 
 ``lean_arrays`` is the C version (``_leancall.c``, built at install like the region accelerator)
 where it was built and ``CUVIL_PGC_PURE_PYTHON`` is unset, else :func:`python_lean_arrays`: between

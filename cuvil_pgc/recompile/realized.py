@@ -315,15 +315,16 @@ class CompiledRegion(nn.Module):
         hooked = self._hooked()
         if hooked is not None:
             return hook_reason(hooked)
-        recorded = _recorded(args, kwargs)
+        # positional plain tensors (the usual call) are their own leaves: the pytree walk was about a
+        # third of this wrapper's cost per call over a torch.compile program's (2-vCPU machine)
+        leaves = _call_leaves(args, kwargs)
+        recorded = _recorded(args, kwargs, leaves)
         if recorded is not None:
             return recorded
         if self.training:
             return TRAINING
         if self.index_bounds:
-            plain = not kwargs and all(type(a) is torch.Tensor for a in args)
-            bad = self._id_out_of_range(args if plain else [t for t in pytree.tree_leaves((args, kwargs))
-                                                             if isinstance(t, torch.Tensor)], other_sizes)
+            bad = self._id_out_of_range([t for t in leaves if isinstance(t, torch.Tensor)], other_sizes)
             if bad is not None:
                 return (f"input {bad[0]} holds an index outside {describe(bad[1])}, the rows of what it indexes: the "
                         "build's programs do not check indices as eager does, and the original module raises "
@@ -336,11 +337,7 @@ class CompiledRegion(nn.Module):
             return ("it was called with autograd recording, where torch.compile would compile it again, for "
                     "autograd; call the model under torch.inference_mode() or torch.no_grad()")
         if grad or self._inference_only:
-            # positional plain tensors (the usual call) are their own leaves: the pytree walk was about a
-            # third of this wrapper's cost per call over a torch.compile program's (2-vCPU machine)
-            plain = not kwargs and all(type(a) is torch.Tensor for a in args)
-            if any(isinstance(t, torch.Tensor) and t.requires_grad
-                   for t in (args if plain else pytree.tree_leaves((args, kwargs)))):
+            if any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
                 return ("an input requires grad: the build's programs record no autograd; detach it, or call the "
                         "model under torch.inference_mode()")
         return None
@@ -534,15 +531,20 @@ def exporter_of_reason(reason: str) -> str:
     return reason.removeprefix(f"{ExportError.__name__}: ").split(" failed", 1)[0]
 
 
-def _recorded(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+def _call_leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A call's leaves in the order an export flattens them: positional plain tensors are their own."""
+    return args if not kwargs and all(type(a) is _Tensor for a in args) else pytree.tree_leaves((args, kwargs))
+
+
+def _recorded(args: tuple[Any, ...], kwargs: dict[str, Any], leaves: Any = None) -> str | None:
     """Why a call must run the original module for torch to record it (torch.jit's tracer,
     torch.export, tensor subclasses such as make_fx's FakeTensors, which no program of the build can
-    read), or None."""
+    read), or None; ``leaves``: the call's (:func:`_call_leaves`), where the caller has them."""
     if _exporting():                    # first: Dynamo, exporting, answers it but cannot call the tracer's test
         return EXPORTED
     if not _compiling() and _tracing():
         return TRACED
-    for t in (args if not kwargs and all(type(a) is _Tensor for a in args) else pytree.tree_leaves((args, kwargs))):
+    for t in (_call_leaves(args, kwargs) if leaves is None else leaves):
         if isinstance(t, torch.Tensor) and type(t) is not _Tensor:
             return (f"an input is a {type(t).__name__}, which the build's programs cannot read (they read a plain "
                     "tensor's memory), and which records what runs")
