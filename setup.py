@@ -1,8 +1,8 @@
 """Build hook for the optional C extensions; everything else is in pyproject.toml.
 
 cuvil_pgc/instrument/_fastregion.c speeds up ProfileRegion's enter/exit and the trace writer's
-event formatting; cuvil_pgc/recompile/_leancall.c the checks of a built region's call before its
-runtime runs (see lean_checks.py). Both are optional: where they cannot be compiled (no C compiler
+event formatting; cuvil_pgc/recompile/_leancall.c a built region's call of its runtime, its checks
+and its output's rebuild (see lean_call.py). Both are optional: where they cannot be compiled (no C compiler
 or Python headers, free-threaded Python) the install still succeeds and their pure-Python versions run.
 """
 

@@ -7,8 +7,8 @@ runtime. Both run the same session or compiled model, so the ratio is the build'
 (the lean call, the hook check, output rebuilding): where a build's plan is a runtime at its
 defaults, this is what it loses to that runtime. The effects are 1-2%, the size of the noise
 between runs, so it repeats the race (--runs) and prints each run's ratio and their median.
-Where the C checks of a build's call are built (``_leancall.c``), a third contender is the same
-build with its calls checked in Python (``CUVIL_PGC_PURE_PYTHON``), what a machine without a
+Where the C lean call of a build is built (``_leancall.c``), a third contender is the same
+build with its lean call in Python (``CUVIL_PGC_PURE_PYTHON``), what a machine without a
 C compiler runs.
 
     python benchmarks/call_overhead.py --model transformer --backend openvino --runs 5
@@ -48,7 +48,7 @@ def main() -> int:
     from _deployed_race import race_in_processes
     from recompile_speedup import load
 
-    from cuvil_pgc.recompile import lean_checks, recompile
+    from cuvil_pgc.recompile import lean_call, recompile
     from cuvil_pgc.recompile.candidates import Candidate
     from cuvil_pgc.recompile.signing import generate_keypair
 
@@ -67,7 +67,7 @@ def main() -> int:
         plain = "openvino-native" if args.precision == "bf16" else args.backend     # the worker's bf16 OpenVINO
         specs = {"plain": {**base, "kind": plain, "path": artifact},
                  "build": {**base, "kind": "build", "path": path, "pubkey": str(pub)}}
-        if lean_checks.ACCELERATED:
+        if lean_call.ACCELERATED:
             specs["build-python"] = {**specs["build"], "pure_python": True}
         ratios, python_ratios = [], []
         for run in range(args.runs):

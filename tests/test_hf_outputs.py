@@ -1,5 +1,6 @@
 """Runtime regions of Hugging Face models return the model's own ``ModelOutput``, built without its
-constructor once a first build proved the fast one equal to it (``recompile/hf_outputs.py``)."""
+constructor where the template proved the fast build equal to it (``recompile/hf_outputs.py``), in
+C on the lean call (``_leancall.c``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves
 
-from cuvil_pgc.recompile import output_template
-from cuvil_pgc.recompile.hf_outputs import same_model_output
+from cuvil_pgc.recompile import lean_call, output_template
+from cuvil_pgc.recompile.hf_outputs import model_output, same_model_output
 from cuvil_pgc.recompile.output_template import OutputTemplate
 
 outputs_mod = pytest.importorskip("transformers.modeling_outputs")
@@ -25,7 +26,7 @@ def test_a_model_output_is_rebuilt_equal_to_its_constructors(make, monkeypatch):
     for tm in (template, loaded):
         outs = [torch.randn(*shape) for shape, _ in tm.tensors]
         reference = make(*outs) if len(outs) == 2 else make(outs[0], None)
-        first = tm.build(outs)                                       # proven against the constructor
+        first = tm.build(outs)
         assert type(first) is type(reference) and list(first.keys()) == list(reference.keys())
         assert [id(x) for x in tree_leaves(first)] == [id(x) for x in tree_leaves(reference)] == list(map(id, outs))
         cls = type(reference)
@@ -33,20 +34,49 @@ def test_a_model_output_is_rebuilt_equal_to_its_constructors(make, monkeypatch):
         monkeypatch.setattr(cls, "__post_init__", lambda self, real=cls.__post_init__, built=built: built.append(1) or real(self))
         again = tm.build(outs)
         monkeypatch.undo()
-        if tm._hf is None:                                           # nested outputs take the generic path
+        if tm.model_output is None:                                  # nested outputs take the generic path
             assert isinstance(reference.hidden_states, tuple) and built == [1]
         else:
             assert built == []                                       # no constructor call
         assert [id(x) for x in tree_leaves(again)] == list(map(id, outs)) and again.to_tuple()[0] is outs[0]
-        assert tm._hf is None or same_model_output(again, reference)
+        assert tm.model_output is None or same_model_output(again, reference)
         assert list(again.keys()) == list(reference.keys()) and again[0] is reference[0]
 
 
 def test_a_fast_build_that_disagrees_with_the_constructor_is_dropped(monkeypatch):
-    template = OutputTemplate.of(outputs_mod.BaseModelOutput(last_hidden_state=torch.randn(2, 3)))
-    assert template._hf is not None
+    output = outputs_mod.BaseModelOutput(last_hidden_state=torch.randn(2, 3))
+    assert OutputTemplate.of(output).model_output is not None
     monkeypatch.setattr(output_template, "same_model_output", lambda fast, reference: False)
+    template = OutputTemplate.of(output)
+    assert template.model_output is None and template.lean_build == template.build   # the constructor
     outs = [torch.randn(2, 3)]
-    first = template.build(outs)
-    assert template._hf is None and first.last_hidden_state is outs[0]
-    assert type(template.build(outs)).__name__ == "BaseModelOutput"   # the constructor from now on
+    assert type(template.build(outs)).__name__ == "BaseModelOutput" and template.build(outs).last_hidden_state is outs[0]
+
+
+def test_a_fast_build_that_fails_is_dropped(monkeypatch):
+    """A class whose own construction cannot run on the template's placeholders keeps the constructor."""
+    output = outputs_mod.BaseModelOutput(last_hidden_state=torch.randn(2, 3))
+    monkeypatch.setattr(output_template, "same_model_output", lambda fast, reference: 1 / 0)
+    assert OutputTemplate.of(output).model_output is None
+
+
+@pytest.mark.skipif(not lean_call.ACCELERATED, reason="the C lean call is not built")
+@pytest.mark.parametrize("make", [
+    lambda a, b: outputs_mod.BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=a, pooler_output=b),
+    lambda a, b: outputs_mod.CausalLMOutputWithCrossAttentions(loss=None, logits=a),
+    lambda a, b: outputs_mod.BaseModelOutput(last_hidden_state=a),
+], ids=["bert-pooled", "none-first-field", "one-field"])
+def test_the_c_model_output_is_the_python_ones(make):
+    from cuvil_pgc.recompile import _leancall
+
+    reference = make(torch.randn(1, 4, 8), torch.randn(1, 8))
+    recipe = OutputTemplate.of(reference).model_output
+    assert recipe is not None
+    outs = [torch.randn(1, 4, 8), torch.randn(1, 8)][:len(reference)]
+    c, python = _leancall.model_output(recipe, outs), model_output(recipe, outs)
+    assert same_model_output(c, python) and same_model_output(c, make(*outs) if len(outs) == 2 else make(outs[0], None))
+    assert c.__dict__ == python.__dict__ and list(c.items()) == list(python.items())
+    with pytest.raises(TypeError, match="recipe"):
+        _leancall.model_output(recipe[:3], outs)
+    with pytest.raises(IndexError):                                  # fewer outputs than the recipe takes
+        _leancall.model_output(recipe, [])

@@ -31,14 +31,15 @@ def runtime_check(backend: str) -> Callable[[], BackendCheck]:
 
 
 def check_call_accel() -> BackendCheck:
-    """The C checks of a built region's call (:mod:`cuvil_pgc.recompile.lean_checks`), built at
-    install when a C compiler is present."""
-    from cuvil_pgc.recompile import lean_checks
+    """A built region's lean call in C (:mod:`cuvil_pgc.recompile.lean_call`), built at install
+    when a C compiler is present."""
+    from cuvil_pgc.recompile import lean_call
 
-    return doctor.c_extension_check("build call accelerator (C)", lean_checks.ACCELERATED,
+    return doctor.c_extension_check("build call accelerator (C)", lean_call.ACCELERATED,
                                     "cuvil_pgc.recompile._leancall",
-                                    "a built region checks its call in C before its runtime runs",
-                                    "a build's calls are checked in Python", "3% of a 0.3 ms ONNX Runtime or OpenVINO call")
+                                    "a built region checks and makes its runtime's call in C",
+                                    "a build's calls are checked and made in Python",
+                                    "3-8% of a 0.3 ms ONNX Runtime or OpenVINO call")
 
 
 def all_checks() -> list[Callable[[], BackendCheck]]:

@@ -1,18 +1,26 @@
-/* The checks of a built region's lean call in C: cuvil_pgc.recompile.lean_checks.lean_arrays.
+/* A built region's lean call in C: cuvil_pgc.recompile.lean_call.
  *
+ * lean_call(region, lean, positional) -> the region's output, or the MISFIT marker
  * lean_arrays(positional, checks, ids, tensor_type, value_marker) -> list of NumPy arrays, or None
+ * model_output(recipe, outputs) -> a Hugging Face ModelOutput around the runtime's outputs
  *
  * Between a runtime's inferences every line of Python runs on cold caches: in one process,
  * interleaved, the Python checks of the zoo's tiny BERT (one id input, OpenVINO) cost 17-21 µs
- * over the bare array call and these 2-4 µs. The semantics are the Python version's, which
- * lean_checks.py holds and the tests compare this one with; any error is a mismatch (None): the
- * region's checked path runs the call and raises what it must.
+ * over the bare array call and these 2-4 µs; the Python gate around them and the ModelOutput a
+ * Hugging Face BERT returns, 6 µs each of its 0.37 ms call. The semantics are the Python version's,
+ * which lean_call.py holds and the tests compare this one with; any error in the checks is a
+ * misfit: the region's checked path runs the call and raises what it must. An error of the runtime
+ * or of the output's rebuild propagates, as in Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 
-static PyObject *s_shape, *s_dtype, *s_is_contiguous, *s_numpy;
+static PyObject *s_shape, *s_dtype, *s_is_contiguous, *s_numpy, *s_next_id, *s_quiet_at, *s_quiet, *s_training;
+
+/* what configure() hands over once: torch.Tensor, the VALUE and MISFIT markers, torch's hook
+ * handle class, the autocast and tracing tests, and flat_leaves (see lean_call.py) */
+static PyObject *c_tensor_type, *c_marker, *c_misfit, *c_handles, *c_autocast, *c_tracing, *c_flat_leaves;
 
 /* 1 where every id of `array` (its values viewed as unsigned: a negative one is huge) is below
  * `rows`, or below its element of `limit` (a C-contiguous array of the same item size and length);
@@ -109,19 +117,14 @@ fail:
     return NULL;
 }
 
+/* The arrays of `positional` where it fits `checks` and `ids` (see lean_call.py: python_lean_arrays),
+ * or None; never an exception. */
 static PyObject *
-lean_arrays(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+checked_arrays(PyObject *positional_in, PyObject *checks_in, PyObject *ids_in, PyObject *tensor_type, PyObject *marker)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "lean_arrays(positional, checks, ids, tensor_type, value_marker) takes 5 arguments");
-        return NULL;
-    }
-    (void)module;
-    PyObject *tensor_type = args[3], *marker = args[4];
     PyObject *positional = NULL, *checks = NULL, *ids = NULL, *arrays = NULL;
-    if ((positional = PySequence_Fast(args[0], "")) == NULL || (checks = PySequence_Fast(args[1], "")) == NULL
-            || (ids = PySequence_Fast(args[2], "")) == NULL || (arrays = PyList_New(0)) == NULL)
+    if ((positional = PySequence_Fast(positional_in, "")) == NULL || (checks = PySequence_Fast(checks_in, "")) == NULL
+            || (ids = PySequence_Fast(ids_in, "")) == NULL || (arrays = PyList_New(0)) == NULL)
         goto mismatch;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(positional);
     if (n != PySequence_Fast_GET_SIZE(checks))
@@ -172,15 +175,220 @@ mismatch:               /* the call does not fit, or a check failed: the region'
     Py_RETURN_NONE;
 }
 
+static PyObject *
+lean_arrays(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "lean_arrays(positional, checks, ids, tensor_type, value_marker) takes 5 arguments");
+        return NULL;
+    }
+    return checked_arrays(args[0], args[1], args[2], args[3], args[4]);
+}
+
+/* The ModelOutput `recipe` describes, (class, {field: None}, keys, getters: an output's index or a
+ * callable of the outputs), around `outputs`: see hf_outputs.py's model_output. */
+static PyObject *
+build_model_output(PyObject *recipe, PyObject *outputs)
+{
+    if (!PyTuple_Check(recipe) || PyTuple_GET_SIZE(recipe) != 4 || !PyType_Check(PyTuple_GET_ITEM(recipe, 0))
+            || !PyDict_Check(PyTuple_GET_ITEM(recipe, 1)) || !PyTuple_Check(PyTuple_GET_ITEM(recipe, 2))
+            || !PyTuple_Check(PyTuple_GET_ITEM(recipe, 3))
+            || PyTuple_GET_SIZE(PyTuple_GET_ITEM(recipe, 2)) != PyTuple_GET_SIZE(PyTuple_GET_ITEM(recipe, 3))) {
+        PyErr_SetString(PyExc_TypeError, "a ModelOutput recipe is (class, fields, keys, getters)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)PyTuple_GET_ITEM(recipe, 0);
+    PyObject *empty = PyTuple_GET_ITEM(recipe, 1), *keys = PyTuple_GET_ITEM(recipe, 2);
+    PyObject *getters = PyTuple_GET_ITEM(recipe, 3);
+    PyObject *no_args = PyTuple_New(0);
+    if (no_args == NULL)
+        return NULL;
+    PyObject *obj = cls->tp_new(cls, no_args, NULL);           /* cls.__new__(cls) */
+    Py_DECREF(no_args);
+    if (obj == NULL)
+        return NULL;
+    if (!PyODict_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError, "a ModelOutput recipe's class must be an OrderedDict");
+        Py_DECREF(obj);
+        return NULL;
+    }
+    PyObject *attrs = PyObject_GenericGetDict(obj, NULL);
+    if (attrs == NULL || PyDict_Update(attrs, empty) < 0)
+        goto fail;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, k), *get = PyTuple_GET_ITEM(getters, k), *value;
+        if (PyLong_CheckExact(get)) {
+            Py_ssize_t at = PyLong_AsSsize_t(get);
+            if (at == -1 && PyErr_Occurred())
+                goto fail;
+            value = PySequence_GetItem(outputs, at);
+        }
+        else
+            value = PyObject_CallOneArg(get, outputs);
+        if (value == NULL)
+            goto fail;
+        int failed = PyDict_SetItem(attrs, key, value) < 0 || PyODict_SetItem(obj, key, value) < 0;
+        Py_DECREF(value);
+        if (failed)
+            goto fail;
+    }
+    Py_DECREF(attrs);
+    return obj;
+fail:
+    Py_XDECREF(attrs);
+    Py_DECREF(obj);
+    return NULL;
+}
+
+static PyObject *
+model_output(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "model_output(recipe, outputs) takes 2 arguments");
+        return NULL;
+    }
+    return build_model_output(args[0], args[1]);
+}
+
+static PyObject *
+configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "configure(tensor_type, value_marker, misfit, handle_type, autocast, tracing, "
+                                         "flat_leaves) takes 7 arguments");
+        return NULL;
+    }
+    PyObject **slots[] = {&c_tensor_type, &c_marker, &c_misfit, &c_handles, &c_autocast, &c_tracing, &c_flat_leaves};
+    for (Py_ssize_t k = 0; k < nargs; k++) {
+        Py_INCREF(args[k]);
+        Py_XSETREF(*slots[k], args[k]);
+    }
+    Py_RETURN_NONE;
+}
+
+/* Whether calling `test` answers True: 1, 0, or -1 with an exception set. */
+static int
+asks(PyObject *test)
+{
+    PyObject *answer = PyObject_CallNoArgs(test);
+    if (answer == NULL)
+        return -1;
+    int yes = PyObject_IsTrue(answer);
+    Py_DECREF(answer);
+    return yes;
+}
+
+/* 1 where nothing hooks into the region's call, its own mode is eval and autocast is off (see
+ * python_lean_call), 0 where not, -1 with an exception set. */
+static int
+region_quiet(PyObject *region, PyObject *attrs)
+{
+    PyObject *quiet_at = PyDict_GetItemWithError(attrs, s_quiet_at), *training;
+    if (quiet_at == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *next_id = PyObject_GetAttr(c_handles, s_next_id);
+    if (next_id == NULL)
+        return -1;
+    int same = PyObject_RichCompareBool(next_id, quiet_at, Py_EQ);
+    Py_DECREF(next_id);
+    if (same < 0)
+        return -1;
+    if (!same) {                              /* a hook handle was handed out since: look again */
+        PyObject *quiet = PyObject_CallMethodNoArgs(region, s_quiet);
+        if (quiet == NULL)
+            return -1;
+        same = PyObject_IsTrue(quiet);
+        Py_DECREF(quiet);
+        if (same != 1)
+            return same;
+    }
+    if ((training = PyDict_GetItemWithError(attrs, s_training)) == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    int on = PyObject_IsTrue(training);
+    if (on != 0)
+        return on < 0 ? -1 : 0;
+    on = asks(c_autocast);
+    return on < 0 ? -1 : !on;
+}
+
+static PyObject *
+lean_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "lean_call(region, lean, positional) takes 3 arguments");
+        return NULL;
+    }
+    if (c_misfit == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "lean_call before configure()");
+        return NULL;
+    }
+    PyObject *region = args[0], *lean = args[1], *positional = args[2];
+    if (!PyTuple_Check(lean) || PyTuple_GET_SIZE(lean) != 8) {
+        PyErr_SetString(PyExc_TypeError, "a lean call is (count, checks, run, single, build, ids, sized, layout)");
+        return NULL;
+    }
+    PyObject *attrs = PyObject_GenericGetDict(region, NULL);
+    if (attrs == NULL)
+        return NULL;
+    int quiet = region_quiet(region, attrs);
+    Py_DECREF(attrs);
+    if (quiet != 1)
+        return quiet < 0 ? NULL : Py_NewRef(c_misfit);
+    PyObject *count = PyTuple_GET_ITEM(lean, 0), *checks = PyTuple_GET_ITEM(lean, 1), *run = PyTuple_GET_ITEM(lean, 2);
+    PyObject *build = PyTuple_GET_ITEM(lean, 4), *ids = PyTuple_GET_ITEM(lean, 5), *layout = PyTuple_GET_ITEM(lean, 7);
+    Py_ssize_t n = PyObject_Length(positional), expected = PyLong_AsSsize_t(count);
+    if (n < 0 || (expected == -1 && PyErr_Occurred()))
+        return NULL;
+    if (n != expected)
+        return Py_NewRef(c_misfit);
+    PyObject *leaves = layout == Py_None ? Py_NewRef(positional) : PyObject_CallFunctionObjArgs(c_flat_leaves, positional,
+                                                                                              layout, NULL);
+    if (leaves == NULL)
+        return NULL;
+    int sized = PyObject_IsTrue(PyTuple_GET_ITEM(lean, 6)), traced = 0;
+    /* a call torch.jit traces shows it in its sizes (see lean_call.py); one without them asks */
+    if (sized < 0 || (!sized && (traced = asks(c_tracing)) < 0)) {
+        Py_DECREF(leaves);
+        return NULL;
+    }
+    PyObject *arrays = leaves == Py_None || traced ? Py_NewRef(Py_None)
+                       : checked_arrays(leaves, checks, ids, c_tensor_type, c_marker);
+    Py_DECREF(leaves);
+    if (arrays == Py_None) {
+        Py_DECREF(arrays);
+        return Py_NewRef(c_misfit);
+    }
+    PyObject *outputs = PyObject_CallOneArg(run, arrays);     /* the runtime's error propagates */
+    Py_DECREF(arrays);
+    if (outputs == NULL)
+        return NULL;
+    PyObject *out = PyObject_IsTrue(PyTuple_GET_ITEM(lean, 3)) == 1 ? PySequence_GetItem(outputs, 0)
+                    : PyTuple_Check(build) ? build_model_output(build, outputs) : PyObject_CallOneArg(build, outputs);
+    Py_DECREF(outputs);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"lean_call", (PyCFunction)(void (*)(void))lean_call, METH_FASTCALL,
+     "lean_call(region, lean, positional): a built region's output from its runtime's array call, or the "
+     "MISFIT marker where the call does not fit (see lean_call.py)"},
+    {"model_output", (PyCFunction)(void (*)(void))model_output, METH_FASTCALL,
+     "model_output(recipe, outputs): a Hugging Face ModelOutput around a runtime's outputs (see hf_outputs.py)"},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
+     "configure(tensor_type, value_marker, misfit, handle_type, autocast, tracing, flat_leaves)"},
     {"lean_arrays", (PyCFunction)(void (*)(void))lean_arrays, METH_FASTCALL,
      "lean_arrays(positional, checks, ids, tensor_type, value_marker): the arrays a built region's "
-     "lean call hands its runtime, or None where the call does not fit (see lean_checks.py)"},
+     "lean call hands its runtime, or None where the call does not fit (see lean_call.py)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef leancall_module = {
-    PyModuleDef_HEAD_INIT, "_leancall", "The lean call's checks in C (see lean_checks.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_leancall", "A built region's lean call in C (see lean_call.py).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
@@ -191,7 +399,11 @@ PyInit__leancall(void)
     s_dtype = PyUnicode_InternFromString("dtype");
     s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
     s_numpy = PyUnicode_InternFromString("numpy");
-    if (!s_shape || !s_dtype || !s_is_contiguous || !s_numpy)
+    s_next_id = PyUnicode_InternFromString("next_id");
+    s_quiet_at = PyUnicode_InternFromString("_quiet_at");
+    s_quiet = PyUnicode_InternFromString("_quiet");
+    s_training = PyUnicode_InternFromString("training");
+    if (!s_shape || !s_dtype || !s_is_contiguous || !s_numpy || !s_next_id || !s_quiet_at || !s_quiet || !s_training)
         return NULL;
     return PyModule_Create(&leancall_module);
 }

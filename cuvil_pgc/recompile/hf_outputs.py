@@ -8,11 +8,11 @@ warm, and measured ~100 µs of a 2.2 ms BERT call where the build is deployed, a
 work has evicted the interpreter's state from the caches (the build ran 6-8% behind the same
 runtime called plainly, which returns bare arrays).
 
-:func:`fast_builder` builds the same object directly: every dataclass field set as an attribute
-(None where the output has none), the present ones as items, in field order, which is what the
-constructor leaves for tensor outputs. A builder must prove itself: the caller
-(:class:`~.output_template.OutputTemplate`) builds its first output both ways and keeps it only
-where :func:`same_model_output` finds the two alike.
+:func:`model_output` builds the same object directly, from the recipe :func:`fast_builder` makes:
+every dataclass field set as an attribute (None where the output has none), the present ones as
+items, in field order, which is what the constructor leaves for tensor outputs. A recipe must prove
+itself: the caller (:class:`~.output_template.OutputTemplate`) builds an output both ways when it
+is made and keeps the recipe only where :func:`same_model_output` finds the two alike.
 """
 
 from __future__ import annotations
@@ -20,19 +20,21 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections import OrderedDict
-from collections.abc import Callable
-from operator import itemgetter
 from typing import Any
 
 import torch
 
 from cuvil_pgc.recompile.object_outputs import output_tensors
 
+#: what :func:`model_output` builds: (the ModelOutput class, {field: None} for every dataclass field,
+#: the output's keys in order, per key the index of its output tensor or a callable of the outputs)
+Recipe = tuple[type, dict[str, None], tuple[str, ...], tuple[Any, ...]]
 
-def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[Any]], Any] | None:
-    """A builder of the output ``spec`` describes from the runtime's outputs, or None where it
-    does not apply: the root is not a ``transformers`` ``ModelOutput``, a child is not one output
-    tensor, or ``transformers`` is not imported."""
+
+def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Recipe | None:
+    """The :func:`model_output` recipe of the output ``spec`` describes, or None where it does not
+    apply: the root is not a ``transformers`` ``ModelOutput``, a child is not one output tensor, or
+    ``transformers`` is not imported."""
     generic = sys.modules.get("transformers.utils.generic")
     base = getattr(generic, "ModelOutput", None)
     cls = getattr(spec, "type", None)
@@ -44,20 +46,25 @@ def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[Any
     if len(keys) != len(leaves) or not set(keys) <= set(fields):
         return None
     # an output tensor, or ("o", ObjectLeaf): a decoder's cache, rebuilt around the outputs
-    pairs = [(key, itemgetter(value) if kind == "t" else value.build)
-             for key, (kind, value) in zip(keys, leaves, strict=True)]
-    new, set_item, empty = cls.__new__, OrderedDict.__setitem__, dict.fromkeys(fields)
+    getters = tuple(value if kind == "t" else value.build for kind, value in leaves)
+    return cls, dict.fromkeys(fields), tuple(keys), getters
 
-    def build(outputs: list[Any]) -> Any:
-        obj = new(cls)
-        attrs = obj.__dict__
-        attrs.update(empty)
-        for key, get in pairs:
-            value = get(outputs)
-            attrs[key] = value
-            set_item(obj, key, value)
-        return obj
-    return build
+
+def model_output(recipe: Recipe, outputs: list[Any]) -> Any:
+    """The ModelOutput ``recipe`` describes around the runtime's ``outputs``: what its constructor
+    leaves, without it (``_leancall.c`` holds the same in C, for the lean call)."""
+    cls, empty, keys, getters = recipe
+    obj = cls.__new__(cls)
+    attrs = obj.__dict__
+    attrs.update(empty)
+    for key, get in zip(keys, getters, strict=True):
+        value = outputs[get] if type(get) is int else get(outputs)
+        attrs[key] = value
+        _set_item(obj, key, value)
+    return obj
+
+
+_set_item = OrderedDict.__setitem__
 
 
 def same_model_output(fast: Any, reference: Any) -> bool:

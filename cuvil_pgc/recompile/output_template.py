@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from cuvil_pgc.recompile.hf_outputs import fast_builder, same_model_output
+from cuvil_pgc.recompile.hf_outputs import Recipe, fast_builder, model_output, same_model_output
 from cuvil_pgc.recompile.object_outputs import ObjectLeaf, is_output_leaf
 
 TENSOR_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -43,8 +43,8 @@ class OutputTemplate:
         self.is_single = in_order and len(self.leaves) == 1 and self.spec.is_leaf()
         self._tuple = in_order and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children())
         self._flat = None if self.is_single or self._tuple else _flat_builder(self.spec, self.leaves)
-        self._hf = fast_builder(self.spec, self.leaves)      # a Hugging Face ModelOutput (see .hf_outputs)
-        self._hf_proven = False
+        #: a Hugging Face ModelOutput's recipe (see .hf_outputs), proven here
+        self.model_output: Recipe | None = self._proven(fast_builder(self.spec, self.leaves))
 
     @classmethod
     def of(cls, output: Any) -> OutputTemplate:
@@ -71,21 +71,30 @@ class OutputTemplate:
             return tuple(outputs)
         if self._flat is not None:
             return self._flat(outputs)
-        if self._hf is not None:
-            return self._hf(outputs) if self._hf_proven else self._prove_hf(outputs)
+        if self.model_output is not None:
+            return model_output(self.model_output, outputs)
         return self._unflatten(outputs)
+
+    @property
+    def lean_build(self) -> Any:
+        """What a lean call rebuilds the output with (:data:`~.lean_call.Lean`): the ModelOutput recipe
+        where there is one, which the C lean call builds itself, else :meth:`build`."""
+        return self.model_output if self.model_output is not None else self.build
 
     def _unflatten(self, outputs: list[torch.Tensor]) -> Any:
         return pytree.tree_unflatten([outputs[v] if kind == "t" else v.build(outputs) if kind == "o"
                                       else v for kind, v in self.leaves], self.spec)
 
-    def _prove_hf(self, outputs: list[torch.Tensor]) -> Any:
-        """The first output built both ways: the fast builder stays only if they agree."""
-        reference = self._unflatten(outputs)
-        if not same_model_output(self._hf(outputs), reference):
-            self._hf = None
-        self._hf_proven = True
-        return reference
+    def _proven(self, recipe: Recipe | None) -> Recipe | None:
+        """``recipe`` where it builds what the pytree builds around outputs of this template's
+        shapes (on the meta device: nothing is allocated), else None."""
+        if recipe is None:
+            return None
+        outputs = self.allocate("meta")
+        try:
+            return recipe if same_model_output(model_output(recipe, outputs), self._unflatten(outputs)) else None
+        except Exception:        # a class whose construction the pytree's way needs real values
+            return None
 
     def to_json(self) -> dict[str, Any] | None:
         """A JSON-able form, or None when the structure or a constant cannot be serialized (the

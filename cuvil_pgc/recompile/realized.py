@@ -28,7 +28,15 @@ from cuvil_pgc.recompile.call_binding import (
     spec_misfit,
 )
 from cuvil_pgc.recompile.index_bounds import IndexBounds, Limit, array_checks, describe, out_of_range
-from cuvil_pgc.recompile.lean_checks import VALUE, flat_leaves, lean_arrays, nested_layout
+from cuvil_pgc.recompile.lean_call import (
+    MISFIT,
+    VALUE,
+    autocast_enabled,
+    flat_leaves,
+    is_tracing,
+    lean_call,
+    nested_layout,
+)
 from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.onnx_index_checks import IndexCheckFailed
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
@@ -130,47 +138,45 @@ class CompiledRegion(nn.Module):
         about 1-1.5% of the zoo transformer's 80 µs OpenVINO call (measured in processes of their
         own against the runtime called plainly). Right after its package's run, the zoo MLP's
         AOTInductor region took 9.4 µs through the dispatch and 5.1 through this path (medians of
-        three runs in one process, a trivial program timed after each run of the package). The
-        runtime's inputs are checked in one call, in C where it was built
-        (:func:`~.lean_checks.lean_arrays`), which also tells a call torch.jit traces by its sizes:
-        asking the tracer (a pybind11 function) is left to regions whose tensors have none."""
-        lean, direct = self._lean, self._direct
-        if (lean is not None or direct is not None) and (RemovableHandle.next_id == self._quiet_at or self._quiet()) \
-                and not (self.training or _compiling() or _autocast()):
-            if direct is not None:
-                spec = self._spec
-                if not kwargs and len(args) == len(spec) and not (self._inference_only and torch.is_grad_enabled()) \
-                        and not _tracing():
-                    for a, (shape, dtype, device, strides) in zip(args, spec, strict=True):
-                        if type(a) is not _Tensor or a.requires_grad or a.shape != shape or a.dtype is not dtype \
-                                or a.device != device or a.stride() != strides:
-                            break
-                    else:
-                        for i, unsigned, rows, limit in self._direct_ids:   # an index out of range: forward raises
-                            u = args[i].numpy().view(unsigned)
-                            if u.item(u.argmax()) >= rows if limit is None else (b := u >= limit).item(b.argmax()):
-                                break
-                        else:
-                            try:
-                                return direct(args)
-                            except IndexCheckFailed as exc:
-                                return self._fall_back(args, kwargs, str(exc))
-            elif (positional := self._positional(args, kwargs) if kwargs else args) is not None \
-                    and len(positional) == lean[0]:
-                count, checks, run, single, build, ids, sized, layout = lean
-                leaves = positional if layout is None else flat_leaves(positional, layout)
-                # a call torch.jit traces shows it in its sizes (see lean_checks); one without them asks
-                if leaves is not None and (sized or not _tracing()) \
-                        and (arrays := lean_arrays(leaves, checks, ids, _Tensor, VALUE)) is not None:
-                    try:
-                        outputs = run(arrays)
-                    except IndexCheckFailed as exc:       # an index the program computes is out of range
-                        return self._fall_back(args, kwargs, str(exc))
-                    return outputs[0] if single else build(outputs)
-                other = self.other_shapes                # nothing hooks in: skip the dispatch here too
-                if other is not None and not _tracing() and other.fits(positional) and not self._matches(positional, {}) \
+        three runs in one process, a trivial program timed after each run of the package). A
+        runtime's lean call is one call, in C where it was built (:func:`~.lean_call.lean_call`:
+        the hooks, the mode, autocast, the inputs, the runtime and the output's rebuild), which
+        also tells a call torch.jit traces by its sizes. Dynamo's test stays here: Dynamo, tracing
+        a parent, reads it as it evaluates this code."""
+        lean = self._lean
+        if lean is not None:
+            if not _compiling() and (positional := self._positional(args, kwargs) if kwargs else args) is not None:
+                try:
+                    out = lean_call(self, lean, positional)
+                except IndexCheckFailed as exc:      # an index the program computes is out of range
+                    return self._fall_back(args, kwargs, str(exc))
+                if out is not MISFIT:
+                    return out
+                other = self.other_shapes            # nothing hooks in: skip the dispatch here too
+                if other is not None and len(positional) == lean[0] and not is_tracing() \
+                        and (RemovableHandle.next_id == self._quiet_at or self._quiet()) \
+                        and other.fits(positional) and not self._matches(positional, {}) \
                         and not self._eager_only(positional, {}, other_sizes=True):
                     return self._other_sizes(positional)
+        elif (direct := self._direct) is not None and (RemovableHandle.next_id == self._quiet_at or self._quiet()) \
+                and not (self.training or _compiling() or autocast_enabled()):
+            spec = self._spec
+            if not kwargs and len(args) == len(spec) and not (self._inference_only and torch.is_grad_enabled()) \
+                    and not is_tracing():
+                for a, (shape, dtype, device, strides) in zip(args, spec, strict=True):
+                    if type(a) is not _Tensor or a.requires_grad or a.shape != shape or a.dtype is not dtype \
+                            or a.device != device or a.stride() != strides:
+                        break
+                else:
+                    for i, unsigned, rows, limit in self._direct_ids:   # an index out of range: forward raises
+                        u = args[i].numpy().view(unsigned)
+                        if u.item(u.argmax()) >= rows if limit is None else (b := u >= limit).item(b.argmax()):
+                            break
+                    else:
+                        try:
+                            return direct(args)
+                        except IndexCheckFailed as exc:
+                            return self._fall_back(args, kwargs, str(exc))
         return super().__call__(*args, **kwargs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CompiledRegion:
@@ -283,10 +289,10 @@ class CompiledRegion(nn.Module):
                    layout: tuple[Any, ...] | None = None) -> tuple[Any, ...] | None:
         """What the lean call of :meth:`__call__` takes for positional inputs that are each a tensor,
         (shape, dtype, device, strides), None (a (None, None) check) or a value the program holds,
-        (:data:`~.lean_checks.VALUE`, value): the runner's array call
+        (:data:`~.lean_call.VALUE`, value): the runner's array call
         (:meth:`~.runtime_region.RuntimeRunner.lean_parts`), and its id inputs, checked on the arrays
         it hands the runtime. ``positions`` are the leaves of arguments nested as ``layout`` says
-        (:func:`~.lean_checks.nested_layout`; None: not nested). None where the program has no
+        (:func:`~.lean_call.nested_layout`; None: not nested). None where the program has no
         array call for them."""
         tensors = [p for p in positions if p is not None and p[0] is not VALUE]
         lean_parts = getattr(self._compiled, "lean_parts", None)
@@ -329,7 +335,7 @@ class CompiledRegion(nn.Module):
                 return (f"input {bad[0]} holds an index outside {describe(bad[1])}, the rows of what it indexes: the "
                         "build's programs do not check indices as eager does, and the original module raises "
                         "eager's error")
-        if _autocast():
+        if autocast_enabled():
             return "it was called under autocast, which the build's programs do not follow (they compute in " \
                    "the precision they were built with)"
         grad = torch.is_grad_enabled()
@@ -477,19 +483,12 @@ def _global_hooks() -> tuple[dict[Any, Any], ...] | None:
 GLOBAL_HOOKS = _global_hooks()
 # module globals, one cached lookup each in CompiledRegion.__call__
 _forward, _forward_pre, _backward, _backward_pre, _always = GLOBAL_HOOKS or ({},) * 5
-#: whether torch.jit.trace is tracing (``torch._C._is_tracing``, what ``torch.jit.is_tracing`` asks;
-#: ``_get_tracing_state`` returns the state, which pybind11 converts: 1 µs more between a runtime's
-#: inferences, measured on the zoo's tiny BERT on OpenVINO)
-_tracing = getattr(torch._C, "_is_tracing", None) or (lambda: torch._C._get_tracing_state() is not None)
 # is_dynamo_compiling is one `return False` outside a trace (True inside one: Dynamo evaluates it
 # as it traces); is_compiling also calls torch.jit.is_scripting() and reads a module global, which
 # cost 2-4% of a 0.35 ms ONNX Runtime GRU call deployed. Export without Dynamo traces with
 # FakeTensors, which the lean path's exact type check already sends to the checked path.
 _compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
 _Tensor = torch.Tensor
-#: whether autocast is on for any device: a build computes in the precision it was built with, so
-#: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
-_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
 #: why a call torch.jit traces runs the original module: a runtime's outputs come from outside
 #: torch, and the trace held them as constants (a traced ONNX Runtime or OpenVINO region answered
 #: every input with the traced one's result; an AOTInductor one failed the trace)
@@ -542,7 +541,7 @@ def _recorded(args: tuple[Any, ...], kwargs: dict[str, Any], leaves: Any = None)
     read), or None; ``leaves``: the call's (:func:`_call_leaves`), where the caller has them."""
     if _exporting():                    # first: Dynamo, exporting, answers it but cannot call the tracer's test
         return EXPORTED
-    if not _compiling() and _tracing():
+    if not _compiling() and is_tracing():
         return TRACED
     for t in (_call_leaves(args, kwargs) if leaves is None else leaves):
         if isinstance(t, torch.Tensor) and type(t) is not _Tensor:

@@ -59,12 +59,13 @@ class RuntimeRunner:
         raise NotImplementedError
 
     def lean_parts(self, spec: list[tuple[Any, ...]]) -> tuple[int, list[tuple[Any, ...]], Callable[..., Any], bool,
-                                                              Callable[..., Any]] | None:
+                                                              Any] | None:
         """What :meth:`~.realized.CompiledRegion.__call__` needs to hand the captured CPU inputs'
         NumPy views straight to the runtime: the input count, each input's (shape, dtype), the
         array call (:attr:`_arrays`), whether the output is the runtime's one tensor, and the
-        template's build for any other output. None where that does not apply (CUDA, bf16 inputs,
-        no template yet, a runtime without an array call)."""
+        template's build for any other output (:attr:`~.output_template.OutputTemplate.lean_build`).
+        None where that does not apply (CUDA, bf16 inputs, no template yet, a runtime without an
+        array call)."""
         template = self.template
         if template is None or not spec or any(dev.type != "cpu" or dtype == torch.bfloat16
                                                for _, dtype, dev, _ in spec):
@@ -72,7 +73,7 @@ class RuntimeRunner:
         run = self._arrays
         if run is None:
             return None
-        return len(spec), [(shape, dtype) for shape, dtype, _, _ in spec], run, template.is_single, template.build
+        return len(spec), [(shape, dtype) for shape, dtype, _, _ in spec], run, template.is_single, template.lean_build
 
     #: NumPy input arrays -> output tensors: the runtime's own CPU call, which :meth:`run` and
     #: :meth:`lean_parts` hand out, made on first use (None: a runtime without one has no lean call)

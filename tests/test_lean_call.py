@@ -1,6 +1,6 @@
-"""The lean call's checks (lean_checks.py): the C version (_leancall.c) against the Python one, and
-a built region's call with each: what it hands its runtime, what it leaves to the checked path, and
-torch.jit's tracer, which must record a region's call rather than run it."""
+"""A built region's lean call (lean_call.py): the C version (_leancall.c) against the Python one, its
+gate and its checks, and a built region's call with each: what it hands its runtime, what it leaves
+to the checked path, and torch.jit's tracer, which must record a region's call rather than run it."""
 
 from __future__ import annotations
 
@@ -13,16 +13,20 @@ import pytest
 import torch
 from torch import nn
 
-from cuvil_pgc.recompile import lean_checks, realized, runtimes
+from cuvil_pgc.recompile import lean_call, realized, runtimes
 from cuvil_pgc.recompile.apply import ScopeInputs, realize
 from cuvil_pgc.recompile.candidates import Candidate
-from cuvil_pgc.recompile.lean_checks import VALUE, python_lean_arrays
+from cuvil_pgc.recompile.lean_call import MISFIT, VALUE, python_lean_arrays, python_lean_call
 
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
 
 IMPLEMENTATIONS = [pytest.param(python_lean_arrays, id="python")]
-if lean_checks.ACCELERATED:
-    IMPLEMENTATIONS.append(pytest.param(lean_checks.lean_arrays, id="c"))
+CALLS = [pytest.param(python_lean_call, id="python")]
+if lean_call.ACCELERATED:
+    from cuvil_pgc.recompile import _leancall
+
+    IMPLEMENTATIONS.append(pytest.param(_leancall.lean_arrays, id="c"))
+    CALLS.append(pytest.param(_leancall.lean_call, id="c"))
 
 U64, U32 = np.dtype(np.uint64), np.dtype(np.uint32)
 F = torch.Size([2, 3])
@@ -80,7 +84,7 @@ def test_lean_arrays_takes_exactly_the_calls_that_fit(impl, case):
         assert isinstance(array, np.ndarray) and np.shares_memory(array, tensor.numpy())   # views, no copies
 
 
-@pytest.mark.skipif(not lean_checks.ACCELERATED, reason="the C checks are not built")
+@pytest.mark.skipif(not lean_call.ACCELERATED, reason="the C lean call is not built")
 def test_the_c_checks_answer_as_the_python_ones_on_random_calls():
     rng = np.random.default_rng(0)
     for _ in range(300):
@@ -90,7 +94,7 @@ def test_the_c_checks_answer_as_the_python_ones_on_random_calls():
         checks = [(ids.shape, torch.int64)]
         spec = ((0, U64, rows, limit),)
         python = python_lean_arrays((ids,), checks, spec, torch.Tensor, VALUE)
-        c = lean_checks.lean_arrays((ids,), checks, spec, torch.Tensor, VALUE)
+        c = _leancall.lean_arrays((ids,), checks, spec, torch.Tensor, VALUE)
         assert (python is None) == (c is None), (ids, rows, limit)
 
 
@@ -114,7 +118,88 @@ def test_the_c_checks_are_built_where_a_compiler_is():
     """The install builds them when it can; losing them silently costs 3% of a tiny BERT's call."""
     if not (shutil.which("cc") or shutil.which("gcc")) or os.environ.get("CUVIL_PGC_PURE_PYTHON"):
         pytest.skip("no C compiler here, or pure Python forced")
-    assert lean_checks.ACCELERATED, "pip install -e . did not build cuvil_pgc/recompile/_leancall.c"
+    assert lean_call.ACCELERATED, "pip install -e . did not build cuvil_pgc/recompile/_leancall.c"
+
+
+# ----------------------------------------------------------------------------- the gate
+
+
+class FakeRegion:
+    """What the lean call reads of a CompiledRegion: the hook counter it last found quiet at, its
+    look again (``_quiet``), and its mode."""
+
+    def __init__(self, quiet=True):
+        self._quiet_at = torch.utils.hooks.RemovableHandle.next_id
+        self.training = False
+        self.looked = []
+        self.quiet = quiet
+
+    def _quiet(self):
+        self.looked.append(1)
+        if self.quiet:
+            self.__dict__["_quiet_at"] = torch.utils.hooks.RemovableHandle.next_id
+        return self.quiet
+
+
+def _lean(run, single=True, build=None, ids=(), sized=True, layout=None, count=1):
+    return (count, [(F, torch.float32)] * (count if layout is None else 2), run, single, build, ids, sized, layout)
+
+
+@pytest.mark.parametrize("impl", CALLS)
+def test_the_lean_call_runs_the_runtime_only_where_nothing_disturbs_the_call(impl):
+    x = torch.randn(2, 3)
+    ran = []
+
+    def run(arrays):
+        ran.append(arrays)
+        return [torch.from_numpy(arrays[0]) * 2, "second"]
+
+    region = FakeRegion()
+    torch.testing.assert_close(impl(region, _lean(run), (x,)), x * 2)
+    assert len(ran) == 1 and np.shares_memory(ran[0][0], x.numpy()) and region.looked == []
+    assert impl(region, _lean(run), (x, x)) is MISFIT                   # another count
+    assert impl(region, _lean(run), (x.double(),)) is MISFIT            # a check fails
+    region.training = True
+    assert impl(region, _lean(run), (x,)) is MISFIT
+    region.training = False
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert impl(region, _lean(run), (x,)) is MISFIT
+    assert len(ran) == 1
+    handle = nn.Linear(1, 1).register_forward_hook(lambda *a: None)     # a handle was handed out: look again
+    assert impl(region, _lean(run), (x,)) is not MISFIT and region.looked == [1]
+    handle.remove()
+    hooked = FakeRegion(quiet=False)
+    nn.Linear(1, 1).register_forward_hook(lambda *a: None)
+    assert impl(hooked, _lean(run), (x,)) is MISFIT and hooked.looked == [1]
+    assert len(ran) == 2
+
+
+@pytest.mark.parametrize("impl", CALLS)
+def test_the_lean_call_rebuilds_the_output_and_lets_the_runtime_s_errors_through(impl):
+    x = torch.randn(2, 3)
+    outputs = [torch.ones(1), torch.zeros(1)]
+    region = FakeRegion()
+    assert impl(region, _lean(lambda a: outputs, single=False, build=tuple), (x,)) == tuple(outputs)
+    nested = _lean(lambda a: [torch.from_numpy(a[0]) + torch.from_numpy(a[1])], layout=(("dict", ("a", "b")),))
+    torch.testing.assert_close(impl(region, nested, ({"b": x, "a": x},)), x * 2)
+    assert impl(region, nested, ({"a": x},)) is MISFIT
+
+    def failing(arrays):
+        raise ValueError("the runtime's own error")
+
+    with pytest.raises(ValueError, match="the runtime's own error"):
+        impl(region, _lean(failing), (x,))
+    traced = []
+
+    def scalar(t):
+        traced.append(impl(region, (1, [(torch.Size([]), torch.float32)], lambda a: [t], True, None, (), False, None),
+                           (t,)))
+        return t * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.trace(scalar, (torch.tensor(0.5),), check_trace=False)
+    assert traced == [MISFIT]                                             # 0-dim inputs: the tracer asked
 
 
 # ----------------------------------------------------------------------------- a region's call
@@ -139,10 +224,10 @@ class Scaled(nn.Module):
         return torch.tanh(t * self.w)
 
 
-@pytest.fixture(params=IMPLEMENTATIONS)
+@pytest.fixture(params=CALLS)
 def checks_impl(request, monkeypatch):
-    """Each region test runs with each version of the checks."""
-    monkeypatch.setattr(realized, "lean_arrays", request.param)
+    """Each region test runs with each version of the lean call."""
+    monkeypatch.setattr(realized, "lean_call", request.param)
     return request.param
 
 
@@ -225,9 +310,9 @@ def test_doctor_says_whether_a_builds_calls_are_checked_in_c(monkeypatch):
     from cuvil_pgc.cli.doctor import all_checks, check_call_accel
 
     assert check_call_accel in all_checks()
-    monkeypatch.setattr(lean_checks, "ACCELERATED", True)
+    monkeypatch.setattr(lean_call, "ACCELERATED", True)
     assert check_call_accel().ok
-    monkeypatch.setattr(lean_checks, "ACCELERATED", False)
+    monkeypatch.setattr(lean_call, "ACCELERATED", False)
     monkeypatch.setenv("CUVIL_PGC_PURE_PYTHON", "1")
     forced = check_call_accel()
     assert not forced.ok and "CUVIL_PGC_PURE_PYTHON" in forced.reason and "unset" in forced.fix
@@ -318,13 +403,13 @@ def test_a_region_fed_a_dict_and_a_list_of_tensors_takes_the_lean_call(checks_im
 
 def test_flat_leaves_takes_the_captured_structure_only():
     t = torch.zeros(1)
-    layout = lean_checks.nested_layout(({"a": t, "b": t}, [t, t], None, 3))
+    layout = lean_call.nested_layout(({"a": t, "b": t}, [t, t], None, 3))
     assert layout == (("dict", ("a", "b")), ("list", 2), None, None)
-    assert lean_checks.flat_leaves(({"b": 2, "a": 1}, [3, 4], None, 5), layout) == [1, 2, 3, 4, None, 5]
+    assert lean_call.flat_leaves(({"b": 2, "a": 1}, [3, 4], None, 5), layout) == [1, 2, 3, 4, None, 5]
     for other in (({"a": t}, [t, t], None, 3), ({"a": t, "c": t}, [t, t], None, 3),
                   ({"a": t, "b": t}, (t, t), None, 3), ({"a": t, "b": t}, [t], None, 3)):
-        assert lean_checks.flat_leaves(other, layout) is None
-    assert lean_checks.nested_layout(({"a": [t]},)) is None and lean_checks.nested_layout(([t, None],)) is None
+        assert lean_call.flat_leaves(other, layout) is None
+    assert lean_call.nested_layout(({"a": [t]},)) is None and lean_call.nested_layout(([t, None],)) is None
 
 
 def test_a_time_measured_through_an_older_call_is_measured_again(tmp_path, monkeypatch):

@@ -1,0 +1,168 @@
+"""A built region's lean call: its runtime's array call, taken before nn.Module's dispatch.
+
+:meth:`~.realized.CompiledRegion.__call__` hands a call to :func:`lean_call` where the region has
+one (a runtime region on CPU tensors: :meth:`~.runtime_region.RuntimeRunner.lean_parts`). It runs
+the runtime where nothing hooks into the region (torch's hook-handle counter has not moved since
+the region last found none), the region is in eval mode, autocast is off, and the call fits what
+the region was captured with, position by position: a tensor of the captured shape and dtype,
+contiguous, that NumPy can view (in CPU memory, no autograd), a None captured as None, a value (a
+number, string or bool) equal to the captured one, which the program holds; and every id input
+below the rows it indexes (:func:`~.index_bounds.array_checks`). It answers with the region's
+output, rebuilt in the structure the original returned, or :data:`MISFIT`: the region's checked
+path then runs the call, and raises what eager raises. A region captured with dicts, lists or
+tuples of tensors among its arguments (a recommender's feature dict) takes the lean call too, on
+the tensors :func:`flat_leaves` takes out of them.
+
+A size that is not an int is a misfit too: torch.jit's tracer hands sizes out as tensors
+(``THPSize_NewFromSymSizes``), and a traced call must be recorded through nn.Module's dispatch, not
+run. A region whose tensors have no dimension cannot tell, and asks the tracer.
+
+``lean_call`` is the C version (``_leancall.c``, built at install like the region accelerator)
+where it was built and ``CUVIL_PGC_PURE_PYTHON`` is unset, else :func:`python_lean_call`, the
+reference the tests hold the C one to: between a runtime's inferences every line of Python runs on
+cold caches. In one process, interleaved, the zoo's tiny BERT (one id input, OpenVINO) paid 17-21 µs
+of its 0.28 ms call for the checks in Python, 2-6 µs in C; a 2-layer Hugging Face BERT on OpenVINO
+paid another 6 µs of its 0.37 ms call for the gate around them in Python and 6 µs for the
+ModelOutput it returns (:func:`~.hf_outputs.model_output`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from cuvil_pgc.recompile.hf_outputs import model_output
+
+#: in the checks, a position captured as a value (:data:`~.call_binding.CAPTURED_VALUES`): (VALUE, value)
+VALUE = object()
+#: :func:`lean_call`'s answer to a call that does not fit: the region's checked path runs it
+MISFIT = object()
+#: whether torch.jit.trace is tracing (``torch._C._is_tracing``, what ``torch.jit.is_tracing`` asks;
+#: ``_get_tracing_state`` returns the state, which pybind11 converts: 1 µs more between a runtime's
+#: inferences, measured on the zoo's tiny BERT on OpenVINO)
+is_tracing = getattr(torch._C, "_is_tracing", None) or (lambda: torch._C._get_tracing_state() is not None)
+#: whether autocast is on for any device: a build computes in the precision it was built with, so
+#: calls under autocast (whose outputs eager returns in bf16 or fp16) run the original module
+autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: torch.is_autocast_enabled("cpu"))
+
+#: (input count, checks per input, the runtime's array call, whether the output is its one tensor,
+#: the output's build (a callable of the outputs, or a :func:`~.hf_outputs.model_output` recipe),
+#: id checks, whether a traced call shows in the sizes, the arguments' nesting or None)
+Lean = tuple[int, list[tuple[Any, Any]], Callable[[list[Any]], list[Any]], bool, Any,
+             tuple[tuple[Any, ...], ...], bool, "tuple[Any, ...] | None"]
+
+
+def python_lean_call(region: Any, lean: Lean, positional: Sequence[Any]) -> Any:
+    """``region``'s output for the call of ``positional`` through its lean call ``lean``, or
+    :data:`MISFIT` (see the module docstring). ``region`` is a
+    :class:`~.realized.CompiledRegion`: its ``_quiet_at``, ``_quiet()`` and ``training``."""
+    if RemovableHandle.next_id != region._quiet_at and not region._quiet() or region.training or autocast_enabled():
+        return MISFIT
+    count, checks, run, single, build, ids, sized, layout = lean
+    if len(positional) != count:
+        return MISFIT
+    leaves = positional if layout is None else flat_leaves(positional, layout)
+    # a call torch.jit traces shows it in its sizes; one without them asks
+    if leaves is None or not sized and is_tracing() \
+            or (arrays := python_lean_arrays(leaves, checks, ids, _Tensor, VALUE)) is None:
+        return MISFIT
+    outputs = run(arrays)
+    return outputs[0] if single else model_output(build, outputs) if type(build) is tuple else build(outputs)
+
+
+def python_lean_arrays(positional: Sequence[Any], checks: Sequence[tuple[Any, Any]], ids: Sequence[tuple[Any, ...]],
+                       tensor_type: type, marker: object) -> list[Any] | None:
+    """The NumPy arrays of ``positional``'s tensors where the call fits ``checks`` ((shape, dtype)
+    per position; (None, None): captured as None; (``marker``, value): captured as that value) and
+    every id of ``ids`` ((input among the tensors, unsigned dtype, rows, element-wise limit or None)
+    per id input) is in range; else None."""
+    if len(positional) != len(checks):
+        return None
+    arrays = []
+    for a, (shape, dtype) in zip(positional, checks, strict=True):
+        if shape is None:
+            if a is not None:
+                return None
+            continue
+        if shape is marker:
+            if type(a) is not type(dtype) or a != dtype:
+                return None
+            continue
+        if type(a) is not tensor_type:
+            return None
+        size = a.shape
+        if size and type(size[0]) is not int or size != shape or a.dtype is not dtype or not a.is_contiguous():
+            return None
+        try:                            # refuses a tensor that needs grad or is not in CPU memory
+            arrays.append(a.numpy())
+        except Exception:
+            return None
+    for i, unsigned, rows, limit in ids:
+        u = arrays[i].view(unsigned)
+        if u.item(u.argmax()) >= rows if limit is None else (b := u >= limit).item(b.argmax()):
+            return None
+    return arrays
+
+
+def nested_layout(args: Sequence[Any]) -> tuple[Any, ...] | None:
+    """How a call's positional arguments nest their tensors, per position: None (the argument
+    itself: a tensor, None or a value), ``("dict", keys)`` (a dict of tensors, keys in the order
+    the export flattened them, its own), ``("list", n)`` or ``("tuple", n)`` (n tensors); None
+    where an argument nests otherwise (deeper, or other than tensors inside)."""
+    layout = []
+    for a in args:
+        if type(a) is dict:
+            if not a or not all(type(v) is _Tensor for v in a.values()):
+                return None
+            layout.append(("dict", tuple(a)))
+        elif type(a) in (list, tuple):
+            if not a or not all(type(v) is _Tensor for v in a):
+                return None
+            layout.append((type(a).__name__, len(a)))
+        else:
+            layout.append(None)
+    return tuple(layout)
+
+
+def flat_leaves(positional: Sequence[Any], layout: tuple[Any, ...]) -> list[Any] | None:
+    """``positional``'s arguments and the tensors they nest, in the order the captured call
+    flattened them (a dict's by its captured keys, whatever order the call's are in); None where the
+    call nests them otherwise (another container, other keys, another length)."""
+    leaves = []
+    for a, nest in zip(positional, layout, strict=True):
+        if nest is None:
+            leaves.append(a)
+        elif nest[0] == "dict":
+            keys = nest[1]
+            if type(a) is not dict or len(a) != len(keys):
+                return None
+            for key in keys:
+                value = a.get(key, _MISSING)
+                if value is _MISSING:
+                    return None
+                leaves.append(value)
+        else:
+            if type(a).__name__ != nest[0] or type(a) not in (list, tuple) or len(a) != nest[1]:
+                return None
+            leaves.extend(a)
+    return leaves
+
+
+_MISSING = object()
+_Tensor = torch.Tensor
+
+lean_call: Callable[[Any, Lean, Sequence[Any]], Any]
+try:
+    if os.environ.get("CUVIL_PGC_PURE_PYTHON"):
+        raise ImportError("CUVIL_PGC_PURE_PYTHON is set")
+    from cuvil_pgc.recompile import _leancall
+    _leancall.configure(_Tensor, VALUE, MISFIT, RemovableHandle, autocast_enabled, is_tracing, flat_leaves)
+    lean_call = _leancall.lean_call
+    ACCELERATED = True
+except ImportError:
+    lean_call = python_lean_call
+    ACCELERATED = False
