@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
+from cuvil_pgc.recompile.output_template import OutputTemplate
 
 #: the model name ``aoti_compile_and_package`` gives a package's only model
 MODEL_NAME = "model"
@@ -75,14 +76,17 @@ class FastAOTI:
     """Calls an AOTInductor runner with positional tensors without re-parsing its call spec each time.
 
     ``AOTICompiledModel.__call__`` deserializes both tree specs on every call (tens of µs); for
-    inputs that are exactly the captured positional tensors, the flat input list is the args.
+    inputs that are exactly the captured positional tensors, the flat input list is the args (for
+    a region captured with nested arguments, the tensors in the order the export flattened them).
     """
 
     def __init__(self, compiled: Any) -> None:
         self.loader = compiled.loader
         self.out_spec = torch.utils._pytree.treespec_loads(self.loader.get_call_spec()[1])
         self.single = self.out_spec.is_leaf()
+        # a tuple, list or dict of the outputs without the pytree's rebuild (a dict's: 2.1 µs warm)
+        self.build = OutputTemplate(self.out_spec, [("t", i) for i in range(self.out_spec.num_leaves)], []).build
 
-    def __call__(self, args: tuple[Any, ...]) -> Any:
+    def __call__(self, args: tuple[Any, ...] | list[Any]) -> Any:
         out = self.loader.boxed_run(list(args))
-        return out[0] if self.single else torch.utils._pytree.tree_unflatten(out, self.out_spec)
+        return out[0] if self.single else self.build(out)
