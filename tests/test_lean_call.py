@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from cuvil_pgc.recompile import lean_call, realized, runtimes
+from cuvil_pgc.recompile import lean_call, realized, recorded_calls, runtimes
 from cuvil_pgc.recompile.apply import ScopeInputs, realize
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.lean_call import MISFIT, VALUE, python_lean_arrays, python_lean_call
@@ -282,7 +282,7 @@ def test_torch_jit_trace_records_a_region_not_its_runtimes_outputs(checks_impl):
     model, ids = Tagger().eval(), torch.randint(0, 50, (2, 7))
     region, forwards = _region(model, ids)
     traced_region, traced_parent = _traced(region, ids), _traced(Doubled(region), ids)
-    assert len(forwards) == 2 and region.first_fallback == realized.TRACED
+    assert len(forwards) == 2 and region.first_fallback == recorded_calls.TRACED
     other = torch.randint(0, 50, (2, 7))
     with torch.no_grad():
         torch.testing.assert_close(traced_region(other), model(other))

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
 from cuvil_pgc._example_inputs import forward_parameters
@@ -39,6 +38,7 @@ from cuvil_pgc.recompile.lean_call import (
 )
 from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.onnx_index_checks import IndexCheckFailed
+from cuvil_pgc.recompile.recorded_calls import call_leaves, compiling, recorded
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
 from cuvil_pgc.recompile.region_state import load_into_original, state_dict_as_original
 
@@ -149,7 +149,7 @@ class CompiledRegion(nn.Module):
         a parent, reads it as it evaluates this code."""
         lean = self._lean
         if lean is not None:
-            if not _compiling() and (positional := self._positional(args, kwargs) if kwargs else args) is not None:
+            if not compiling() and (positional := self._positional(args, kwargs) if kwargs else args) is not None:
                 try:
                     out = lean_call(self, lean, positional)
                 except IndexCheckFailed as exc:      # an index the program computes is out of range
@@ -163,7 +163,7 @@ class CompiledRegion(nn.Module):
                         and not self._eager_only(positional, {}, other_sizes=True):
                     return self._other_sizes(positional)
         elif (direct := self._direct) is not None and (RemovableHandle.next_id == self._quiet_at or self._quiet()) \
-                and not (self.training or _compiling() or autocast_enabled()):
+                and not (self.training or compiling() or autocast_enabled()):
             spec, layout = self._direct_spec, self._direct_layout
             tensors = args if layout is None else flat_leaves(args, layout) if len(args) == len(layout) else None
             if not kwargs and tensors is not None and len(tensors) == len(spec) and not is_tracing() \
@@ -230,7 +230,7 @@ class CompiledRegion(nn.Module):
         if self.weights_changed:
             return self.original(*args, **kwargs)
         if self.signature is None:
-            why = _recorded(args, kwargs) or (TRAINING if self.training else None)
+            why = recorded(args, kwargs) or (TRAINING if self.training else None)
             if self._hooked() is None and why is None:
                 return self._compiled(*args, **kwargs)
             return self._fall_back(args, kwargs, why)
@@ -338,7 +338,7 @@ class CompiledRegion(nn.Module):
         (eager's outputs would be bf16 or fp16), autograd recorded through an input (the programs
         record none), and for a torch.compile program anything its guards would compile again for;
         a user's hook on a module inside the region, which no compiled program calls; a call
-        torch.jit traces or torch.export exports, which record what runs (:func:`_recorded`); the
+        torch.jit traces or torch.export exports, which record what runs (:func:`~.recorded_calls.recorded`); the
         region in training mode (:data:`TRAINING`); and an index
         out of range (for a call of ``other_sizes``, the indices into tensors sized by the inputs
         are the program for other sizes' to check, against the call's own sizes)."""
@@ -347,10 +347,10 @@ class CompiledRegion(nn.Module):
             return hook_reason(hooked)
         # positional plain tensors (the usual call) are their own leaves: the pytree walk was about a
         # third of this wrapper's cost per call over a torch.compile program's (2-vCPU machine)
-        leaves = _call_leaves(args, kwargs)
-        recorded = _recorded(args, kwargs, leaves)
-        if recorded is not None:
-            return recorded
+        leaves = call_leaves(args, kwargs)
+        why = recorded(args, kwargs, leaves)
+        if why is not None:
+            return why
         if self.training:
             return TRAINING
         if self.index_bounds:
@@ -493,8 +493,8 @@ def _is_dynamo_module(program: Any) -> bool:
 def _global_hooks() -> tuple[dict[Any, Any], ...] | None:
     """The global hook registries (dicts, never replaced) that :meth:`CompiledRegion.__call__`
     checks with the module's own hook dicts before its lean path; None on a torch without them
-    (then every call takes ``nn.Module``'s dispatch). Bound here once, with the tracing and
-    compiling tests below, not looked up per call: called where the build is deployed, after the
+    (then every call takes ``nn.Module``'s dispatch). Bound here once, as the tracing and
+    compiling tests (:mod:`.lean_call`, :mod:`.recorded_calls`), not looked up per call: called where the build is deployed, after the
     runtime's work has left the caches cold, the lookups (``torch.nn.modules.module._global_*``,
     ``torch.compiler.is_compiling``) cost 2-3% of a 0.25 ms ONNX Runtime CNN call over the runtime
     called plainly."""
@@ -507,23 +507,7 @@ def _global_hooks() -> tuple[dict[Any, Any], ...] | None:
 GLOBAL_HOOKS = _global_hooks()
 # module globals, one cached lookup each in CompiledRegion.__call__
 _forward, _forward_pre, _backward, _backward_pre, _always = GLOBAL_HOOKS or ({},) * 5
-# is_dynamo_compiling is one `return False` outside a trace (True inside one: Dynamo evaluates it
-# as it traces); is_compiling also calls torch.jit.is_scripting() and reads a module global, which
-# cost 2-4% of a 0.35 ms ONNX Runtime GRU call deployed. Export without Dynamo traces with
-# FakeTensors, which the lean path's exact type check already sends to the checked path.
-_compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
 _Tensor = torch.Tensor
-#: why a call torch.jit traces runs the original module: a runtime's outputs come from outside
-#: torch, and the trace held them as constants (a traced ONNX Runtime or OpenVINO region answered
-#: every input with the traced one's result; an AOTInductor one failed the trace)
-TRACED = ("torch.jit is tracing it, and records the original module: the build's programs run outside what the "
-          "tracer sees, and their outputs would be the trace's constants")
-#: why a call torch.export exports (torch.onnx.export's dynamo=True too) runs the original module:
-#: the build's programs cannot run on its FakeTensors (the export failed: ".numpy() is not supported
-#: for tensor subclasses") and would be nothing the exporter can record
-EXPORTED = ("torch.export is exporting it, and records the original module: the build's programs run outside "
-            "what the exporter sees")
-_exporting = getattr(torch.compiler, "is_exporting", None) or (lambda: False)
 #: why a region in training mode (``model.train()`` after ``load_build``) runs the original module:
 #: its programs were built in eval mode, and answered without dropout and with batch norm's running
 #: statistics, where the model in training mode drops and normalizes by the batch
@@ -552,23 +536,3 @@ class ExportError(RuntimeError):
 def exporter_of_reason(reason: str) -> str:
     """The exporter named at the start of an ExportError's message (or of a rejection reason)."""
     return reason.removeprefix(f"{ExportError.__name__}: ").split(" failed", 1)[0]
-
-
-def _call_leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A call's leaves in the order an export flattens them: positional plain tensors are their own."""
-    return args if not kwargs and all(type(a) is _Tensor for a in args) else pytree.tree_leaves((args, kwargs))
-
-
-def _recorded(args: tuple[Any, ...], kwargs: dict[str, Any], leaves: Any = None) -> str | None:
-    """Why a call must run the original module for torch to record it (torch.jit's tracer,
-    torch.export, tensor subclasses such as make_fx's FakeTensors, which no program of the build can
-    read), or None; ``leaves``: the call's (:func:`_call_leaves`), where the caller has them."""
-    if _exporting():                    # first: Dynamo, exporting, answers it but cannot call the tracer's test
-        return EXPORTED
-    if not _compiling() and is_tracing():
-        return TRACED
-    for t in (_call_leaves(args, kwargs) if leaves is None else leaves):
-        if isinstance(t, torch.Tensor) and type(t) is not _Tensor:
-            return (f"an input is a {type(t).__name__}, which the build's programs cannot read (they read a plain "
-                    "tensor's memory), and which records what runs")
-    return None
