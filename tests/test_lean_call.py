@@ -16,17 +16,19 @@ from torch import nn
 from cuvil_pgc.recompile import lean_call, realized, recorded_calls, runtimes
 from cuvil_pgc.recompile.apply import ScopeInputs, realize
 from cuvil_pgc.recompile.candidates import Candidate
-from cuvil_pgc.recompile.lean_call import MISFIT, VALUE, python_lean_arrays, python_lean_call
+from cuvil_pgc.recompile.lean_call import MISFIT, VALUE, python_ids_fit, python_lean_arrays, python_lean_call
 
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
 
 IMPLEMENTATIONS = [pytest.param(python_lean_arrays, id="python")]
 CALLS = [pytest.param(python_lean_call, id="python")]
+IDS_FIT = [pytest.param(python_ids_fit, id="python")]
 if lean_call.ACCELERATED:
     from cuvil_pgc.recompile import _leancall
 
     IMPLEMENTATIONS.append(pytest.param(_leancall.lean_arrays, id="c"))
     CALLS.append(pytest.param(_leancall.lean_call, id="c"))
+    IDS_FIT.append(pytest.param(_leancall.ids_fit, id="c"))
 
 U64, U32 = np.dtype(np.uint64), np.dtype(np.uint32)
 F = torch.Size([2, 3])
@@ -96,6 +98,18 @@ def test_the_c_checks_answer_as_the_python_ones_on_random_calls():
         python = python_lean_arrays((ids,), checks, spec, torch.Tensor, VALUE)
         c = _leancall.lean_arrays((ids,), checks, spec, torch.Tensor, VALUE)
         assert (python is None) == (c is None), (ids, rows, limit)
+        assert _leancall.ids_fit((ids,), spec) == python_ids_fit((ids,), spec) == (python is not None)
+
+
+@pytest.mark.parametrize("impl", IDS_FIT)
+def test_ids_fit_checks_tensors_and_arrays_alike(impl):
+    """What the direct call of an AOTInductor or torch.compile region asks of its CPU id inputs."""
+    cases = [case for case in CASES if case[3]]
+    assert len(cases) >= 8
+    for name, positional, _, ids, fits in cases:
+        tensors = [a for a in positional if isinstance(a, torch.Tensor)]
+        assert impl(tensors, ids) is fits and impl([t.numpy() for t in tensors], ids) is fits, name
+    assert impl([torch.zeros(3, dtype=torch.int64)], ()) is True
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)

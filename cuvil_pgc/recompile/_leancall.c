@@ -3,6 +3,7 @@
  * lean_call(region, lean, positional) -> the region's output, or the MISFIT marker
  * lean_arrays(positional, checks, ids, tensor_type, value_marker) -> list of NumPy arrays, or None
  * model_output(recipe, outputs) -> a Hugging Face ModelOutput around the runtime's outputs
+ * ids_fit(values, ids) -> whether every id input among the arrays or CPU tensors is in range
  *
  * Between a runtime's inferences every line of Python runs on cold caches: in one process,
  * interleaved, the Python checks of the zoo's tiny BERT (one id input, OpenVINO) cost 17-21 µs
@@ -76,6 +77,49 @@ ids_in_range(PyObject *array, PyObject *rows, PyObject *limit)
         PyBuffer_Release(&lim);
     }
     PyBuffer_Release(&ids);
+    return ok;
+}
+
+/* 1 where every id input of `ids` ((position, unsigned dtype, rows, element-wise limit or None)
+ * each) among `values` (NumPy arrays, or torch tensors in CPU memory: viewed as arrays) is in
+ * range (see ids_in_range), 0 where one is not, -1 with an exception set on anything else. */
+static int
+all_ids_in_range(PyObject *values, PyObject *ids)
+{
+    PyObject *fast = PySequence_Fast(ids, "ids must be a sequence");
+    if (fast == NULL)
+        return -1;
+    int ok = 1;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast) && ok == 1; k++) {
+        PyObject *id = PySequence_Fast_GET_ITEM(fast, k);
+        if (!PyTuple_Check(id) || PyTuple_GET_SIZE(id) != 4) {
+            PyErr_SetString(PyExc_TypeError, "an id check is (position, unsigned dtype, rows, limit)");
+            ok = -1;
+            break;
+        }
+        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(id, 0));
+        if (at < 0) {                   /* (PySequence_GetItem would count a negative one from the end) */
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_IndexError, "an id check's position is negative");
+            ok = -1;
+            break;
+        }
+        PyObject *value = PySequence_GetItem(values, at), *array;
+        if (value == NULL) {
+            ok = -1;
+            break;
+        }
+        array = c_tensor_type != NULL && (PyObject *)Py_TYPE(value) == c_tensor_type
+                ? PyObject_CallMethodNoArgs(value, s_numpy) : Py_NewRef(value);
+        Py_DECREF(value);
+        if (array == NULL) {
+            ok = -1;
+            break;
+        }
+        ok = ids_in_range(array, PyTuple_GET_ITEM(id, 2), PyTuple_GET_ITEM(id, 3));
+        Py_DECREF(array);
+    }
+    Py_DECREF(fast);
     return ok;
 }
 
@@ -153,15 +197,8 @@ checked_arrays(PyObject *positional_in, PyObject *checks_in, PyObject *ids_in, P
         if (added < 0)
             goto mismatch;
     }
-    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(ids); k++) {
-        PyObject *id = PySequence_Fast_GET_ITEM(ids, k);    /* (position, unsigned dtype, rows, limit) */
-        if (!PyTuple_Check(id) || PyTuple_GET_SIZE(id) != 4)
-            goto mismatch;
-        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(id, 0));
-        if (at < 0 || at >= PyList_GET_SIZE(arrays)
-                || ids_in_range(PyList_GET_ITEM(arrays, at), PyTuple_GET_ITEM(id, 2), PyTuple_GET_ITEM(id, 3)) != 1)
-            goto mismatch;
-    }
+    if (all_ids_in_range(arrays, ids) != 1)
+        goto mismatch;
     Py_DECREF(positional);
     Py_DECREF(checks);
     Py_DECREF(ids);
@@ -185,6 +222,19 @@ lean_arrays(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     return checked_arrays(args[0], args[1], args[2], args[3], args[4]);
+}
+
+static PyObject *
+ids_fit(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "ids_fit(values, ids) takes 2 arguments");
+        return NULL;
+    }
+    int ok = all_ids_in_range(args[0], args[1]);
+    PyErr_Clear();                      /* anything else: not in range, for the checked path to run */
+    return PyBool_FromLong(ok == 1);
 }
 
 /* The ModelOutput `recipe` describes, (class, {field: None}, keys, getters: an output's index or a
@@ -381,6 +431,8 @@ static PyMethodDef methods[] = {
      "model_output(recipe, outputs): a Hugging Face ModelOutput around a runtime's outputs (see hf_outputs.py)"},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(tensor_type, value_marker, misfit, handle_type, autocast, tracing, flat_leaves)"},
+    {"ids_fit", (PyCFunction)(void (*)(void))ids_fit, METH_FASTCALL,
+     "ids_fit(values, ids): whether every id input among the arrays or CPU tensors is in range (see lean_call.py)"},
     {"lean_arrays", (PyCFunction)(void (*)(void))lean_arrays, METH_FASTCALL,
      "lean_arrays(positional, checks, ids, tensor_type, value_marker): the arrays a built region's "
      "lean call hands its runtime, or None where the call does not fit (see lean_call.py)"},

@@ -101,11 +101,20 @@ def python_lean_arrays(positional: Sequence[Any], checks: Sequence[tuple[Any, An
             arrays.append(a.numpy())
         except Exception:
             return None
+    return arrays if python_ids_fit(arrays, ids) else None
+
+
+def python_ids_fit(values: Sequence[Any], ids: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether every id input of ``ids`` ((position, unsigned dtype, rows, element-wise limit or
+    None) each: :func:`~.index_bounds.array_checks`) among ``values`` (NumPy arrays, or tensors in
+    CPU memory) is below its rows or limits: its values viewed as unsigned (a negative id is huge),
+    the largest found with ``argmax`` (see :func:`~.index_bounds.out_of_range`)."""
     for i, unsigned, rows, limit in ids:
-        u = arrays[i].view(unsigned)
+        value = values[i]
+        u = (value.numpy() if type(value) is _Tensor else value).view(unsigned)
         if u.item(u.argmax()) >= rows if limit is None else (b := u >= limit).item(b.argmax()):
-            return None
-    return arrays
+            return False
+    return True
 
 
 def nested_layout(args: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -156,13 +165,14 @@ _MISSING = object()
 _Tensor = torch.Tensor
 
 lean_call: Callable[[Any, Lean, Sequence[Any]], Any]
+ids_fit: Callable[[Sequence[Any], Sequence[tuple[Any, ...]]], bool]
 try:
     if os.environ.get("CUVIL_PGC_PURE_PYTHON"):
         raise ImportError("CUVIL_PGC_PURE_PYTHON is set")
     from cuvil_pgc.recompile import _leancall
     _leancall.configure(_Tensor, VALUE, MISFIT, RemovableHandle, autocast_enabled, is_tracing, flat_leaves)
-    lean_call = _leancall.lean_call
+    lean_call, ids_fit = _leancall.lean_call, _leancall.ids_fit
     ACCELERATED = True
 except ImportError:
-    lean_call = python_lean_call
+    lean_call, ids_fit = python_lean_call, python_ids_fit
     ACCELERATED = False

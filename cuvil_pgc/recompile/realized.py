@@ -32,6 +32,7 @@ from cuvil_pgc.recompile.lean_call import (
     VALUE,
     autocast_enabled,
     flat_leaves,
+    ids_fit,
     is_tracing,
     lean_call,
     nested_layout,
@@ -172,12 +173,8 @@ class CompiledRegion(nn.Module):
                     if type(a) is not _Tensor or a.requires_grad or a.shape != shape or a.dtype is not dtype \
                             or a.device != device or a.stride() != strides:
                         break
-                else:
-                    for i, unsigned, rows, limit in self._direct_ids:   # an index out of range: forward raises
-                        u = tensors[i].numpy().view(unsigned)
-                        if u.item(u.argmax()) >= rows if limit is None else (b := u >= limit).item(b.argmax()):
-                            break
-                    else:
+                else:                                   # an index out of range: forward raises eager's error
+                    if not (ids := self._direct_ids) or ids_fit(tensors, ids):
                         try:
                             return direct(tensors)
                         except IndexCheckFailed as exc:
