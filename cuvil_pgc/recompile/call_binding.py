@@ -66,11 +66,19 @@ def _memory_format(shape: torch.Size, strides: tuple[int, ...]) -> torch.memory_
                 None)
 
 
-def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """Why a call does not have the captured inputs (the first difference found)."""
+def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any],
+                params: list[tuple[str, Any]] | None = None) -> str:
+    """Why a call does not have the captured inputs (the first difference found); ``params``: the
+    original forward's (name, default) pairs, which name the keywords past the captured inputs."""
     if spec is None:
         return "the call's inputs differ from the captured ones (types, shapes, dtypes or keyword arguments)"
     if kwargs:
+        captured = {name for name, _ in (params or [])[:len(spec)]}
+        past = sorted(k for k in kwargs if params and k not in captured)
+        if past:
+            return (f"keyword arguments past the {len(spec)} captured input(s) ({', '.join(past)}), where the build "
+                    "computes with their values at capture (their defaults): call it without them, or profile and "
+                    "rebuild with them passed")
         return f"keyword arguments it was not captured with ({', '.join(sorted(kwargs))})"
     if len(args) != len(spec):
         return f"{len(args)} positional inputs, built for {len(spec)}"

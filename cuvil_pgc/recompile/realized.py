@@ -474,7 +474,7 @@ class CompiledRegion(nn.Module):
             return why
         if self.other_shapes is not None and not kwargs:
             return self.other_shapes.misfit(args) or "the inputs differ from the captured ones"
-        return spec_misfit(self._spec, args, kwargs)
+        return spec_misfit(self._spec, args, kwargs, self._params)
 
     def _matches(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         return matches(self._spec, self.signature, args, kwargs)
