@@ -237,8 +237,24 @@ ids_fit(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(ok == 1);
 }
 
-/* The ModelOutput `recipe` describes, (class, {field: None}, keys, getters: an output's index or a
- * callable of the outputs), around `outputs`: see hf_outputs.py's model_output. */
+/* The tuple of `outputs` at `indices` (a tuple of ints): a new reference, or NULL with an exception set. */
+static PyObject *
+tuple_of(PyObject *outputs, PyObject *indices)
+{
+    PyObject *tuple = PyTuple_New(PyTuple_GET_SIZE(indices));
+    for (Py_ssize_t k = 0; tuple != NULL && k < PyTuple_GET_SIZE(indices); k++) {
+        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(indices, k));
+        PyObject *item = at == -1 && PyErr_Occurred() ? NULL : PySequence_GetItem(outputs, at);
+        if (item == NULL)
+            Py_CLEAR(tuple);
+        else
+            PyTuple_SET_ITEM(tuple, k, item);
+    }
+    return tuple;
+}
+
+/* The ModelOutput `recipe` describes, (class, {field: None}, keys, getters: an output's index, a
+ * tuple of indices or a callable of the outputs), around `outputs`: see hf_outputs.py's model_output. */
 static PyObject *
 build_model_output(PyObject *recipe, PyObject *outputs)
 {
@@ -275,6 +291,8 @@ build_model_output(PyObject *recipe, PyObject *outputs)
                 goto fail;
             value = PySequence_GetItem(outputs, at);
         }
+        else if (PyTuple_Check(get))        /* a tuple of output tensors */
+            value = tuple_of(outputs, get);
         else
             value = PyObject_CallOneArg(get, outputs);
         if (value == NULL)
