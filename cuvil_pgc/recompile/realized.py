@@ -48,9 +48,9 @@ log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warni
 #: the version of a built region's call (what it checks, how it hands the program its inputs): a
 #: measurement recorded through another version is not reused (:func:`~.apply.measurement_key`).
 #: 2: nested inputs (dicts, lists of tensors) take the lean call; its checks run in C
-#: 3: the whole lean call runs in C; an AOTInductor package fed nested inputs takes the direct call
-#: 4: a Hugging Face ModelOutput holding tuples of tensors (hidden_states) is rebuilt without its constructor
-CALL_VERSION = 4
+#: 3: the whole lean call runs in C; an AOTInductor package fed nested inputs takes the direct call;
+#: outputs of nested plain containers and ModelOutputs holding tuples (hidden_states) built without the pytree
+CALL_VERSION = 3
 
 
 @dataclass
