@@ -63,7 +63,8 @@ def test_a_fast_build_that_fails_is_dropped(monkeypatch):
     lambda a, b: outputs_mod.CausalLMOutputWithCrossAttentions(loss=None, logits=a),
     lambda a, b: outputs_mod.BaseModelOutput(last_hidden_state=a),
     lambda a, b: outputs_mod.BaseModelOutput(last_hidden_state=a, hidden_states=(a, b)),
-], ids=["bert-pooled", "none-first-field", "one-field", "a-tuple-field"])
+    lambda a, b: outputs_mod.BaseModelOutputWithPast(last_hidden_state=a, past_key_values=((a, b), (b, a))),
+], ids=["bert-pooled", "none-first-field", "one-field", "a-tuple-field", "a-legacy-cache"])
 def test_the_c_model_output_is_the_python_ones(make):
     from cuvil_pgc.recompile import _leancall
 

@@ -237,19 +237,28 @@ ids_fit(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(ok == 1);
 }
 
-/* The tuple of `outputs` at `indices` (a tuple of ints): a new reference, or NULL with an exception set. */
+/* The tuple of `outputs` at `indices` (a tuple of ints, or of such tuples: a tuple of them): a new
+ * reference, or NULL with an exception set. */
 static PyObject *
 tuple_of(PyObject *outputs, PyObject *indices)
 {
+    if (Py_EnterRecursiveCall(" in a ModelOutput recipe"))
+        return NULL;
     PyObject *tuple = PyTuple_New(PyTuple_GET_SIZE(indices));
     for (Py_ssize_t k = 0; tuple != NULL && k < PyTuple_GET_SIZE(indices); k++) {
-        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(indices, k));
-        PyObject *item = at == -1 && PyErr_Occurred() ? NULL : PySequence_GetItem(outputs, at);
+        PyObject *index = PyTuple_GET_ITEM(indices, k), *item;
+        if (PyTuple_Check(index))
+            item = tuple_of(outputs, index);
+        else {
+            Py_ssize_t at = PyLong_AsSsize_t(index);
+            item = at == -1 && PyErr_Occurred() ? NULL : PySequence_GetItem(outputs, at);
+        }
         if (item == NULL)
             Py_CLEAR(tuple);
         else
             PyTuple_SET_ITEM(tuple, k, item);
     }
+    Py_LeaveRecursiveCall();
     return tuple;
 }
 
@@ -291,7 +300,7 @@ build_model_output(PyObject *recipe, PyObject *outputs)
                 goto fail;
             value = PySequence_GetItem(outputs, at);
         }
-        else if (PyTuple_Check(get))        /* a tuple of output tensors */
+        else if (PyTuple_Check(get))        /* a tuple of output tensors, or of tuples of them */
             value = tuple_of(outputs, get);
         else
             value = PyObject_CallOneArg(get, outputs);

@@ -30,7 +30,8 @@ from cuvil_pgc.recompile.object_outputs import output_tensors
 
 #: what :func:`model_output` builds: (the ModelOutput class, {field: None} for every dataclass field,
 #: the output's keys in order, per key what its value is made of: the index of an output tensor, a
-#: tuple of indices (a tuple of tensors: ``hidden_states``, ``attentions``) or a callable of the outputs)
+#: tuple of indices or of such tuples (tuples of tensors: ``hidden_states``, ``attentions``, a legacy
+#: cache's ``((k, v), ...)``) or a callable of the outputs)
 Recipe = tuple[type, dict[str, None], tuple[str, ...], tuple[Any, ...]]
 
 
@@ -54,14 +55,35 @@ def fast_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Recipe | None:
                 return None
             # an output tensor, or ("o", ObjectLeaf): a decoder's cache, rebuilt around the outputs
             getters.append(value if kind == "t" else value.build)
-        elif child.type is tuple and all(c.is_leaf() for c in child.children()):
-            part = [next(taken) for _ in child.children()]
-            if any(kind != "t" for kind, _ in part):
-                return None
-            getters.append(tuple(value for _, value in part))
+        elif (indices := _tensor_tuple(child, taken)) is not None:
+            getters.append(indices)
         else:
             return None
     return cls, dict.fromkeys(fields), tuple(keys), tuple(getters)
+
+
+def _tensor_tuple(node: Any, taken: Any) -> tuple[Any, ...] | None:
+    """The output indices of a tuple of output tensors, or of tuples of them (a legacy cache's
+    ``((k, v), ...)``), nested as ``node`` says, taken from the leaves' iterator ``taken``; None
+    where it holds anything else."""
+    if node.type is not tuple:
+        return None
+    indices = []
+    for child in node.children():
+        if child.is_leaf():
+            kind, value = next(taken)
+            if kind != "t":
+                return None
+            indices.append(value)
+        elif (inner := _tensor_tuple(child, taken)) is not None:
+            indices.append(inner)
+        else:
+            return None
+    return tuple(indices)
+
+
+def _picked(outputs: list[Any], indices: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(outputs[i] if type(i) is int else _picked(outputs, i) for i in indices)
 
 
 def model_output(recipe: Recipe, outputs: list[Any]) -> Any:
@@ -72,8 +94,7 @@ def model_output(recipe: Recipe, outputs: list[Any]) -> Any:
     attrs = obj.__dict__
     attrs.update(empty)
     for key, get in zip(keys, getters, strict=True):
-        value = outputs[get] if type(get) is int else tuple(outputs[i] for i in get) if type(get) is tuple \
-            else get(outputs)
+        value = outputs[get] if type(get) is int else _picked(outputs, get) if type(get) is tuple else get(outputs)
         attrs[key] = value
         _set_item(obj, key, value)
     return obj
@@ -99,7 +120,7 @@ def _same(a: Any, b: Any) -> bool:
     if a is b:
         return True
     if type(a) is tuple:
-        return type(b) is tuple and len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+        return type(b) is tuple and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if type(a) is not type(b) or not hasattr(a, "__dict__") or isinstance(a, torch.Tensor):
         return False
     ours, theirs = output_tensors(a), output_tensors(b)
