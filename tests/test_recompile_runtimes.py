@@ -932,10 +932,10 @@ def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_gua
 
 
 def test_output_template_shortcuts_build_what_the_pytree_builds():
-    """One tensor, a flat tuple of tensors, and plain dicts, tuples and lists of tensors and
-    constants, nested, are built without the pytree; every shape of output comes back as the pytree
-    would build it."""
-    from collections import OrderedDict, namedtuple
+    """One tensor, a flat tuple of tensors, and dicts, tuples, lists, namedtuples and OrderedDicts of
+    tensors and constants, nested, are built without the pytree; every shape of output comes back as
+    the pytree would build it."""
+    from collections import OrderedDict, defaultdict, namedtuple
 
     from torch.utils import _pytree as pytree
 
@@ -946,7 +946,8 @@ def test_output_template_shortcuts_build_what_the_pytree_builds():
     for out, direct in ((a, True), ((a, b), True), ((a, None), True), ({"x": a}, True), ([a], True),
                         ({"logits": b, "aux": None, "mean": a, "n": 3}, True), ((b, a), True),
                         ((a, (b,)), True), ({"x": [a]}, True), ((a, (b, a), [None, {"k": b, 2: "s"}]), True),
-                        (pair(a, b), False), (OrderedDict(x=a), False), ((a, pair(a, b)), False)):
+                        (pair(a, b), True), (OrderedDict(x=a, y=(b, 1)), True), ((a, pair(a, (b, None))), True),
+                        (OrderedDict(), True), (defaultdict(list, x=[a]), False)):
         template = OutputTemplate.of(out)
         assert (template.is_single or template._tuple or template._flat is not None) is direct, out
         fresh = [torch.zeros_like(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
