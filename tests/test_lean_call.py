@@ -16,7 +16,14 @@ from torch import nn
 from cuvil_pgc.recompile import lean_call, realized, recorded_calls, runtimes
 from cuvil_pgc.recompile.apply import ScopeInputs, realize
 from cuvil_pgc.recompile.candidates import Candidate
-from cuvil_pgc.recompile.lean_call import MISFIT, VALUE, python_ids_fit, python_lean_arrays, python_lean_call
+from cuvil_pgc.recompile.lean_call import (
+    MISFIT,
+    VALUE,
+    python_ids_fit,
+    python_keyword_positions,
+    python_lean_arrays,
+    python_lean_call,
+)
 
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
 
@@ -133,6 +140,40 @@ def test_the_c_checks_are_built_where_a_compiler_is():
     if not (shutil.which("cc") or shutil.which("gcc")) or os.environ.get("CUVIL_PGC_PURE_PYTHON"):
         pytest.skip("no C compiler here, or pure Python forced")
     assert lean_call.ACCELERATED, "pip install -e . did not build cuvil_pgc/recompile/_leancall.c"
+
+
+# ----------------------------------------------------------------------------- keyword calls
+
+KEYWORDS = [pytest.param(python_keyword_positions, id="python")]
+if lean_call.ACCELERATED:
+    KEYWORDS.append(pytest.param(_leancall.keyword_positions, id="c"))
+
+
+@pytest.mark.parametrize("impl", KEYWORDS)
+def test_keyword_positions_binds_the_captured_names_and_the_extras_seen(impl):
+    ids, mask, past = object(), object(), object()
+    names, strict, filled = ("input_ids", "past", "attention_mask"), (MISFIT,) * 3, (MISFIT, None, MISFIT)
+    extras = {"return_dict": True, "scale": 1.0}
+    cases = [
+        ((), {"input_ids": ids, "past": past, "attention_mask": mask}, strict, (ids, past, mask)),
+        ((ids,), {"attention_mask": mask, "past": past}, strict, (ids, past, mask)),      # any order
+        ((ids, past, mask), {}, strict, (ids, past, mask)),
+        ((), {"input_ids": ids, "attention_mask": mask}, strict, None),                   # left out, no default
+        ((), {"input_ids": ids, "attention_mask": mask}, filled, (ids, None, mask)),      # left out: its default
+        ((ids,), {"attention_mask": mask}, filled, (ids, None, mask)),
+        ((), {"input_ids": ids}, filled, None),                                           # a required one left out
+        ((ids, past, mask), {"return_dict": True}, strict, (ids, past, mask)),            # an extra seen, same value
+        ((ids, past, mask), {"scale": 1.0}, strict, (ids, past, mask)),
+        ((ids, past, mask), {"return_dict": False}, strict, None),                        # another value
+        ((ids, past, mask), {"return_dict": 1}, strict, None),                            # another type
+        ((ids, past, mask), {"output_attentions": False}, strict, None),                  # never seen
+        ((ids, past), {"input_ids": ids, "attention_mask": mask}, strict, None),          # a position twice
+        ((ids, past, mask, mask), {}, strict, None),                                      # more than captured
+    ]
+    for call, kwargs, fills, expected in cases:
+        got = impl(call, kwargs, names, fills, extras)
+        assert got is None if expected is None else got is not None and len(got) == len(expected) \
+            and all(a is b for a, b in zip(got, expected, strict=True)), (call, kwargs, fills)
 
 
 # ----------------------------------------------------------------------------- the gate

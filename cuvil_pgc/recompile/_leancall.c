@@ -4,6 +4,7 @@
  * lean_arrays(positional, checks, ids, tensor_type, value_marker) -> list of NumPy arrays, or None
  * model_output(recipe, outputs) -> a Hugging Face ModelOutput around the runtime's outputs
  * ids_fit(values, ids) -> whether every id input among the arrays or CPU tensors is in range
+ * keyword_positions(args, kwargs, names, fills, extras) -> a keyword call as a positional one, or None
  *
  * Between a runtime's inferences every line of Python runs on cold caches: in one process,
  * interleaved, the Python checks of the zoo's tiny BERT (one id input, OpenVINO) cost 17-21 µs
@@ -330,6 +331,80 @@ model_output(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return build_model_output(args[0], args[1]);
 }
 
+/* 1 where keyword `name=value` is one `extras` holds (the same type, the same or an equal value),
+ * 0 where not, -1 with an exception set. */
+static int
+seen_extra(PyObject *extras, PyObject *name, PyObject *value)
+{
+    PyObject *seen = PyDict_GetItemWithError(extras, name);
+    if (seen == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (Py_TYPE(seen) != Py_TYPE(value))
+        return 0;
+    return seen == value ? 1 : PyObject_RichCompareBool(value, seen, Py_EQ);
+}
+
+/* keyword_positions(args, kwargs, names, fills, extras): see lean_call.py's python_keyword_positions. */
+static PyObject *
+keyword_positions(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]) || !PyTuple_Check(args[2])
+            || !PyTuple_Check(args[3]) || !PyDict_Check(args[4])
+            || PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "keyword_positions(args: tuple, kwargs: dict, names: tuple, fills: tuple, "
+                                         "extras: dict), names and fills alike in length");
+        return NULL;
+    }
+    if (c_misfit == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "keyword_positions before configure()");
+        return NULL;
+    }
+    PyObject *call = args[0], *kwargs = args[1], *names = args[2], *fills = args[3], *extras = args[4];
+    Py_ssize_t n = PyTuple_GET_SIZE(call), count = PyTuple_GET_SIZE(names), taken = 0;
+    if (n > count)
+        Py_RETURN_NONE;
+    PyObject *positional = PyTuple_New(count);
+    if (positional == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *value;
+        if (k < n)
+            value = PyTuple_GET_ITEM(call, k);
+        else if ((value = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(names, k))) != NULL)
+            taken++;
+        else if (PyErr_Occurred())
+            goto fail;
+        else if ((value = PyTuple_GET_ITEM(fills, k)) == c_misfit)
+            goto none;
+        PyTuple_SET_ITEM(positional, k, Py_NewRef(value));
+    }
+    if (taken != PyDict_GET_SIZE(kwargs)) {     /* keywords past the captured positions */
+        PyObject *name, *value;
+        Py_ssize_t at = 0;
+        while (PyDict_Next(kwargs, &at, &name, &value)) {
+            int named = 0;
+            for (Py_ssize_t k = n; k < count && !named; k++)
+                if ((named = PyObject_RichCompareBool(name, PyTuple_GET_ITEM(names, k), Py_EQ)) < 0)
+                    goto fail;
+            if (named)
+                continue;
+            int seen = seen_extra(extras, name, value);
+            if (seen < 0)
+                goto fail;
+            if (!seen)
+                goto none;
+        }
+    }
+    return positional;
+none:
+    Py_DECREF(positional);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(positional);
+    return NULL;
+}
+
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -458,6 +533,9 @@ static PyMethodDef methods[] = {
      "model_output(recipe, outputs): a Hugging Face ModelOutput around a runtime's outputs (see hf_outputs.py)"},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(tensor_type, value_marker, misfit, handle_type, autocast, tracing, flat_leaves)"},
+    {"keyword_positions", (PyCFunction)(void (*)(void))keyword_positions, METH_FASTCALL,
+     "keyword_positions(args, kwargs, names, fills, extras): a keyword call as the positional call a lean call "
+     "takes, or None (see lean_call.py)"},
     {"ids_fit", (PyCFunction)(void (*)(void))ids_fit, METH_FASTCALL,
      "ids_fit(values, ids): whether every id input among the arrays or CPU tensors is in range (see lean_call.py)"},
     {"lean_arrays", (PyCFunction)(void (*)(void))lean_arrays, METH_FASTCALL,

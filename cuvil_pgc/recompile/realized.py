@@ -8,6 +8,7 @@ Shared by :mod:`.apply` (torch.compile, AOTInductor, CUDA graphs) and :mod:`.run
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from cuvil_pgc.recompile.lean_call import (
     flat_leaves,
     ids_fit,
     is_tracing,
+    keyword_positions,
     lean_call,
     nested_layout,
 )
@@ -127,6 +129,10 @@ class CompiledRegion(nn.Module):
         self.other_sizes_failures = 0
         #: the original forward's (name, default) per parameter, which keyword calls are bound by
         self._params = forward_parameters(original) if signature is not None else None
+        #: the lean call's keyword binding (see :meth:`_keyword_call`; None: not made yet), and the
+        #: keywords past the captured positions seen to bind, at their values (``return_dict=True``)
+        self._keywords: tuple[tuple[str, ...], tuple[Any, ...]] | None = None
+        self._extras: dict[str, Any] = {}
         self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
         self.register_state_dict_post_hook(state_dict_as_original)
         self.register_load_state_dict_pre_hook(load_into_original)
@@ -151,7 +157,7 @@ class CompiledRegion(nn.Module):
         a parent, reads it as it evaluates this code."""
         lean = self._lean
         if lean is not None:
-            if not compiling() and (positional := self._positional(args, kwargs) if kwargs else args) is not None:
+            if not compiling() and (positional := self._keyword_call(args, kwargs) if kwargs else args) is not None:
                 try:
                     out = lean_call(self, lean, positional)
                 except IndexCheckFailed as exc:      # an index the program computes is out of range
@@ -187,7 +193,7 @@ class CompiledRegion(nn.Module):
         program: a runtime session, an AOTInductor runner or a compiled module is read-only once
         built, holds native state that cannot be copied, and rebuilding it would take the build's
         compile time again. Services copy a model to serve replicas or keep a reference copy."""
-        for shared in (self._compiled, self._fast, self._lean, self._direct, self.other_shapes):
+        for shared in (self._compiled, self._fast, self._lean, self._direct, self.other_shapes, self._keywords):
             memo[id(shared)] = shared
         clone = object.__new__(type(self))
         memo[id(self)] = clone
@@ -330,6 +336,23 @@ class CompiledRegion(nn.Module):
         return (len(positions) if layout is None else len(layout),
                 [(None, None) if p is None else p if p[0] is VALUE else next(taken) for p in positions],
                 run, single, build, ids, sized, layout)
+
+    def _keyword_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        """A keyword call as the positional call the lean call takes (see :meth:`_positional`), bound
+        by :func:`~.lean_call.keyword_positions` where it names the captured positions (and the
+        extras seen before), the long way otherwise, which learns its extras."""
+        keywords = self._keywords
+        if keywords is None and self._params is not None and len(self._params) >= self._lean[0]:
+            fill = self._spec is None                    # learned with its Nones: left-out positions take defaults
+            captured = self._params[:self._lean[0]]
+            keywords = self.__dict__["_keywords"] = (
+                tuple(name for name, _ in captured),
+                tuple(default if fill and default is not inspect.Parameter.empty else MISFIT for _, default in captured))
+        positional = keyword_positions(args, kwargs, *keywords, self._extras) if keywords is not None else None
+        if positional is None and (positional := self._positional(args, kwargs)) is not None and keywords is not None:
+            self._extras.update((name, value) for name, value in kwargs.items()
+                                if name not in keywords[0] and type(value) in (bool, int, float, str, type(None)))
+        return positional
 
     def _eager_only(self, args: tuple[Any, ...], kwargs: dict[str, Any], other_sizes: bool = False) -> str | None:
         """Why a call that fits the build's inputs must still run the original module: autocast
