@@ -931,6 +931,20 @@ def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_gua
             assert (defaults[bf16].status == "ok") is passes, defaults[bf16]
 
 
+def test_an_output_nested_deeper_than_the_parser_takes_is_built_by_the_pytree():
+    from cuvil_pgc.recompile.output_template import OutputTemplate
+
+    out = torch.ones(1)
+    for _ in range(400):
+        out = (out, None)
+    template = OutputTemplate.of(out)
+    assert template._flat is None
+    built = template.build([torch.zeros(1)])
+    for _ in range(400):
+        built = built[0]
+    assert torch.equal(built, torch.zeros(1))
+
+
 def test_output_template_shortcuts_build_what_the_pytree_builds():
     """One tensor, a flat tuple of tensors, and dicts, tuples, lists, namedtuples and OrderedDicts of
     tensors and constants, nested, are built without the pytree; every shape of output comes back as

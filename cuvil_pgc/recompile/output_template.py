@@ -152,7 +152,10 @@ def _plain_builder(spec: Any, leaves: list[tuple[str, Any]]) -> Callable[[list[t
         items = ", ".join(parts) + ("," if len(parts) == 1 and node.type is tuple else "")
         return f"({items})" if node.type is tuple else f"[{items}]"
 
-    source = expression(spec)
-    if source is None or spec.is_leaf():
+    try:
+        source = expression(spec)
+        if source is None or spec.is_leaf():
+            return None
+        return eval(f"lambda o: {source}", {"__builtins__": {}, "c": tuple(constants)})   # indices only: see above
+    except (RecursionError, SyntaxError, MemoryError):     # nested deeper than the parser takes: the pytree
         return None
-    return eval(f"lambda o: {source}", {"__builtins__": {}, "c": tuple(constants)})     # indices only: see above
