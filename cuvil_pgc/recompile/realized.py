@@ -11,6 +11,7 @@ import copy
 import inspect
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,17 +104,13 @@ class CompiledRegion(nn.Module):
         #: the index inputs the direct call checks (:func:`~.index_bounds.array_checks`): on CPU tensors only
         self._direct_ids: tuple[tuple[int, Any, int, Any], ...] = ()
         #: the tensors the direct call takes, and how the call nests them (None: they are its
-        #: positional arguments; see :meth:`_learn_direct`)
+        #: positional arguments; see :meth:`_take_direct`)
         self._direct_spec, self._direct_layout = self._spec, None
         # a runtime's runner that learns its output's structure on the first call gets its lean
         # call then (:meth:`_learn_lean`, in :meth:`forward`): no direct call, which would skip it
         learns_lean = hasattr(compiled, "lean_parts") and getattr(compiled, "template", None) is None
-        if self._spec is not None and self._lean is None and GLOBAL_HOOKS is not None and not learns_lean \
-                and (not self.index_bounds or all(dev.type == "cpu" for _, _, dev, _ in self._spec)):
-            ids = array_checks(self._spec, self.index_bounds)
-            if ids is not None:                 # None: a limit that does not fit the captured inputs
-                self._direct = self._fast or (lambda args: compiled(*args))
-                self._direct_ids = ids
+        if self._spec is not None and self._lean is None and not learns_lean:
+            self._take_direct(self._fast or (lambda args: compiled(*args)), self._spec)
         self.fallback_calls = 0
         #: why the first call that ran the original module did (None: none has)
         self.first_fallback: str | None = None
@@ -294,24 +291,27 @@ class CompiledRegion(nn.Module):
         self.__dict__["_lean"] = self._lean_call(
             [(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor else None if a is None else (VALUE, a)
              for a in leaves], nested)
+        # an AOTInductor package captured with its tensors nested in dicts, lists or tuples (a
+        # recommender's dict of features): its runner on the tensors in the order the export flattened
+        # them. Through the package's own call, which parses its call specs and flattens the arguments
+        # each time, a dict recommender's region took 66 µs, against 42 µs for eager and 11 for the runner.
         if self._lean is None and nested is not None and hasattr(self._compiled, "loader") \
                 and all(type(a) is torch.Tensor for a in leaves):
-            self._learn_direct(leaves, nested)
+            self._take_direct(FastAOTI(self._compiled), [(t.shape, t.dtype, t.device, t.stride()) for t in leaves],
+                              nested)
 
-    def _learn_direct(self, tensors: list[torch.Tensor], layout: tuple[Any, ...]) -> None:
-        """The direct call (see :meth:`__call__`) of an AOTInductor package captured with its
-        tensors nested in dicts, lists or tuples (a recommender's dict of features): its runner on
-        the tensors :func:`~.lean_call.flat_leaves` takes out of a call nested as ``layout``, in the
-        order the export flattened them. Through the package's own call, which parses its call
-        specs and flattens the arguments each time, a dict recommender's region took 66 µs, against
-        42 µs for eager and 11 µs for the runner."""
-        if GLOBAL_HOOKS is None or self.index_bounds and any(t.device.type != "cpu" for t in tensors):
+    def _take_direct(self, direct: Callable[[Any], Any], spec: list[tuple[Any, ...]],
+                     layout: tuple[Any, ...] | None = None) -> None:
+        """The direct call of :meth:`__call__`: ``direct`` on tensors captured as ``spec`` ((shape,
+        dtype, device, strides) each), the call's positional arguments or, nested as ``layout``
+        says, the tensors :func:`~.lean_call.flat_leaves` takes out of them; where torch has the
+        global hook registries, and the ids among them can be checked (on CPU tensors, against
+        limits that fit their captured shapes: :func:`~.index_bounds.array_checks`)."""
+        if GLOBAL_HOOKS is None or self.index_bounds and any(dev.type != "cpu" for _, _, dev, _ in spec):
             return
-        spec = [(t.shape, t.dtype, t.device, t.stride()) for t in tensors]
         ids = array_checks(spec, self.index_bounds)
         if ids is not None:                      # None: a limit that does not fit the captured inputs
-            self.__dict__.update(_direct=FastAOTI(self._compiled), _direct_ids=ids, _direct_spec=spec,
-                                 _direct_layout=layout)
+            self.__dict__.update(_direct=direct, _direct_ids=ids, _direct_spec=spec, _direct_layout=layout)
 
     def _lean_call(self, positions: list[tuple[Any, ...] | None],
                    layout: tuple[Any, ...] | None = None) -> tuple[Any, ...] | None:
