@@ -238,22 +238,20 @@ ids_fit(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(ok == 1);
 }
 
-/* The tuple of `outputs` at `indices` (a tuple of ints, or of such tuples: a tuple of them): a new
- * reference, or NULL with an exception set. */
+/* What `index` picks of `outputs`: the output at an int, or a tuple of what each of a tuple's items
+ * picks (a tuple of tensors, or of tuples of them): a new reference, or NULL with an exception set. */
 static PyObject *
-tuple_of(PyObject *outputs, PyObject *indices)
+picked(PyObject *outputs, PyObject *index)
 {
+    if (!PyTuple_Check(index)) {
+        Py_ssize_t at = PyLong_AsSsize_t(index);
+        return at == -1 && PyErr_Occurred() ? NULL : PySequence_GetItem(outputs, at);
+    }
     if (Py_EnterRecursiveCall(" in a ModelOutput recipe"))
         return NULL;
-    PyObject *tuple = PyTuple_New(PyTuple_GET_SIZE(indices));
-    for (Py_ssize_t k = 0; tuple != NULL && k < PyTuple_GET_SIZE(indices); k++) {
-        PyObject *index = PyTuple_GET_ITEM(indices, k), *item;
-        if (PyTuple_Check(index))
-            item = tuple_of(outputs, index);
-        else {
-            Py_ssize_t at = PyLong_AsSsize_t(index);
-            item = at == -1 && PyErr_Occurred() ? NULL : PySequence_GetItem(outputs, at);
-        }
+    PyObject *tuple = PyTuple_New(PyTuple_GET_SIZE(index));
+    for (Py_ssize_t k = 0; tuple != NULL && k < PyTuple_GET_SIZE(index); k++) {
+        PyObject *item = picked(outputs, PyTuple_GET_ITEM(index, k));
         if (item == NULL)
             Py_CLEAR(tuple);
         else
@@ -294,17 +292,9 @@ build_model_output(PyObject *recipe, PyObject *outputs)
     if (attrs == NULL || PyDict_Update(attrs, empty) < 0)
         goto fail;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
-        PyObject *key = PyTuple_GET_ITEM(keys, k), *get = PyTuple_GET_ITEM(getters, k), *value;
-        if (PyLong_CheckExact(get)) {
-            Py_ssize_t at = PyLong_AsSsize_t(get);
-            if (at == -1 && PyErr_Occurred())
-                goto fail;
-            value = PySequence_GetItem(outputs, at);
-        }
-        else if (PyTuple_Check(get))        /* a tuple of output tensors, or of tuples of them */
-            value = tuple_of(outputs, get);
-        else
-            value = PyObject_CallOneArg(get, outputs);
+        PyObject *key = PyTuple_GET_ITEM(keys, k), *get = PyTuple_GET_ITEM(getters, k);
+        PyObject *value = PyLong_CheckExact(get) || PyTuple_Check(get) ? picked(outputs, get)
+                          : PyObject_CallOneArg(get, outputs);        /* an object rebuilt around them */
         if (value == NULL)
             goto fail;
         int failed = PyDict_SetItem(attrs, key, value) < 0 || PyODict_SetItem(obj, key, value) < 0;

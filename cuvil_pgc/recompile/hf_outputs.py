@@ -82,8 +82,10 @@ def _tensor_tuple(node: Any, taken: Any) -> tuple[Any, ...] | None:
     return tuple(indices)
 
 
-def _picked(outputs: list[Any], indices: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(outputs[i] if type(i) is int else _picked(outputs, i) for i in indices)
+def _picked(outputs: list[Any], index: Any) -> Any:
+    """What ``index`` picks of ``outputs``: the output at an int, or a tuple of what each of a
+    tuple's items picks."""
+    return tuple(_picked(outputs, i) for i in index) if type(index) is tuple else outputs[index]
 
 
 def model_output(recipe: Recipe, outputs: list[Any]) -> Any:
