@@ -24,6 +24,16 @@ static PyObject *s_shape, *s_dtype, *s_is_contiguous, *s_numpy, *s_next_id, *s_q
  * handle class, the autocast and tracing tests, and flat_leaves (see lean_call.py) */
 static PyObject *c_tensor_type, *c_marker, *c_misfit, *c_handles, *c_autocast, *c_tracing, *c_flat_leaves;
 
+/* 1 where a function called as `usage` got its `wanted` arguments; else 0, with a TypeError set. */
+static int
+takes(Py_ssize_t nargs, Py_ssize_t wanted, const char *usage)
+{
+    if (nargs == wanted)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, wanted);
+    return 0;
+}
+
 /* 1 where every id of `array` (its values viewed as unsigned: a negative one is huge) is below
  * `rows`, or below its element of `limit` (a C-contiguous array of the same item size and length);
  * 0 where one is not; -1 with an exception set on anything else. */
@@ -217,11 +227,8 @@ static PyObject *
 lean_arrays(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "lean_arrays(positional, checks, ids, tensor_type, value_marker) takes 5 arguments");
+    if (!takes(nargs, 5, "lean_arrays(positional, checks, ids, tensor_type, value_marker)"))
         return NULL;
-    }
     return checked_arrays(args[0], args[1], args[2], args[3], args[4]);
 }
 
@@ -229,10 +236,8 @@ static PyObject *
 ids_fit(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "ids_fit(values, ids) takes 2 arguments");
+    if (!takes(nargs, 2, "ids_fit(values, ids)"))
         return NULL;
-    }
     int ok = all_ids_in_range(args[0], args[1]);
     PyErr_Clear();                      /* anything else: not in range, for the checked path to run */
     return PyBool_FromLong(ok == 1);
@@ -314,10 +319,8 @@ static PyObject *
 model_output(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "model_output(recipe, outputs) takes 2 arguments");
+    if (!takes(nargs, 2, "model_output(recipe, outputs)"))
         return NULL;
-    }
     return build_model_output(args[0], args[1]);
 }
 
@@ -399,11 +402,8 @@ static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "configure(tensor_type, value_marker, misfit, handle_type, autocast, tracing, "
-                                         "flat_leaves) takes 7 arguments");
+    if (!takes(nargs, 7, "configure(tensor_type, value_marker, misfit, handle_type, autocast, tracing, flat_leaves)"))
         return NULL;
-    }
     PyObject **slots[] = {&c_tensor_type, &c_marker, &c_misfit, &c_handles, &c_autocast, &c_tracing, &c_flat_leaves};
     for (Py_ssize_t k = 0; k < nargs; k++) {
         Py_INCREF(args[k]);
@@ -461,10 +461,8 @@ static PyObject *
 lean_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "lean_call(region, lean, positional) takes 3 arguments");
+    if (!takes(nargs, 3, "lean_call(region, lean, positional)"))
         return NULL;
-    }
     if (c_misfit == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "lean_call before configure()");
         return NULL;
