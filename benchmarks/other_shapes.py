@@ -6,10 +6,16 @@ thread count, calls at other batch sizes and sequence lengths:
 
 - ``eager``: the model itself;
 - ``static build``: the build without programs for other sizes (such calls run the original module);
-- ``dynamic build``: the build with them;
+- ``free build``: the build with them, loaded with ``size_programs=0``: every other size on the
+  free-size program;
+- ``sized build``: the build as loaded by default, after each size was called often enough to get a
+  program compiled for it alone (:mod:`cuvil_pgc.recompile.size_programs`; OpenVINO only);
 - ``plain runtime``: the runtime called plainly on the same free-size export (for AOTInductor the
-  same package through ``aoti_load_package``), as a user who exported with dynamic axes would (the
-  build's own call over it is what this costs).
+  same package through ``aoti_load_package``), as a user who exported with dynamic axes would
+  (``sized/plain`` is what the build gains over it);
+- ``plain sized``: the runtime called plainly on the export compiled for the call's sizes alone
+  (OpenVINO's ``reshape``, ONNX Runtime's free-dimension overrides), as a user who compiles one
+  program per size would (``sized/plain-sized``: what the build's own call costs over that).
 
     python benchmarks/other_shapes.py --models transformer,tiny_bert --backend openvino
 """
@@ -42,8 +48,9 @@ def main() -> int:
     from cuvil_pgc.recompile.candidates import Candidate
 
     torch.set_num_threads(args.threads)
-    print(f"{'model':<14} {'sizes':<22} {'eager':>9} {'static':>9} {'dynamic':>9} {'plain':>9} "
-          f"{'dyn/eager':>10} {'dyn/plain':>10}")
+    columns = ("eager", "static", "free", "sized", "plain", "plain-sized")
+    print(f"{'model':<14} {'sizes':<22} " + " ".join(f"{c:>11}" for c in columns)
+          + f" {'sized/plain':>12} {'sized/p-sized':>14}")
     with tempfile.TemporaryDirectory(prefix="cuvil-shapes-") as tmp:
         for name in args.models.split(","):
             model, inputs = load(name)
@@ -56,24 +63,38 @@ def main() -> int:
                                   deployed_race=False, rounds=3, dynamic=dynamic)
                 path = build.save(os.path.join(tmp, f"{name.replace('/', '_')}-{dynamic}.cuvilpkg"))
                 built[dynamic] = load_build(path, model, allow_unsigned=True)
+            built["free"] = load_build(path, model, allow_unsigned=True, size_programs=0)
             other = built[True].other_shapes
             if other is None:
                 print(f"{name}: no program for other sizes (see the warning above)")
                 continue
-            plain = _plain_call(args.backend, other.artifact, args.threads)
+            program = _unpacked(path, build.plan.choices[0].other_shapes["artifact"], args.backend, tmp)
+            plain = _plain_call(args.backend, program, args.threads)
             for batch, grow in ((inputs[0].shape[0] + 1, 0), (inputs[0].shape[0], -max(1, inputs[0].shape[1] // 2)),
                                 (2 * inputs[0].shape[0] + 2, -max(1, inputs[0].shape[1] // 4))):
                 x = tuple(_resized(t, batch, t.shape[1] + grow) if isinstance(sizes[1], str) else _resized(t, batch, t.shape[1])
                           for t, (_, sizes) in zip(inputs, other.inputs, strict=True))
                 if not other.fits(x):
                     continue
-                ms = _race({"eager": model, "static": built[False], "dynamic": built[True], "plain": plain}, x,
-                           args.rounds)
-                print(f"{name:<14} {', '.join(str(tuple(t.shape)) for t in x):<22} {ms['eager']:>7.3f}ms "
-                      f"{ms['static']:>7.3f}ms {ms['dynamic']:>7.3f}ms {ms['plain']:>7.3f}ms "
-                      f"{ms['eager'] / ms['dynamic']:>9.2f}x {ms['plain'] / ms['dynamic']:>9.3f}x", flush=True)
-            print(f"{name}: the build ran {built[True].other_shape_calls} calls at other sizes on its program, "
-                  f"{built[True].fallback_calls} on the original module")
+                contenders = {"eager": model, "static": built[False], "free": built["free"], "sized": built[True],
+                              "plain": plain}
+                if other.sizes is not None:         # called often enough at this size: its program is made
+                    with torch.no_grad():
+                        for _ in range(other.sizes.after):
+                            built[True](*x)
+                    other.sizes.wait(600)
+                    contenders["plain-sized"] = _plain_call(args.backend, program, args.threads,
+                                                            [tuple(t.shape) for t in x])
+                ms = _race(contenders, x, args.rounds)
+                ms.setdefault("plain-sized", float("nan"))
+                print(f"{name:<14} {', '.join(str(tuple(t.shape)) for t in x):<22} "
+                      + " ".join(f"{ms[c]:>9.3f}ms" for c in columns)
+                      + f" {ms['plain'] / ms['sized']:>11.3f}x {ms['plain-sized'] / ms['sized']:>13.3f}x", flush=True)
+            sizes = other.sizes
+            print(f"{name}: the build ran {built[True].other_shape_calls} calls at other sizes on its programs, "
+                  f"{built[True].fallback_calls} on the original module; "
+                  + ("no programs of their own (its runtime compiles none)" if sizes is None else
+                     f"{sizes.compiled} sizes got one, {sizes.refused} refused"))
     return 0
 
 
@@ -88,8 +109,9 @@ def _race(contenders: dict, x: tuple, rounds: int) -> dict[str, float]:
     return {k: s.median_s * 1e3 for k, s in samples.items()}
 
 
-def _plain_call(backend: str, path: str, threads: int):
-    """The free-size export called the way a user calls the runtime (as ``_deployed_race.py``)."""
+def _plain_call(backend: str, path: str, threads: int, shapes: list[tuple[int, ...]] | None = None):
+    """The free-size export called the way a user calls the runtime (as ``_deployed_race.py``);
+    with ``shapes``, compiled for those input sizes alone."""
     import torch
 
     if backend == "aoti":
@@ -99,6 +121,12 @@ def _plain_call(backend: str, path: str, threads: int):
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
+        if shapes:
+            free = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()
+            for i, shape in zip(free, shapes, strict=False):
+                for d, n in zip(i.shape, shape, strict=True):
+                    if isinstance(d, str):
+                        options.add_free_dimension_override_by_name(d, n)
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
         return lambda *xs: [torch.from_numpy(o) for o in session.run(None, {n: t.numpy() for n, t in zip(names, xs, strict=True)})]
@@ -107,10 +135,25 @@ def _plain_call(backend: str, path: str, threads: int):
     from cuvil_pgc.recompile.openvino_runner import openvino_config
 
     core = ov.Core()
-    request = core.compile_model(core.read_model(path), "CPU", openvino_config({"threads": str(threads)}, "fp32")) \
-        .create_infer_request()
+    read = core.read_model(path)
+    if shapes:
+        read.reshape({i: ov.PartialShape(list(shape)) for i, shape in enumerate(shapes)})
+    request = core.compile_model(read, "CPU", openvino_config({"threads": str(threads)}, "fp32")).create_infer_request()
     return lambda *xs: [torch.from_numpy(a) for a in request.infer(
         {i: ov.Tensor(t.numpy(), shared_memory=True) for i, t in enumerate(xs)}).to_tuple()]
+
+
+def _unpacked(path: str, member: str, backend: str, tmp: str) -> str:
+    """The build's program for other sizes, unpacked from the verified build at ``path`` (the
+    loaded build's own copy is gone once it is loaded)."""
+    from cuvil_pgc.recompile.package import open_build
+
+    stem = member.rsplit(".", 1)[0]
+    with open_build(path) as vb:
+        for name in vb.members():
+            if name.rsplit(".", 1)[0] == stem:
+                vb.extract(name, tmp)
+    return os.path.join(tmp, member)
 
 
 def _resized(t, batch: int, second: int):

@@ -150,6 +150,36 @@ def test_openvino_regions_get_one_too_and_fixed_dimensions_stay_with_the_origina
     assert fast.fallback_calls == 1
 
 
+@needs_ov
+def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_checked(tmp_path, monkeypatch):
+    model, inputs, build = _build("openvino", tagger)
+    path = build.save(tmp_path / "t.cuvilpkg")
+    fast = load_build(path, copy.deepcopy(model), allow_unsigned=True)
+    sizes = fast.other_shapes.sizes
+    x = torch.randint(0, 50, (3, 11))
+    with torch.no_grad():
+        for _ in range(sizes.after):
+            fast(x)
+        assert sizes.wait(120) and sizes.sizes() == [((3, 11),)] and sizes.compiled == 1
+        own = sizes.runner((x,), (x,))
+        assert [str(p.get_partial_shape()) for p in own.compiled.inputs] == ["[3,11]"]    # static, this size only
+        for got, want in zip(fast(x), model(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        assert fast.other_shape_calls == sizes.after + 1 and fast.fallback_calls == 0
+    assert load_build(path, copy.deepcopy(model), allow_unsigned=True, size_programs=0).other_shapes.sizes is None
+
+    # the program of one size answers only after the accuracy guard passed it against the original module
+    strict = load_build(path, copy.deepcopy(model), allow_unsigned=True)
+    monkeypatch.setattr(other_shapes, "check_outputs",
+                        lambda reference, candidate, **kw: AccuracyResult(ok=False, reason="output[0]: max abs err 0.5"))
+    with torch.no_grad():
+        for _ in range(sizes.after):
+            strict(x)
+        assert strict.other_shapes.sizes.wait(120)
+        assert strict.other_shapes.sizes.refused == 1 and strict.other_shapes.sizes.sizes() == []
+        torch.testing.assert_close(strict(x)[0], model(x)[0], rtol=1e-4, atol=1e-5)
+
+
 @needs_ort
 def test_a_program_that_fails_at_other_sizes_is_left_out_with_the_reason(monkeypatch, caplog):
     def guard(reference, candidate, **kw):            # the program answers wrongly at any size but the captured

@@ -238,8 +238,10 @@ def _add_other_shapes(result: Any, device: str, rtol: float | None, atol: float 
         prepared, _ = prepare_module(region.original, cand, device)
         key = runtime_key(region.original, cand, inputs, result.machine, result.weights.get(scope))
         try:
-            region.other_shapes = other_shapes.build_other_shapes(region.original, prepared, cand, inputs, key=key,
-                                                                  rtol=rtol, atol=atol, sized=region.sized_bounds)
+            other = other_shapes.build_other_shapes(region.original, prepared, cand, inputs, key=key,
+                                                    rtol=rtol, atol=atol, sized=region.sized_bounds)
+            other.compile_sizes(region.original, rtol, atol, label=f"{scope or '<model>'} ({cand.config})")
+            region.other_shapes = other
         except (other_shapes.OtherShapesError, ExportError) as exc:
             log.warning("cuvil-pgc: %s (%s) runs only its captured input sizes, other sizes run the original "
                         "module: %s", scope or "<model>", cand.config, exc)

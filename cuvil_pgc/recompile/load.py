@@ -33,6 +33,7 @@ from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc.errors import BuildError, ConfigError, CuvilError, one_line
 from cuvil_pgc.recompile.build import CACHE_MEMBER
 from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
+from cuvil_pgc.recompile.size_programs import CAPACITY as SIZE_PROGRAMS
 
 if TYPE_CHECKING:
     from cuvil_pgc.recompile.plan_doc import Plan
@@ -63,7 +64,8 @@ class LoadReport:
 
 def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str = "error", store: Any = None,
                pubkey: Any = None, allow_unsigned: bool | None = None, require_signature: bool = False,
-               example_inputs: tuple[Any, ...] | None = None, stale: str = "eager") -> Any:
+               example_inputs: tuple[Any, ...] | None = None, stale: str = "eager",
+               size_programs: int = SIZE_PROGRAMS) -> Any:
     """Verify a build, check it fits this environment and ``model``, and return the optimized model.
 
     Args:
@@ -78,6 +80,9 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
             logged. Never weakens a key that is configured.
         require_signature: refuse unsigned builds even where ``allow_unsigned`` says otherwise.
         example_inputs: run one warm-up call and report compile-cache hits in ``cuvil_load_report``.
+        size_programs: per region with a program for other input sizes (``recompile --dynamic``),
+            the most sizes called often that get a program compiled for them alone, in the
+            background (see :mod:`.size_programs`); 0 runs every other size on the free-size program.
     """
     if fallback not in FALLBACKS:
         raise BuildError(f"fallback={fallback!r} is not one of {FALLBACKS}")
@@ -85,8 +90,10 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
         raise BuildError(f"stale={stale!r} is not one of {STALE_POLICIES}")
     if require_signature:
         allow_unsigned = False
+    if type(size_programs) is not int or size_programs < 0:
+        raise BuildError(f"size_programs={size_programs!r} is not a count of programs (0 or more)")
     try:
-        return _load(path_or_ref, model, store, pubkey, allow_unsigned, example_inputs, stale)
+        return _load(path_or_ref, model, store, pubkey, allow_unsigned, example_inputs, stale, size_programs)
     except Exception as exc:      # every failure of loading: refused builds, dlopen, deep JSON ...
         if fallback == "error":
             if isinstance(exc, CuvilError):
@@ -103,7 +110,7 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
 
 
 def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool | None,
-          example_inputs: tuple[Any, ...] | None, stale: str) -> Any:
+          example_inputs: tuple[Any, ...] | None, stale: str, size_programs: int) -> Any:
     from cuvil_pgc.recompile.runtime_build import check_engines
     from cuvil_pgc.recompile.trust import open_trusted
 
@@ -116,7 +123,7 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool
         report = LoadReport(path=path, threads=vb.manifest.threads)
         _check_threads(vb.manifest.threads, report, path)
         report.cache_artifacts = _load_cache_artifacts(vb) if CACHE_MEMBER in vb.members() else "none"
-        module = _apply_choices(vb, plan, model, report, path, stale)
+        module = _apply_choices(vb, plan, model, report, path, stale, size_programs)
     if report.skipped:
         warnings.warn(f"cuvil-pgc: {path}: {len(report.skipped)} region(s) run eagerly: "
                       + "; ".join(report.skipped), RuntimeWarning, stacklevel=3)
@@ -217,14 +224,15 @@ def _load_cache_artifacts(vb: Any) -> str:
     return "loaded" if info is not None else "unusable: torch could not deserialize them (other torch version?)"
 
 
-def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: str, stale: str) -> Any:
+def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: str, stale: str,
+                   size_programs: int) -> Any:
     from cuvil_pgc.recompile.apply import apply_plan
 
     model = eval_mode(model).to(plan.device)
     modules = dict(model.named_modules())
     realized: dict[str, Any] = {}
     with _unpacked() as extract_dir:
-        _realize_choices(vb, plan, modules, realized, report, path, extract_dir)
+        _realize_choices(vb, plan, modules, realized, report, path, extract_dir, size_programs)
     if report.skipped and stale == "error":
         raise BuildError(f"{len(report.skipped)} region(s) changed since the build: " + "; ".join(report.skipped),
                          path=path, fix="recompile this model version with `cuvil-pgc recompile`, or load with "
@@ -233,7 +241,7 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
 
 
 def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dict[str, Any], report: LoadReport,
-                     path: str, extract_dir: Path) -> None:
+                     path: str, extract_dir: Path, size_programs: int) -> None:
     """Each choice's region, its verified files unpacked into ``extract_dir`` (or skipped, with the
     reason in ``report``)."""
     from cuvil_pgc._structure import settings_digest, weights_digest
@@ -269,7 +277,8 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
             continue
         if cand.backend in RUNTIME_BACKENDS:
             realized[scope] = load_region(vb, choice, module, extract_dir, plan.device, path)
-            load_other_shapes(vb, choice, realized[scope].module, extract_dir, plan.device)
+            load_other_shapes(vb, choice, realized[scope].module, extract_dir, plan.device, plan.tolerances,
+                              size_programs)
             report.runtime_regions += 1
         elif cand.backend == "aoti":
             if not choice.artifact:
@@ -281,7 +290,8 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
                                       spec=choice.input_spec, tensor_outputs=bool(info.get("tensor_outputs")),
                                       template=OutputTemplate.from_json(outputs) if outputs else None,
                                       index_bounds=bounds_of(info, path))
-            load_other_shapes(vb, choice, realized[scope].module, extract_dir, plan.device)
+            load_other_shapes(vb, choice, realized[scope].module, extract_dir, plan.device, plan.tolerances,
+                              size_programs)
             report.aoti_packages += 1
         else:
             realized[scope] = _realize_lazy(module, cand, plan.device, choice, path)

@@ -46,16 +46,33 @@ class OpenVinoRunner(RuntimeRunner):
     """An OpenVINO compiled model and one infer request reading the torch tensors' memory in place."""
 
     def __init__(self, xml_path: str, knobs: dict[str, str], precision: str, template: OutputTemplate | None,
-                 original: Callable[..., Any] | None = None) -> None:
+                 original: Callable[..., Any] | None = None, *, model: Any = None) -> None:
         import openvino as ov
 
         super().__init__(template, original)
-        self._ov = ov
+        self._ov, self._knobs, self._precision = ov, knobs, precision
         core = ov.Core()
+        model = core.read_model(xml_path) if model is None else model
         with kept_signal_stack():         # the CPU plugin's own would outlive it on this thread (see there)
-            self.compiled = core.compile_model(core.read_model(xml_path), "CPU", openvino_config(knobs, precision))
+            self.compiled = core.compile_model(model, "CPU", openvino_config(knobs, precision))
         self.request = self.compiled.create_infer_request()
         self._lock = threading.Lock()     # an infer request serves one call at a time
+        #: the model read, kept where its sizes are free (:meth:`for_shapes` compiles it for some)
+        self._model = None if all(port.get_partial_shape().is_static for port in model.inputs) else model
+
+    @property
+    def for_shapes(self) -> Callable[[tuple[tuple[int, ...], ...]], OpenVinoRunner] | None:
+        """``for_shapes(shapes)``: this free-size program compiled for exactly ``shapes`` (one per
+        input), with the same knobs, output structure and original; None for a program whose
+        sizes are all fixed (see :mod:`.size_programs`)."""
+        if self._model is None:
+            return None
+
+        def compiled_for(shapes: tuple[tuple[int, ...], ...]) -> OpenVinoRunner:
+            model = self._model.clone()
+            model.reshape({i: self._ov.PartialShape(list(shape)) for i, shape in enumerate(shapes)})
+            return OpenVinoRunner("", self._knobs, self._precision, self.template, self._original, model=model)
+        return compiled_for
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return self._arrays([numpy_view(t) for t in inputs])

@@ -52,6 +52,7 @@ from cuvil_pgc.recompile.runtime_build import (
     export_onnx,
     knobs_of,
 )
+from cuvil_pgc.recompile.size_programs import CAPACITY, SizePrograms
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,9 @@ class OtherShapes:
     #: indices address, where one is sized by the call (a graph's nodes: ``x[src]``); a call with an
     #: index outside one does not fit (see :mod:`.index_bounds`)
     index_bounds: dict[int, tuple[int | str, ...]] = field(default_factory=dict)
+    #: programs of their own for the sizes called often (:class:`~.size_programs.SizePrograms`;
+    #: None: every call runs ``runner``)
+    sizes: Any = None
 
     def fits(self, args: tuple[Any, ...]) -> bool:
         """Whether ``args`` are CPU tensors this program was checked for (see :meth:`misfit`)."""
@@ -149,7 +153,25 @@ class OtherShapes:
     def __call__(self, args: tuple[Any, ...]) -> Any:
         """Run ``args`` (which :meth:`fits`: positional tensors and the captured Nones, which the
         program does not take, so no flattening of the call)."""
-        return self.runner.call_positional(tuple(a for a in args if isinstance(a, torch.Tensor)))
+        tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+        sizes = self.sizes
+        if sizes is not None and (own := sizes.runner(tensors, args)) is not None:
+            return own.call_positional(tensors)
+        return self.runner.call_positional(tensors)
+
+    def compile_sizes(self, module: nn.Module, rtol: float | None, atol: float | None, *,
+                      capacity: int = CAPACITY, label: str = "a region") -> None:
+        """Give this program programs of their own for the sizes called often, where its runtime
+        compiles them (:mod:`.size_programs`), each checked against ``module`` (the original) by
+        the accuracy guard at ``rtol``/``atol`` (as at the probes)."""
+        for_shapes = getattr(self.runner, "for_shapes", None)
+        if for_shapes is None or capacity <= 0:
+            return
+
+        def check(runner: Any, args: tuple[Any, ...]) -> None:
+            if not _compare(runner, module, args, rtol, atol):
+                raise OtherShapesError(f"the original module refuses sizes {_shapes(args)}")
+        self.sizes = SizePrograms(for_shapes, check, capacity=capacity, label=label)
 
     def to_json(self, member: str) -> dict[str, Any]:
         doc = {"artifact": member,
@@ -469,11 +491,14 @@ def _suffixes(backend: str) -> tuple[str, ...]:
     return ARTIFACT_SUFFIXES.get(backend, (".pt2",))        # AOTInductor: one package
 
 
-def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, device: str) -> None:
+def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, device: str,
+                      tolerances: dict[str, Any] | None = None, size_programs: int = CAPACITY) -> None:
     """Give a loaded build's ``region`` (a :class:`~.realized.CompiledRegion`) the program for other
     sizes its ``choice`` records in ``other_shapes``, from the verified build
-    ``vb``. A malformed record is warned about and left out (the region then runs the original
-    module for other sizes, as a build without one does)."""
+    ``vb``, with up to ``size_programs`` programs of their own for sizes called often, checked at
+    the build's ``tolerances`` (:meth:`OtherShapes.compile_sizes`). A malformed record is warned
+    about and left out (the region then runs the original module for other sizes, as a build
+    without one does)."""
     from cuvil_pgc.recompile.aoti_outputs import TensorOutputsAOTI
     from cuvil_pgc.recompile.output_template import TENSOR_DTYPES
 
@@ -508,4 +533,8 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
     first = local[_suffixes(cand.backend)[0]]
     template = getattr(region.compiled, "template", None)     # runtimes rebuild the output's structure
     runner = _runner(cand, first, template, region.original, isinstance(region.compiled, TensorOutputsAOTI))
-    region.other_shapes = OtherShapes(runner, inputs, ranges, first, bounds)
+    other = OtherShapes(runner, inputs, ranges, first, bounds)
+    tolerances = tolerances or {}
+    other.compile_sizes(region.original, tolerances.get("rtol"), tolerances.get("atol"), capacity=size_programs,
+                        label=choice.label)
+    region.other_shapes = other
