@@ -166,6 +166,18 @@ def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_
         for got, want in zip(fast(x), model(x), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         assert fast.other_shape_calls == sizes.after + 1 and fast.fallback_calls == 0
+        # from then on the size's own lean call answers, past the checked path for other sizes
+        assert sizes.leans[((3, 11),)] is not None
+        monkeypatch.setattr(type(fast), "_other_sizes", lambda self, args: pytest.fail("the checked path ran"))
+        for got, want in zip(fast(x), model(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        assert fast.other_shape_calls == sizes.after + 2
+        monkeypatch.undo()
+        seen = []                                    # a hook added since still sees every call
+        handle = fast.original.emb.register_forward_hook(lambda *a: seen.append(1))
+        fast(x)
+        handle.remove()
+        assert seen == [1]
     assert load_build(path, copy.deepcopy(model), allow_unsigned=True, size_programs=0).other_shapes.sizes is None
 
     # the program of one size answers only after the accuracy guard passed it against the original module

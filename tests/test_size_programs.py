@@ -82,9 +82,10 @@ def test_a_full_region_replaces_its_least_called_size_only_for_one_called_more_t
     calls(sizes, (1, 1), times=10)
     calls(sizes, (1, 2), times=4)
     assert sorted(sizes.sizes()) == [((1, 1),), ((1, 2),)]
+    sizes.leans[((1, 2),)] = "lean of (1, 2)"
     assert calls(sizes, (1, 3), times=8)[-1] is None and len(fake.made) == 2    # 8 calls: not above twice 4
-    calls(sizes, (1, 3))                                 # the ninth is: it replaces (1, 2)
-    assert sorted(sizes.sizes()) == [((1, 1),), ((1, 3),)] and sizes.evicted == 1
+    calls(sizes, (1, 3))                                 # the ninth is: it replaces (1, 2), and its lean call goes
+    assert sorted(sizes.sizes()) == [((1, 1),), ((1, 3),)] and sizes.evicted == 1 and sizes.leans == {}
     calls(sizes, (1, 2), times=5)                        # 9 calls, (1, 3)'s 9 make the floor 9: no thrash
     assert sorted(sizes.sizes()) == [((1, 1),), ((1, 3),)] and len(fake.made) == 3
 
@@ -134,3 +135,14 @@ def test_load_build_refuses_a_size_programs_that_is_not_a_count(bad):
 
     with pytest.raises(BuildError, match="size_programs"):
         load_build("missing.cuvilpkg", torch.nn.Linear(2, 2), size_programs=bad)
+
+
+def test_calls_through_a_sizes_lean_call_count_toward_keeping_it():
+    fake = Programs()
+    sizes = SizePrograms(fake.compile, fake.check, capacity=1, submit=lambda job: job())
+    calls(sizes, (1, 1), times=COMPILE_AFTER)
+    sizes.leans[((1, 1),)] = "lean"
+    for _ in range(20):                       # the region's lean call answers these, not runner()
+        assert sizes.lean(((1, 1),)) == "lean"
+    calls(sizes, (1, 2), times=2 * (COMPILE_AFTER + 20))     # not above twice 23 calls: (1, 1) stays
+    assert sizes.sizes() == [((1, 1),)] and sizes.lean(((1, 2),)) is None

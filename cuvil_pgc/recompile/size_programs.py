@@ -58,6 +58,9 @@ class SizePrograms:
         self._compile, self._check, self.capacity, self.after, self.label = compile, check, capacity, after, label
         self._submit = submit or _WORKER.submit
         self._ready: dict[tuple[Any, ...], Any] = {}         # size -> its checked program
+        #: size -> the region's lean call of its program (None: it has none), which the region
+        #: makes on the program's first call (:meth:`lean`)
+        self.leans: dict[tuple[Any, ...], Any] = {}
         self._counts: dict[tuple[Any, ...], int] = {}        # size -> calls at it
         self._pending: set[tuple[Any, ...]] = set()
         self._refused: set[tuple[Any, ...]] = set()
@@ -88,6 +91,18 @@ class SizePrograms:
         except Exception:        # the caller's call goes on: this size is asked for again next call
             self.dropped += 1
         return None
+
+    def lean(self, key: tuple[Any, ...]) -> Any:
+        """The lean call kept for the size ``key`` (the call's tensors' shapes), counting the call;
+        None where there is none."""
+        lean = self.leans.get(key)
+        if lean is not None:
+            self._counts[key] = self._counts.get(key, 0) + 1
+        return lean
+
+    def program(self, key: tuple[Any, ...]) -> Any:
+        """The program of the size ``key``, or None (not counted as a call)."""
+        return self._ready.get(key)
 
     def _replaces(self, n: int) -> bool:
         """Whether a size called ``n`` times replaces the least-called size with a program (the
@@ -124,6 +139,7 @@ class SizePrograms:
         while ready and len(ready) >= self.capacity:
             victim = min(ready, key=lambda k: counts.get(k, 0))
             del ready[victim]
+            self.leans.pop(victim, None)
             self.evicted += 1
         if self.capacity > 0:
             ready[key] = runner
