@@ -146,3 +146,16 @@ def test_calls_through_a_sizes_lean_call_count_toward_keeping_it():
         assert sizes.lean(((1, 1),)) == "lean"
     calls(sizes, (1, 2), times=2 * (COMPILE_AFTER + 20))     # not above twice 23 calls: (1, 1) stays
     assert sizes.sizes() == [((1, 1),)] and sizes.lean(((1, 2),)) is None
+
+
+def test_a_forked_child_asks_again_for_the_programs_its_parent_was_making():
+    from cuvil_pgc.recompile import size_programs
+
+    fake, jobs = Programs(), []
+    sizes = SizePrograms(fake.compile, fake.check, submit=jobs.append)
+    calls(sizes, (2, 2), times=COMPILE_AFTER)
+    sizes._idle.acquire()                    # held by the parent's worker thread at the fork
+    size_programs._after_fork_in_child()     # what os.fork runs in the child
+    assert sizes.wait(0)                     # not waiting for the parent's worker, nor its lock
+    calls(sizes, (2, 2))
+    assert len(jobs) == 2

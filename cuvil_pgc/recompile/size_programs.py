@@ -27,6 +27,7 @@ import logging
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,7 @@ class SizePrograms:
         self.compiled = self.evicted = self.uncounted = self.dropped = 0
         #: why the region compiles no more programs (None: it does)
         self.stopped: str | None = None if capacity > 0 else "turned off (capacity 0)"
+        _LIVE.add(self)
 
     def runner(self, tensors: tuple[torch.Tensor, ...], args: tuple[Any, ...]) -> Any:
         """The program for the sizes of ``tensors`` (the positional tensors of the call ``args``),
@@ -169,6 +171,12 @@ class SizePrograms:
         """The sizes that have a program of their own."""
         return [tuple(tuple(s) for s in key) for key in list(self._ready)]
 
+    def _forked(self) -> None:
+        """In a forked child: the programs being made are not (the worker thread stayed in the
+        parent), and the lock may have been held there at the fork."""
+        self._idle = threading.Condition()
+        self._pending = set()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until no program is being made (for benchmarks and tests); False on ``timeout``."""
         with self._idle:
@@ -181,7 +189,8 @@ def _sizes(key: tuple[Any, ...]) -> str:
 
 class _Worker:
     """One daemon thread per process that runs submitted jobs in order (a process that exits while
-    one runs does not wait for it; a forked child starts its own)."""
+    one runs does not wait for it; a forked child starts its own, and asks again for the programs
+    its parent was making: a prefork server loads its build before it forks its workers)."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -211,3 +220,14 @@ class _Worker:
 
 
 _WORKER = _Worker()
+#: every region's programs, for a forked child to reset (:meth:`SizePrograms._forked`)
+_LIVE: weakref.WeakSet[SizePrograms] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for sizes in list(_LIVE):
+        sizes._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
