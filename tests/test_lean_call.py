@@ -49,6 +49,8 @@ def _cases():
     row_limit = np.array([[5, 5, 10]], dtype=np.uint64)        # element-wise: the last id may reach 9
     tensor = (F, torch.float32)
     id_check = (torch.Size([1, 3]), torch.int64)
+    free, free_b = ([(0, 1, 8), 3], torch.float32), ([(1, 1, 8), 3], torch.float32)
+    ids_free = ([(0, 1, 8), (2, 1, 64)], torch.int64)
     return [
         ("fits", (x,), [tensor], (), True),
         ("other shape", (torch.randn(3, 2),), [tensor], (), False),
@@ -73,6 +75,19 @@ def _cases():
          ((0, U64, 0, row_limit),), False),
         ("ids of the second tensor", (x, None, ids), [tensor, (None, None), id_check], ((1, U64, 10, None),), True),
         ("a 0-dim tensor", (torch.tensor(0.5),), [(torch.Size([]), torch.float32)], (), True),
+        # free shapes (a program for other sizes): per dimension a size or (name, smallest, largest)
+        ("a free size in range", (torch.randn(5, 3),), [free], (), True),
+        ("a free size at both ends", (torch.randn(1, 3), torch.randn(8, 3)), [free, free_b], (), True),
+        ("a free size above its range", (torch.randn(9, 3),), [free], (), False),
+        ("a free size below its range", (torch.randn(0, 3),), [free], (), False),
+        ("a fixed size of a free shape", (torch.randn(5, 4),), [free], (), False),
+        ("another rank than a free shape", (torch.randn(5, 3, 1),), [free], (), False),
+        ("sizes of one name equal", (torch.randn(4, 3), torch.randint(0, 9, (4, 7))), [free, ids_free], (), True),
+        ("sizes of one name unequal", (torch.randn(4, 3), torch.randint(0, 9, (5, 7))), [free, ids_free], (), False),
+        ("two names apart", (torch.randn(4, 3), torch.randn(5, 3)), [free, free_b], (), True),
+        ("free ids in range", (torch.randint(0, 9, (2, 30)),), [ids_free], ((0, U64, 9, None),), True),
+        ("free ids past the table", (torch.randint(9, 10, (2, 30)),), [ids_free], ((0, U64, 9, None),), False),
+        ("a free name out of bounds", (torch.randn(5, 3),), [([(16, 1, 8), 3], torch.float32)], (), False),
     ]
 
 
@@ -106,6 +121,15 @@ def test_the_c_checks_answer_as_the_python_ones_on_random_calls():
         c = _leancall.lean_arrays((ids,), checks, spec, torch.Tensor, VALUE)
         assert (python is None) == (c is None), (ids, rows, limit)
         assert _leancall.ids_fit((ids,), spec) == python_ids_fit((ids,), spec) == (python is not None)
+    for _ in range(300):                  # free shapes: named sizes, ranges, fixed sizes, ranks
+        shapes = [tuple(int(n) for n in rng.integers(0, 5, size=int(rng.integers(0, 4)))) for _ in range(2)]
+        checks = [([int(n) if rng.random() < 0.4 else (int(rng.integers(0, 3)), int(rng.integers(0, 3)),
+                                                        int(rng.integers(2, 5))) for n in rng.integers(0, 5, size=len(shape))],
+                   torch.float32) for shape in shapes]
+        call = tuple(torch.zeros(shape) for shape in shapes)
+        python = python_lean_arrays(call, checks, (), torch.Tensor, VALUE)
+        c = _leancall.lean_arrays(call, checks, (), torch.Tensor, VALUE)
+        assert (python is None) == (c is None), (shapes, checks)
 
 
 @pytest.mark.parametrize("impl", IDS_FIT)

@@ -150,6 +150,38 @@ def test_openvino_regions_get_one_too_and_fixed_dimensions_stay_with_the_origina
     assert fast.fallback_calls == 1
 
 
+@needs_ort
+def test_other_sizes_take_the_lean_call_of_the_program_for_other_sizes_after_the_first(tmp_path, monkeypatch):
+    model, inputs, build = _build("ort", tagger)
+    fast = load_build(build.save(tmp_path / "t.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
+    x, y = torch.randint(0, 50, (3, 11)), torch.randint(0, 50, (5, 2))
+    with torch.no_grad():
+        fast(x)                                  # the checked path, which makes the lean call
+        assert fast._free_lean
+        monkeypatch.setattr(type(fast), "_other_sizes", lambda self, args: pytest.fail("the checked path ran"))
+        for z in (x, y, inputs[0][:1]):
+            for got, want in zip(fast(z), model(z), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        assert fast.other_shape_calls == 4 and fast.fallback_calls == 0
+        monkeypatch.undo()
+        # what the checked path refuses, the lean call does too: a length past the checked range,
+        # ids past the table (eager's error), a float where ids were captured
+        fast(torch.randint(0, 50, (3, 129)))
+        with pytest.raises(IndexError):
+            fast(y.clone().fill_(50))
+        with pytest.raises(RuntimeError, match="Long, Int"):     # the embedding's own error
+            fast(y.float())
+        assert fast.other_shape_calls == 4 and fast.fallback_calls == 3
+
+        def broken(arrays):
+            raise RuntimeError("a size its checks did not reach")
+        count, checks, _, *rest = fast._free_lean
+        fast.__dict__["_free_lean"] = (count, checks, broken, *rest)
+        monkeypatch.setattr(fast.other_shapes.runner, "call_positional", lambda args: broken(args))
+        torch.testing.assert_close(fast(y)[0], model(y)[0])      # the original module answers, counted
+        assert fast.other_sizes_failures == 1 and fast.fallback_calls == 4
+
+
 @needs_ov
 def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_checked(tmp_path, monkeypatch):
     model, inputs, build = _build("openvino", tagger)

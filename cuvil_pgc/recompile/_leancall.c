@@ -134,18 +134,51 @@ all_ids_in_range(PyObject *values, PyObject *ids)
     return ok;
 }
 
+#define FREE_NAMES 16      /* the most named sizes a free shape may have (lean_call.py: FREE_NAMES) */
+
+/* 1 where the sizes `s` (a torch.Size) fit the free shape `shape` (a list: per dimension its size,
+ * or (name, smallest, largest), the name an index below FREE_NAMES whose size `named` holds once
+ * a dimension set it, -1 before), else 0; a size that is not an int fits nothing. */
+static int
+fits_free(PyObject *s, PyObject *shape, long long *named)
+{
+    Py_ssize_t n = PyList_GET_SIZE(shape);
+    if (!PyTuple_Check(s) || PyTuple_GET_SIZE(s) != n)
+        return 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *size = PyTuple_GET_ITEM(s, j), *dim = PyList_GET_ITEM(shape, j);
+        if (!PyLong_CheckExact(size))
+            return 0;
+        long long v = PyLong_AsLongLong(size);
+        if (PyLong_CheckExact(dim)) {
+            if (v != PyLong_AsLongLong(dim))
+                return 0;
+            continue;
+        }
+        if (!PyTuple_Check(dim) || PyTuple_GET_SIZE(dim) != 3)
+            return 0;
+        long long k = PyLong_AsLongLong(PyTuple_GET_ITEM(dim, 0)), lo = PyLong_AsLongLong(PyTuple_GET_ITEM(dim, 1)),
+                  hi = PyLong_AsLongLong(PyTuple_GET_ITEM(dim, 2));
+        if (PyErr_Occurred() || k < 0 || k >= FREE_NAMES || v < lo || v > hi || (named[k] >= 0 && named[k] != v))
+            return 0;
+        named[k] = v;
+    }
+    return !PyErr_Occurred();
+}
+
 /* The array of tensor `a` captured as (shape, dtype): a new reference, or NULL (a mismatch, with
  * any exception cleared). A size that is not an int means torch.jit's tracer hands them out (it
- * records the call; it must not run): a mismatch too. */
+ * records the call; it must not run): a mismatch too. A shape that is a list is free (fits_free). */
 static PyObject *
-tensor_array(PyObject *a, PyObject *shape, PyObject *dtype, PyObject *tensor_type)
+tensor_array(PyObject *a, PyObject *shape, PyObject *dtype, PyObject *tensor_type, long long *named)
 {
     if ((PyObject *)Py_TYPE(a) != tensor_type)
         return NULL;
     PyObject *s = PyObject_GetAttr(a, s_shape);
     if (s == NULL)
         goto fail;
-    int same = PyTuple_Check(s) && (PyTuple_GET_SIZE(s) == 0 || PyLong_CheckExact(PyTuple_GET_ITEM(s, 0)))
+    int same = PyList_Check(shape) ? fits_free(s, shape, named)
+               : PyTuple_Check(s) && (PyTuple_GET_SIZE(s) == 0 || PyLong_CheckExact(PyTuple_GET_ITEM(s, 0)))
                ? PyObject_RichCompareBool(s, shape, Py_EQ) : 0;
     Py_DECREF(s);
     if (same != 1)
@@ -184,6 +217,9 @@ checked_arrays(PyObject *positional_in, PyObject *checks_in, PyObject *ids_in, P
     Py_ssize_t n = PySequence_Fast_GET_SIZE(positional);
     if (n != PySequence_Fast_GET_SIZE(checks))
         goto mismatch;
+    long long named[FREE_NAMES];
+    for (int k = 0; k < FREE_NAMES; k++)
+        named[k] = -1;
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *a = PySequence_Fast_GET_ITEM(positional, k);
         PyObject *check = PySequence_Fast_GET_ITEM(checks, k);
@@ -200,7 +236,7 @@ checked_arrays(PyObject *positional_in, PyObject *checks_in, PyObject *ids_in, P
                 goto mismatch;
             continue;
         }
-        PyObject *array = tensor_array(a, shape, dtype, tensor_type);
+        PyObject *array = tensor_array(a, shape, dtype, tensor_type, named);
         if (array == NULL)
             goto mismatch;
         int added = PyList_Append(arrays, array);

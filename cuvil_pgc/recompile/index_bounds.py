@@ -312,7 +312,7 @@ def array_checks(spec: list[tuple[Any, ...]],
                  bounds: dict[int, Limit]) -> tuple[tuple[int, Any, int, np.ndarray | None], ...] | None:
     """(input position, the unsigned NumPy dtype to view it as, rows, the element-wise limit in
     that dtype or None) of each id input among a region's captured positional tensors (``spec``:
-    (shape, dtype, ...) per input): what the lean and direct calls of
+    (shape, dtype, ...) per input; a shape may be free, a list: :func:`~.lean_call.python_lean_arrays`): what the lean and direct calls of
     :class:`~.realized.CompiledRegion` check on the NumPy arrays, in three C calls (``view``,
     ``argmax``, ``item``; an element-wise limit: ``view``, ``>=``, ``argmax``, ``item``). Between a runtime's
     inferences every Python-level call runs on cold caches: on the decoder's 32 ids
@@ -321,12 +321,15 @@ def array_checks(spec: list[tuple[Any, ...]],
     its input's captured shape (those calls always run the original module)."""
     checks = []
     for i, rows in sorted(bounds.items()):
-        if i >= len(spec) or spec[i][1] not in INDEX_DTYPES or math.prod(spec[i][0]) == 0:
+        if i >= len(spec) or spec[i][1] not in INDEX_DTYPES \
+                or math.prod(d for d in spec[i][0] if type(d) is int) == 0:     # a free size is 1 or more
             continue
         unsigned = _UNSIGNED[np.dtype(torch.empty((), dtype=spec[i][1]).numpy().dtype)]
         if isinstance(rows, int):
             checks.append((i, unsigned, rows, None))
             continue
+        if type(spec[i][0]) is list:         # a free shape: an element-wise limit holds at the captured one only
+            return None
         shape = tuple(spec[i][0])
         try:
             if np.broadcast_shapes(shape, rows.shape) != shape:

@@ -108,12 +108,13 @@ def python_keyword_positions(args: tuple[Any, ...], kwargs: dict[str, Any], name
 def python_lean_arrays(positional: Sequence[Any], checks: Sequence[tuple[Any, Any]], ids: Sequence[tuple[Any, ...]],
                        tensor_type: type, marker: object) -> list[Any] | None:
     """The NumPy arrays of ``positional``'s tensors where the call fits ``checks`` ((shape, dtype)
-    per position; (None, None): captured as None; (``marker``, value): captured as that value) and
+    per position, the shape a tuple or a free shape, a list: see :func:`_fits_free`; (None, None):
+    captured as None; (``marker``, value): captured as that value) and
     every id of ``ids`` ((input among the tensors, unsigned dtype, rows, element-wise limit or None)
     per id input) is in range; else None."""
     if len(positional) != len(checks):
         return None
-    arrays = []
+    arrays, named = [], {}
     for a, (shape, dtype) in zip(positional, checks, strict=True):
         if shape is None:
             if a is not None:
@@ -126,13 +127,41 @@ def python_lean_arrays(positional: Sequence[Any], checks: Sequence[tuple[Any, An
         if type(a) is not tensor_type:
             return None
         size = a.shape
-        if size and type(size[0]) is not int or size != shape or a.dtype is not dtype or not a.is_contiguous():
+        if type(shape) is list:
+            if not _fits_free(size, shape, named):
+                return None
+        elif size and type(size[0]) is not int or size != shape:
+            return None
+        if a.dtype is not dtype or not a.is_contiguous():
             return None
         try:                            # refuses a tensor that needs grad or is not in CPU memory
             arrays.append(a.numpy())
         except Exception:
             return None
     return arrays if python_ids_fit(arrays, ids) else None
+
+
+#: the most named sizes a free shape may have (as ``FREE_NAMES`` in ``_leancall.c``)
+FREE_NAMES = 16
+
+
+def _fits_free(size: Sequence[Any], shape: list[Any], named: dict[int, int]) -> bool:
+    """Whether ``size`` fits the free ``shape``: per dimension its size, or (name, smallest,
+    largest), the name an index below :data:`FREE_NAMES` whose dimensions are equal in a call
+    (``named``: the sizes the call's earlier dimensions set)."""
+    if len(size) != len(shape):
+        return False
+    for n, dim in zip(size, shape, strict=True):
+        if type(n) is not int:
+            return False
+        if type(dim) is int:
+            if n != dim:
+                return False
+            continue
+        k, lo, hi = dim
+        if not (0 <= k < FREE_NAMES and lo <= n <= hi) or named.setdefault(k, n) != n:
+            return False
+    return True
 
 
 def python_ids_fit(values: Sequence[Any], ids: Sequence[tuple[Any, ...]]) -> bool:

@@ -40,6 +40,7 @@ from cuvil_pgc.recompile.accuracy import check_outputs, float32_references
 from cuvil_pgc.recompile.apply import ScopeInputs
 from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES
 from cuvil_pgc.recompile.index_bounds import describe, index_bounds, out_of_range
+from cuvil_pgc.recompile.lean_call import FREE_NAMES, VALUE
 from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
 from cuvil_pgc.recompile.ort_runner import OrtRunner
 from cuvil_pgc.recompile.output_template import OutputTemplate
@@ -158,6 +159,19 @@ class OtherShapes:
         if sizes is not None and (own := sizes.runner(tensors, args)) is not None:
             return own.call_positional(tensors)
         return self.runner.call_positional(tensors)
+
+    def lean_positions(self) -> list[tuple[Any, ...] | None] | None:
+        """Per positional input, what a lean call checks (see :meth:`~.realized.CompiledRegion._lean_call`):
+        None, (:data:`~.lean_call.VALUE`, value), or (free shape, dtype, the CPU, None), the free
+        shape a list of sizes and (name, smallest, largest) (:func:`~.lean_call.python_lean_arrays`);
+        None where it has more named sizes than a lean call checks."""
+        if len(self.ranges) > FREE_NAMES:
+            return None
+        names = {name: k for k, name in enumerate(self.ranges)}
+        cpu = torch.device("cpu")
+        return [None if spec is None else (VALUE, spec.value) if isinstance(spec, Constant)
+                else ([d if type(d) is int else (names[d], *self.ranges[d]) for d in spec[1]], spec[0], cpu, None)
+                for spec in self.inputs]
 
     def compile_sizes(self, module: nn.Module, rtol: float | None, atol: float | None, *,
                       capacity: int = CAPACITY, label: str = "a region") -> None:
