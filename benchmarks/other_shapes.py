@@ -7,7 +7,7 @@ thread count, calls at other batch sizes and sequence lengths:
 - ``eager``: the model itself;
 - ``static build``: the build without programs for other sizes (such calls run the original module);
 - ``free build``: the build with them, loaded with ``size_programs=0``: every other size on the
-  free-size program;
+  free-size program (``free/plain``: the plain runtime's time over this);
 - ``sized build``: the build as loaded by default, after each size was called often enough to get a
   program compiled for it alone (:mod:`cuvil_pgc.recompile.size_programs`; OpenVINO only);
 - ``plain runtime``: the runtime called plainly on the same free-size export (for AOTInductor the
@@ -50,7 +50,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     columns = ("eager", "static", "free", "sized", "plain", "plain-sized")
     print(f"{'model':<14} {'sizes':<22} " + " ".join(f"{c:>11}" for c in columns)
-          + f" {'sized/plain':>12} {'sized/p-sized':>14}")
+          + f" {'free/plain':>11} {'sized/plain':>12} {'sized/p-sized':>14}")
     with tempfile.TemporaryDirectory(prefix="cuvil-shapes-") as tmp:
         for name in args.models.split(","):
             model, inputs = load(name)
@@ -89,7 +89,8 @@ def main() -> int:
                 ms.setdefault("plain-sized", float("nan"))
                 print(f"{name:<14} {', '.join(str(tuple(t.shape)) for t in x):<22} "
                       + " ".join(f"{ms[c]:>9.3f}ms" for c in columns)
-                      + f" {ms['plain'] / ms['sized']:>11.3f}x {ms['plain-sized'] / ms['sized']:>13.3f}x", flush=True)
+                      + f" {ms['plain'] / ms['free']:>10.3f}x {ms['plain'] / ms['sized']:>11.3f}x"
+                      f" {ms['plain-sized'] / ms['sized']:>13.3f}x", flush=True)
             sizes = other.sizes
             print(f"{name}: the build ran {built[True].other_shape_calls} calls at other sizes on its programs, "
                   f"{built[True].fallback_calls} on the original module; "
@@ -121,6 +122,7 @@ def _plain_call(backend: str, path: str, threads: int, shapes: list[tuple[int, .
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
+        options.log_severity_level = 3       # as the build's: the export's output shapes name the captured sizes
         if shapes:
             free = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()
             for i, shape in zip(free, shapes, strict=False):

@@ -182,6 +182,24 @@ def test_other_sizes_take_the_lean_call_of_the_program_for_other_sizes_after_the
         assert fast.other_sizes_failures == 1 and fast.fallback_calls == 4
 
 
+@needs_ort
+def test_a_size_called_often_gets_an_onnx_runtime_session_of_its_own(tmp_path):
+    model, inputs, build = _build("ort", tagger)
+    fast = load_build(build.save(tmp_path / "t.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
+    sizes = fast.other_shapes.sizes
+    x = torch.randint(0, 50, (3, 11))
+    with torch.no_grad():
+        for _ in range(sizes.after):
+            fast(x)
+        assert sizes.wait(120) and sizes.sizes() == [((3, 11),)]
+        # the loaded build's file is gone: the session of this size was made from the program's bytes
+        own = sizes.program(((3, 11),))
+        assert own.session.get_inputs()[0].shape == [3, 11]
+        for got, want in zip(fast(x), model(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        assert sizes.leans[((3, 11),)] is not None and fast.fallback_calls == 0
+
+
 @needs_ov
 def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_checked(tmp_path, monkeypatch):
     model, inputs, build = _build("openvino", tagger)

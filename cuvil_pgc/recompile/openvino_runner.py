@@ -57,12 +57,11 @@ class OpenVinoRunner(RuntimeRunner):
             self.compiled = core.compile_model(model, "CPU", openvino_config(knobs, precision))
         self.request = self.compiled.create_infer_request()
         self._lock = threading.Lock()     # an infer request serves one call at a time
-        #: the model read, kept where its sizes are free (:meth:`for_shapes` compiles it for some)
+        #: the model read, kept where its sizes are free (:meth:`size_compiler` compiles it for some)
         self._model = None if all(port.get_partial_shape().is_static for port in model.inputs) else model
 
-    @property
-    def for_shapes(self) -> Callable[[tuple[tuple[int, ...], ...]], OpenVinoRunner] | None:
-        """``for_shapes(shapes)``: this free-size program compiled for exactly ``shapes`` (one per
+    def size_compiler(self) -> Callable[[tuple[tuple[int, ...], ...]], OpenVinoRunner] | None:
+        """``compile(shapes)``: this free-size program compiled for exactly ``shapes`` (one per
         input), with the same knobs, output structure and original; None for a program whose
         sizes are all fixed (see :mod:`.size_programs`)."""
         if self._model is None:

@@ -93,15 +93,39 @@ class OrtRunner(RuntimeRunner):
     CUDA tensors through IO binding, the outputs written into torch tensors."""
 
     def __init__(self, onnx_path: str, knobs: dict[str, str], template: OutputTemplate | None,
-                 original: Callable[..., Any] | None = None) -> None:
+                 original: Callable[..., Any] | None = None, *, source: bytes | None = None,
+                 sizes: dict[str, int] | None = None) -> None:
         import onnxruntime as ort
 
         super().__init__(template, original)
         ep = knobs.get("ep", "cpu")
         _check_provider(ort, ep, onnx_path)
-        self.session = ort.InferenceSession(onnx_path, ort_session_options(ort, knobs), providers=ORT_EPS[ep])
+        options = ort_session_options(ort, knobs)
+        for name, n in (sizes or {}).items():
+            options.add_free_dimension_override_by_name(name, n)
+        self.session = ort.InferenceSession(onnx_path if source is None else source, options, providers=ORT_EPS[ep])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self._path, self._knobs = onnx_path if source is None and ep == "cpu" else None, knobs
+
+    def size_compiler(self) -> Callable[[tuple[tuple[int, ...], ...]], OrtRunner] | None:
+        """``compile(shapes)``: this free-size program as a session of its own for exactly
+        ``shapes`` (one per input; its named sizes overridden), with the same knobs, output
+        structure and original, from the program's bytes, read now (the loaded build's file goes
+        when loading ends); None for a program whose sizes are all fixed or not all named, or not
+        on the CPU (see :mod:`.size_programs`)."""
+        inputs = [i.shape for i in self.session.get_inputs()]
+        if self._path is None or not any(isinstance(d, str) for dims in inputs for d in dims) \
+                or any(d is None for dims in inputs for d in dims):
+            return None
+        with open(self._path, "rb") as f:
+            source = f.read()
+
+        def compiled_for(shapes: tuple[tuple[int, ...], ...]) -> OrtRunner:
+            sizes = {d: n for dims, shape in zip(inputs, shapes, strict=True)
+                     for d, n in zip(dims, shape, strict=True) if isinstance(d, str)}
+            return OrtRunner(self._path, self._knobs, self.template, self._original, source=source, sizes=sizes)
+        return compiled_for
 
     @functools.cached_property
     def _arrays(self) -> Callable[[list[Any]], list[torch.Tensor]]:

@@ -176,16 +176,17 @@ class OtherShapes:
     def compile_sizes(self, module: nn.Module, rtol: float | None, atol: float | None, *,
                       capacity: int = CAPACITY, label: str = "a region") -> None:
         """Give this program programs of their own for the sizes called often, where its runtime
-        compiles them (:mod:`.size_programs`), each checked against ``module`` (the original) by
+        compiles them (``runner.size_compiler()``; :mod:`.size_programs`), each checked against ``module`` (the original) by
         the accuracy guard at ``rtol``/``atol`` (as at the probes)."""
-        for_shapes = getattr(self.runner, "for_shapes", None)
-        if for_shapes is None or capacity <= 0:
+        size_compiler = getattr(self.runner, "size_compiler", None)
+        compile = size_compiler() if size_compiler is not None and capacity > 0 else None
+        if compile is None:
             return
 
         def check(runner: Any, args: tuple[Any, ...]) -> None:
             if not _compare(runner, module, args, rtol, atol):
                 raise OtherShapesError(f"the original module refuses sizes {_shapes(args)}")
-        self.sizes = SizePrograms(for_shapes, check, capacity=capacity, label=label)
+        self.sizes = SizePrograms(compile, check, capacity=capacity, label=label)
 
     def to_json(self, member: str) -> dict[str, Any]:
         doc = {"artifact": member,
