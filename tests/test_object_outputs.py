@@ -14,10 +14,10 @@ from torch import nn
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile.apply import ScopeInputs, realize
 from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.export_error import ExportError
 from cuvil_pgc.recompile.object_outputs import MAX_DEPTH, ObjectLeaf, output_tensors
 from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.output_values import check_constant_outputs
-from cuvil_pgc.recompile.realized import ExportError
 from tests._service import run_service
 
 

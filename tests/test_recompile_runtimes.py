@@ -26,7 +26,7 @@ from cuvil_pgc.recompile.candidates import (
     generate_space,
     scope_candidates,
 )
-from cuvil_pgc.recompile.realized import ExportError, exporter_of_reason
+from cuvil_pgc.recompile.export_error import ExportError, exporter_of_reason
 from cuvil_pgc.recompile.trials import SearchOptions
 
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")

@@ -16,8 +16,8 @@ from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import ScopeInputs, realize
 from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.export_error import ExportError
 from cuvil_pgc.recompile.output_values import check_constant_outputs, other_values
-from cuvil_pgc.recompile.realized import ExportError
 
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
 

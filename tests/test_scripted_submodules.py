@@ -80,7 +80,7 @@ def test_torch_export_s_failure_on_a_scripted_submodule_names_it():
     """torch.export's own message ("Residual.forward() takes 2 positional arguments but 3 were
     given") does not say that the call into TorchScript is the cause; the rejection does."""
     from cuvil_pgc.recompile.apply import ScopeInputs, export_program
-    from cuvil_pgc.recompile.realized import ExportError
+    from cuvil_pgc.recompile.export_error import ExportError
 
     torch.manual_seed(0)
     model, x = WithScripted(Residual()).eval(), torch.randn(2, 8)

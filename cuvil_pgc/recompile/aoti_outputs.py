@@ -54,7 +54,7 @@ def aoti_output_template(prepared: nn.Module, inputs: Any) -> OutputTemplate | N
 
     Such values are put back as the example call's: an output that changes with the input values
     (a number computed from them, a dataclass holding tensors that the pytree does not open) raises
-    :class:`~.realized.ExportError`, see :func:`~.output_values.check_constant_outputs` (a
+    :class:`~.export_error.ExportError`, see :func:`~.output_values.check_constant_outputs` (a
     dataclass output's package returned the example's tensors for every input)."""
     with torch.no_grad():
         out = prepared(*inputs.args, **inputs.kwargs)

@@ -39,11 +39,12 @@ from cuvil_pgc.recompile.aoti_outputs import (
 )
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
+from cuvil_pgc.recompile.export_error import ExportError
 from cuvil_pgc.recompile.index_bounds import IndexBounds
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.object_outputs import OUTPUTS_VERSION
 from cuvil_pgc.recompile.program_index_bounds import program_index_bounds, unchecked_reason
-from cuvil_pgc.recompile.realized import CALL_VERSION, CompiledRegion, ExportError, Realized
+from cuvil_pgc.recompile.realized import CALL_VERSION, CompiledRegion, Realized
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
 from cuvil_pgc.recompile.runtime_region import tensor_leaves

@@ -224,7 +224,7 @@ def _add_other_shapes(result: Any, device: str, rtol: float | None, atol: float 
     for them, and the reason is logged."""
     from cuvil_pgc.recompile import other_shapes
     from cuvil_pgc.recompile.apply import prepare_module, runtime_key
-    from cuvil_pgc.recompile.realized import ExportError
+    from cuvil_pgc.recompile.export_error import ExportError
 
     if device != "cpu":
         log.warning("cuvil-pgc: dynamic=True exports programs for other input sizes on the CPU only; the %s "

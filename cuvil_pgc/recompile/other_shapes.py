@@ -205,14 +205,14 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
                        rtol: float | None, atol: float | None, sized: frozenset[int] = frozenset()) -> OtherShapes:
     """The program of ``cand`` (an ONNX Runtime, OpenVINO or AOTInductor candidate) for ``module`` at
     other input sizes, checked against ``module`` at probes of other sizes; raises
-    :class:`OtherShapesError` (or :class:`~.realized.ExportError`).
+    :class:`OtherShapesError` (or :class:`~.export_error.ExportError`).
 
     ``prepared`` is the module the region exports (rewrites applied), ``key`` the region's
     artifact cache key (:func:`~.apply.runtime_key`), ``sized`` the tensor inputs whose indices
     address a tensor sized by the inputs (:attr:`~.index_bounds.IndexBounds.sized`): the program
     checks each against the size of the call's input that sizes it (a graph's nodes, the rows of
     ``x``), found in the program for other sizes, or is refused where no input's dimension is that size."""
-    from cuvil_pgc.recompile.realized import ExportError
+    from cuvil_pgc.recompile.export_error import ExportError
 
     if cand.backend not in BACKENDS:
         raise OtherShapesError(f"only ONNX Runtime, OpenVINO and AOTInductor regions get one, not {cand.backend}")

@@ -11,7 +11,7 @@ cache) is rebuilt around the runtime's tensors; the rest of it must stay the sam
 
 :func:`check_constant_outputs` tells the two apart by calling the region again with other values
 of the same shapes and dtypes. A value that changes, or a call that cannot run, rejects the
-region's runtime (and such AOTInductor) builds with an :class:`~.realized.ExportError` naming the output.
+region's runtime (and such AOTInductor) builds with an :class:`~.export_error.ExportError` naming the output.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def check_constant_outputs(prepared: nn.Module, inputs: Any, reference: Any, exp
     """Raise ExportError (``<exporter> failed: ...``) when a non-tensor, non-None leaf of
     ``reference`` (``prepared``'s output for ``inputs``, a :class:`~.apply.ScopeInputs`) changes
     when the inputs' values change."""
-    from cuvil_pgc.recompile.realized import ExportError
+    from cuvil_pgc.recompile.export_error import ExportError
 
     leaves = pytree.tree_flatten_with_path(reference, is_leaf=is_output_leaf)[0]
     values = [(path, v) for path, v in leaves if not isinstance(v, torch.Tensor) and v is not None]

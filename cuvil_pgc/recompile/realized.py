@@ -1,5 +1,5 @@
 """What realizing a candidate gives: a :class:`Realized` region, its :class:`CompiledRegion`
-module, and :class:`ExportError` when an exporter cannot capture the module.
+module (:class:`~.export_error.ExportError` says why an exporter cannot capture one).
 
 Shared by :mod:`.apply` (torch.compile, AOTInductor, CUDA graphs) and :mod:`.runtime_build`
 (ONNX Runtime, OpenVINO, TensorRT), which builds regions for ``apply`` and so sits below it.
@@ -597,19 +597,3 @@ def first_fallback(module: nn.Module) -> str | None:
     first such region; None where every region ran its program."""
     return next((m.first_fallback for m in module.modules() if isinstance(m, CompiledRegion) and m.fallback_calls),
                 None)
-
-
-class ExportError(RuntimeError):
-    """An exporter cannot capture a module (data-dependent control flow, unsupported Python or
-    operators): every build of that module through the same exporter fails the same way, whatever
-    its options. The message starts with the exporter's name (``torch.export failed: ...``,
-    ``torch.onnx.export failed: ...``; see :func:`~.runtime_build.exporters`)."""
-
-    @property
-    def exporter(self) -> str:
-        return exporter_of_reason(str(self))
-
-
-def exporter_of_reason(reason: str) -> str:
-    """The exporter named at the start of an ExportError's message (or of a rejection reason)."""
-    return reason.removeprefix(f"{ExportError.__name__}: ").split(" failed", 1)[0]

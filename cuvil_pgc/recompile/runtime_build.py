@@ -87,7 +87,7 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
     ``prepared`` is the module to export (rewrites applied), ``reference`` its output for
     ``inputs`` (the output structure), ``key`` the artifact cache key of the scope and program.
     """
-    from cuvil_pgc.recompile.realized import ExportError
+    from cuvil_pgc.recompile.export_error import ExportError
 
     check_constant_outputs(prepared, inputs, reference, exporters(cand.backend)[0])
     template = OutputTemplate.of(reference)
@@ -131,7 +131,7 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
     with ``free_sizes`` every dimension of the positional tensor inputs is left to the exporter
     (``Dim.AUTO``: free where the program allows other sizes, fixed where it does not)."""
     from cuvil_pgc.recompile.aoti_outputs import TensorOutputs
-    from cuvil_pgc.recompile.realized import ExportError
+    from cuvil_pgc.recompile.export_error import ExportError
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -263,7 +263,7 @@ def convert_openvino(onnx_path: Path, xml: Path) -> None:
 def _compile_tensorrt(prepared: nn.Module, cand: Any, inputs: Any, path: Path) -> None:
     import torch_tensorrt
 
-    from cuvil_pgc.recompile.realized import ExportError
+    from cuvil_pgc.recompile.export_error import ExportError
 
     precisions = {torch.float32} | ({torch.float16} if cand.precision == "fp16" else set())
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -60,10 +60,11 @@ from cuvil_pgc.recompile.candidates import (
     is_runtime_default,
 )
 from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
+from cuvil_pgc.recompile.export_error import ExportError, exporter_of_reason
 from cuvil_pgc.recompile.features import add_rnn_time, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
-from cuvil_pgc.recompile.realized import ExportError, exporter_of_reason, first_fallback
+from cuvil_pgc.recompile.realized import first_fallback
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
 from cuvil_pgc.recompile.search_policy import (
