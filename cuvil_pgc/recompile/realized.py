@@ -164,19 +164,24 @@ class CompiledRegion(nn.Module):
                 if out is not MISFIT:
                     return out
                 other = self.other_shapes            # nothing hooks in: skip the dispatch here too
-                if other is not None and ((sized := other.sizes) is not None and sized.leans and (
-                        own := sized.lean(tuple([a.shape for a in positional if type(a) is _Tensor]))) is not None
-                                          or (own := self._free_lean)):
-                    try:                             # a size's own program (.size_programs), or the free-size one
-                        out = lean_call(self, own, positional)
+                # other sizes: the lean call of the size's own program (.size_programs), or of the free-size one
+                sized = other.sizes if other is not None else None
+                own = sized.lean(tuple([a.shape for a in positional if type(a) is _Tensor])) \
+                    if sized is not None and sized.leans else None
+                free = own is None and other is not None and self._free_lean
+                if own is not None or free:
+                    try:
+                        out = lean_call(self, own or free, positional)
                     except IndexCheckFailed as exc:
                         return self._fall_back(args, kwargs, str(exc))
                     except Exception:                # a size its checks did not reach: as the checked path does
                         return self._other_sizes(positional)
                     if out is not MISFIT:
                         self.__dict__["other_shape_calls"] += 1
-                        if own is self._free_lean and (sized := other.sizes) is not None:
-                            self._count_size(sized, positional)
+                        # counted toward the size's own program; its lean call taken once it has one
+                        if free and sized is not None and sized.runner(
+                                tuple([a for a in positional if type(a) is _Tensor]), positional) is not None:
+                            self._learn_sized_lean(sized, positional)
                         return out
                 if other is not None and len(positional) == lean[0] and not is_tracing() \
                         and (RemovableHandle.next_id == self._quiet_at or self._quiet()) \
@@ -485,12 +490,6 @@ class CompiledRegion(nn.Module):
         if positions is not None and not self.sized_bounds and not other.index_bounds:
             lean = self._lean_call(positions, program=other.runner) or ()
         self.__dict__["_free_lean"] = lean
-
-    def _count_size(self, sized: Any, args: tuple[Any, ...]) -> None:
-        """Count a call the free-size lean call answered toward its size's own program, and take
-        that program's lean call once it has one."""
-        if sized.runner(tuple([a for a in args if type(a) is torch.Tensor]), args) is not None:
-            self._learn_sized_lean(sized, args)
 
     def _learn_sized_lean(self, sized: Any, args: tuple[Any, ...]) -> None:
         """The lean call of the program of its own the size of ``args`` has, once it has one (see
