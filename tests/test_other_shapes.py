@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from cuvil_pgc.recompile import load_build, other_shapes, recompile, runtimes
+from cuvil_pgc.recompile import load_build, other_shapes, recompile, runtimes, size_programs
 from cuvil_pgc.recompile.accuracy import AccuracyResult
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.package import open_build
@@ -236,6 +236,10 @@ def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_
         handle.remove()
         assert seen == [1]
     assert load_build(path, copy.deepcopy(model), allow_unsigned=True, size_programs=0).other_shapes.sizes is None
+    assert load_build(path, copy.deepcopy(model), allow_unsigned=True, size_programs=2).other_shapes.sizes.capacity == 2
+    monkeypatch.setattr(size_programs, "WEIGHTS_BUDGET", 3 * sum(p.numel() * 4 for p in model.parameters()))
+    assert load_build(path, copy.deepcopy(model), allow_unsigned=True).other_shapes.sizes.capacity == 3
+    monkeypatch.undo()
 
     # the program of one size answers only after the accuracy guard passed it against the original module
     strict = load_build(path, copy.deepcopy(model), allow_unsigned=True)

@@ -159,3 +159,11 @@ def test_a_forked_child_asks_again_for_the_programs_its_parent_was_making():
     assert sizes.wait(0)                     # not waiting for the parent's worker, nor its lock
     calls(sizes, (2, 2))
     assert len(jobs) == 2
+
+
+def test_by_default_a_region_keeps_no_more_programs_than_copies_of_its_weights_fit_the_budget():
+    from cuvil_pgc.recompile.size_programs import CAPACITY, WEIGHTS_BUDGET, default_capacity
+
+    assert default_capacity(2 << 20) == CAPACITY
+    assert default_capacity(WEIGHTS_BUDGET // 3) == 3
+    assert default_capacity(WEIGHTS_BUDGET + 1) == 0 and default_capacity(0) == CAPACITY

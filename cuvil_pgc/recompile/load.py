@@ -33,7 +33,6 @@ from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc.errors import BuildError, ConfigError, CuvilError, one_line
 from cuvil_pgc.recompile.build import CACHE_MEMBER
 from cuvil_pgc.recompile.plan_doc import PLAN_MEMBER
-from cuvil_pgc.recompile.size_programs import CAPACITY as SIZE_PROGRAMS
 
 if TYPE_CHECKING:
     from cuvil_pgc.recompile.plan_doc import Plan
@@ -65,7 +64,7 @@ class LoadReport:
 def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str = "error", store: Any = None,
                pubkey: Any = None, allow_unsigned: bool | None = None, require_signature: bool = False,
                example_inputs: tuple[Any, ...] | None = None, stale: str = "eager",
-               size_programs: int = SIZE_PROGRAMS) -> Any:
+               size_programs: int | None = None) -> Any:
     """Verify a build, check it fits this environment and ``model``, and return the optimized model.
 
     Args:
@@ -82,7 +81,8 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
         example_inputs: run one warm-up call and report compile-cache hits in ``cuvil_load_report``.
         size_programs: per region with a program for other input sizes (``recompile --dynamic``),
             the most sizes called often that get a program compiled for them alone, in the
-            background (see :mod:`.size_programs`); 0 runs every other size on the free-size program.
+            background (see :mod:`.size_programs`); 0 runs every other size on the free-size
+            program. Default: 8, fewer where their copies of the region's weights would pass 1 GiB.
     """
     if fallback not in FALLBACKS:
         raise BuildError(f"fallback={fallback!r} is not one of {FALLBACKS}")
@@ -90,8 +90,8 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
         raise BuildError(f"stale={stale!r} is not one of {STALE_POLICIES}")
     if require_signature:
         allow_unsigned = False
-    if type(size_programs) is not int or size_programs < 0:
-        raise BuildError(f"size_programs={size_programs!r} is not a count of programs (0 or more)")
+    if size_programs is not None and (type(size_programs) is not int or size_programs < 0):
+        raise BuildError(f"size_programs={size_programs!r} is not a count of programs (0 or more, or None)")
     try:
         return _load(path_or_ref, model, store, pubkey, allow_unsigned, example_inputs, stale, size_programs)
     except Exception as exc:      # every failure of loading: refused builds, dlopen, deep JSON ...
@@ -110,7 +110,7 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
 
 
 def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool | None,
-          example_inputs: tuple[Any, ...] | None, stale: str, size_programs: int) -> Any:
+          example_inputs: tuple[Any, ...] | None, stale: str, size_programs: int | None) -> Any:
     from cuvil_pgc.recompile.runtime_build import check_engines
     from cuvil_pgc.recompile.trust import open_trusted
 
@@ -225,7 +225,7 @@ def _load_cache_artifacts(vb: Any) -> str:
 
 
 def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: str, stale: str,
-                   size_programs: int) -> Any:
+                   size_programs: int | None) -> Any:
     from cuvil_pgc.recompile.apply import apply_plan
 
     model = eval_mode(model).to(plan.device)
@@ -241,7 +241,7 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
 
 
 def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dict[str, Any], report: LoadReport,
-                     path: str, extract_dir: Path, size_programs: int) -> None:
+                     path: str, extract_dir: Path, size_programs: int | None) -> None:
     """Each choice's region, its verified files unpacked into ``extract_dir`` (or skipped, with the
     reason in ``report``)."""
     from cuvil_pgc._structure import settings_digest, weights_digest

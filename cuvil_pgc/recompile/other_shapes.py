@@ -53,7 +53,7 @@ from cuvil_pgc.recompile.runtime_build import (
     export_onnx,
     knobs_of,
 )
-from cuvil_pgc.recompile.size_programs import CAPACITY, SizePrograms
+from cuvil_pgc.recompile.size_programs import SizePrograms, default_capacity
 
 log = logging.getLogger(__name__)
 
@@ -174,10 +174,14 @@ class OtherShapes:
                 for spec in self.inputs]
 
     def compile_sizes(self, module: nn.Module, rtol: float | None, atol: float | None, *,
-                      capacity: int = CAPACITY, label: str = "a region") -> None:
-        """Give this program programs of their own for the sizes called often, where its runtime
-        compiles them (``runner.size_compiler()``; :mod:`.size_programs`), each checked against ``module`` (the original) by
-        the accuracy guard at ``rtol``/``atol`` (as at the probes)."""
+                      capacity: int | None = None, label: str = "a region") -> None:
+        """Give this program up to ``capacity`` programs of their own for the sizes called often
+        (None: :func:`~.size_programs.default_capacity` of ``module``'s weights), where its runtime
+        compiles them (``runner.size_compiler()``; :mod:`.size_programs`), each checked against
+        ``module`` (the original) by the accuracy guard at ``rtol``/``atol`` (as at the probes)."""
+        if capacity is None:
+            capacity = default_capacity(sum(t.numel() * t.element_size()
+                                            for t in (*module.parameters(), *module.buffers())))
         size_compiler = getattr(self.runner, "size_compiler", None)
         compile = size_compiler() if size_compiler is not None and capacity > 0 else None
         if compile is None:
@@ -507,7 +511,7 @@ def _suffixes(backend: str) -> tuple[str, ...]:
 
 
 def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, device: str,
-                      tolerances: dict[str, Any] | None = None, size_programs: int = CAPACITY) -> None:
+                      tolerances: dict[str, Any] | None = None, size_programs: int | None = None) -> None:
     """Give a loaded build's ``region`` (a :class:`~.realized.CompiledRegion`) the program for other
     sizes its ``choice`` records in ``other_shapes``, from the verified build
     ``vb``, with up to ``size_programs`` programs of their own for sizes called often, checked at
