@@ -78,11 +78,11 @@ def main() -> int:
                     continue
                 contenders = {"eager": model, "static": built[False], "free": built["free"], "sized": built[True],
                               "plain": plain}
-                if other.sizes is not None:         # called often enough at this size: its program is made
+                if other.size_programs is not None:         # called often enough at this size: its program is made
                     with torch.no_grad():
-                        for _ in range(other.sizes.after):
+                        for _ in range(other.size_programs.after):
                             built[True](*x)
-                    other.sizes.wait(600)
+                    other.size_programs.wait(600)
                     contenders["plain-sized"] = _plain_call(args.backend, program, args.threads,
                                                             [tuple(t.shape) for t in x])
                 ms = _race(contenders, x, args.rounds)
@@ -91,7 +91,7 @@ def main() -> int:
                       + " ".join(f"{ms[c]:>9.3f}ms" for c in columns)
                       + f" {ms['plain'] / ms['free']:>10.3f}x {ms['plain'] / ms['sized']:>11.3f}x"
                       f" {ms['plain-sized'] / ms['sized']:>13.3f}x", flush=True)
-            sizes = other.sizes
+            sizes = other.size_programs
             print(f"{name}: the build ran {built[True].other_shape_calls} calls at other sizes on its programs, "
                   f"{built[True].fallback_calls} on the original module; "
                   + ("no programs of their own (its runtime compiles none)" if sizes is None else

@@ -81,11 +81,11 @@ def main() -> int:
                 if (batch, grow) != (first.shape[0], 0) and not other.fits(x):
                     continue
                 with torch.no_grad():                  # a common size: compiled, and its own program made
-                    for _ in range(max(3, other.sizes.after if other.sizes is not None else 0)):
+                    for _ in range(max(3, other.size_programs.after if other.size_programs is not None else 0)):
                         compiled(*x)
                         build(*x)
-                if other.sizes is not None:
-                    other.sizes.wait(600)
+                if other.size_programs is not None:
+                    other.size_programs.wait(600)
                 ms = _race(contenders, x, args.rounds)
                 best = min(ms[c] for c in RIVALS)
                 ratios.setdefault(name, []).append(best / ms["build"])

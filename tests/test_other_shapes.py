@@ -95,7 +95,7 @@ def test_a_loaded_build_runs_other_batch_sizes_and_lengths_on_its_runtime_in_a_s
                     refused.append(True)
             for _ in range(2):    # called often: the size gets a session of its own, in the background
                 fast(saved["ids"])
-            sizes = fast.other_shapes.sizes
+            sizes = fast.other_shapes.size_programs
             sizes.wait(300)
             sized = fast(saved["ids"])[0]
         print(json.dumps({{"shape": list(scores.shape), "err": float((scores - ref_scores).abs().max()
@@ -193,7 +193,7 @@ def test_other_sizes_take_the_lean_call_of_the_program_for_other_sizes_after_the
 def test_a_size_called_often_gets_an_onnx_runtime_session_of_its_own(tmp_path):
     model, inputs, build = _build("ort", tagger)
     fast = load_build(build.save(tmp_path / "t.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
-    sizes = fast.other_shapes.sizes
+    sizes = fast.other_shapes.size_programs
     x = torch.randint(0, 50, (3, 11))
     with torch.no_grad():
         for _ in range(sizes.after):
@@ -212,7 +212,7 @@ def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_
     model, inputs, build = _build("openvino", tagger)
     path = build.save(tmp_path / "t.cuvilpkg")
     fast = load_build(path, copy.deepcopy(model), allow_unsigned=True)
-    sizes = fast.other_shapes.sizes
+    sizes = fast.other_shapes.size_programs
     x = torch.randint(0, 50, (3, 11))
     with torch.no_grad():
         for _ in range(sizes.after):
@@ -235,10 +235,10 @@ def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_
         fast(x)
         handle.remove()
         assert seen == [1]
-    assert load_build(path, copy.deepcopy(model), allow_unsigned=True, size_programs=0).other_shapes.sizes is None
-    assert load_build(path, copy.deepcopy(model), allow_unsigned=True, size_programs=2).other_shapes.sizes.capacity == 2
+    assert load_build(path, copy.deepcopy(model), allow_unsigned=True, size_programs=0).other_shapes.size_programs is None
+    assert load_build(path, copy.deepcopy(model), allow_unsigned=True, size_programs=2).other_shapes.size_programs.capacity == 2
     monkeypatch.setattr(size_programs, "WEIGHTS_BUDGET", 3 * sum(p.numel() * 4 for p in model.parameters()))
-    assert load_build(path, copy.deepcopy(model), allow_unsigned=True).other_shapes.sizes.capacity == 3
+    assert load_build(path, copy.deepcopy(model), allow_unsigned=True).other_shapes.size_programs.capacity == 3
     monkeypatch.undo()
 
     # the program of one size answers only after the accuracy guard passed it against the original module
@@ -248,8 +248,8 @@ def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_
     with torch.no_grad():
         for _ in range(sizes.after):
             strict(x)
-        assert strict.other_shapes.sizes.wait(120)
-        assert strict.other_shapes.sizes.refused == 1 and strict.other_shapes.sizes.sizes() == []
+        assert strict.other_shapes.size_programs.wait(120)
+        assert strict.other_shapes.size_programs.refused == 1 and strict.other_shapes.size_programs.sizes() == []
         torch.testing.assert_close(strict(x)[0], model(x)[0], rtol=1e-4, atol=1e-5)
 
 

@@ -106,7 +106,7 @@ class OtherShapes:
     index_bounds: dict[int, tuple[int | str, ...]] = field(default_factory=dict)
     #: programs of their own for the sizes called often (:class:`~.size_programs.SizePrograms`;
     #: None: every call runs ``runner``)
-    sizes: Any = None
+    size_programs: Any = None
 
     def fits(self, args: tuple[Any, ...]) -> bool:
         """Whether ``args`` are CPU tensors this program was checked for (see :meth:`misfit`)."""
@@ -155,7 +155,7 @@ class OtherShapes:
         """Run ``args`` (which :meth:`fits`: positional tensors and the captured Nones, which the
         program does not take, so no flattening of the call)."""
         tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
-        sizes = self.sizes
+        sizes = self.size_programs
         if sizes is not None and (own := sizes.runner(tensors, args)) is not None:
             return own.call_positional(tensors)
         return self.runner.call_positional(tensors)
@@ -190,7 +190,7 @@ class OtherShapes:
         def check(runner: Any, args: tuple[Any, ...]) -> None:
             if not _compare(runner, module, args, rtol, atol):
                 raise OtherShapesError(f"the original module refuses sizes {_shapes(args)}")
-        self.sizes = SizePrograms(compile, check, capacity=capacity, label=label)
+        self.size_programs = SizePrograms(compile, check, capacity=capacity, label=label)
 
     def to_json(self, member: str) -> dict[str, Any]:
         doc = {"artifact": member,

@@ -165,7 +165,7 @@ class CompiledRegion(nn.Module):
                     return out
                 other = self.other_shapes            # nothing hooks in: skip the dispatch here too
                 # other sizes: the lean call of the size's own program (.size_programs), or of the free-size one
-                sized = other.sizes if other is not None else None
+                sized = other.size_programs if other is not None else None
                 own = sized.lean(tuple([a.shape for a in positional if type(a) is _Tensor])) \
                     if sized is not None and sized.leans else None
                 free = own is None and other is not None and self._free_lean
@@ -475,7 +475,7 @@ class CompiledRegion(nn.Module):
         if self._lean is not None:
             if self._free_lean is None:
                 self._learn_free_lean()
-            if (sized := self.other_shapes.sizes) is not None:
+            if (sized := self.other_shapes.size_programs) is not None:
                 self._learn_sized_lean(sized, args)
         return out
 

@@ -14,7 +14,8 @@ the free-size program as before, and wait for nothing. The new program answers n
 passes the accuracy guard, against the original module, at the inputs of the call that asked for
 it (the check the build ran on the free-size program at its probes; a size the check refuses
 stays on the free-size program, and after :data:`MAX_REFUSED` refusals the region compiles no
-more). A region holds at most ``capacity`` such programs (each holds its own copy of the
+more). The check calls the original module once per size, on the background thread, under
+``no_grad``: a hook on it sees that call. A region holds at most ``capacity`` such programs (each holds its own copy of the
 compiled weights: by default 8, fewer where their weights would pass 1 GiB,
 :func:`default_capacity`); when it is full, a size gets one only once it has been called more than twice
 as often as the least-called size that has one, which it then replaces: a service whose sizes
