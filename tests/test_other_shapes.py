@@ -190,9 +190,10 @@ def test_other_sizes_take_the_lean_call_of_the_program_for_other_sizes_after_the
 
 
 @needs_ort
-def test_a_size_called_often_gets_an_onnx_runtime_session_of_its_own(tmp_path):
+def test_a_size_called_often_gets_an_onnx_runtime_session_of_its_own(tmp_path, monkeypatch):
     model, inputs, build = _build("ort", tagger)
-    fast = load_build(build.save(tmp_path / "t.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
+    path = build.save(tmp_path / "t.cuvilpkg")
+    fast = load_build(path, copy.deepcopy(model), allow_unsigned=True)
     sizes = fast.other_shapes.size_programs
     x = torch.randint(0, 50, (3, 11))
     with torch.no_grad():
@@ -205,6 +206,12 @@ def test_a_size_called_often_gets_an_onnx_runtime_session_of_its_own(tmp_path):
         for got, want in zip(fast(x), model(x), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         assert sizes.leans[((3, 11),)] is not None and fast.fallback_calls == 0
+    # by default the program's bytes it keeps count against the budget of weight copies
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    monkeypatch.setattr(size_programs, "WEIGHTS_BUDGET", 3 * weights)
+    assert load_build(path, copy.deepcopy(model), allow_unsigned=True).other_shapes.size_programs.capacity == 2
+    monkeypatch.setattr(size_programs, "WEIGHTS_BUDGET", weights)
+    assert load_build(path, copy.deepcopy(model), allow_unsigned=True).other_shapes.size_programs is None
 
 
 @needs_ov

@@ -167,3 +167,4 @@ def test_by_default_a_region_keeps_no_more_programs_than_copies_of_its_weights_f
     assert default_capacity(2 << 20) == CAPACITY
     assert default_capacity(WEIGHTS_BUDGET // 3) == 3
     assert default_capacity(WEIGHTS_BUDGET + 1) == 0 and default_capacity(0) == CAPACITY
+    assert default_capacity(WEIGHTS_BUDGET // 3, kept=1) == 2 and default_capacity(WEIGHTS_BUDGET, kept=1) == 0

@@ -108,6 +108,10 @@ class OrtRunner(RuntimeRunner):
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._path, self._knobs = onnx_path if source is None and ep == "cpu" else None, knobs
 
+    #: copies of the weights :meth:`size_compiler` keeps (the program's bytes; see
+    #: :func:`~.size_programs.default_capacity`)
+    SOURCE_COPIES = 1
+
     def size_compiler(self) -> Callable[[tuple[tuple[int, ...], ...]], OrtRunner] | None:
         """``compile(shapes)``: this free-size program as a session of its own for exactly
         ``shapes`` (one per input; its named sizes overridden), with the same knobs, output

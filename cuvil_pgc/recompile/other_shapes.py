@@ -181,7 +181,8 @@ class OtherShapes:
         ``module`` (the original) by the accuracy guard at ``rtol``/``atol`` (as at the probes)."""
         if capacity is None:
             capacity = default_capacity(sum(t.numel() * t.element_size()
-                                            for t in (*module.parameters(), *module.buffers())))
+                                            for t in (*module.parameters(), *module.buffers())),
+                                        kept=getattr(self.runner, "SOURCE_COPIES", 0))
         size_compiler = getattr(self.runner, "size_compiler", None)
         compile = size_compiler() if size_compiler is not None and capacity > 0 else None
         if compile is None:

@@ -50,10 +50,11 @@ CAPACITY = 8
 WEIGHTS_BUDGET = 1 << 30
 
 
-def default_capacity(weight_bytes: int) -> int:
+def default_capacity(weight_bytes: int, kept: int = 0) -> int:
     """The programs a region whose weights take ``weight_bytes`` keeps by default: :data:`CAPACITY`,
-    fewer where their copies of the weights would pass :data:`WEIGHTS_BUDGET` (0: none)."""
-    return min(CAPACITY, WEIGHTS_BUDGET // max(weight_bytes, 1))
+    fewer where their copies of the weights, and the ``kept`` copies its runtime holds to make them
+    (ONNX Runtime: the program's bytes), would pass :data:`WEIGHTS_BUDGET` (0: none)."""
+    return max(0, min(CAPACITY, WEIGHTS_BUDGET // max(weight_bytes, 1) - kept))
 #: refused sizes after which a region compiles no more programs
 MAX_REFUSED = 3
 #: distinct sizes a region counts (beyond them a new size is not counted: ``uncounted``)
