@@ -57,18 +57,19 @@ class OpenVinoRunner(RuntimeRunner):
             self.compiled = core.compile_model(model, "CPU", openvino_config(knobs, precision))
         self.request = self.compiled.create_infer_request()
         self._lock = threading.Lock()     # an infer request serves one call at a time
-        #: the model read, kept where its sizes are free (:meth:`size_compiler` compiles it for some)
-        self._model = None if all(port.get_partial_shape().is_static for port in model.inputs) else model
+        self._path = xml_path
 
     def size_compiler(self) -> Callable[[tuple[tuple[int, ...], ...]], OpenVinoRunner] | None:
         """``compile(shapes)``: this free-size program compiled for exactly ``shapes`` (one per
-        input), with the same knobs, output structure and original; None for a program whose
-        sizes are all fixed (see :mod:`.size_programs`)."""
-        if self._model is None:
+        input), with the same knobs, output structure and original, from its model read now (the
+        loaded build's file goes when loading ends) and kept; None for a program whose sizes are
+        all fixed (see :mod:`.size_programs`)."""
+        if all(port.get_partial_shape().is_static for port in self.compiled.inputs):
             return None
+        read = self._ov.Core().read_model(self._path)
 
         def compiled_for(shapes: tuple[tuple[int, ...], ...]) -> OpenVinoRunner:
-            model = self._model.clone()
+            model = read.clone()
             model.reshape({i: self._ov.PartialShape(list(shape)) for i, shape in enumerate(shapes)})
             return OpenVinoRunner("", self._knobs, self._precision, self.template, self._original, model=model)
         return compiled_for

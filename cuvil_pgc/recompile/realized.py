@@ -310,9 +310,7 @@ class CompiledRegion(nn.Module):
         if leaves is None or not all(a is None or type(a) is torch.Tensor or type(a) in CAPTURED_VALUES for a in leaves):
             return
         nested = None if all(nest is None for nest in layout) else layout
-        self.__dict__["_lean"] = self._lean_call(
-            [(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor else None if a is None else (VALUE, a)
-             for a in leaves], nested)
+        self.__dict__["_lean"] = self._lean_call(_positions(leaves), nested)
         # an AOTInductor package captured with its tensors nested in dicts, lists or tuples (a
         # recommender's dict of features): its runner on the tensors in the order the export flattened
         # them. Through the package's own call, which parses its call specs and flattens the arguments
@@ -498,13 +496,11 @@ class CompiledRegion(nn.Module):
         runtime's own call, a 2-layer BERT at 16 tokens on OpenVINO 187 µs through it against 151 µs
         for the program's call (one process, interleaved). Not where an index is bounded by a size
         of the inputs (a graph's nodes): the lean call checks the bounds of the captured sizes."""
-        key = tuple([a.shape for a in args if isinstance(a, torch.Tensor)])
+        key = tuple([a.shape for a in args if type(a) is _Tensor])     # as __call__ looks it up
         if key in sized.leans or (own := sized.program(key)) is None \
                 or self.sized_bounds or self.other_shapes.index_bounds:
             return
-        sized.leans[key] = self._lean_call(
-            [(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor else None if a is None else (VALUE, a)
-             for a in args], program=own)
+        sized.leans[key] = self._lean_call(_positions(args), program=own)
 
     def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any], why: str | None = None) -> Any:
         """The original module's answer to a call the build's program does not take (``why``: the
@@ -557,6 +553,13 @@ class CompiledRegion(nn.Module):
 
     def _matches(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         return matches(self._spec, self.signature, args, kwargs)
+
+
+def _positions(leaves: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...] | None]:
+    """What :meth:`CompiledRegion._lean_call` checks per leaf of a call: a tensor's (shape, dtype,
+    device, strides), None, or (:data:`~.lean_call.VALUE`, value)."""
+    return [(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor else None if a is None else (VALUE, a)
+            for a in leaves]
 
 
 def _is_dynamo_module(program: Any) -> bool:

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from cuvil_pgc.recompile._stderr import first_line
+
 log = logging.getLogger(__name__)
 
 #: calls at a size before it gets a program of its own
@@ -48,6 +50,10 @@ CAPACITY = 8
 #: weights) 5.9 MB on OpenVINO, 4.0 MB on ONNX Runtime; a 4-layer BERT (65 MB) 56 MB and 83 MB
 #: (ONNX Runtime's sessions are made from the program's bytes, which the region keeps)
 WEIGHTS_BUDGET = 1 << 30
+#: refused sizes after which a region compiles no more programs
+MAX_REFUSED = 3
+#: distinct sizes a region counts (beyond them a new size is not counted: ``uncounted``)
+MAX_COUNTED = 4096
 
 
 def default_capacity(weight_bytes: int, kept: int = 0) -> int:
@@ -55,10 +61,6 @@ def default_capacity(weight_bytes: int, kept: int = 0) -> int:
     fewer where their copies of the weights, and the ``kept`` copies its runtime holds to make them
     (ONNX Runtime: the program's bytes), would pass :data:`WEIGHTS_BUDGET` (0: none)."""
     return max(0, min(CAPACITY, WEIGHTS_BUDGET // max(weight_bytes, 1) - kept))
-#: refused sizes after which a region compiles no more programs
-MAX_REFUSED = 3
-#: distinct sizes a region counts (beyond them a new size is not counted: ``uncounted``)
-MAX_COUNTED = 4096
 
 
 class SizePrograms:
@@ -129,7 +131,7 @@ class SizePrograms:
             return False
         counts = self._counts
         self._floor = min((counts.get(k, 0) for k in list(self._ready)), default=0)
-        return self._ready != {} and n > 2 * self._floor
+        return bool(self._ready) and n > 2 * self._floor
 
     def _ask(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> None:
         with self._idle:
@@ -159,14 +161,13 @@ class SizePrograms:
             del ready[victim]
             self.leans.pop(victim, None)
             self.evicted += 1
-        if self.capacity > 0:
-            ready[key] = runner
-            self.compiled += 1
+        ready[key] = runner
+        self.compiled += 1
         self._floor = min((counts.get(k, 0) for k in ready), default=0)
 
     def _refuse(self, key: tuple[Any, ...], exc: Exception) -> None:
         self._refused.add(key)
-        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+        reason = f"{type(exc).__name__}: {first_line(str(exc), 200)}"
         if len(self._refused) >= MAX_REFUSED:
             self.stopped = f"{len(self._refused)} sizes refused, the last: {reason}"
         if len(self._refused) == 1 or self.stopped:
