@@ -189,9 +189,10 @@ def test_other_sizes_take_the_lean_call_of_the_program_for_other_sizes_after_the
         assert fast.other_sizes_failures == 1 and fast.fallback_calls == 4
 
 
-@needs_ort
-def test_a_size_called_often_gets_an_onnx_runtime_session_of_its_own(tmp_path, monkeypatch):
-    model, inputs, build = _build("ort", tagger)
+def _called_often(backend, tmp_path):
+    """(model, path, loaded build, its size programs, x) once the build, loaded from ``path``, was
+    called at x's size often enough for a program of its own, and that program was made."""
+    model, _, build = _build(backend, tagger)
     path = build.save(tmp_path / "t.cuvilpkg")
     fast = load_build(path, copy.deepcopy(model), allow_unsigned=True)
     sizes = fast.other_shapes.size_programs
@@ -199,7 +200,14 @@ def test_a_size_called_often_gets_an_onnx_runtime_session_of_its_own(tmp_path, m
     with torch.no_grad():
         for _ in range(sizes.after):
             fast(x)
-        assert sizes.wait(120) and sizes.sizes() == [((3, 11),)]
+    assert sizes.wait(120) and sizes.sizes() == [((3, 11),)]
+    return model, path, fast, sizes, x
+
+
+@needs_ort
+def test_a_size_called_often_gets_an_onnx_runtime_session_of_its_own(tmp_path, monkeypatch):
+    model, path, fast, sizes, x = _called_often("ort", tmp_path)
+    with torch.no_grad():
         # the loaded build's file is gone: the session of this size was made from the program's bytes
         own = sizes.program(((3, 11),))
         assert own.session.get_inputs()[0].shape == [3, 11]
@@ -216,15 +224,9 @@ def test_a_size_called_often_gets_an_onnx_runtime_session_of_its_own(tmp_path, m
 
 @needs_ov
 def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_checked(tmp_path, monkeypatch):
-    model, inputs, build = _build("openvino", tagger)
-    path = build.save(tmp_path / "t.cuvilpkg")
-    fast = load_build(path, copy.deepcopy(model), allow_unsigned=True)
-    sizes = fast.other_shapes.size_programs
-    x = torch.randint(0, 50, (3, 11))
+    model, path, fast, sizes, x = _called_often("openvino", tmp_path)
+    assert sizes.compiled == 1
     with torch.no_grad():
-        for _ in range(sizes.after):
-            fast(x)
-        assert sizes.wait(120) and sizes.sizes() == [((3, 11),)] and sizes.compiled == 1
         own = sizes.runner((x,), (x,))
         assert [str(p.get_partial_shape()) for p in own.compiled.inputs] == ["[3,11]"]    # static, this size only
         for got, want in zip(fast(x), model(x), strict=True):
