@@ -556,8 +556,7 @@ class CompiledRegion(nn.Module):
 
 
 def _positions(leaves: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...] | None]:
-    """What :meth:`CompiledRegion._lean_call` checks per leaf of a call: a tensor's (shape, dtype,
-    device, strides), None, or (:data:`~.lean_call.VALUE`, value)."""
+    """Per leaf of a call, what :meth:`CompiledRegion._lean_call` checks (see there)."""
     return [(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor else None if a is None else (VALUE, a)
             for a in leaves]
 
