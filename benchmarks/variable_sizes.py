@@ -27,6 +27,8 @@ import math
 import os
 import sys
 import tempfile
+import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RIVALS = ("eager", "compile", "ort", "openvino")
@@ -65,7 +67,7 @@ def main() -> int:
                 path = made.save(os.path.join(tmp, f"{name.replace('/', '_').replace(':', '_')}-{backend}.cuvilpkg"))
                 programs[backend] = _unpacked(path, record["artifact"], backend, tmp)
                 if backend == args.backend:
-                    build = load_build(path, model, allow_unsigned=True)
+                    build, build_path = load_build(path, model, allow_unsigned=True), path
             if build is None or len(programs) < 2:
                 print(f"{name}: no program for other sizes (see the warning above)")
                 continue
@@ -73,7 +75,7 @@ def main() -> int:
             compiled = torch.compile(model)
             contenders = {"eager": model, "compile": compiled, "build": build,
                           **{b: _plain_call(b, programs[b], args.threads) for b in ("ort", "openvino")}}
-            first, raced = inputs[0], set()
+            first, raced, examples = inputs[0], set(), []
             for batch, grow in ((first.shape[0], 0), (first.shape[0] + 1, 0), (first.shape[0], -max(1, first.shape[1] // 2)),
                                 (2 * first.shape[0] + 2, -max(1, first.shape[1] // 4))):
                 x = tuple(_resized(t, batch, t.shape[1] + grow) if isinstance(sizes[1], str) else _resized(t, batch, t.shape[1])
@@ -82,6 +84,7 @@ def main() -> int:
                 if shapes in raced or (batch, grow) != (first.shape[0], 0) and not other.fits(x):
                     continue                          # (a size the program does not take, or raced already)
                 raced.add(shapes)
+                examples.append(x)
                 with torch.no_grad():                  # a common size: compiled, and its own program made
                     for _ in range(max(3, other.size_programs.after if other.size_programs is not None else 0)):
                         compiled(*x)
@@ -95,11 +98,22 @@ def main() -> int:
                       + " ".join(f"{ms[c]:>8.3f}ms" for c in (*RIVALS, "build")) + f" {best / ms['build']:>10.3f}x", flush=True)
             print(f"{name}: build over the fastest other contender, geometric mean over its sizes "
                   f"{_geomean(ratios[name]):.3f}x; {build.fallback_calls} calls ran the original module")
+            print(f"{name}: loading the build {_load_s(build_path, model):.2f} s; with its {len(examples)} sizes "
+                  f"compiled at load (size_examples) {_load_s(build_path, model, examples):.2f} s")
     every = [r for rs in ratios.values() for r in rs]
     if every:
         print(f"over every model and size: geometric mean {_geomean(every):.3f}x, worst {min(every):.3f}x; "
               f"per model {_geomean([_geomean(rs) for rs in ratios.values()]):.3f}x")
     return 0
+
+
+def _load_s(path: str, model: Any, examples: list[tuple[Any, ...]] | None = None) -> float:
+    """Seconds ``load_build`` takes (with ``size_examples``: each of their sizes compiled and checked)."""
+    from cuvil_pgc.recompile import load_build
+
+    start = time.perf_counter()
+    load_build(path, model, allow_unsigned=True, size_examples=examples)
+    return time.perf_counter() - start
 
 
 def _geomean(values: list[float]) -> float:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import load_build, other_shapes, recompile, runtimes, size_programs
 from cuvil_pgc.recompile.accuracy import AccuracyResult
 from cuvil_pgc.recompile.candidates import Candidate
@@ -260,6 +261,31 @@ def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_
         assert strict.other_shapes.size_programs.wait(120)
         assert strict.other_shapes.size_programs.refused == 1 and strict.other_shapes.size_programs.sizes() == []
         torch.testing.assert_close(strict(x)[0], model(x)[0], rtol=1e-4, atol=1e-5)
+
+
+@needs_ov
+def test_a_service_that_knows_its_sizes_gets_their_programs_at_load(tmp_path, monkeypatch):
+    model, _, build = _build("openvino", tagger)
+    path = build.save(tmp_path / "t.cuvilpkg")
+    x, y = torch.randint(0, 50, (3, 11)), torch.randint(0, 50, (1, 5))
+    fast = load_build(path, copy.deepcopy(model), allow_unsigned=True, size_examples=[(x,), {"ids": y}])
+    sizes = fast.other_shapes.size_programs
+    assert sizes.sizes() == [((3, 11),), ((1, 5),)] and sizes.wait(0)       # made at load, nothing left pending
+    assert fast.cuvil_load_report.size_programs == ["<model>: (3, 11); (1, 5)"]
+    monkeypatch.setattr(type(fast), "_other_sizes", lambda self, args: pytest.fail("the checked path ran"))
+    with torch.no_grad():
+        for z in (x, y):                              # each size's own lean call answers from its first call
+            for got, want in zip(fast(z), model(z), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert fast.fallback_calls == 0 and all(sizes.leans[k] is not None for k in sizes.sizes())
+    monkeypatch.undo()
+
+    with pytest.raises(BuildError, match=r"size_examples\[1\] .*IndexError"):     # ids past the table
+        load_build(path, copy.deepcopy(model), allow_unsigned=True, size_examples=[(x,), (x.clone().fill_(50),)])
+    with pytest.raises(BuildError, match="size_examples is a Tensor"):
+        load_build(path, copy.deepcopy(model), allow_unsigned=True, size_examples=x)
+    off = load_build(path, copy.deepcopy(model), allow_unsigned=True, size_programs=0, size_examples=[(x,)])
+    assert off.cuvil_load_report.size_programs == [] and "size_examples: no region" in off.cuvil_load_report.notes[-1]
 
 
 @needs_ort

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from cuvil_pgc.recompile.size_programs import COMPILE_AFTER, MAX_REFUSED, SizePrograms
+from cuvil_pgc.recompile.size_programs import COMPILE_AFTER, MAX_REFUSED, SizePrograms, compiling_now
 
 
 class Programs:
@@ -126,6 +126,39 @@ def test_the_background_worker_makes_programs_while_the_caller_goes_on():
     assert calls(sizes, (3, 3)) == [None] and not sizes.wait(0)     # not waiting for the compile
     release.set()
     assert sizes.wait(60) and calls(sizes, (3, 3)) == [("program", ((3, 3),))]
+
+
+def test_compiling_now_makes_a_sizes_program_at_its_first_call_on_the_callers_thread():
+    fake, jobs = Programs(wrong=[((1, 7),)]), []
+    sizes = SizePrograms(fake.compile, fake.check, capacity=2, submit=jobs.append)
+    with compiling_now():
+        assert calls(sizes, (2, 5)) == [("program", ((2, 5),))]
+        assert calls(sizes, (1, 7)) == [None] and sizes.refused == 1       # refused: the free-size program answers
+        assert calls(sizes, (3, 3)) == [("program", ((3, 3),))]
+        assert calls(sizes, (4, 4)) == [None]                              # full: the rule for replacing holds
+    assert jobs == [] and fake.made == [((2, 5),), ((1, 7),), ((3, 3),)]
+    x = torch.zeros(2, 5)
+    assert fake.checked[0][1][0].shape == x.shape
+    sizes.capacity = 3
+    calls(sizes, (6, 6), times=COMPILE_AFTER)            # outside it, sizes go to the background again
+    assert len(jobs) == 1 and len(fake.made) == 3
+
+
+def test_compiling_now_waits_for_a_program_the_worker_is_making():
+    release, started = threading.Event(), threading.Event()
+    fake = Programs()
+
+    def slow_compile(shapes):
+        started.set()
+        release.wait(60)
+        return fake.compile(shapes)
+    sizes = SizePrograms(slow_compile, fake.check)
+    calls(sizes, (3, 3), times=COMPILE_AFTER)
+    assert started.wait(60)
+    threading.Timer(0.05, release.set).start()
+    with compiling_now():
+        assert calls(sizes, (3, 3)) == [("program", ((3, 3),))]
+    assert fake.made == [((3, 3),)]
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "8"])

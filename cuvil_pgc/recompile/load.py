@@ -56,6 +56,8 @@ class LoadReport:
     warm: bool | None = None
     notes: list[str] = field(default_factory=list)
     threads: int = 0                  # what the build was measured at (0: not recorded)
+    #: per region with programs for single sizes, after ``size_examples``: "label: sizes, ..."
+    size_programs: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,7 +66,7 @@ class LoadReport:
 def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str = "error", store: Any = None,
                pubkey: Any = None, allow_unsigned: bool | None = None, require_signature: bool = False,
                example_inputs: tuple[Any, ...] | None = None, stale: str = "eager",
-               size_programs: int | None = None) -> Any:
+               size_programs: int | None = None, size_examples: Any = None) -> Any:
     """Verify a build, check it fits this environment and ``model``, and return the optimized model.
 
     Args:
@@ -83,6 +85,9 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
             the most sizes called often that get a program compiled for them alone, in the
             background (see :mod:`.size_programs`); 0 runs every other size on the free-size
             program. Default: 8, fewer where their copies of the region's weights would pass 1 GiB.
+        size_examples: inputs (each as ``example_inputs``) at the sizes the service will be called
+            at: each region compiles and checks its program for each of their sizes now, not after
+            a few calls at it, and ``cuvil_load_report.size_programs`` lists what each region has.
     """
     if fallback not in FALLBACKS:
         raise BuildError(f"fallback={fallback!r} is not one of {FALLBACKS}")
@@ -92,8 +97,12 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
         allow_unsigned = False
     if size_programs is not None and (type(size_programs) is not int or size_programs < 0):
         raise BuildError(f"size_programs={size_programs!r} is not a count of programs (0 or more, or None)")
+    if size_examples is not None and not isinstance(size_examples, (list, tuple)):
+        raise BuildError(f"size_examples is a {type(size_examples).__name__}: give a list of example inputs, "
+                         "one per size")
     try:
-        return _load(path_or_ref, model, store, pubkey, allow_unsigned, example_inputs, stale, size_programs)
+        return _load(path_or_ref, model, store, pubkey, allow_unsigned, example_inputs, stale, size_programs,
+                     size_examples)
     except Exception as exc:      # every failure of loading: refused builds, dlopen, deep JSON ...
         if fallback == "error":
             if isinstance(exc, CuvilError):
@@ -110,7 +119,8 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
 
 
 def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool | None,
-          example_inputs: tuple[Any, ...] | None, stale: str, size_programs: int | None) -> Any:
+          example_inputs: tuple[Any, ...] | None, stale: str, size_programs: int | None,
+          size_examples: list[Any] | tuple[Any, ...] | None = None) -> Any:
     from cuvil_pgc.recompile.runtime_build import check_engines
     from cuvil_pgc.recompile.trust import open_trusted
 
@@ -131,6 +141,8 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool
         from cuvil_pgc._example_inputs import positional_inputs
 
         _warm_up(module, positional_inputs(model, example_inputs), report)
+    if size_examples is not None:
+        _compile_sizes(module, model, size_examples, report)
     module.cuvil_load_report = report
     return module
 
@@ -363,6 +375,32 @@ def _warm_up(module: Any, example_inputs: tuple[Any, ...], report: LoadReport) -
                   if report.cache_artifacts.startswith("unusable") else
                   "no cache artifacts for these graphs (inputs or environment differ from the build's)")
         report.notes.append(f"{report.cache_misses} Inductor cache misses: {reason}")
+
+
+def _compile_sizes(module: Any, model: Any, examples: list[Any] | tuple[Any, ...], report: LoadReport) -> None:
+    """Call ``module`` at each of ``examples`` so that every region compiles its program for their
+    sizes now (:func:`~.size_programs.compiling_now`), and report what each region has."""
+    import torch
+
+    from cuvil_pgc._example_inputs import positional_inputs
+    from cuvil_pgc.recompile.realized import CompiledRegion
+    from cuvil_pgc.recompile.size_programs import compiling_now
+
+    with torch.no_grad(), compiling_now():
+        for i, example in enumerate(examples):
+            try:
+                module(*positional_inputs(model, example))
+            except Exception as exc:
+                raise BuildError(f"the model raised on size_examples[{i}] ({type(exc).__name__}: {one_line(exc)})",
+                                 fix="give inputs the model takes, each as example_inputs") from exc
+    regions = [m.other_shapes.size_programs for m in module.modules() if isinstance(m, CompiledRegion)
+               and m.other_shapes is not None and m.other_shapes.size_programs is not None]
+    report.size_programs = [f"{p.label}: " + ("; ".join(", ".join(map(str, key)) for key in p.sizes()) or "none")
+                            + (f" ({p.refused} refused: {p.stopped or 'see the log'})" if p.refused else "")
+                            for p in regions]
+    if not regions:
+        report.notes.append("size_examples: no region compiles programs for single sizes (a build made without "
+                            "`recompile --dynamic`, or loaded with size_programs=0, or its runtime compiles none)")
 
 
 def _cache_counts(counters: Any) -> tuple[int, int]:

@@ -27,12 +27,14 @@ runtime says (``compile(shapes) -> runner``, ``check(runner, args)``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -54,6 +56,24 @@ WEIGHTS_BUDGET = 1 << 30
 MAX_REFUSED = 3
 #: distinct sizes a region counts (beyond them a new size is not counted: ``uncounted``)
 MAX_COUNTED = 4096
+
+
+#: set inside :func:`compiling_now`: a size is compiled and checked at its first call, on the caller's thread
+_NOW: contextvars.ContextVar[bool] = contextvars.ContextVar("cuvil_size_programs_now", default=False)
+
+
+@contextlib.contextmanager
+def compiling_now() -> Iterator[None]:
+    """Inside it, a region's first call at a size without a program of its own compiles and checks
+    one for it there and then, and answers with it once it passed: a service that knows the sizes
+    it will be called at makes their programs at start-up (``load_build(size_examples=...)``),
+    not after :data:`COMPILE_AFTER` calls each on the background thread. Capacity, refusals and the
+    replacement rule hold as for programs made in the background."""
+    token = _NOW.set(True)
+    try:
+        yield
+    finally:
+        _NOW.reset(token)
 
 
 def default_capacity(weight_bytes: int, kept: int = 0) -> int:
@@ -92,7 +112,8 @@ class SizePrograms:
 
     def runner(self, tensors: tuple[torch.Tensor, ...], args: tuple[Any, ...]) -> Any:
         """The program for the sizes of ``tensors`` (the positional tensors of the call ``args``),
-        or None: the free-size program answers. Counts the call; never raises, never waits."""
+        or None: the free-size program answers. Counts the call; never raises, and never waits
+        outside :func:`compiling_now`."""
         key = tuple(t.shape for t in tensors)
         ready = self._ready.get(key)
         counts = self._counts
@@ -101,16 +122,34 @@ class SizePrograms:
             self.uncounted += 1
             return ready
         counts[key] = n
-        if ready is not None or n < self.after or self.stopped is not None \
-                or key in self._pending or key in self._refused:
+        if ready is not None or self.stopped is not None or key in self._refused:
             return ready
-        if len(self._ready) + len(self._pending) >= self.capacity and (self._pending or not self._replaces(n)):
+        if n < self.after or key in self._pending:
+            return self._now(key, args) if _NOW.get() else None
+        if not self._room(n):
             return None
         try:
             self._ask(key, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
         except Exception:        # the caller's call goes on: this size is asked for again next call
             self.dropped += 1
         return None
+
+    def _now(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+        """The program for ``key``, compiled and checked on this thread (see :func:`compiling_now`),
+        or None (refused, or no room for it); one the worker is making is waited for."""
+        if key in self._pending:
+            with self._idle:
+                self._idle.wait_for(lambda: key not in self._pending)
+        elif self._room(self._counts[key]):
+            with self._idle:
+                self._pending.add(key)
+            self._make(key, args)
+        return self._ready.get(key)
+
+    def _room(self, n: int) -> bool:
+        """Whether a size called ``n`` times gets a program now: the region has room for one more,
+        or the size replaces its least-called one (see :meth:`_replaces`)."""
+        return len(self._ready) + len(self._pending) < self.capacity or (not self._pending and self._replaces(n))
 
     def lean(self, key: tuple[Any, ...]) -> Any:
         """The lean call kept for the size ``key`` (the call's tensors' shapes), counting the call;
