@@ -177,6 +177,13 @@ def python_ids_fit(values: Sequence[Any], ids: Sequence[tuple[Any, ...]]) -> boo
     return True
 
 
+def leaf_positions(leaves: Sequence[Any]) -> list[tuple[Any, ...] | None]:
+    """Per leaf of a call, what a lean call checks (see :meth:`~.realized.CompiledRegion._lean_call`):
+    a tensor's (shape, dtype, device, strides), None, or (:data:`VALUE`, value)."""
+    return [(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor else None if a is None else (VALUE, a)
+            for a in leaves]
+
+
 def nested_layout(args: Sequence[Any]) -> tuple[Any, ...] | None:
     """How a call's positional arguments nest their tensors, per position: None (the argument
     itself: a tensor, None or a value), ``("dict", keys)`` (a dict of tensors, keys in the order

@@ -37,11 +37,13 @@ from cuvil_pgc.recompile.lean_call import (
     ids_fit,
     is_tracing,
     keyword_positions,
+    leaf_positions,
     lean_call,
     nested_layout,
 )
 from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.onnx_index_checks import IndexCheckFailed
+from cuvil_pgc.recompile.other_size_calls import OtherSizeCalls
 from cuvil_pgc.recompile.recorded_calls import call_leaves, compiling, recorded
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
 from cuvil_pgc.recompile.region_state import load_into_original, state_dict_as_original
@@ -63,7 +65,7 @@ class Realized:
     rewrites: list[str] = field(default_factory=list)
 
 
-class CompiledRegion(nn.Module):
+class CompiledRegion(OtherSizeCalls, nn.Module):
     """Runs ``compiled`` for inputs matching the captured ones; the original module otherwise
     (counted in ``fallback_calls``, warned once).
 
@@ -310,7 +312,7 @@ class CompiledRegion(nn.Module):
         if leaves is None or not all(a is None or type(a) is torch.Tensor or type(a) in CAPTURED_VALUES for a in leaves):
             return
         nested = None if all(nest is None for nest in layout) else layout
-        self.__dict__["_lean"] = self._lean_call(_positions(leaves), nested)
+        self.__dict__["_lean"] = self._lean_call(leaf_positions(leaves), nested)
         # an AOTInductor package captured with its tensors nested in dicts, lists or tuples (a
         # recommender's dict of features): its runner on the tensors in the order the export flattened
         # them. Through the package's own call, which parses its call specs and flattens the arguments
@@ -455,53 +457,6 @@ class CompiledRegion(nn.Module):
                 return i, rows
         return None
 
-    def _other_sizes(self, args: tuple[Any, ...]) -> Any:
-        """The program for other input sizes; should it fail (a size its checks did not reach), the
-        original module answers the call (counted in ``other_sizes_failures``; the program stays)."""
-        try:
-            out = self.other_shapes(args)
-        except IndexCheckFailed as exc:          # not a failure: the call is eager's to refuse
-            return self._fall_back(args, {}, str(exc))
-        except Exception as exc:
-            self.__dict__["other_sizes_failures"] += 1
-            if self.other_sizes_failures == 1:
-                log.warning("cuvil-pgc: %s's program for other input sizes failed (%s: %s); the original module "
-                            "answers this call (further failures are counted in other_sizes_failures)",
-                            self.plan_config, type(exc).__name__, str(exc).strip().split("\n")[0][:200])
-            return self._fall_back(args, {})
-        self.__dict__["other_shape_calls"] += 1      # a plain int: not nn.Module.__setattr__'s checks (~3 µs)
-        if self._lean is not None:
-            if self._free_lean is None:
-                self._learn_free_lean()
-            if (sized := self.other_shapes.size_programs) is not None:
-                self._learn_sized_lean(sized, args)
-        return out
-
-    def _learn_free_lean(self) -> None:
-        """The lean call of the program for other sizes (``()`` where it has none), which
-        :meth:`__call__` takes for calls at sizes without a program of their own: the checked path
-        cost a 2-layer DistilBERT at 20 tokens on OpenVINO 48 µs over the program's own call (one
-        process, interleaved; 7 µs of it on warm caches). Its checks are the program's sizes, the
-        ids of tables of fixed rows; not where an index is bounded by a size of the inputs."""
-        other, lean = self.other_shapes, ()
-        positions = other.lean_positions()
-        if positions is not None and not self.sized_bounds and not other.index_bounds:
-            lean = self._lean_call(positions, program=other.runner) or ()
-        self.__dict__["_free_lean"] = lean
-
-    def _learn_sized_lean(self, sized: Any, args: tuple[Any, ...]) -> None:
-        """The lean call of the program of its own the size of ``args`` has, once it has one (see
-        :mod:`.size_programs`), which :meth:`__call__` then takes: the checks on this path (the
-        program for other sizes' fit, the signature, the hooks, the indices) cost more than the
-        runtime's own call, a 2-layer BERT at 16 tokens on OpenVINO 187 µs through it against 151 µs
-        for the program's call (one process, interleaved). Not where an index is bounded by a size
-        of the inputs (a graph's nodes): the lean call checks the bounds of the captured sizes."""
-        key = tuple([a.shape for a in args if type(a) is _Tensor])     # as __call__ looks it up
-        if key in sized.leans or (own := sized.program(key)) is None \
-                or self.sized_bounds or self.other_shapes.index_bounds:
-            return
-        sized.leans[key] = self._lean_call(_positions(args), program=own)
-
     def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any], why: str | None = None) -> Any:
         """The original module's answer to a call the build's program does not take (``why``: the
         reason, where the call's arguments do not tell it)."""
@@ -553,12 +508,6 @@ class CompiledRegion(nn.Module):
 
     def _matches(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         return matches(self._spec, self.signature, args, kwargs)
-
-
-def _positions(leaves: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...] | None]:
-    """Per leaf of a call, what :meth:`CompiledRegion._lean_call` checks (see there)."""
-    return [(a.shape, a.dtype, a.device, a.stride()) if type(a) is torch.Tensor else None if a is None else (VALUE, a)
-            for a in leaves]
 
 
 def _is_dynamo_module(program: Any) -> bool:
