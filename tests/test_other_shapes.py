@@ -285,7 +285,11 @@ def test_a_service_that_knows_its_sizes_gets_their_programs_at_load(tmp_path, mo
     with pytest.raises(BuildError, match="size_examples is a Tensor"):
         load_build(path, copy.deepcopy(model), allow_unsigned=True, size_examples=x)
     off = load_build(path, copy.deepcopy(model), allow_unsigned=True, size_programs=0, size_examples=[(x,)])
-    assert off.cuvil_load_report.size_programs == [] and "size_examples: no region" in off.cuvil_load_report.notes[-1]
+    assert off.cuvil_load_report.size_programs == [] and "size_programs=0" in off.cuvil_load_report.notes[-1]
+    static = recompile(model, (x,), plan={"": Candidate("", "openvino")}, records=False, deployed_race=False, rounds=3)
+    fixed = load_build(static.save(tmp_path / "static.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True,
+                       size_examples=[(y,)])
+    assert "made without `recompile --dynamic`" in fixed.cuvil_load_report.notes[-1]
 
 
 @needs_ort

@@ -393,14 +393,18 @@ def _compile_sizes(module: Any, model: Any, examples: list[Any] | tuple[Any, ...
             except Exception as exc:
                 raise BuildError(f"the model raised on size_examples[{i}] ({type(exc).__name__}: {one_line(exc)})",
                                  fix="give inputs the model takes, each as example_inputs") from exc
-    regions = [m.other_shapes.size_programs for m in module.modules() if isinstance(m, CompiledRegion)
-               and m.other_shapes is not None and m.other_shapes.size_programs is not None]
+    free = [m.other_shapes for m in module.modules() if isinstance(m, CompiledRegion) and m.other_shapes is not None]
+    regions = [other.size_programs for other in free if other.size_programs is not None]
     report.size_programs = [f"{p.label}: " + ("; ".join(", ".join(map(str, key)) for key in p.sizes()) or "none")
                             + (f" ({p.refused} refused: {p.stopped or 'see the log'})" if p.refused else "")
                             for p in regions]
-    if not regions:
-        report.notes.append("size_examples: no region compiles programs for single sizes (a build made without "
-                            "`recompile --dynamic`, or loaded with size_programs=0, or its runtime compiles none)")
+    if not free:
+        report.notes.append("size_examples: no region of this build runs other input sizes on a program: it was made "
+                            "without `recompile --dynamic`, or its regions cannot take other sizes (its warnings "
+                            "at build time say why)")
+    elif not regions:
+        report.notes.append("size_examples: no region compiles programs for single sizes: loaded with "
+                            "size_programs=0, or its runtimes compile none (AOTInductor)")
 
 
 def _cache_counts(counters: Any) -> tuple[int, int]:
