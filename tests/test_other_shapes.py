@@ -637,3 +637,52 @@ def test_an_input_captured_as_a_value_is_held_by_the_program_for_other_sizes(tmp
         for flag in (True, 0):                        # another value, or another type: the original module
             torch.testing.assert_close(fast(longer, longer_mask, flag), model(longer, longer_mask, flag))
     assert fast.fallback_calls == 2 and "input 2 is True, built for False" in fast.first_fallback
+
+
+class MaskedBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, scale: float = 1.0,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        h = torch.relu(self.fc(x)) * scale
+        return h * mask.unsqueeze(-1) if mask is not None else h
+
+
+class KeywordParent(nn.Module):
+    """Calls its block as a Hugging Face model calls its layers: the mask and a flag by keyword."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.block = nn.Embedding(50, 8), MaskedBlock()
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.block(self.emb(ids), mask=mask.float(), scale=2.0)
+
+
+@needs_ort
+def test_a_region_its_parent_calls_by_keyword_gets_a_program_for_other_sizes(tmp_path):
+    """A region called with keywords (``self.block(x, mask=mask)``) got no program for other sizes,
+    and every other size ran the original module; its call is bound to the forward's positions."""
+    torch.manual_seed(0)
+    model = KeywordParent().eval()
+    ids, mask = torch.randint(0, 50, (2, 6)), torch.ones(2, 6, dtype=torch.long)
+    build = recompile(model, (ids, mask), plan={"block": Candidate("block", "ort")}, records=False,
+                      deployed_race=False, rounds=3, dynamic=True)
+    record = build.plan.choices[0].other_shapes
+    assert record is not None and [spec if isinstance(spec, dict) else spec[0] for spec in record["inputs"]] == \
+        ["float32", "float32", {"value": 2.0}]
+    fast = load_build(build.save(tmp_path / "k.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
+    region = fast.block
+    longer, longer_mask = torch.randint(0, 50, (3, 9)), torch.ones(3, 9, dtype=torch.long)
+    longer_mask[1, 4:] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(fast(ids, mask), model(ids, mask))
+        torch.testing.assert_close(fast(longer, longer_mask), model(longer, longer_mask))
+        assert region.other_shape_calls == 1 and region.fallback_calls == 0
+        x = torch.randn(3, 9, 8)            # a keyword the program does not hold: the original module
+        torch.testing.assert_close(region(x, mask=longer_mask.float(), scale=3.0), model.block(x, longer_mask.float(), 3.0))
+        torch.testing.assert_close(region(x, mask=longer_mask.float(), scale=2.0, bias=x),
+                                   model.block(x, longer_mask.float(), 2.0, x))
+    assert region.other_shape_calls == 1 and region.fallback_calls == 2

@@ -100,6 +100,12 @@ def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     return "the inputs differ from the captured ones"
 
 
+def keyword_count(params: list[tuple[str, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """How many of the forward's first parameters (``params``) a keyword call binds positionally:
+    through the last one it names (at least its positional arguments; see :func:`bind_call`)."""
+    return max(max((i + 1 for i, (name, _) in enumerate(params) if name in kwargs), default=0), len(args))
+
+
 def bind_call(params: list[tuple[str, Any]], original: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               count: int, fill: bool = True) -> tuple[Any, ...] | None:
     """The call with its first ``count`` parameters (``params``: the original forward's (name,

@@ -35,10 +35,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from cuvil_pgc._example_inputs import forward_parameters
 from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.accuracy import check_outputs, float32_references
 from cuvil_pgc.recompile.apply import ScopeInputs
-from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES
+from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES, bind_call, keyword_count
 from cuvil_pgc.recompile.index_bounds import describe, index_bounds, out_of_range
 from cuvil_pgc.recompile.lean_call import FREE_NAMES, VALUE
 from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
@@ -221,11 +222,12 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
 
     if cand.backend not in BACKENDS:
         raise OtherShapesError(f"only ONNX Runtime, OpenVINO and AOTInductor regions get one, not {cand.backend}")
-    if inputs.kwargs or not any(isinstance(a, torch.Tensor) for a in inputs.args) \
+    if inputs.kwargs:             # a parent's keyword call: the program takes it bound to the forward's positions
+        inputs = _bound_positionally(module, inputs)
+    if not any(isinstance(a, torch.Tensor) for a in inputs.args) \
             or not all(a is None or isinstance(a, torch.Tensor) and a.is_cpu or type(a) in CAPTURED_VALUES
                        for a in inputs.args):
-        raise OtherShapesError("it is called with other than positional CPU tensors (and Nones, numbers, strings "
-                               "and bools)")
+        raise OtherShapesError("it is called with other than CPU tensors (and Nones, numbers, strings and bools)")
     try:
         if cand.backend == "aoti":
             runner, first, free, named = _aoti_program(prepared, cand, inputs, key)
@@ -248,6 +250,19 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
     return OtherShapes(runner, [(a.dtype, tuple(name or n for name, n in zip(dims, a.shape, strict=True)))
                                 if isinstance(a, torch.Tensor) else None if a is None else Constant(a)
                                 for a, dims in zip(inputs.args, names, strict=True)], ranges, first, bounds)
+
+
+def _bound_positionally(module: nn.Module, inputs: ScopeInputs) -> ScopeInputs:
+    """A keyword call (a Hugging Face layer's ``attention_mask=...``) as the positional call a loaded
+    region binds such a call to at other sizes (:meth:`~.realized.CompiledRegion._positional`);
+    raises :class:`OtherShapesError` where it binds to none."""
+    params = forward_parameters(module)
+    bound = None if params is None else bind_call(params, module, inputs.args, inputs.kwargs,
+                                                  keyword_count(params, inputs.args, inputs.kwargs))
+    if bound is None:
+        raise OtherShapesError(f"it is called with keyword arguments ({', '.join(sorted(inputs.kwargs))}) that do not "
+                               "bind to its forward's positions")
+    return ScopeInputs(bound)
 
 
 def _sized_at(args: tuple[Any, ...], free: list[list[str]], named: dict[int, frozenset[str]],

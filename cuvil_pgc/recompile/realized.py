@@ -25,6 +25,7 @@ from cuvil_pgc.recompile.call_binding import (
     CAPTURED_VALUES,
     bind_call,
     in_captured_layout,
+    keyword_count,
     matches,
     spec_misfit,
 )
@@ -482,8 +483,7 @@ class CompiledRegion(OtherSizeCalls, nn.Module):
             return self._bound(args, kwargs, self._lean[0])
         # captured with nested or non-tensor arguments (a mapping of inputs that skipped parameters
         # was captured with their defaults in their places): the binding whose signature is the captured one
-        count = max((i + 1 for i, (name, _) in enumerate(params) if name in kwargs), default=0)
-        count = max(count, len(args))
+        count = keyword_count(params, args, kwargs)
         other = self.other_shapes        # or a call its program for other sizes fits
         for n in range(count, len(args) - 1, -1):
             positional = self._bound(args, kwargs, n)
