@@ -99,10 +99,16 @@ def test_a_loaded_build_runs_other_batch_sizes_and_lengths_on_its_runtime_in_a_s
             sizes = fast.other_shapes.size_programs
             sizes.wait(300)
             sized = fast(saved["ids"])[0]
+        # a service that knows its sizes: their sessions made at load, from the verified build
+        known = load_build({path!r}, model, pubkey={str(keys[1])!r},
+                           size_examples=[(saved["ids"][:2, :7],), {{"ids": saved["ids"][:1]}}])
+        with torch.inference_mode():
+            known_err = float((known(saved["ids"][:1])[0] - model(saved["ids"][:1])[0]).abs().max())
         print(json.dumps({{"shape": list(scores.shape), "err": float((scores - ref_scores).abs().max()
                           + (pooled - ref_pooled).abs().max()), "other": fast.other_shape_calls,
                           "fallback": fast.fallback_calls, "refused": refused, "sizes": sizes.sizes(),
-                          "sized_err": float((sized - ref_scores).abs().max())}}))
+                          "sized_err": float((sized - ref_scores).abs().max()),
+                          "known": known.cuvil_load_report.size_programs, "known_err": known_err}}))
     """)
     proc = subprocess.run([sys.executable, "-c", service], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -110,6 +116,7 @@ def test_a_loaded_build_runs_other_batch_sizes_and_lengths_on_its_runtime_in_a_s
     assert got["shape"] == [5, 13, 3] and got["err"] < 1e-5 and got["other"] == 5
     assert got["refused"] == [True, True] and got["fallback"] == 2
     assert got["sizes"] == [[[5, 13]]] and got["sized_err"] < 1e-5
+    assert got["known"] == ["<model>: (2, 7); (1, 13)"] and got["known_err"] < 1e-5
 
 
 @needs_ort
