@@ -112,15 +112,20 @@ def test_the_caller_never_sees_a_failure_of_its_own_machinery():
     assert sizes.dropped == 2 and sizes.wait(0)          # asked again on the next call; nothing left pending
 
 
-def test_the_background_worker_makes_programs_while_the_caller_goes_on():
-    release, started = threading.Event(), threading.Event()
-    fake = Programs()
+def slow_sizes():
+    """(sizes, fake, started, release): programs on the background worker whose compile sets
+    ``started``, then blocks until ``release`` is set."""
+    release, started, fake = threading.Event(), threading.Event(), Programs()
 
     def slow_compile(shapes):
         started.set()
         release.wait(60)
         return fake.compile(shapes)
-    sizes = SizePrograms(slow_compile, fake.check)
+    return SizePrograms(slow_compile, fake.check), fake, started, release
+
+
+def test_the_background_worker_makes_programs_while_the_caller_goes_on():
+    sizes, fake, started, release = slow_sizes()
     calls(sizes, (3, 3), times=COMPILE_AFTER)
     assert started.wait(60)
     assert calls(sizes, (3, 3)) == [None] and not sizes.wait(0)     # not waiting for the compile
@@ -145,20 +150,21 @@ def test_compiling_now_makes_a_sizes_program_at_its_first_call_on_the_callers_th
 
 
 def test_compiling_now_waits_for_a_program_the_worker_is_making():
-    release, started = threading.Event(), threading.Event()
-    fake = Programs()
-
-    def slow_compile(shapes):
-        started.set()
-        release.wait(60)
-        return fake.compile(shapes)
-    sizes = SizePrograms(slow_compile, fake.check)
+    sizes, fake, started, release = slow_sizes()
     calls(sizes, (3, 3), times=COMPILE_AFTER)
     assert started.wait(60)
-    threading.Timer(0.05, release.set).start()
-    with compiling_now():
-        assert calls(sizes, (3, 3)) == [("program", ((3, 3),))]
-    assert fake.made == [((3, 3),)]
+    got = []
+
+    def call_now():
+        with compiling_now():
+            got.extend(calls(sizes, (3, 3)))
+    caller = threading.Thread(target=call_now)
+    caller.start()
+    caller.join(0.1)
+    assert caller.is_alive() and got == []               # waiting: the compile cannot end before release
+    release.set()
+    caller.join(60)
+    assert got == [("program", ((3, 3),))] and fake.made == [((3, 3),)]
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "8"])
