@@ -316,6 +316,20 @@ def test_a_program_that_fails_at_other_sizes_is_left_out_with_the_reason(monkeyp
 
 
 @needs_ort
+def test_a_size_the_program_fails_at_stays_fixed_and_the_build_says_why(monkeypatch, caplog):
+    def guard(reference, candidate, **kw):            # right at any length, wrong at any other batch
+        same = reference[0].shape[0] == 2
+        return AccuracyResult(ok=same, reason="" if same else "output[0]: max abs err 0.5")
+    monkeypatch.setattr(other_shapes, "check_outputs", guard)
+    with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.build"):
+        model, inputs, build = _build("ort", tagger)
+    (_, (batch, length)), = build.plan.choices[0].other_shapes["inputs"]
+    assert batch == 2 and isinstance(length, str)
+    assert "<model> (ort) runs other input sizes on its program, with some sizes fixed" in caplog.text
+    assert "failed the accuracy guard at sizes (1, 8): output[0]: max abs err 0.5" in caplog.text
+
+
+@needs_ort
 def test_a_failure_at_serve_time_hands_the_call_to_the_original_module_and_counts_it(caplog):
     model, inputs, build = _build("ort", tagger)
     region = build.module
@@ -693,3 +707,17 @@ def test_a_region_its_parent_calls_by_keyword_gets_a_program_for_other_sizes(tmp
         torch.testing.assert_close(region(x, mask=longer_mask.float(), scale=2.0, bias=x),
                                    model.block(x, longer_mask.float(), 2.0, x))
     assert region.other_shape_calls == 1 and region.fallback_calls == 2
+
+
+def test_what_a_runtime_writes_to_stderr_as_a_probe_fails_stays_off_the_terminal(capfd):
+    """ONNX Runtime logs a failed run in red on fd 2 (GPT-2's program at batch 2) before it raises:
+    the build's probes keep that off the user's terminal, and the reason says what failed."""
+    import os
+
+    def noisy(*args):
+        os.write(2, b"[E:onnxruntime] Shape mismatch attempting to re-use buffer\n")
+        raise RuntimeError("Shape mismatch attempting to re-use buffer")
+    x = torch.randn(2, 12)
+    with pytest.raises(other_shapes.OtherShapesError, match="re-use buffer"):
+        other_shapes._compare(noisy, Scaler().eval(), (x,), None, None, quiet=True)
+    assert "re-use buffer" not in capfd.readouterr().err

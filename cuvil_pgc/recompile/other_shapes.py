@@ -28,6 +28,7 @@ predates the null inputs warns that the record is malformed, and does the same).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc._example_inputs import forward_parameters
-from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile._stderr import first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import check_outputs, float32_references
 from cuvil_pgc.recompile.apply import ScopeInputs
 from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES, bind_call, keyword_count
@@ -108,6 +109,9 @@ class OtherShapes:
     #: programs of their own for the sizes called often (:class:`~.size_programs.SizePrograms`;
     #: None: every call runs ``runner``)
     size_programs: Any = None
+    #: at build: why sizes the exporter left free stay fixed (the program failed or answered
+    #: differently at them; the build warns), not recorded in the plan
+    fixed: list[str] = field(default_factory=list)
 
     def fits(self, args: tuple[Any, ...]) -> bool:
         """Whether ``args`` are CPU tensors this program was checked for (see :meth:`misfit`)."""
@@ -245,11 +249,12 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
     # check ends the process (std::terminate): it is never probed with sizes it named apart
     # varying alone (a Llama returning its cache accepted token ids one longer than their mask in
     # eager; the package aborted the recompile)
-    names, ranges = _check(runner, module, inputs.args, free, rtol, atol, alone_probes=cand.backend != "aoti")
+    names, ranges, fixed = _check(runner, module, inputs.args, free, rtol, atol, alone_probes=cand.backend != "aoti")
     bounds = {p: tuple(names[i][j] or int(inputs.args[i].shape[j]) for i, j in dims) for p, dims in where.items()}
     return OtherShapes(runner, [(a.dtype, tuple(name or n for name, n in zip(dims, a.shape, strict=True)))
                                 if isinstance(a, torch.Tensor) else None if a is None else Constant(a)
-                                for a, dims in zip(inputs.args, names, strict=True)], ranges, first, bounds)
+                                for a, dims in zip(inputs.args, names, strict=True)], ranges, first, bounds,
+                       fixed=fixed)
 
 
 def _bound_positionally(module: nn.Module, inputs: ScopeInputs) -> ScopeInputs:
@@ -381,9 +386,10 @@ def free_dimensions(onnx_path: str, count: int) -> list[list[str]]:
 
 def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free: list[list[str]],
            rtol: float | None, atol: float | None,
-           alone_probes: bool = True) -> tuple[list[list[str]], dict[str, tuple[int, int]]]:
+           alone_probes: bool = True) -> tuple[list[list[str]], dict[str, tuple[int, int]], list[str]]:
     """The accuracy guard at the captured inputs and at other sizes: (each input's dimensions as the
-    name of a size that varies, "" where it stays fixed; each name's range of sizes checked).
+    name of a size that varies, "" where it stays fixed; each name's range of sizes checked; why
+    the sizes that stay fixed do).
 
     The exporter names some free dimensions apart where the model needs them equal (token ids and
     their attention mask): a named size that cannot change alone (the model refuses it, or the
@@ -397,13 +403,13 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     differently stays fixed; then all that vary change together once. The captured values are
     tiled or cropped, so token ids stay valid ids. Without ``alone_probes`` the sizes captured
     equal always vary together."""
-    _compare(runner, module, args, rtol, atol)
+    _compare(runner, module, args, rtol, atol, quiet=True)
     captured = {name: n for a, dims in zip(args, free, strict=True) if isinstance(a, torch.Tensor)
                 for name, n in zip(dims, a.shape, strict=True) if name}
 
     def alone(name: str) -> bool:
         try:
-            return _compare(runner, module, _resized(args, free, {name: captured[name] + 1}), rtol, atol)
+            return _compare(runner, module, _resized(args, free, {name: captured[name] + 1}), rtol, atol, quiet=True)
         except OtherShapesError:
             return False
     # a size that cannot change alone varies with the others of its captured size that cannot
@@ -424,7 +430,7 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     refused = []
     for name in dict.fromkeys(group.values()):
         def check(size: int, name: str = name) -> bool:
-            return _compare(runner, module, _resized(args, named, {name: size}), rtol, atol)
+            return _compare(runner, module, _resized(args, named, {name: size}), rtol, atol, quiet=True)
         try:
             lo, hi = _range(check, captured[name])
         except OtherShapesError as exc:
@@ -437,8 +443,9 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
                                                      "dimension the exporter left free")
     if len(ranges) > 1:
         _compare(runner, module, _resized(args, named, {name: min(captured[name] + 1, hi)
-                                                        for name, (_, hi) in ranges.items()}), rtol, atol)
-    return [[name if name in ranges else "" for name in dims] for dims in named], ranges
+                                                        for name, (_, hi) in ranges.items()}), rtol, atol,
+             quiet=True)
+    return [[name if name in ranges else "" for name in dims] for dims in named], ranges, refused
 
 
 def _range(check: Any, n: int) -> tuple[int, int]:
@@ -474,16 +481,20 @@ def _bisect(check: Any, ok: int, refused: int) -> int:
 
 
 def _compare(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], rtol: float | None,
-             atol: float | None) -> bool:
+             atol: float | None, quiet: bool = False) -> bool:
     """Whether the original module takes ``args``; raises :class:`OtherShapesError` where the
-    program fails or answers differently."""
+    program fails or answers differently. ``quiet`` (the build's probes, offline): what the
+    runtime writes to stderr as it fails stays off the terminal, its exception says it (ONNX
+    Runtime logs each failed run in red: GPT-2's program at batch 2, where the build then keeps
+    the batch fixed)."""
     with torch.no_grad():
         try:
             reference = module(*args)
         except Exception:
             return False
         try:
-            result = runner(*args)
+            with native_stderr() if quiet else contextlib.nullcontext():
+                result = runner(*args)
         except Exception as exc:
             raise OtherShapesError(f"it failed at sizes {_shapes(args)}: {type(exc).__name__}: "
                                    f"{first_line(str(exc), 200)}") from exc
