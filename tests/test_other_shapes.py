@@ -16,7 +16,14 @@ import torch
 from torch import nn
 
 from cuvil_pgc.errors import BuildError
-from cuvil_pgc.recompile import load_build, other_shapes, recompile, runtimes, size_programs
+from cuvil_pgc.recompile import (
+    free_size_programs,
+    load_build,
+    other_shapes,
+    recompile,
+    runtimes,
+    size_programs,
+)
 from cuvil_pgc.recompile.accuracy import AccuracyResult
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.package import open_build
@@ -481,7 +488,7 @@ def test_an_aoti_program_for_other_sizes_reads_any_layout():
         def __call__(self, args):
             seen.extend(a.is_contiguous() for a in args)
             return args[0]
-    runner = object.__new__(other_shapes.AotiRunner)
+    runner = object.__new__(free_size_programs.AotiRunner)
     runner._call = Package()
     runner.call_positional((torch.randn(4, 6).t(), torch.randn(3)))
     assert seen == [True, True]
@@ -543,8 +550,8 @@ def test_an_aoti_program_is_never_probed_with_sizes_it_named_apart_varying_alone
         return model(*call)
 
     fake = lambda *a, **k: (program, "first", [["", "s0"], ["", "s1"]], {})        # noqa: E731
-    monkeypatch.setattr(other_shapes, "_aoti_program", fake)
-    monkeypatch.setattr(other_shapes, "_runtime_program", fake)
+    monkeypatch.setattr(other_shapes, "aoti_program", fake)
+    monkeypatch.setattr(other_shapes, "runtime_program", fake)
     from cuvil_pgc.recompile.apply import ScopeInputs
 
     other_shapes.build_other_shapes(model, model, Candidate("", backend), ScopeInputs(args), key="k",
@@ -565,7 +572,7 @@ def test_a_size_that_cannot_change_alone_ties_the_sizes_captured_equal_that_coul
     ran the original module. Both now vary together."""
     model, args = MaskAtLeast().eval(), (torch.randint(0, 9, (1, 16)), torch.ones(1, 16))
     fake = lambda *a, **k: (model, "first", [["", "s0"], ["", "s1"]], {})        # noqa: E731
-    monkeypatch.setattr(other_shapes, "_runtime_program", fake)
+    monkeypatch.setattr(other_shapes, "runtime_program", fake)
     from cuvil_pgc.recompile.apply import ScopeInputs
 
     shapes = other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
@@ -586,7 +593,7 @@ def test_indices_into_a_tensor_sized_by_the_inputs_are_checked_against_the_calls
     model = Graph().eval()
     args = (torch.randn(20, 8), torch.randint(0, 20, (2, 40)))
     free = [["s0", ""], ["", "s1"]]
-    monkeypatch.setattr(other_shapes, "_runtime_program", lambda *a, **k: (model, "first", free, {1: {"s0"}}))
+    monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (model, "first", free, {1: {"s0"}}))
     shapes = other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
                                              rtol=None, atol=None, sized=frozenset({1}))
     assert shapes.index_bounds == {1: ("s0",)}
@@ -596,7 +603,7 @@ def test_indices_into_a_tensor_sized_by_the_inputs_are_checked_against_the_calls
     edges[0, 3] = 30
     assert "input 1 holds an index outside 0-29" in shapes.misfit((torch.randn(30, 8), edges))
     assert shapes.fits((torch.randn(31, 8), edges))
-    monkeypatch.setattr(other_shapes, "_runtime_program", lambda *a, **k: (model, "first", free, {1: {"s0 - 1"}}))
+    monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (model, "first", free, {1: {"s0 - 1"}}))
     with pytest.raises(other_shapes.OtherShapesError, match=r"input 1 indexes a tensor sized by the inputs .*\(s0 - 1\)"):
         other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
                                         rtol=None, atol=None, sized=frozenset({1}))
@@ -721,3 +728,26 @@ def test_what_a_runtime_writes_to_stderr_as_a_probe_fails_stays_off_the_terminal
     with pytest.raises(other_shapes.OtherShapesError, match="re-use buffer"):
         other_shapes._compare(noisy, Scaler().eval(), (x,), None, None, quiet=True)
     assert "re-use buffer" not in capfd.readouterr().err
+
+
+@needs_ort
+def test_a_build_from_one_request_to_gpt2_serves_batches_on_its_program():
+    """torch.export fixes a size of 1 the program computes with: GPT-2's program exported at one
+    request took ids of any batch and gave logits of batch 1, ONNX Runtime failed at a batch of two,
+    and every batched call ran the original module. Exported at a batch of two, checked at one."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32, use_cache=False)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, 50, (1, 6))
+    build = recompile(model, (ids,), plan={"": Candidate("", "ort")}, records=False, deployed_race=False,
+                      rounds=3, dynamic=True)
+    record = build.plan.choices[0].other_shapes
+    (_, (batch, length)), = record["inputs"][:1]
+    assert isinstance(batch, str) and record["ranges"][batch][0] == 1 and isinstance(length, str)
+    fast = build.module
+    three = torch.randint(0, 50, (3, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(fast(three).logits, model(three).logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(fast(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-5)
+    assert fast.other_shape_calls == 1 and fast.fallback_calls == 0

@@ -7,7 +7,8 @@ calls with other batch sizes or sequence lengths ran the original module for eac
 With ``dynamic=True`` the build also ships, for each ONNX Runtime, OpenVINO and AOTInductor region
 on the CPU, a second export of the region whose input dimensions the exporter left free
 (``Dim.AUTO``: free where the program allows other sizes, fixed where it does not, such as a hidden
-size tied to a weight): the same ONNX file's runtime, or an AOTInductor package compiled with the
+size tied to a weight; exported at a batch of two where the captured call is one request, see
+:func:`~.free_size_programs.batch_of_two`): the same ONNX file's runtime, or an AOTInductor package compiled with the
 region's Inductor options. The captured shapes keep the specialized program; calls that differ only in free
 dimensions run the second one; any other call runs the original module.
 
@@ -41,20 +42,10 @@ from cuvil_pgc.recompile._stderr import first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import check_outputs, float32_references
 from cuvil_pgc.recompile.apply import ScopeInputs
 from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES, bind_call, keyword_count
-from cuvil_pgc.recompile.index_bounds import describe, index_bounds, out_of_range
+from cuvil_pgc.recompile.free_size_programs import aoti_program, batch_of_two, program_runner, runtime_program
+from cuvil_pgc.recompile.index_bounds import describe, out_of_range
 from cuvil_pgc.recompile.lean_call import FREE_NAMES, VALUE
-from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
-from cuvil_pgc.recompile.ort_runner import OrtRunner
-from cuvil_pgc.recompile.output_template import OutputTemplate
-from cuvil_pgc.recompile.program_index_bounds import program_index_bounds
-from cuvil_pgc.recompile.runtime_build import (
-    ARTIFACT_SUFFIXES,
-    IN_PROGRAM,
-    artifact_path,
-    convert_openvino,
-    export_onnx,
-    knobs_of,
-)
+from cuvil_pgc.recompile.runtime_build import ARTIFACT_SUFFIXES, IN_PROGRAM
 from cuvil_pgc.recompile.size_programs import SizePrograms, default_capacity
 
 log = logging.getLogger(__name__)
@@ -232,11 +223,27 @@ def build_other_shapes(module: nn.Module, prepared: nn.Module, cand: Any, inputs
             or not all(a is None or isinstance(a, torch.Tensor) and a.is_cpu or type(a) in CAPTURED_VALUES
                        for a in inputs.args):
         raise OtherShapesError("it is called with other than CPU tensors (and Nones, numbers, strings and bools)")
+    batched = batch_of_two(inputs)
+    if batched is not None:
+        try:
+            return _checked_program(module, prepared, cand, inputs, batched, f"{key}|batch of two", rtol, atol, sized)
+        except (ExportError, OtherShapesError) as exc:
+            log.debug("cuvil-pgc: the program for other sizes exported at a batch of two: %s; exporting it at "
+                      "the captured batch of one", exc)
+    return _checked_program(module, prepared, cand, inputs, inputs, key, rtol, atol, sized)
+
+
+def _checked_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: ScopeInputs, example: ScopeInputs,
+                     key: str, rtol: float | None, atol: float | None, sized: frozenset[int]) -> OtherShapes:
+    """:func:`build_other_shapes` with the program exported at ``example`` (``inputs``, or their
+    batch doubled) under the cache key ``key``, and checked at ``inputs``."""
+    from cuvil_pgc.recompile.export_error import ExportError
+
     try:
         if cand.backend == "aoti":
-            runner, first, free, named = _aoti_program(prepared, cand, inputs, key)
+            runner, first, free, named = aoti_program(prepared, cand, inputs, example, key)
         else:
-            runner, first, free, named = _runtime_program(module, prepared, cand, inputs, key)
+            runner, first, free, named = runtime_program(module, prepared, cand, inputs, example, key)
     except (ExportError, OtherShapesError):
         raise
     except Exception as exc:
@@ -295,93 +302,6 @@ def _at_positions(args: tuple[Any, ...], free: list[list[str]]) -> list[list[str
     call's arguments (none for an argument captured as None, which the program does not take)."""
     per_tensor = iter(free)
     return [next(per_tensor) if isinstance(a, torch.Tensor) else [] for a in args]
-
-
-def _runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
-                     key: str) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]]]:
-    """(runner, first file, free dimensions, named index bounds) of the free-size ONNX export on
-    ONNX Runtime or OpenVINO."""
-    with torch.no_grad():
-        template = OutputTemplate.of(prepared(*inputs.args))
-    onnx_path = artifact_path(key, "onnx-shapes", None, ".onnx")
-    if not onnx_path.exists():
-        export_onnx(prepared, inputs, onnx_path, len(template.tensors), free_sizes=True)
-    free = free_dimensions(str(onnx_path), sum(isinstance(a, torch.Tensor) for a in inputs.args))
-    first = onnx_path
-    if cand.backend == "openvino":
-        first = artifact_path(key, "openvino-shapes", None, ".xml")
-        if not first.exists():
-            convert_openvino(onnx_path, first)
-    return _runner(cand, str(first), template, module), str(first), free, index_bounds(str(onnx_path)).named
-
-
-def _aoti_program(prepared: nn.Module, cand: Any, inputs: Any,
-                  key: str) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]]]:
-    """(runner, package, free dimensions, named index bounds) of the free-size ``torch.export`` as an
-    AOTInductor package with the candidate's Inductor options (exporting again is seconds; compiling
-    is cached)."""
-    from cuvil_pgc.recompile.aoti_outputs import TENSOR_OUTPUTS_KEY, TensorOutputs, aoti_output_template
-    from cuvil_pgc.recompile.apply import export_program, package_aoti, program_key
-
-    template = aoti_output_template(prepared, inputs)   # as the region's own package
-    with torch.no_grad():
-        exported = export_program(prepared if template is None else TensorOutputs(prepared), inputs, free_sizes=True)
-    from torch.export.graph_signature import InputKind, TensorArgument
-
-    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
-    free = [["" if isinstance(d, int) else str(d) for d in placeholders[spec.arg.name].meta["val"].shape]
-            for spec in exported.graph_signature.input_specs     # not an input captured as None or a constant
-            if spec.kind == InputKind.USER_INPUT and isinstance(spec.arg, TensorArgument)]
-    tensors = "" if template is None else f"|{TENSOR_OUTPUTS_KEY}"
-    path = artifact_path(f"{key}|{program_key(cand)}{tensors}", "aoti-shapes", None, ".pt2")
-    if not path.exists():
-        package_aoti(exported, cand, str(path))
-    return AotiRunner(str(path), template is not None, template), str(path), free, program_index_bounds(exported).named
-
-
-def _runner(cand: Any, first: str, template: OutputTemplate | None, original: nn.Module | None,
-            tensor_outputs: bool = False) -> Any:
-    """The runner of a program for other sizes whose first file is ``first``: the candidate's
-    runtime with its knobs, but not the transformer fusions, which need fixed shapes (an
-    AOTInductor package of the region's output tensors, as its region's: ``tensor_outputs``)."""
-    if cand.backend == "aoti":
-        return AotiRunner(first, tensor_outputs, template, original)
-    knobs = {k: v for k, v in knobs_of(cand).items() if k != "fuse"}
-    if cand.backend == "ort":
-        return OrtRunner(first, knobs, template, original)
-    return OpenVinoRunner(first, knobs, cand.precision, template, original)
-
-
-class AotiRunner:
-    """An AOTInductor package called with positional tensors (the runner interface of
-    :class:`OtherShapes`); one of the region's output tensors (``tensor_outputs``) returns them in
-    the structure of ``template``, or of the original's first output where there is none yet."""
-
-    def __init__(self, path: str, tensor_outputs: bool = False, template: OutputTemplate | None = None,
-                 original: nn.Module | None = None) -> None:
-        from cuvil_pgc.recompile.aoti_loader import FastAOTI
-        from cuvil_pgc.recompile.aoti_outputs import aoti_runner
-
-        runner = aoti_runner(path, tensor_outputs, template, original)
-        self._call = runner.call_positional if tensor_outputs else FastAOTI(runner)
-
-    def __call__(self, *args: Any) -> Any:
-        return self.call_positional(args)
-
-    def call_positional(self, args: tuple[Any, ...]) -> Any:
-        # the package reads its inputs at the captured strides: another layout is copied first
-        return self._call(tuple(a if a.is_contiguous() else a.contiguous() for a in args
-                                if isinstance(a, torch.Tensor)))
-
-
-def free_dimensions(onnx_path: str, count: int) -> list[list[str]]:
-    """Per graph input (the first ``count``), each dimension's symbol ("" where it is fixed)."""
-    import onnx
-
-    graph = onnx.load(onnx_path, load_external_data=False).graph
-    initializers = {i.name for i in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in initializers][:count]
-    return [[d.dim_param if d.HasField("dim_param") else "" for d in i.type.tensor_type.shape.dim] for i in inputs]
 
 
 def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free: list[list[str]],
@@ -578,7 +498,7 @@ def load_other_shapes(vb: Any, choice: Any, region: Any, extract_dir: Any, devic
     local = {suffix: str(vb.extract(stem + suffix, extract_dir)) for suffix in _suffixes(cand.backend)}
     first = local[_suffixes(cand.backend)[0]]
     template = getattr(region.compiled, "template", None)     # runtimes rebuild the output's structure
-    runner = _runner(cand, first, template, region.original, isinstance(region.compiled, TensorOutputsAOTI))
+    runner = program_runner(cand, first, template, region.original, isinstance(region.compiled, TensorOutputsAOTI))
     other = OtherShapes(runner, inputs, ranges, first, bounds)
     tolerances = tolerances or {}
     other.compile_sizes(region.original, tolerances.get("rtol"), tolerances.get("atol"), capacity=size_programs,
