@@ -90,6 +90,7 @@ def test_local_pool_gives_the_single_process_result(run_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")     # one local Ray cluster at a time (pytest -n: one worker runs both)
 def test_ray_gives_the_local_and_single_process_result(run_dir, monkeypatch):
     ray = pytest.importorskip("ray")
     monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -252,6 +253,7 @@ def test_ray_addresses_and_authentication_failures_are_told_apart():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")     # one local Ray cluster at a time (pytest -n: one worker runs both)
 def test_analyze_through_address_on_a_cluster_started_with_ray_start(run_dir, tmp_path):
     """``ray start --head`` (token authentication, Ray 2.60's default when a token exists) in a subprocess; the CLI
     joins it through --address with RAY_AUTH_MODE=token, and without it says so. The head and what it
