@@ -144,9 +144,12 @@ def test_compiling_now_makes_a_sizes_program_at_its_first_call_on_the_callers_th
     assert jobs == [] and fake.made == [((2, 5),), ((1, 7),), ((3, 3),)]
     x = torch.zeros(2, 5)
     assert fake.checked[0][1][0].shape == x.shape
-    sizes.capacity = 3
+    sizes.capacity = 4
     calls(sizes, (6, 6), times=COMPILE_AFTER)            # outside it, sizes go to the background again
     assert len(jobs) == 1 and len(fake.made) == 3
+    calls(sizes, (7, 7), times=COMPILE_AFTER - 1)
+    with compiling_now():                                 # called often before, without a program: made now
+        assert calls(sizes, (7, 7)) == [("program", ((7, 7),))] and len(jobs) == 1
 
 
 def test_compiling_now_waits_for_a_program_the_worker_is_making():

@@ -124,8 +124,10 @@ class SizePrograms:
         counts[key] = n
         if ready is not None or self.stopped is not None or key in self._refused:
             return ready
+        if _NOW.get():
+            return self._now(key, args)
         if n < self.after or key in self._pending:
-            return self._now(key, args) if _NOW.get() else None
+            return None
         if not self._room(n):
             return None
         try:
