@@ -98,8 +98,8 @@ def main() -> int:
                       + " ".join(f"{ms[c]:>8.3f}ms" for c in (*RIVALS, "build")) + f" {best / ms['build']:>10.3f}x", flush=True)
             print(f"{name}: build over the fastest other contender, geometric mean over its sizes "
                   f"{_geomean(ratios[name]):.3f}x; {build.fallback_calls} calls ran the original module")
-            print(f"{name}: loading the build {_load_s(build_path, model):.2f} s; with its {len(examples)} sizes "
-                  f"compiled at load (size_examples) {_load_s(build_path, model, examples):.2f} s")
+            print(f"{name}: loading the build {_load_s(build_path, model):.2f} s; with its {len(examples) - 1} other "
+                  f"sizes compiled at load (size_examples) {_load_s(build_path, model, examples):.2f} s")
     every = [r for rs in ratios.values() for r in rs]
     if every:
         print(f"over every model and size: geometric mean {_geomean(every):.3f}x, worst {min(every):.3f}x; "
