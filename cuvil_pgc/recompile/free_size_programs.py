@@ -32,7 +32,7 @@ def batch_of_two(inputs: ScopeInputs) -> ScopeInputs | None:
 
 
 def runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any, example: Any,
-                     key: str) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]]]:
+                    key: str) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]]]:
     """(runner, first file, free dimensions, named index bounds) of the free-size ONNX export (at
     ``example``) on ONNX Runtime or OpenVINO."""
     with torch.no_grad():
@@ -50,7 +50,7 @@ def runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: A
 
 
 def aoti_program(prepared: nn.Module, cand: Any, inputs: Any, example: Any,
-                  key: str) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]]]:
+                 key: str) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]]]:
     """(runner, package, free dimensions, named index bounds) of the free-size ``torch.export`` (at
     ``example``) as an AOTInductor package with the candidate's Inductor options (exporting again
     is seconds; compiling is cached)."""
@@ -74,7 +74,7 @@ def aoti_program(prepared: nn.Module, cand: Any, inputs: Any, example: Any,
 
 
 def program_runner(cand: Any, first: str, template: OutputTemplate | None, original: nn.Module | None,
-            tensor_outputs: bool = False) -> Any:
+                   tensor_outputs: bool = False) -> Any:
     """The runner of a program for other sizes whose first file is ``first``: the candidate's
     runtime with its knobs, but not the transformer fusions, which need fixed shapes (an
     AOTInductor package of the region's output tensors, as its region's: ``tensor_outputs``)."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from cuvil_pgc.recompile._stderr import first_line
 from cuvil_pgc.recompile.lean_call import leaf_positions
 from cuvil_pgc.recompile.onnx_index_checks import IndexCheckFailed
 
@@ -41,7 +42,7 @@ class OtherSizeCalls:
             if self.other_sizes_failures == 1:
                 log.warning("cuvil-pgc: %s's program for other input sizes failed (%s: %s); the original module "
                             "answers this call (further failures are counted in other_sizes_failures)",
-                            self.plan_config, type(exc).__name__, str(exc).strip().split("\n")[0][:200])
+                            self.plan_config, type(exc).__name__, first_line(str(exc), 200))
             return self._fall_back(args, {})
         self.__dict__["other_shape_calls"] += 1      # a plain int: not nn.Module.__setattr__'s checks (~3 µs)
         if self._lean is not None:
