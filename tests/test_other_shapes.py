@@ -172,6 +172,33 @@ def test_openvino_regions_get_one_too_and_fixed_dimensions_stay_with_the_origina
     assert fast.fallback_calls == 1
 
 
+class Tempered(nn.Module):
+    """A 0-dimensional tensor among the inputs (a sampling temperature): no size of it can vary."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, x: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.fc(x) / temperature, dim=-1)
+
+
+@needs_ort
+def test_a_scalar_tensor_input_stays_as_it_is_while_the_build_probes_other_sizes():
+    """The probes resized every tensor input, and a 0-dimensional one has no size: the recompile
+    ended in an internal error (an attention block given its temperature, seen on a model nobody
+    here made)."""
+    model, inputs = Tempered().eval(), (torch.randn(3, 12), torch.tensor(0.7))
+    build = recompile(model, inputs, plan={"": Candidate("", "ort")}, records=False, deployed_race=False,
+                      rounds=3, dynamic=True)
+    (_, (batch, _)), (_, ()) = build.plan.choices[0].other_shapes["inputs"]
+    assert build.plan.choices[0].other_shapes["ranges"][batch] == [1, 64]
+    x, temperature = torch.randn(5, 12), torch.tensor(0.5)
+    with torch.no_grad():
+        torch.testing.assert_close(build.module(x, temperature), model(x, temperature))
+    assert build.module.other_shape_calls == 1 and build.module.fallback_calls == 0
+
+
 @needs_ort
 def test_other_sizes_take_the_lean_call_of_the_program_for_other_sizes_after_the_first(tmp_path, monkeypatch):
     model, inputs, build = _build("ort", tagger)

@@ -432,7 +432,7 @@ def _resized(args: tuple[torch.Tensor, ...], free: list[list[str]], new: dict[st
     """``args`` with the dimensions of the symbols in ``new`` at those sizes, values tiled or cropped."""
     out = []
     for t, names in zip(args, free, strict=True):
-        if not isinstance(t, torch.Tensor):          # None or a constant: as captured
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:   # None, a constant or a scalar: as captured
             out.append(t)
             continue
         shape = [new.get(name, n) if name else n for name, n in zip(names, t.shape, strict=True)]
