@@ -5,7 +5,10 @@ arguments, torch's public call loads them. A real package's fresh-process load i
 
 from __future__ import annotations
 
+# imported before a test deletes torch's loader: this module's annotations name it, so importing
+# it afterwards fails in torch itself (as it did where that test ran first in its worker)
 import torch
+import torch._inductor.package  # noqa: F401
 
 from cuvil_pgc.recompile import aoti_loader
 
