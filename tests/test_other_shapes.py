@@ -334,7 +334,7 @@ def test_a_service_that_knows_its_sizes_gets_their_programs_at_load(tmp_path, mo
 
 
 @needs_ort
-def test_a_program_that_fails_at_other_sizes_is_left_out_with_the_reason(monkeypatch, caplog):
+def test_a_program_that_fails_at_other_sizes_is_left_out_with_the_reason(monkeypatch, caplog, tmp_path):
     def guard(reference, candidate, **kw):            # the program answers wrongly at any size but the captured
         same = reference[0].shape == (2, 8, 3)
         return AccuracyResult(ok=same, reason="" if same else "output[0]: max abs err 0.5")
@@ -347,6 +347,15 @@ def test_a_program_that_fails_at_other_sizes_is_left_out_with_the_reason(monkeyp
     with torch.no_grad():
         build.module(torch.randint(0, 50, (3, 8)))
     assert build.module.fallback_calls == 1
+    # the reason travels with the build: a service that loads it is not told to rebuild with --dynamic
+    assert "max abs err 0.5" in build.plan.choices[0].other_sizes_refused
+    fast = load_build(build.save(tmp_path / "t.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
+    note, = fast.cuvil_load_report.notes
+    assert note.startswith("<model> runs its captured input sizes only") and "max abs err 0.5" in note
+    with torch.no_grad():
+        fast(torch.randint(0, 50, (3, 8)))
+    assert "built with --dynamic, but its program for other sizes was left out: it failed the accuracy guard" \
+        in fast.first_fallback and "adds programs" not in fast.first_fallback
 
 
 @needs_ort

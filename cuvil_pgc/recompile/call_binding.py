@@ -71,9 +71,11 @@ def _memory_format(shape: torch.Size, strides: tuple[int, ...]) -> torch.memory_
 
 
 def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any],
-                params: list[tuple[str, Any]] | None = None) -> str:
+                params: list[tuple[str, Any]] | None = None, sizes_refused: str | None = None) -> str:
     """Why a call does not have the captured inputs (the first difference found); ``params``: the
-    original forward's (name, default) pairs, which name the keywords past the captured inputs."""
+    original forward's (name, default) pairs, which name the keywords past the captured inputs;
+    ``sizes_refused``: why a build made for other sizes has no program for them (None: it was not
+    made for them)."""
     if spec is None:
         return "the call's inputs differ from the captured ones (types, shapes, dtypes or keyword arguments)"
     if kwargs:
@@ -92,8 +94,9 @@ def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any]
         if a.dtype != dtype or a.device != device:
             return f"input {i} is {a.dtype} on {a.device}, built for {dtype} on {device}"
         if a.shape != shape:
-            return (f"input {i} has shape {tuple(a.shape)}, built for {tuple(shape)} (the build is "
-                    "shape-specialized; `recompile --dynamic` adds programs for other sizes)")
+            why = ("`recompile --dynamic` adds programs for other sizes" if sizes_refused is None else
+                   f"it was built with --dynamic, but its program for other sizes was left out: {sizes_refused}")
+            return f"input {i} has shape {tuple(a.shape)}, built for {tuple(shape)} (the build is shape-specialized; {why})"
         if a.stride() != strides:
             return (f"input {i} has strides {a.stride()}, built for {strides} (the build copies a call into a "
                     "contiguous or channels_last layout it was captured with, not into this one)")

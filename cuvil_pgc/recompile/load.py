@@ -308,7 +308,13 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
         else:
             realized[scope] = _realize_lazy(module, cand, plan.device, choice, path)
             report.compiled_regions += cand.backend != "eager"
-        other = getattr(getattr(realized.get(scope), "module", None), "other_shapes", None)
+        region = getattr(realized.get(scope), "module", None)
+        other = getattr(region, "other_shapes", None)
+        if choice.other_sizes_refused is not None and region is not None and other is None:
+            region.other_sizes_refused = choice.other_sizes_refused
+            report.notes.append(f"{choice.label} runs its captured input sizes only (other sizes run the original "
+                                f"module): its program for other sizes was left out at build: "
+                                f"{choice.other_sizes_refused}")
         report.applied.append(f"{scope or '<model>'}: {cand.config}" + (" (and other input sizes)" if other else ""))
 
 

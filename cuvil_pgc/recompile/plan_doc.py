@@ -127,6 +127,9 @@ class PlanChoice:
     #: its program for other input sizes, {"artifact": member, "inputs": [[dtype, [size | null, ...]], ...]}
     #: (see .other_shapes; None: other sizes run the original module; older versions ignore it)
     other_shapes: dict[str, Any] | None = None
+    #: why a build made for other sizes (``--dynamic``) has no program for them in this scope
+    #: (None: made without, or it has one; older versions ignore it)
+    other_sizes_refused: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -157,6 +160,8 @@ class PlanChoice:
             doc["runtime"] = self.runtime
         if self.other_shapes is not None:
             doc["other_shapes"] = self.other_shapes
+        if self.other_sizes_refused is not None:
+            doc["other_sizes_refused"] = self.other_sizes_refused
         return _with_extra(doc, self.extra)
 
     @classmethod
@@ -178,6 +183,8 @@ class PlanChoice:
                    artifact=known.get("artifact") if isinstance(known.get("artifact"), str) else None,
                    runtime=runtime if isinstance(runtime, dict) else None,
                    other_shapes=known.get("other_shapes") if isinstance(known.get("other_shapes"), dict) else None,
+                   other_sizes_refused=known.get("other_sizes_refused")
+                   if isinstance(known.get("other_sizes_refused"), str) else None,
                    extra=extra)
 
 
@@ -307,7 +314,9 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
                           weights=result.weights.get(scope), settings=result.settings.get(scope),
                           input_signature=result.scope_inputs[scope].signature,
                           input_spec=result.scope_inputs[scope].spec, artifact=artifacts.get(scope),
-                          runtime=_runtime(result, scope, cand), other_shapes=(other_shapes or {}).get(scope))
+                          runtime=_runtime(result, scope, cand), other_shapes=(other_shapes or {}).get(scope),
+                          other_sizes_refused=getattr(getattr(result.realized.get(scope), "module", None),
+                                                      "other_sizes_refused", None))
                for scope, cand in sorted(result.choices.items())]
     return Plan(
         device=device, machine=result.machine, model_hash=model_hash, tolerances={"rtol": rtol, "atol": atol},

@@ -126,6 +126,9 @@ class CompiledRegion(OtherSizeCalls, nn.Module):
         #: module runs them), and how many calls it ran
         self.other_shapes: Any = None
         self.other_shape_calls = 0
+        #: why a build made for other sizes (``--dynamic``) has no program for them here (None: it
+        #: was not made for them, or it has one)
+        self.other_sizes_refused: str | None = None
         #: its lean call (None: not made yet; ``()``: it has none; see :meth:`_learn_free_lean`)
         self._free_lean: tuple[Any, ...] | None = None
         self.other_sizes_failures = 0
@@ -504,7 +507,7 @@ class CompiledRegion(OtherSizeCalls, nn.Module):
             return why
         if self.other_shapes is not None and not kwargs:
             return self.other_shapes.misfit(args) or "the inputs differ from the captured ones"
-        return spec_misfit(self._spec, args, kwargs, self._params)
+        return spec_misfit(self._spec, args, kwargs, self._params, self.other_sizes_refused)
 
     def _matches(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         return matches(self._spec, self.signature, args, kwargs)
