@@ -435,6 +435,46 @@ def test_fake_tensors_run_the_original_module(checks_impl):
     assert "FakeTensor" in region.first_fallback
 
 
+class Attend(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(16, 16)
+
+    def forward(self, x, table):
+        return torch.softmax(self.q(x) @ table.T, -1) @ table
+
+
+class HandsItsTable(nn.Module):
+    """Hands a Parameter of its own to a submodule, as DeBERTa's encoder its relative-position table."""
+
+    def __init__(self):
+        super().__init__()
+        self.table, self.block, self.out = nn.Parameter(torch.randn(8, 16)), Attend(), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(self.block(x, self.table))
+
+
+@needs_ort
+def test_a_parameter_handed_to_a_region_is_read_as_a_plain_tensor():
+    """A Parameter is a plain tensor's memory: every call of such a region ran the original module
+    ("an input is a Parameter"), so a search measured DeBERTa's attention as eager under every
+    candidate. Under autograd the original module answers, as for any input that requires grad."""
+    from cuvil_pgc.recompile import recompile
+
+    torch.manual_seed(0)
+    model, x = HandsItsTable().eval(), torch.randn(3, 16)
+    build = recompile(model, (x,), plan={"block": Candidate("block", "ort")}, records=False, deployed_race=False,
+                      rounds=3)
+    region = build.module.block
+    with torch.no_grad():
+        torch.testing.assert_close(build.module(x), model(x))
+    assert region.fallback_calls == 0
+    build.module(x).sum().backward()
+    assert region.fallback_calls == 1 and "requires grad" in region.first_fallback
+    assert model.table.grad is not None
+
+
 class Features(nn.Module):
     """A recommender fed one dict of features, and a list of dense blocks."""
 

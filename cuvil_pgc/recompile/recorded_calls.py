@@ -19,6 +19,11 @@ from cuvil_pgc.recompile.lean_call import is_tracing
 # FakeTensors, which the lean path's exact type check already sends to the checked path.
 compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
 _Tensor = torch.Tensor
+#: the tensor types whose memory a build's program reads: a module's Parameter handed to a region
+#: (DeBERTa's relative-position table, a Perceiver's latents, DETR's queries) is a plain tensor's
+#: memory too; under autograd such a call runs the original module for its requires_grad, as any
+#: input's (``CompiledRegion._eager_only``)
+_PLAIN = (_Tensor, torch.nn.Parameter)
 #: why a call torch.jit traces runs the original module: a runtime's outputs come from outside
 #: torch, and the trace held them as constants (a traced ONNX Runtime or OpenVINO region answered
 #: every input with the traced one's result; an AOTInductor one failed the trace)
@@ -46,7 +51,7 @@ def recorded(args: tuple[Any, ...], kwargs: dict[str, Any], leaves: Any = None) 
     if not compiling() and is_tracing():
         return TRACED
     for t in (call_leaves(args, kwargs) if leaves is None else leaves):
-        if isinstance(t, torch.Tensor) and type(t) is not _Tensor:
+        if isinstance(t, torch.Tensor) and type(t) not in _PLAIN:
             return (f"an input is a {type(t).__name__}, which the build's programs cannot read (they read a plain "
                     "tensor's memory), and which records what runs")
     return None
