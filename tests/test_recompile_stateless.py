@@ -187,3 +187,51 @@ def test_a_forward_adding_to_its_input_dict_is_refused_with_the_wrapper_and_the_
     assert "self.model(dict(features))" in err.value.fix
     assert features.keys() == given.keys() and all(features[k] is v for k, v in given.items())
     check_stateless(Copying(AddsToItsFeatures()).eval(), (features,))           # the fix it names passes
+
+
+class KeyCache:
+    """A Hugging Face cache in miniature: a plain object whose layers append their keys to it."""
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor] = []
+
+
+class AppendingLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.k = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, cache: KeyCache) -> torch.Tensor:
+        cache.keys.append(self.k(x))
+        keys = torch.cat(cache.keys, 0)
+        return x + torch.softmax(x @ keys.T, -1) @ keys
+
+
+class Decoder(nn.Module):
+    """Makes the cache each call and hands it to its layers (a decoder with use_cache on)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second, self.head = AppendingLayer(), AppendingLayer(), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cache = KeyCache()
+        return self.head(self.second(self.first(x, cache), cache))
+
+
+def test_a_submodule_that_changes_an_object_it_is_given_is_not_a_scope(caplog):
+    """A decoder layer appends to the cache it is given: no program captured from one call does
+    that, and replaying the captured call appended again (a Mistral's search ended in an internal
+    error, its attention mask one window longer than its keys). The module that makes the object
+    stays a scope; the layers are left out, with a warning naming them and the object."""
+    from cuvil_pgc.recompile.apply import capture_scope_inputs
+
+    torch.manual_seed(0)
+    model, x = Decoder().eval(), torch.randn(3, 8)
+    with caplog.at_level("WARNING", logger="cuvil_pgc.recompile.apply"):
+        scopes = capture_scope_inputs(model, (x,), ["first", "second", "head"])
+    assert sorted(scopes) == ["", "head"]
+    assert "first, second change an object they are given (input 1 (a KeyCache))" in caplog.text
+    build = recompile(model, (x,), records=False, deployed_race=False, rounds=3, backends=("eager", "compile"))
+    with torch.no_grad():
+        torch.testing.assert_close(build.module(x), model(x))

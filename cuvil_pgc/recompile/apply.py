@@ -48,6 +48,7 @@ from cuvil_pgc.recompile.realized import CALL_VERSION, CompiledRegion, Realized
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
 from cuvil_pgc.recompile.runtime_region import tensor_leaves
+from cuvil_pgc.recompile.stateless import object_state
 from cuvil_pgc.recompile.torchscript_onnx import torch_export_note
 
 log = logging.getLogger(__name__)
@@ -88,23 +89,45 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
     TorchScript module (``torch.jit.script``, and each module inside one) is not a scope: it refuses
     hooks, and its code is compiled already. Nor is a module called with a nested tensor: the
     layers of ``nn.TransformerEncoder`` in inference with a padding mask get one, which has no
-    sizes to export for, and which they take only on the fast path that the census turns off."""
+    sizes to export for, and which they take only on the fast path that the census turns off. Nor
+    is a module whose call changes an object it is given (a Hugging Face decoder layer appending
+    to the cache; :func:`~.stateless.object_state`): no program reproduces that, and replaying its
+    captured call would append again."""
     modules = dict(model.named_modules())
     captured: dict[str, ScopeInputs] = {"": ScopeInputs(tuple(example_inputs))}
+    before: dict[str, dict[str, Any]] = {}      # scope -> its input objects' state as its first call began
+    changes: dict[str, str] = {}                # scope -> the input object its first call changed
     hooks = []
     for scope in scopes:
         if scope and scope in modules and not isinstance(modules[scope], torch.jit.ScriptModule):
-            def hook(_m, args, kwargs, scope=scope):
-                captured.setdefault(scope, ScopeInputs(tuple(args), dict(kwargs)))
-            hooks.append(modules[scope].register_forward_pre_hook(hook, with_kwargs=True))
+            def pre(_m, args, kwargs, scope=scope):
+                if scope not in captured:
+                    captured[scope] = ScopeInputs(tuple(args), dict(kwargs))
+                    before[scope] = object_state(args, kwargs)
+
+            def post(_m, args, kwargs, _out, scope=scope):
+                state = before.pop(scope, None)
+                now = object_state(args, kwargs) if state else {}
+                changed = [name for name, held in (state or {}).items() if now.get(name) != held]
+                if changed:
+                    changes[scope] = changed[0]
+            hooks.append(modules[scope].register_forward_pre_hook(pre, with_kwargs=True))
+            hooks.append(modules[scope].register_forward_hook(post, with_kwargs=True))
     try:
         with torch.no_grad():
             model(*example_inputs)
     finally:
         for h in hooks:
             h.remove()
+    if changes:
+        names = sorted(changes)
+        log.warning("cuvil-pgc: %s change%s an object %s given (%s), which no program captured from one call "
+                    "does: searched only as part of the module that makes the object", ", ".join(names[:3])
+                    + (f" and {len(names) - 3} more" if len(names) > 3 else ""), "s" if len(names) == 1 else "",
+                    "it is" if len(names) == 1 else "they are", changes[names[0]])
     return {scope: inputs for scope, inputs in captured.items()
-            if not scope or not any(t.is_nested for t in tensor_leaves(inputs.args, inputs.kwargs))}
+            if not scope or scope not in changes and not any(t.is_nested for t in tensor_leaves(inputs.args,
+                                                                                                 inputs.kwargs))}
 
 
 class _Autocast(nn.Module):

@@ -72,6 +72,42 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
             "model)")
 
 
+#: what an input object holds that its call cannot change in place
+_VALUES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
+
+
+def object_state(args: tuple[Any, ...], kwargs: dict[str, Any], depth: int = 4) -> dict[str, Any]:
+    """Per input that is an object rather than tensors and values (a Hugging Face cache), what a
+    call could change in it: the tensors it reaches through its attributes, lists and dicts
+    (identity, shape, version counter), their lengths and the plain values among them, ``depth``
+    levels deep. Compared before and after a submodule's call, it tells a submodule that changes
+    an object it is given (a decoder layer appending its keys and values to the cache), which no
+    program captured from one call reproduces, and whose captured call cannot be replayed: the
+    replay appends again (Mistral's sliding-window attention then met a mask of the wrong length)."""
+    named = [(f"input {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    return {f"{name} (a {type(v).__name__})": _reach(v, depth, set())
+            for name, value in named for v in pytree.tree_leaves(value)
+            if not isinstance(v, (torch.Tensor, *_VALUES, torch.nn.Module)) and hasattr(v, "__dict__")}
+
+
+def _reach(v: Any, depth: int, seen: set[int]) -> Any:
+    if isinstance(v, torch.Tensor):
+        return id(v), tuple(v.shape), v._version
+    if isinstance(v, _VALUES):
+        return v
+    if depth == 0 or id(v) in seen or isinstance(v, torch.nn.Module) or callable(v):
+        return id(v)
+    seen.add(id(v))
+    if isinstance(v, (list, tuple)):
+        return type(v).__name__, tuple(_reach(x, depth - 1, seen) for x in v)
+    if isinstance(v, dict):
+        return "dict", tuple((str(k), _reach(x, depth - 1, seen)) for k, x in v.items())
+    attrs = getattr(v, "__dict__", None)
+    if attrs is None:
+        return id(v)
+    return type(v).__name__, tuple((k, _reach(x, depth - 1, seen)) for k, x in sorted(attrs.items()))
+
+
 def _containers(value: Any, where: str) -> list[tuple[str, Any, Any]]:
     """Each dict and list among the inputs: (where, the container, a shallow copy of it)."""
     if type(value) is dict:
