@@ -235,3 +235,27 @@ def test_a_submodule_that_changes_an_object_it_is_given_is_not_a_scope(caplog):
     build = recompile(model, (x,), records=False, deployed_race=False, rounds=3, backends=("eager", "compile"))
     with torch.no_grad():
         torch.testing.assert_close(build.module(x), model(x))
+
+
+class DecodingStep(nn.Module):
+    """A decoding step: appends to the cache it is given, as a Hugging Face model called with one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = AppendingLayer()
+
+    def forward(self, x: torch.Tensor, cache: KeyCache) -> torch.Tensor:
+        return self.layer(x, cache)
+
+
+def test_a_call_that_adds_to_the_cache_it_is_given_is_refused_and_the_cache_put_back():
+    """The cache grew on each of the check's calls, the outputs moved with it, and recompile said
+    the forward "draws random numbers"; the user's cache kept the keys its calls appended."""
+    torch.manual_seed(0)
+    cache = KeyCache()
+    cache.keys.append(torch.randn(2, 8))
+    kept = cache.keys[0].clone()
+    with pytest.raises(RecompileError, match=r"changes input 1 \(a KeyCache\) on every call") as info:
+        recompile(DecodingStep().eval(), (torch.randn(3, 8), cache), records=False, deployed_race=False, rounds=3)
+    assert "random" not in str(info.value) and "without the object" in info.value.fix
+    assert len(cache.keys) == 1 and torch.equal(cache.keys[0], kept)

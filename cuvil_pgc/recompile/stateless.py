@@ -19,6 +19,11 @@ was made for a dict holding the embeddings, and no call of the user's matched it
 the original module. Such a forward is refused, with the wrapper that hands it a copy, and the dict
 is put back as it was.
 
+So is an object among the inputs that the call changes: a decoding step appends to the Hugging
+Face cache it is given. Its outputs moved with the cache, and the check blamed random numbers,
+leaving the user's cache with the keys of its calls; such a call is refused naming the object,
+which is put back (:func:`object_state` tells the change, its attributes deep-copied beforehand).
+
 The random generator is such state too. A forward that draws from it (noise added at inference,
 a sampled latent, ``torch.multinomial``) returns other outputs on every call, and no program
 draws what eager drew: ONNX Runtime, OpenVINO and Inductor have random generators of their own.
@@ -48,12 +53,16 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     containers = _containers(inputs, "input")
     original = _tracked(model, inputs)
     at_start = _values(original)
+    objects = _saved_objects(inputs)
     first = _call(model, inputs)
     _check_containers(containers)
     settled = _values(_tracked(model, inputs))
+    settled_objects = object_state(inputs, {})
     second = _call(model, inputs)
     now = _tracked(model, inputs)
     changed = [key for key, t in now.items() if key not in settled or not _same(t, settled[key])]
+    now_objects = object_state(inputs, {})
+    changed += [name for name, state in settled_objects.items() if now_objects.get(name) != state]
     if not changed:
         _check_repeatable(model, inputs, first, second, rtol, atol)
         return
@@ -63,6 +72,16 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
             if key.startswith("buffer "):
                 owner, _, attr = key.removeprefix("buffer ").rpartition(".")
                 setattr(model.get_submodule(owner), attr, t)      # (a forward may have assigned a new one)
+    for obj, attributes in objects:
+        vars(obj).clear()
+        vars(obj).update(attributes)
+    if set(changed) & set(settled_objects):
+        raise RecompileError(
+            f"the model's forward changes {', '.join(changed[:4])} on every call (a decoding step adding to the "
+            "cache it is given); a build runs a program captured from one call, which changes nothing but its "
+            "outputs (recompile put back what its two calls to check this changed)",
+            fix="recompile the model's call without the object (a Hugging Face model's first call, which makes "
+                "its cache); a call that passes one runs the original module")
     raise RecompileError(
         f"the model's forward changes {', '.join(changed[:4])}{' and more' if len(changed) > 4 else ''} on every "
         "call; a build runs a program captured from one call, which changes nothing but its outputs, so it "
@@ -76,6 +95,25 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
 _VALUES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 
 
+def _saved_objects(inputs: tuple[Any, ...]) -> list[tuple[Any, dict[str, Any]]]:
+    """Each input object's attributes (see :func:`object_state`), deep-copied to be put back: a
+    Hugging Face cache among the inputs of a decoding step grows on every call."""
+    import copy
+
+    saved = []
+    for v in pytree.tree_leaves(inputs):
+        if _is_object(v):
+            try:
+                saved.append((v, copy.deepcopy(vars(v))))
+            except Exception:            # what cannot be copied is not put back
+                continue
+    return saved
+
+
+def _is_object(v: Any) -> bool:
+    return not isinstance(v, (torch.Tensor, *_VALUES, torch.nn.Module)) and hasattr(v, "__dict__")
+
+
 def object_state(args: tuple[Any, ...], kwargs: dict[str, Any], depth: int = 4) -> dict[str, Any]:
     """Per input that is an object rather than tensors and values (a Hugging Face cache), what a
     call could change in it: the tensors it reaches through its attributes, lists and dicts
@@ -86,8 +124,7 @@ def object_state(args: tuple[Any, ...], kwargs: dict[str, Any], depth: int = 4) 
     replay appends again (Mistral's sliding-window attention then met a mask of the wrong length)."""
     named = [(f"input {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     return {f"{name} (a {type(v).__name__})": _reach(v, depth, set())
-            for name, value in named for v in pytree.tree_leaves(value)
-            if not isinstance(v, (torch.Tensor, *_VALUES, torch.nn.Module)) and hasattr(v, "__dict__")}
+            for name, value in named for v in pytree.tree_leaves(value) if _is_object(v)}
 
 
 def _reach(v: Any, depth: int, seen: set[int]) -> Any:
