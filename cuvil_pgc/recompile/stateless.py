@@ -131,7 +131,7 @@ def _reach(v: Any, depth: int, seen: set[int]) -> Any:
     if isinstance(v, torch.Tensor):
         return id(v), tuple(v.shape), v._version
     if isinstance(v, _VALUES):
-        return v
+        return repr(v) if isinstance(v, float) else v        # (a NaN equals no NaN)
     if depth == 0 or id(v) in seen or isinstance(v, torch.nn.Module) or callable(v):
         return id(v)
     seen.add(id(v))
