@@ -379,6 +379,8 @@ def test_a_failure_at_serve_time_hands_the_call_to_the_original_module_and_count
     assert region.other_shapes is not None
 
     class Broken:
+        learns_template = False
+
         def call_positional(self, args):
             raise RuntimeError("ONNX Runtime: unexpected input")
     region.other_shapes.runner = Broken()
@@ -390,6 +392,30 @@ def test_a_failure_at_serve_time_hands_the_call_to_the_original_module_and_count
     assert region.fallback_calls == 2 and region.other_shape_calls == 0 and region.other_sizes_failures == 2
     assert caplog.text.count("program for other input sizes failed (RuntimeError: ONNX Runtime: unexpected input)") == 1
     assert region.other_shapes is not None                  # one bad request does not turn it off for good
+
+
+def test_a_program_learning_its_outputs_structure_gets_the_regions_whole_call():
+    """A loaded program whose output structure the plan could not hold (a T5's cache) learns it
+    from the original module on its first call: it got the call's tensors alone, so a T5 called
+    with ids and decoder ids, captured as (ids, None, decoder ids), had its decoder ids bound to
+    the attention mask and raised, and every call at another size ran the original module."""
+    calls = []
+
+    class Learning:
+        learns_template = True
+
+        def __call__(self, *args):
+            calls.append(args)
+            return "built from the original's output"
+
+        def call_positional(self, tensors):
+            pytest.fail("the tensors alone reached a program that learns its output's structure")
+    record = other_shapes.OtherShapes(runner=Learning(), inputs=[(torch.int64, ("b", "t")), None,
+                                                                 (torch.int64, ("b", "d"))],
+                                      ranges={"b": (1, 8), "t": (2, 32), "d": (1, 32)}, artifact="")
+    ids, decoder_ids = torch.zeros(3, 9, dtype=torch.int64), torch.zeros(3, 4, dtype=torch.int64)
+    assert record((ids, None, decoder_ids)) == "built from the original's output"
+    assert calls == [(ids, None, decoder_ids)]
 
 
 def test_other_shapes_takes_the_checked_sizes_only():

@@ -98,8 +98,16 @@ class AotiRunner:
 
         runner = aoti_runner(path, tensor_outputs, template, original)
         self._call = runner.call_positional if tensor_outputs else FastAOTI(runner)
+        self._learning = runner if tensor_outputs else None      # learns its template on its first call
+
+    @property
+    def learns_template(self) -> bool:
+        """Whether the next call runs the original module to learn the output's structure."""
+        return self._learning is not None and self._learning.template is None
 
     def __call__(self, *args: Any) -> Any:
+        if self.learns_template:
+            return self._learning(*args)
         return self.call_positional(args)
 
     def call_positional(self, args: tuple[Any, ...]) -> Any:

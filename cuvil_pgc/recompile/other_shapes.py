@@ -86,7 +86,7 @@ class OtherShapes:
     same name must have the same size in a call (token ids and their attention mask share a batch
     and a length), and each name's sizes are bounded by the range the accuracy guard checked."""
 
-    runner: Any                                                 # calls a tuple of tensors (call_positional)
+    runner: Any       # calls a tuple of tensors (call_positional), or the whole call while it learns_template
     #: per positional input: dtype and dimensions, None for an input captured as None (a
     #: tokenizer's mapping that skips GPT-2's past_key_values), which the program does not take, or
     #: the :class:`Constant` it was captured as (``use_cache=False``), which the program holds
@@ -152,9 +152,11 @@ class OtherShapes:
         program does not take, so no flattening of the call)."""
         tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
         sizes = self.size_programs
-        if sizes is not None and (own := sizes.runner(tensors, args)) is not None:
-            return own.call_positional(tensors)
-        return self.runner.call_positional(tensors)
+        own = sizes.runner(tensors, args) if sizes is not None else None
+        runner = self.runner if own is None else own
+        if runner.learns_template:           # its first call runs the original module: called as the region is,
+            return runner(*args)             # its Nones in place (a T5 given ids and decoder ids raised without)
+        return runner.call_positional(tensors)
 
     def lean_positions(self) -> list[tuple[Any, ...] | None] | None:
         """Per positional input, what a lean call checks (see :meth:`~.realized.CompiledRegion._lean_call`):

@@ -47,6 +47,12 @@ class RuntimeRunner:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in tensor_leaves(args, kwargs)]
         return self.template.build(self.run(inputs))
 
+    @property
+    def learns_template(self) -> bool:
+        """Whether the next call runs ``original`` to learn the output's structure (then it must
+        get the region's whole call, not its tensors alone)."""
+        return self.template is None
+
     def call_positional(self, args: tuple[Any, ...]) -> Any:
         """The call for exactly the captured positional tensors (:class:`~.realized.CompiledRegion`
         checked them): no flattening of the arguments. Measured on the zoo transformer under ONNX
