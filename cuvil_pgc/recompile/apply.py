@@ -107,10 +107,11 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
 
             def post(_m, args, kwargs, _out, scope=scope):
                 state = before.pop(scope, None)
-                now = object_state(args, kwargs) if state else {}
-                changed = [name for name, held in (state or {}).items() if now.get(name) != held]
-                if changed:
-                    changes[scope] = changed[0]
+                if state:
+                    now = object_state(args, kwargs)
+                    changed = [name for name, held in state.items() if now.get(name) != held]
+                    if changed:
+                        changes[scope] = changed[0]
             hooks.append(modules[scope].register_forward_pre_hook(pre, with_kwargs=True))
             hooks.append(modules[scope].register_forward_hook(post, with_kwargs=True))
     try:

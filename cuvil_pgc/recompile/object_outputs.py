@@ -76,7 +76,7 @@ def output_tensors(output: Any) -> list[torch.Tensor]:
     for leaf in pytree.tree_leaves(output, is_leaf=is_output_leaf):
         if isinstance(leaf, torch.Tensor):
             tensors.append(leaf)
-        elif _openable(leaf):
+        elif openable(leaf):
             found: list[torch.Tensor] = []
             if _walk(leaf, found, 0, set()) is not None:
                 tensors.extend(found)
@@ -94,7 +94,7 @@ def is_output_leaf(value: Any) -> bool:
     return isinstance(cache, type) and isinstance(value, cache)
 
 
-def _openable(value: Any) -> bool:
+def openable(value: Any) -> bool:
     """An instance whose attributes are its state: not a class, a module, a function, a method
     or an ``nn.Module`` (a module in an output is returned as itself, its weights its own)."""
     return hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType, nn.Module)) \
@@ -108,7 +108,7 @@ def _walk(value: Any, tensors: list[torch.Tensor], depth: int, path: set[int]) -
         tensors.append(value)
         return (_TENSOR,)
     kind = type(value)
-    if kind in (list, tuple, dict) or _openable(value):
+    if kind in (list, tuple, dict) or openable(value):
         if depth >= MAX_DEPTH or id(value) in path:      # what is below, or a cycle's copy, is not known
             return None
         path.add(id(value))

@@ -40,6 +40,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil_pgc.errors import RecompileError
+from cuvil_pgc.recompile.object_outputs import openable
 
 
 def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: float | None = None,
@@ -111,7 +112,7 @@ def _saved_objects(inputs: tuple[Any, ...]) -> list[tuple[Any, dict[str, Any]]]:
 
 
 def _is_object(v: Any) -> bool:
-    return not isinstance(v, (torch.Tensor, *_VALUES, torch.nn.Module)) and hasattr(v, "__dict__")
+    return not isinstance(v, torch.Tensor) and openable(v)
 
 
 def object_state(args: tuple[Any, ...], kwargs: dict[str, Any], depth: int = 4) -> dict[str, Any]:
@@ -132,17 +133,16 @@ def _reach(v: Any, depth: int, seen: set[int]) -> Any:
         return id(v), tuple(v.shape), v._version
     if isinstance(v, _VALUES):
         return repr(v) if isinstance(v, float) else v        # (a NaN equals no NaN)
-    if depth == 0 or id(v) in seen or isinstance(v, torch.nn.Module) or callable(v):
+    if depth == 0 or id(v) in seen:
         return id(v)
     seen.add(id(v))
     if isinstance(v, (list, tuple)):
         return type(v).__name__, tuple(_reach(x, depth - 1, seen) for x in v)
     if isinstance(v, dict):
         return "dict", tuple((str(k), _reach(x, depth - 1, seen)) for k, x in v.items())
-    attrs = getattr(v, "__dict__", None)
-    if attrs is None:
+    if not openable(v):                  # a module, a function, a class: itself
         return id(v)
-    return type(v).__name__, tuple((k, _reach(x, depth - 1, seen)) for k, x in sorted(attrs.items()))
+    return type(v).__name__, tuple((k, _reach(x, depth - 1, seen)) for k, x in sorted(vars(v).items()))
 
 
 def _containers(value: Any, where: str) -> list[tuple[str, Any, Any]]:
