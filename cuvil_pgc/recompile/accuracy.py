@@ -20,6 +20,10 @@ where it is no further from the float32 result than eager's is, within
 :data:`LOW_PRECISION_MULTIPLIER`, in root-mean-square and in the largest error: the test PyTorch's
 own benchmark harness holds compiled fp16/bf16 models to (``torch._dynamo.utils.same`` with its
 fp64 reference). Tolerances the caller gives are kept point by point.
+
+Given ``padding`` (:func:`~.padding.padding_of` the call), values at the positions the call's
+attention mask marks as padding are not compared: a model's output there is never used and not
+defined (see :mod:`.padding`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cuvil_pgc.recompile.padding import Padding
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +48,8 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 
 
 #: bump when the guard accepts other outputs: a recorded accuracy verdict of another version is not
-#: reused (2: bf16/fp16 outputs held to the float32 result)
-GUARD_VERSION = 2
+#: reused (2: bf16/fp16 outputs held to the float32 result; 3: padded positions not compared)
+GUARD_VERSION = 3
 #: reference dtypes held to the float32 result where it is known (see the module docstring)
 LOW_PRECISION = ("bfloat16", "float16")
 #: how much further from the float32 result than eager a low-precision output may be (PyTorch's
@@ -59,6 +66,7 @@ class AccuracyResult:
     ref_scale: float = 0.0          # the largest finite magnitude among the reference's float values
     #: the largest error as a multiple of what the tolerance allows at its value (inf: not finite)
     excess: float = 0.0
+    uncompared: int = 0             # values left out at padded positions
 
     @property
     def decisive(self) -> bool:
@@ -83,12 +91,14 @@ DECISIVE_EXCESS = 10.0
 
 
 def check_outputs(reference: Any, candidate: Any, *, rtol: float | None = None,
-                  atol: float | None = None, exact: Any = None) -> AccuracyResult:
+                  atol: float | None = None, exact: Any = None, padding: Padding | None = None) -> AccuracyResult:
     """Compare ``candidate`` with ``reference``; ``rtol``/``atol`` override the per-dtype defaults;
-    ``exact``: the reference's float32 counterpart, for bf16/fp16 outputs (see the module docstring)."""
+    ``exact``: the reference's float32 counterpart, for bf16/fp16 outputs; ``padding``: the
+    positions left out (see the module docstring)."""
     state = AccuracyResult(ok=True)
     try:
-        _walk(reference, candidate, "output", state, rtol, atol, exact if rtol is None and atol is None else None)
+        _walk(reference, candidate, "output", state, rtol, atol, exact if rtol is None and atol is None else None,
+              padding)
     except _Mismatch as exc:
         state.ok = False
         state.reason = str(exc)
@@ -172,13 +182,14 @@ class _Mismatch(Exception):
 
 
 def _walk(ref: Any, out: Any, where: str, state: AccuracyResult, rtol: float | None, atol: float | None,
-          exact: Any = None) -> None:
+          exact: Any = None, padding: Padding | None = None) -> None:
     import torch
 
     if isinstance(ref, torch.Tensor):
         if not isinstance(out, torch.Tensor):
             raise _Mismatch(f"{where}: expected a tensor, got {type(out).__name__}")
-        _compare_tensor(ref, out, where, state, rtol, atol, exact if isinstance(exact, torch.Tensor) else None)
+        _compare_tensor(ref, out, where, state, rtol, atol, exact if isinstance(exact, torch.Tensor) else None,
+                        padding)
     elif ref is None or isinstance(ref, (bool, int, float, complex, str)):
         _compare_scalar(ref, out, where, rtol, atol)
     elif isinstance(ref, dict):
@@ -186,17 +197,17 @@ def _walk(ref: Any, out: Any, where: str, state: AccuracyResult, rtol: float | N
             raise _Mismatch(f"{where}: dict keys differ")
         for key in ref:
             _walk(ref[key], out[key], f"{where}[{key!r}]", state, rtol, atol,
-                  exact.get(key) if isinstance(exact, dict) else None)
+                  exact.get(key) if isinstance(exact, dict) else None, padding)
     elif isinstance(ref, (tuple, list)):
         if not isinstance(out, (tuple, list)) or len(ref) != len(out):
             got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else f"a {type(out).__name__}"
             raise _Mismatch(f"{where}: expected a {type(ref).__name__} of {len(ref)}, got {got}")
         parts = exact if isinstance(exact, (tuple, list)) and len(exact) == len(ref) else [None] * len(ref)
         for i, (r, o, x) in enumerate(zip(ref, out, parts, strict=True)):
-            _walk(r, o, f"{where}[{i}]", state, rtol, atol, x)
+            _walk(r, o, f"{where}[{i}]", state, rtol, atol, x, padding)
     elif _has_fields(ref):
         _walk(_fields(ref, where), _fields(out, where), where, state, rtol, atol,
-              _fields(exact, where) if exact is not None and _has_fields(exact) else None)
+              _fields(exact, where) if exact is not None and _has_fields(exact) else None, padding)
     else:
         _compare_value(ref, out, where)
 
@@ -237,7 +248,7 @@ def _compare_scalar(ref: Any, out: Any, where: str, rtol: float | None, atol: fl
 
 
 def _compare_tensor(ref: Any, out: Any, where: str, state: AccuracyResult, rtol: float | None,
-                    atol: float | None, exact: Any = None) -> None:
+                    atol: float | None, exact: Any = None, padding: Padding | None = None) -> None:
     import torch
 
     if tuple(ref.shape) != tuple(out.shape):
@@ -245,6 +256,11 @@ def _compare_tensor(ref: Any, out: Any, where: str, state: AccuracyResult, rtol:
     if ref.dtype != out.dtype:
         raise _Mismatch(f"{where}: dtype {out.dtype} != {ref.dtype}")
     ref64, out64 = ref.detach().cpu(), out.detach().cpu()
+    if padding is not None and (keep := padding.compared(ref.shape)) is not None:
+        keep = keep.expand(ref.shape)
+        state.uncompared += int((~keep).sum())
+        ref64, out64 = ref64[keep], out64[keep]
+        exact = exact.detach().cpu()[keep] if isinstance(exact, torch.Tensor) and exact.shape == ref.shape else None
     if not (ref.is_floating_point() or ref.is_complex()):
         if not torch.equal(ref64, out64):
             raise _Mismatch(f"{where}: integer/bool values differ")

@@ -45,6 +45,7 @@ from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES, bind_call, keyword
 from cuvil_pgc.recompile.free_size_programs import aoti_program, batch_of_two, program_runner, runtime_program
 from cuvil_pgc.recompile.index_bounds import describe, out_of_range
 from cuvil_pgc.recompile.lean_call import FREE_NAMES, VALUE
+from cuvil_pgc.recompile.padding import padding_of
 from cuvil_pgc.recompile.runtime_build import ARTIFACT_SUFFIXES, IN_PROGRAM
 from cuvil_pgc.recompile.size_programs import SizePrograms, default_capacity
 
@@ -420,11 +421,12 @@ def _compare(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], rto
         except Exception as exc:
             raise OtherShapesError(f"it failed at sizes {_shapes(args)}: {type(exc).__name__}: "
                                    f"{first_line(str(exc), 200)}") from exc
-    verdict = check_outputs(reference, result, rtol=rtol, atol=atol)
+    padding = padding_of(module, args)
+    verdict = check_outputs(reference, result, rtol=rtol, atol=atol, padding=padding)
     if not verdict.ok and rtol is None and atol is None:      # a bf16/fp16 model: its float32 result decides
         exact = float32_references(module, {"": ScopeInputs(args)}, {"": reference}).get("")
         if exact is not None:
-            verdict = check_outputs(reference, result, exact=exact)
+            verdict = check_outputs(reference, result, exact=exact, padding=padding)
     if not verdict.ok:
         raise OtherShapesError(f"it failed the accuracy guard at sizes {_shapes(args)}: {verdict.reason}")
     return True

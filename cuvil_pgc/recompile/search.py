@@ -64,6 +64,7 @@ from cuvil_pgc.recompile.export_error import ExportError, exporter_of_reason
 from cuvil_pgc.recompile.features import add_rnn_time, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
+from cuvil_pgc.recompile.padding import padding_of
 from cuvil_pgc.recompile.realized import first_fallback
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
@@ -117,6 +118,10 @@ class _Search:
         self.scope_inputs = capture_scope_inputs(self.model, self.inputs, subs)
         with torch.no_grad():
             self.refs = {s: self._module(s)(*i.args, **i.kwargs) for s, i in self.scope_inputs.items()}
+        #: the positions the call's attention mask marks as padding: the guard leaves them out
+        self.padding = padding_of(self.model, self.inputs)
+        if self.padding is not None:
+            log.info("cuvil-pgc: the accuracy guard leaves out the outputs at %s", self.padding.describe())
         #: per scope of a model computing in bf16/fp16, its outputs in float32 (see accuracy)
         self.exact = float32_references(self.model, self.scope_inputs, self.refs)
         #: per scope, the largest floating output where the guard cannot see its outputs (None: it can)
@@ -453,7 +458,7 @@ class _Search:
         if native.text.strip():
             log.debug("candidate %s wrote to stderr: %s", cand.key, native.text.strip()[:2000])
         check = check_outputs(self.refs[scope], out, rtol=self.opt.rtol, atol=self.opt.atol,
-                              exact=self.exact.get(scope))
+                              exact=self.exact.get(scope), padding=self.padding)
         if not check.ok:
             trial.status, trial.reason, trial.fault = "accuracy_error", check.reason, check.garbage
             if check.garbage:
