@@ -42,9 +42,15 @@ WHY = "the build runs the original module here: a hook is registered on '0'"
 
 
 @needs_ort
-def test_a_scope_with_a_hook_inside_gets_no_build_and_says_why(tmp_path):
-    """Every build of the scope would run the original module: none is built, none is recorded."""
-    result, ort = _search(tmp_path)
+def test_a_scope_with_a_hook_inside_gets_no_build_and_says_why(tmp_path, caplog):
+    """Every build of the scope would run the original module: none is built, none is recorded, and
+    the user is told which hook keeps it eager (the plan's table said "runs_original" alone)."""
+    with caplog.at_level("WARNING", logger="cuvil_pgc.recompile.search"):
+        result, ort = _search(tmp_path)
+    said = [r.getMessage() for r in caplog.records if "gets no program" in r.getMessage()]
+    assert said == ["cuvil-pgc: <model> gets no program: a hook is registered on '0', which the build's programs "
+                    "do not call (the original module does, as long as the hook stays); remove the hook before "
+                    "recompile for a build of it (a hook on a module outside it leaves it on its program)"]
     assert ort and all(t.status == "not_measured" or (t.status == "runs_original" and t.reason.startswith(
         "not built: " + WHY)) for t in ort), ort
     assert any(t.status == "runs_original" for t in ort)

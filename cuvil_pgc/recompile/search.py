@@ -333,6 +333,9 @@ class _Search:
         module, inputs, feats = self._module(scope), self.scope_inputs[scope], self.features[scope]
         if scope not in self.runs_original and (hooked := hooked_inside(module)) is not None:
             self.runs_original[scope] = f"the build runs the original module here: {hook_reason(hooked)}"
+            log.warning("cuvil-pgc: %s gets no program: %s; remove the hook before recompile for a build of it "
+                        "(a hook on a module outside it leaves it on its program)", scope or "<model>",
+                        hook_reason(hooked))
         torch._dynamo.reset()     # earlier batches' graphs are garbage; keep the recompile limit free
         contenders: dict[str, Callable[[], Any]] = {"eager": lambda: module(*inputs.args, **inputs.kwargs)}
         for cand, predicted in batch:
