@@ -92,11 +92,14 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
     sizes to export for, and which they take only on the fast path that the census turns off. Nor
     is a module whose call changes an object it is given (a Hugging Face decoder layer appending
     to the cache; :func:`~.stateless.object_state`): no program reproduces that, and replaying its
-    captured call would append again."""
+    captured call would append again. Nor is a module its caller runs under ``torch.autocast``:
+    its call alone, replayed or exported, computes without the autocast (a bf16 input met a float32
+    weight, and the search ended in an internal error)."""
     modules = dict(model.named_modules())
     captured: dict[str, ScopeInputs] = {"": ScopeInputs(tuple(example_inputs))}
     before: dict[str, dict[str, Any]] = {}      # scope -> its input objects' state as its first call began
     changes: dict[str, str] = {}                # scope -> the input object its first call changed
+    autocast: dict[str, str] = {}               # scope -> the autocast its first call ran under
     hooks = []
     for scope in scopes:
         if scope and scope in modules and not isinstance(modules[scope], torch.jit.ScriptModule):
@@ -104,6 +107,8 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
                 if scope not in captured:
                     captured[scope] = ScopeInputs(tuple(args), dict(kwargs))
                     before[scope] = object_state(args, kwargs)
+                    if (on := _autocast_on()) is not None:
+                        autocast[scope] = on
 
             def post(_m, args, kwargs, _out, scope=scope):
                 state = before.pop(scope, None)
@@ -126,9 +131,24 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
                     "does: searched only as part of the module that makes the object", ", ".join(names[:3])
                     + (f" and {len(names) - 3} more" if len(names) > 3 else ""), "s" if len(names) == 1 else "",
                     "it is" if len(names) == 1 else "they are", changes[names[0]])
+    if autocast:
+        names = sorted(autocast)
+        log.warning("cuvil-pgc: %s run%s under the %s its caller turns on, which a program of %s alone does not: "
+                    "searched only as part of the module that turns it on", ", ".join(names[:3])
+                    + (f" and {len(names) - 3} more" if len(names) > 3 else ""), "s" if len(names) == 1 else "",
+                    autocast[names[0]], "it" if len(names) == 1 else "each")
     return {scope: inputs for scope, inputs in captured.items()
-            if not scope or scope not in changes and not any(t.is_nested for t in tensor_leaves(inputs.args,
-                                                                                                 inputs.kwargs))}
+            if not scope or scope not in changes and scope not in autocast
+            and not any(t.is_nested for t in tensor_leaves(inputs.args, inputs.kwargs))}
+
+
+def _autocast_on() -> str | None:
+    """The autocast in effect (``"bf16 autocast on cpu"``), or None."""
+    for device in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device):
+            dtype = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+            return f"{ {'bfloat16': 'bf16', 'float16': 'fp16'}.get(dtype, dtype)} autocast on {device}"
+    return None
 
 
 class _Autocast(nn.Module):
