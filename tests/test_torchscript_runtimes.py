@@ -204,3 +204,34 @@ def test_the_export_leaves_the_user_s_torchscript_model_as_it_was(tmp_path, keys
     path = build.save(tmp_path / "tagger.cuvilpkg", signing_key=str(keys[0]))
     fast = load_build(path, model, pubkey=str(keys[1]))
     assert fast.cuvil_load_report.applied == ["<model>: ort"] and not fast.cuvil_load_report.skipped
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["loaded", "calls_a_scripted_block"])
+def test_a_torchscript_model_built_for_other_sizes_serves_them_on_its_program(tmp_path, saved, monkeypatch, kind):
+    """``--dynamic`` exported the program for other sizes with the dynamo exporter alone, which
+    refuses TorchScript: a ``torch.jit.load``-ed model, and an eager one calling a scripted block,
+    ran every call at another batch on the original module ("its program for other sizes was left
+    out: torch.onnx.export failed"). The TorchScript exporter now names each input dimension a
+    size of its own, and the probes find which vary: the batch and the length do, together."""
+    if kind == "loaded":
+        model, inputs = torch.jit.load(str(saved)).eval(), (torch.randint(0, 500, (2, 16)),)
+        other = (torch.randint(0, 500, (5, 9)),)
+    else:
+        (tmp_path / "scripted_model.py").write_text(SCRIPTED_INSIDE)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        from scripted_model import make
+
+        model, inputs = make()
+        other = (torch.randn(3, 16),)
+    build = recompile(model, inputs, plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3,
+                      dynamic=True)
+    choice, = build.plan.choices
+    assert choice.other_sizes_refused is None and choice.other_shapes, choice.other_sizes_refused
+    fast = build.module
+    with torch.no_grad():
+        got, want = fast(*other), model(*other)
+    for g, w in zip(got.values() if isinstance(got, dict) else got, want.values() if isinstance(want, dict) else want,
+                    strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    assert (fast.other_shape_calls, fast.fallback_calls) == (1, 0)

@@ -145,10 +145,10 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
             # keyed by the wrapper's parameter: TensorOutputs.forward takes the region's arguments as *args
             dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor)
                                      else None for a in args)} if free_sizes else None
-            if isinstance(prepared, torch.jit.ScriptModule) and not free_sizes:   # torch.export refuses it
-                export_torchscript(prepared, args, inputs.kwargs, tmp, OPSET)
-            elif scripted_submodule(prepared) is not None and not free_sizes and not inputs.kwargs:     # or fails inside it
-                export_traced(eval_mode(TensorOutputs(prepared)), args, tmp, OPSET)
+            if isinstance(prepared, torch.jit.ScriptModule):   # torch.export refuses it
+                export_torchscript(prepared, args, inputs.kwargs, tmp, OPSET, free_sizes=free_sizes)
+            elif scripted_submodule(prepared) is not None and not inputs.kwargs:     # or fails inside it
+                export_traced(eval_mode(TensorOutputs(prepared)), args, tmp, OPSET, free_sizes=free_sizes)
             else:
                 program = torch.onnx.export(eval_mode(TensorOutputs(prepared)), args, kwargs=inputs.kwargs or None,
                                             dynamo=True, opset_version=OPSET, optimize=True, verbose=False,

@@ -28,11 +28,13 @@ _NUMBER_TYPES = {"float": float, "int": int, "bool": bool}
 
 
 def export_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...], kwargs: dict[str, Any],
-                       path: Path, opset: int) -> None:
-    """``module`` for ``args`` and ``kwargs`` as one ``.onnx`` file at fixed sizes (the program for
-    other sizes needs the dynamo exporter's free dimensions), its outputs flattened by the exporter
-    as :class:`~.aoti_outputs.TensorOutputs` flattens them, which the caller checks. The module
-    itself is exported: a traced wrapper may not call TorchScript.
+                       path: Path, opset: int, *, free_sizes: bool = False) -> None:
+    """``module`` for ``args`` and ``kwargs`` as one ``.onnx`` file, its outputs flattened by the
+    exporter as :class:`~.aoti_outputs.TensorOutputs` flattens them, which the caller checks. The
+    module itself is exported: a traced wrapper may not call TorchScript. At the captured sizes,
+    or with ``free_sizes`` every dimension of every tensor input named a size of its own (the
+    graph computes its shapes from its inputs; which sizes may really change, and which change
+    together, the accuracy guard's probes find, as for the dynamo exporter's ``Dim.AUTO``).
 
     It is exported from a private copy (:func:`_private_copy`): the exporter's passes rewrite the
     graphs of the module it is given and of the scripted modules that one calls, in place. The
@@ -41,8 +43,13 @@ def export_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...], kw
     params = _schema(module)
     bound = None if params is None else bound_arguments(params, args, kwargs)
     call = args + ((kwargs,) if kwargs else ()) if bound is None else tuple(bound)
+    names = dynamic = None
+    if free_sizes:
+        names = [f"input_{i}" for i in range(len(call))]
+        dynamic = {name: {d: f"{name}_{d}" for d in range(value.dim())}
+                   for name, value in zip(names, call, strict=True) if isinstance(value, torch.Tensor)}
     torch.onnx.export(_private_copy(module), call, str(path), dynamo=False, opset_version=opset,
-                      do_constant_folding=True)
+                      do_constant_folding=True, input_names=names, dynamic_axes=dynamic)
     if bound is not None:
         numbers = [_number(param, value) for param, value in zip(params, bound, strict=True)]
         if any(v is not None for v in numbers):
@@ -82,16 +89,17 @@ def torch_export_note(module: torch.nn.Module) -> str:
                                     "with the TorchScript exporter)")
 
 
-def export_traced(module: torch.nn.Module, args: tuple[Any, ...], path: Path, opset: int) -> None:
+def export_traced(module: torch.nn.Module, args: tuple[Any, ...], path: Path, opset: int, *,
+                  free_sizes: bool = False) -> None:
     """An eager ``module`` that calls TorchScript inside, for its positional tensor ``args``, as one
-    ``.onnx`` file at fixed sizes: ``torch.jit.trace`` records its eager code and keeps the call
-    into the scripted submodule, and the TorchScript exporter takes the result. ``module`` is the
-    region with its outputs flattened (:class:`~.aoti_outputs.TensorOutputs`), so the graph's
+    ``.onnx`` file (``free_sizes``: see :func:`export_torchscript`): ``torch.jit.trace`` records
+    its eager code and keeps the call into the scripted submodule, and the TorchScript exporter
+    takes the result. ``module`` is the region with its outputs flattened (:class:`~.aoti_outputs.TensorOutputs`), so the graph's
     outputs come in the order the runner's template expects. (The TorchScript exporter traces an
     eager module itself too, but its trace does not find the scripted submodules: "Tried to trace
     ... but it is not part of the active trace".)"""
     traced = torch.jit.trace(module, args, strict=False, check_trace=False)
-    export_torchscript(traced, args, {}, path, opset)
+    export_torchscript(traced, args, {}, path, opset, free_sizes=free_sizes)
 
 
 def bound_arguments(params: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
