@@ -161,6 +161,10 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     if not isinstance(model, torch.nn.Module):
         raise RecompileError(f"recompile needs a torch.nn.Module, got {type(model).__name__}")
     given, example_inputs = example_inputs, positional_inputs(model, example_inputs)
+    if model.training:
+        log.warning("cuvil-pgc: the model is in training mode: the recompile puts it in eval mode, which builds "
+                    "compute in (no dropout, batch norm's running statistics); a profile recorded in training "
+                    "mode timed work the build does not do: call model.eval() before profiling")
     model = eval_mode(model).to(device)
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     from cuvil_pgc._progress import stage

@@ -240,6 +240,10 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
                    size_programs: int | None) -> Any:
     from cuvil_pgc.recompile.apply import apply_plan
 
+    if getattr(model, "training", False):
+        report.notes.append("the model was in training mode: load_build put it in eval mode, which the build's "
+                            "programs compute in (no dropout, batch norm's running statistics); model.train() "
+                            "runs the original module")
     model = eval_mode(model).to(plan.device)
     modules = dict(model.named_modules())
     realized: dict[str, Any] = {}
