@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from cuvil_pgc.recompile.apply import ScopeInputs
+from cuvil_pgc.recompile.compile_apart import openvino_compiles
 from cuvil_pgc.recompile.index_bounds import index_bounds
-from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
+from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner, openvino_config
 from cuvil_pgc.recompile.ort_runner import OrtRunner
 from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.program_index_bounds import program_index_bounds
@@ -46,6 +47,8 @@ def runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: A
         first = artifact_path(key, "openvino-shapes", None, ".xml")
         if not first.exists():
             convert_openvino(onnx_path, first)
+        openvino_compiles(str(first), openvino_config({k: v for k, v in knobs_of(cand).items() if k != "fuse"},
+                                                      cand.precision))
     return program_runner(cand, str(first), template, module), str(first), free, index_bounds(str(onnx_path)).named
 
 

@@ -39,9 +39,10 @@ from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile.compile_apart import openvino_compiles
 from cuvil_pgc.recompile.index_bounds import IndexBounds, index_bounds, onnx_index_bounds, with_shapes
 from cuvil_pgc.recompile.onnx_index_checks import UncheckableIndex, add_index_checks
-from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner
+from cuvil_pgc.recompile.openvino_runner import OpenVinoRunner, openvino_config
 from cuvil_pgc.recompile.ort_runner import OrtRunner
 from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.output_values import check_constant_outputs
@@ -110,6 +111,7 @@ def build_region(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any,
             convert_openvino(onnx_path, xml)
         except Exception as exc:
             raise ExportError(f"openvino.convert_model failed: {_why(exc)}") from exc
+    openvino_compiles(str(xml), openvino_config(knobs_of(cand), cand.precision))
     return OpenVinoRunner(str(xml), knobs_of(cand), cand.precision, template, module), str(xml), bounds
 
 
