@@ -358,6 +358,20 @@ def test_a_program_that_fails_at_other_sizes_is_left_out_with_the_reason(monkeyp
         in fast.first_fallback and "adds programs" not in fast.first_fallback
 
 
+@pytest.mark.slow    # torch.compile of a small model
+def test_a_torch_compile_region_built_with_dynamic_says_it_serves_its_captured_sizes_only(tmp_path):
+    """A Mixtral whose only build was torch.compile, recompiled with --dynamic, told its service
+    "`recompile --dynamic` adds programs for other sizes"."""
+    model, inputs, build = _build("compile", tagger)
+    choice, = build.plan.choices
+    assert "a compile region runs its captured sizes only" in choice.other_sizes_refused
+    fast = load_build(build.save(tmp_path / "c.cuvilpkg"), copy.deepcopy(model), allow_unsigned=True)
+    with torch.no_grad():
+        fast(torch.randint(0, 50, (3, 8)))
+    assert "built with --dynamic, but its program for other sizes was left out: a compile region" \
+        in fast.first_fallback and "adds programs" not in fast.first_fallback
+
+
 @needs_ort
 def test_a_size_the_program_fails_at_stays_fixed_and_the_build_says_why(monkeypatch, caplog):
     def guard(reference, candidate, **kw):            # right at any length, wrong at any other batch

@@ -236,6 +236,12 @@ def _add_other_shapes(result: Any, device: str, rtol: float | None, atol: float 
         return
     for scope, cand in sorted(result.choices.items()):
         region = getattr(result.realized.get(scope), "module", None)
+        if region is not None and cand.backend in ("compile", "cudagraphs"):
+            region.other_sizes_refused = (f"a {cand.backend} region runs its captured sizes only (--dynamic makes "
+                                          "programs for other sizes for ONNX Runtime, OpenVINO and AOTInductor "
+                                          "regions)")
+            log.warning("cuvil-pgc: %s (%s) runs only its captured input sizes, other sizes run the original "
+                        "module: %s", scope or "<model>", cand.config, region.other_sizes_refused)
         if cand.backend not in other_shapes.BACKENDS or region is None:
             continue
         inputs = result.scope_inputs[scope]
