@@ -248,7 +248,13 @@ class CompiledRegion(OtherSizeCalls, nn.Module):
             original = self.__dict__.get("_modules", {}).get("original")
             if original is None or name.startswith("__"):
                 raise
-            return getattr(original, name)
+            value = getattr(original, name)
+            if name in BYPASSING and callable(value) and not self.__dict__.get("_told_bypass"):
+                self.__dict__["_told_bypass"] = True
+                log.warning("cuvil-pgc: %s() runs the original module: it calls the model's own forward (with a "
+                            "cache and positions the build was not captured with), not the build's program, which "
+                            "serves calls of the loaded model itself", name)
+            return value
 
     @property
     def compiled(self) -> Any:
@@ -538,6 +544,10 @@ GLOBAL_HOOKS = _global_hooks()
 # module globals, one cached lookup each in CompiledRegion.__call__
 _forward, _forward_pre, _backward, _backward_pre, _always = GLOBAL_HOOKS or ({},) * 5
 _Tensor = torch.Tensor
+#: methods of a model that call its forward themselves, so never the region wrapping it (Hugging
+#: Face's ``generate``): the first lookup through a region says so
+BYPASSING = ("generate",)
+
 #: why a region in training mode (``model.train()`` after ``load_build``) runs the original module:
 #: its programs were built in eval mode, and answered without dropout and with batch norm's running
 #: statistics, where the model in training mode drops and normalizes by the batch
