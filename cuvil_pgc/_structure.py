@@ -21,11 +21,13 @@ collide with these.
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import hashlib
 import inspect
 import textwrap
 import types
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 SHORT = 16      # hex digits recorded per region: 64 bits, enough to tell module versions apart
@@ -92,10 +94,12 @@ def _tensor_bytes(t: Any) -> bytes:
     return data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
 
 
-def settings_digest(module: Any) -> str:
+def settings_digest(module: Any, skip: Iterable[str] = ()) -> str:
     """sha256 of the module tree's settings: each submodule's plain attribute values (numbers,
     flags, strings, dtypes, tuples and dicts of them, a Hugging Face config's fields, small tensor
-    constants), which neither the structural hash nor the weights cover.
+    constants), which neither the structural hash nor the weights cover; ``skip``: attributes left
+    out, as ``submodule.name`` paths from ``module`` (those its forward writes, see
+    :func:`recorded_writes`).
 
     What an exported program bakes in besides the weights: a ``temperature``, ``need_weights``, a
     LayerNorm's ``eps``, a convolution's stride, ``config.use_return_dict``. A build made with one
@@ -104,12 +108,46 @@ def settings_digest(module: Any) -> str:
     by which version a model or config was loaded (``name_or_path``, ``_name_or_path``): a service
     loads the same checkpoint from another directory.
     """
+    skipped = frozenset(skip)
     h = hashlib.sha256(b"cuvil-settings 1\n")
     for name, sub in module.named_modules(remove_duplicate=False):
         for key, value in sorted(vars(sub).items()):
-            if not key.startswith(_SKIP) and key != "training":
+            if not key.startswith(_SKIP) and key != "training" and f"{name}.{key}".lstrip(".") not in skipped:
                 h.update(f"S {name} {key} {_setting(value)}\n".encode())
     return h.hexdigest()
+
+
+def written_under(written: Iterable[str], scope: str) -> list[str]:
+    """The paths of ``written`` inside the submodule ``scope`` ("" the whole model), from it."""
+    if not scope:
+        return sorted(written)
+    return sorted(w[len(scope) + 1:] for w in written if w.startswith(scope + "."))
+
+
+@contextlib.contextmanager
+def recorded_writes(module: Any) -> Iterator[set[str]]:
+    """The attributes of ``module``'s tree that code inside assigns (``submodule.name`` paths from
+    ``module``), whatever the value. A forward that keeps a call's scratch values on a submodule
+    (Funnel's attention structure sets ``seq_len`` and ``pooling_mult`` on each call) changes no
+    setting: a digest taken after a call differed from one taken on a fresh model, and every load
+    of the build ran the model eagerly, "settings changed since the build"."""
+    import torch
+
+    paths = {id(sub): name for name, sub in module.named_modules(remove_duplicate=False)}
+    written: set[str] = set()
+    assign = torch.nn.Module.__setattr__
+
+    def recording(self: Any, name: str, value: Any) -> None:
+        where = paths.get(id(self))
+        if where is not None and not name.startswith(_SKIP):
+            written.add(f"{where}.{name}".lstrip("."))
+        assign(self, name, value)
+
+    torch.nn.Module.__setattr__ = recording      # type: ignore[method-assign]
+    try:
+        yield written
+    finally:
+        torch.nn.Module.__setattr__ = assign     # type: ignore[method-assign]
 
 
 #: attribute and config field names left out: private ones, and where and by which version a model was loaded

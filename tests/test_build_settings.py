@@ -102,3 +102,62 @@ def test_search_records_of_other_settings_are_not_reused(tmp_path):
                   inputs=inputs[""].signature, status="ok", median_us=10.0))
     assert mine.reusable(cand) is not None
     assert SearchRecords(db, "m", {"": "s"}, {"": "settings-b"}, {"": "w"}, inputs).reusable(cand) is None
+
+
+class KeepsItsLength(nn.Module):
+    """Keeps the call's length on itself, as Funnel's attention structure keeps ``seq_len``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.seq_len = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seq_len = x.shape[1]
+        return self.fc(x)[:, : self.seq_len] * 2
+
+
+class Funnelish(nn.Module):
+    def __init__(self, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.structure, self.head = KeepsItsLength(), nn.Linear(16, 3)
+        self.temperature = temperature
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.structure(x)) / self.temperature
+
+
+def test_what_a_forward_writes_is_recorded_whatever_its_value():
+    from cuvil_pgc._structure import recorded_writes, written_under
+
+    model, x = Funnelish(), torch.randn(2, 5, 16)
+    model(x)
+    with recorded_writes(model) as written:
+        model(x)                                    # the same length again: the same value, still a write
+    assert written == {"structure.seq_len"}
+    assert written_under(written, "structure") == ["seq_len"] and written_under(written, "head") == []
+    assert settings_digest(Funnelish(), written) == settings_digest(model, written) != settings_digest(model)
+
+
+@needs_ort
+def test_a_build_applies_to_a_fresh_model_whose_forward_keeps_scratch_values(tmp_path):
+    """A Funnel's build, loaded in a service onto the model it had just made, ran it eagerly:
+    "settings changed since the build", because the digest at build time held the length its
+    attention structure kept from the search's calls. A real setting still refuses the build."""
+    torch.manual_seed(0)
+    model, x = Funnelish().eval(), torch.randn(2, 5, 16)
+    build = recompile(model, (x,), plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3)
+    assert build.plan.choices[0].settings_skip == ["structure.seq_len"]
+    path = build.save(tmp_path / "f.cuvilpkg")
+
+    def fresh(temperature: float = 1.0) -> Funnelish:
+        torch.manual_seed(0)
+        return Funnelish(temperature).eval()
+
+    fast = load_build(path, fresh(), allow_unsigned=True)
+    assert fast.cuvil_load_report.applied == ["<model>: ort"], fast.cuvil_load_report.skipped
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+    assert fast.fallback_calls == 0
+    hotter = load_build(path, fresh(0.5), allow_unsigned=True)
+    assert hotter.cuvil_load_report.applied == [] and "settings changed" in hotter.cuvil_load_report.skipped[0]

@@ -286,7 +286,8 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
                                   "artifact holds the build's weights); running it eagerly (a checkpoint loaded "
                                   "after load_build is not seen here: load it into the model first, or recompile)")
             continue
-        if cand.backend in artifact_backends and choice.settings not in (None, settings_digest(module)):
+        if cand.backend in artifact_backends and choice.settings not in (None, settings_digest(module,
+                                                                                         choice.settings_skip or ())):
             report.skipped.append(f"{scope or '<model>'}: settings changed since the build (attribute values that "
                                   f"are not weights, such as a temperature, an eps or a config flag: its {cand.backend} "
                                   "artifact holds the build's); running it eagerly")

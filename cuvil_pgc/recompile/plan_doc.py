@@ -86,6 +86,12 @@ def _text(value: Any) -> str:
     return "" if value is None else value if isinstance(value, str) else str(value)
 
 
+def _texts(value: Any) -> list[str] | None:
+    """A list of strings, or None where ``value`` is not one (or is empty)."""
+    ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+    return list(value) if ok else None
+
+
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -120,6 +126,9 @@ class PlanChoice:
     structure: str = ""                    # structural hash of the scope's module at build time
     weights: str | None = None             # weights digest (artifact backends refuse other weights)
     settings: str | None = None            # settings digest (artifact backends refuse other settings; older builds: None)
+    #: the attributes the settings digest leaves out: those the region's forward writes on a call
+    #: (None: none; older versions ignore it, and a model whose forward writes them runs eagerly there)
+    settings_skip: list[str] | None = None
     input_signature: Any = None
     input_spec: Any = None
     artifact: str | None = None            # the member holding its AOTInductor package / runtime file
@@ -156,6 +165,8 @@ class PlanChoice:
                "input_spec": self.input_spec, "artifact": self.artifact}
         if self.settings is not None:
             doc["settings"] = self.settings
+        if self.settings_skip:
+            doc["settings_skip"] = self.settings_skip
         if self.runtime is not None:
             doc["runtime"] = self.runtime
         if self.other_shapes is not None:
@@ -179,6 +190,7 @@ class PlanChoice:
         return cls(scope=_text(known.get("scope")), candidate=candidate,
                    structure=_text(known.get("structure")), weights=known.get("weights"),
                    settings=known.get("settings") if isinstance(known.get("settings"), str) else None,
+                   settings_skip=_texts(known.get("settings_skip")),
                    input_signature=known.get("input_signature"), input_spec=known.get("input_spec"),
                    artifact=known.get("artifact") if isinstance(known.get("artifact"), str) else None,
                    runtime=runtime if isinstance(runtime, dict) else None,
@@ -312,6 +324,7 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
     ``other_shapes``: scope -> the record of its runtime program for other input sizes)."""
     choices = [PlanChoice(scope=scope, candidate=cand, structure=result.structures[scope],
                           weights=result.weights.get(scope), settings=result.settings.get(scope),
+                          settings_skip=result.settings_skip.get(scope) or None,
                           input_signature=result.scope_inputs[scope].signature,
                           input_spec=result.scope_inputs[scope].spec, artifact=artifacts.get(scope),
                           runtime=_runtime(result, scope, cand), other_shapes=(other_shapes or {}).get(scope),

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cuvil_pgc._progress import Progress, show_best, stage
-from cuvil_pgc._structure import settings_digest, weights_digest
+from cuvil_pgc._structure import recorded_writes, settings_digest, weights_digest, written_under
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import admits_rounding, blind_scale, check_outputs, float32_references
@@ -115,7 +115,9 @@ class _Search:
             warnings.warn(foreign, RuntimeWarning, stacklevel=2)
         by_q = self.matches.by_qualname()
         subs = [q for q in by_q if q and q in self.modules]
-        self.scope_inputs = capture_scope_inputs(self.model, self.inputs, subs)
+        with recorded_writes(self.model) as written:     # a call's scratch values on its modules: no settings
+            self.scope_inputs = capture_scope_inputs(self.model, self.inputs, subs)
+        self.written = frozenset(written)
         with torch.no_grad():
             self.refs = {s: self._module(s)(*i.args, **i.kwargs) for s, i in self.scope_inputs.items()}
         #: the positions the call's attention mask marks as padding: the guard leaves them out
@@ -146,7 +148,8 @@ class _Search:
         add_rnn_time(self.features, feats, self.modules)
         self.structures = {s: structural_hash(self._module(s)) for s in self.features}
         self.weights = {s: weights_digest(self._module(s)) for s in self.features}
-        self.settings = {s: settings_digest(self._module(s)) for s in self.features}
+        self.settings_skip = {s: written_under(self.written, s) for s in self.features}
+        self.settings = {s: settings_digest(self._module(s), self.settings_skip[s]) for s in self.features}
         if self.db is not None:
             self.records = SearchRecords(self.db, self.machine_key, self.structures, self.settings, self.weights,
                                          self.scope_inputs)
@@ -504,7 +507,8 @@ def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, Scope
             out[scope] = scope_features(scope, s._module(scope), s.scope_inputs[scope], None, None, 1.0, 1.0)
             s.structures[scope] = structural_hash(s._module(scope))
             s.weights[scope] = weights_digest(s._module(scope))
-            s.settings[scope] = settings_digest(s._module(scope))
+            s.settings_skip[scope] = written_under(s.written, scope)
+            s.settings[scope] = settings_digest(s._module(scope), s.settings_skip[scope])
     return out
 
 
@@ -526,7 +530,8 @@ def search(model: Any, example_inputs: tuple[Any, ...], analysis: Analysis | Non
         else:
             s.features.update(_pinned_features(s, opt.fixed))
         result = SearchResult(trials=s.trials, features=s.features, matches=s.matches,
-                              scope_inputs=s.scope_inputs, structures=s.structures, settings=s.settings, weights=s.weights, measured=s.measured,
+                              scope_inputs=s.scope_inputs, structures=s.structures, settings=s.settings, settings_skip=s.settings_skip,
+                              weights=s.weights, measured=s.measured,
                               reused=s.reused, space_size=len(space), machine=machine_key,
                               runtime_defaults=[s.trials[c.key] for c in s.runtime_defaults if c.key in s.trials],
                               baselines_measured=s.baselines_measured)

@@ -58,6 +58,8 @@ class SearchResult:
     structures: dict[str, str] = field(default_factory=dict)
     weights: dict[str, str] = field(default_factory=dict)       # scope -> weights_digest
     settings: dict[str, str] = field(default_factory=dict)      # scope -> settings_digest
+    #: scope -> the attributes its digest leaves out (a call's scratch values, see _structure.recorded_writes)
+    settings_skip: dict[str, list[str]] = field(default_factory=dict)
     measured: int = 0
     reused: int = 0
     space_size: int = 0
