@@ -503,7 +503,8 @@ def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, Scope
                 raise RecompileError(f"pinned plan names {scope!r}, which the example inputs do not call with "
                                      "inputs a program of it alone can be built for (it is not called, or called "
                                      "with nested tensors, under its caller's autocast or changing an object it is "
-                                     "given: a warning above says which)", fix="pin the module that calls it, or the whole model ('')")
+                                     "given: a warning above says which)",
+                                     fix="pin the module that calls it, or the whole model ('')")
             out[scope] = scope_features(scope, s._module(scope), s.scope_inputs[scope], None, None, 1.0, 1.0)
             s.structures[scope] = structural_hash(s._module(scope))
             s.weights[scope] = weights_digest(s._module(scope))
