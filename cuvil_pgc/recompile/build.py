@@ -254,8 +254,8 @@ def _add_other_shapes(result: Any, device: str, rtol: float | None, atol: float 
             region.other_shapes = other
             if other.fixed:
                 log.warning("cuvil-pgc: %s (%s) runs other input sizes on its program, with some sizes fixed at "
-                            "the captured ones (calls at others run the original module): %s", scope or "<model>",
-                            cand.config, "; ".join(other.fixed))
+                            "the captured ones or bounded (calls at others run the original module): %s",
+                            scope or "<model>", cand.config, "; ".join(other.fixed))
         except (other_shapes.OtherShapesError, ExportError) as exc:
             region.other_sizes_refused = str(exc)
             log.warning("cuvil-pgc: %s (%s) runs only its captured input sizes, other sizes run the original "

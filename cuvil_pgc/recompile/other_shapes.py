@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -352,7 +353,7 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     named, ranges, refused, retry = _ranges(runner, module, args, free, captured, solo, rtol, atol)
     if retry:
         again = _ranges(runner, module, args, free, captured, {**solo, **dict.fromkeys(retry, False)}, rtol, atol)
-        if any(captured[name] in retry.values() for name in again[1]):
+        if _widest(free, again[0], again[1], retry) > _widest(free, named, ranges, retry):
             named, ranges, refused, _ = again
     if not ranges:
         raise OtherShapesError("; ".join(refused) or "the original module takes no other size in any "
@@ -380,7 +381,7 @@ def _ranges(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free
         def check(size: int, name: str = name) -> bool:
             return _compare(runner, module, _resized(args, named, {name: size}), rtol, atol, quiet=True)
         try:
-            lo, hi = _range(check, captured[name])
+            lo, hi, failed = _range(check, captured[name])
         except OtherShapesError as exc:
             refused.append(str(exc))
             if solo[name] and any(o != name and n == captured[name] for o, n in captured.items()):
@@ -388,13 +389,43 @@ def _ranges(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free
             continue
         if lo < hi:
             ranges[name] = (lo, hi)
+        if failed is not None:
+            refused.append(f"{_where(named, name)} takes {lo} to {hi} only: {failed}")
+            if solo[name] and any(o != name and n == captured[name] for o, n in captured.items()):
+                retry[name] = captured[name]
     return named, ranges, refused, retry
 
 
-def _range(check: Any, n: int) -> tuple[int, int]:
+def _widest(free: list[list[str]], named: list[list[str]], ranges: dict[str, tuple[int, int]],
+            names: Iterable[str]) -> int:
+    """The widest range ``names`` (the exporter's) vary in, where ``named`` groups them (-1: none varies)."""
+    wanted = set(names)
+    return max((ranges[group][1] - ranges[group][0] for dims, groups in zip(free, named, strict=True)
+                for name, group in zip(dims, groups, strict=True) if name in wanted and group in ranges), default=-1)
+
+
+def _where(named: list[list[str]], name: str) -> str:
+    """"dimension 1 of input 2": the first dimension varying as ``name``."""
+    return next(f"dimension {d} of input {i}" for i, dims in enumerate(named) for d, n in enumerate(dims) if n == name)
+
+
+def _range(raw_check: Any, n: int) -> tuple[int, int, str | None]:
     """The smallest and largest size around the captured ``n`` at which ``check`` passed, probing
-    both ends (see :func:`_check`); ``check(size)`` is False where the original module refuses the
-    size, and raises where the program answers differently."""
+    both ends (see :func:`_check`), and why a size beyond them failed on the program (None: the
+    original module refused it); ``check(size)`` is False where the original module refuses the
+    size, and raises where the program fails or answers differently. A size the program fails at
+    bounds the range as one the model refuses does (a Speech2Text's program took decoder ids up to
+    its position table's 64, where eager grows the table: every other length stayed fixed); one
+    failing on both sides of ``n`` keeps the size fixed, and raises."""
+    failed: list[str] = []
+
+    def check(size: int) -> bool:
+        try:
+            return raw_check(size)
+        except OtherShapesError as exc:
+            failed.append(str(exc))
+            return False
+
     lo = n
     if n > 1:
         if check(n - 1):
@@ -409,7 +440,9 @@ def _range(check: Any, n: int) -> tuple[int, int]:
             break
         hi = size
         size = ceiling if size < ceiling < 2 * size else 2 * size
-    return lo, hi
+    if failed and lo == hi == n:
+        raise OtherShapesError(failed[0])
+    return lo, hi, failed[0] if failed else None
 
 
 def _bisect(check: Any, ok: int, refused: int) -> int:
