@@ -13,7 +13,8 @@ from torch import nn
 
 from cuvil_pgc.cli import main
 from cuvil_pgc.errors import RecompileError
-from cuvil_pgc.recompile import recompile
+from cuvil_pgc.recompile import recompile, runtimes
+from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.stateless import check_stateless
 from tests._profiled import record_trace
 
@@ -259,3 +260,48 @@ def test_a_call_that_adds_to_the_cache_it_is_given_is_refused_and_the_cache_put_
         recompile(DecodingStep().eval(), (torch.randn(3, 8), cache), records=False, deployed_race=False, rounds=3)
     assert "random" not in str(info.value) and "without the object" in info.value.fix
     assert len(cache.keys) == 1 and torch.equal(cache.keys[0], kept)
+
+
+class RescalesOnce(nn.Module):
+    """Rescales its weight in place on its first call in eval mode, as RWKV's layers do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.rescaled = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training and not self.rescaled:
+            with torch.no_grad():
+                self.fc.weight.div_(2)
+            self.rescaled = True
+        return self.fc(x) * 2
+
+
+@pytest.mark.usefixtures("build_env")
+@pytest.mark.skipif(not runtimes.check("ort").ok, reason="needs onnxruntime")
+def test_a_model_rewriting_its_weights_on_its_first_call_is_told_to_be_called_before_load_build(tmp_path, caplog):
+    """An RWKV's build never applied in a service: its first call halves some weights in place, the
+    build held them halved, and the service's fresh model had other weights ("weights changed since
+    the build ... a checkpoint loaded after load_build"). Both places now say to call it once first."""
+    from cuvil_pgc import load_build
+
+    def fresh():
+        torch.manual_seed(0)
+        return RescalesOnce().eval()
+
+    model, x = fresh(), torch.randn(3, 8)
+    with caplog.at_level("WARNING", logger="cuvil_pgc.recompile.stateless"):
+        build = recompile(model, (x,), plan={"": Candidate("", "ort")}, records=False, deployed_race=False,
+                          rounds=3)
+    said, = [r.getMessage() for r in caplog.records if "first call changed its weights" in r.getMessage()]
+    assert "(fc.weight)" in said and "call the model once before load_build" in said
+    path = build.save(tmp_path / "r.cuvilpkg")
+    cold = load_build(path, fresh(), allow_unsigned=True)
+    assert cold.cuvil_load_report.applied == [] and "as RWKV's does" in cold.cuvil_load_report.skipped[0]
+    warm = fresh()
+    warm(x)
+    fast = load_build(path, warm, allow_unsigned=True)
+    assert fast.cuvil_load_report.applied == ["<model>: ort"]
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)

@@ -284,7 +284,9 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
         if cand.backend in artifact_backends and choice.weights not in (None, weights_digest(module)):
             report.skipped.append(f"{scope or '<model>'}: weights changed since the build (its {cand.backend} "
                                   "artifact holds the build's weights); running it eagerly (a checkpoint loaded "
-                                  "after load_build is not seen here: load it into the model first, or recompile)")
+                                  "after load_build is not seen here: load it into the model first, or recompile; "
+                                  "a model whose first call rewrites its weights, as RWKV's does: call it once "
+                                  "before load_build)")
             continue
         if cand.backend in artifact_backends and choice.settings not in (None, settings_digest(module,
                                                                                          choice.settings_skip or ())):

@@ -34,6 +34,7 @@ accuracy guard, so that such a model is refused up front, with the cause.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -41,6 +42,8 @@ from torch.utils import _pytree as pytree
 
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.object_outputs import openable
+
+log = logging.getLogger(__name__)
 
 
 def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: float | None = None,
@@ -55,7 +58,9 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     original = _tracked(model, inputs)
     at_start = _values(original)
     objects = _saved_objects(inputs)
+    versions = _weight_versions(model)
     first = _call(model, inputs)
+    _warn_rewritten_weights(versions, _weight_versions(model))
     _check_containers(containers)
     settled = _values(_tracked(model, inputs))
     settled_objects = object_state(inputs, {})
@@ -195,6 +200,22 @@ def _tracked(model: torch.nn.Module, inputs: tuple[Any, ...]) -> dict[str, torch
     out = {f"buffer {name}": b for name, b in model.named_buffers()}
     out.update({f"input {i}": t for i, t in enumerate(pytree.tree_leaves(inputs)) if isinstance(t, torch.Tensor)})
     return out
+
+
+def _weight_versions(model: torch.nn.Module) -> dict[str, int]:
+    """Each parameter's version counter, which an in-place change moves (no copy of the weights)."""
+    return {name: p._version for name, p in model.named_parameters()}
+
+
+def _warn_rewritten_weights(before: dict[str, int], after: dict[str, int]) -> None:
+    """Say where a call rewrote weights in place (RWKV rescales its layers on its first call in eval
+    mode): the build holds the weights as the call left them, and load_build applies it only to a
+    model whose weights match, so a service's fresh model ran eagerly ("weights changed")."""
+    names = [name for name, v in after.items() if before.get(name) != v]
+    if names:
+        log.warning("cuvil-pgc: the model's first call changed its weights in place (%s%s): the build holds them "
+                    "as that call left them, and load_build applies it to a model whose weights match: call the "
+                    "model once before load_build", ", ".join(names[:3]), " and more" if len(names) > 3 else "")
 
 
 def _values(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
