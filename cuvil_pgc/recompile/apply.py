@@ -128,18 +128,21 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
     if changes:
         names = sorted(changes)
         log.warning("cuvil-pgc: %s change%s an object %s given (%s), which no program captured from one call "
-                    "does: searched only as part of the module that makes the object", ", ".join(names[:3])
-                    + (f" and {len(names) - 3} more" if len(names) > 3 else ""), "s" if len(names) == 1 else "",
-                    "it is" if len(names) == 1 else "they are", changes[names[0]])
+                    "does: searched only as part of the module that makes the object", _listed(names),
+                    "s" if len(names) == 1 else "", "it is" if len(names) == 1 else "they are", changes[names[0]])
     if autocast:
         names = sorted(autocast)
         log.warning("cuvil-pgc: %s run%s under the %s its caller turns on, which a program of %s alone does not: "
-                    "searched only as part of the module that turns it on", ", ".join(names[:3])
-                    + (f" and {len(names) - 3} more" if len(names) > 3 else ""), "s" if len(names) == 1 else "",
-                    autocast[names[0]], "it" if len(names) == 1 else "each")
+                    "searched only as part of the module that turns it on", _listed(names),
+                    "s" if len(names) == 1 else "", autocast[names[0]], "it" if len(names) == 1 else "each")
     return {scope: inputs for scope, inputs in captured.items()
             if not scope or scope not in changes and scope not in autocast
             and not any(t.is_nested for t in tensor_leaves(inputs.args, inputs.kwargs))}
+
+
+def _listed(names: list[str]) -> str:
+    """"a, b, c and 2 more": the first three of ``names``."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _autocast_on() -> str | None:

@@ -47,8 +47,7 @@ def runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: A
         first = artifact_path(key, "openvino-shapes", None, ".xml")
         if not first.exists():
             convert_openvino(onnx_path, first)
-        openvino_compiles(str(first), openvino_config({k: v for k, v in knobs_of(cand).items() if k != "fuse"},
-                                                      cand.precision))
+        openvino_compiles(str(first), openvino_config(knobs_of(cand), cand.precision))
     return program_runner(cand, str(first), template, module), str(first), free, index_bounds(str(onnx_path)).named
 
 

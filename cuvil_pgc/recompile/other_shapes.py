@@ -383,16 +383,15 @@ def _ranges(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free
         try:
             lo, hi, failed = _range(check, captured[name])
         except OtherShapesError as exc:
-            refused.append(str(exc))
-            if solo[name] and any(o != name and n == captured[name] for o, n in captured.items()):
-                retry[name] = captured[name]
-            continue
-        if lo < hi:
-            ranges[name] = (lo, hi)
-        if failed is not None:
+            refused.append(str(exc))               # fixed at its captured size
+        else:
+            if lo < hi:
+                ranges[name] = (lo, hi)
+            if failed is None:
+                continue
             refused.append(f"{_where(named, name)} takes {lo} to {hi} only: {failed}")
-            if solo[name] and any(o != name and n == captured[name] for o, n in captured.items()):
-                retry[name] = captured[name]
+        if solo[name] and any(o != name and n == captured[name] for o, n in captured.items()):
+            retry[name] = captured[name]
     return named, ranges, refused, retry
 
 
