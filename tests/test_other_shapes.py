@@ -868,3 +868,17 @@ def test_a_build_from_one_request_to_gpt2_serves_batches_on_its_program():
         torch.testing.assert_close(fast(three).logits, model(three).logits, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(fast(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-5)
     assert fast.other_shape_calls == 1 and fast.fallback_calls == 0
+
+
+def test_a_dimension_the_exporter_fixed_as_a_number_is_no_size_name():
+    """A Qwen2 step's key-value heads came out of torch.export as a SymInt reading "2", were taken for
+    a free size, tied to the batch captured at 2, and the batch stayed fixed."""
+    from cuvil_pgc.recompile.free_size_programs import size_name
+
+    class Symbolic:
+        def __init__(self, text):
+            self.text = text
+
+        def __str__(self):
+            return self.text
+    assert [size_name(d) for d in (4, Symbolic("2"), Symbolic("s33"), Symbolic("s81 + 1"))] == ["", "", "s33", "s81 + 1"]

@@ -65,7 +65,7 @@ def aoti_program(prepared: nn.Module, cand: Any, inputs: Any, example: Any,
     from torch.export.graph_signature import InputKind, TensorArgument
 
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
-    free = [["" if isinstance(d, int) else str(d) for d in placeholders[spec.arg.name].meta["val"].shape]
+    free = [[size_name(d) for d in placeholders[spec.arg.name].meta["val"].shape]
             for spec in exported.graph_signature.input_specs     # not an input captured as None or a constant
             if spec.kind == InputKind.USER_INPUT and isinstance(spec.arg, TensorArgument)]
     tensors = "" if template is None else f"|{TENSOR_OUTPUTS_KEY}"
@@ -73,6 +73,13 @@ def aoti_program(prepared: nn.Module, cand: Any, inputs: Any, example: Any,
     if not path.exists():
         package_aoti(exported, cand, str(path))
     return AotiRunner(str(path), template is not None, template), str(path), free, program_index_bounds(exported).named
+
+
+def size_name(dimension: Any) -> str:
+    """The name of an exported program's free dimension, "" where it is fixed: a number, or a SymInt
+    whose expression is its number (a Qwen2 decoding step's key-value heads, "2", which was taken for
+    a name and tied to the batch, captured at 2 too: the batch stayed fixed)."""
+    return "" if isinstance(dimension, int) or str(dimension).isdigit() else str(dimension)
 
 
 def program_runner(cand: Any, first: str, template: OutputTemplate | None, original: nn.Module | None,
