@@ -65,6 +65,10 @@ class ObjectLeaf:
         """Whether ``other`` has the same structure, the same constants and as many tensors."""
         return other is not None and len(other.tensors) == len(self.tensors) and _same(self.skeleton, other.skeleton)
 
+    def describe(self) -> str:
+        """The object's structure as text (see :func:`opened`)."""
+        return _describe(self.skeleton)
+
     def __repr__(self) -> str:
         return f"ObjectLeaf({_type_name(self.skeleton)}, {len(self.tensors)} tensors from output {self.first})"
 
@@ -81,6 +85,39 @@ def output_tensors(output: Any) -> list[torch.Tensor]:
             if _walk(leaf, found, 0, set()) is not None:
                 tensors.extend(found)
     return tensors
+
+
+def opened(value: Any) -> tuple[str, list[torch.Tensor]] | None:
+    """An object holding tensors (a Hugging Face cache) as (its structure as text, its tensors in
+    :class:`ObjectLeaf`'s order), or None where it cannot be opened. The text names each class,
+    each attribute and each plain value (flags, sizes, dtypes, devices), and every other value by
+    its type, tensors as ``T``: two objects with the same text are rebuilt alike from their tensors."""
+    tensors: list[torch.Tensor] = []
+    skeleton = _walk(value, tensors, 0, set())
+    if skeleton is None or skeleton[0] != _OBJECT:
+        return None
+    return _describe(skeleton), tensors
+
+
+#: the constants :func:`opened` writes as their values (other objects by their type's name)
+_PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def _describe(node: tuple[Any, ...]) -> str:
+    kind = node[0]
+    if kind == _TENSOR:
+        return "T"
+    if kind == _CONSTANT:
+        value = node[1]
+        return repr(value) if isinstance(value, _PLAIN) else _qualified(type(value))
+    if kind == _SEQUENCE:
+        return f"{node[1].__name__}[{', '.join(_describe(child) for child in node[2])}]"
+    inner = ", ".join(f"{key}={_describe(child)}" for key, child in node[2])
+    return f"{{{inner}}}" if kind == _MAPPING else f"{_qualified(node[1])}({inner})"
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def is_output_leaf(value: Any) -> bool:
