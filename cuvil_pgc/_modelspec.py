@@ -57,12 +57,25 @@ def _call_once(spec: str, model: Any, inputs: tuple[Any, ...], given: Any) -> No
 
     try:
         with torch.no_grad():
-            model(*inputs)
+            model(*_copied_objects(inputs))
     except Exception as exc:
         hint = inputs_hint(given, model, exc)
         if not isinstance(given, (list, Mapping)):
             hint += " (rerun as `cuvil-pgc --debug <command> ...` for the traceback)"
         raise ModelSpecError(f"{spec}: the model raised on its example inputs: {_one_line(exc)}", fix=hint) from exc
+
+
+def _copied_objects(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``inputs`` with each object that is neither a tensor nor a container copied: a decoding
+    step's check call extends the cache it is given (a Hugging Face ``DynamicCache``), and the
+    example's would have been one token longer than the factory made it, its attention mask one
+    too short."""
+    import copy
+
+    import torch
+
+    return tuple(copy.deepcopy(v) if hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, torch.nn.Module))
+                 else v for v in inputs)
 
 
 def _one_line(exc: BaseException) -> str:

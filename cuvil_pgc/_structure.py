@@ -150,8 +150,10 @@ def recorded_writes(module: Any) -> Iterator[set[str]]:
         torch.nn.Module.__setattr__ = assign     # type: ignore[method-assign]
 
 
-#: attribute and config field names left out: private ones, and where and by which version a model was loaded
-_SKIP = ("_", "name_or_path", "transformers_version")
+#: attribute and config field names left out: private ones, where and by which version a model was loaded,
+#: and cuvil-pgc's own (``cuvil_load_report``, which a loaded decoding step's model carries: loading its build
+#: again found "settings changed since the build")
+_SKIP = ("_", "name_or_path", "transformers_version", "cuvil_")
 
 
 def _setting(value: Any, depth: int = 0) -> str:

@@ -79,8 +79,8 @@ def test_candidate_from_json_keeps_unknown_fields_and_a_known_one_is_unchanged()
 
 
 def test_another_format_or_a_malformed_choice_is_refused():
-    with pytest.raises(PlanFormatError, match="format 6"):
-        Plan.from_json({**FORMAT_1, "format": 6})
+    with pytest.raises(PlanFormatError, match="format 7"):
+        Plan.from_json({**FORMAT_1, "format": 7})
     with pytest.raises(PlanFormatError, match="no candidate"):
         Plan.from_json({**FORMAT_1, "choices": [{"scope": "x"}]})
     with pytest.raises(PlanFormatError, match="not an object"):

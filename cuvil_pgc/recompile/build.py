@@ -168,15 +168,21 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     model = eval_mode(model).to(device)
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     from cuvil_pgc._progress import stage
+    from cuvil_pgc.recompile.cache_step import around_cache
     from cuvil_pgc.recompile.stateless import check_stateless
 
     try:
+        model, example_inputs, step = around_cache(model, example_inputs)
         check_stateless(model, example_inputs, rtol=rtol, atol=atol)
     except CuvilError:
         raise
     except Exception as exc:          # the user's model on their inputs, reported as such
         raise RecompileError(f"the model raised on its example inputs: {type(exc).__name__}: {one_line(exc, 300)}",
                              fix=inputs_hint(given, model, exc)) from exc
+    if step is not None and not dynamic:
+        log.warning("cuvil-pgc: the example call is a decoding step, whose cache grows by a token every call: its "
+                    "regions get programs for other sizes (as --dynamic)")
+        dynamic = True
 
     paths = _trace_paths(traces)
     if analysis is None and paths:
@@ -203,7 +209,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     artifacts, files, other_shapes = _artifact_members(result)
     model_hash = structural_hash(model)
     plan = plan_document(result, device=device, model_hash=model_hash, rtol=rtol, atol=atol, artifacts=artifacts,
-                         other_shapes=other_shapes)
+                         other_shapes=other_shapes, cache_step=step.to_json() if step is not None else None)
     cache = _save_cache_artifacts() if any(c.backend in ("compile", "cudagraphs") for c in result.choices.values()) \
         else None
     return Build(module=result.module, plan=plan, artifacts=files,

@@ -121,19 +121,24 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
 def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool | None,
           example_inputs: tuple[Any, ...] | None, stale: str, size_programs: int | None,
           size_examples: list[Any] | tuple[Any, ...] | None = None) -> Any:
+    from cuvil_pgc.recompile.cache_step import own_model
     from cuvil_pgc.recompile.runtime_build import check_engines
     from cuvil_pgc.recompile.trust import open_trusted
 
+    model = own_model(model)        # what a decoding step's build returned: the model it was loaded onto
     with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
         path = vb.path
         _check_environment(vb.manifest, path)
         plan = _read_plan(vb, path)
         check_engines(vb.manifest, plan, path)
-        check_model(vb.manifest, plan, model, path)
+        step = _decoding_step(plan, model, path)
+        check_model(vb.manifest, plan, step or model, path)
         report = LoadReport(path=path, threads=vb.manifest.threads)
         _check_threads(vb.manifest.threads, report, path)
         report.cache_artifacts = _load_cache_artifacts(vb) if CACHE_MEMBER in vb.members() else "none"
-        module = _apply_choices(vb, plan, model, report, path, stale, size_programs)
+        module = _apply_choices(vb, plan, step or model, report, path, stale, size_programs)
+        if step is not None:
+            module = _installed(model, step, module, report)
     if report.skipped:
         warnings.warn(f"cuvil-pgc: {path}: {len(report.skipped)} region(s) run eagerly: "
                       + "; ".join(report.skipped), RuntimeWarning, stacklevel=3)
@@ -145,6 +150,28 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool
         _compile_sizes(module, model, size_examples, report)
     module.cuvil_load_report = report
     return module
+
+
+def _decoding_step(plan: Plan, model: Any, path: str) -> Any:
+    """The :class:`~.cache_step.CacheStep` of ``model`` a decoding step's plan is for, or None."""
+    from cuvil_pgc.recompile.cache_step import CacheStep, StepLayout
+
+    if not plan.cache_step:
+        return None
+    return CacheStep(model, StepLayout.from_json(plan.cache_step, path))
+
+
+def _installed(model: Any, step: Any, region: Any, report: LoadReport) -> Any:
+    """A copy of ``model`` running ``region`` (the loaded build of its decoding ``step``) for its
+    decoding steps."""
+    from cuvil_pgc.recompile.cache_step import install
+
+    if region is step:
+        return model            # nothing of the step's call was replaced: the model as it is
+    report.notes.append("a decoding step's build: a call passing a cache of the built structure (generate()'s "
+                        "steps after the first) runs the build; other calls, the first with an empty cache among "
+                        "them, run the model's own forward")
+    return install(model, step, region)
 
 
 def _check_threads(built: int, report: LoadReport, path: str) -> None:

@@ -84,9 +84,12 @@ def region_module_name(path: str) -> str:
 
 
 def match_regions(analysis: Analysis | None, model: Any) -> MatchResult:
-    """Map the analysis' regions to ``model``'s submodules by module path and structure."""
+    """Map the analysis' regions to ``model``'s submodules by module path and structure; a model
+    that holds the profiled one at ``model.profiled_path`` (a decoding step's
+    :class:`~.cache_step.CacheStep`) is matched from there."""
     modules = dict(model.named_modules())
     roots = _root_prefixes(analysis)
+    inside = getattr(model, "profiled_path", "")
     result = MatchResult()
     for stats in analysis.regions:
         name = region_module_name(stats.path)
@@ -94,6 +97,8 @@ def match_regions(analysis: Analysis | None, model: Any) -> MatchResult:
         if qualname is None:
             result.unmatched.append(stats.path)
             continue
+        if inside:
+            qualname = f"{inside}.{qualname}" if qualname else inside
         module = modules.get(qualname)
         if module is None:
             result.stale.append(StaleRegion(stats.path, f"no submodule {qualname!r} in this model "

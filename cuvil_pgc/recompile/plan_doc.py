@@ -23,7 +23,8 @@ region's output tensors, ``"runtime": {"name": "aoti", "version", "outputs", "te
 (see :data:`TENSOR_OUTPUTS_FORMAT`); plans without one are still written as format 2. Format 4 is
 format 3 with a program for other sizes that checks indices against the call's sizes (see
 :data:`SIZE_BOUNDS_FORMAT`); format 5, with a runtime program that checks the indices it computes
-(see :data:`PROGRAM_CHECKS_FORMAT`). Fields this
+(see :data:`PROGRAM_CHECKS_FORMAT`); format 6, for a decoding step, ``"cache_step": {"count", "tensors",
+"cache", "constants", "skeleton"}`` (see :data:`CACHE_STEP_FORMAT`). Fields this
 version does not know, at any level, are kept in ``extra`` and written back by
 :meth:`Plan.to_json`: a plan read by an older cuvil-pgc and written again keeps a newer one's
 fields (the candidate's own, see :meth:`Candidate.from_json`, too).
@@ -68,8 +69,12 @@ SIZE_BOUNDS_FORMAT = 4
 #: :mod:`.onnx_index_checks`): a version that reads only up to format 4 would hand that output back
 #: as one more element of a tuple the region returns, so such a plan is format 5, which it refuses
 PROGRAM_CHECKS_FORMAT = 5
+#: the format of a plan for a decoding step (``cache_step``, see :mod:`.cache_step`): a version that
+#: reads only up to format 5 would apply it to the model's call as it is, whose inputs are not the
+#: step's, so such a plan is format 6, which it refuses with "upgrade cuvil-pgc"
+CACHE_STEP_FORMAT = 6
 #: plan.json formats this version reads
-READ_FORMATS = (1, 2, 3, 4, 5)
+READ_FORMATS = (1, 2, 3, 4, 5, 6)
 PLAN_MEMBER = "plan.json"      # the plan's name inside a build
 
 
@@ -262,6 +267,9 @@ class Plan:
     runtime_defaults: list[dict[str, Any]] = field(default_factory=list)
     #: plans that won a race but did not ship: why a fresh process could not load and run them
     unloadable: dict[str, str] = field(default_factory=dict)
+    #: a decoding step's layout (:class:`~.cache_step.StepLayout`): the plan is for the model's call
+    #: with its cache opened (empty: for the model's call as it is)
+    cache_step: dict[str, Any] = field(default_factory=dict)
     format: int = PLAN_FORMAT        # the format it was read in; to_json writes PLAN_FORMAT
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -274,10 +282,11 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        doc["format"] = max([PLAN_FORMAT, *(c.format for c in self.choices)])
+        doc["format"] = max([PLAN_FORMAT, *(c.format for c in self.choices),
+                             *([CACHE_STEP_FORMAT] if self.cache_step else [])])
         doc["choices"] = [c.to_json() for c in self.choices]
         doc["regions"] = [r.to_json() for r in self.regions]
-        for name in ("deployed_medians_ms", "unloadable"):    # added within format 2: absent when empty
+        for name in ("deployed_medians_ms", "unloadable", "cache_step"):    # added within format 2: absent when empty
             if not doc[name]:
                 del doc[name]
         return _with_extra(doc, self.extra)
@@ -309,7 +318,7 @@ class Plan:
                    speedup_vs_eager=_number(known.get("speedup_vs_eager")), final_medians_ms=medians,
                    deployed_medians_ms=deployed, runtime_defaults=[d for d in _list(known.get("runtime_defaults")) if isinstance(d, dict)],
                    unloadable={_text(k): _text(v) for k, v in _dict(known.get("unloadable")).items()},
-                   format=fmt, extra=extra)
+                   cache_step=_dict(known.get("cache_step")), format=fmt, extra=extra)
 
 
 # ----------------------------------------------------------------------------- from a search
@@ -319,7 +328,8 @@ def _ms(us: float | None) -> float | None:
 
 
 def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | None, atol: float | None,
-                  artifacts: dict[str, str], other_shapes: dict[str, dict[str, Any]] | None = None) -> Plan:
+                  artifacts: dict[str, str], other_shapes: dict[str, dict[str, Any]] | None = None,
+                  cache_step: dict[str, Any] | None = None) -> Plan:
     """The :class:`Plan` of a search result (``artifacts``: scope -> the member its choice names;
     ``other_shapes``: scope -> the record of its runtime program for other input sizes)."""
     choices = [PlanChoice(scope=scope, candidate=cand, structure=result.structures[scope],
@@ -343,6 +353,7 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
         deployed_medians_ms={k: _ms(v) for k, v in getattr(result, "deployed_medians_us", {}).items()},
         runtime_defaults=[t.to_json() for t in getattr(result, "runtime_defaults", [])],
         unloadable=dict(getattr(result, "unloadable", {})),
+        cache_step=cache_step or {},
     )
 
 

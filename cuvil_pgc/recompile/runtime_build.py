@@ -53,8 +53,9 @@ log = logging.getLogger(__name__)
 
 #: the files of each runtime's artifact, the first one named in the plan
 ARTIFACT_SUFFIXES = {"ort": (".onnx",), "openvino": (".xml", ".bin"), "tensorrt": (".ep",)}
-#: bump when the ONNX export's program changes (exporter options, the index checks it gets)
-ONNX_EXPORT_VERSION = 4
+#: bump when the ONNX export's program changes (exporter options, the index checks it gets; 5: the
+#: dimensions a module keeps static in a free-size export, a decoding step's)
+ONNX_EXPORT_VERSION = 5
 OPSET = 18
 
 
@@ -145,8 +146,7 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
             args = inputs.args + ({},) if not inputs.kwargs and inputs.args and isinstance(inputs.args[-1], dict) \
                 else inputs.args
             # keyed by the wrapper's parameter: TensorOutputs.forward takes the region's arguments as *args
-            dynamic = {"args": tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor)
-                                     else None for a in args)} if free_sizes else None
+            dynamic = {"args": _free_dimensions(prepared, args)} if free_sizes else None
             if isinstance(prepared, torch.jit.ScriptModule):   # torch.export refuses it
                 export_torchscript(prepared, args, inputs.kwargs, tmp, OPSET, free_sizes=free_sizes)
             elif scripted_submodule(prepared) is not None and not inputs.kwargs:     # or fails inside it
@@ -178,6 +178,15 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
             tmp.unlink(missing_ok=True)
             raise ExportError(f"torch.onnx.export made a program whose indices cannot be checked: {exc}") from None
     os.replace(tmp, path)
+
+
+def _free_dimensions(prepared: nn.Module, args: tuple[Any, ...]) -> tuple[dict[int, Any] | None, ...]:
+    """Per positional argument, its dimensions left to the exporter (``Dim.AUTO``), but those the
+    module names static for these arguments (``static_dimensions(args)``: a decoding step's one new
+    token, whose count Hugging Face's attention tests as a Python bool, which a free size fails)."""
+    static = prepared.static_dimensions(args) if hasattr(prepared, "static_dimensions") else {}
+    return tuple({i: torch.export.Dim.STATIC if i in static.get(k, ()) else torch.export.Dim.AUTO
+                  for i in range(a.dim())} if isinstance(a, torch.Tensor) else None for k, a in enumerate(args))
 
 
 _plain = contextvars.ContextVar("cuvil_pgc_plain_exports", default=False)

@@ -190,8 +190,10 @@ def _eager_model(ref: str) -> Any:
     process's eager outputs like a plan's (a factory that draws other weights does not race)."""
     from cuvil_pgc._eval_mode import eval_mode
     from cuvil_pgc._modelspec import load_model_spec
+    from cuvil_pgc.recompile.cache_step import around_cache
 
-    return eval_mode(load_model_spec(ref, check=False)[0])
+    model, inputs = load_model_spec(ref, check=False)
+    return around_cache(eval_mode(model), inputs)[0]      # a decoding step's, as the search's
 
 
 class _NotTheModel(nn.Module):

@@ -87,7 +87,8 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
             "cache it is given); a build runs a program captured from one call, which changes nothing but its "
             "outputs (recompile put back what its two calls to check this changed)",
             fix="recompile the model's call without the object (a Hugging Face model's first call, which makes "
-                "its cache); a call that passes one runs the original module")
+                "its cache), or with a Hugging Face cache that holds the keys of earlier tokens: such a decoding "
+                "step is built with the cache opened into tensors, and generate() runs it once loaded")
     raise RecompileError(
         f"the model's forward changes {', '.join(changed[:4])}{' and more' if len(changed) > 4 else ''} on every "
         "call; a build runs a program captured from one call, which changes nothing but its outputs, so it "

@@ -1,0 +1,296 @@
+"""Decoding steps: a model's call that hands it a cache to extend, built as a program of tensors.
+
+A Hugging Face decoder's ``generate()`` calls the model once per new token with the ``DynamicCache``
+of the tokens before it, and the model appends the token's keys and values to that cache (each
+layer's ``keys`` and ``values`` reassigned to longer tensors) and returns it. No program captured
+from one call changes an object it is given, so such a call was refused (:mod:`.stateless`) and
+every decoding step, where generation spends its time, ran the original module.
+
+A recompile whose example call passes such a cache builds :class:`CacheStep` instead: the same
+call with the cache *opened* (as Optimum's ``past_key_values`` inputs and ``present`` outputs do),
+``forward(*tensors)`` taking the call's tensors and then the cache's, and rebuilding the cache as a
+new object around them (:class:`~.object_outputs.ObjectLeaf`, the caller's never touched). The
+model appends to that one and returns it, which the region's programs return as tensors and rebuild
+(:mod:`.object_outputs`). The cache grows by a token every call, so the step's regions get programs
+for other sizes (``--dynamic``) whatever was asked. A program's free sizes are named, and sizes of
+one name are equal; the attention mask covers the cache's positions and the new tokens', one longer
+than the cache, so the step takes it in two parts, the cache's and the new tokens' (each equal to a
+size the program has), and joins them before the model's call.
+
+:class:`StepLayout` (in the plan as ``cache_step``) says where the call's tensors, the cache and
+its other values sit, and the cache's structure as text (:func:`~.object_outputs.opened`).
+:func:`install` makes ``load_build``'s result: a copy of the user's model (sharing its submodules
+and weights) whose ``forward`` is :func:`decoding_forward`, so that ``fast(...)``,
+``fast.generate()`` and pipelines all go through it; the model itself is left as it was. A call that binds to the layout, with a cache of the built structure, runs the
+step's region and writes the extended cache's attributes back into the caller's cache (the object
+eager extends and returns); any other call (the prefill, whose cache is still empty) runs the
+model's own forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from cuvil_pgc.errors import BuildError, RecompileError
+from cuvil_pgc.recompile.call_binding import bind_call
+from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened
+
+log = logging.getLogger(__name__)
+
+#: the values a step's call holds at its other positions, compared by value (``use_cache=True``)
+_CONSTANTS = (type(None), bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Where a decoding step's call holds what: ``count`` positional arguments, tensors at
+    ``tensors``, the cache at ``cache``, ``constants`` at every position (None at the tensors'
+    and the cache's), the cache's structure as text (``skeleton``), and the tensors taken in two
+    parts, the cache's positions and the new tokens' (``split``: attention masks)."""
+
+    count: int
+    tensors: tuple[int, ...]
+    cache: int
+    constants: tuple[Any, ...]
+    skeleton: str
+    split: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str) -> StepLayout:
+        try:
+            layout = cls(count=int(doc["count"]), tensors=tuple(int(i) for i in doc["tensors"]),
+                         cache=int(doc["cache"]), constants=tuple(doc["constants"]), skeleton=str(doc["skeleton"]),
+                         split=tuple(int(i) for i in doc.get("split", ())))
+            ok = len(layout.constants) == layout.count and all(
+                0 <= i < layout.count for i in (*layout.tensors, layout.cache)) and all(
+                isinstance(v, _CONSTANTS) for v in layout.constants) and set(layout.split) <= set(layout.tensors)
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise BuildError("the plan's cache_step is not a decoding step's layout", path=path,
+                             fix="rebuild the package with `cuvil-pgc recompile`")
+        return layout
+
+    def tensors_of(self, bound: tuple[Any, ...], cache: Any, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+        """The step's inputs for a call bound to the layout (``cache`` and its ``tensors``), or
+        None where it holds other values than the built call did."""
+        for i, value in enumerate(bound):
+            if i in self.tensors:
+                if not isinstance(value, torch.Tensor):
+                    return None
+            elif i != self.cache:
+                want = self.constants[i]
+                if type(value) is not type(want) or value != want:
+                    return None
+        inputs: list[torch.Tensor] = []
+        for i in self.tensors:
+            if i not in self.split:
+                inputs.append(bound[i])
+            elif (parts := _parts(bound[i], cache)) is None:
+                return None
+            else:
+                inputs.extend(parts)
+        return (*inputs, *tensors)
+
+
+class CacheStep(nn.Module):
+    """``model``'s call with its cache opened: ``forward`` takes the call's tensors, then the
+    cache's (the layout's order), and calls the model's class forward with a new cache built around
+    them (the instance's ``forward`` is :func:`decoding_forward` once loaded). A profile of the
+    model is matched to the step's submodules under ``profiled_path``."""
+
+    profiled_path = "model"
+
+    def __init__(self, model: nn.Module, layout: StepLayout, leaf: ObjectLeaf | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.training = model.training
+        # private: neither a setting nor part of the structure (the plan holds the layout). The
+        # cache's rebuild is held in a list that the copies apply_plan makes share: a loaded step
+        # takes it from its first call's cache (decoding_forward)
+        self._layout = layout
+        self._leaf: list[ObjectLeaf | None] = [leaf]
+        self._forward = type(model).forward
+
+    def static_dimensions(self, args: tuple[Any, ...]) -> dict[int, set[int]]:
+        """The dimensions of the step's inputs an export keeps at their size. The new tokens'
+        count where it is one: Hugging Face's attention tests ``q_length > 1`` as a Python bool, and
+        the ONNX exporter's free sizes made that a symbol it refused ("is_causal must be bool, not
+        SymBool"). The cache's heads and head size (all but the batch and the length, second to
+        last, where Hugging Face's layers append): the ONNX exporter left them free, and where one
+        was captured equal to the length (a head size of 32 beside 32 cached tokens) the length
+        varied with it, failed, and stayed fixed."""
+        calls = len(self._layout.tensors) + len(self._layout.split)
+        static = {k: {1} for k, a in enumerate(args[:calls])
+                  if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[1] == 1}
+        static.update({k: set(range(1, a.dim() - 2)) | {a.dim() - 1} for k, a in enumerate(args) if k >= calls
+                       and isinstance(a, torch.Tensor) and a.dim() >= 3})
+        return static
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        layout, leaf = self._layout, self._leaf[0]
+        if leaf is None:
+            raise RuntimeError("CacheStep has no cache to rebuild: it is called only by decoding_forward")
+        args, taken = list(layout.constants), iter(tensors)
+        for i in layout.tensors:
+            args[i] = torch.cat([next(taken), next(taken)], dim=1) if i in layout.split else next(taken)
+        args[layout.cache] = leaf.build(list(taken))
+        return self._forward(self.model, *args)
+
+
+def cache_position(inputs: tuple[Any, ...]) -> int | None:
+    """The position of the Hugging Face cache among a call's positional inputs, or None."""
+    cache = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
+    if not isinstance(cache, type):
+        return None
+    found = [i for i, v in enumerate(inputs) if isinstance(v, cache)]
+    return found[0] if len(found) == 1 else None
+
+
+def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, tuple[Any, ...], StepLayout | None]:
+    """``model`` and its positional ``inputs``, as the :class:`CacheStep` and its tensors where
+    the call passes a Hugging Face cache that holds keys already (a decoding step); as they are
+    otherwise (an empty cache, or other values than tensors and flags beside it, are left to
+    :mod:`.stateless`, which refuses a call that changes an object it is given)."""
+    where = cache_position(inputs)
+    if where is None:
+        return model, inputs, None
+    found = opened(inputs[where])
+    leaf = ObjectLeaf.of(inputs[where])
+    others = [i for i in range(len(inputs)) if i != where]
+    if found is None or leaf is None or not found[1] or any(
+            not isinstance(inputs[i], (torch.Tensor, *_CONSTANTS)) for i in others):
+        return model, inputs, None
+    skeleton, cache = found
+    tensors = tuple(i for i in others if isinstance(inputs[i], torch.Tensor))
+    names = [name for name, _ in _parameters(model)]
+    split = tuple(i for i in tensors if i < len(names) and names[i].endswith("attention_mask")
+                  and _parts(inputs[i], inputs[where]) is not None)
+    layout = StepLayout(count=len(inputs), tensors=tensors, cache=where,
+                        constants=tuple(None if i in tensors or i == where else inputs[i] for i in range(len(inputs))),
+                        skeleton=skeleton, split=split)
+    step_inputs = layout.tensors_of(inputs, inputs[where], cache)
+    if step_inputs is None:
+        return model, inputs, None
+    step = CacheStep(model, layout, leaf)
+    _check_structure_kept(step, step_inputs, inputs[where], skeleton)
+    log.info("cuvil-pgc: the example call passes a %s holding %d tensors: building the decoding step, the cache "
+             "opened into its tensors", type(inputs[where]).__name__, len(cache))
+    return step, step_inputs, layout
+
+
+def _check_structure_kept(step: CacheStep, inputs: tuple[torch.Tensor, ...], cache: Any, skeleton: str) -> None:
+    """Raise :class:`RecompileError` where the step returns its cache with another structure than
+    it was given, besides its tensors: a sliding-window layer counts the tokens it has seen in a
+    plain int (Mistral's, Gemma2's ``cumulative_length``), so the next step's cache would never be
+    the built one's, and every step would run the original module, each after the build's checks."""
+    with torch.no_grad():
+        output = step(*inputs)
+    values = output.values() if isinstance(output, dict) else output if type(output) is tuple else ()
+    returned = next((v for v in values if type(v) is type(cache)), None)
+    found = opened(returned) if returned is not None else None
+    if found is None or found[0] == skeleton:
+        return
+    before, after = skeleton.split(", "), found[0].split(", ")
+    change = next((f"{a} became {b}" for a, b in zip(before, after, strict=False) if a != b), "its layers changed")
+    raise RecompileError(
+        f"the model's decoding step returns its {type(cache).__name__} changed besides its tensors ({change}): a "
+        "build is made for the cache's structure, and no later step's would match it (a sliding-window cache counts "
+        "its tokens in a plain number)",
+        fix="recompile the model's first call, without a cache (use_cache=False), for the prefill; its decoding "
+            "steps run the original module")
+
+
+def _parameters(model: nn.Module) -> list[tuple[str, Any]]:
+    """(name, default) of the parameters of ``model``'s class forward a call may pass by position."""
+    params = list(inspect.signature(type(model).forward).parameters.values())[1:]
+    return [(p.name, p.default) for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _parts(mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A 2-D attention ``mask`` over the cache's positions and the new tokens' as those two parts
+    (contiguous), or None where it is not one longer than the cache."""
+    try:
+        past = int(cache.get_seq_length())
+    except Exception:           # not a Hugging Face cache's method, or one that raises
+        return None
+    if mask.dim() != 2 or not 0 < past < mask.shape[1]:
+        return None
+    return mask[:, :past].contiguous(), mask[:, past:].contiguous()
+
+
+def install(model: nn.Module, step: CacheStep, region: nn.Module) -> nn.Module:
+    """A copy of ``model`` (sharing its submodules, weights and config, as
+    :func:`~.apply.apply_plan`'s) whose ``forward`` is :func:`decoding_forward` over ``region``
+    (the loaded build of ``step``); ``model`` itself runs as it did."""
+    import copy
+
+    out = copy.copy(model)
+    out.forward = decoding_forward(out, step, region)      # a function: nn.Module keeps it as an attribute
+    return out
+
+
+def own_model(model: Any) -> Any:
+    """The model :func:`install` copied ``model`` from, or ``model`` where it is no such copy: a
+    build loaded onto what ``load_build`` returned applies to the model, not to the copy's forward."""
+    step = getattr(getattr(model, "__dict__", {}).get("forward"), "step", None)
+    return step.model if isinstance(step, CacheStep) else model
+
+
+def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> Any:
+    """The forward a loaded decoding step's model runs: the step's ``region`` for a call that binds
+    to its layout, with a cache of the built structure, written back into that cache; the model's
+    class forward for any other call."""
+    layout = step._layout
+    original = type(model).forward
+    params = _parameters(model)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        bound = bind_call(params, model, args, kwargs, layout.count)
+        if bound is None:
+            return original(model, *args, **kwargs)
+        cache = bound[layout.cache]
+        found = opened(cache)
+        inputs = layout.tensors_of(bound, cache, found[1]) if found is not None and found[0] == layout.skeleton \
+            else None
+        if inputs is None:
+            return original(model, *args, **kwargs)
+        if step._leaf[0] is None:      # the same structure rebuilds alike whichever cache it is taken from
+            step._leaf[0] = ObjectLeaf.of(cache)
+        return _written_back(region(*inputs), cache)
+
+    forward.region = region      # type: ignore[attr-defined]  # its counters: fast.forward.region.fallback_calls
+    forward.step = step          # type: ignore[attr-defined]
+    return forward
+
+
+def _written_back(output: Any, cache: Any) -> Any:
+    """``output`` with its cache (a new object of ``cache``'s class) replaced by ``cache`` holding
+    what it holds: eager extends the cache it is given and returns it."""
+    kind = type(cache)
+    if isinstance(output, dict):        # a ModelOutput (an OrderedDict) or a dict
+        keys = [k for k, v in output.items() if type(v) is kind]
+        for k in keys:
+            output[k] = _refill(cache, output[k])
+        return output
+    if type(output) is tuple:            # return_dict=False
+        return tuple(_refill(cache, v) if type(v) is kind else v for v in output)
+    return output
+
+
+def _refill(cache: Any, new: Any) -> Any:
+    """``cache``, holding what ``new`` holds."""
+    if new is not cache:
+        vars(cache).clear()
+        vars(cache).update(vars(new))
+    return cache
