@@ -1,0 +1,126 @@
+"""generate(): a decoder's build for its decoding steps against what a user runs otherwise.
+
+A Hugging Face decoder spends generation in its decoding steps, one call per new token with the
+cache of the tokens before it. ``recompile`` given such a call builds the step with the cache opened
+into tensors (:mod:`cuvil_pgc.recompile.cache_step`), and ``load_build`` makes the model's
+``generate()`` run it. This races, per model, interleaved in one process at the deployment's thread
+count, greedy ``generate()`` of ``--new`` tokens after a prompt of ``--prompt`` tokens:
+
+- ``eager``: the model itself (Hugging Face's ``DynamicCache``);
+- ``compile``: what Hugging Face documents for fast generation, a static cache
+  (``cache_implementation="static"``) and ``model.forward = torch.compile(model.forward)``, warmed first;
+- ``build``: ``recompile`` of one decoding step (``cuvil-pgc recompile`` at its defaults), saved and
+  loaded with ``load_build`` as a service loads it.
+
+Every contender's tokens are checked against eager's. It prints each model's medians (ms per
+``generate()``), the build over eager and over the faster of the two others, and their geometric
+means over the models.
+
+    python benchmarks/decode_steps.py --models llama,qwen2,phi3,gpt2 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import tempfile
+import time
+from typing import Any
+
+MODELS = ("llama", "qwen2", "phi3", "gpt2")
+
+
+def make(name: str, width: int, layers: int) -> Any:
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    common = dict(num_hidden_layers=layers, hidden_size=width, num_attention_heads=width // 32,
+                  intermediate_size=width * 8 // 3, vocab_size=4096, max_position_embeddings=1024)
+    if name == "gpt2":
+        return T.GPT2LMHeadModel(T.GPT2Config(n_layer=layers, n_embd=width, n_head=width // 32, vocab_size=4096,
+                                              n_positions=1024)).eval()
+    config = {"llama": T.LlamaConfig, "qwen2": T.Qwen2Config, "phi3": T.Phi3Config}[name](
+        num_key_value_heads=max(1, width // 64), **common, **({"pad_token_id": 0} if name == "phi3" else {}))
+    return {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "phi3": T.Phi3ForCausalLM}[name](config).eval()
+
+
+def step_call(model: Any, prompt: int) -> dict[str, Any]:
+    """One decoding step's call: the token after a prompt, the prompt's cache, the mask over both."""
+    import torch
+
+    ids = torch.randint(3, 4096, (1, prompt))
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).past_key_values
+    return {"input_ids": torch.randint(3, 4096, (1, 1)), "attention_mask": torch.ones(1, prompt + 1, dtype=torch.long),
+            "cache": cache, "use_cache": True}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+
+    import torch
+
+    from cuvil_pgc.recompile import load_build, recompile
+
+    torch.set_num_threads(args.threads)
+    print(f"{args.layers} layers, width {args.width}, prompt {args.prompt}, {args.new} new tokens, "
+          f"{args.threads} thread(s); ms per generate(), medians of {args.rounds} interleaved rounds")
+    print(f"{'model':<8} {'eager':>8} {'compile':>8} {'build':>8} {'plan':<36} {'vs eager':>9} {'vs best':>8}")
+    over_eager, over_best = [], []
+    with tempfile.TemporaryDirectory(prefix="cuvil-decode-") as tmp:
+        for name in args.models.split(","):
+            model = make(name, args.width, args.layers)
+            build = recompile(copy.deepcopy(model), step_call(model, args.prompt), threads=args.threads)
+            path = f"{tmp}/{name}.cuvilpkg"
+            build.save(path)
+            plan = "; ".join(f"{c.scope or '<model>'}: {c.candidate.config}" for c in build.plan.choices) or "eager"
+            fast = load_build(path, copy.deepcopy(model), allow_unsigned=True)
+            compiled = copy.deepcopy(model)
+            compiled.generation_config.cache_implementation = "static"
+            compiled.forward = torch.compile(compiled.forward)
+            contenders = {"eager": model, "compile": compiled, "build": fast}
+            ids = torch.randint(3, 4096, (1, args.prompt))
+
+            def generate(m: Any, ids: torch.Tensor = ids) -> torch.Tensor:
+                with torch.no_grad():
+                    return m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new,
+                                      min_new_tokens=args.new, do_sample=False, pad_token_id=0)
+            want = generate(model)
+            for label, m in contenders.items():
+                got = generate(m)           # (also the warm-up: torch.compile compiles here)
+                if not torch.equal(got, want):
+                    raise SystemExit(f"{name}: {label}'s tokens differ from eager's")
+            times: dict[str, list[float]] = {k: [] for k in contenders}
+            for _ in range(args.rounds):
+                for label, m in contenders.items():
+                    start = time.perf_counter()
+                    generate(m)
+                    times[label].append((time.perf_counter() - start) * 1e3)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            vs_eager, vs_best = med["eager"] / med["build"], min(med["eager"], med["compile"]) / med["build"]
+            over_eager.append(vs_eager)
+            over_best.append(vs_best)
+            print(f"{name:<8} {med['eager']:>8.1f} {med['compile']:>8.1f} {med['build']:>8.1f} {plan[:36]:<36} "
+                  f"{vs_eager:>8.2f}x {vs_best:>7.2f}x")
+    print(f"geometric mean: build over eager {_geomean(over_eager):.2f}x, over the faster of eager and compile "
+          f"{_geomean(over_best):.2f}x")
+    return 0
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
