@@ -167,3 +167,37 @@ def _bind(given: Mapping[str, Any], params: dict[str, Any]) -> tuple[Any, ...]:
         else:
             args.append(params[name])
     return tuple(args)
+
+
+def input_objects_kept(inputs: tuple[Any, ...]) -> Any:
+    """A function that puts the objects among ``inputs`` (a Hugging Face cache and the layers it
+    holds: instances with attributes, reached through attributes and lists) back to the attributes
+    they have now. A decoding step's call extends the cache it is given, by assigning each layer
+    longer tensors: repeated on one example (a factory's check call, a profile's iterations) the
+    cache grew a token per call, and each recorded step was another length than the example's.
+    Shallow: attributes are rebound, tensors never copied (one changed in place stays changed)."""
+    saved: list[tuple[Any, dict[str, Any]]] = []
+    seen: set[int] = set()
+
+    def walk(value: Any, depth: int) -> None:
+        if depth > 4 or id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, list):
+            for item in value:
+                walk(item, depth + 1)
+        elif hasattr(value, "__dict__") and not isinstance(value, type) and not callable(value) \
+                and not any(c.__module__.split(".")[0] == "torch" for c in type(value).__mro__):   # tensors, modules
+            attributes = vars(value)
+            saved.append((value, dict(attributes)))
+            for item in attributes.values():
+                walk(item, depth + 1)
+
+    for value in inputs:
+        walk(value, 0)
+
+    def restore() -> None:
+        for obj, attributes in saved:
+            vars(obj).clear()
+            vars(obj).update(attributes)
+    return restore

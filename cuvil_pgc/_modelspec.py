@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from cuvil_pgc._example_inputs import inputs_hint, positional_inputs
+from cuvil_pgc._example_inputs import input_objects_kept, inputs_hint, positional_inputs
 from cuvil_pgc.errors import ConfigError, ModelSpecError, one_line
 
 
@@ -55,27 +55,17 @@ def _call_once(spec: str, model: Any, inputs: tuple[Any, ...], given: Any) -> No
     as the user's model failing, not as cuvil-pgc's internal error deep in a profile or search."""
     import torch
 
+    restore = input_objects_kept(inputs)     # a decoding step's cache, which the call extends
     try:
         with torch.no_grad():
-            model(*_copied_objects(inputs))
+            model(*inputs)
     except Exception as exc:
         hint = inputs_hint(given, model, exc)
         if not isinstance(given, (list, Mapping)):
             hint += " (rerun as `cuvil-pgc --debug <command> ...` for the traceback)"
         raise ModelSpecError(f"{spec}: the model raised on its example inputs: {_one_line(exc)}", fix=hint) from exc
-
-
-def _copied_objects(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``inputs`` with each object that is neither a tensor nor a container copied: a decoding
-    step's check call extends the cache it is given (a Hugging Face ``DynamicCache``), and the
-    example's would have been one token longer than the factory made it, its attention mask one
-    too short."""
-    import copy
-
-    import torch
-
-    return tuple(copy.deepcopy(v) if hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, torch.nn.Module))
-                 else v for v in inputs)
+    finally:
+        restore()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -101,3 +101,41 @@ def test_torch_profiler_flags_reach_the_traces_config(tmp_path, monkeypatch, fla
     with open(tmp_path / "w.trace.json") as f:
         config = json.load(f)["cuvil"]["config"]
     assert {k: config[k] for k in expected} == expected
+
+
+def test_every_profiled_call_of_a_decoding_step_gets_the_examples_cache(tmp_path, monkeypatch):
+    """A decoding step extends the cache it is given: the profile's iterations saw it a token longer
+    each, and the factory's check call left the example one longer than the factory made it."""
+    monkeypatch.chdir(tmp_path)
+    spec = _write(tmp_path / "stepspec.py", """
+        import torch
+
+        SEEN = []
+
+        class Layer:
+            def __init__(self):
+                self.keys = torch.zeros(1, 3)
+
+        class Cache:
+            def __init__(self):
+                self.layers = [Layer()]
+
+        class Step(torch.nn.Module):
+            def forward(self, x, cache):
+                layer = cache.layers[0]
+                SEEN.append(layer.keys.shape[1])
+                layer.keys = torch.cat([layer.keys, x], 1)      # as a Hugging Face layer extends its keys
+                return layer.keys.sum()
+
+        def factory():
+            return Step(), (torch.ones(1, 1), Cache())
+
+        def seen():
+            return SEEN
+    """)
+    result = CliRunner().invoke(app, ["profile", *QUIET, "--iters", "4", "--warmup", "2", "--model", f"{spec}:factory",
+                                      "-o", "step.trace.json"])
+    assert result.exit_code == 0, result.output
+    import sys
+    seen = sys.modules["stepspec"].seen()
+    assert seen == [3] * 7          # the check call, 2 warm-up and 4 recorded iterations

@@ -46,6 +46,7 @@ def run_model(session: Session, spec: str, iters: int, warmup: int, depth: int |
     """
     import torch
 
+    from cuvil_pgc._example_inputs import input_objects_kept
     from cuvil_pgc._modelspec import load_model_spec
     from cuvil_pgc._progress import stage
     from cuvil_pgc.instrument.module import instrument_module
@@ -59,19 +60,25 @@ def run_model(session: Session, spec: str, iters: int, warmup: int, depth: int |
     # instrumented after it, Dynamo's guards on those forwards failed and the first recorded call
     # compiled again (136 ms of a 2 ms call, ranked the model's hottest region)
     handle = instrument_module(model, depth=depth) if isinstance(model, torch.nn.Module) else None
+    # every iteration is the example's call: a decoding step's cache is put back after each, which
+    # the step extends (each recorded step was a token longer than the one before)
+    restore = input_objects_kept(inputs)
     with torch.inference_mode():
         try:
             stage(progress, "warming up")
             for i in range(warmup):
                 _tick(progress, i, warmup, "warm-up iteration")
                 model(*inputs)
+                restore()
             with session:
                 stage(progress, "recording")
                 for i in range(iters):
                     _tick(progress, i, iters, "iteration")
                     model(*inputs)
+                    restore()
                 _tick(progress, iters, iters, "iteration")
         finally:
+            restore()
             if handle is not None:
                 handle.remove()
     return 0
