@@ -222,7 +222,7 @@ with warnings.catch_warnings():     # loaded again onto what it returned (a serv
     again = load_build(sys.argv[1], fast, allow_unsigned=True)
 with torch.no_grad():
     a, b = again.generate(ids, **kw), eager.generate(ids, **kw)
-print(json.dumps({"same": same, "model_untouched": "forward" not in vars(model) and fast is not model, "fallbacks": region.fallback_calls,
+print(json.dumps({"no_size_programs": region.other_shapes.size_programs is None, "same": same, "model_untouched": "forward" not in vars(model) and fast is not model, "fallbacks": region.fallback_calls,
                   "other_sizes": region.other_shape_calls, "notes": fast.cuvil_load_report.notes,
                   "again": bool(torch.equal(a.sequences, b.sequences)) and again.forward.region is not region
                            and again.cuvil_load_report.applied == fast.cuvil_load_report.applied
@@ -231,6 +231,7 @@ print(json.dumps({"same": same, "model_untouched": "forward" not in vars(model) 
     assert result["same"] == [True, True, True] and result["model_untouched"]
     # every step after each prefill ran the build (5 + 3 + 2 steps, one at the captured sizes)
     assert result["fallbacks"] == 0 and result["other_sizes"] >= 9
+    assert result["no_size_programs"]        # no program of its own per length: each is called once a generation
     assert any("decoding step" in n for n in result["notes"]) and result["again"]
 
 

@@ -84,7 +84,8 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
         size_programs: per region with a program for other input sizes (``recompile --dynamic``),
             the most sizes called often that get a program compiled for them alone, in the
             background (see :mod:`.size_programs`); 0 runs every other size on the free-size
-            program. Default: 8, fewer where their copies of the region's weights would pass 1 GiB.
+            program. Default: 8, fewer where their copies of the region's weights would pass 1 GiB;
+            0 for a decoding step's build, whose cache grows by a token every call.
         size_examples: inputs (each as ``example_inputs``) at the sizes the service will be called
             at: each region compiles and checks its program for each of their sizes now, not after
             a few calls at it, and ``cuvil_load_report.size_programs`` lists what each region has.
@@ -136,6 +137,11 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool
         report = LoadReport(path=path, threads=vb.manifest.threads)
         _check_threads(vb.manifest.threads, report, path)
         report.cache_artifacts = _load_cache_artifacts(vb) if CACHE_MEMBER in vb.members() else "none"
+        if step is not None and size_programs is None:
+            # a decoding step's cache is a token longer every call: no length is called more than
+            # once per generation, and a program of its own per length would only take the cores
+            # from the steps while it compiles
+            size_programs = 0
         module = _apply_choices(vb, plan, step or model, report, path, stale, size_programs)
         if step is not None:
             module = _installed(model, step, module, report)
