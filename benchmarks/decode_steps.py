@@ -14,7 +14,9 @@ count, greedy ``generate()`` of ``--new`` tokens after a prompt of ``--prompt`` 
 
 Every contender's tokens are checked against eager's. It prints each model's medians (ms per
 ``generate()``), the build over eager and over the faster of the two others, and their geometric
-means over the models.
+means over the models; and one step alone in the search's final race, where the step exported to
+ONNX Runtime and OpenVINO at their defaults (what an Optimum-style export of the step runs) raced
+beside the build's plan.
 
     python benchmarks/decode_steps.py --models llama,qwen2,phi3,gpt2 --threads 1
 """
@@ -113,6 +115,12 @@ def main() -> int:
             over_best.append(vs_best)
             print(f"{name:<8} {med['eager']:>8.1f} {med['compile']:>8.1f} {med['build']:>8.1f} {plan[:36]:<36} "
                   f"{vs_eager:>8.2f}x {vs_best:>7.2f}x")
+            # one step alone, in the search's final race (in processes of their own where it ran
+            # there): each whole-step plan raced, the step on each runtime at its defaults among
+            # them (what an Optimum-style export of the step would run)
+            steps = build.plan.deployed_medians_ms or build.plan.final_medians_ms
+            print("         one step: " + ", ".join(f"{k.removeprefix('<model>::')} {v:.3f} ms" for k, v in
+                                                 sorted(steps.items(), key=lambda kv: kv[1] or 1e9) if v))
     print(f"geometric mean: build over eager {_geomean(over_eager):.2f}x, over the faster of eager and compile "
           f"{_geomean(over_best):.2f}x")
     return 0
