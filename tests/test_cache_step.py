@@ -222,7 +222,7 @@ with warnings.catch_warnings():     # loaded again onto what it returned (a serv
     again = load_build(sys.argv[1], fast, allow_unsigned=True)
 with torch.no_grad():
     a, b = again.generate(ids, **kw), eager.generate(ids, **kw)
-print(json.dumps({"no_size_programs": region.other_shapes.size_programs is None, "same": same, "model_untouched": "forward" not in vars(model) and fast is not model, "fallbacks": region.fallback_calls,
+print(json.dumps({"no_size_programs": region.other_shapes.size_programs is None, "same": same, "model_untouched": "forward" not in vars(model) and fast is not model and fast._modules is not model._modules, "fallbacks": region.fallback_calls,
                   "other_sizes": region.other_shape_calls, "notes": fast.cuvil_load_report.notes,
                   "again": bool(torch.equal(a.sequences, b.sequences)) and again.forward.region is not region
                            and again.cuvil_load_report.applied == fast.cuvil_load_report.applied

@@ -236,6 +236,7 @@ def install(model: nn.Module, step: CacheStep, region: nn.Module) -> nn.Module:
     import copy
 
     out = copy.copy(model)
+    out._modules = dict(model._modules)        # as apply_plan's: a submodule set on the copy is the copy's
     out.forward = decoding_forward(out, step, region)      # a function: nn.Module keeps it as an attribute
     return out
 

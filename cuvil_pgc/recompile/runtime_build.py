@@ -182,8 +182,9 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
 
 def _free_dimensions(prepared: nn.Module, args: tuple[Any, ...]) -> tuple[dict[int, Any] | None, ...]:
     """Per positional argument, its dimensions left to the exporter (``Dim.AUTO``), but those the
-    module names static for these arguments (``static_dimensions(args)``: a decoding step's one new
-    token, whose count Hugging Face's attention tests as a Python bool, which a free size fails)."""
+    module names static for these arguments (``static_dimensions(args)``: a decoding step's new-token
+    count, which Hugging Face's attention tests as a Python bool, and its cache's heads and head size;
+    see :meth:`~.cache_step.CacheStep.static_dimensions`)."""
     static = prepared.static_dimensions(args) if hasattr(prepared, "static_dimensions") else {}
     return tuple({i: torch.export.Dim.STATIC if i in static.get(k, ()) else torch.export.Dim.AUTO
                   for i in range(a.dim())} if isinstance(a, torch.Tensor) else None for k, a in enumerate(args))
