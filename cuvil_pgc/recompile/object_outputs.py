@@ -65,10 +65,6 @@ class ObjectLeaf:
         """Whether ``other`` has the same structure, the same constants and as many tensors."""
         return other is not None and len(other.tensors) == len(self.tensors) and _same(self.skeleton, other.skeleton)
 
-    def describe(self) -> str:
-        """The object's structure as text (see :func:`opened`)."""
-        return _describe(self.skeleton)
-
     def __repr__(self) -> str:
         return f"ObjectLeaf({_type_name(self.skeleton)}, {len(self.tensors)} tensors from output {self.first})"
 
