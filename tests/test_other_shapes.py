@@ -458,25 +458,26 @@ def test_the_checked_range_stops_where_the_model_refuses_or_the_program_fails():
     ids up to its position table's 64, where eager grows the table, and every other length stayed
     fixed); failing on both sides of the captured size, it stays fixed."""
     max_positions = 37
-    assert other_shapes._range(lambda size: size <= max_positions, 8) == (1, 37, None)
-    assert other_shapes._range(lambda size: True, 8) == (1, 128, None)
-    assert other_shapes._range(lambda size: size >= 3, 8) == (3, 128, None)     # a minimum length
+    assert other_shapes._range(lambda size: size <= max_positions, 8, 128) == (1, 37, None)
+    assert other_shapes._range(lambda size: True, 8, 128) == (1, 128, None)
+    assert other_shapes._range(lambda size: size >= 3, 8, 128) == (3, 128, None)     # a minimum length
+    assert other_shapes._range(lambda size: True, 8, 1000) == (1, 1000, None)     # a ceiling the module names
 
     def fails(size):
         raise other_shapes.OtherShapesError(f"it failed the accuracy guard at sizes ({size},)")
 
     def branchy(size):                 # the program was traced through the other branch below 5
         return fails(size) if size <= 4 else True
-    assert other_shapes._range(branchy, 8) == (5, 128, "it failed the accuracy guard at sizes (1,)")
+    assert other_shapes._range(branchy, 8, 128) == (5, 128, "it failed the accuracy guard at sizes (1,)")
 
     def table(size):                   # the program's table holds 64 positions, eager grows its own
         return fails(size) if size > 64 else True
-    lo, hi, why = other_shapes._range(table, 8)
+    lo, hi, why = other_shapes._range(table, 8, 128)
     assert (lo, hi) == (1, 64) and why.startswith("it failed the accuracy guard at sizes (") and int(why[39:-2]) > 64
     with pytest.raises(other_shapes.OtherShapesError, match=r"at sizes \(7,\)"):
-        other_shapes._range(lambda size: fails(size) if size != 8 else True, 8)
+        other_shapes._range(lambda size: fails(size) if size != 8 else True, 8, 128)
     with pytest.raises(other_shapes.OtherShapesError, match=r"at sizes \(9,\)"):     # the model refuses below
-        other_shapes._range(lambda size: fails(size) if size > 8 else size == 8, 8)
+        other_shapes._range(lambda size: fails(size) if size > 8 else size == 8, 8, 128)
 
 
 @needs_ort

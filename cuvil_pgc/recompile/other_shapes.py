@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc._example_inputs import forward_parameters
+from cuvil_pgc.recompile import size_speed
 from cuvil_pgc.recompile._stderr import first_line, native_stderr
 from cuvil_pgc.recompile.accuracy import check_outputs, float32_references
 from cuvil_pgc.recompile.apply import ScopeInputs
@@ -76,7 +77,8 @@ def _constant(value: Any) -> Constant:
 
 
 #: how far above its captured size a dimension is checked (the larger of the two): calls above the
-#: largest size checked run the original module
+#: largest size checked run the original module. A module may name dimensions checked further out
+#: (``size_ceilings(args)``: a decoding step's cache length, up to the model's positions)
 GROWTH, MIN_CEILING = 16, 64
 
 
@@ -260,12 +262,31 @@ def _checked_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: 
     # check ends the process (std::terminate): it is never probed with sizes it named apart
     # varying alone (a Llama returning its cache accepted token ids one longer than their mask in
     # eager; the package aborted the recompile)
-    names, ranges, fixed = _check(runner, module, inputs.args, free, rtol, atol, alone_probes=cand.backend != "aoti")
+    names, ranges, fixed = _check(runner, module, inputs.args, free, rtol, atol, alone_probes=cand.backend != "aoti",
+                                  ceilings=_ceilings(module, inputs.args))
+    ranges, slower = _faster_ranges(runner, module, inputs.args, names, ranges)
     bounds = {p: tuple(names[i][j] or int(inputs.args[i].shape[j]) for i, j in dims) for p, dims in where.items()}
     return OtherShapes(runner, [(a.dtype, tuple(name or n for name, n in zip(dims, a.shape, strict=True)))
                                 if isinstance(a, torch.Tensor) else None if a is None else Constant(a)
                                 for a, dims in zip(inputs.args, names, strict=True)], ranges, first, bounds,
-                       fixed=fixed)
+                       fixed=fixed + slower)
+
+
+def _faster_ranges(runner: Any, module: nn.Module, args: tuple[Any, ...], names: list[list[str]],
+                   ranges: dict[str, tuple[int, int]]) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """``ranges`` each ending where the program stops being faster than ``module`` (see
+    :mod:`.size_speed`), and why those that end early do."""
+    captured = {name: n for a, dims in zip(args, names, strict=True) if isinstance(a, torch.Tensor)
+                for name, n in zip(dims, a.shape, strict=True) if name}
+    out, why = {}, []
+    for name, (lo, hi) in ranges.items():
+        timed = size_speed.timer(lambda a: runner(*a), lambda a: module(*a),
+                                 lambda size, name=name: _resized(args, names, {name: size}))
+        top, reason = size_speed.faster_up_to(captured[name], hi, timed)
+        out[name] = (lo, top)
+        if reason is not None:
+            why.append(f"{_where(names, name)} takes {lo} to {top}: {reason}")
+    return out, why
 
 
 def _bound_positionally(module: nn.Module, inputs: ScopeInputs) -> ScopeInputs:
@@ -308,9 +329,16 @@ def _at_positions(args: tuple[Any, ...], free: list[list[str]]) -> list[list[str
     return [next(per_tensor) if isinstance(a, torch.Tensor) else [] for a in args]
 
 
+def _ceilings(module: nn.Module, args: tuple[Any, ...]) -> dict[tuple[int, int], int]:
+    """(input, dimension) -> the largest size to check it at, where ``module`` names one above the
+    default (``size_ceilings``: see :meth:`~.cache_step.CacheStep.size_ceilings`)."""
+    named = getattr(module, "size_ceilings", None)
+    return dict(named(args)) if callable(named) else {}
+
+
 def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free: list[list[str]],
-           rtol: float | None, atol: float | None,
-           alone_probes: bool = True) -> tuple[list[list[str]], dict[str, tuple[int, int]], list[str]]:
+           rtol: float | None, atol: float | None, alone_probes: bool = True,
+           ceilings: dict[tuple[int, int], int] | None = None) -> tuple[list[list[str]], dict[str, tuple[int, int]], list[str]]:
     """The accuracy guard at the captured inputs and at other sizes: (each input's dimensions as the
     name of a size that varies, "" where it stays fixed; each name's range of sizes checked; why
     the sizes that stay fixed do).
@@ -319,7 +347,8 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     their attention mask): a named size that cannot change alone (the model refuses it, or the
     program answers differently) varies together with the others of its captured size that cannot
     either, as one. Each is then checked: down to 1 and up to :data:`GROWTH` times its captured size
-    (at least :data:`MIN_CEILING`), doubling, with the boundary of the sizes the original module
+    (at least :data:`MIN_CEILING`; for a size one of whose dimensions ``ceilings`` names, up to the
+    largest it names there where that is larger), doubling, with the boundary of the sizes the original module
     takes found by bisection; the range the program passed at is the range it runs (a size the
     model refuses, more positions than it has or an assertion, never reaches the program, whose
     runtime may answer it anyway or be left in a broken state). Checking both ends catches a
@@ -350,9 +379,10 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
     # all-ones mask dropped), its program answered that call otherwise, and the ids' batch stayed
     # fixed for a service that never sends such a call.
     solo = {name: n != 1 and alone_probes and alone(name) for name, n in captured.items()}
-    named, ranges, refused, retry = _ranges(runner, module, args, free, captured, solo, rtol, atol)
+    named, ranges, refused, retry = _ranges(runner, module, args, free, captured, solo, rtol, atol, ceilings or {})
     if retry:
-        again = _ranges(runner, module, args, free, captured, {**solo, **dict.fromkeys(retry, False)}, rtol, atol)
+        again = _ranges(runner, module, args, free, captured, {**solo, **dict.fromkeys(retry, False)}, rtol, atol,
+                        ceilings or {})
         if _widest(free, again[0], again[1], retry) > _widest(free, named, ranges, retry):
             named, ranges, refused, _ = again
     if not ranges:
@@ -366,8 +396,9 @@ def _check(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free:
 
 
 def _ranges(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free: list[list[str]],
-            captured: dict[str, int], solo: dict[str, bool], rtol: float | None,
-            atol: float | None) -> tuple[list[list[str]], dict[str, tuple[int, int]], list[str], dict[str, int]]:
+            captured: dict[str, int], solo: dict[str, bool], rtol: float | None, atol: float | None,
+            ceilings: dict[tuple[int, int], int]) -> tuple[list[list[str]], dict[str, tuple[int, int]], list[str],
+                                                           dict[str, int]]:
     """For :func:`_check`: the names each input's dimensions vary as (those not ``solo`` tied to
     every name of their captured size), the range each passed at, why the others failed, and the
     ``solo`` names that failed where a name of their captured size exists (name -> size)."""
@@ -380,8 +411,11 @@ def _ranges(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free
     for name in dict.fromkeys(group.values()):
         def check(size: int, name: str = name) -> bool:
             return _compare(runner, module, _resized(args, named, {name: size}), rtol, atol, quiet=True)
+        n = captured[name]
+        ceiling = max([GROWTH * n, MIN_CEILING, *(c for (i, j), c in ceilings.items()
+                                                 if i < len(named) and j < len(named[i]) and named[i][j] == name)])
         try:
-            lo, hi, failed = _range(check, captured[name])
+            lo, hi, failed = _range(check, n, ceiling)
         except OtherShapesError as exc:
             refused.append(str(exc))               # fixed at its captured size
         else:
@@ -408,9 +442,9 @@ def _where(named: list[list[str]], name: str) -> str:
     return next(f"dimension {d} of input {i}" for i, dims in enumerate(named) for d, n in enumerate(dims) if n == name)
 
 
-def _range(raw_check: Any, n: int) -> tuple[int, int, str | None]:
-    """The smallest and largest size around the captured ``n`` at which ``check`` passed, probing
-    both ends (see :func:`_check`), and why a size beyond them failed on the program (None: the
+def _range(raw_check: Any, n: int, ceiling: int) -> tuple[int, int, str | None]:
+    """The smallest and largest size around the captured ``n`` (up to ``ceiling``) at which
+    ``check`` passed, probing both ends (see :func:`_check`), and why a size beyond them failed on the program (None: the
     original module refused it); ``check(size)`` is False where the original module refuses the
     size, and raises where the program fails or answers differently. A size the program fails at
     bounds the range as one the model refuses does (a Speech2Text's program took decoder ids up to
@@ -431,8 +465,7 @@ def _range(raw_check: Any, n: int) -> tuple[int, int, str | None]:
             lo = n - 1
             if n - 1 > 1:
                 lo = 1 if check(1) else _bisect(check, ok=n - 1, refused=1)
-    hi, ceiling = n, max(GROWTH * n, MIN_CEILING)
-    size = n + 1
+    hi, size = n, n + 1
     while size <= ceiling:
         if not check(size):
             hi = _bisect(check, ok=hi, refused=size)

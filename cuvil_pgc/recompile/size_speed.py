@@ -1,0 +1,88 @@
+"""How far a region's program for other sizes stays faster than the original module.
+
+The search chose the region's program by timing it at the captured sizes. Far from them the work
+is another: a decoding step's program (ONNX Runtime, its cache opened into tensors) ran a 4-layer
+Llama's step 2.4x faster than eager at a cache of 32 tokens, 1.3x at 1800, and 0.65x at 7000,
+where eager's attention kernel scales better than the exported graph's. The accuracy guard checks
+those sizes (:mod:`.other_shapes`); this times them, and a range ends where its program stops
+being faster: calls above it run the original module.
+
+Sizes up to :data:`TIMED_FROM` times the captured one keep the search's verdict (fixed costs rule
+there, and timing them would only add the noise of a few samples); beyond it the program and the
+original are timed, interleaved, at the range's top first (one timing where the program is faster
+all the way, the common case), then at doubling sizes up from :data:`TIMED_FROM` times the captured
+size, and the crossover is bisected to an eighth of the size. The timing is a seam
+(``timed(size) -> (program seconds, original seconds)``): tests give it the times they need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cuvil_pgc.recompile.measure import median
+
+#: sizes up to this many times the captured one are not timed
+TIMED_FROM = 4
+#: interleaved samples of each, per size timed
+ROUNDS = 5
+#: how much slower than the original the program must time to count as slower (the medians of a few
+#: samples each: a program level with it stays)
+MARGIN = 0.05
+
+
+def _slower(times: tuple[float, float]) -> bool:
+    return times[0] > times[1] * (1 + MARGIN)
+
+
+def faster_up_to(n: int, hi: int, timed: Callable[[int], tuple[float, float]]) -> tuple[int, str | None]:
+    """The largest size up to ``hi`` (a range's top, ``n`` its captured size) at which the program
+    is not slower than the original by more than :data:`MARGIN` (``timed(size)``: the program's and
+    the original's seconds at that size), and why the sizes above it are left out (None: none is)."""
+    start = TIMED_FROM * n
+    if hi < start:
+        return hi, None
+    times = timed(hi)
+    if not _slower(times):
+        return hi, None
+    ok, slower = start - 1, hi
+    size = start
+    while size < hi:                      # the first doubling size the program is slower at
+        found = timed(size)
+        if _slower(found):
+            slower, times = size, found
+            break
+        ok, size = size, 2 * size
+    while slower - ok > max(1, ok // 8):
+        mid = (ok + slower) // 2
+        found = timed(mid)
+        if _slower(found):
+            slower, times = mid, found
+        else:
+            ok = mid
+    return ok, (f"its program ran slower than the original module above {ok} ({times[0] * 1e3:.3g} ms against "
+                f"{times[1] * 1e3:.3g} ms at {slower})")
+
+
+def timer(program: Callable[[tuple[Any, ...]], Any], original: Callable[[tuple[Any, ...]], Any],
+          args_at: Callable[[int], tuple[Any, ...]], rounds: int = ROUNDS) -> Callable[[int], tuple[float, float]]:
+    """``timed(size)`` for :func:`faster_up_to`: the medians of ``rounds`` interleaved calls of
+    ``program`` and ``original`` at the inputs ``args_at(size)``, each warmed first."""
+    import time
+
+    import torch
+
+    def timed(size: int) -> tuple[float, float]:
+        args = args_at(size)
+        samples: tuple[list[float], list[float]] = ([], [])
+        with torch.no_grad():
+            program(args)
+            original(args)
+            for r in range(rounds):
+                order = (0, 1) if r % 2 == 0 else (1, 0)
+                for which in order:
+                    start = time.perf_counter()
+                    (program if which == 0 else original)(args)
+                    samples[which].append(time.perf_counter() - start)
+        return median(samples[0]), median(samples[1])
+    return timed
