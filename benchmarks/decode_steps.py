@@ -34,16 +34,16 @@ from typing import Any
 MODELS = ("llama", "qwen2", "phi3", "gpt2")
 
 
-def make(name: str, width: int, layers: int) -> Any:
+def make(name: str, width: int, layers: int, positions: int = 1024) -> Any:
     import torch
     import transformers as T
 
     torch.manual_seed(0)
     common = dict(num_hidden_layers=layers, hidden_size=width, num_attention_heads=width // 32,
-                  intermediate_size=width * 8 // 3, vocab_size=4096, max_position_embeddings=1024)
+                  intermediate_size=width * 8 // 3, vocab_size=4096, max_position_embeddings=positions)
     if name == "gpt2":
         return T.GPT2LMHeadModel(T.GPT2Config(n_layer=layers, n_embd=width, n_head=width // 32, vocab_size=4096,
-                                              n_positions=1024)).eval()
+                                              n_positions=positions)).eval()
     config = {"llama": T.LlamaConfig, "qwen2": T.Qwen2Config, "phi3": T.Phi3Config}[name](
         num_key_value_heads=max(1, width // 64), **common, **({"pad_token_id": 0} if name == "phi3" else {}))
     return {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "phi3": T.Phi3ForCausalLM}[name](config).eval()
@@ -82,7 +82,7 @@ def main() -> int:
     over_eager, over_best = [], []
     with tempfile.TemporaryDirectory(prefix="cuvil-decode-") as tmp:
         for name in args.models.split(","):
-            model = make(name, args.width, args.layers)
+            model = make(name, args.width, args.layers, max(1024, args.prompt + args.new))
             build = recompile(copy.deepcopy(model), step_call(model, args.prompt), threads=args.threads)
             path = f"{tmp}/{name}.cuvilpkg"
             build.save(path)
@@ -115,6 +115,11 @@ def main() -> int:
             over_best.append(vs_best)
             print(f"{name:<8} {med['eager']:>8.1f} {med['compile']:>8.1f} {med['build']:>8.1f} {plan[:36]:<36} "
                   f"{vs_eager:>8.2f}x {vs_best:>7.2f}x")
+            region, steps = fast.forward.region, (1 + args.rounds) * (args.new - 1)
+            print(f"         the build's steps: {steps - fast.forward.longer_calls} of {steps} ran it; "
+                  f"{fast.forward.longer_calls} had a cache longer than it runs (the model's own forward), "
+                  f"{getattr(region, 'fallback_calls', 0)} fell back inside it; cache lengths it runs: "
+                  f"{getattr(getattr(region, 'other_shapes', None), 'ranges', None)}")
             # one step alone, in the search's final race (in processes of their own where it ran
             # there): each whole-step plan raced, the step on each runtime at its defaults among
             # them (what an Optimum-style export of the step would run)

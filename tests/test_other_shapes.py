@@ -22,6 +22,7 @@ from cuvil_pgc.recompile import (
     other_shapes,
     recompile,
     runtimes,
+    size_probes,
     size_programs,
 )
 from cuvil_pgc.recompile.accuracy import AccuracyResult
@@ -294,7 +295,7 @@ def test_a_size_called_often_gets_an_openvino_program_compiled_for_it_alone_and_
 
     # the program of one size answers only after the accuracy guard passed it against the original module
     strict = load_build(path, copy.deepcopy(model), allow_unsigned=True)
-    monkeypatch.setattr(other_shapes, "check_outputs",
+    monkeypatch.setattr(size_probes, "check_outputs",
                         lambda reference, candidate, **kw: AccuracyResult(ok=False, reason="output[0]: max abs err 0.5"))
     with torch.no_grad():
         for _ in range(sizes.after):
@@ -338,7 +339,7 @@ def test_a_program_that_fails_at_other_sizes_is_left_out_with_the_reason(monkeyp
     def guard(reference, candidate, **kw):            # the program answers wrongly at any size but the captured
         same = reference[0].shape == (2, 8, 3)
         return AccuracyResult(ok=same, reason="" if same else "output[0]: max abs err 0.5")
-    monkeypatch.setattr(other_shapes, "check_outputs", guard)
+    monkeypatch.setattr(size_probes, "check_outputs", guard)
     with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.build"):
         model, inputs, build = _build("ort", tagger)
     assert build.plan.choices[0].other_shapes is None and build.module.other_shapes is None
@@ -377,7 +378,7 @@ def test_a_size_the_program_fails_at_stays_fixed_and_the_build_says_why(monkeypa
     def guard(reference, candidate, **kw):            # right at any length, wrong at any other batch
         same = reference[0].shape[0] == 2
         return AccuracyResult(ok=same, reason="" if same else "output[0]: max abs err 0.5")
-    monkeypatch.setattr(other_shapes, "check_outputs", guard)
+    monkeypatch.setattr(size_probes, "check_outputs", guard)
     with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.build"):
         model, inputs, build = _build("ort", tagger)
     (_, (batch, length)), = build.plan.choices[0].other_shapes["inputs"]
@@ -458,26 +459,26 @@ def test_the_checked_range_stops_where_the_model_refuses_or_the_program_fails():
     ids up to its position table's 64, where eager grows the table, and every other length stayed
     fixed); failing on both sides of the captured size, it stays fixed."""
     max_positions = 37
-    assert other_shapes._range(lambda size: size <= max_positions, 8, 128) == (1, 37, None)
-    assert other_shapes._range(lambda size: True, 8, 128) == (1, 128, None)
-    assert other_shapes._range(lambda size: size >= 3, 8, 128) == (3, 128, None)     # a minimum length
-    assert other_shapes._range(lambda size: True, 8, 1000) == (1, 1000, None)     # a ceiling the module names
+    assert size_probes.probe_range(lambda size: size <= max_positions, 8, 128) == (1, 37, None)
+    assert size_probes.probe_range(lambda size: True, 8, 128) == (1, 128, None)
+    assert size_probes.probe_range(lambda size: size >= 3, 8, 128) == (3, 128, None)     # a minimum length
+    assert size_probes.probe_range(lambda size: True, 8, 1000) == (1, 1000, None)     # a ceiling the module names
 
     def fails(size):
         raise other_shapes.OtherShapesError(f"it failed the accuracy guard at sizes ({size},)")
 
     def branchy(size):                 # the program was traced through the other branch below 5
         return fails(size) if size <= 4 else True
-    assert other_shapes._range(branchy, 8, 128) == (5, 128, "it failed the accuracy guard at sizes (1,)")
+    assert size_probes.probe_range(branchy, 8, 128) == (5, 128, "it failed the accuracy guard at sizes (1,)")
 
     def table(size):                   # the program's table holds 64 positions, eager grows its own
         return fails(size) if size > 64 else True
-    lo, hi, why = other_shapes._range(table, 8, 128)
+    lo, hi, why = size_probes.probe_range(table, 8, 128)
     assert (lo, hi) == (1, 64) and why.startswith("it failed the accuracy guard at sizes (") and int(why[39:-2]) > 64
     with pytest.raises(other_shapes.OtherShapesError, match=r"at sizes \(7,\)"):
-        other_shapes._range(lambda size: fails(size) if size != 8 else True, 8, 128)
+        size_probes.probe_range(lambda size: fails(size) if size != 8 else True, 8, 128)
     with pytest.raises(other_shapes.OtherShapesError, match=r"at sizes \(9,\)"):     # the model refuses below
-        other_shapes._range(lambda size: fails(size) if size > 8 else size == 8, 8, 128)
+        size_probes.probe_range(lambda size: fails(size) if size > 8 else size == 8, 8, 128)
 
 
 @needs_ort
@@ -487,7 +488,7 @@ def test_a_dimension_the_program_gets_wrong_stays_fixed_and_the_others_stay_free
     def guard(reference, candidate, **kw):            # wrong at any batch size but the captured one
         same = reference[0].shape[0] == 2
         return AccuracyResult(ok=same, reason="" if same else "output[0]: max abs err 0.5")
-    monkeypatch.setattr(other_shapes, "check_outputs", guard)
+    monkeypatch.setattr(size_probes, "check_outputs", guard)
     model, inputs, build = _build("ort", tagger)
     (dtype, (batch, length)), = build.plan.choices[0].other_shapes["inputs"]
     assert batch == 2 and isinstance(length, str)
@@ -844,7 +845,7 @@ def test_what_a_runtime_writes_to_stderr_as_a_probe_fails_stays_off_the_terminal
         raise RuntimeError("Shape mismatch attempting to re-use buffer")
     x = torch.randn(2, 12)
     with pytest.raises(other_shapes.OtherShapesError, match="re-use buffer"):
-        other_shapes._compare(noisy, Scaler().eval(), (x,), None, None, quiet=True)
+        size_probes.compare(noisy, Scaler().eval(), (x,), None, None, quiet=True)
     assert "re-use buffer" not in capfd.readouterr().err
 
 

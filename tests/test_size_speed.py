@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from cuvil_pgc.recompile import other_shapes, size_speed
+from cuvil_pgc.recompile import other_shapes, size_probes, size_speed
 from cuvil_pgc.recompile.candidates import Candidate
 
 #: the real timer (conftest's programs_time_faster replaces it in every test)
@@ -95,7 +95,7 @@ def test_a_program_for_other_sizes_ends_its_range_where_it_times_slower(monkeypa
     names = {name for spec in shapes.inputs for name in spec[1] if type(name) is str}
     assert len(names) == 2
     batch, length = sorted(hi for _, hi in shapes.ranges.values())
-    assert batch == other_shapes.MIN_CEILING and 100 * 7 / 8 <= length <= 100       # the batch stays faster
+    assert batch == size_probes.MIN_CEILING and 100 * 7 / 8 <= length <= 100       # the batch stays faster
     assert any("its program ran slower than the original module above" in f for f in shapes.fixed)
     assert shapes.fits((torch.ones(2, length),)) and not shapes.fits((torch.ones(2, length + 1),))
 
@@ -155,7 +155,7 @@ def test_a_dimension_the_module_names_is_checked_up_to_its_ceiling(monkeypatch):
     monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (runner, "first", [["b", "n"]], {}))
     shapes = other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
                                              rtol=None, atol=None)
-    assert sorted(shapes.ranges.values()) == [(1, other_shapes.MIN_CEILING), (1, 1000)] and max(checked) == 1000
+    assert sorted(shapes.ranges.values()) == [(1, size_probes.MIN_CEILING), (1, 1000)] and max(checked) == 1000
 
 
 def test_a_decoding_step_names_its_caches_length_up_to_the_models_positions():
