@@ -19,6 +19,7 @@ ONNX Runtime and OpenVINO at their defaults (what an Optimum-style export of the
 beside the build's plan.
 
     python benchmarks/decode_steps.py --models llama,qwen2,phi3,gpt2 --threads 1
+    python benchmarks/decode_steps.py --models llama,gpt2 --capture 32 --prompt 6000 --new 16   # long contexts
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--new", type=int, default=64)
+    p.add_argument("--capture", type=int, default=None,
+                   help="the cache length of the step recompile is given (default: --prompt); a service's "
+                        "profile may hold steps of other lengths than it serves")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
@@ -76,14 +80,15 @@ def main() -> int:
     from cuvil_pgc.recompile import load_build, recompile
 
     torch.set_num_threads(args.threads)
-    print(f"{args.layers} layers, width {args.width}, prompt {args.prompt}, {args.new} new tokens, "
+    print(f"{args.layers} layers, width {args.width}, prompt {args.prompt}, {args.new} new tokens, the step built "
+          f"at a cache of {args.capture or args.prompt}, "
           f"{args.threads} thread(s); ms per generate(), medians of {args.rounds} interleaved rounds")
     print(f"{'model':<8} {'eager':>8} {'compile':>8} {'build':>8} {'plan':<36} {'vs eager':>9} {'vs best':>8}")
     over_eager, over_best = [], []
     with tempfile.TemporaryDirectory(prefix="cuvil-decode-") as tmp:
         for name in args.models.split(","):
             model = make(name, args.width, args.layers, max(1024, args.prompt + args.new))
-            build = recompile(copy.deepcopy(model), step_call(model, args.prompt), threads=args.threads)
+            build = recompile(copy.deepcopy(model), step_call(model, args.capture or args.prompt), threads=args.threads)
             path = f"{tmp}/{name}.cuvilpkg"
             build.save(path)
             plan = "; ".join(f"{c.scope or '<model>'}: {c.candidate.config}" for c in build.plan.choices) or "eager"

@@ -57,10 +57,12 @@ def test_a_call_passing_a_cache_is_built_as_the_step_with_the_cache_opened():
     call = step_call(model)
     step, inputs, layout = around_cache(model, _positional(model, call))
     assert isinstance(step, CacheStep) and step.model is model and not step.training
-    assert layout.cache == 3 and layout.tensors == (0, 1) and layout.split == (1,)
-    assert layout.constants[6] is True and "DynamicLayer(keys=T, values=T" in layout.skeleton
-    # ids, the mask's cache part and new part, then each layer's keys and values
-    assert [tuple(t.shape) for t in inputs] == [(2, 1), (2, 9), (2, 1), (2, 1, 9, 16), (2, 1, 9, 16)]
+    # completed as generate() calls it: position ids counted along the mask, logits of the last token
+    assert layout.cache == 3 and layout.tensors == (0, 1, 2) and layout.split == (1,)
+    assert layout.constants[6] is True and layout.constants[7] == 1 and "DynamicLayer(keys=T, values=T" in layout.skeleton
+    # ids, the mask's cache part and new part, the position ids, then each layer's keys and values
+    assert [tuple(t.shape) for t in inputs] == [(2, 1), (2, 9), (2, 1), (2, 1), (2, 1, 9, 16), (2, 1, 9, 16)]
+    assert inputs[3].tolist() == [[9], [9]]
     with torch.no_grad():
         got = step(*inputs)
         want = model(**{**call, "cache": copy.deepcopy(call["cache"])})
@@ -117,14 +119,14 @@ def test_the_loaded_forward_runs_the_build_and_extends_the_callers_cache():
     twin = {**call, "cache": copy.deepcopy(call["cache"])}
     with torch.no_grad():
         got, want = forward(**call, return_dict=True), model(**twin)
-    assert ran == [5] and got.cache is call["cache"] and _length(call["cache"]) == 7
+    assert ran == [6] and got.cache is call["cache"] and _length(call["cache"]) == 7
     torch.testing.assert_close(got.logits, want.logits)
     torch.testing.assert_close(call["cache"].layers[0].keys, twin["cache"].layers[0].keys)
     with torch.no_grad():              # calls the build was not made for run the model's own forward
         assert type(forward(**call, return_dict=False)) is tuple and _length(call["cache"]) == 8
         forward(**{**call, "attention_mask": torch.ones(3, 9, dtype=torch.long), "use_cache": False})
         forward(call["input_ids"], cache=transformers.DynamicCache(config=model.config), use_cache=True)
-    assert ran == [5]
+    assert ran == [6]
 
 
 class _Tuples(torch.nn.Module):
@@ -240,9 +242,9 @@ def test_the_step_keeps_the_new_tokens_count_static_in_a_free_size_export():
 
     model = make()
     step, inputs, _ = around_cache(model, _positional(model, step_call(model)))
-    # ids (2, 1) and the mask's new part (2, 1): their token count; the cache's heads and head size, never its
-    # batch or length
-    assert step.static_dimensions(inputs) == {0: {1}, 2: {1}, 3: {1, 3}, 4: {1, 3}}
+    # ids (2, 1), the mask's new part (2, 1) and the position ids (2, 1): their token count; the cache's heads
+    # and head size, never its batch or length
+    assert step.static_dimensions(inputs) == {0: {1}, 2: {1}, 3: {1}, 4: {1, 3}, 5: {1, 3}}
 
 
 def test_a_cache_whose_structure_changes_every_step_is_refused_naming_the_change():
@@ -286,3 +288,86 @@ def test_a_step_whose_plan_replaces_a_submodule_runs_it_in_generate(tmp_path, bu
         assert torch.equal(fast.generate(ids, **kw), model.generate(ids, **kw))
     # the three steps after the prefill ran the ONNX Runtime region at its captured size
     assert type(head).__name__ == "CompiledRegion" and ran == [(2, 1, 32)] * 3 and head.fallback_calls == 0
+
+
+def test_a_step_passing_the_cache_written_back_last_is_not_opened_again(monkeypatch):
+    """generate() passes back the cache the last step wrote into: an identity check tells it is
+    as left, where opening it took 10 µs a layer. A cache changed between steps (a beam search
+    reorders it) is opened again, and a finished generation's cache is not kept alive."""
+    import gc
+    import weakref
+
+    from cuvil_pgc.recompile import cache_step
+    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache, decoding_forward
+
+    model = make()
+    layout = around_cache(model, _positional(model, step_call(model)))[2]
+    step = CacheStep(model, layout)
+    opens = []
+    real = cache_step.opened
+    monkeypatch.setattr(cache_step, "opened", lambda cache: opens.append(1) or real(cache))
+    fast = copy.copy(model)
+    fast.forward = decoding_forward(fast, step, step)
+    ids = torch.randint(3, 60, (2, 7))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(fast.generate(ids, **kw), model.generate(ids, **kw))
+    assert len(opens) == 2                 # the prefill's empty cache and the first of the five steps only
+    opens.clear()
+    with torch.no_grad():                  # each step's cache reordered by the beams: opened every step
+        assert torch.equal(fast.generate(ids, num_beams=2, **kw), model.generate(ids, num_beams=2, **kw))
+    assert len(opens) == 6                 # the prefill and every step: the beams reorder the cache between steps
+    call = step_call(model)
+    with torch.no_grad():
+        fast(**call)
+        fast(**{**call, "attention_mask": torch.ones(2, 11, dtype=torch.long), "input_ids": call["input_ids"]})
+    kept = weakref.ref(call["cache"].layers[0].keys)
+    del call
+    gc.collect()
+    assert kept() is None
+
+
+def test_generate_calls_a_loaded_step_as_it_calls_the_model_and_a_padded_gpt2_batch_answers_as_eager():
+    """generate() reads the forward's parameters to decide what it passes: a forward showing none
+    got no position ids, and a left-padded GPT-2 batch (absolute positions) answered 0.32 off
+    eager's logits. The step is built as generate() calls it (position ids, logits_to_keep=1), and
+    calls leaving out what it can count itself (an all-ones mask, the positions after the cache)
+    run it too."""
+    import inspect
+
+    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache, decoding_forward
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=60,
+                                                                 n_positions=128)).eval()
+    call = step_call(model)
+    layout = around_cache(model, _positional(model, call))[2]
+    step, ran = CacheStep(model, layout), []
+
+    def region(*tensors):
+        ran.append(len(tensors))
+        return step(*tensors)
+    fast = copy.copy(model)
+    fast.forward = decoding_forward(fast, step, region)
+    assert inspect.signature(fast.forward) == inspect.signature(model.forward)
+    ids = torch.randint(3, 60, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, output_logits=True,
+              return_dict_in_generate=True)
+    with torch.no_grad():
+        a, b = fast.generate(ids, **kw), model.generate(ids, **kw)
+    assert torch.equal(a.sequences, b.sequences) and len(ran) == 4
+    assert max((p - q).abs().max().item() for p, q in zip(a.logits, b.logits, strict=True)) < 1e-5
+    ran.clear()
+    twin = {**call, "cache": copy.deepcopy(call["cache"])}
+    with torch.no_grad():                  # a direct call: no position ids, an all-ones mask left out
+        got = fast(input_ids=call["input_ids"], cache=call["cache"], use_cache=True)
+        want = model(input_ids=twin["input_ids"], cache=twin["cache"], use_cache=True)
+    torch.testing.assert_close(got.logits, want.logits)
+    assert len(ran) == 1
+    with torch.no_grad():                  # no position ids over padding: the model counts them otherwise
+        padded = torch.ones(2, 11, dtype=torch.long)
+        padded[0, 0] = 0
+        fast(input_ids=call["input_ids"], attention_mask=padded, cache=call["cache"], use_cache=True)
+    assert len(ran) == 1

@@ -15,7 +15,7 @@ from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile.apply import ScopeInputs, realize
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.export_error import ExportError
-from cuvil_pgc.recompile.object_outputs import MAX_DEPTH, ObjectLeaf, output_tensors
+from cuvil_pgc.recompile.object_outputs import MAX_DEPTH, ObjectLeaf, opened, output_tensors, unchanged
 from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.output_values import check_constant_outputs
 from tests._service import run_service
@@ -65,6 +65,29 @@ def test_a_cache_s_tensors_are_outputs_and_each_build_is_a_new_cache_around_them
     assert built["logits"] is fresh[0] and cache.layers[1].values is fresh[4]
     assert (cache.offloading, cache.tag, cache.layers[0].ready, cache.layers[0].device) == (False, "v1", True, x.device)
     assert template.build(fresh)["cache"] is not cache      # a new object on every call
+
+
+def test_what_holds_a_caches_tensors_tells_whether_anything_in_it_was_rebound():
+    """A decoding step's next call passes the cache it wrote back: held() walks it by the leaf's
+    skeleton, and unchanged() tells from identities alone whether it is still laid out so."""
+    with torch.no_grad():
+        cache = Decoder(n_layers=3).eval()(torch.randn(2, 8))["cache"]
+    leaf = ObjectLeaf.of(cache)
+    record, tensors = leaf.held(cache)
+    assert all(a is b for a, b in zip(tensors, opened(cache)[1], strict=True)) and len(tensors) == 6
+    assert unchanged(record)
+    cache.layers[1].keys.add_(1)                  # in place: the same tensor, which the step reads
+    assert unchanged(record)
+    for rebind in (lambda c: setattr(c.layers[2], "keys", c.layers[2].keys * 1),     # a beam search's reorder
+                   lambda c: setattr(c.layers[0], "ready", False),
+                   lambda c: c.layers.append(Layer(*torch.randn(2, 2, 8).unbind())),
+                   lambda c: setattr(c, "extra", 1)):
+        with torch.no_grad():
+            cache = Decoder(n_layers=3).eval()(torch.randn(2, 8))["cache"]
+        record, _ = leaf.held(cache)
+        rebind(cache)
+        assert not unchanged(record) and (leaf.held(cache) is None or not unchanged(record))
+    assert leaf.held(Cache([])) is None and leaf.held("not a cache") is None
 
 
 def test_objects_that_cannot_be_rebuilt_are_left_whole():

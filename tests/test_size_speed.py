@@ -117,7 +117,7 @@ def test_a_step_with_a_cache_longer_than_its_build_runs_goes_to_the_models_forwa
 
     class Region(nn.Module):        # a whole step's program: runs caches up to 12 tokens
         other_shapes = types.SimpleNamespace(
-            inputs=[(torch.long, ("b", 1)), (torch.long, ("b", "past")), (torch.long, ("b", 1))]
+            inputs=[(torch.long, ("b", 1)), (torch.long, ("b", "past")), (torch.long, ("b", 1)), (torch.long, ("b", 1))]
             + [(torch.float32, ("b", 1, "past", 16))] * 2, ranges={"b": (1, 64), "past": (1, 12)})
 
         def forward(self, *tensors):
@@ -164,7 +164,8 @@ def test_a_decoding_step_names_its_caches_length_up_to_the_models_positions():
 
     model = make()                      # 128 positions
     step, inputs, _ = around_cache(model, _positional(model, step_call(model)))
-    # ids, the mask's cached part and its new part, then the cache's keys and values (batch, heads, length, size)
-    assert step.size_ceilings(inputs) == {(1, 1): 128, (3, 2): 128, (4, 2): 128}
+    # ids, the mask's cached part and its new part, the position ids, then the cache's keys and values (batch,
+    # heads, length, size)
+    assert step.size_ceilings(inputs) == {(1, 1): 128, (4, 2): 128, (5, 2): 128}
     model.config.max_position_embeddings = 10 ** 6
     assert set(step.size_ceilings(inputs).values()) == {LONGEST_CHECKED}

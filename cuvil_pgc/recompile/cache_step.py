@@ -32,6 +32,7 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ from torch import nn
 
 from cuvil_pgc.errors import BuildError, RecompileError
 from cuvil_pgc.recompile.call_binding import bind_call
-from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened
+from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened, unchanged
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,7 @@ def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, 
     where = cache_position(inputs)
     if where is None:
         return model, inputs, None
+    inputs = as_generate_calls(model, inputs)
     found = opened(inputs[where])
     leaf = ObjectLeaf.of(inputs[where])
     others = [i for i in range(len(inputs)) if i != where]
@@ -213,6 +215,64 @@ def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, 
     log.info("cuvil-pgc: the example call passes a %s holding %d tensors: building the decoding step, the cache "
              "opened into its tensors", type(inputs[where]).__name__, len(cache))
     return step, step_inputs, layout
+
+
+def as_generate_calls(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A decoding step's positional ``inputs`` completed as ``generate()`` passes them where the
+    model's forward takes them and the call leaves them out: ``position_ids`` counted along the
+    attention mask (a padded position counts none), the new tokens' last ones, and
+    ``logits_to_keep=1``. A step built without them matched none of ``generate()``'s calls, once its
+    forward showed the model's parameters (it must: ``generate()`` reads them to decide what to pass,
+    and without position ids a left-padded GPT-2 batch answered otherwise than eager's)."""
+    params = _parameters(model)
+    names = [name for name, _ in params]
+    filled = list(inputs)
+
+    def put(name: str, value: Any) -> None:
+        at = names.index(name)
+        filled.extend(default for _, default in params[len(filled):at + 1])
+        filled[at] = value
+    mask = filled[names.index("attention_mask")] if "attention_mask" in names[:len(filled)] else None
+    ids = filled[0] if filled and isinstance(filled[0], torch.Tensor) and filled[0].dim() == 2 else None
+    if "position_ids" in names and (len(filled) <= names.index("position_ids") or
+                                    filled[names.index("position_ids")] is None) \
+            and isinstance(mask, torch.Tensor) and mask.dim() == 2 and ids is not None:
+        counted = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        put("position_ids", counted[:, -ids.shape[1]:].contiguous())
+    if "logits_to_keep" in names and (len(filled) <= names.index("logits_to_keep") or
+                                      filled[names.index("logits_to_keep")] == params[names.index("logits_to_keep")][1]):
+        put("logits_to_keep", 1)
+    return tuple(filled)
+
+
+def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout) -> tuple[Any, ...] | None:
+    """A call ``bound`` to the layout's positions with what it leaves out and the built call holds
+    filled in as the model reads it left out: no attention mask is one over every position
+    (``generate()`` drops an all-ones mask), and the ``position_ids`` of a call that pads nothing
+    count on from the cache's length (a padded row counts along its mask, which ``generate()``
+    does and passes); ``logits_to_keep`` as built where both keep every new token's logits. None
+    where a call leaves the position ids out over padding (the model's own forward answers it)."""
+    ids = bound[layout.tensors[0]] if layout.tensors else None
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return bound
+    built = names[:layout.count]
+    out, (batch, new) = list(bound), ids.shape
+    past = _length(out[layout.cache])
+    at = built.index("attention_mask") if "attention_mask" in built else -1
+    if at in layout.tensors and out[at] is None:
+        out[at] = torch.ones(batch, past + new, dtype=torch.long, device=ids.device)
+    at = built.index("position_ids") if "position_ids" in built else -1
+    if at in layout.tensors and out[at] is None:
+        mask = out[built.index("attention_mask")] if "attention_mask" in built else None
+        if isinstance(mask, torch.Tensor) and not bool(mask.all()):
+            return None
+        out[at] = torch.arange(past, past + new, device=ids.device).expand(batch, new).contiguous()
+    at = built.index("logits_to_keep") if "logits_to_keep" in built else -1
+    want = layout.constants[at] if at >= 0 else None
+    if type(want) is int and type(out[at]) is int and out[at] != want \
+            and all(k == 0 or k >= new for k in (want, out[at])):       # both: every new token's logits
+        out[at] = want
+    return tuple(out)
 
 
 def _check_structure_kept(step: CacheStep, inputs: tuple[torch.Tensor, ...], cache: Any, skeleton: str) -> None:
@@ -278,10 +338,14 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     layout = step._layout
     original = type(model).forward
     params = _parameters(model)
+    names = [name for name, _ in params]
     longest = _longest_cache(region, layout)
+    last: list[Any] = [None]     # (a weak reference to the cache written back last, what holds its tensors, they)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         bound = bind_call(params, model, args, kwargs, layout.count)
+        if bound is not None:
+            bound = as_built(bound, names, layout)
         if bound is None:
             return original(model, *args, **kwargs)
         cache = bound[layout.cache]
@@ -294,19 +358,51 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
                             "build runs caches of up to %d (further such steps are counted in "
                             "forward.longer_calls)", _length(cache), longest)
             return original(model, *args, **kwargs)
-        found = opened(cache)
-        inputs = layout.tensors_of(bound, cache, found[1]) if found is not None and found[0] == layout.skeleton \
-            else None
+        entry = last[0]                  # read once: another thread's step may replace it
+        if entry is not None and entry[0]() is cache and unchanged(entry[1]):     # written back last step, as left
+            tensors = entry[2]
+        else:
+            found = opened(cache)
+            tensors = found[1] if found is not None and found[0] == layout.skeleton else None
+        inputs = layout.tensors_of(bound, cache, tensors) if tensors is not None else None
         if inputs is None:
             return original(model, *args, **kwargs)
         if step._leaf[0] is None:      # the same structure rebuilds alike whichever cache it is taken from
             step._leaf[0] = ObjectLeaf.of(cache)
-        return _written_back(region(*inputs), cache)
+        out = _written_back(region(*inputs), cache)
+        # the next step's call passes this cache again: telling that nothing in it was rebound costs a
+        # few identity comparisons, where opening it and writing its structure took 10 µs a layer
+        _remember(last, cache, step._leaf[0].held(cache))
+        return out
 
+    # generate() reads the forward's parameters to decide what it passes (position ids, logits_to_keep)
+    signature = inspect.signature(original)
+    forward.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])  # type: ignore[attr-defined]
     forward.region = region      # type: ignore[attr-defined]  # its counters: fast.forward.region.fallback_calls
     forward.step = step          # type: ignore[attr-defined]
     forward.longer_calls = 0     # type: ignore[attr-defined]  # steps whose cache was longer than the build runs
     return forward
+
+
+def _remember(last: list[Any], cache: Any, held: tuple[list[Any], list[torch.Tensor]] | None) -> None:
+    """Keep ``held`` (:meth:`~.object_outputs.ObjectLeaf.held` of ``cache``) in ``last`` for the next
+    step's call, for only as long as ``cache`` lives: a finished generation's cache, and the tensors
+    it holds, are not kept alive by it."""
+    entry = last[0]
+    if held is None:
+        last[0] = None
+        return
+    if entry is not None and entry[0]() is cache:
+        last[0] = (entry[0], *held)
+        return
+
+    def forget(ref: Any) -> None:
+        if last[0] is not None and last[0][0] is ref:
+            last[0] = None
+    try:
+        last[0] = (weakref.ref(cache, forget), *held)
+    except TypeError:                  # a cache that takes no weak references is opened every step
+        last[0] = None
 
 
 def _longest_cache(region: nn.Module, layout: StepLayout) -> int | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Callable
-from operator import itemgetter
+from operator import is_, itemgetter
 from typing import Any
 
 import torch
@@ -61,12 +61,56 @@ class ObjectLeaf:
             return None
         return cls(skeleton, [(tuple(t.shape), t.dtype) for t in tensors], first)
 
+    def held(self, value: Any) -> tuple[list[tuple[Any, tuple[Any, ...]]], list[torch.Tensor]] | None:
+        """(what holds ``value``'s tensors: each list, dict and object ``__dict__`` on the way with
+        the items it holds now, which :func:`unchanged` compares; its tensors in this leaf's
+        order), or None where ``value`` is not laid out as this leaf's skeleton. For an object
+        this leaf's structure was checked on (an object :func:`opened` described as this leaf's),
+        this is what that check and the walk cost again, a few list and identity comparisons."""
+        record: list[tuple[Any, tuple[Any, ...]]] = []
+        tensors: list[torch.Tensor] = []
+        return (record, tensors) if _held(self.skeleton, value, record, tensors) else None
+
     def same_shape(self, other: ObjectLeaf | None) -> bool:
         """Whether ``other`` has the same structure, the same constants and as many tensors."""
         return other is not None and len(other.tensors) == len(self.tensors) and _same(self.skeleton, other.skeleton)
 
     def __repr__(self) -> str:
         return f"ObjectLeaf({_type_name(self.skeleton)}, {len(self.tensors)} tensors from output {self.first})"
+
+
+def _held(node: tuple[Any, ...], value: Any, record: list[tuple[Any, tuple[Any, ...]]],
+          tensors: list[torch.Tensor]) -> bool:
+    kind = node[0]
+    if kind == _TENSOR:
+        tensors.append(value)
+        return isinstance(value, torch.Tensor)
+    if kind == _CONSTANT:                # its identity is its holder's to compare
+        return True
+    if type(value) is not node[1]:
+        return False
+    if kind == _SEQUENCE:
+        if len(value) != len(node[2]):
+            return False
+        if type(value) is list:
+            record.append((value, tuple(value)))
+        return all(_held(child, v, record, tensors) for child, v in zip(node[2], value, strict=True))
+    held = value if kind == _MAPPING else vars(value)
+    if len(held) != len(node[2]):
+        return False
+    record.append((held, tuple(held.values())))
+    return all(key in held and _held(child, held[key], record, tensors) for key, child in node[2])
+
+
+def unchanged(record: list[tuple[Any, tuple[Any, ...]]]) -> bool:
+    """Whether every list and dict in ``record`` (:meth:`ObjectLeaf.held`) holds the very items it
+    held: nothing in the object was rebound or added since (a tensor changed in place is the
+    same tensor)."""
+    for held, items in record:
+        now = held.values() if type(held) is dict else held
+        if len(held) != len(items) or not all(map(is_, now, items)):
+            return False
+    return True
 
 
 def output_tensors(output: Any) -> list[torch.Tensor]:
