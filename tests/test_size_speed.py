@@ -53,9 +53,9 @@ def test_a_program_slower_from_the_first_size_timed_keeps_the_sizes_below_it():
     assert size_speed.faster_up_to(8, 1000, _times(0))[0] == 31
 
 
-def test_a_program_level_with_the_original_within_the_margin_stays():
-    level = lambda size: (size * (1 + size_speed.MARGIN / 2), float(size))      # noqa: E731
-    assert size_speed.faster_up_to(8, 1000, level) == (1000, None)
+def test_a_program_level_with_the_original_stays_and_one_slower_by_any_margin_does_not():
+    assert size_speed.faster_up_to(8, 1000, lambda size: (float(size), float(size))) == (1000, None)
+    assert size_speed.faster_up_to(8, 1000, lambda size: (size * 1.01, float(size)))[0] == 31
 
 
 def test_the_timer_interleaves_the_two_and_takes_medians(monkeypatch):
