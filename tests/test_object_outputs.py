@@ -90,6 +90,23 @@ def test_what_holds_a_caches_tensors_tells_whether_anything_in_it_was_rebound():
     assert leaf.held(Cache([])) is None and leaf.held("not a cache") is None
 
 
+def test_an_object_rebuilt_inside_a_compiled_function_keeps_its_attributes():
+    """A torch.compile candidate of a decoding step traces the cache's rebuild: Dynamo lost what
+    ``__dict__.update`` gave the new object, and every such candidate failed."""
+    with torch.no_grad():
+        cache = Decoder().eval()(torch.randn(3, 8))["cache"]
+    leaf, tensors = ObjectLeaf.of(cache), opened(cache)[1]
+
+    @torch.compile(backend="eager")
+    def rebuilt(*t):
+        c = leaf.build(list(t))
+        return c.layers[1].values * 2, c.tag == "v1"
+    torch._dynamo.reset()
+    values, tagged = rebuilt(*tensors)
+    torch.testing.assert_close(values, tensors[3] * 2)
+    assert tagged
+
+
 def test_objects_that_cannot_be_rebuilt_are_left_whole():
     t = torch.ones(2)
 

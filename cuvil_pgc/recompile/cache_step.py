@@ -239,9 +239,9 @@ def as_generate_calls(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, .
             and isinstance(mask, torch.Tensor) and mask.dim() == 2 and ids is not None:
         counted = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
         put("position_ids", counted[:, -ids.shape[1]:].contiguous())
-    if "logits_to_keep" in names and (len(filled) <= names.index("logits_to_keep") or
-                                      filled[names.index("logits_to_keep")] == params[names.index("logits_to_keep")][1]):
-        put("logits_to_keep", 1)
+    at = names.index("logits_to_keep") if "logits_to_keep" in names else -1
+    if at >= 0 and (len(filled) <= at or type(filled[at]) is int and filled[at] == params[at][1]):
+        put("logits_to_keep", 1)         # (a tensor of positions to keep is left as the call has it)
     return tuple(filled)
 
 

@@ -56,7 +56,9 @@ log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warni
 #: 2: nested inputs (dicts, lists of tensors) take the lean call; its checks run in C
 #: 3: the whole lean call runs in C; an AOTInductor package fed nested inputs takes the direct call;
 #: outputs of nested plain containers and ModelOutputs holding tuples (hidden_states) built without the pytree
-CALL_VERSION = 3
+#: 4: objects rebuilt attribute by attribute (Dynamo lost a decoding step's cache rebuilt by __dict__.update,
+#: and the torch.compile candidates of every step failed: their recorded failures are not reused)
+CALL_VERSION = 4
 
 
 @dataclass
