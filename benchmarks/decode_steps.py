@@ -121,8 +121,8 @@ def main() -> int:
             print(f"{name:<8} {med['eager']:>8.1f} {med['compile']:>8.1f} {med['build']:>8.1f} {plan[:36]:<36} "
                   f"{vs_eager:>8.2f}x {vs_best:>7.2f}x")
             region, steps = fast.forward.region, (1 + args.rounds) * (args.new - 1)
-            print(f"         the build's steps: {steps - fast.forward.longer_calls} of {steps} ran it; "
-                  f"{fast.forward.longer_calls} had a cache longer than it runs (the model's own forward), "
+            print(f"         the build's steps: {steps - fast.forward.outside_calls} of {steps} ran it; "
+                  f"{fast.forward.outside_calls} were at a batch or cache length it does not run (the model's own forward), "
                   f"{getattr(region, 'fallback_calls', 0)} fell back inside it; cache lengths it runs: "
                   f"{getattr(getattr(region, 'other_shapes', None), 'ranges', None)}")
             # one step alone, in the search's final race (in processes of their own where it ran

@@ -103,10 +103,11 @@ def test_a_program_for_other_sizes_ends_its_range_where_it_times_slower(monkeypa
 transformers = pytest.importorskip("transformers")
 
 
-def test_a_step_with_a_cache_longer_than_its_build_runs_goes_to_the_models_forward(caplog):
-    """Beyond the length its program runs, the region would open the cache, check and run the
-    original module (6% slower than eager at 900 tokens): the step's forward runs the model's own
-    forward at once, counts it and says so once."""
+@pytest.mark.parametrize("batches", [(1, 64), (3, 8)])
+def test_a_step_outside_the_sizes_its_build_runs_goes_to_the_models_forward(caplog, batches):
+    """Beyond the cache length (or outside the batches) its program runs, the region would open the
+    cache, check and run the original module (6% slower than eager at 900 tokens): the step's
+    forward runs the model's own forward at once, counts it and says so once."""
     from cuvil_pgc.recompile.cache_step import CacheStep, around_cache, decoding_forward
     from tests.test_cache_step import _positional, make, step_call
 
@@ -118,7 +119,7 @@ def test_a_step_with_a_cache_longer_than_its_build_runs_goes_to_the_models_forwa
     class Region(nn.Module):        # a whole step's program: runs caches up to 12 tokens
         other_shapes = types.SimpleNamespace(
             inputs=[(torch.long, ("b", 1)), (torch.long, ("b", "past")), (torch.long, ("b", 1)), (torch.long, ("b", 1))]
-            + [(torch.float32, ("b", 1, "past", 16))] * 2, ranges={"b": (1, 64), "past": (1, 12)})
+            + [(torch.float32, ("b", 1, "past", 16))] * 2, ranges={"b": batches, "past": (1, 12)})
 
         def forward(self, *tensors):
             ran.append(tensors[-1].shape[-2])
@@ -131,8 +132,9 @@ def test_a_step_with_a_cache_longer_than_its_build_runs_goes_to_the_models_forwa
     fast.forward = forward
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.cache_step"):
         assert torch.equal(fast.generate(ids, **kw), model.generate(ids, **kw))
-    # the prefill of 8, then steps with 8 ... 14 cached tokens: those up to 12 ran the region
-    assert ran == [8, 9, 10, 11, 12] and forward.longer_calls == 2
+    # the prefill of 8, then steps with 8 ... 14 cached tokens: those up to 12 ran the region (none at a
+    # batch of 2 where the program runs batches of 3 to 8)
+    assert (ran, forward.outside_calls) == (([8, 9, 10, 11, 12], 2) if batches[0] == 1 else ([], 7))
     assert sum("runs the model's own forward" in r.getMessage() for r in caplog.records) == 1
 
 

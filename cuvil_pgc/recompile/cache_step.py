@@ -339,7 +339,7 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     original = type(model).forward
     params = _parameters(model)
     names = [name for name, _ in params]
-    longest = _longest_cache(region, layout)
+    runs = _sizes_run(region, layout)
     last: list[Any] = [None]     # (a weak reference to the cache written back last, what holds its tensors, they)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -349,14 +349,15 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
         if bound is None:
             return original(model, *args, **kwargs)
         cache = bound[layout.cache]
-        if longest is not None and _length(cache) > longest:
+        if runs is not None and _length(cache) and not _within(runs, bound[layout.tensors[0]], cache):   # a step
             # the region would run the original module, after opening the cache and its checks
             # (6% slower than eager at 900 tokens of a 4-layer Llama): run it now
-            forward.longer_calls += 1           # type: ignore[attr-defined]
-            if forward.longer_calls == 1:       # type: ignore[attr-defined]
-                log.warning("cuvil-pgc: a decoding step with a cache of %d tokens runs the model's own forward: its "
-                            "build runs caches of up to %d (further such steps are counted in "
-                            "forward.longer_calls)", _length(cache), longest)
+            forward.outside_calls += 1          # type: ignore[attr-defined]
+            if forward.outside_calls == 1:      # type: ignore[attr-defined]
+                log.warning("cuvil-pgc: a decoding step at batch %d with a cache of %d tokens runs the model's own "
+                            "forward: its build runs batches %d-%d and caches of %d-%d tokens (further such steps "
+                            "are counted in forward.outside_calls)", bound[layout.tensors[0]].shape[0],
+                            _length(cache), *runs[0], *runs[1])
             return original(model, *args, **kwargs)
         entry = last[0]                  # read once: another thread's step may replace it
         if entry is not None and entry[0]() is cache and unchanged(entry[1]):     # written back last step, as left
@@ -380,7 +381,7 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     forward.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])  # type: ignore[attr-defined]
     forward.region = region      # type: ignore[attr-defined]  # its counters: fast.forward.region.fallback_calls
     forward.step = step          # type: ignore[attr-defined]
-    forward.longer_calls = 0     # type: ignore[attr-defined]  # steps whose cache was longer than the build runs
+    forward.outside_calls = 0    # type: ignore[attr-defined]  # steps at a batch or cache length the build does not run
     return forward
 
 
@@ -405,17 +406,29 @@ def _remember(last: list[Any], cache: Any, held: tuple[list[Any], list[torch.Ten
         last[0] = None
 
 
-def _longest_cache(region: nn.Module, layout: StepLayout) -> int | None:
-    """The longest cache ``region`` (a whole step's program) runs: the top of the range its program
-    for other sizes was checked and timed at in the cache's length (see :mod:`.size_speed`), or
-    the captured length where that stays fixed; None where the region is no such program."""
+def _sizes_run(region: nn.Module, layout: StepLayout) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The batches and cache lengths ``region`` (a whole step's program) runs, each (smallest,
+    largest): the ranges its program for other sizes was checked and timed at (see
+    :mod:`.size_speed`; a size that stays fixed, that size alone); None where the region is no such
+    program."""
     other = getattr(region, "other_shapes", None)
     calls = len(layout.tensors) + len(layout.split)
-    spec = other.inputs[calls] if other is not None and len(other.inputs) > calls else None
-    if not isinstance(spec, tuple) or len(spec[1]) < 2:
+    if other is None or len(other.inputs) <= calls:
         return None
-    length = spec[1][-2]
-    return length if type(length) is int else other.ranges.get(length, (None, None))[1]
+    first, cache = other.inputs[0], other.inputs[calls]
+    if not (isinstance(first, tuple) and isinstance(cache, tuple) and first[1] and len(cache[1]) >= 2):
+        return None
+
+    def span(size: Any) -> tuple[int, int]:
+        return (size, size) if type(size) is int else tuple(other.ranges.get(size, (0, 1 << 62)))
+    return span(first[1][0]), span(cache[1][-2])
+
+
+def _within(runs: tuple[tuple[int, int], tuple[int, int]], ids: Any, cache: Any) -> bool:
+    """Whether a step's batch (its first tensor's) and cache length are among those ``runs``."""
+    (b_lo, b_hi), (l_lo, l_hi) = runs
+    batch = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() else 0
+    return b_lo <= batch <= b_hi and l_lo <= _length(cache) <= l_hi
 
 
 def _length(cache: Any) -> int:
