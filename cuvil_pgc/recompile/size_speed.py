@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cuvil_pgc.recompile.measure import median
+from cuvil_pgc.recompile.measure import time_interleaved
 
 #: sizes up to this many times the captured one are not timed
 TIMED_FROM = 4
@@ -68,22 +68,14 @@ def faster_up_to(n: int, hi: int, timed: Callable[[int], tuple[float, float]]) -
 def timer(program: Callable[[tuple[Any, ...]], Any], original: Callable[[tuple[Any, ...]], Any],
           args_at: Callable[[int], tuple[Any, ...]], rounds: int = ROUNDS) -> Callable[[int], tuple[float, float]]:
     """``timed(size)`` for :func:`faster_up_to`: the medians of ``rounds`` interleaved calls of
-    ``program`` and ``original`` at the inputs ``args_at(size)``, each warmed first."""
-    import time
-
+    ``program`` and ``original`` at the inputs ``args_at(size)``, each warmed first
+    (:func:`~.measure.time_interleaved`, one call per sample)."""
     import torch
 
     def timed(size: int) -> tuple[float, float]:
         args = args_at(size)
-        samples: tuple[list[float], list[float]] = ([], [])
         with torch.no_grad():
-            program(args)
-            original(args)
-            for r in range(rounds):
-                order = (0, 1) if r % 2 == 0 else (1, 0)
-                for which in order:
-                    start = time.perf_counter()
-                    (program if which == 0 else original)(args)
-                    samples[which].append(time.perf_counter() - start)
-        return median(samples[0]), median(samples[1])
+            samples = time_interleaved({"program": lambda: program(args), "original": lambda: original(args)},
+                                       rounds=rounds, warmup=1, inner=1, settle_s=0.0)
+        return samples["program"].median_s, samples["original"].median_s
     return timed
