@@ -136,6 +136,10 @@ def test_a_step_outside_the_sizes_its_build_runs_goes_to_the_models_forward(capl
     # batch of 2 where the program runs batches of 3 to 8)
     assert (ran, forward.outside_calls) == (([8, 9, 10, 11, 12], 2) if batches[0] == 1 else ([], 7))
     assert sum("runs the model's own forward" in r.getMessage() for r in caplog.records) == 1
+    call, fresh = step_call(model), decoding_forward(model, step, Region())
+    embeds = model.model.embed_tokens(call.pop("input_ids"))    # in place of the ids: the model's own forward
+    with torch.no_grad():
+        assert fresh(inputs_embeds=embeds, **call).logits.shape == (2, 1, 60) and fresh.outside_calls == 0
 
 
 class LongInputs(Doubler):

@@ -348,16 +348,17 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
             bound = as_built(bound, names, layout)
         if bound is None:
             return original(model, *args, **kwargs)
-        cache = bound[layout.cache]
-        if runs is not None and _length(cache) and not _within(runs, bound[layout.tensors[0]], cache):   # a step
+        cache, ids = bound[layout.cache], bound[layout.tensors[0]]
+        past = _length(cache)
+        if runs is not None and past and isinstance(ids, torch.Tensor) and ids.dim() \
+                and not _within(runs, ids.shape[0], past):          # a step the program does not run
             # the region would run the original module, after opening the cache and its checks
             # (6% slower than eager at 900 tokens of a 4-layer Llama): run it now
             forward.outside_calls += 1          # type: ignore[attr-defined]
             if forward.outside_calls == 1:      # type: ignore[attr-defined]
                 log.warning("cuvil-pgc: a decoding step at batch %d with a cache of %d tokens runs the model's own "
                             "forward: its build runs batches %d-%d and caches of %d-%d tokens (further such steps "
-                            "are counted in forward.outside_calls)", bound[layout.tensors[0]].shape[0],
-                            _length(cache), *runs[0], *runs[1])
+                            "are counted in forward.outside_calls)", ids.shape[0], past, *runs[0], *runs[1])
             return original(model, *args, **kwargs)
         entry = last[0]                  # read once: another thread's step may replace it
         if entry is not None and entry[0]() is cache and unchanged(entry[1]):     # written back last step, as left
@@ -424,11 +425,10 @@ def _sizes_run(region: nn.Module, layout: StepLayout) -> tuple[tuple[int, int], 
     return span(first[1][0]), span(cache[1][-2])
 
 
-def _within(runs: tuple[tuple[int, int], tuple[int, int]], ids: Any, cache: Any) -> bool:
-    """Whether a step's batch (its first tensor's) and cache length are among those ``runs``."""
+def _within(runs: tuple[tuple[int, int], tuple[int, int]], batch: int, past: int) -> bool:
+    """Whether a step's ``batch`` (its first tensor's) and cache length ``past`` are among those ``runs``."""
     (b_lo, b_hi), (l_lo, l_hi) = runs
-    batch = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() else 0
-    return b_lo <= batch <= b_hi and l_lo <= _length(cache) <= l_hi
+    return b_lo <= batch <= b_hi and l_lo <= past <= l_hi
 
 
 def _length(cache: Any) -> int:
