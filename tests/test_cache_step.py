@@ -247,19 +247,84 @@ def test_the_step_keeps_the_new_tokens_count_static_in_a_free_size_export():
     assert step.static_dimensions(inputs) == {0: {1}, 2: {1}, 3: {1}, 4: {1, 3}, 5: {1, 3}}
 
 
-def test_a_cache_whose_structure_changes_every_step_is_refused_naming_the_change():
-    """Mistral's sliding-window layers count their tokens in a plain int: no later step would match
-    the build, and each would run the original module after the build's checks (slower than eager)."""
-    from cuvil_pgc.errors import RecompileError
-    from cuvil_pgc.recompile.cache_step import around_cache
-
+def _mistral(window: int):
     torch.manual_seed(0)
     config = transformers.MistralConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
                                         num_key_value_heads=1, intermediate_size=64, vocab_size=60,
-                                        max_position_embeddings=128, sliding_window=4)
-    model = transformers.MistralForCausalLM(config).eval()
-    with pytest.raises(RecompileError, match=r"cumulative_length=9 became cumulative_length=10"):
+                                        max_position_embeddings=128, sliding_window=window)
+    return transformers.MistralForCausalLM(config).eval()
+
+
+def test_a_cache_whose_structure_changes_every_step_is_refused_naming_the_change():
+    """A sliding-window layer whose window is full counts its tokens in a plain int apart from its
+    keys: no later step would match the build, and each would run the original module after the
+    build's checks (slower than eager)."""
+    from cuvil_pgc.errors import RecompileError
+    from cuvil_pgc.recompile.cache_step import around_cache
+
+    model = _mistral(4)                 # 9 tokens cached: the layer keeps 3
+    with pytest.raises(RecompileError, match=r"cumulative_length=9 became cumulative_length=10\).*sliding window "
+                                             r"is full.*at most 2 tokens"):
         around_cache(model, _positional(model, step_call(model)))
+
+
+def test_a_sliding_window_step_runs_while_its_window_keeps_every_token_and_the_models_forward_after():
+    """Mistral's, Phi-3's and Gemma's cache layers count the tokens they have seen in a plain int:
+    as a constant, no later step matched the built one and every such model was refused. Until the
+    window is full the count is the keys' length, which the step rebuilds it from; a step at a
+    longer cache (whose layer drops its oldest token) runs the model's own forward."""
+    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache, decoding_forward
+
+    model = _mistral(16)
+    step, inputs, layout = around_cache(model, _positional(model, step_call(model)))
+    assert layout.longest == 14 and "cumulative_length=keys.shape[-2]" in layout.skeleton
+    assert set(step.size_ceilings(inputs).values()) == {14}
+    step, ran = CacheStep(model, layout), []
+
+    def region(*tensors):
+        ran.append(tensors[-3].shape[-2])           # the last layer's keys (values, its window as a tensor)
+        return step(*tensors)
+    fast = copy.copy(model)
+    fast.forward = decoding_forward(fast, step, region)
+    ids = torch.randint(3, 60, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0, output_logits=True,
+              return_dict_in_generate=True)
+    with torch.no_grad():
+        a, b = fast.generate(ids, **kw), model.generate(ids, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    assert max((p - q).abs().max().item() for p, q in zip(a.logits, b.logits, strict=True)) < 1e-5
+    # the steps after 6 ... 14 cached tokens ran the build, those after 15 ... 18 the model's own forward
+    assert ran == list(range(6, 15)) and fast.forward.outside_calls == 4
+
+
+@needs_ort
+def test_a_sliding_window_steps_onnx_runtime_build_counts_the_tokens_as_its_keys_length(tmp_path, build_env):
+    """The count traced as the keys' length (a symbol in the export): the program for other sizes
+    answers at every length its window keeps whole, and an older cuvil-pgc refuses the plan."""
+    import warnings
+
+    from cuvil_pgc.recompile import load_build, recompile
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.plan_doc import SLIDING_CACHE_FORMAT
+
+    model = _mistral(16)
+    build = recompile(model, step_call(model), plan={"": Candidate("", "ort")}, records=False, deployed_race=False,
+                      rounds=3)
+    assert build.plan.to_json()["format"] == SLIDING_CACHE_FORMAT
+    build.save(tmp_path / "step.cuvilpkg")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = load_build(tmp_path / "step.cuvilpkg", _mistral(16), allow_unsigned=True)
+    ids = torch.randint(3, 60, (2, 6))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=14, do_sample=False, pad_token_id=0,
+              output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        a, b = fast.generate(ids, **kw), model.generate(ids, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    assert max((p - q).abs().max().item() for p, q in zip(a.logits, b.logits, strict=True)) < 1e-4
+    assert fast.forward.region.fallback_calls == 0 and fast.forward.outside_calls == 4
 
 
 @needs_ort

@@ -107,6 +107,36 @@ def test_an_object_rebuilt_inside_a_compiled_function_keeps_its_attributes():
     assert tagged
 
 
+def test_a_count_of_what_a_tensor_holds_is_rebuilt_from_its_size_and_traced_as_that_size():
+    """A sliding-window layer counts the tokens it has seen in a plain int: while that is its keys'
+    length it is written as such, rebuilt from the keys (in its place among the attributes) and,
+    in an export, is the keys' size as a symbol; once the window drops tokens it is the constant it is."""
+    cache_utils = pytest.importorskip("transformers.cache_utils")
+
+    layer = cache_utils.DynamicSlidingWindowLayer(sliding_window=8)
+    layer.update(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))
+    cache = Cache([layer])
+    text, tensors = opened(cache)
+    assert "cumulative_length=keys.shape[-2]" in text and "sliding_window=8" in text
+    leaf = ObjectLeaf.of(cache)
+    longer = [torch.randn(1, 2, 7, 4) if t.dim() == 4 else t for t in tensors]
+    built = leaf.build(longer).layers[0]
+    assert built.cumulative_length == 7 and list(vars(built)) == list(vars(layer))
+    assert opened(Cache([built]))[0] == text
+
+    class Counted(nn.Module):
+        def forward(self, keys, values, window):
+            counted = leaf.build([keys, values, window]).layers[0]
+            return keys.sum(-2) * counted.cumulative_length
+
+    auto = {2: torch.export.Dim.AUTO}
+    program = torch.export.export(Counted(), tuple(tensors), dynamic_shapes=(auto, auto, None), strict=False)
+    torch.testing.assert_close(program.module()(*longer), longer[0].sum(-2) * 7)
+    for _ in range(5):                     # 10 tokens seen, 7 kept
+        layer.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))
+    assert "cumulative_length=10" in opened(cache)[0]
+
+
 def test_objects_that_cannot_be_rebuilt_are_left_whole():
     t = torch.ones(2)
 

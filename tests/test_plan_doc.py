@@ -8,7 +8,14 @@ import json
 import pytest
 
 from cuvil_pgc.recompile.candidates import Candidate
-from cuvil_pgc.recompile.plan_doc import PLAN_FORMAT, Plan, PlanChoice, PlanFormatError, PlanRegion
+from cuvil_pgc.recompile.plan_doc import (
+    PLAN_FORMAT,
+    READ_FORMATS,
+    Plan,
+    PlanChoice,
+    PlanFormatError,
+    PlanRegion,
+)
 
 #: a plan.json as cuvil-pgc 0.x wrote it (format 1): the TensorRT choice records GPU and version
 FORMAT_1 = {
@@ -79,8 +86,9 @@ def test_candidate_from_json_keeps_unknown_fields_and_a_known_one_is_unchanged()
 
 
 def test_another_format_or_a_malformed_choice_is_refused():
-    with pytest.raises(PlanFormatError, match="format 7"):
-        Plan.from_json({**FORMAT_1, "format": 7})
+    newest = max(READ_FORMATS)
+    with pytest.raises(PlanFormatError, match=f"format {newest + 1}"):
+        Plan.from_json({**FORMAT_1, "format": newest + 1})
     with pytest.raises(PlanFormatError, match="no candidate"):
         Plan.from_json({**FORMAT_1, "choices": [{"scope": "x"}]})
     with pytest.raises(PlanFormatError, match="not an object"):

@@ -143,17 +143,22 @@ def test_a_step_outside_the_sizes_its_build_runs_goes_to_the_models_forward(capl
 
 
 class LongInputs(Doubler):
-    """Names its input's second dimension to be checked up to 1000 (as a decoding step names its cache's length)."""
+    """Names how far its input's second dimension is checked (as a decoding step names its cache's
+    length: up to the model's positions, or the longest cache its sliding window keeps whole)."""
+
+    ceiling = 1000
 
     def size_ceilings(self, args):
-        return {(0, 1): 1000}
+        return {(0, 1): self.ceiling}
 
 
-def test_a_dimension_the_module_names_is_checked_up_to_its_ceiling(monkeypatch):
+@pytest.mark.parametrize("ceiling", [1000, 20])
+def test_a_dimension_the_module_names_is_checked_up_to_its_ceiling(monkeypatch, ceiling):
     from cuvil_pgc.recompile.apply import ScopeInputs
 
     checked: list[int] = []
     model, args = LongInputs().eval(), (torch.ones(2, 16),)
+    model.ceiling = ceiling
 
     def runner(x):
         checked.append(x.shape[1])
@@ -161,7 +166,8 @@ def test_a_dimension_the_module_names_is_checked_up_to_its_ceiling(monkeypatch):
     monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (runner, "first", [["b", "n"]], {}))
     shapes = other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
                                              rtol=None, atol=None)
-    assert sorted(shapes.ranges.values()) == [(1, size_probes.MIN_CEILING), (1, 1000)] and max(checked) == 1000
+    assert sorted(shapes.ranges.values()) == sorted([(1, size_probes.MIN_CEILING), (1, ceiling)])
+    assert max(checked) == ceiling
 
 
 def test_a_decoding_step_names_its_caches_length_up_to_the_models_positions():

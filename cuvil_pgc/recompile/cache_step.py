@@ -68,6 +68,11 @@ class StepLayout:
     constants: tuple[Any, ...]
     skeleton: str
     split: tuple[int, ...] = ()
+    #: the longest cache whose step keeps every token (None: any length). A sliding-window layer
+    #: keeps its window's last tokens but one: a step at a longer cache drops the oldest, and its
+    #: count of the tokens seen parts from its keys' length, which a built step counts them by
+    #: (:data:`~.object_outputs.LENGTHS`); such steps run the model's own forward
+    longest: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,7 +82,8 @@ class StepLayout:
         try:
             layout = cls(count=int(doc["count"]), tensors=tuple(int(i) for i in doc["tensors"]),
                          cache=int(doc["cache"]), constants=tuple(doc["constants"]), skeleton=str(doc["skeleton"]),
-                         split=tuple(int(i) for i in doc.get("split", ())))
+                         split=tuple(int(i) for i in doc.get("split", ())),
+                         longest=None if doc.get("longest") is None else int(doc["longest"]))
             ok = len(layout.constants) == layout.count and all(
                 0 <= i < layout.count for i in (*layout.tensors, layout.cache)) and all(
                 isinstance(v, _CONSTANTS) for v in layout.constants) and set(layout.split) <= set(layout.tensors)
@@ -146,13 +152,14 @@ class CacheStep(nn.Module):
 
     def size_ceilings(self, args: tuple[Any, ...]) -> dict[tuple[int, int], int]:
         """The dimensions of the step's inputs whose sizes its program for other sizes is checked
-        up to the model's positions (at most :data:`LONGEST_CHECKED`), not the default few times
-        the captured size: the cache's length (second to last) and the mask's part over it. A
+        up to the model's positions (at most :data:`LONGEST_CHECKED`, and at most the longest cache
+        a sliding window keeps whole, :attr:`StepLayout.longest`), not the default few times the
+        captured size: the cache's length (second to last) and the mask's part over it. A
         program checked up to 16 times a 32-token prompt ran every step after 512 tokens through
         the original module, where it was still 1.65x faster at 900."""
         config = getattr(self.model, "config", None)
         limits = [v for v in (getattr(config, name, None) for name in _POSITIONS) if type(v) is int and v > 0]
-        longest = min([LONGEST_CHECKED, *limits])
+        longest = min([LONGEST_CHECKED, *limits, *[n for n in (self._layout.longest,) if n is not None]])
         layout, k, out = self._layout, 0, {}
         for i in layout.tensors:
             if i in layout.split:
@@ -206,7 +213,7 @@ def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, 
                   and _parts(inputs[i], inputs[where]) is not None)
     layout = StepLayout(count=len(inputs), tensors=tensors, cache=where,
                         constants=tuple(None if i in tensors or i == where else inputs[i] for i in range(len(inputs))),
-                        skeleton=skeleton, split=split)
+                        skeleton=skeleton, split=split, longest=_longest_kept(inputs[where]))
     step_inputs = layout.tensors_of(inputs, inputs[where], cache)
     if step_inputs is None:
         return model, inputs, None
@@ -215,6 +222,15 @@ def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, 
     log.info("cuvil-pgc: the example call passes a %s holding %d tensors: building the decoding step, the cache "
              "opened into its tensors", type(inputs[where]).__name__, len(cache))
     return step, step_inputs, layout
+
+
+def _longest_kept(cache: Any) -> int | None:
+    """The longest cache whose next step keeps every token (see :attr:`StepLayout.longest`): two
+    short of the narrowest sliding window among ``cache``'s layers, which keep its last tokens but
+    one; None where no layer slides."""
+    windows = [layer.sliding_window for layer in getattr(cache, "layers", ())
+               if getattr(layer, "is_sliding", False) and type(getattr(layer, "sliding_window", None)) is int]
+    return min(windows) - 2 if windows else None
 
 
 def as_generate_calls(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -277,9 +293,10 @@ def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout) -> tu
 
 def _check_structure_kept(step: CacheStep, inputs: tuple[torch.Tensor, ...], cache: Any, skeleton: str) -> None:
     """Raise :class:`RecompileError` where the step returns its cache with another structure than
-    it was given, besides its tensors: a sliding-window layer counts the tokens it has seen in a
-    plain int (Mistral's, Gemma2's ``cumulative_length``), so the next step's cache would never be
-    the built one's, and every step would run the original module, each after the build's checks."""
+    it was given, besides its tensors: the next step's cache would never be the built one's, and
+    every step would run the original module, each after the build's checks. A sliding-window
+    layer (Mistral's, Phi-3's, Gemma's) counts the tokens it has seen in a plain int, which is its
+    keys' length (:data:`~.object_outputs.LENGTHS`) only until its window is full."""
     with torch.no_grad():
         output = step(*inputs)
     values = output.values() if isinstance(output, dict) else output if type(output) is tuple else ()
@@ -289,12 +306,16 @@ def _check_structure_kept(step: CacheStep, inputs: tuple[torch.Tensor, ...], cac
         return
     before, after = skeleton.split(", "), found[0].split(", ")
     change = next((f"{a} became {b}" for a, b in zip(before, after, strict=False) if a != b), "its layers changed")
+    window = _longest_kept(cache)
+    full = window is not None and _length(cache) > window
     raise RecompileError(
         f"the model's decoding step returns its {type(cache).__name__} changed besides its tensors ({change}): a "
-        "build is made for the cache's structure, and no later step's would match it (a sliding-window cache counts "
-        "its tokens in a plain number)",
-        fix="recompile the model's first call, without a cache (use_cache=False), for the prefill; its decoding "
-            "steps run the original module")
+        "build is made for the cache's structure, and no later step's would match it"
+        + (f" (its sliding window is full: a layer keeps {window + 1} tokens and counts the rest apart)"
+           if full else ""),
+        fix=(f"recompile a decoding step whose cache holds at most {window} tokens" if full else
+             "recompile the model's first call, without a cache (use_cache=False), for the prefill; its decoding "
+             "steps run the original module"))
 
 
 def _parameters(model: nn.Module) -> list[tuple[str, Any]]:
@@ -339,7 +360,7 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     original = type(model).forward
     params = _parameters(model)
     names = [name for name, _ in params]
-    runs = _sizes_run(region, layout)
+    runs, longest = _sizes_run(region, layout), layout.longest
     last: list[Any] = [None]     # (a weak reference to the cache written back last, what holds its tensors, they)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -350,15 +371,16 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
             return original(model, *args, **kwargs)
         cache, ids = bound[layout.cache], bound[layout.tensors[0]]
         past = _length(cache)
-        if runs is not None and past and isinstance(ids, torch.Tensor) and ids.dim() \
-                and not _within(runs, ids.shape[0], past):          # a step the program does not run
-            # the region would run the original module, after opening the cache and its checks
-            # (6% slower than eager at 900 tokens of a 4-layer Llama): run it now
+        batch = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() else None
+        if past and (longest is not None and past > longest
+                     or runs is not None and batch is not None and not _within(runs, batch, past)):
+            # a step the build does not run: the region would run the original module, after opening
+            # the cache and its checks (6% slower than eager at 900 tokens of a 4-layer Llama)
             forward.outside_calls += 1          # type: ignore[attr-defined]
             if forward.outside_calls == 1:      # type: ignore[attr-defined]
-                log.warning("cuvil-pgc: a decoding step at batch %d with a cache of %d tokens runs the model's own "
-                            "forward: its build runs batches %d-%d and caches of %d-%d tokens (further such steps "
-                            "are counted in forward.outside_calls)", ids.shape[0], past, *runs[0], *runs[1])
+                log.warning("cuvil-pgc: a decoding step at batch %s with a cache of %d tokens runs the model's own "
+                            "forward: its build runs %s (further such steps are counted in forward.outside_calls)",
+                            batch, past, _runs_text(runs, longest))
             return original(model, *args, **kwargs)
         entry = last[0]                  # read once: another thread's step may replace it
         if entry is not None and entry[0]() is cache and unchanged(entry[1]):     # written back last step, as left
@@ -423,6 +445,14 @@ def _sizes_run(region: nn.Module, layout: StepLayout) -> tuple[tuple[int, int], 
     def span(size: Any) -> tuple[int, int]:
         return (size, size) if type(size) is int else tuple(other.ranges.get(size, (0, 1 << 62)))
     return span(first[1][0]), span(cache[1][-2])
+
+
+def _runs_text(runs: tuple[tuple[int, int], tuple[int, int]] | None, longest: int | None) -> str:
+    """What steps a build runs, for the warning of one it does not."""
+    if runs is not None:
+        top = runs[1][1] if longest is None else min(runs[1][1], longest)
+        return f"batches {runs[0][0]}-{runs[0][1]} and caches of {runs[1][0]}-{top} tokens"
+    return f"caches of up to {longest} tokens (its sliding window's, less the new token's place)"
 
 
 def _within(runs: tuple[tuple[int, int], tuple[int, int]], batch: int, past: int) -> bool:

@@ -12,6 +12,11 @@ object of the same class, built without its ``__init__``, with the example's oth
 attributes stay the same for other input values is checked as for any value in an output
 (:func:`~.output_values.check_constant_outputs` with :meth:`ObjectLeaf.same_shape`).
 
+An int attribute that counts what one of the object's tensors holds (:data:`LENGTHS`: a sliding-window
+layer's ``cumulative_length``, its keys' length until the window fills) is not a constant: it is
+rebuilt from that tensor's size, so that one skeleton describes the cache at every length and an
+export sees the count as the size it is.
+
 An object that cannot be opened this way (a cycle, ``__slots__``, tensors deeper than
 :data:`MAX_DEPTH`, a tuple subclass holding tensors) is left whole, and rejected as before.
 """
@@ -34,7 +39,14 @@ OUTPUTS_VERSION = 1
 #: how deep inside an object tensors are looked for (a cache: object, list of layers, layer)
 MAX_DEPTH = 6
 
-_TENSOR, _CONSTANT, _SEQUENCE, _MAPPING, _OBJECT = range(5)
+#: (class, attribute) -> (tensor attribute, dimension): an int attribute that counts what the tensor
+#: holds along that dimension, wherever it equals that size. A Hugging Face sliding-window layer
+#: (Mistral's, Phi-3's, Gemma's) counts the tokens it has seen in ``cumulative_length``, which is its
+#: keys' length until the window fills; as a constant, no later step's cache matched the built one
+LENGTHS = {("transformers.cache_utils.DynamicSlidingWindowLayer", "cumulative_length"): ("keys", -2)}
+
+_TENSOR, _CONSTANT, _SEQUENCE, _MAPPING, _OBJECT, _LENGTH = range(6)
+_SYMBOLS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class ObjectLeaf:
@@ -85,7 +97,7 @@ def _held(node: tuple[Any, ...], value: Any, record: list[tuple[Any, tuple[Any, 
     if kind == _TENSOR:
         tensors.append(value)
         return isinstance(value, torch.Tensor)
-    if kind == _CONSTANT:                # its identity is its holder's to compare
+    if kind in (_CONSTANT, _LENGTH):     # its identity is its holder's to compare
         return True
     if type(value) is not node[1]:
         return False
@@ -150,6 +162,8 @@ def _describe(node: tuple[Any, ...]) -> str:
     if kind == _CONSTANT:
         value = node[1]
         return repr(value) if isinstance(value, _PLAIN) else _qualified(type(value))
+    if kind == _LENGTH:
+        return f"{node[1]}.shape[{node[2]}]"
     if kind == _SEQUENCE:
         return f"{node[1].__name__}[{', '.join(_describe(child) for child in node[2])}]"
     inner = ", ".join(f"{key}={_describe(child)}" for key, child in node[2])
@@ -184,6 +198,8 @@ def _walk(value: Any, tensors: list[torch.Tensor], depth: int, path: set[int]) -
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return (_TENSOR,)
+    if isinstance(value, _SYMBOLS):          # a count an export traces as a symbol (a LENGTHS one)
+        return (_CONSTANT, value)
     kind = type(value)
     if kind in (list, tuple, dict) or openable(value):
         if depth >= MAX_DEPTH or id(value) in path:      # what is below, or a cycle's copy, is not known
@@ -208,8 +224,23 @@ def _walk(value: Any, tensors: list[torch.Tensor], depth: int, path: set[int]) -
             return (_MAPPING, dict, children)
         if kind in (list, tuple):
             return (_SEQUENCE, kind, [child for _, child in children])
-        return (_OBJECT, kind, children)
+        return (_OBJECT, kind, _with_lengths(value, children))
     return None if holds_tensors(value) else (_CONSTANT, value)
+
+
+def _with_lengths(obj: Any, children: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """An object's ``children`` with each :data:`LENGTHS` attribute that equals its tensor's size
+    a length node (a count that differs, a window that filled, stays the constant it is)."""
+    name = _qualified(type(obj))
+    out = []
+    for key, child in children:
+        of = LENGTHS.get((name, key))
+        if of is not None and child[0] == _CONSTANT and type(child[1]) is int:
+            tensor = vars(obj).get(of[0])
+            if isinstance(tensor, torch.Tensor) and tensor.dim() >= abs(of[1]) and tensor.shape[of[1]] == child[1]:
+                child = (_LENGTH, *of)
+        out.append((key, child))
+    return out
 
 
 def holds_tensors(value: Any) -> bool:
@@ -240,11 +271,14 @@ def _builder(node: tuple[Any, ...], position: list[int]) -> Callable[[list[torch
     if kind == _SEQUENCE:
         make, items = node[1], [_builder(child, position) for child in node[2]]
         return lambda outputs: make([item(outputs) for item in items])
+    if kind == _LENGTH:                 # set by its object's builder, once the tensor is
+        return lambda outputs: 0
     fields = [(key, _builder(child, position)) for key, child in node[2]]
     if kind == _MAPPING:
         return lambda outputs: {key: item(outputs) for key, item in fields}
     cls = node[1]
     new = cls.__new__
+    lengths = [(key, child[1], child[2]) for key, child in node[2] if child[0] == _LENGTH]
 
     def build(outputs: list[torch.Tensor]) -> Any:
         obj = new(cls)
@@ -253,6 +287,8 @@ def _builder(node: tuple[Any, ...], position: list[int]) -> Callable[[list[torch
         # and the candidate failed; as fast here (3.7 µs for four layers either way)
         for key, item in fields:
             object.__setattr__(obj, key, item(outputs))
+        for key, tensor, dim in lengths:    # (a symbol in an export: the count is the size it is; in place)
+            object.__setattr__(obj, key, getattr(obj, tensor).shape[dim])
         return obj
     return build
 
@@ -264,6 +300,8 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
         return True
     if a[0] == _CONSTANT:
         return same_value(a[1], b[1])
+    if a[0] == _LENGTH:
+        return a[1:] == b[1:]
     if a[1] is not b[1] or len(a[2]) != len(b[2]):
         return False
     if a[0] == _SEQUENCE:

@@ -24,7 +24,8 @@ region's output tensors, ``"runtime": {"name": "aoti", "version", "outputs", "te
 format 3 with a program for other sizes that checks indices against the call's sizes (see
 :data:`SIZE_BOUNDS_FORMAT`); format 5, with a runtime program that checks the indices it computes
 (see :data:`PROGRAM_CHECKS_FORMAT`); format 6, for a decoding step, ``"cache_step": {"count", "tensors",
-"cache", "constants", "skeleton"}`` (see :data:`CACHE_STEP_FORMAT`). Fields this
+"cache", "constants", "skeleton"}`` (see :data:`CACHE_STEP_FORMAT`); format 7, for one over a
+sliding-window cache, with ``"longest"`` in it (see :data:`SLIDING_CACHE_FORMAT`). Fields this
 version does not know, at any level, are kept in ``extra`` and written back by
 :meth:`Plan.to_json`: a plan read by an older cuvil-pgc and written again keeps a newer one's
 fields (the candidate's own, see :meth:`Candidate.from_json`, too).
@@ -73,8 +74,13 @@ PROGRAM_CHECKS_FORMAT = 5
 #: reads only up to format 5 would apply it to the model's call as it is, whose inputs are not the
 #: step's, so such a plan is format 6, which it refuses with "upgrade cuvil-pgc"
 CACHE_STEP_FORMAT = 6
+#: the format of a plan for a decoding step over a sliding-window cache (``cache_step`` with
+#: ``longest``, the longest cache its window keeps whole): a version that reads only up to format 6
+#: would never match its cache (it counts the window's tokens as a constant) and run every step on
+#: the original module without a word, so such a plan is format 7, which it refuses
+SLIDING_CACHE_FORMAT = 7
 #: plan.json formats this version reads
-READ_FORMATS = (1, 2, 3, 4, 5, 6)
+READ_FORMATS = (1, 2, 3, 4, 5, 6, 7)
 PLAN_MEMBER = "plan.json"      # the plan's name inside a build
 
 
@@ -283,7 +289,8 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
         doc["format"] = max([PLAN_FORMAT, *(c.format for c in self.choices),
-                             *([CACHE_STEP_FORMAT] if self.cache_step else [])])
+                             *([CACHE_STEP_FORMAT] if self.cache_step else []),
+                             *([SLIDING_CACHE_FORMAT] if (self.cache_step or {}).get("longest") is not None else [])])
         doc["choices"] = [c.to_json() for c in self.choices]
         doc["regions"] = [r.to_json() for r in self.regions]
         for name in ("deployed_medians_ms", "unloadable", "cache_step"):    # added within format 2: absent when empty

@@ -2,8 +2,8 @@
 
 A region's program exported with its sizes left free (:mod:`.other_shapes`) ships for the sizes it
 passed the accuracy guard at: each size the exporter named is checked down to 1 and up to a ceiling
-(:data:`GROWTH` times the captured size, at least :data:`MIN_CEILING`, or further where the module
-names one: :meth:`~.cache_step.CacheStep.size_ceilings`), doubling, with the boundary bisected
+(:data:`GROWTH` times the captured size, at least :data:`MIN_CEILING`, or the one the module names:
+:meth:`~.cache_step.CacheStep.size_ceilings`), doubling, with the boundary bisected
 (:func:`checked_sizes`), and each range ends where the program stops being faster than the
 original module (:func:`faster_ranges`, timed by :mod:`.size_speed`).
 """
@@ -29,8 +29,9 @@ class OtherShapesError(RuntimeError):
 
 
 #: how far above its captured size a dimension is checked (the larger of the two): calls above the
-#: largest size checked run the original module. A module may name dimensions checked further out
-#: (``size_ceilings(args)``: a decoding step's cache length, up to the model's positions)
+#: largest size checked run the original module. A module may name the largest size a dimension is
+#: checked at instead (``size_ceilings(args)``: a decoding step's cache length, up to the model's
+#: positions or, below them, the longest cache its sliding window keeps whole)
 GROWTH, MIN_CEILING = 16, 64
 
 
@@ -52,8 +53,8 @@ def faster_ranges(runner: Any, module: nn.Module, args: tuple[Any, ...], names: 
 
 
 def ceilings_of(module: nn.Module, args: tuple[Any, ...]) -> dict[tuple[int, int], int]:
-    """(input, dimension) -> the largest size to check it at, where ``module`` names one above the
-    default (``size_ceilings``: see :meth:`~.cache_step.CacheStep.size_ceilings`)."""
+    """(input, dimension) -> the largest size to check it at, where ``module`` names one in place of
+    the default (``size_ceilings``: see :meth:`~.cache_step.CacheStep.size_ceilings`)."""
     named = getattr(module, "size_ceilings", None)
     return dict(named(args)) if callable(named) else {}
 
@@ -134,8 +135,9 @@ def _ranges(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], free
         def check(size: int, name: str = name) -> bool:
             return compare(runner, module, resized(args, named, {name: size}), rtol, atol, quiet=True)
         n = captured[name]
-        ceiling = max([GROWTH * n, MIN_CEILING, *(c for (i, j), c in ceilings.items()
-                                                 if i < len(named) and j < len(named[i]) and named[i][j] == name)])
+        named_ceilings = [c for (i, j), c in ceilings.items()
+                          if i < len(named) and j < len(named[i]) and named[i][j] == name]
+        ceiling = min(named_ceilings) if named_ceilings else max(GROWTH * n, MIN_CEILING)
         try:
             lo, hi, failed = probe_range(check, n, ceiling)
         except OtherShapesError as exc:
