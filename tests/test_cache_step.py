@@ -268,6 +268,19 @@ def test_a_cache_whose_structure_changes_every_step_is_refused_naming_the_change
         around_cache(model, _positional(model, step_call(model)))
 
 
+def test_a_static_cache_written_in_place_is_refused_naming_the_default_cache():
+    from cuvil_pgc.errors import RecompileError
+    from cuvil_pgc.recompile.cache_step import around_cache
+
+    model = make()
+    cache = transformers.StaticCache(config=model.config, max_cache_len=32)
+    with torch.no_grad():
+        model(torch.randint(3, 60, (2, 9)), cache=cache, use_cache=True)
+    call = {**step_call(model), "cache": cache}
+    with pytest.raises(RecompileError, match=r"StaticCache.*in place.*DynamicCache generate\(\) uses by default"):
+        around_cache(model, _positional(model, call))
+
+
 def test_a_sliding_window_step_runs_while_its_window_keeps_every_token_and_the_models_forward_after():
     """Mistral's, Phi-3's and Gemma's cache layers count the tokens they have seen in a plain int:
     as a constant, no later step matched the built one and every such model was refused. Until the

@@ -199,6 +199,13 @@ def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, 
     where = cache_position(inputs)
     if where is None:
         return model, inputs, None
+    if getattr(inputs[where], "is_compileable", False) is True:
+        raise RecompileError(
+            f"the example call passes a {type(inputs[where]).__name__}, whose tensors of the cache's full length each "
+            "step writes in place at the new tokens' positions: a build runs programs that change nothing but their "
+            "outputs, and copying the whole cache back every step would cost more than the step",
+            fix="capture the decoding step with the DynamicCache generate() uses by default (no "
+                "cache_implementation='static'); the build runs generate()'s steps with that cache")
     inputs = as_generate_calls(model, inputs)
     found = opened(inputs[where])
     leaf = ObjectLeaf.of(inputs[where])
