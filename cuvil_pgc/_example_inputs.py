@@ -60,11 +60,13 @@ def inputs_hint(given: Any, model: Any = None, error: BaseException | None = Non
                     f"use_cache where it cannot find its position): {where}")
         keyword_only = [k for k in given if k in _keyword_only(model)] if model is not None else []
         if keyword_only:
-            names = ", ".join(keyword_only[:4])
+            positional = [k for k in given if params is not None and k in params]      # passed before them
+            names = ", ".join(positional + keyword_only[:4])
+            passed = ", ".join(positional + [f"{k}={k}" for k in keyword_only[:4]])
             return (f"{', '.join(map(repr, keyword_only[:4]))} {'is a keyword-only parameter' if len(keyword_only) == 1 else 'are keyword-only parameters'} "
                     f"of the forward (after a *), and a build is made for the inputs a call passes by position: wrap "
                     f"the model in a module whose forward takes them by position (def forward(self, {names}): "
-                    f"return self.model({', '.join(f'{k}={k}' for k in keyword_only[:4])}))")
+                    f"return self.model({passed}))")
         extra = [k for k in given if params is not None and k not in params]
         others = [repr(k) for k in extra]
         configured = _config_flags(model, extra, given)

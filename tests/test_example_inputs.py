@@ -129,6 +129,23 @@ def test_a_mapping_of_keyword_only_parameters_is_refused_with_a_wrapper_not_as_u
     assert "not among them" not in message
 
 
+class SomeKeywordOnly(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+
+    def forward(self, x, *, scale=1.0):
+        return self.fc(x) * scale
+
+
+def test_the_wrapper_for_keyword_only_parameters_passes_the_positional_ones_too():
+    """The suggested wrapper dropped the forward's positional parameters (x)."""
+    with pytest.raises(RecompileError) as err:
+        recompile(SomeKeywordOnly(), {"x": torch.randn(2, 3), "scale": torch.tensor(2.0)}, records=False,
+                  deployed_race=False, calibrate=False)
+    assert "def forward(self, x, scale): return self.model(x, scale=scale)" in str(err.value)
+
+
 def _passes_use_cache_by_keyword(forward):
     """As Hugging Face's ``merge_with_config_defaults`` does where a ``deprecate_kwarg`` wrapper hides
     the parameter's position from it (an M2M100 in transformers 5): the flag goes in by keyword too."""
