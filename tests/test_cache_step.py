@@ -104,7 +104,8 @@ def test_a_plan_for_a_decoding_step_is_a_format_older_versions_refuse():
 
 def test_the_loaded_forward_runs_the_build_and_extends_the_callers_cache():
     """What generate() relies on: the cache it passed comes back, extended, as the output's cache."""
-    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache, decoding_forward
+    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
+    from cuvil_pgc.recompile.decoding_forward import decoding_forward
 
     model = make()
     layout = around_cache(model, _positional(model, step_call(model)))[2]
@@ -142,7 +143,8 @@ class _Tuples(torch.nn.Module):
 
 
 def test_a_tuple_output_carries_the_callers_cache_extended():
-    from cuvil_pgc.recompile.cache_step import around_cache, decoding_forward
+    from cuvil_pgc.recompile.cache_step import around_cache
+    from cuvil_pgc.recompile.decoding_forward import decoding_forward
 
     model = _Tuples().eval()
     call = step_call(model.llama)
@@ -286,7 +288,8 @@ def test_a_sliding_window_step_runs_while_its_window_keeps_every_token_and_the_m
     as a constant, no later step matched the built one and every such model was refused. Until the
     window is full the count is the keys' length, which the step rebuilds it from; a step at a
     longer cache (whose layer drops its oldest token) runs the model's own forward."""
-    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache, decoding_forward
+    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
+    from cuvil_pgc.recompile.decoding_forward import decoding_forward
 
     model = _mistral(16)
     step, inputs, layout = around_cache(model, _positional(model, step_call(model)))
@@ -375,15 +378,16 @@ def test_a_step_passing_the_cache_written_back_last_is_not_opened_again(monkeypa
     import gc
     import weakref
 
-    from cuvil_pgc.recompile import cache_step
-    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache, decoding_forward
+    from cuvil_pgc.recompile import decoding_forward as loaded
+    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
+    from cuvil_pgc.recompile.decoding_forward import decoding_forward
 
     model = make()
     layout = around_cache(model, _positional(model, step_call(model)))[2]
     step = CacheStep(model, layout)
     opens = []
-    real = cache_step.opened
-    monkeypatch.setattr(cache_step, "opened", lambda cache: opens.append(1) or real(cache))
+    real = loaded.opened
+    monkeypatch.setattr(loaded, "opened", lambda cache: opens.append(1) or real(cache))
     fast = copy.copy(model)
     fast.forward = decoding_forward(fast, step, step)
     ids = torch.randint(3, 60, (2, 7))
@@ -413,7 +417,8 @@ def test_generate_calls_a_loaded_step_as_it_calls_the_model_and_a_padded_gpt2_ba
     run it too."""
     import inspect
 
-    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache, decoding_forward
+    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
+    from cuvil_pgc.recompile.decoding_forward import decoding_forward
 
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=60,

@@ -108,7 +108,8 @@ def test_a_step_outside_the_sizes_its_build_runs_goes_to_the_models_forward(capl
     """Beyond the cache length (or outside the batches) its program runs, the region would open the
     cache, check and run the original module (6% slower than eager at 900 tokens): the step's
     forward runs the model's own forward at once, counts it and says so once."""
-    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache, decoding_forward
+    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
+    from cuvil_pgc.recompile.decoding_forward import decoding_forward
     from tests.test_cache_step import _positional, make, step_call
 
     model = make()

@@ -18,30 +18,30 @@ than the cache, so the step takes it in two parts, the cache's and the new token
 size the program has), and joins them before the model's call.
 
 :class:`StepLayout` (in the plan as ``cache_step``) says where the call's tensors, the cache and
-its other values sit, and the cache's structure as text (:func:`~.object_outputs.opened`).
-:func:`install` makes ``load_build``'s result: a copy of the user's model (sharing its submodules
-and weights) whose ``forward`` is :func:`decoding_forward`, so that ``fast(...)``,
-``fast.generate()`` and pipelines all go through it; the model itself is left as it was. A call that binds to the layout, with a cache of the built structure, runs the
-step's region and writes the extended cache's attributes back into the caller's cache (the object
-eager extends and returns); any other call (the prefill, whose cache is still empty) runs the
-model's own forward.
+its other values sit, and the cache's structure as text (:func:`~.object_outputs.opened`). An
+encoder-decoder's step (T5's, BART's) passes the encoder's outputs too, a ModelOutput that the
+step opens into its tensors as well (``objects``), and an ``EncoderDecoderCache`` whose
+cross-attention half stays as the first decoder call filled it; its attention mask is over the
+encoder's tokens, and is passed whole. What a loaded step runs is :mod:`.decoding_forward`'s.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import operator
 import sys
 import weakref
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from cuvil_pgc.errors import BuildError, RecompileError
-from cuvil_pgc.recompile.call_binding import bind_call
-from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened, unchanged
+from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,15 @@ class StepLayout:
     #: count of the tokens seen parts from its keys' length, which a built step counts them by
     #: (:data:`~.object_outputs.LENGTHS`); such steps run the model's own forward
     longest: int | None = None
+    #: positions holding an object that opens into tensors (torch's pytree: an encoder-decoder's
+    #: ``encoder_outputs``, a ModelOutput), each (position, its structure as text, how many tensors);
+    #: the step takes its tensors after the call's and before the cache's
+    objects: tuple[tuple[int, str, int], ...] = ()
+
+    @property
+    def call_tensors(self) -> int:
+        """How many of the step's inputs come from the call's values (the cache's follow)."""
+        return len(self.tensors) + len(self.split) + sum(n for _, _, n in self.objects)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,9 +92,13 @@ class StepLayout:
             layout = cls(count=int(doc["count"]), tensors=tuple(int(i) for i in doc["tensors"]),
                          cache=int(doc["cache"]), constants=tuple(doc["constants"]), skeleton=str(doc["skeleton"]),
                          split=tuple(int(i) for i in doc.get("split", ())),
-                         longest=None if doc.get("longest") is None else int(doc["longest"]))
+                         longest=None if doc.get("longest") is None else int(doc["longest"]),
+                         objects=tuple((int(i), str(text), int(n)) for i, text, n in doc.get("objects", ())))
+            at = [i for i, _, _ in layout.objects]
             ok = len(layout.constants) == layout.count and all(
-                0 <= i < layout.count for i in (*layout.tensors, layout.cache)) and all(
+                0 <= i < layout.count for i in (*layout.tensors, layout.cache, *at)) and all(
+                n > 0 for _, _, n in layout.objects) and len({*at, *layout.tensors, layout.cache}) == len(
+                at) + len(layout.tensors) + 1 and all(
                 isinstance(v, _CONSTANTS) for v in layout.constants) and set(layout.split) <= set(layout.tensors)
         except (KeyError, TypeError, ValueError):
             ok = False
@@ -94,14 +107,18 @@ class StepLayout:
                              fix="rebuild the package with `cuvil-pgc recompile`")
         return layout
 
-    def tensors_of(self, bound: tuple[Any, ...], cache: Any, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+    def tensors_of(self, bound: tuple[Any, ...], cache: Any, tensors: list[torch.Tensor],
+                   memo: list[Any] | None = None) -> tuple[torch.Tensor, ...] | None:
         """The step's inputs for a call bound to the layout (``cache`` and its ``tensors``), or
-        None where it holds other values than the built call did."""
+        None where it holds other values than the built call did. ``memo`` (one entry per object)
+        keeps each object opened last: ``generate()`` passes the same ``encoder_outputs`` every
+        step, whose pytree walk took 8.5 µs (a Hugging Face ModelOutput's), its check 0.5."""
+        at = [i for i, _, _ in self.objects]
         for i, value in enumerate(bound):
             if i in self.tensors:
                 if not isinstance(value, torch.Tensor):
                     return None
-            elif i != self.cache:
+            elif i != self.cache and i not in at:
                 want = self.constants[i]
                 if type(value) is not type(want) or value != want:
                     return None
@@ -113,7 +130,52 @@ class StepLayout:
                 return None
             else:
                 inputs.extend(parts)
+        for k, (i, text, n) in enumerate(self.objects):
+            entry = memo[k] if memo is not None else None
+            if entry is not None and entry[0]() is bound[i] and _same_items(bound[i], entry[1]):
+                inputs.extend(entry[2])
+                continue
+            found = opened_input(bound[i])
+            if found is None or len(found[0]) != n or str(found[1]) != text:
+                return None
+            if memo is not None:
+                _remember_object(memo, k, bound[i], found[0])
+            inputs.extend(found[0])
         return (*inputs, *tensors)
+
+
+def _same_items(value: Any, items: tuple[Any, ...]) -> bool:
+    """Whether the mapping ``value`` holds the very ``items`` (a ModelOutput rebound since holds others)."""
+    now = value.values()
+    return len(now) == len(items) and all(map(operator.is_, now, items))
+
+
+def _remember_object(memo: list[Any], k: int, value: Any, tensors: list[torch.Tensor]) -> None:
+    """Keep in ``memo[k]`` what :meth:`StepLayout.tensors_of` opened ``value`` into, for as long as
+    ``value`` lives (a finished generation's encoder outputs are not kept alive by it): a weak
+    reference, its items, its tensors. Nothing where it is no mapping whose items are its tensors
+    (it is opened every call) or takes no weak reference."""
+    memo[k] = None
+    if not isinstance(value, Mapping) or len(value) != len(tensors) \
+            or not all(map(operator.is_, value.values(), tensors)):
+        return
+
+    def forget(ref: Any) -> None:
+        if memo[k] is not None and memo[k][0] is ref:
+            memo[k] = None
+    try:
+        memo[k] = (weakref.ref(value, forget), tuple(value.values()), tensors)
+    except TypeError:
+        pass
+
+
+def opened_input(value: Any) -> tuple[list[torch.Tensor], Any] | None:
+    """(the tensors, the pytree structure) of a call's value that torch's pytree opens into tensors
+    alone (a ModelOutput, a tuple or dict of tensors), or None."""
+    if isinstance(value, (torch.Tensor, *_CONSTANTS)):
+        return None
+    leaves, spec = pytree.tree_flatten(value)
+    return (leaves, spec) if leaves and all(isinstance(t, torch.Tensor) for t in leaves) else None
 
 
 class CacheStep(nn.Module):
@@ -124,7 +186,8 @@ class CacheStep(nn.Module):
 
     profiled_path = "model"
 
-    def __init__(self, model: nn.Module, layout: StepLayout, leaf: ObjectLeaf | None = None) -> None:
+    def __init__(self, model: nn.Module, layout: StepLayout, leaf: ObjectLeaf | None = None,
+                 specs: list[Any] | None = None) -> None:
         super().__init__()
         self.model = model
         self.training = model.training
@@ -133,6 +196,8 @@ class CacheStep(nn.Module):
         # takes it from its first call's cache (decoding_forward)
         self._layout = layout
         self._leaf: list[ObjectLeaf | None] = [leaf]
+        #: the pytree structures of the layout's objects, as _leaf (a loaded step's from its first call)
+        self._specs: list[list[Any] | None] = [specs]
         self._forward = type(model).forward
 
     def static_dimensions(self, args: tuple[Any, ...]) -> dict[int, set[int]]:
@@ -143,7 +208,7 @@ class CacheStep(nn.Module):
         last, where Hugging Face's layers append): the ONNX exporter left them free, and where one
         was captured equal to the length (a head size of 32 beside 32 cached tokens) the length
         varied with it, failed, and stayed fixed."""
-        calls = len(self._layout.tensors) + len(self._layout.split)
+        calls = self._layout.call_tensors
         static = {k: {1} for k, a in enumerate(args[:calls])
                   if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[1] == 1}
         static.update({k: set(range(1, a.dim() - 2)) | {a.dim() - 1} for k, a in enumerate(args) if k >= calls
@@ -167,6 +232,7 @@ class CacheStep(nn.Module):
                 k += 2
             else:
                 k += 1
+        k = layout.call_tensors
         out.update({(j, a.dim() - 2): longest for j, a in enumerate(args) if j >= k
                     and isinstance(a, torch.Tensor) and a.dim() >= 3})
         return out
@@ -178,6 +244,8 @@ class CacheStep(nn.Module):
         args, taken = list(layout.constants), iter(tensors)
         for i in layout.tensors:
             args[i] = torch.cat([next(taken), next(taken)], dim=1) if i in layout.split else next(taken)
+        for (i, _, n), spec in zip(layout.objects, self._specs[0] or (), strict=True):
+            args[i] = pytree.tree_unflatten([next(taken) for _ in range(n)], spec)
         args[layout.cache] = leaf.build(list(taken))
         return self._forward(self.model, *args)
 
@@ -211,20 +279,22 @@ def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, 
     leaf = ObjectLeaf.of(inputs[where])
     others = [i for i in range(len(inputs)) if i != where]
     if found is None or leaf is None or not found[1] or any(
-            not isinstance(inputs[i], (torch.Tensor, *_CONSTANTS)) for i in others):
+            not isinstance(inputs[i], (torch.Tensor, *_CONSTANTS)) and opened_input(inputs[i]) is None for i in others):
         return model, inputs, None
     skeleton, cache = found
     tensors = tuple(i for i in others if isinstance(inputs[i], torch.Tensor))
-    names = [name for name, _ in _parameters(model)]
-    split = tuple(i for i in tensors if i < len(names) and names[i].endswith("attention_mask")
-                  and _parts(inputs[i], inputs[where]) is not None)
+    objects = {i: opened_input(inputs[i]) for i in others if opened_input(inputs[i]) is not None}
+    names = [name for name, _ in class_parameters(model)]
+    split = tuple(i for i in tensors if _over_cache_and_new(inputs, names, i, cache_length(inputs[where])))
     layout = StepLayout(count=len(inputs), tensors=tensors, cache=where,
-                        constants=tuple(None if i in tensors or i == where else inputs[i] for i in range(len(inputs))),
-                        skeleton=skeleton, split=split, longest=_longest_kept(inputs[where]))
+                        constants=tuple(None if i in tensors or i in objects or i == where else inputs[i]
+                                        for i in range(len(inputs))),
+                        skeleton=skeleton, split=split, longest=_longest_kept(inputs[where]),
+                        objects=tuple((i, str(spec), len(leaves)) for i, (leaves, spec) in objects.items()))
     step_inputs = layout.tensors_of(inputs, inputs[where], cache)
     if step_inputs is None:
         return model, inputs, None
-    step = CacheStep(model, layout, leaf)
+    step = CacheStep(model, layout, leaf, [spec for _, spec in objects.values()])
     _check_structure_kept(step, step_inputs, inputs[where], skeleton)
     log.info("cuvil-pgc: the example call passes a %s holding %d tensors: building the decoding step, the cache "
              "opened into its tensors", type(inputs[where]).__name__, len(cache))
@@ -247,7 +317,7 @@ def as_generate_calls(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, .
     ``logits_to_keep=1``. A step built without them matched none of ``generate()``'s calls, once its
     forward showed the model's parameters (it must: ``generate()`` reads them to decide what to pass,
     and without position ids a left-padded GPT-2 batch answered otherwise than eager's)."""
-    params = _parameters(model)
+    params = class_parameters(model)
     names = [name for name, _ in params]
     filled = list(inputs)
 
@@ -280,7 +350,7 @@ def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout) -> tu
         return bound
     built = names[:layout.count]
     out, (batch, new) = list(bound), ids.shape
-    past = _length(out[layout.cache])
+    past = cache_length(out[layout.cache])
     at = built.index("attention_mask") if "attention_mask" in built else -1
     if at in layout.tensors and out[at] is None:
         out[at] = torch.ones(batch, past + new, dtype=torch.long, device=ids.device)
@@ -314,7 +384,7 @@ def _check_structure_kept(step: CacheStep, inputs: tuple[torch.Tensor, ...], cac
     before, after = skeleton.split(", "), found[0].split(", ")
     change = next((f"{a} became {b}" for a, b in zip(before, after, strict=False) if a != b), "its layers changed")
     window = _longest_kept(cache)
-    full = window is not None and _length(cache) > window
+    full = window is not None and cache_length(cache) > window
     raise RecompileError(
         f"the model's decoding step returns its {type(cache).__name__} changed besides its tensors ({change}): a "
         "build is made for the cache's structure, and no later step's would match it"
@@ -325,174 +395,37 @@ def _check_structure_kept(step: CacheStep, inputs: tuple[torch.Tensor, ...], cac
              "steps run the original module"))
 
 
-def _parameters(model: nn.Module) -> list[tuple[str, Any]]:
+def class_parameters(model: nn.Module) -> list[tuple[str, Any]]:
     """(name, default) of the parameters of ``model``'s class forward a call may pass by position."""
     params = list(inspect.signature(type(model).forward).parameters.values())[1:]
     return [(p.name, p.default) for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+def _over_cache_and_new(inputs: tuple[Any, ...], names: list[str], at: int, past: int) -> bool:
+    """Whether ``inputs[at]`` is an attention mask over the cache's positions and the new tokens':
+    named ``*attention_mask``, as long as the cache and its ``*input_ids`` (an encoder-decoder's
+    ``attention_mask`` is over the encoder's tokens: its ``input_ids`` are not in a step's call)."""
+    if at >= len(names) or not names[at].endswith("attention_mask"):
+        return False
+    ids_name = names[at].removesuffix("attention_mask") + "input_ids"
+    ids = inputs[names.index(ids_name)] if ids_name in names[:len(inputs)] else None
+    mask = inputs[at]
+    return isinstance(ids, torch.Tensor) and ids.dim() == 2 and mask.dim() == 2 \
+        and 0 < past and mask.shape[1] == past + ids.shape[1]
+
+
 def _parts(mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A 2-D attention ``mask`` over the cache's positions and the new tokens' as those two parts
     (contiguous), or None where it is not one longer than the cache."""
-    past = _length(cache)
+    past = cache_length(cache)
     if mask.dim() != 2 or not 0 < past < mask.shape[1]:
         return None
     return mask[:, :past].contiguous(), mask[:, past:].contiguous()
 
 
-def install(model: nn.Module, step: CacheStep, region: nn.Module) -> nn.Module:
-    """A copy of ``model`` (sharing its submodules, weights and config, as
-    :func:`~.apply.apply_plan`'s) whose ``forward`` is :func:`decoding_forward` over ``region``
-    (the loaded build of ``step``); ``model`` itself runs as it did."""
-    import copy
-
-    out = copy.copy(model)
-    out._modules = dict(model._modules)        # as apply_plan's: a submodule set on the copy is the copy's
-    out.forward = decoding_forward(out, step, region)      # a function: nn.Module keeps it as an attribute
-    return out
-
-
-def own_model(model: Any) -> Any:
-    """The model :func:`install` copied ``model`` from, or ``model`` where it is no such copy: a
-    build loaded onto what ``load_build`` returned applies to the model, not to the copy's forward."""
-    step = getattr(getattr(model, "__dict__", {}).get("forward"), "step", None)
-    return step.model if isinstance(step, CacheStep) else model
-
-
-def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> Any:
-    """The forward a loaded decoding step's model runs: the step's ``region`` for a call that binds
-    to its layout, with a cache of the built structure, written back into that cache; the model's
-    class forward for any other call."""
-    layout = step._layout
-    original = type(model).forward
-    params = _parameters(model)
-    names = [name for name, _ in params]
-    runs, longest = _sizes_run(region, layout), layout.longest
-    last: list[Any] = [None]     # (a weak reference to the cache written back last, what holds its tensors, they)
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        bound = bind_call(params, model, args, kwargs, layout.count)
-        if bound is not None:
-            bound = as_built(bound, names, layout)
-        if bound is None:
-            return original(model, *args, **kwargs)
-        cache, ids = bound[layout.cache], bound[layout.tensors[0]]
-        past = _length(cache)
-        batch = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() else None
-        if past and (longest is not None and past > longest
-                     or runs is not None and batch is not None and not _within(runs, batch, past)):
-            # a step the build does not run: the region would run the original module, after opening
-            # the cache and its checks (6% slower than eager at 900 tokens of a 4-layer Llama)
-            forward.outside_calls += 1          # type: ignore[attr-defined]
-            if forward.outside_calls == 1:      # type: ignore[attr-defined]
-                log.warning("cuvil-pgc: a decoding step at batch %s with a cache of %d tokens runs the model's own "
-                            "forward: its build runs %s (further such steps are counted in forward.outside_calls)",
-                            batch, past, _runs_text(runs, longest))
-            return original(model, *args, **kwargs)
-        entry = last[0]                  # read once: another thread's step may replace it
-        if entry is not None and entry[0]() is cache and unchanged(entry[1]):     # written back last step, as left
-            tensors = entry[2]
-        else:
-            found = opened(cache)
-            tensors = found[1] if found is not None and found[0] == layout.skeleton else None
-        inputs = layout.tensors_of(bound, cache, tensors) if tensors is not None else None
-        if inputs is None:
-            return original(model, *args, **kwargs)
-        if step._leaf[0] is None:      # the same structure rebuilds alike whichever cache it is taken from
-            step._leaf[0] = ObjectLeaf.of(cache)
-        out = _written_back(region(*inputs), cache)
-        # the next step's call passes this cache again: telling that nothing in it was rebound costs a
-        # few identity comparisons, where opening it and writing its structure took 10 µs a layer
-        _remember(last, cache, step._leaf[0].held(cache))
-        return out
-
-    # generate() reads the forward's parameters to decide what it passes (position ids, logits_to_keep)
-    signature = inspect.signature(original)
-    forward.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])  # type: ignore[attr-defined]
-    forward.region = region      # type: ignore[attr-defined]  # its counters: fast.forward.region.fallback_calls
-    forward.step = step          # type: ignore[attr-defined]
-    forward.outside_calls = 0    # type: ignore[attr-defined]  # steps at a batch or cache length the build does not run
-    return forward
-
-
-def _remember(last: list[Any], cache: Any, held: tuple[list[Any], list[torch.Tensor]] | None) -> None:
-    """Keep ``held`` (:meth:`~.object_outputs.ObjectLeaf.held` of ``cache``) in ``last`` for the next
-    step's call, for only as long as ``cache`` lives: a finished generation's cache, and the tensors
-    it holds, are not kept alive by it."""
-    entry = last[0]
-    if held is None:
-        last[0] = None
-        return
-    if entry is not None and entry[0]() is cache:
-        last[0] = (entry[0], *held)
-        return
-
-    def forget(ref: Any) -> None:
-        if last[0] is not None and last[0][0] is ref:
-            last[0] = None
-    try:
-        last[0] = (weakref.ref(cache, forget), *held)
-    except TypeError:                  # a cache that takes no weak references is opened every step
-        last[0] = None
-
-
-def _sizes_run(region: nn.Module, layout: StepLayout) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """The batches and cache lengths ``region`` (a whole step's program) runs, each (smallest,
-    largest): the ranges its program for other sizes was checked and timed at (see
-    :mod:`.size_speed`; a size that stays fixed, that size alone); None where the region is no such
-    program."""
-    other = getattr(region, "other_shapes", None)
-    calls = len(layout.tensors) + len(layout.split)
-    if other is None or len(other.inputs) <= calls:
-        return None
-    first, cache = other.inputs[0], other.inputs[calls]
-    if not (isinstance(first, tuple) and isinstance(cache, tuple) and first[1] and len(cache[1]) >= 2):
-        return None
-
-    def span(size: Any) -> tuple[int, int]:
-        return (size, size) if type(size) is int else tuple(other.ranges.get(size, (0, 1 << 62)))
-    return span(first[1][0]), span(cache[1][-2])
-
-
-def _runs_text(runs: tuple[tuple[int, int], tuple[int, int]] | None, longest: int | None) -> str:
-    """What steps a build runs, for the warning of one it does not."""
-    if runs is not None:
-        top = runs[1][1] if longest is None else min(runs[1][1], longest)
-        return f"batches {runs[0][0]}-{runs[0][1]} and caches of {runs[1][0]}-{top} tokens"
-    return f"caches of up to {longest} tokens (its sliding window's, less the new token's place)"
-
-
-def _within(runs: tuple[tuple[int, int], tuple[int, int]], batch: int, past: int) -> bool:
-    """Whether a step's ``batch`` (its first tensor's) and cache length ``past`` are among those ``runs``."""
-    (b_lo, b_hi), (l_lo, l_hi) = runs
-    return b_lo <= batch <= b_hi and l_lo <= past <= l_hi
-
-
-def _length(cache: Any) -> int:
+def cache_length(cache: Any) -> int:
     """How many tokens a Hugging Face cache holds (0 where it cannot say)."""
     try:
         return int(cache.get_seq_length())
     except Exception:       # not a Hugging Face cache, or one whose method raises: the checks decide
         return 0
-
-
-def _written_back(output: Any, cache: Any) -> Any:
-    """``output`` with its cache (a new object of ``cache``'s class) replaced by ``cache`` holding
-    what it holds: eager extends the cache it is given and returns it."""
-    kind = type(cache)
-    if isinstance(output, dict):        # a ModelOutput (an OrderedDict) or a dict
-        keys = [k for k, v in output.items() if type(v) is kind]
-        for k in keys:
-            output[k] = _refill(cache, output[k])
-        return output
-    if type(output) is tuple:            # return_dict=False
-        return tuple(_refill(cache, v) if type(v) is kind else v for v in output)
-    return output
-
-
-def _refill(cache: Any, new: Any) -> Any:
-    """``cache``, holding what ``new`` holds."""
-    if new is not cache:
-        vars(cache).clear()
-        vars(cache).update(vars(new))
-    return cache

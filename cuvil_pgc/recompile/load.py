@@ -122,7 +122,7 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
 def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool | None,
           example_inputs: tuple[Any, ...] | None, stale: str, size_programs: int | None,
           size_examples: list[Any] | tuple[Any, ...] | None = None) -> Any:
-    from cuvil_pgc.recompile.cache_step import own_model
+    from cuvil_pgc.recompile.decoding_forward import own_model
     from cuvil_pgc.recompile.runtime_build import check_engines
     from cuvil_pgc.recompile.trust import open_trusted
 
@@ -170,7 +170,7 @@ def _decoding_step(plan: Plan, model: Any, path: str) -> Any:
 def _installed(model: Any, step: Any, region: Any, report: LoadReport) -> Any:
     """A copy of ``model`` running ``region`` (the loaded build of its decoding ``step``) for its
     decoding steps."""
-    from cuvil_pgc.recompile.cache_step import install
+    from cuvil_pgc.recompile.decoding_forward import install
 
     if region is step:
         return model            # nothing of the step's call was replaced: the model as it is

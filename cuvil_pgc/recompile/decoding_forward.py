@@ -1,0 +1,179 @@
+"""What a loaded decoding step's model runs (see :mod:`.cache_step`, which builds the step).
+
+:func:`install` makes ``load_build``'s result for a decoding step: a copy of the user's model
+(sharing its submodules and weights) whose ``forward`` is :func:`decoding_forward`, so that
+``fast(...)``, ``fast.generate()`` and pipelines all go through it; the model itself is left as it
+was. A call that binds to the step's layout, with a cache of the built structure, runs the step's
+region and writes the extended cache's attributes back into the caller's cache (the object eager
+extends and returns); a step at a batch or cache length the build does not run, and any other call
+(the prefill, whose cache is still empty), run the model's own forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from cuvil_pgc.recompile.cache_step import CacheStep, StepLayout, as_built, cache_length, class_parameters
+from cuvil_pgc.recompile.call_binding import bind_call
+from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened, unchanged
+
+log = logging.getLogger(__name__)
+
+
+def install(model: nn.Module, step: CacheStep, region: nn.Module) -> nn.Module:
+    """A copy of ``model`` (sharing its submodules, weights and config, as
+    :func:`~.apply.apply_plan`'s) whose ``forward`` is :func:`decoding_forward` over ``region``
+    (the loaded build of ``step``); ``model`` itself runs as it did."""
+    import copy
+
+    out = copy.copy(model)
+    out._modules = dict(model._modules)        # as apply_plan's: a submodule set on the copy is the copy's
+    out.forward = decoding_forward(out, step, region)      # a function: nn.Module keeps it as an attribute
+    return out
+
+
+def own_model(model: Any) -> Any:
+    """The model :func:`install` copied ``model`` from, or ``model`` where it is no such copy: a
+    build loaded onto what ``load_build`` returned applies to the model, not to the copy's forward."""
+    step = getattr(getattr(model, "__dict__", {}).get("forward"), "step", None)
+    return step.model if isinstance(step, CacheStep) else model
+
+
+def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> Any:
+    """The forward a loaded decoding step's model runs: the step's ``region`` for a call that binds
+    to its layout, with a cache of the built structure, written back into that cache; the model's
+    class forward for any other call."""
+    layout = step._layout
+    original = type(model).forward
+    params = class_parameters(model)
+    names = [name for name, _ in params]
+    runs, longest = _sizes_run(region, layout), layout.longest
+    last: list[Any] = [None]     # (a weak reference to the cache written back last, what holds its tensors, they)
+    memo: list[Any] = [None] * len(layout.objects)     # the objects opened last (StepLayout.tensors_of)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        bound = bind_call(params, model, args, kwargs, layout.count)
+        if bound is not None:
+            bound = as_built(bound, names, layout)
+        if bound is None:
+            return original(model, *args, **kwargs)
+        cache, ids = bound[layout.cache], bound[layout.tensors[0]]
+        past = cache_length(cache)
+        batch = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() else None
+        if past and (longest is not None and past > longest
+                     or runs is not None and batch is not None and not _within(runs, batch, past)):
+            # a step the build does not run: the region would run the original module, after opening
+            # the cache and its checks (6% slower than eager at 900 tokens of a 4-layer Llama)
+            forward.outside_calls += 1          # type: ignore[attr-defined]
+            if forward.outside_calls == 1:      # type: ignore[attr-defined]
+                log.warning("cuvil-pgc: a decoding step at batch %s with a cache of %d tokens runs the model's own "
+                            "forward: its build runs %s (further such steps are counted in forward.outside_calls)",
+                            batch, past, _runs_text(runs, longest))
+            return original(model, *args, **kwargs)
+        entry = last[0]                  # read once: another thread's step may replace it
+        if entry is not None and entry[0]() is cache and unchanged(entry[1]):     # written back last step, as left
+            tensors = entry[2]
+        else:
+            found = opened(cache)
+            tensors = found[1] if found is not None and found[0] == layout.skeleton else None
+        inputs = layout.tensors_of(bound, cache, tensors, memo) if tensors is not None else None
+        if inputs is None:
+            return original(model, *args, **kwargs)
+        if step._leaf[0] is None:      # the same structure rebuilds alike whichever cache it is taken from
+            step._leaf[0] = ObjectLeaf.of(cache)
+            step._specs[0] = [pytree.tree_flatten(bound[i])[1] for i, _, _ in layout.objects]
+        out = _written_back(region(*inputs), cache)
+        # the next step's call passes this cache again: telling that nothing in it was rebound costs a
+        # few identity comparisons, where opening it and writing its structure took 10 µs a layer
+        _remember(last, cache, step._leaf[0].held(cache))
+        return out
+
+    # generate() reads the forward's parameters to decide what it passes (position ids, logits_to_keep)
+    signature = inspect.signature(original)
+    forward.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])  # type: ignore[attr-defined]
+    forward.region = region      # type: ignore[attr-defined]  # its counters: fast.forward.region.fallback_calls
+    forward.step = step          # type: ignore[attr-defined]
+    forward.outside_calls = 0    # type: ignore[attr-defined]  # steps at a batch or cache length the build does not run
+    return forward
+
+
+def _remember(last: list[Any], cache: Any, held: tuple[list[Any], list[torch.Tensor]] | None) -> None:
+    """Keep ``held`` (:meth:`~.object_outputs.ObjectLeaf.held` of ``cache``) in ``last`` for the next
+    step's call, for only as long as ``cache`` lives: a finished generation's cache, and the tensors
+    it holds, are not kept alive by it."""
+    entry = last[0]
+    if held is None:
+        last[0] = None
+        return
+    if entry is not None and entry[0]() is cache:
+        last[0] = (entry[0], *held)
+        return
+
+    def forget(ref: Any) -> None:
+        if last[0] is not None and last[0][0] is ref:
+            last[0] = None
+    try:
+        last[0] = (weakref.ref(cache, forget), *held)
+    except TypeError:                  # a cache that takes no weak references is opened every step
+        last[0] = None
+
+
+def _sizes_run(region: nn.Module, layout: StepLayout) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The batches and cache lengths ``region`` (a whole step's program) runs, each (smallest,
+    largest): the ranges its program for other sizes was checked and timed at (see
+    :mod:`.size_speed`; a size that stays fixed, that size alone); None where the region is no such
+    program."""
+    other = getattr(region, "other_shapes", None)
+    calls = layout.call_tensors
+    if other is None or len(other.inputs) <= calls:
+        return None
+    first, cache = other.inputs[0], other.inputs[calls]
+    if not (isinstance(first, tuple) and isinstance(cache, tuple) and first[1] and len(cache[1]) >= 2):
+        return None
+
+    def span(size: Any) -> tuple[int, int]:
+        return (size, size) if type(size) is int else tuple(other.ranges.get(size, (0, 1 << 62)))
+    return span(first[1][0]), span(cache[1][-2])
+
+
+def _runs_text(runs: tuple[tuple[int, int], tuple[int, int]] | None, longest: int | None) -> str:
+    """What steps a build runs, for the warning of one it does not."""
+    if runs is not None:
+        top = runs[1][1] if longest is None else min(runs[1][1], longest)
+        return f"batches {runs[0][0]}-{runs[0][1]} and caches of {runs[1][0]}-{top} tokens"
+    return f"caches of up to {longest} tokens (its sliding window's, less the new token's place)"
+
+
+def _within(runs: tuple[tuple[int, int], tuple[int, int]], batch: int, past: int) -> bool:
+    """Whether a step's ``batch`` (its first tensor's) and cache length ``past`` are among those ``runs``."""
+    (b_lo, b_hi), (l_lo, l_hi) = runs
+    return b_lo <= batch <= b_hi and l_lo <= past <= l_hi
+
+
+def _written_back(output: Any, cache: Any) -> Any:
+    """``output`` with its cache (a new object of ``cache``'s class) replaced by ``cache`` holding
+    what it holds: eager extends the cache it is given and returns it."""
+    kind = type(cache)
+    if isinstance(output, dict):        # a ModelOutput (an OrderedDict) or a dict
+        keys = [k for k, v in output.items() if type(v) is kind]
+        for k in keys:
+            output[k] = _refill(cache, output[k])
+        return output
+    if type(output) is tuple:            # return_dict=False
+        return tuple(_refill(cache, v) if type(v) is kind else v for v in output)
+    return output
+
+
+def _refill(cache: Any, new: Any) -> Any:
+    """``cache``, holding what ``new`` holds."""
+    if new is not cache:
+        vars(cache).clear()
+        vars(cache).update(vars(new))
+    return cache
