@@ -122,10 +122,12 @@ def test_an_encoder_decoders_onnx_runtime_build_runs_generate_as_eager(tmp_path,
 
     from cuvil_pgc.recompile import load_build, recompile
     from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.plan_doc import OPENED_INPUTS_FORMAT
 
     model = make_t5()
     build = recompile(model, generated_step_call(model), plan={"": Candidate("", "ort")}, records=False,
                       deployed_race=False, rounds=3)
+    assert build.plan.to_json()["format"] == OPENED_INPUTS_FORMAT       # which an older cuvil-pgc refuses
     build.save(tmp_path / "t5.cuvilpkg")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
