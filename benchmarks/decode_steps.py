@@ -20,6 +20,10 @@ beside the build's plan.
 
     python benchmarks/decode_steps.py --models llama,qwen2,phi3,gpt2 --threads 1
     python benchmarks/decode_steps.py --models llama,gpt2 --capture 32 --prompt 6000 --new 16   # long contexts
+    python benchmarks/decode_steps.py --models t5,bart --prompt 128    # encoder-decoders: 128 source tokens
+
+For an encoder-decoder (``t5``, ``bart``) ``--prompt`` is the source's length, and the step built is
+the one ``generate()`` makes after ``--capture`` (default 4) decoder tokens, captured from its call.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import time
 from typing import Any
 
 MODELS = ("llama", "qwen2", "phi3", "gpt2")
+ENCODER_DECODERS = ("t5", "bart")
 
 
 def make(name: str, width: int, layers: int, positions: int = 1024) -> Any:
@@ -42,6 +47,16 @@ def make(name: str, width: int, layers: int, positions: int = 1024) -> Any:
     torch.manual_seed(0)
     common = dict(num_hidden_layers=layers, hidden_size=width, num_attention_heads=width // 32,
                   intermediate_size=width * 8 // 3, vocab_size=4096, max_position_embeddings=positions)
+    if name == "t5":
+        return T.T5ForConditionalGeneration(T.T5Config(
+            vocab_size=4096, d_model=width, d_kv=32, d_ff=width * 4, num_layers=layers, num_decoder_layers=layers,
+            num_heads=width // 32, decoder_start_token_id=0, pad_token_id=0)).eval()
+    if name == "bart":
+        return T.BartForConditionalGeneration(T.BartConfig(
+            vocab_size=4096, d_model=width, encoder_layers=layers, decoder_layers=layers,
+            encoder_attention_heads=width // 32, decoder_attention_heads=width // 32, encoder_ffn_dim=width * 4,
+            decoder_ffn_dim=width * 4, max_position_embeddings=positions, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)).eval()
     if name == "gpt2":
         return T.GPT2LMHeadModel(T.GPT2Config(n_layer=layers, n_embd=width, n_head=width // 32, vocab_size=4096,
                                               n_positions=positions)).eval()
@@ -54,11 +69,39 @@ def step_call(model: Any, prompt: int) -> dict[str, Any]:
     """One decoding step's call: the token after a prompt, the prompt's cache, the mask over both."""
     import torch
 
+    if model.config.is_encoder_decoder:
+        return generated_step_call(model, prompt, 4)
+
     ids = torch.randint(3, 4096, (1, prompt))
     with torch.no_grad():
         cache = model(ids, use_cache=True).past_key_values
     return {"input_ids": torch.randint(3, 4096, (1, 1)), "attention_mask": torch.ones(1, prompt + 1, dtype=torch.long),
             "cache": cache, "use_cache": True}
+
+
+def generated_step_call(model: Any, source: int, step: int) -> dict[str, Any]:
+    """The keyword arguments of ``generate()``'s call for decoder token ``step`` after a source of
+    ``source`` tokens (the encoder's outputs, the cache, the source's mask), as a service makes them."""
+    import inspect
+
+    import torch
+
+    calls: list[dict[str, Any]] = []
+    forward = model.forward
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return forward(*args, **kwargs)
+    spy.__signature__ = inspect.signature(forward)      # type: ignore[attr-defined]  # generate() reads it
+    model.forward = spy
+    ids = torch.randint(3, 4096, (1, source))
+    try:
+        with torch.no_grad():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=step + 1,
+                           min_new_tokens=step + 1, do_sample=False)
+    finally:
+        del model.forward
+    return {k: v for k, v in calls[step].items() if k != "return_dict"}
 
 
 def main() -> int:
@@ -81,14 +124,17 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     print(f"{args.layers} layers, width {args.width}, prompt {args.prompt}, {args.new} new tokens, the step built "
-          f"at a cache of {args.capture or args.prompt}, "
+          f"at a cache of {args.capture or args.prompt} (an encoder-decoder's: {args.capture or 4} decoder tokens after "
+          f"a source of {args.prompt}), "
           f"{args.threads} thread(s); ms per generate(), medians of {args.rounds} interleaved rounds")
     print(f"{'model':<8} {'eager':>8} {'compile':>8} {'build':>8} {'plan':<36} {'vs eager':>9} {'vs best':>8}")
     over_eager, over_best = [], []
     with tempfile.TemporaryDirectory(prefix="cuvil-decode-") as tmp:
         for name in args.models.split(","):
             model = make(name, args.width, args.layers, max(1024, args.prompt + args.new))
-            build = recompile(copy.deepcopy(model), step_call(model, args.capture or args.prompt), threads=args.threads)
+            call = generated_step_call(model, args.prompt, args.capture or 4) if name in ENCODER_DECODERS \
+                else step_call(model, args.capture or args.prompt)
+            build = recompile(copy.deepcopy(model), call, threads=args.threads)
             path = f"{tmp}/{name}.cuvilpkg"
             build.save(path)
             plan = "; ".join(f"{c.scope or '<model>'}: {c.candidate.config}" for c in build.plan.choices) or "eager"
