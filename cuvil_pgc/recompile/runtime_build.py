@@ -28,6 +28,7 @@ import io
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,9 @@ log = logging.getLogger(__name__)
 #: the files of each runtime's artifact, the first one named in the plan
 ARTIFACT_SUFFIXES = {"ort": (".onnx",), "openvino": (".xml", ".bin"), "tensorrt": (".ep",)}
 #: bump when the ONNX export's program changes (exporter options, the index checks it gets; 5: the
-#: dimensions a module keeps static in a free-size export, a decoding step's)
-ONNX_EXPORT_VERSION = 5
+#: dimensions a module keeps static in a free-size export, a decoding step's; 6: a Hugging Face
+#: model's ops translated as transformers' exporter translates them, :func:`library_translations`)
+ONNX_EXPORT_VERSION = 6
 OPSET = 18
 
 
@@ -154,7 +156,8 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
             else:
                 program = torch.onnx.export(eval_mode(TensorOutputs(prepared)), args, kwargs=inputs.kwargs or None,
                                             dynamo=True, opset_version=OPSET, optimize=True, verbose=False,
-                                            report=False, dynamic_shapes=dynamic)
+                                            report=False, dynamic_shapes=dynamic,
+                                            custom_translation_table=library_translations(prepared))
                 program.save(str(tmp), external_data=False)
         import onnx
 
@@ -178,6 +181,24 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
             tmp.unlink(missing_ok=True)
             raise ExportError(f"torch.onnx.export made a program whose indices cannot be checked: {exc}") from None
     os.replace(tmp, path)
+
+
+def library_translations(module: nn.Module) -> dict[Any, Any] | None:
+    """The ONNX translations a model's library ships for its own ops that ``torch.onnx.export``
+    cannot lower, where ``module`` holds a Hugging Face model: transformers' exporter passes them as
+    ``custom_translation_table`` (its MoE experts' ``transformers.grouped_mm_fallback``, which no
+    ONNX function translated: Mixtral's, Qwen-MoE's, OLMoE's steps had no ONNX Runtime or OpenVINO
+    candidate; and its fixes of aten ops torchlib lowers wrongly for ONNX Runtime). None where the
+    module holds none, or this transformers has no such table (the export runs as torch's)."""
+    if "transformers" not in sys.modules or not any(
+            type(m).__module__.startswith("transformers.") for m in module.modules()):
+        return None
+    try:
+        from transformers.exporters import exporter_onnx
+    except Exception:          # an older transformers, or onnxscript missing: torch's own lowering
+        return None
+    table = getattr(exporter_onnx, "_ONNX_TRANSLATION_TABLE", None)   # transformers' own, as its exporter passes it
+    return dict(table) if isinstance(table, dict) and table else None
 
 
 def _free_dimensions(prepared: nn.Module, args: tuple[Any, ...]) -> tuple[dict[int, Any] | None, ...]:
