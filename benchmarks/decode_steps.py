@@ -90,7 +90,7 @@ def generated_step_call(model: Any, source: int, step: int) -> dict[str, Any]:
     forward = model.forward
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs)
+        calls.append(copy.deepcopy(kwargs))       # as passed: the model extends the cache after
         return forward(*args, **kwargs)
     spy.__signature__ = inspect.signature(forward)      # type: ignore[attr-defined]  # generate() reads it
     model.forward = spy

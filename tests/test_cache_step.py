@@ -4,6 +4,7 @@ into tensors (recompile/cache_step.py), and a loaded build runs generate()'s ste
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 
 import pytest
@@ -454,3 +455,31 @@ def test_generate_calls_a_loaded_step_as_it_calls_the_model_and_a_padded_gpt2_ba
         padded[0, 0] = 0
         fast(input_ids=call["input_ids"], attention_mask=padded, cache=call["cache"], use_cache=True)
     assert len(ran) == 1
+
+
+def test_a_step_built_without_an_output_flag_runs_the_calls_that_pass_the_configs_value():
+    """generate() passes return_dict=True, which Bloom's forward names: a step built from a call that
+    left it out ran none of generate()'s steps. A flag left None on one side and set to the config's
+    value on the other is the same call; the config's opposite is not."""
+    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
+    from cuvil_pgc.recompile.decoding_forward import decoding_forward
+
+    torch.manual_seed(0)
+    model = transformers.BloomForCausalLM(transformers.BloomConfig(hidden_size=32, n_layer=1, n_head=2,
+                                                                   vocab_size=60)).eval()
+    assert "return_dict" in inspect.signature(type(model).forward).parameters
+    layout = around_cache(model, _positional(model, step_call(model)))[2]
+    step, ran = CacheStep(model, layout), []
+
+    def region(*tensors):
+        ran.append(1)
+        return step(*tensors)
+    fast = copy.copy(model)
+    fast.forward = decoding_forward(fast, step, region)
+    ids = torch.randint(3, 60, (2, 6))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(fast.generate(ids, **kw), model.generate(ids, **kw))
+        assert len(ran) == 4
+        call = step_call(model)
+        assert type(fast(**call, return_dict=False)) is tuple and len(ran) == 4     # not the config's: eager's

@@ -34,7 +34,7 @@ def generated_step_call(model, step: int = 3) -> dict:
     forward = model.forward
 
     def spy(*args, **kwargs):
-        calls.append(kwargs)
+        calls.append(copy.deepcopy(kwargs))       # as passed: the model extends the cache after
         return forward(*args, **kwargs)
     spy.__signature__ = inspect.signature(forward)
     model.forward = spy

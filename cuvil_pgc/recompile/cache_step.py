@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS
 from cuvil_pgc.errors import BuildError, RecompileError
 from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened
 
@@ -338,18 +339,27 @@ def as_generate_calls(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, .
     return tuple(filled)
 
 
-def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout) -> tuple[Any, ...] | None:
+def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout, config: Any = None) -> tuple[Any, ...] | None:
     """A call ``bound`` to the layout's positions with what it leaves out and the built call holds
     filled in as the model reads it left out: no attention mask is one over every position
     (``generate()`` drops an all-ones mask), and the ``position_ids`` of a call that pads nothing
     count on from the cache's length (a padded row counts along its mask, which ``generate()``
-    does and passes); ``logits_to_keep`` as built where both keep every new token's logits. None
-    where a call leaves the position ids out over padding (the model's own forward answers it)."""
-    ids = bound[layout.tensors[0]] if layout.tensors else None
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-        return bound
+    does and passes); ``logits_to_keep`` as built where both keep every new token's logits; a
+    Hugging Face output flag left None on one side and set to the model's ``config`` value on the
+    other as built (``generate()`` passes ``return_dict=True``, which Bloom's, GPT-Neo's and
+    Falcon's forwards name: a step built without it ran none of their steps). None where a call
+    leaves the position ids out over padding (the model's own forward answers it)."""
     built = names[:layout.count]
-    out, (batch, new) = list(bound), ids.shape
+    out = list(bound)
+    for at, name in enumerate(built):
+        if name in HF_OUTPUT_FLAGS and out[at] is not layout.constants[at] and None in (out[at], layout.constants[at]):
+            given = layout.constants[at] if out[at] is None else out[at]
+            if type(given) is bool and given == _config_flag(config, name):
+                out[at] = layout.constants[at]
+    ids = out[layout.tensors[0]] if layout.tensors else None
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return tuple(out)
+    batch, new = ids.shape
     past = cache_length(out[layout.cache])
     at = built.index("attention_mask") if "attention_mask" in built else -1
     if at in layout.tensors and out[at] is None:
@@ -366,6 +376,13 @@ def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout) -> tu
             and all(k == 0 or k >= new for k in (want, out[at])):       # both: every new token's logits
         out[at] = want
     return tuple(out)
+
+
+def _config_flag(config: Any, name: str) -> Any:
+    """What a Hugging Face model reads for the output flag ``name`` left None: its config's."""
+    if name == "return_dict":
+        return getattr(config, "use_return_dict", getattr(config, "return_dict", None))
+    return getattr(config, name, None)
 
 
 def _check_structure_kept(step: CacheStep, inputs: tuple[torch.Tensor, ...], cache: Any, skeleton: str) -> None:

@@ -61,7 +61,7 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     def forward(*args: Any, **kwargs: Any) -> Any:
         bound = bind_call(params, model, args, kwargs, layout.count)
         if bound is not None:
-            bound = as_built(bound, names, layout)
+            bound = as_built(bound, names, layout, getattr(model, "config", None))
         if bound is None:
             return original(model, *args, **kwargs)
         cache, ids = bound[layout.cache], bound[layout.tensors[0]]
