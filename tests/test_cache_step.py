@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import logging
 
 import pytest
 import torch
@@ -457,7 +458,7 @@ def test_generate_calls_a_loaded_step_as_it_calls_the_model_and_a_padded_gpt2_ba
     assert len(ran) == 1
 
 
-def test_a_step_built_without_an_output_flag_runs_the_calls_that_pass_the_configs_value():
+def test_a_step_built_without_an_output_flag_runs_the_calls_that_pass_the_configs_value(caplog):
     """generate() passes return_dict=True, which Bloom's forward names: a step built from a call that
     left it out ran none of generate()'s steps. A flag left None on one side and set to the config's
     value on the other is the same call; the config's opposite is not."""
@@ -482,4 +483,10 @@ def test_a_step_built_without_an_output_flag_runs_the_calls_that_pass_the_config
         assert torch.equal(fast.generate(ids, **kw), model.generate(ids, **kw))
         assert len(ran) == 4
         call = step_call(model)
-        assert type(fast(**call, return_dict=False)) is tuple and len(ran) == 4     # not the config's: eager's
+        with caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.decoding_forward"):
+            assert type(fast(**call, return_dict=False)) is tuple and len(ran) == 4     # not the config's: eager's
+            fast(**step_call(model), return_dict=False)
+    # counted, and said once, naming what differs
+    assert fast.forward.unmatched_calls == 2 and fast.forward.outside_calls == 0
+    said = [r.getMessage() for r in caplog.records if "runs the model's own forward" in r.getMessage()]
+    assert len(said) == 1 and "it passes return_dict=False where the build was made for None" in said[0]

@@ -85,6 +85,12 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
             tensors = found[1] if found is not None and found[0] == layout.skeleton else None
         inputs = layout.tensors_of(bound, cache, tensors, memo) if tensors is not None else None
         if inputs is None:
+            if past:                   # a decoding step the build was not made for: say why, once
+                forward.unmatched_calls += 1        # type: ignore[attr-defined]
+                if forward.unmatched_calls == 1:    # type: ignore[attr-defined]
+                    log.warning("cuvil-pgc: a decoding step with a cache of %d tokens runs the model's own forward: %s; "
+                                "recompile a step called this way (further such steps are counted in "
+                                "forward.unmatched_calls)", past, unmatched_reason(layout, names, bound, cache))
             return original(model, *args, **kwargs)
         if step._leaf[0] is None:      # the same structure rebuilds alike whichever cache it is taken from
             step._leaf[0] = ObjectLeaf.of(cache)
@@ -101,7 +107,36 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     forward.region = region      # type: ignore[attr-defined]  # its counters: fast.forward.region.fallback_calls
     forward.step = step          # type: ignore[attr-defined]
     forward.outside_calls = 0    # type: ignore[attr-defined]  # steps at a batch or cache length the build does not run
+    forward.unmatched_calls = 0  # type: ignore[attr-defined]  # steps called otherwise than the build's
     return forward
+
+
+def unmatched_reason(layout: StepLayout, names: list[str], bound: tuple[Any, ...], cache: Any) -> str:
+    """Why a decoding step's call ``bound`` (with a cache holding tokens) is not the built one's: the
+    first difference a user can act on (a flag passed otherwise, the cache's structure)."""
+    found = opened(cache)
+    if found is None:
+        return f"its {type(cache).__name__} cannot be opened into tensors"
+    if found[0] != layout.skeleton:
+        before, after = layout.skeleton.split(", "), found[0].split(", ")
+        change = next((f"{a} where the build's has {b}" for b, a in zip(before, after, strict=False) if a != b),
+                      "another number of layers")
+        return f"its cache's structure is not the built one's ({change})"
+    objects = {i: n for i, _, n in layout.objects}
+    for i, value in enumerate(bound):
+        name = names[i] if i < len(names) else f"argument {i}"
+        if i in layout.tensors and not isinstance(value, torch.Tensor):
+            return f"it passes {name}={value!r} where the build was made for a tensor"
+        if i in objects and value is not None and not isinstance(value, torch.Tensor):
+            continue
+        if i not in layout.tensors and i != layout.cache and i not in objects:
+            want = layout.constants[i]
+            if type(value) is not type(want) or value != want:
+                return f"it passes {name}={value!r} where the build was made for {want!r}"
+    if layout.split:
+        return "its attention mask is not over the cache's tokens and the new ones, as the built call's was"
+    return "its " + " or ".join(names[i] for i in objects) + " is not laid out as the built call's" if objects \
+        else "its inputs are not laid out as the built call's"
 
 
 def _remember(last: list[Any], cache: Any, held: tuple[list[Any], list[torch.Tensor]] | None) -> None:
