@@ -5,6 +5,8 @@ translations transformers' own exporter passes (recompile/runtime_build.library_
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -42,3 +44,23 @@ def test_a_mixture_of_experts_is_built_on_onnx_runtime(build_env):
     assert [c.candidate.config for c in build.plan.choices] == ["ort"]
     with torch.no_grad():
         torch.testing.assert_close(build.module(ids, use_cache=False).logits, model(ids, use_cache=False).logits)
+
+
+def test_the_benchmarks_plain_export_is_torchs_own(monkeypatch, tmp_path):
+    """The runtimes' baselines race what a user's plain torch.onnx.export makes, without them."""
+    from cuvil_pgc.recompile import runtime_build
+    from cuvil_pgc.recompile.apply import ScopeInputs
+
+    seen = []
+
+    def export(*args, **kwargs):
+        seen.append(kwargs.get("custom_translation_table"))
+        raise RuntimeError("stop after the call")
+    monkeypatch.setattr(torch.onnx, "export", export)
+    model, inputs = make_moe(), ScopeInputs((torch.randint(3, 60, (1, 4)),))
+    for plain in (False, True):
+        with runtime_build.plain_exports() if plain else contextlib.nullcontext(), \
+                pytest.raises(Exception, match="stop after"):
+            runtime_build.export_onnx(model, inputs, tmp_path / f"{plain}.onnx", 1)
+    assert seen[0] is not None and seen[1] is None
+

@@ -157,7 +157,8 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
                 program = torch.onnx.export(eval_mode(TensorOutputs(prepared)), args, kwargs=inputs.kwargs or None,
                                             dynamo=True, opset_version=OPSET, optimize=True, verbose=False,
                                             report=False, dynamic_shapes=dynamic,
-                                            custom_translation_table=library_translations(prepared))
+                                            custom_translation_table=None if _plain.get()
+                                            else library_translations(prepared))
                 program.save(str(tmp), external_data=False)
         import onnx
 
@@ -217,7 +218,8 @@ _plain = contextvars.ContextVar("cuvil_pgc_plain_exports", default=False)
 @contextlib.contextmanager
 def plain_exports() -> Iterator[None]:
     """ONNX exports made inside are the plain ``torch.onnx.export``, as a user makes one, without the
-    index checks cuvil-pgc adds (:mod:`.onnx_index_checks`), and cached apart: the runtimes'
+    index checks cuvil-pgc adds (:mod:`.onnx_index_checks`) or a library's translations
+    (:func:`library_translations`), and cached apart: the runtimes'
     baselines in the benchmarks, which race the build against what a user would deploy."""
     token = _plain.set(True)
     try:
