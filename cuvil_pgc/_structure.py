@@ -117,6 +117,47 @@ def settings_digest(module: Any, skip: Iterable[str] = ()) -> str:
     return h.hexdigest()
 
 
+def settings_by_name(module: Any, skip: Iterable[str] = ()) -> dict[str, str]:
+    """The settings :func:`settings_digest` covers, grouped by attribute name (a Hugging Face
+    config's fields each as ``config.<field>``), each group as a short digest over every
+    submodule's value: what a build records so that a load whose settings differ can name which
+    (a few hundred bytes where one entry per submodule would be thousands of lines)."""
+    skipped = frozenset(skip)
+    groups: dict[str, Any] = {}
+
+    def add(key: str, line: str) -> None:
+        groups.setdefault(key, hashlib.sha256()).update(line.encode())
+    for name, sub in module.named_modules(remove_duplicate=False):
+        for key, value in sorted(vars(sub).items()):
+            if key.startswith(_SKIP) or key == "training" or f"{name}.{key}".lstrip(".") in skipped:
+                continue
+            fields = _config_fields(value)
+            if fields is None:
+                add(key, f"{name} {_setting(value)}\n")
+            else:
+                for field, inner in fields.items():
+                    if not (isinstance(field, str) and field.startswith(_SKIP)):
+                        add(f"{key}.{field}", f"{name} {_setting(inner)}\n")
+    return {key: h.hexdigest()[:12] for key, h in sorted(groups.items())}
+
+
+def changed_settings(built: dict[str, str], now: dict[str, str]) -> list[str]:
+    """The names whose settings differ between two :func:`settings_by_name` (added or gone ones too)."""
+    return sorted(k for k in set(built) | set(now) if built.get(k) != now.get(k))
+
+
+def _config_fields(value: Any) -> dict[str, Any] | None:
+    """A Hugging Face config's fields (``to_dict()``), or None where ``value`` is none."""
+    to_dict = getattr(value, "to_dict", None)
+    if not callable(to_dict) or isinstance(value, type):
+        return None
+    try:
+        fields = to_dict()
+    except Exception:
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
 def written_under(written: Iterable[str], scope: str) -> list[str]:
     """The paths of ``written`` inside the submodule ``scope`` ("" the whole model), from it."""
     if not scope:
@@ -178,14 +219,9 @@ def _setting(value: Any, depth: int = 0) -> str:
         if value.numel() > 4096 or value.device.type == "meta":
             return f"tensor{tuple(value.shape)} {value.dtype}"
         return f"tensor{tuple(value.shape)} {value.dtype} {hashlib.sha256(_tensor_bytes(value)).hexdigest()[:16]}"
-    to_dict = getattr(value, "to_dict", None)
-    if callable(to_dict) and not isinstance(value, type):      # a Hugging Face PretrainedConfig
-        try:
-            fields = to_dict()
-        except Exception:
-            fields = None
-        if isinstance(fields, dict):
-            return f"{type(value).__qualname__}{_setting(fields, depth + 1)}"
+    fields = _config_fields(value)
+    if fields is not None:                                     # a Hugging Face PretrainedConfig
+        return f"{type(value).__qualname__}{_setting(fields, depth + 1)}"
     if callable(value):
         return getattr(value, "__qualname__", type(value).__qualname__)
     return type(value).__qualname__

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from cuvil_pgc._structure import settings_digest, structural_hash
+from cuvil_pgc._structure import changed_settings, settings_by_name, settings_digest, structural_hash
 from cuvil_pgc.recompile import load_build, recompile, runtimes
 from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key, realize
 from cuvil_pgc.recompile.candidates import Candidate
@@ -63,6 +63,9 @@ def test_a_hugging_face_model_loaded_from_another_directory_keeps_its_settings()
     assert digests[0] == digests[1]
     other = transformers.BertModel(transformers.BertConfig(**{**config.to_dict(), "layer_norm_eps": 1e-5}))
     assert settings_digest(other.eval()) != digests[0]
+    # named: the config's field, and the LayerNorms' own eps the config set
+    assert changed_settings(settings_by_name(model.eval()), settings_by_name(other.eval())) == [
+        "config.layer_norm_eps", "eps"]
 
 
 @needs_ort
@@ -86,7 +89,7 @@ def test_a_build_is_not_applied_to_a_model_with_other_settings(tmp_path, monkeyp
     monkeypatch.setenv("CUVIL_ALLOW_UNSIGNED", "1")
     assert load_build(path, scorer(1.0)).cuvil_load_report.runtime_regions == 1
     sharper = scorer(0.1)
-    with pytest.warns(RuntimeWarning, match="settings changed since the build"):
+    with pytest.warns(RuntimeWarning, match=r"settings changed since the build \(temperature\)"):
         loaded = load_build(path, sharper)
     assert loaded.cuvil_load_report.runtime_regions == 0 and loaded.cuvil_load_report.applied == []
     with torch.no_grad():

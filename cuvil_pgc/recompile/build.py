@@ -209,7 +209,8 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     artifacts, files, other_shapes = _artifact_members(result)
     model_hash = structural_hash(model)
     plan = plan_document(result, device=device, model_hash=model_hash, rtol=rtol, atol=atol, artifacts=artifacts,
-                         other_shapes=other_shapes, cache_step=step.to_json() if step is not None else None)
+                         other_shapes=other_shapes, cache_step=step.to_json() if step is not None else None,
+                         model=model)
     cache = _save_cache_artifacts() if any(c.backend in ("compile", "cudagraphs") for c in result.choices.values()) \
         else None
     return Build(module=result.module, plan=plan, artifacts=files,

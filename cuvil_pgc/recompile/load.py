@@ -293,7 +293,7 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
                      path: str, extract_dir: Path, size_programs: int | None) -> None:
     """Each choice's region, its verified files unpacked into ``extract_dir`` (or skipped, with the
     reason in ``report``)."""
-    from cuvil_pgc._structure import settings_digest, weights_digest
+    from cuvil_pgc._structure import changed_settings, settings_by_name, settings_digest, weights_digest
     from cuvil_pgc.recompile.apply import realize
     from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS
     from cuvil_pgc.recompile.matching import structural_hash
@@ -323,9 +323,13 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
             continue
         if cand.backend in artifact_backends and choice.settings not in (None, settings_digest(module,
                                                                                          choice.settings_skip or ())):
-            report.skipped.append(f"{scope or '<model>'}: settings changed since the build (attribute values that "
-                                  f"are not weights, such as a temperature, an eps or a config flag: its {cand.backend} "
-                                  "artifact holds the build's); running it eagerly")
+            which = changed_settings(choice.settings_by_name, settings_by_name(module, choice.settings_skip or ())) \
+                if choice.settings_by_name else []
+            named = f" ({', '.join(which[:6])}{', ...' if len(which) > 6 else ''})" if which else ""
+            report.skipped.append(f"{scope or '<model>'}: settings changed since the build{named} (attribute values "
+                                  f"that are not weights, such as a temperature, an eps or a config flag: its "
+                                  f"{cand.backend} artifact holds the build's); running it eagerly (recompile with "
+                                  "the settings it runs with)")
             continue
         if cand.backend in RUNTIME_BACKENDS:
             realized[scope] = load_region(vb, choice, module, extract_dir, plan.device, path)

@@ -109,6 +109,12 @@ def _texts(value: Any) -> list[str] | None:
     return list(value) if ok else None
 
 
+def _text_map(value: Any) -> dict[str, str] | None:
+    """A dict of strings to strings, or None where ``value`` is not one (or is empty)."""
+    ok = isinstance(value, dict) and value and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    return dict(value) if ok else None
+
+
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -146,6 +152,9 @@ class PlanChoice:
     #: the attributes the settings digest leaves out: those the region's forward writes on a call
     #: (None: none; older versions ignore it, and a model whose forward writes them runs eagerly there)
     settings_skip: list[str] | None = None
+    #: the settings by attribute name, each a short digest (:func:`~cuvil_pgc._structure.settings_by_name`):
+    #: a load whose settings differ names which (None: older builds; older versions ignore it)
+    settings_by_name: dict[str, str] | None = None
     input_signature: Any = None
     input_spec: Any = None
     artifact: str | None = None            # the member holding its AOTInductor package / runtime file
@@ -184,6 +193,8 @@ class PlanChoice:
             doc["settings"] = self.settings
         if self.settings_skip:
             doc["settings_skip"] = self.settings_skip
+        if self.settings_by_name:
+            doc["settings_by_name"] = self.settings_by_name
         if self.runtime is not None:
             doc["runtime"] = self.runtime
         if self.other_shapes is not None:
@@ -208,6 +219,7 @@ class PlanChoice:
                    structure=_text(known.get("structure")), weights=known.get("weights"),
                    settings=known.get("settings") if isinstance(known.get("settings"), str) else None,
                    settings_skip=_texts(known.get("settings_skip")),
+                   settings_by_name=_text_map(known.get("settings_by_name")),
                    input_signature=known.get("input_signature"), input_spec=known.get("input_spec"),
                    artifact=known.get("artifact") if isinstance(known.get("artifact"), str) else None,
                    runtime=runtime if isinstance(runtime, dict) else None,
@@ -343,12 +355,19 @@ def _ms(us: float | None) -> float | None:
 
 def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | None, atol: float | None,
                   artifacts: dict[str, str], other_shapes: dict[str, dict[str, Any]] | None = None,
-                  cache_step: dict[str, Any] | None = None) -> Plan:
+                  cache_step: dict[str, Any] | None = None, model: Any = None) -> Plan:
     """The :class:`Plan` of a search result (``artifacts``: scope -> the member its choice names;
-    ``other_shapes``: scope -> the record of its runtime program for other input sizes)."""
+    ``other_shapes``: scope -> the record of its runtime program for other input sizes; ``model``:
+    the searched model, whose chosen scopes' settings are recorded by name)."""
+    from cuvil_pgc._structure import settings_by_name
+
+    def by_name(scope: str) -> dict[str, str] | None:
+        if model is None or result.settings.get(scope) is None:
+            return None
+        return settings_by_name(model.get_submodule(scope) if scope else model, result.settings_skip.get(scope) or ())
     choices = [PlanChoice(scope=scope, candidate=cand, structure=result.structures[scope],
                           weights=result.weights.get(scope), settings=result.settings.get(scope),
-                          settings_skip=result.settings_skip.get(scope) or None,
+                          settings_skip=result.settings_skip.get(scope) or None, settings_by_name=by_name(scope),
                           input_signature=result.scope_inputs[scope].signature,
                           input_spec=result.scope_inputs[scope].spec, artifact=artifacts.get(scope),
                           runtime=_runtime(result, scope, cand), other_shapes=(other_shapes or {}).get(scope),
