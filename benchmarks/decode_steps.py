@@ -80,28 +80,14 @@ def step_call(model: Any, prompt: int) -> dict[str, Any]:
 
 
 def generated_step_call(model: Any, source: int, step: int) -> dict[str, Any]:
-    """The keyword arguments of ``generate()``'s call for decoder token ``step`` after a source of
-    ``source`` tokens (the encoder's outputs, the cache, the source's mask), as a service makes them."""
-    import inspect
-
+    """The call ``generate()`` makes for decoder token ``step`` after a source of ``source`` tokens
+    (the encoder's outputs, the cache, the source's mask), as a service makes it."""
     import torch
 
-    calls: list[dict[str, Any]] = []
-    forward = model.forward
+    from cuvil_pgc.recompile import generate_step_call
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        calls.append(copy.deepcopy(kwargs))       # as passed: the model extends the cache after
-        return forward(*args, **kwargs)
-    spy.__signature__ = inspect.signature(forward)      # type: ignore[attr-defined]  # generate() reads it
-    model.forward = spy
     ids = torch.randint(3, 4096, (1, source))
-    try:
-        with torch.no_grad():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=step + 1,
-                           min_new_tokens=step + 1, do_sample=False)
-    finally:
-        del model.forward
-    return {k: v for k, v in calls[step].items() if k != "return_dict"}
+    return generate_step_call(model, ids, attention_mask=torch.ones_like(ids), step=step)
 
 
 def main() -> int:

@@ -490,3 +490,29 @@ def test_a_step_built_without_an_output_flag_runs_the_calls_that_pass_the_config
     assert fast.forward.unmatched_calls == 2 and fast.forward.outside_calls == 0
     said = [r.getMessage() for r in caplog.records if "runs the model's own forward" in r.getMessage()]
     assert len(said) == 1 and "it passes return_dict=False where the build was made for None" in said[0]
+
+
+def test_generate_step_call_is_the_call_generate_makes_as_it_made_it():
+    """The example call for a decoding step, taken from generate() itself: copied before the model
+    extends its cache (a call kept by reference held a cache two tokens longer than its mask, and
+    Bloom's step raised), the model's forward left as it was."""
+    from cuvil_pgc.errors import ConfigError
+    from cuvil_pgc.recompile import generate_step_call
+    from cuvil_pgc.recompile.cache_step import around_cache
+
+    model = make()
+    ids = torch.randint(3, 60, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0                        # (generate() drops a mask of all ones)
+    call = generate_step_call(model, ids, attention_mask=mask, step=2, pad_token_id=0)
+    assert _length(call["cache"]) == 7 and call["attention_mask"].shape == (2, 8) and call["input_ids"].shape == (2, 1)
+    assert "return_dict" not in call and "forward" not in vars(model)
+    assert around_cache(model, _positional(model, call))[2] is not None
+    own = model.forward
+    model.forward = own                   # an instance forward (a loaded build's) is put back
+    generate_step_call(model, ids, step=1, pad_token_id=0)
+    assert vars(model)["forward"] is own
+    with pytest.raises(ConfigError, match="prefill"):
+        generate_step_call(model, ids, step=0)
+    with pytest.raises(ConfigError, match="none for step 5"):
+        generate_step_call(model, ids, step=5, max_new_tokens=2, min_new_tokens=2, pad_token_id=0)

@@ -28,24 +28,11 @@ def make_t5():
 
 
 def generated_step_call(model, step: int = 3) -> dict:
-    """The keyword arguments of generate()'s ``step``-th call of ``model`` (as a service's generate()
-    makes them: the encoder's outputs, the cache, the encoder's mask), less its return_dict flag."""
-    calls = []
-    forward = model.forward
+    """generate()'s call for its ``step``-th token (the encoder's outputs, the cache, the encoder's mask)."""
+    from cuvil_pgc.recompile import generate_step_call
 
-    def spy(*args, **kwargs):
-        calls.append(copy.deepcopy(kwargs))       # as passed: the model extends the cache after
-        return forward(*args, **kwargs)
-    spy.__signature__ = inspect.signature(forward)
-    model.forward = spy
     ids = torch.randint(3, 60, (2, 7))
-    try:
-        with torch.no_grad():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=step + 1,
-                           min_new_tokens=step + 1, do_sample=False)
-    finally:
-        del model.forward
-    return {k: v for k, v in calls[step].items() if k != "return_dict"}
+    return generate_step_call(model, ids, attention_mask=torch.ones_like(ids), step=step)
 
 
 def _positional(model, call):

@@ -1,7 +1,8 @@
 """cuvil_pgc.recompile: profile-guided plan search, verified builds, the build store and compare.
 
 ``recompile(model, example_inputs, traces, budget=...) -> Build`` (see :mod:`.build`),
-``load_build(path_or_ref, model, fallback=...)``, ``compare`` (see :mod:`.compare`). Attributes load
+``load_build(path_or_ref, model, fallback=...)``, ``compare`` (see :mod:`.compare`),
+``generate_step_call(model, input_ids, ...)`` (a decoding step's example call, see :mod:`.cache_step`). Attributes load
 lazily so that importing the package stays cheap (no torch until a function is used).
 """
 
@@ -16,6 +17,7 @@ _LAZY = {
     "LoadReport": ("cuvil_pgc.recompile.load", "LoadReport"),
     "Plan": ("cuvil_pgc.recompile.plan_doc", "Plan"),
     "compare": ("cuvil_pgc.recompile.compare", "compare"),
+    "generate_step_call": ("cuvil_pgc.recompile.cache_step", "generate_step_call"),
 }
 
 __all__ = list(_LAZY)

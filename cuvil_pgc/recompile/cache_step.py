@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS
-from cuvil_pgc.errors import BuildError, RecompileError
+from cuvil_pgc.errors import BuildError, ConfigError, RecompileError
 from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened
 
 log = logging.getLogger(__name__)
@@ -249,6 +249,42 @@ class CacheStep(nn.Module):
             args[i] = pytree.tree_unflatten([next(taken) for _ in range(n)], spec)
         args[layout.cache] = leaf.build(list(taken))
         return self._forward(self.model, *args)
+
+
+def generate_step_call(model: nn.Module, *args: Any, step: int = 3, **generate_kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments of the call ``model.generate(*args, **generate_kwargs)`` makes for its
+    ``step``-th new token (1: the first decoding step; 0 would be the prefill, which a build leaves
+    to the model's own forward), copied as passed (the model extends the cache after), less
+    ``return_dict`` (a flag the model reads from its config): a decoding step's example call for
+    ``recompile``, made as the service's ``generate()`` will call the build. Greedy, exactly
+    ``step + 1`` new tokens, unless ``generate_kwargs`` say otherwise."""
+    import copy
+
+    if step < 1:
+        raise ConfigError(f"step={step}: a build runs generate()'s decoding steps (1 and after); its prefill runs "
+                          "the model's own forward", fix="pass step=1 or later")
+    calls: list[dict[str, Any]] = []
+    own = vars(model).get("forward")          # a forward the instance already has (a loaded build's) stays
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        calls.append(copy.deepcopy(kw))
+        return forward(*a, **kw)
+    forward = model.forward
+    spy.__signature__ = inspect.signature(forward)     # type: ignore[attr-defined]  # generate() reads it
+    model.forward = spy
+    try:
+        with torch.no_grad():
+            model.generate(*args, **{"max_new_tokens": step + 1, "min_new_tokens": step + 1, "do_sample": False,
+                                     **generate_kwargs})
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
+    if len(calls) <= step:
+        raise ConfigError(f"generate() made {len(calls)} call(s) of the model, none for step {step}",
+                          fix="ask for more new tokens, or an earlier step")
+    return {k: v for k, v in calls[step].items() if k != "return_dict"}
 
 
 def cache_position(inputs: tuple[Any, ...]) -> int | None:
