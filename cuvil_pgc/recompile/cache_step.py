@@ -375,7 +375,8 @@ def as_generate_calls(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, .
     return tuple(filled)
 
 
-def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout, config: Any = None) -> tuple[Any, ...] | None:
+def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout, config: Any = None,
+             flags: tuple[int, ...] | None = None) -> tuple[Any, ...] | None:
     """A call ``bound`` to the layout's positions with what it leaves out and the built call holds
     filled in as the model reads it left out: no attention mask is one over every position
     (``generate()`` drops an all-ones mask), and the ``position_ids`` of a call that pads nothing
@@ -384,13 +385,15 @@ def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout, confi
     Hugging Face output flag left None on one side and set to the model's ``config`` value on the
     other as built (``generate()`` passes ``return_dict=True``, which Bloom's, GPT-Neo's and
     Falcon's forwards name: a step built without it ran none of their steps). None where a call
-    leaves the position ids out over padding (the model's own forward answers it)."""
+    leaves the position ids out over padding (the model's own forward answers it). ``flags``: the
+    positions of the output flags among ``names`` (:func:`flag_positions`, once per model: a step's
+    hot path)."""
     built = names[:layout.count]
     out = list(bound)
-    for at, name in enumerate(built):
-        if name in HF_OUTPUT_FLAGS and out[at] is not layout.constants[at] and None in (out[at], layout.constants[at]):
+    for at in flag_positions(names, layout) if flags is None else flags:
+        if out[at] is not layout.constants[at] and None in (out[at], layout.constants[at]):
             given = layout.constants[at] if out[at] is None else out[at]
-            if type(given) is bool and given == _config_flag(config, name):
+            if type(given) is bool and given == _config_flag(config, built[at]):
                 out[at] = layout.constants[at]
     ids = out[layout.tensors[0]] if layout.tensors else None
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
@@ -412,6 +415,11 @@ def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout, confi
             and all(k == 0 or k >= new for k in (want, out[at])):       # both: every new token's logits
         out[at] = want
     return tuple(out)
+
+
+def flag_positions(names: list[str], layout: StepLayout) -> tuple[int, ...]:
+    """Where the layout's call holds Hugging Face output flags (``return_dict``, ...)."""
+    return tuple(at for at, name in enumerate(names[:layout.count]) if name in HF_OUTPUT_FLAGS)
 
 
 def _config_flag(config: Any, name: str) -> Any:

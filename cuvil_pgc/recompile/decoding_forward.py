@@ -20,7 +20,14 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from cuvil_pgc.recompile.cache_step import CacheStep, StepLayout, as_built, cache_length, class_parameters
+from cuvil_pgc.recompile.cache_step import (
+    CacheStep,
+    StepLayout,
+    as_built,
+    cache_length,
+    class_parameters,
+    flag_positions,
+)
 from cuvil_pgc.recompile.call_binding import bind_call
 from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened, unchanged
 
@@ -55,13 +62,14 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     params = class_parameters(model)
     names = [name for name, _ in params]
     runs, longest = _sizes_run(region, layout), layout.longest
+    config, flags = getattr(model, "config", None), flag_positions(names, layout)
     last: list[Any] = [None]     # (a weak reference to the cache written back last, what holds its tensors, they)
     memo: list[Any] = [None] * len(layout.objects)     # the objects opened last (StepLayout.tensors_of)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         bound = bind_call(params, model, args, kwargs, layout.count)
         if bound is not None:
-            bound = as_built(bound, names, layout, getattr(model, "config", None))
+            bound = as_built(bound, names, layout, config, flags)
         if bound is None:
             return original(model, *args, **kwargs)
         cache, ids = bound[layout.cache], bound[layout.tensors[0]]
