@@ -201,6 +201,19 @@ class CacheStep(nn.Module):
         self._specs: list[list[Any] | None] = [specs]
         self._forward = type(model).forward
 
+    @property
+    def layout(self) -> StepLayout:
+        return self._layout
+
+    def learn(self, cache: Any, bound: tuple[Any, ...]) -> ObjectLeaf | None:
+        """The cache's rebuild, taken with the objects' structures from ``cache`` and the call
+        ``bound`` where the step has none yet (a loaded step's first call: the same structure
+        rebuilds alike whichever call it is taken from)."""
+        if self._leaf[0] is None:
+            self._leaf[0] = ObjectLeaf.of(cache)
+            self._specs[0] = [pytree.tree_flatten(bound[i])[1] for i, _, _ in self._layout.objects]
+        return self._leaf[0]
+
     def static_dimensions(self, args: tuple[Any, ...]) -> dict[int, set[int]]:
         """The dimensions of the step's inputs an export keeps at their size. The new tokens'
         count where it is one: Hugging Face's attention tests ``q_length > 1`` as a Python bool, and

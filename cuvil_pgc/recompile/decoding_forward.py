@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from cuvil_pgc.recompile.cache_step import (
     CacheStep,
@@ -29,7 +28,7 @@ from cuvil_pgc.recompile.cache_step import (
     flag_positions,
 )
 from cuvil_pgc.recompile.call_binding import bind_call
-from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened, unchanged
+from cuvil_pgc.recompile.object_outputs import opened, unchanged
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     """The forward a loaded decoding step's model runs: the step's ``region`` for a call that binds
     to its layout, with a cache of the built structure, written back into that cache; the model's
     class forward for any other call."""
-    layout = step._layout
+    layout = step.layout
     original = type(model).forward
     params = class_parameters(model)
     names = [name for name, _ in params]
@@ -100,13 +99,11 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
                                 "recompile a step called this way (further such steps are counted in "
                                 "forward.unmatched_calls)", past, unmatched_reason(layout, names, bound, cache))
             return original(model, *args, **kwargs)
-        if step._leaf[0] is None:      # the same structure rebuilds alike whichever cache it is taken from
-            step._leaf[0] = ObjectLeaf.of(cache)
-            step._specs[0] = [pytree.tree_flatten(bound[i])[1] for i, _, _ in layout.objects]
+        leaf = step.learn(cache, bound)
         out = _written_back(region(*inputs), cache)
         # the next step's call passes this cache again: telling that nothing in it was rebound costs a
         # few identity comparisons, where opening it and writing its structure took 10 µs a layer
-        _remember(last, cache, step._leaf[0].held(cache))
+        _remember(last, cache, leaf.held(cache) if leaf is not None else None)
         return out
 
     # generate() reads the forward's parameters to decide what it passes (position ids, logits_to_keep)
