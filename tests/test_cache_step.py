@@ -104,7 +104,7 @@ def test_a_plan_for_a_decoding_step_is_a_format_older_versions_refuse():
     assert "cache_step" not in Plan().to_json() and Plan().to_json()["format"] < CACHE_STEP_FORMAT
 
 
-def test_the_loaded_forward_runs_the_build_and_extends_the_callers_cache():
+def test_the_loaded_forward_runs_the_build_and_extends_the_callers_cache(caplog):
     """What generate() relies on: the cache it passed comes back, extended, as the output's cache."""
     from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
     from cuvil_pgc.recompile.decoding_forward import decoding_forward
@@ -125,11 +125,14 @@ def test_the_loaded_forward_runs_the_build_and_extends_the_callers_cache():
     assert ran == [6] and got.cache is call["cache"] and _length(call["cache"]) == 7
     torch.testing.assert_close(got.logits, want.logits)
     torch.testing.assert_close(call["cache"].layers[0].keys, twin["cache"].layers[0].keys)
-    with torch.no_grad():              # calls the build was not made for run the model's own forward
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="cuvil_pgc.recompile.decoding_forward"):
+        # calls the build was not made for run the model's own forward, the steps among them counted
         assert type(forward(**call, return_dict=False)) is tuple and _length(call["cache"]) == 8
         forward(**{**call, "attention_mask": torch.ones(3, 9, dtype=torch.long), "use_cache": False})
-        forward(call["input_ids"], cache=transformers.DynamicCache(config=model.config), use_cache=True)
-    assert ran == [6]
+        forward(call["input_ids"], cache=transformers.DynamicCache(config=model.config), use_cache=True)  # a prefill
+    assert ran == [6] and forward.unmatched_calls == 2
+    said = [r.getMessage() for r in caplog.records if "runs the model's own forward" in r.getMessage()]
+    assert len(said) == 1 and "it passes return_dict=False beyond the built call's arguments" in said[0]
 
 
 class _Tuples(torch.nn.Module):
@@ -455,7 +458,7 @@ def test_generate_calls_a_loaded_step_as_it_calls_the_model_and_a_padded_gpt2_ba
         padded = torch.ones(2, 11, dtype=torch.long)
         padded[0, 0] = 0
         fast(input_ids=call["input_ids"], attention_mask=padded, cache=call["cache"], use_cache=True)
-    assert len(ran) == 1
+    assert len(ran) == 1 and fast.forward.unmatched_calls == 1       # counted: a step not on the build
 
 
 def test_a_step_built_without_an_output_flag_runs_the_calls_that_pass_the_configs_value(caplog):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from cuvil_pgc.recompile.cache_step import (
     StepLayout,
     as_built,
     cache_length,
+    cache_position,
     class_parameters,
     flag_positions,
 )
@@ -65,12 +67,26 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     last: list[Any] = [None]     # (a weak reference to the cache written back last, what holds its tensors, they)
     memo: list[Any] = [None] * len(layout.objects)     # the objects opened last (StepLayout.tensors_of)
 
+    def unmatched(past: int, why: Callable[[], str]) -> None:
+        """Count a decoding step the build was not made for, and say why once."""
+        forward.unmatched_calls += 1        # type: ignore[attr-defined]
+        if forward.unmatched_calls == 1:    # type: ignore[attr-defined]
+            log.warning("cuvil-pgc: a decoding step with a cache of %d tokens runs the model's own forward: %s; "
+                        "recompile a step called this way (further such steps are counted in "
+                        "forward.unmatched_calls)", past, why())
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         bound = bind_call(params, model, args, kwargs, layout.count)
-        if bound is not None:
-            bound = as_built(bound, names, layout, config, flags)
-        if bound is None:
+        built = as_built(bound, names, layout, config, flags) if bound is not None else None
+        if built is None:
+            where = cache_position((*args, *kwargs.values()))
+            past = cache_length((*args, *kwargs.values())[where]) if where is not None else 0
+            if past:
+                unmatched(past, lambda: _unbound_reason(names, layout, args, kwargs) if bound is None else
+                          "it leaves position_ids out over a padded attention mask (the model counts them from the "
+                          "cache's length, generate() along the mask): pass them")
             return original(model, *args, **kwargs)
+        bound = built
         cache, ids = bound[layout.cache], bound[layout.tensors[0]]
         past = cache_length(cache)
         batch = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() else None
@@ -93,11 +109,7 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
         inputs = layout.tensors_of(bound, cache, tensors, memo) if tensors is not None else None
         if inputs is None:
             if past:                   # a decoding step the build was not made for: say why, once
-                forward.unmatched_calls += 1        # type: ignore[attr-defined]
-                if forward.unmatched_calls == 1:    # type: ignore[attr-defined]
-                    log.warning("cuvil-pgc: a decoding step with a cache of %d tokens runs the model's own forward: %s; "
-                                "recompile a step called this way (further such steps are counted in "
-                                "forward.unmatched_calls)", past, unmatched_reason(layout, names, bound, cache))
+                unmatched(past, lambda: unmatched_reason(layout, names, bound, cache))
             return original(model, *args, **kwargs)
         leaf = step.learn(cache, bound)
         out = _written_back(region(*inputs), cache)
@@ -114,6 +126,15 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     forward.outside_calls = 0    # type: ignore[attr-defined]  # steps at a batch or cache length the build does not run
     forward.unmatched_calls = 0  # type: ignore[attr-defined]  # steps called otherwise than the build's
     return forward
+
+
+def _unbound_reason(names: list[str], layout: StepLayout, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """Why a call does not bind to the layout's positions: the arguments past them."""
+    if len(args) > layout.count:
+        return f"it passes {len(args)} arguments by position where the build's call takes {layout.count}"
+    extra = [k for k in kwargs if k not in names[:layout.count]]
+    return (f"it passes {', '.join(f'{k}={kwargs[k]!r}' for k in extra[:3])} beyond the built call's arguments"
+            if extra else "its arguments do not bind to the built call's")
 
 
 def unmatched_reason(layout: StepLayout, names: list[str], bound: tuple[Any, ...], cache: Any) -> str:
