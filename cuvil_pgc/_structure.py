@@ -108,13 +108,19 @@ def settings_digest(module: Any, skip: Iterable[str] = ()) -> str:
     by which version a model or config was loaded (``name_or_path``, ``_name_or_path``): a service
     loads the same checkpoint from another directory.
     """
-    skipped = frozenset(skip)
     h = hashlib.sha256(b"cuvil-settings 1\n")
+    for name, key, value in _settings(module, skip):
+        h.update(f"S {name} {key} {_setting(value)}\n".encode())
+    return h.hexdigest()
+
+
+def _settings(module: Any, skip: Iterable[str]) -> Iterator[tuple[str, str, Any]]:
+    """(submodule path, attribute, value) of each setting :func:`settings_digest` covers, in order."""
+    skipped = frozenset(skip)
     for name, sub in module.named_modules(remove_duplicate=False):
         for key, value in sorted(vars(sub).items()):
             if not key.startswith(_SKIP) and key != "training" and f"{name}.{key}".lstrip(".") not in skipped:
-                h.update(f"S {name} {key} {_setting(value)}\n".encode())
-    return h.hexdigest()
+                yield name, key, value
 
 
 def settings_by_name(module: Any, skip: Iterable[str] = ()) -> dict[str, str]:
@@ -122,22 +128,18 @@ def settings_by_name(module: Any, skip: Iterable[str] = ()) -> dict[str, str]:
     config's fields each as ``config.<field>``), each group as a short digest over every
     submodule's value: what a build records so that a load whose settings differ can name which
     (a few hundred bytes where one entry per submodule would be thousands of lines)."""
-    skipped = frozenset(skip)
     groups: dict[str, Any] = {}
 
     def add(key: str, line: str) -> None:
         groups.setdefault(key, hashlib.sha256()).update(line.encode())
-    for name, sub in module.named_modules(remove_duplicate=False):
-        for key, value in sorted(vars(sub).items()):
-            if key.startswith(_SKIP) or key == "training" or f"{name}.{key}".lstrip(".") in skipped:
-                continue
-            fields = _config_fields(value)
-            if fields is None:
-                add(key, f"{name} {_setting(value)}\n")
-            else:
-                for field, inner in fields.items():
-                    if not (isinstance(field, str) and field.startswith(_SKIP)):
-                        add(f"{key}.{field}", f"{name} {_setting(inner)}\n")
+    for name, key, value in _settings(module, skip):
+        fields = _config_fields(value)
+        if fields is None:
+            add(key, f"{name} {_setting(value)}\n")
+        else:
+            for field, inner in fields.items():
+                if not (isinstance(field, str) and field.startswith(_SKIP)):
+                    add(f"{key}.{field}", f"{name} {_setting(inner)}\n")
     return {key: h.hexdigest()[:12] for key, h in sorted(groups.items())}
 
 
