@@ -42,7 +42,7 @@ from torch.utils import _pytree as pytree
 
 from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS
 from cuvil_pgc.errors import BuildError, ConfigError, RecompileError
-from cuvil_pgc.recompile.object_outputs import ObjectLeaf, opened
+from cuvil_pgc.recompile.object_outputs import ObjectLeaf, first_difference, opened
 
 log = logging.getLogger(__name__)
 
@@ -455,8 +455,8 @@ def _check_structure_kept(step: CacheStep, inputs: tuple[torch.Tensor, ...], cac
     found = opened(returned) if returned is not None else None
     if found is None or found[0] == skeleton:
         return
-    before, after = skeleton.split(", "), found[0].split(", ")
-    change = next((f"{a} became {b}" for a, b in zip(before, after, strict=False) if a != b), "its layers changed")
+    parts = first_difference(skeleton, found[0])
+    change = f"{parts[0]} became {parts[1]}" if parts else "its layers changed"
     window = _longest_kept(cache)
     full = window is not None and cache_length(cache) > window
     raise RecompileError(

@@ -30,7 +30,7 @@ from cuvil_pgc.recompile.cache_step import (
     flag_positions,
 )
 from cuvil_pgc.recompile.call_binding import bind_call
-from cuvil_pgc.recompile.object_outputs import opened, unchanged
+from cuvil_pgc.recompile.object_outputs import first_difference, opened, unchanged
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +67,25 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     last: list[Any] = [None]     # (a weak reference to the cache written back last, what holds its tensors, they)
     memo: list[Any] = [None] * len(layout.objects)     # the objects opened last (StepLayout.tensors_of)
 
+    def counted(counter: str, message: Callable[[], str]) -> None:
+        """Count a decoding step that runs the model's own forward in ``forward.<counter>``, and say
+        ``message()`` for the first."""
+        setattr(forward, counter, getattr(forward, counter) + 1)
+        if getattr(forward, counter) == 1:
+            log.warning("cuvil-pgc: %s (further such steps are counted in forward.%s)", message(), counter)
+
     def unmatched(past: int, why: Callable[[], str]) -> None:
-        """Count a decoding step the build was not made for, and say why once."""
-        forward.unmatched_calls += 1        # type: ignore[attr-defined]
-        if forward.unmatched_calls == 1:    # type: ignore[attr-defined]
-            log.warning("cuvil-pgc: a decoding step with a cache of %d tokens runs the model's own forward: %s; "
-                        "recompile a step called this way (further such steps are counted in "
-                        "forward.unmatched_calls)", past, why())
+        """A decoding step the build was not made for."""
+        counted("unmatched_calls", lambda: f"a decoding step with a cache of {past} tokens runs the model's own "
+                                           f"forward: {why()}; recompile a step called this way")
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         bound = bind_call(params, model, args, kwargs, layout.count)
         built = as_built(bound, names, layout, config, flags) if bound is not None else None
         if built is None:
-            where = cache_position((*args, *kwargs.values()))
-            past = cache_length((*args, *kwargs.values())[where]) if where is not None else 0
+            values = (*args, *kwargs.values())
+            where = cache_position(values)
+            past = cache_length(values[where]) if where is not None else 0
             if past:
                 unmatched(past, lambda: _unbound_reason(names, layout, args, kwargs) if bound is None else
                           "it leaves position_ids out over a padded attention mask (the model counts them from the "
@@ -94,11 +99,8 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
                      or runs is not None and batch is not None and not _within(runs, batch, past)):
             # a step the build does not run: the region would run the original module, after opening
             # the cache and its checks (6% slower than eager at 900 tokens of a 4-layer Llama)
-            forward.outside_calls += 1          # type: ignore[attr-defined]
-            if forward.outside_calls == 1:      # type: ignore[attr-defined]
-                log.warning("cuvil-pgc: a decoding step at batch %s with a cache of %d tokens runs the model's own "
-                            "forward: its build runs %s (further such steps are counted in forward.outside_calls)",
-                            batch, past, _runs_text(runs, longest))
+            counted("outside_calls", lambda: f"a decoding step at batch {batch} with a cache of {past} tokens runs "
+                                             f"the model's own forward: its build runs {_runs_text(runs, longest)}")
             return original(model, *args, **kwargs)
         entry = last[0]                  # read once: another thread's step may replace it
         if entry is not None and entry[0]() is cache and unchanged(entry[1]):     # written back last step, as left
@@ -144,9 +146,8 @@ def unmatched_reason(layout: StepLayout, names: list[str], bound: tuple[Any, ...
     if found is None:
         return f"its {type(cache).__name__} cannot be opened into tensors"
     if found[0] != layout.skeleton:
-        before, after = layout.skeleton.split(", "), found[0].split(", ")
-        change = next((f"{a} where the build's has {b}" for b, a in zip(before, after, strict=False) if a != b),
-                      "another number of layers")
+        parts = first_difference(layout.skeleton, found[0])
+        change = f"{parts[1]} where the build's has {parts[0]}" if parts else "another number of layers"
         return f"its cache's structure is not the built one's ({change})"
     objects = {i: n for i, _, n in layout.objects}
     for i, value in enumerate(bound):

@@ -151,6 +151,12 @@ def opened(value: Any) -> tuple[str, list[torch.Tensor]] | None:
     return _describe(skeleton), tensors
 
 
+def first_difference(built: str, found: str) -> tuple[str, str] | None:
+    """The first part (between commas) where two structures :func:`opened` wrote differ, as
+    (``built``'s, ``found``'s); None where one only has more parts (another number of layers)."""
+    return next(((a, b) for a, b in zip(built.split(", "), found.split(", "), strict=False) if a != b), None)
+
+
 #: the constants :func:`opened` writes as their values (other objects by their type's name)
 _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
 
