@@ -48,6 +48,21 @@ def _positional(model, call):
     return positional_inputs(model, call)
 
 
+def counted_build(model, step, record=len):
+    """A copy of ``model`` whose forward runs ``step`` as a loaded build would (decoding_forward over
+    a region that is the step's eager call), and the list each region call appends ``record(tensors)`` to."""
+    from cuvil_pgc.recompile.decoding_forward import decoding_forward
+
+    ran = []
+
+    def region(*tensors):
+        ran.append(record(tensors))
+        return step(*tensors)
+    fast = copy.copy(model)
+    fast.forward = decoding_forward(fast, step, region)
+    return fast, ran
+
+
 def _length(cache) -> int:
     return int(cache.get_seq_length())
 
@@ -294,19 +309,13 @@ def test_a_sliding_window_step_runs_while_its_window_keeps_every_token_and_the_m
     window is full the count is the keys' length, which the step rebuilds it from; a step at a
     longer cache (whose layer drops its oldest token) runs the model's own forward."""
     from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
-    from cuvil_pgc.recompile.decoding_forward import decoding_forward
 
     model = _mistral(16)
     step, inputs, layout = around_cache(model, _positional(model, step_call(model)))
     assert layout.longest == 14 and "cumulative_length=keys.shape[-2]" in layout.skeleton
     assert set(step.size_ceilings(inputs).values()) == {14}
-    step, ran = CacheStep(model, layout), []
-
-    def region(*tensors):
-        ran.append(tensors[-3].shape[-2])           # the last layer's keys (values, its window as a tensor)
-        return step(*tensors)
-    fast = copy.copy(model)
-    fast.forward = decoding_forward(fast, step, region)
+    # each step's cache length: the last layer's keys (then its values, its window as a tensor)
+    fast, ran = counted_build(model, CacheStep(model, layout), record=lambda tensors: tensors[-3].shape[-2])
     ids = torch.randint(3, 60, (2, 6))
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
@@ -423,20 +432,13 @@ def test_generate_calls_a_loaded_step_as_it_calls_the_model_and_a_padded_gpt2_ba
     import inspect
 
     from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
-    from cuvil_pgc.recompile.decoding_forward import decoding_forward
 
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=60,
                                                                  n_positions=128)).eval()
     call = step_call(model)
     layout = around_cache(model, _positional(model, call))[2]
-    step, ran = CacheStep(model, layout), []
-
-    def region(*tensors):
-        ran.append(len(tensors))
-        return step(*tensors)
-    fast = copy.copy(model)
-    fast.forward = decoding_forward(fast, step, region)
+    fast, ran = counted_build(model, CacheStep(model, layout))
     assert inspect.signature(fast.forward) == inspect.signature(model.forward)
     ids = torch.randint(3, 60, (2, 6))
     mask = torch.ones_like(ids)
@@ -466,20 +468,13 @@ def test_a_step_built_without_an_output_flag_runs_the_calls_that_pass_the_config
     left it out ran none of generate()'s steps. A flag left None on one side and set to the config's
     value on the other is the same call; the config's opposite is not."""
     from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
-    from cuvil_pgc.recompile.decoding_forward import decoding_forward
 
     torch.manual_seed(0)
     model = transformers.BloomForCausalLM(transformers.BloomConfig(hidden_size=32, n_layer=1, n_head=2,
                                                                    vocab_size=60)).eval()
     assert "return_dict" in inspect.signature(type(model).forward).parameters
     layout = around_cache(model, _positional(model, step_call(model)))[2]
-    step, ran = CacheStep(model, layout), []
-
-    def region(*tensors):
-        ran.append(1)
-        return step(*tensors)
-    fast = copy.copy(model)
-    fast.forward = decoding_forward(fast, step, region)
+    fast, ran = counted_build(model, CacheStep(model, layout))
     ids = torch.randint(3, 60, (2, 6))
     kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False, pad_token_id=0)
     with torch.no_grad():

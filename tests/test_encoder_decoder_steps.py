@@ -66,19 +66,15 @@ def test_the_step_opens_the_encoders_outputs_and_leaves_its_mask_whole():
 def test_generate_runs_the_step_on_the_build_and_opens_the_encoders_outputs_once(monkeypatch):
     from cuvil_pgc.recompile import cache_step
     from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
-    from cuvil_pgc.recompile.decoding_forward import decoding_forward
+    from tests.test_cache_step import counted_build
 
     model = make_t5()
     layout = around_cache(model, _positional(model, generated_step_call(model)))[2]
-    step, ran, opens = CacheStep(model, layout), [], []
+    step, opens = CacheStep(model, layout), []
     real = cache_step.opened_input
     monkeypatch.setattr(cache_step, "opened_input", lambda value: opens.append(1) or real(value))
 
-    def region(*tensors):
-        ran.append(1)
-        return step(*tensors)
-    fast = copy.copy(model)
-    fast.forward = decoding_forward(fast, step, region)
+    fast, ran = counted_build(model, step)
     ids = torch.randint(3, 60, (2, 9))
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
