@@ -10,7 +10,10 @@ count, greedy ``generate()`` of ``--new`` tokens after a prompt of ``--prompt`` 
 - ``compile``: what Hugging Face documents for fast generation, a static cache
   (``cache_implementation="static"``) and ``model.forward = torch.compile(model.forward)``, warmed first;
 - ``build``: ``recompile`` of one decoding step (``cuvil-pgc recompile`` at its defaults), saved and
-  loaded with ``load_build`` as a service loads it.
+  loaded with ``load_build`` as a service loads it;
+- with ``--prefill``, ``steps`` (that build alone) and ``build``: the same with the prefill's build
+  (``recompile`` of ``generate()``'s first call, the prompt's, with the cache still empty) loaded
+  onto it, so that the prompt runs a build too.
 
 Every contender's tokens are checked against eager's. It prints each model's medians (ms per
 ``generate()``), the build over eager and over the faster of the two others, and their geometric
@@ -20,6 +23,7 @@ beside the build's plan.
 
     python benchmarks/decode_steps.py --models llama,qwen2,phi3,gpt2 --threads 1
     python benchmarks/decode_steps.py --models llama,gpt2 --capture 32 --prompt 6000 --new 16   # long contexts
+    python benchmarks/decode_steps.py --models llama,gpt2 --prefill --capture 32 --prompt 2000  # the prompt's build too
     python benchmarks/decode_steps.py --models t5,bart --prompt 128    # encoder-decoders: 128 source tokens
 
 For an encoder-decoder (``t5``, ``bart``) ``--prompt`` is the source's length, and the step built is
@@ -79,6 +83,11 @@ def step_call(model: Any, prompt: int) -> dict[str, Any]:
             "cache": cache, "use_cache": True}
 
 
+def prefill_call(model: Any, prompt: int) -> dict[str, Any]:
+    """The prefill's call ``generate()`` makes for a prompt of ``prompt`` tokens (its cache empty)."""
+    return generated_step_call(model, prompt, 0)
+
+
 def generated_step_call(model: Any, source: int, step: int) -> dict[str, Any]:
     """The call ``generate()`` makes for decoder token ``step`` after a source of ``source`` tokens
     (the encoder's outputs, the cache, the source's mask), as a service makes it."""
@@ -100,6 +109,8 @@ def main() -> int:
     p.add_argument("--capture", type=int, default=None,
                    help="the cache length of the step recompile is given (default: --prompt); a service's "
                         "profile may hold steps of other lengths than it serves")
+    p.add_argument("--prefill", action="store_true",
+                   help="also build the prefill (at a prompt of --capture tokens) and load it onto the step's build")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
@@ -113,7 +124,9 @@ def main() -> int:
           f"at a cache of {args.capture or args.prompt} (an encoder-decoder's: {args.capture or 4} decoder tokens after "
           f"a source of {args.prompt}), "
           f"{args.threads} thread(s); ms per generate(), medians of {args.rounds} interleaved rounds")
-    print(f"{'model':<8} {'eager':>8} {'compile':>8} {'build':>8} {'plan':<36} {'vs eager':>9} {'vs best':>8}")
+    steps_column = f" {'steps':>8}" if args.prefill else ""
+    print(f"{'model':<8} {'eager':>8} {'compile':>8}{steps_column} {'build':>8} {'plan':<36} {'vs eager':>9} "
+          f"{'vs best':>8}")
     over_eager, over_best = [], []
     with tempfile.TemporaryDirectory(prefix="cuvil-decode-") as tmp:
         for name in args.models.split(","):
@@ -129,6 +142,13 @@ def main() -> int:
             compiled.generation_config.cache_implementation = "static"
             compiled.forward = torch.compile(compiled.forward)
             contenders = {"eager": model, "compile": compiled, "build": fast}
+            if args.prefill:
+                first = recompile(copy.deepcopy(model), prefill_call(model, args.capture or args.prompt),
+                                  threads=args.threads)
+                first.save(f"{tmp}/{name}-prefill.cuvilpkg")
+                plan += "; prefill " + "; ".join(f"{c.candidate.config}" for c in first.plan.choices)
+                contenders = {"eager": model, "compile": compiled, "steps": fast,
+                              "build": load_build(f"{tmp}/{name}-prefill.cuvilpkg", fast, allow_unsigned=True)}
             ids = torch.randint(3, 4096, (1, args.prompt))
 
             def generate(m: Any, ids: torch.Tensor = ids) -> torch.Tensor:
@@ -150,9 +170,12 @@ def main() -> int:
             vs_eager, vs_best = med["eager"] / med["build"], min(med["eager"], med["compile"]) / med["build"]
             over_eager.append(vs_eager)
             over_best.append(vs_best)
-            print(f"{name:<8} {med['eager']:>8.1f} {med['compile']:>8.1f} {med['build']:>8.1f} {plan[:36]:<36} "
-                  f"{vs_eager:>8.2f}x {vs_best:>7.2f}x")
-            region, steps = fast.forward.region, (1 + args.rounds) * (args.new - 1)
+            steps_ms = f" {med['steps']:>8.1f}" if args.prefill else ""
+            print(f"{name:<8} {med['eager']:>8.1f} {med['compile']:>8.1f}{steps_ms} {med['build']:>8.1f} "
+                  f"{plan[:36]:<36} {vs_eager:>8.2f}x {vs_best:>7.2f}x")
+            if args.prefill:
+                print(f"         plan: {plan}")
+            region, steps = fast.forward.region, (1 + args.rounds) * (args.new - 1) * (2 if args.prefill else 1)
             print(f"         the build's steps: {steps - fast.forward.outside_calls} of {steps} ran it; "
                   f"{fast.forward.outside_calls} were at a batch or cache length it does not run (the model's own forward), "
                   f"{getattr(region, 'fallback_calls', 0)} fell back inside it; cache lengths it runs: "

@@ -180,8 +180,9 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
         raise RecompileError(f"the model raised on its example inputs: {type(exc).__name__}: {one_line(exc, 300)}",
                              fix=inputs_hint(given, model, exc)) from exc
     if step is not None and not dynamic:
-        log.warning("cuvil-pgc: the example call is a decoding step, whose cache grows by a token every call: its "
-                    "regions get programs for other sizes (as --dynamic)")
+        log.warning("cuvil-pgc: the example call is %s: its regions get programs for other sizes (as --dynamic)",
+                    "a prefill, whose prompt's length varies from call to call" if step.prefill else
+                    "a decoding step, whose cache grows by a token every call")
         dynamic = True
 
     paths = _trace_paths(traces)

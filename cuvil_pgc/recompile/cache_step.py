@@ -27,6 +27,7 @@ encoder's tokens, and is passed whole. What a loaded step runs is :mod:`.decodin
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import operator
@@ -42,7 +43,7 @@ from torch.utils import _pytree as pytree
 
 from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS
 from cuvil_pgc.errors import BuildError, ConfigError, RecompileError
-from cuvil_pgc.recompile.object_outputs import ObjectLeaf, first_difference, opened
+from cuvil_pgc.recompile.object_outputs import ObjectLeaf, first_difference, opened, structure
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,10 @@ class StepLayout:
     #: ``encoder_outputs``, a ModelOutput), each (position, its structure as text, how many tensors);
     #: the step takes its tensors after the call's and before the cache's
     objects: tuple[tuple[int, str, int], ...] = ()
+    #: the prefill: the call generate() makes first, whose cache is still empty (``skeleton`` is
+    #: its structure, :func:`~.object_outputs.structure`). The step takes no cache tensors and
+    #: gives the model a copy of that empty cache; the program returns the filled one's tensors
+    prefill: bool = False
 
     @property
     def call_tensors(self) -> int:
@@ -85,7 +90,10 @@ class StepLayout:
         return len(self.tensors) + len(self.split) + sum(n for _, _, n in self.objects)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        if not self.prefill:            # a decoding step's plan reads as before (format 8 at most)
+            del doc["prefill"]
+        return doc
 
     @classmethod
     def from_json(cls, doc: Any, path: str) -> StepLayout:
@@ -94,13 +102,15 @@ class StepLayout:
                          cache=int(doc["cache"]), constants=tuple(doc["constants"]), skeleton=str(doc["skeleton"]),
                          split=tuple(int(i) for i in doc.get("split", ())),
                          longest=None if doc.get("longest") is None else int(doc["longest"]),
-                         objects=tuple((int(i), str(text), int(n)) for i, text, n in doc.get("objects", ())))
+                         objects=tuple((int(i), str(text), int(n)) for i, text, n in doc.get("objects", ())),
+                         prefill=doc.get("prefill", False) is True)
             at = [i for i, _, _ in layout.objects]
             ok = len(layout.constants) == layout.count and all(
                 0 <= i < layout.count for i in (*layout.tensors, layout.cache, *at)) and all(
                 n > 0 for _, _, n in layout.objects) and len({*at, *layout.tensors, layout.cache}) == len(
                 at) + len(layout.tensors) + 1 and all(
-                isinstance(v, _CONSTANTS) for v in layout.constants) and set(layout.split) <= set(layout.tensors)
+                isinstance(v, _CONSTANTS) for v in layout.constants) and set(layout.split) <= set(layout.tensors) and not (
+                layout.prefill and layout.split)
         except (KeyError, TypeError, ValueError):
             ok = False
         if not ok:
@@ -199,6 +209,8 @@ class CacheStep(nn.Module):
         self._leaf: list[ObjectLeaf | None] = [leaf]
         #: the pytree structures of the layout's objects, as _leaf (a loaded step's from its first call)
         self._specs: list[list[Any] | None] = [specs]
+        #: a prefill's empty cache, copied for each call (a loaded step's from its first call, as _leaf)
+        self._empty: list[Any] = [None]
         self._forward = type(model).forward
 
     @property
@@ -208,7 +220,12 @@ class CacheStep(nn.Module):
     def learn(self, cache: Any, bound: tuple[Any, ...]) -> ObjectLeaf | None:
         """The cache's rebuild, taken with the objects' structures from ``cache`` and the call
         ``bound`` where the step has none yet (a loaded step's first call: the same structure
-        rebuilds alike whichever call it is taken from)."""
+        rebuilds alike whichever call it is taken from). A prefill's: a copy of its empty cache."""
+        if self._layout.prefill:
+            if self._empty[0] is None:
+                self._empty[0] = copy.deepcopy(cache)
+                self._specs[0] = [pytree.tree_flatten(bound[i])[1] for i, _, _ in self._layout.objects]
+            return None
         if self._leaf[0] is None:
             self._leaf[0] = ObjectLeaf.of(cache)
             self._specs[0] = [pytree.tree_flatten(bound[i])[1] for i, _, _ in self._layout.objects]
@@ -233,13 +250,16 @@ class CacheStep(nn.Module):
         """The dimensions of the step's inputs whose sizes its program for other sizes is checked
         up to the model's positions (at most :data:`LONGEST_CHECKED`, and at most the longest cache
         a sliding window keeps whole, :attr:`StepLayout.longest`), not the default few times the
-        captured size: the cache's length (second to last) and the mask's part over it. A
-        program checked up to 16 times a 32-token prompt ran every step after 512 tokens through
+        captured size: the cache's length (second to last) and the mask's part over it (a
+        prefill's: the prompt's length, its call's tensors' second dimension). A program checked up to 16 times a 32-token prompt ran every step after 512 tokens through
         the original module, where it was still 1.65x faster at 900."""
         config = getattr(self.model, "config", None)
         limits = [v for v in (getattr(config, name, None) for name in _POSITIONS) if type(v) is int and v > 0]
         longest = min([LONGEST_CHECKED, *limits, *[n for n in (self._layout.longest,) if n is not None]])
         layout, k, out = self._layout, 0, {}
+        if layout.prefill:
+            return {(j, 1): longest for j, a in enumerate(args[:layout.call_tensors])
+                    if isinstance(a, torch.Tensor) and a.dim() >= 2}
         for i in layout.tensors:
             if i in layout.split:
                 out[(k, 1)] = longest
@@ -252,30 +272,29 @@ class CacheStep(nn.Module):
         return out
 
     def forward(self, *tensors: torch.Tensor) -> Any:
-        layout, leaf = self._layout, self._leaf[0]
-        if leaf is None:
+        layout, leaf, empty = self._layout, self._leaf[0], self._empty[0]
+        if (empty if layout.prefill else leaf) is None:
             raise RuntimeError("CacheStep has no cache to rebuild: it is called only by decoding_forward")
         args, taken = list(layout.constants), iter(tensors)
         for i in layout.tensors:
             args[i] = torch.cat([next(taken), next(taken)], dim=1) if i in layout.split else next(taken)
         for (i, _, n), spec in zip(layout.objects, self._specs[0] or (), strict=True):
             args[i] = pytree.tree_unflatten([next(taken) for _ in range(n)], spec)
-        args[layout.cache] = leaf.build(list(taken))
+        # a prefill fills a copy of its empty cache (the model's own forward fills the one it is given)
+        args[layout.cache] = copy.deepcopy(empty) if layout.prefill else leaf.build(list(taken))
         return self._forward(self.model, *args)
 
 
 def generate_step_call(model: nn.Module, *args: Any, step: int = 3, **generate_kwargs: Any) -> dict[str, Any]:
     """The keyword arguments of the call ``model.generate(*args, **generate_kwargs)`` makes for its
-    ``step``-th new token (1: the first decoding step; 0 would be the prefill, which a build leaves
-    to the model's own forward), copied as passed (the model extends the cache after), less
-    ``return_dict`` (a flag the model reads from its config): a decoding step's example call for
-    ``recompile``, made as the service's ``generate()`` will call the build. Greedy, exactly
-    ``step + 1`` new tokens, unless ``generate_kwargs`` say otherwise."""
-    import copy
-
-    if step < 1:
-        raise ConfigError(f"step={step}: a build runs generate()'s decoding steps (1 and after); its prefill runs "
-                          "the model's own forward", fix="pass step=1 or later")
+    ``step``-th new token (1: the first decoding step; 0: the prefill, the prompt's call with the
+    empty cache), copied as passed (the model extends the cache after), less ``return_dict`` (a
+    flag the model reads from its config): a decoding step's example call for ``recompile``, made
+    as the service's ``generate()`` will call the build. Greedy, exactly ``step + 1`` new tokens,
+    unless ``generate_kwargs`` say otherwise."""
+    if step < 0:
+        raise ConfigError(f"step={step}: generate()'s calls are counted from 0 (the prefill)",
+                          fix="pass step=0 for the prefill, 1 or later for a decoding step")
     calls: list[dict[str, Any]] = []
     own = vars(model).get("forward")          # a forward the instance already has (a loaded build's) stays
 
@@ -311,9 +330,9 @@ def cache_position(inputs: tuple[Any, ...]) -> int | None:
 
 def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, tuple[Any, ...], StepLayout | None]:
     """``model`` and its positional ``inputs``, as the :class:`CacheStep` and its tensors where
-    the call passes a Hugging Face cache that holds keys already (a decoding step); as they are
-    otherwise (an empty cache, or other values than tensors and flags beside it, are left to
-    :mod:`.stateless`, which refuses a call that changes an object it is given)."""
+    the call passes a Hugging Face cache: one that holds keys already (a decoding step) or an empty
+    one (the prefill); as they are otherwise (other values than tensors and flags beside it are left
+    to :mod:`.stateless`, which refuses a call that changes an object it is given)."""
     where = cache_position(inputs)
     if where is None:
         return model, inputs, None
@@ -325,10 +344,11 @@ def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, 
             fix="capture the decoding step with the DynamicCache generate() uses by default (no "
                 "cache_implementation='static'); the build runs generate()'s steps with that cache")
     inputs = as_generate_calls(model, inputs)
-    found = opened(inputs[where])
-    leaf = ObjectLeaf.of(inputs[where])
+    prefill = cache_length(inputs[where]) == 0
+    found = (structure(inputs[where]), []) if prefill else opened(inputs[where])
+    leaf = None if prefill else ObjectLeaf.of(inputs[where])
     others = [i for i in range(len(inputs)) if i != where]
-    if found is None or leaf is None or not found[1] or any(
+    if found is None or found[0] is None or (leaf is None or not found[1]) and not prefill or any(
             not isinstance(inputs[i], (torch.Tensor, *_CONSTANTS)) and opened_input(inputs[i]) is None for i in others):
         return model, inputs, None
     skeleton, cache = found
@@ -340,15 +360,41 @@ def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, 
                         constants=tuple(None if i in tensors or i in objects or i == where else inputs[i]
                                         for i in range(len(inputs))),
                         skeleton=skeleton, split=split, longest=_longest_kept(inputs[where]),
-                        objects=tuple((i, str(spec), len(leaves)) for i, (leaves, spec) in objects.items()))
+                        objects=tuple((i, str(spec), len(leaves)) for i, (leaves, spec) in objects.items()),
+                        prefill=prefill)
     step_inputs = layout.tensors_of(inputs, inputs[where], cache)
     if step_inputs is None:
         return model, inputs, None
     step = CacheStep(model, layout, leaf, [spec for _, spec in objects.values()])
+    if prefill:
+        _check_prompt_kept(layout, inputs)
+        step.learn(inputs[where], inputs)
+        log.info("cuvil-pgc: the example call passes an empty %s: building the prefill, the filled cache returned "
+                 "as its tensors", type(inputs[where]).__name__)
+        return step, step_inputs, layout
     _check_structure_kept(step, step_inputs, inputs[where], skeleton)
     log.info("cuvil-pgc: the example call passes a %s holding %d tensors: building the decoding step, the cache "
              "opened into its tensors", type(inputs[where]).__name__, len(cache))
     return step, step_inputs, layout
+
+
+def new_tokens(layout: StepLayout, bound: tuple[Any, ...]) -> int:
+    """How many tokens a call ``bound`` to ``layout`` passes (its first tensor's second size; 0 where
+    it has none)."""
+    ids = bound[layout.tensors[0]] if layout.tensors else None
+    return ids.shape[1] if isinstance(ids, torch.Tensor) and ids.dim() >= 2 else 0
+
+
+def _check_prompt_kept(layout: StepLayout, inputs: tuple[Any, ...]) -> None:
+    """Raise :class:`RecompileError` where a prefill's prompt is longer than a sliding window keeps
+    whole (:attr:`StepLayout.longest`): its cache's count of the tokens seen parts from its keys'
+    length, and the step's programs for other lengths would not answer alike."""
+    if layout.longest is not None and new_tokens(layout, inputs) > layout.longest:
+        raise RecompileError(
+            f"the example prefill passes {new_tokens(layout, inputs)} tokens, more than the model's sliding window "
+            f"keeps whole ({layout.longest}): a build is made for prompts its window keeps",
+            fix=f"recompile the prefill of a prompt of at most {layout.longest} tokens; longer ones run the model's "
+                "own forward")
 
 
 def _longest_kept(cache: Any) -> int | None:

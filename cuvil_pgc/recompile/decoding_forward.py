@@ -5,8 +5,10 @@
 ``fast(...)``, ``fast.generate()`` and pipelines all go through it; the model itself is left as it
 was. A call that binds to the step's layout, with a cache of the built structure, runs the step's
 region and writes the extended cache's attributes back into the caller's cache (the object eager
-extends and returns); a step at a batch or cache length the build does not run, and any other call
-(the prefill, whose cache is still empty), run the model's own forward.
+extends and returns); a step at a batch or cache length the build does not run, and any other call,
+run the model's own forward. A prefill's build (the call with the cache still empty) is loaded the
+same way and fills the caller's empty cache; loaded onto a decoding step's model (or the reverse),
+each runs its own kind of call, the other build the rest.
 """
 
 from __future__ import annotations
@@ -28,23 +30,46 @@ from cuvil_pgc.recompile.cache_step import (
     cache_position,
     class_parameters,
     flag_positions,
+    new_tokens,
 )
 from cuvil_pgc.recompile.call_binding import bind_call
-from cuvil_pgc.recompile.object_outputs import first_difference, opened, unchanged
+from cuvil_pgc.recompile.object_outputs import first_difference, opened, structure, unchanged
 
 log = logging.getLogger(__name__)
 
 
-def install(model: nn.Module, step: CacheStep, region: nn.Module) -> nn.Module:
+def install(model: nn.Module, step: CacheStep, region: nn.Module, given: Any = None) -> nn.Module:
     """A copy of ``model`` (sharing its submodules, weights and config, as
     :func:`~.apply.apply_plan`'s) whose ``forward`` is :func:`decoding_forward` over ``region``
-    (the loaded build of ``step``); ``model`` itself runs as it did."""
+    (the loaded build of ``step``); ``model`` itself runs as it did. Where ``given`` (what the
+    build was loaded onto) is such a copy running the other kind of call (a prefill's build where
+    ``step`` is a decoding step's, or the reverse), calls that are not ``step``'s run that build."""
     import copy
 
     out = copy.copy(model)
     out._modules = dict(model._modules)        # as apply_plan's: a submodule set on the copy is the copy's
-    out.forward = decoding_forward(out, step, region)      # a function: nn.Module keeps it as an attribute
+    other = _other_kind(given, step.layout.prefill)
+    if other is not None:       # anew, its own counters: not chained to a build of step's kind it ran beside
+        other = decoding_forward(out, other.step, other.region)
+    out.forward = decoding_forward(out, step, region, other)    # a function: nn.Module keeps it as an attribute
     return out
+
+
+def other_build(given: Any, step: CacheStep) -> Any:
+    """``given`` where it is a model :func:`install` made that runs the other kind of call than
+    ``step`` (a prefill's build where ``step`` is a decoding step's, or the reverse), else None."""
+    return given if _other_kind(given, step.layout.prefill) is not None else None
+
+
+def _other_kind(given: Any, prefill: bool) -> Callable[..., Any] | None:
+    """The loaded forward in ``given`` (a model :func:`install` made, or any) that runs the other
+    kind of call than ``prefill`` says, or None."""
+    forward = getattr(given, "__dict__", {}).get("forward")
+    while forward is not None and isinstance(getattr(forward, "step", None), CacheStep):
+        if forward.step.layout.prefill != prefill:
+            return forward
+        forward = forward.otherwise
+    return None
 
 
 def own_model(model: Any) -> Any:
@@ -54,12 +79,17 @@ def own_model(model: Any) -> Any:
     return step.model if isinstance(step, CacheStep) else model
 
 
-def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> Any:
+def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module,
+                     otherwise: Callable[..., Any] | None = None) -> Any:
     """The forward a loaded decoding step's model runs: the step's ``region`` for a call that binds
-    to its layout, with a cache of the built structure, written back into that cache; the model's
-    class forward for any other call."""
+    to its layout, with a cache of the built structure, written back into that cache; ``otherwise``
+    (the other kind of call's build, see :func:`install`) or the model's class forward for any
+    other call."""
     layout = step.layout
     original = type(model).forward
+
+    def fallback(*args: Any, **kwargs: Any) -> Any:
+        return original(model, *args, **kwargs) if otherwise is None else otherwise(*args, **kwargs)
     params = class_parameters(model)
     names = [name for name, _ in params]
     runs, longest = _sizes_run(region, layout), layout.longest
@@ -75,9 +105,29 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
             log.warning("cuvil-pgc: %s (further such steps are counted in forward.%s)", message(), counter)
 
     def unmatched(past: int, why: Callable[[], str]) -> None:
-        """A decoding step the build was not made for."""
-        counted("unmatched_calls", lambda: f"a decoding step with a cache of {past} tokens runs the model's own "
-                                           f"forward: {why()}; recompile a step called this way")
+        """A decoding step (a prefill where ``past`` is 0) the build was not made for."""
+        what, kind = (f"a decoding step with a cache of {past} tokens", "step") if past else ("a prefill", "prefill")
+        counted("unmatched_calls", lambda: f"{what} runs the model's own forward: {why()}; recompile a {kind} "
+                                           "called this way")
+
+    def prefill(bound: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        cache = bound[layout.cache]
+        if cache_length(cache):                 # a decoding step
+            return fallback(*args, **kwargs)
+        tokens, ids = new_tokens(layout, bound), bound[layout.tensors[0]]
+        batch = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() else None
+        if longest is not None and tokens > longest or runs is not None and batch is not None \
+                and not _within(runs, batch, tokens):
+            # a prompt the build does not run: the region would run the original module after its checks
+            counted("outside_calls", lambda: f"a prefill at batch {batch} of {tokens} tokens runs the model's own "
+                                             f"forward: its build runs {_runs_text(runs, longest, 'prompts')}")
+            return fallback(*args, **kwargs)
+        inputs = layout.tensors_of(bound, cache, [], memo) if structure(cache) == layout.skeleton else None
+        if inputs is None:
+            unmatched(0, lambda: unmatched_reason(layout, names, bound, cache))
+            return fallback(*args, **kwargs)
+        step.learn(cache, bound)
+        return _written_back(region(*inputs), cache)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         bound = bind_call(params, model, args, kwargs, layout.count)
@@ -86,11 +136,13 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
             values = (*args, *kwargs.values())
             where = cache_position(values)
             past = cache_length(values[where]) if where is not None else 0
-            if past:
+            if where is not None and (past == 0) == layout.prefill:     # the kind of call the build is for
                 unmatched(past, lambda: _unbound_reason(names, layout, args, kwargs) if bound is None else
                           "it leaves position_ids out over a padded attention mask (the model counts them from the "
                           "cache's length, generate() along the mask): pass them")
-            return original(model, *args, **kwargs)
+            return fallback(*args, **kwargs)
+        if layout.prefill:
+            return prefill(built, args, kwargs)
         bound = built
         cache, ids = bound[layout.cache], bound[layout.tensors[0]]
         past = cache_length(cache)
@@ -100,8 +152,9 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
             # a step the build does not run: the region would run the original module, after opening
             # the cache and its checks (6% slower than eager at 900 tokens of a 4-layer Llama)
             counted("outside_calls", lambda: f"a decoding step at batch {batch} with a cache of {past} tokens runs "
-                                             f"the model's own forward: its build runs {_runs_text(runs, longest)}")
-            return original(model, *args, **kwargs)
+                                             f"the model's own forward: its build runs "
+                                             f"{_runs_text(runs, longest, 'caches')}")
+            return fallback(*args, **kwargs)
         entry = last[0]                  # read once: another thread's step may replace it
         if entry is not None and entry[0]() is cache and unchanged(entry[1]):     # written back last step, as left
             tensors = entry[2]
@@ -112,7 +165,7 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
         if inputs is None:
             if past:                   # a decoding step the build was not made for: say why, once
                 unmatched(past, lambda: unmatched_reason(layout, names, bound, cache))
-            return original(model, *args, **kwargs)
+            return fallback(*args, **kwargs)
         leaf = step.learn(cache, bound)
         out = _written_back(region(*inputs), cache)
         # the next step's call passes this cache again: telling that nothing in it was rebound costs a
@@ -125,6 +178,7 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module) -> An
     forward.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])  # type: ignore[attr-defined]
     forward.region = region      # type: ignore[attr-defined]  # its counters: fast.forward.region.fallback_calls
     forward.step = step          # type: ignore[attr-defined]
+    forward.otherwise = otherwise    # type: ignore[attr-defined]  # the other kind of call's loaded forward
     forward.outside_calls = 0    # type: ignore[attr-defined]  # steps at a batch or cache length the build does not run
     forward.unmatched_calls = 0  # type: ignore[attr-defined]  # steps called otherwise than the build's
     return forward
@@ -140,10 +194,11 @@ def _unbound_reason(names: list[str], layout: StepLayout, args: tuple[Any, ...],
 
 
 def unmatched_reason(layout: StepLayout, names: list[str], bound: tuple[Any, ...], cache: Any) -> str:
-    """Why a decoding step's call ``bound`` (with a cache holding tokens) is not the built one's: the
-    first difference a user can act on (a flag passed otherwise, the cache's structure)."""
-    found = opened(cache)
-    if found is None:
+    """Why a decoding step's call ``bound`` (with a cache holding tokens; a prefill's, with its empty
+    cache) is not the built one's: the first difference a user can act on (a flag passed otherwise,
+    the cache's structure)."""
+    found = (structure(cache), []) if layout.prefill else opened(cache)
+    if found is None or found[0] is None:
         return f"its {type(cache).__name__} cannot be opened into tensors"
     if found[0] != layout.skeleton:
         parts = first_difference(layout.skeleton, found[0])
@@ -188,33 +243,40 @@ def _remember(last: list[Any], cache: Any, held: tuple[list[Any], list[torch.Ten
 
 
 def _sizes_run(region: nn.Module, layout: StepLayout) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """The batches and cache lengths ``region`` (a whole step's program) runs, each (smallest,
-    largest): the ranges its program for other sizes was checked and timed at (see
-    :mod:`.size_speed`; a size that stays fixed, that size alone); None where the region is no such
-    program."""
+    """The batches and cache lengths (a prefill's: prompt lengths) ``region`` (a whole step's
+    program) runs, each (smallest, largest): the ranges its program for other sizes was checked and
+    timed at (see :mod:`.size_speed`; a size that stays fixed, that size alone); None where the
+    region is no such program."""
     other = getattr(region, "other_shapes", None)
     calls = layout.call_tensors
-    if other is None or len(other.inputs) <= calls:
+    if other is None or len(other.inputs) < calls + (0 if layout.prefill else 1):
         return None
-    first, cache = other.inputs[0], other.inputs[calls]
-    if not (isinstance(first, tuple) and isinstance(cache, tuple) and first[1] and len(cache[1]) >= 2):
+    first = other.inputs[0]
+    if layout.prefill:          # the prompt's length: its tokens' second size
+        length = first[1][1] if isinstance(first, tuple) and len(first[1]) >= 2 else None
+    else:                       # the cache's: its first tensor's second to last
+        cache = other.inputs[calls]
+        length = cache[1][-2] if isinstance(cache, tuple) and len(cache[1]) >= 2 else None
+    if not (isinstance(first, tuple) and first[1] and length is not None):
         return None
 
     def span(size: Any) -> tuple[int, int]:
         return (size, size) if type(size) is int else tuple(other.ranges.get(size, (0, 1 << 62)))
-    return span(first[1][0]), span(cache[1][-2])
+    return span(first[1][0]), span(length)
 
 
-def _runs_text(runs: tuple[tuple[int, int], tuple[int, int]] | None, longest: int | None) -> str:
-    """What steps a build runs, for the warning of one it does not."""
+def _runs_text(runs: tuple[tuple[int, int], tuple[int, int]] | None, longest: int | None, what: str) -> str:
+    """What steps (``what``: "caches") or prefills ("prompts") a build runs, for the warning of one
+    it does not."""
     if runs is not None:
         top = runs[1][1] if longest is None else min(runs[1][1], longest)
-        return f"batches {runs[0][0]}-{runs[0][1]} and caches of {runs[1][0]}-{top} tokens"
-    return f"caches of up to {longest} tokens (its sliding window's, less the new token's place)"
+        return f"batches {runs[0][0]}-{runs[0][1]} and {what} of {runs[1][0]}-{top} tokens"
+    return f"{what} of up to {longest} tokens (its sliding window's, less the new token's place)"
 
 
 def _within(runs: tuple[tuple[int, int], tuple[int, int]], batch: int, past: int) -> bool:
-    """Whether a step's ``batch`` (its first tensor's) and cache length ``past`` are among those ``runs``."""
+    """Whether a step's ``batch`` (its first tensor's) and cache length ``past`` (a prefill's prompt
+    length) are among those ``runs``."""
     (b_lo, b_hi), (l_lo, l_hi) = runs
     return b_lo <= batch <= b_hi and l_lo <= past <= l_hi
 

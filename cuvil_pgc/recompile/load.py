@@ -126,7 +126,7 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool
     from cuvil_pgc.recompile.runtime_build import check_engines
     from cuvil_pgc.recompile.trust import open_trusted
 
-    model = own_model(model)        # what a decoding step's build returned: the model it was loaded onto
+    given, model = model, own_model(model)    # what a decoding step's build returned: the model it was loaded onto
     with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
         path = vb.path
         _check_environment(vb.manifest, path)
@@ -144,7 +144,7 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool
             size_programs = 0
         module = _apply_choices(vb, plan, step or model, report, path, stale, size_programs)
         if step is not None:
-            module = _installed(model, step, module, report)
+            module = _installed(model, step, module, report, given)
     if report.skipped:
         warnings.warn(f"cuvil-pgc: {path}: {len(report.skipped)} region(s) run eagerly: "
                       + "; ".join(report.skipped), RuntimeWarning, stacklevel=3)
@@ -167,17 +167,24 @@ def _decoding_step(plan: Plan, model: Any, path: str) -> Any:
     return CacheStep(model, StepLayout.from_json(plan.cache_step, path))
 
 
-def _installed(model: Any, step: Any, region: Any, report: LoadReport) -> Any:
-    """A copy of ``model`` running ``region`` (the loaded build of its decoding ``step``) for its
-    decoding steps."""
-    from cuvil_pgc.recompile.decoding_forward import install
+def _installed(model: Any, step: Any, region: Any, report: LoadReport, given: Any) -> Any:
+    """A copy of ``model`` running ``region`` (the loaded build of its decoding ``step``, or of its
+    prefill) for those calls; where ``given`` (what the build was loaded onto) runs the other kind's
+    build, the copy keeps it for the other calls."""
+    from cuvil_pgc.recompile.decoding_forward import install, other_build
 
+    kept = other_build(given, step)
     if region is step:
-        return model            # nothing of the step's call was replaced: the model as it is
-    report.notes.append("a decoding step's build: a call passing a cache of the built structure (generate()'s "
-                        "steps after the first) runs the build; other calls, the first with an empty cache among "
-                        "them, run the model's own forward")
-    return install(model, step, region)
+        return kept or model    # nothing of the step's call was replaced: the model as it was given
+    kind = ("a prefill's build: generate()'s first call, with the cache still empty, runs the build"
+            if step.layout.prefill else
+            "a decoding step's build: a call passing a cache of the built structure (generate()'s steps after the "
+            "first) runs the build")
+    other = ("the decoding steps run the build it was loaded onto" if step.layout.prefill else
+             "the prefill runs the build it was loaded onto") if kept is not None else \
+        "other calls run the model's own forward"
+    report.notes.append(f"{kind}; {other}")
+    return install(model, step, region, given)
 
 
 def _check_threads(built: int, report: LoadReport, path: str) -> None:

@@ -151,6 +151,13 @@ def opened(value: Any) -> tuple[str, list[torch.Tensor]] | None:
     return _describe(skeleton), tensors
 
 
+def structure(value: Any) -> str | None:
+    """The structure of an object as :func:`opened` writes it, where it holds no tensors too (an
+    empty cache, before a prefill fills its layers), or None where it cannot be opened."""
+    skeleton = _walk(value, [], 0, set(), keep=True)
+    return _describe(skeleton) if skeleton is not None and skeleton[0] == _OBJECT else None
+
+
 def first_difference(built: str, found: str) -> tuple[str, str] | None:
     """The first part (between commas) where two structures :func:`opened` wrote differ, as
     (``built``'s, ``found``'s); None where one only has more parts (another number of layers)."""
@@ -198,9 +205,11 @@ def openable(value: Any) -> bool:
         and not callable(value)
 
 
-def _walk(value: Any, tensors: list[torch.Tensor], depth: int, path: set[int]) -> tuple[Any, ...] | None:
+def _walk(value: Any, tensors: list[torch.Tensor], depth: int, path: set[int],
+          keep: bool = False) -> tuple[Any, ...] | None:
     """The skeleton of ``value``, its tensors appended to ``tensors``; None where a tensor is
-    inside something that cannot be rebuilt."""
+    inside something that cannot be rebuilt. ``keep``: objects and containers holding no tensors
+    are walked into too (to describe them), not left as the constants they are."""
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return (_TENSOR,)
@@ -219,12 +228,12 @@ def _walk(value: Any, tensors: list[torch.Tensor], depth: int, path: set[int]) -
             else:
                 items = list(vars(value).items())
             start = len(tensors)
-            children = [(key, _walk(v, tensors, depth + 1, path)) for key, v in items]
+            children = [(key, _walk(v, tensors, depth + 1, path, keep)) for key, v in items]
         finally:
             path.discard(id(value))
         if any(child is None for _, child in children):
             return None
-        if len(tensors) == start:               # nothing to put back: the object itself
+        if len(tensors) == start and not keep:     # nothing to put back: the object itself
             return (_CONSTANT, value)
         if kind is dict:
             return (_MAPPING, dict, children)

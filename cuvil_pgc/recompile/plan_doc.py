@@ -26,7 +26,8 @@ format 3 with a program for other sizes that checks indices against the call's s
 (see :data:`PROGRAM_CHECKS_FORMAT`); format 6, for a decoding step, ``"cache_step": {"count", "tensors",
 "cache", "constants", "skeleton"}`` (see :data:`CACHE_STEP_FORMAT`); format 7, for one over a
 sliding-window cache, with ``"longest"`` in it (see :data:`SLIDING_CACHE_FORMAT`); format 8, for one
-whose call holds objects opened into tensors, ``"objects"`` (see :data:`OPENED_INPUTS_FORMAT`). Fields this
+whose call holds objects opened into tensors, ``"objects"`` (see :data:`OPENED_INPUTS_FORMAT`); format 9,
+for a prefill (the call with the cache still empty), ``"prefill": true`` (see :data:`PREFILL_FORMAT`). Fields this
 version does not know, at any level, are kept in ``extra`` and written back by
 :meth:`Plan.to_json`: a plan read by an older cuvil-pgc and written again keeps a newer one's
 fields (the candidate's own, see :meth:`Candidate.from_json`, too).
@@ -85,8 +86,13 @@ SLIDING_CACHE_FORMAT = 7
 #: up to format 7 would never match such a call and run every step on the original module without a
 #: word, so such a plan is format 8, which it refuses
 OPENED_INPUTS_FORMAT = 8
+#: the format of a plan for a prefill (``cache_step`` with ``prefill``: the call whose cache is still
+#: empty, which the step fills): a version that reads only up to format 8 would refuse its empty
+#: cache as a structure it never matches, and run every prefill on the original module without a
+#: word, so such a plan is format 9, which it refuses
+PREFILL_FORMAT = 9
 #: plan.json formats this version reads
-READ_FORMATS = (1, 2, 3, 4, 5, 6, 7, 8)
+READ_FORMATS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 PLAN_MEMBER = "plan.json"      # the plan's name inside a build
 
 
@@ -309,7 +315,8 @@ class Plan:
         doc["format"] = max([PLAN_FORMAT, *(c.format for c in self.choices),
                              *([CACHE_STEP_FORMAT] if self.cache_step else []),
                              *([SLIDING_CACHE_FORMAT] if (self.cache_step or {}).get("longest") is not None else []),
-                             *([OPENED_INPUTS_FORMAT] if (self.cache_step or {}).get("objects") else [])])
+                             *([OPENED_INPUTS_FORMAT] if (self.cache_step or {}).get("objects") else []),
+                             *([PREFILL_FORMAT] if (self.cache_step or {}).get("prefill") else [])])
         doc["choices"] = [c.to_json() for c in self.choices]
         doc["regions"] = [r.to_json() for r in self.regions]
         for name in ("deployed_medians_ms", "unloadable", "cache_step"):    # added within format 2: absent when empty
