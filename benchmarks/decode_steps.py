@@ -180,6 +180,11 @@ def main() -> int:
                   f"{fast.forward.outside_calls} were at a batch or cache length it does not run (the model's own forward), "
                   f"{getattr(region, 'fallback_calls', 0)} fell back inside it; cache lengths it runs: "
                   f"{getattr(getattr(region, 'other_shapes', None), 'ranges', None)}")
+            if args.prefill:
+                first_forward = contenders["build"].forward
+                print(f"         the prefill's build: {1 + args.rounds - first_forward.outside_calls} of "
+                      f"{1 + args.rounds} prompts ran it, {first_forward.region.fallback_calls} fell back inside it; "
+                      f"sizes it runs: {getattr(getattr(first_forward.region, 'other_shapes', None), 'ranges', None)}")
             # one step alone, in the search's final race (in processes of their own where it ran
             # there): each whole-step plan raced, the step on each runtime at its defaults among
             # them (what an Optimum-style export of the step would run)

@@ -174,19 +174,25 @@ def _bind(given: Mapping[str, Any], params: dict[str, Any]) -> tuple[Any, ...]:
 def input_objects_kept(inputs: tuple[Any, ...]) -> Any:
     """A function that puts the objects among ``inputs`` (a Hugging Face cache and the layers it
     holds: instances with attributes, reached through attributes and lists) back to the attributes
-    they have now. A decoding step's call extends the cache it is given, by assigning each layer
-    longer tensors: repeated on one example (a factory's check call, a profile's iterations) the
-    cache grew a token per call, and each recorded step was another length than the example's.
-    Shallow: attributes are rebound, tensors never copied (one changed in place stays changed)."""
+    they have now, and the lists and dicts among them to the items they hold now. A decoding
+    step's call extends the cache it is given, by assigning each layer longer tensors: repeated on
+    one example (a factory's check call, a profile's iterations) the cache grew a token per call,
+    and each recorded step was another length than the example's. A prefill's fills an empty cache
+    in place too: a ``DynamicCache()`` appends its layers to its list, and T5's
+    ``EncoderDecoderCache`` marks each layer's cross-attention done in a dict (kept, the next call
+    read cross-attention keys that had been put back to none, and raised). Shallow: attributes and
+    items are rebound, tensors never copied (one changed in place stays changed)."""
     saved: list[tuple[Any, dict[str, Any]]] = []
+    items: list[tuple[Any, Any]] = []       # (a list or dict, a copy of what it holds)
     seen: set[int] = set()
 
     def walk(value: Any, depth: int) -> None:
         if depth > 4 or id(value) in seen:
             return
         seen.add(id(value))
-        if isinstance(value, list):
-            for item in value:
+        if type(value) in (list, dict):
+            items.append((value, value.copy()))
+            for item in (value if type(value) is list else value.values()):
                 walk(item, depth + 1)
         elif hasattr(value, "__dict__") and not isinstance(value, type) and not callable(value) \
                 and not any(c.__module__.split(".")[0] == "torch" for c in type(value).__mro__):   # tensors, modules
@@ -202,4 +208,10 @@ def input_objects_kept(inputs: tuple[Any, ...]) -> Any:
         for obj, attributes in saved:
             vars(obj).clear()
             vars(obj).update(attributes)
+        for held, copy in items:
+            if type(held) is list:
+                held[:] = copy
+            else:
+                held.clear()
+                held.update(copy)
     return restore

@@ -184,6 +184,12 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
                     "a prefill, whose prompt's length varies from call to call" if step.prefill else
                     "a decoding step, whose cache grows by a token every call")
         dynamic = True
+    if step is not None and not backends:
+        # a region that runs its captured sizes only (torch.compile's, CUDA graphs') would run one
+        # call of a generation at most: a prefill's build of torch.compile ran none of a service's prompts
+        from cuvil_pgc.recompile.other_shapes import BACKENDS as OTHER_SIZE_BACKENDS
+
+        backends = ("eager", *OTHER_SIZE_BACKENDS)
 
     paths = _trace_paths(traces)
     if analysis is None and paths:

@@ -209,8 +209,9 @@ class CacheStep(nn.Module):
         self._leaf: list[ObjectLeaf | None] = [leaf]
         #: the pytree structures of the layout's objects, as _leaf (a loaded step's from its first call)
         self._specs: list[list[Any] | None] = [specs]
-        #: a prefill's empty cache, copied for each call (a loaded step's from its first call, as _leaf)
-        self._empty: list[Any] = [None]
+        #: a prefill's empty cache and the tensors it holds, copied for each call but its tensors (a
+        #: loaded step's from its first call, as _leaf)
+        self._empty: list[tuple[Any, list[torch.Tensor]] | None] = [None]
         self._forward = type(model).forward
 
     @property
@@ -223,7 +224,9 @@ class CacheStep(nn.Module):
         rebuilds alike whichever call it is taken from). A prefill's: a copy of its empty cache."""
         if self._layout.prefill:
             if self._empty[0] is None:
-                self._empty[0] = copy.deepcopy(cache)
+                empty = copy.deepcopy(cache)
+                found = opened(empty)       # a sliding-window layer's window as a tensor, in an empty cache too
+                self._empty[0] = (empty, found[1] if found is not None else [])
                 self._specs[0] = [pytree.tree_flatten(bound[i])[1] for i, _, _ in self._layout.objects]
             return None
         if self._leaf[0] is None:
@@ -245,6 +248,19 @@ class CacheStep(nn.Module):
         static.update({k: set(range(1, a.dim() - 2)) | {a.dim() - 1} for k, a in enumerate(args) if k >= calls
                        and isinstance(a, torch.Tensor) and a.dim() >= 3})
         return static
+
+    def named_inputs(self, args: tuple[Any, ...]) -> dict[str, Any]:
+        """The call's values among the step's inputs ``args``, by the model's parameter names (an
+        attention mask taken in two parts, joined): where :func:`~.padding.padding_of` finds the
+        masks, whose padded positions the guard does not compare (a prefill's keys there, past the
+        first layer, are what each runtime makes of a query with every key masked)."""
+        names = [name for name, _ in class_parameters(self.model)]
+        out, taken = {}, iter(args)
+        for i in self._layout.tensors:
+            value = torch.cat([next(taken), next(taken)], dim=1) if i in self._layout.split else next(taken)
+            if i < len(names):
+                out[names[i]] = value
+        return out
 
     def size_ceilings(self, args: tuple[Any, ...]) -> dict[tuple[int, int], int]:
         """The dimensions of the step's inputs whose sizes its program for other sizes is checked
@@ -280,9 +296,16 @@ class CacheStep(nn.Module):
             args[i] = torch.cat([next(taken), next(taken)], dim=1) if i in layout.split else next(taken)
         for (i, _, n), spec in zip(layout.objects, self._specs[0] or (), strict=True):
             args[i] = pytree.tree_unflatten([next(taken) for _ in range(n)], spec)
-        # a prefill fills a copy of its empty cache (the model's own forward fills the one it is given)
-        args[layout.cache] = copy.deepcopy(empty) if layout.prefill else leaf.build(list(taken))
+        args[layout.cache] = _filled_copy(empty) if layout.prefill else leaf.build(list(taken))
         return self._forward(self.model, *args)
+
+
+def _filled_copy(empty: tuple[Any, list[torch.Tensor]]) -> Any:
+    """A copy of a prefill's empty cache for the model to fill (the model's own forward fills the
+    one it is given), sharing the tensors it holds: an export's trace cannot copy a tensor
+    ("argument of type UntypedStorage"), and nothing fills them in place."""
+    cache, tensors = empty
+    return copy.deepcopy(cache, {id(t): t for t in tensors})
 
 
 def generate_step_call(model: nn.Module, *args: Any, step: int = 3, **generate_kwargs: Any) -> dict[str, Any]:

@@ -64,10 +64,13 @@ class Padding:
 
 def padding_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Padding | None:
     """The padding ``module``'s call with ``args``/``kwargs`` marks (see the module docstring);
-    None where it marks none."""
+    None where it marks none. A module whose forward takes tensors in place of a call (a decoding
+    step's, :class:`~.cache_step.CacheStep`) names them by ``named_inputs(args)``."""
     kwargs = kwargs or {}
+    named = getattr(module, "named_inputs", None)
     try:
-        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+        bound = named(args) if callable(named) and not kwargs else \
+            inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
     except (TypeError, ValueError):      # a signature the call does not fit: its keywords alone
         bound = kwargs
     names, real = [], []
