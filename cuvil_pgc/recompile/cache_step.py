@@ -22,16 +22,17 @@ its other values sit, and the cache's structure as text (:func:`~.object_outputs
 encoder-decoder's step (T5's, BART's) passes the encoder's outputs too, a ModelOutput that the
 step opens into its tensors as well (``objects``), and an ``EncoderDecoderCache`` whose
 cross-attention half stays as the first decoder call filled it; its attention mask is over the
-encoder's tokens, and is passed whole. What a loaded step runs is :mod:`.decoding_forward`'s.
+encoder's tokens, and is passed whole. The prefill (``generate()``'s first call, its cache still
+empty) is built the same way (``prefill``): the step takes the call's tensors alone, gives the model
+a copy of the empty cache, and its program returns the filled cache's tensors. What a loaded step
+runs is :mod:`.decoding_forward`'s; how ``generate()`` calls the model, :mod:`.generate_calls`'s.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import operator
-import sys
 import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -41,8 +42,13 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS
-from cuvil_pgc.errors import BuildError, ConfigError, RecompileError
+from cuvil_pgc.errors import BuildError, RecompileError
+from cuvil_pgc.recompile.generate_calls import (
+    as_generate_calls,
+    cache_length,
+    cache_position,
+    class_parameters,
+)
 from cuvil_pgc.recompile.object_outputs import ObjectLeaf, first_difference, opened, structure
 
 log = logging.getLogger(__name__)
@@ -308,49 +314,6 @@ def _filled_copy(empty: tuple[Any, list[torch.Tensor]]) -> Any:
     return copy.deepcopy(cache, {id(t): t for t in tensors})
 
 
-def generate_step_call(model: nn.Module, *args: Any, step: int = 3, **generate_kwargs: Any) -> dict[str, Any]:
-    """The keyword arguments of the call ``model.generate(*args, **generate_kwargs)`` makes for its
-    ``step``-th new token (1: the first decoding step; 0: the prefill, the prompt's call with the
-    empty cache), copied as passed (the model extends the cache after), less ``return_dict`` (a
-    flag the model reads from its config): a decoding step's example call for ``recompile``, made
-    as the service's ``generate()`` will call the build. Greedy, exactly ``step + 1`` new tokens,
-    unless ``generate_kwargs`` say otherwise."""
-    if step < 0:
-        raise ConfigError(f"step={step}: generate()'s calls are counted from 0 (the prefill)",
-                          fix="pass step=0 for the prefill, 1 or later for a decoding step")
-    calls: list[dict[str, Any]] = []
-    own = vars(model).get("forward")          # a forward the instance already has (a loaded build's) stays
-
-    def spy(*a: Any, **kw: Any) -> Any:
-        calls.append(copy.deepcopy(kw))
-        return forward(*a, **kw)
-    forward = model.forward
-    spy.__signature__ = inspect.signature(forward)     # type: ignore[attr-defined]  # generate() reads it
-    model.forward = spy
-    try:
-        with torch.no_grad():
-            model.generate(*args, **{"max_new_tokens": step + 1, "min_new_tokens": step + 1, "do_sample": False,
-                                     **generate_kwargs})
-    finally:
-        if own is None:
-            del model.forward
-        else:
-            model.forward = own
-    if len(calls) <= step:
-        raise ConfigError(f"generate() made {len(calls)} call(s) of the model, none for step {step}",
-                          fix="ask for more new tokens, or an earlier step")
-    return {k: v for k, v in calls[step].items() if k != "return_dict"}
-
-
-def cache_position(inputs: tuple[Any, ...]) -> int | None:
-    """The position of the Hugging Face cache among a call's positional inputs, or None."""
-    cache = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
-    if not isinstance(cache, type):
-        return None
-    found = [i for i, v in enumerate(inputs) if isinstance(v, cache)]
-    return found[0] if len(found) == 1 else None
-
-
 def around_cache(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, tuple[Any, ...], StepLayout | None]:
     """``model`` and its positional ``inputs``, as the :class:`CacheStep` and its tensors where
     the call passes a Hugging Face cache: one that holds keys already (a decoding step) or an empty
@@ -429,88 +392,6 @@ def _longest_kept(cache: Any) -> int | None:
     return min(windows) - 2 if windows else None
 
 
-def as_generate_calls(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A decoding step's positional ``inputs`` completed as ``generate()`` passes them where the
-    model's forward takes them and the call leaves them out: ``position_ids`` counted along the
-    attention mask (a padded position counts none), the new tokens' last ones, and
-    ``logits_to_keep=1``. A step built without them matched none of ``generate()``'s calls, once its
-    forward showed the model's parameters (it must: ``generate()`` reads them to decide what to pass,
-    and without position ids a left-padded GPT-2 batch answered otherwise than eager's)."""
-    params = class_parameters(model)
-    names = [name for name, _ in params]
-    filled = list(inputs)
-
-    def put(name: str, value: Any) -> None:
-        at = names.index(name)
-        filled.extend(default for _, default in params[len(filled):at + 1])
-        filled[at] = value
-    mask = filled[names.index("attention_mask")] if "attention_mask" in names[:len(filled)] else None
-    ids = filled[0] if filled and isinstance(filled[0], torch.Tensor) and filled[0].dim() == 2 else None
-    if "position_ids" in names and (len(filled) <= names.index("position_ids") or
-                                    filled[names.index("position_ids")] is None) \
-            and isinstance(mask, torch.Tensor) and mask.dim() == 2 and ids is not None:
-        counted = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        put("position_ids", counted[:, -ids.shape[1]:].contiguous())
-    at = names.index("logits_to_keep") if "logits_to_keep" in names else -1
-    if at >= 0 and (len(filled) <= at or type(filled[at]) is int and filled[at] == params[at][1]):
-        put("logits_to_keep", 1)         # (a tensor of positions to keep is left as the call has it)
-    return tuple(filled)
-
-
-def as_built(bound: tuple[Any, ...], names: list[str], layout: StepLayout, config: Any = None,
-             flags: tuple[int, ...] | None = None) -> tuple[Any, ...] | None:
-    """A call ``bound`` to the layout's positions with what it leaves out and the built call holds
-    filled in as the model reads it left out: no attention mask is one over every position
-    (``generate()`` drops an all-ones mask), and the ``position_ids`` of a call that pads nothing
-    count on from the cache's length (a padded row counts along its mask, which ``generate()``
-    does and passes); ``logits_to_keep`` as built where both keep every new token's logits; a
-    Hugging Face output flag left None on one side and set to the model's ``config`` value on the
-    other as built (``generate()`` passes ``return_dict=True``, which Bloom's, GPT-Neo's and
-    Falcon's forwards name: a step built without it ran none of their steps). None where a call
-    leaves the position ids out over padding (the model's own forward answers it). ``flags``: the
-    positions of the output flags among ``names`` (:func:`flag_positions`, once per model: a step's
-    hot path)."""
-    built = names[:layout.count]
-    out = list(bound)
-    for at in flag_positions(names, layout) if flags is None else flags:
-        if out[at] is not layout.constants[at] and None in (out[at], layout.constants[at]):
-            given = layout.constants[at] if out[at] is None else out[at]
-            if type(given) is bool and given == _config_flag(config, built[at]):
-                out[at] = layout.constants[at]
-    ids = out[layout.tensors[0]] if layout.tensors else None
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-        return tuple(out)
-    batch, new = ids.shape
-    past = cache_length(out[layout.cache])
-    at = built.index("attention_mask") if "attention_mask" in built else -1
-    if at in layout.tensors and out[at] is None:
-        out[at] = torch.ones(batch, past + new, dtype=torch.long, device=ids.device)
-    at = built.index("position_ids") if "position_ids" in built else -1
-    if at in layout.tensors and out[at] is None:
-        mask = out[built.index("attention_mask")] if "attention_mask" in built else None
-        if isinstance(mask, torch.Tensor) and not bool(mask.all()):
-            return None
-        out[at] = torch.arange(past, past + new, device=ids.device).expand(batch, new).contiguous()
-    at = built.index("logits_to_keep") if "logits_to_keep" in built else -1
-    want = layout.constants[at] if at >= 0 else None
-    if type(want) is int and type(out[at]) is int and out[at] != want \
-            and all(k == 0 or k >= new for k in (want, out[at])):       # both: every new token's logits
-        out[at] = want
-    return tuple(out)
-
-
-def flag_positions(names: list[str], layout: StepLayout) -> tuple[int, ...]:
-    """Where the layout's call holds Hugging Face output flags (``return_dict``, ...)."""
-    return tuple(at for at, name in enumerate(names[:layout.count]) if name in HF_OUTPUT_FLAGS)
-
-
-def _config_flag(config: Any, name: str) -> Any:
-    """What a Hugging Face model reads for the output flag ``name`` left None: its config's."""
-    if name == "return_dict":
-        return getattr(config, "use_return_dict", getattr(config, "return_dict", None))
-    return getattr(config, name, None)
-
-
 def _check_structure_kept(step: CacheStep, inputs: tuple[torch.Tensor, ...], cache: Any, skeleton: str) -> None:
     """Raise :class:`RecompileError` where the step returns its cache with another structure than
     it was given, besides its tensors: the next step's cache would never be the built one's, and
@@ -538,12 +419,6 @@ def _check_structure_kept(step: CacheStep, inputs: tuple[torch.Tensor, ...], cac
              "steps run the original module"))
 
 
-def class_parameters(model: nn.Module) -> list[tuple[str, Any]]:
-    """(name, default) of the parameters of ``model``'s class forward a call may pass by position."""
-    params = list(inspect.signature(type(model).forward).parameters.values())[1:]
-    return [(p.name, p.default) for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-
-
 def _over_cache_and_new(inputs: tuple[Any, ...], names: list[str], at: int, past: int) -> bool:
     """Whether ``inputs[at]`` is an attention mask over the cache's positions and the new tokens':
     named ``*attention_mask``, as long as the cache and its ``*input_ids`` (an encoder-decoder's
@@ -564,11 +439,3 @@ def _parts(mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor] 
     if mask.dim() != 2 or not 0 < past < mask.shape[1]:
         return None
     return mask[:, :past].contiguous(), mask[:, past:].contiguous()
-
-
-def cache_length(cache: Any) -> int:
-    """How many tokens a Hugging Face cache holds (0 where it cannot say)."""
-    try:
-        return int(cache.get_seq_length())
-    except Exception:       # not a Hugging Face cache, or one whose method raises: the checks decide
-        return 0

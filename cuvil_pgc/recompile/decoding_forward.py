@@ -22,17 +22,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from cuvil_pgc.recompile.cache_step import (
-    CacheStep,
-    StepLayout,
+from cuvil_pgc.recompile.cache_step import CacheStep, StepLayout, new_tokens
+from cuvil_pgc.recompile.call_binding import bind_call
+from cuvil_pgc.recompile.generate_calls import (
     as_built,
     cache_length,
     cache_position,
     class_parameters,
     flag_positions,
-    new_tokens,
 )
-from cuvil_pgc.recompile.call_binding import bind_call
 from cuvil_pgc.recompile.object_outputs import first_difference, opened, structure, unchanged
 
 log = logging.getLogger(__name__)
@@ -102,7 +100,7 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module,
         ``message()`` for the first."""
         setattr(forward, counter, getattr(forward, counter) + 1)
         if getattr(forward, counter) == 1:
-            log.warning("cuvil-pgc: %s (further such steps are counted in forward.%s)", message(), counter)
+            log.warning("cuvil-pgc: %s (further such calls are counted in forward.%s)", message(), counter)
 
     def unmatched(past: int, why: Callable[[], str]) -> None:
         """A decoding step (a prefill where ``past`` is 0) the build was not made for."""
