@@ -921,6 +921,7 @@ def test_budget_default_is_a_quarter_and_exhaustive_measures_everything():
     from cuvil_pgc.recompile.search_policy import default_budget
 
     assert default_budget(9) == 2 and default_budget(12) == 3 and default_budget(40) == 10
+    assert default_budget(17, sizes_vary=True) == 8        # a decoding call: its one scope runs every token
     model, inputs = rnn_step()
     full = search(model, inputs, _rnn_analysis(), options=SearchOptions(exhaustive=True, backends=("eager",), rounds=5),
                   machine_key="m")

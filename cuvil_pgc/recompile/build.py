@@ -184,12 +184,6 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
                     "a prefill, whose prompt's length varies from call to call" if step.prefill else
                     "a decoding step, whose cache grows by a token every call")
         dynamic = True
-    if step is not None and not backends:
-        # a region that runs its captured sizes only (torch.compile's, CUDA graphs') would run one
-        # call of a generation at most: a prefill's build of torch.compile ran none of a service's prompts
-        from cuvil_pgc.recompile.other_shapes import BACKENDS as OTHER_SIZE_BACKENDS
-
-        backends = ("eager", *OTHER_SIZE_BACKENDS)
 
     paths = _trace_paths(traces)
     if analysis is None and paths:
@@ -200,7 +194,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     options = SearchOptions(budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol, device=device,
                             rounds=rounds, use_records=db is not None,
                             backends=tuple(backends) if backends else None, fixed=_pinned(plan),
-                            deployed_race=deployed_race, model_ref=model_ref)
+                            deployed_race=deployed_race, model_ref=model_ref, sizes_vary=step is not None)
     if calibrate and db is not None and plan is None:
         from cuvil_pgc.recompile.calibrate import calibrate_backends
 

@@ -273,7 +273,8 @@ class CacheStep(nn.Module):
         up to the model's positions (at most :data:`LONGEST_CHECKED`, and at most the longest cache
         a sliding window keeps whole, :attr:`StepLayout.longest`), not the default few times the
         captured size: the cache's length (second to last) and the mask's part over it (a
-        prefill's: the prompt's length, its call's tensors' second dimension). A program checked up to 16 times a 32-token prompt ran every step after 512 tokens through
+        prefill's: the prompt's length, its call's tensors' second dimension). A program checked up
+        to 16 times a 32-token prompt ran every step after 512 tokens through
         the original module, where it was still 1.65x faster at 900."""
         config = getattr(self.model, "config", None)
         limits = [v for v in (getattr(config, name, None) for name in _POSITIONS) if type(v) is int and v > 0]

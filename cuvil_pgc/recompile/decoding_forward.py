@@ -177,8 +177,8 @@ def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module,
     forward.region = region      # type: ignore[attr-defined]  # its counters: fast.forward.region.fallback_calls
     forward.step = step          # type: ignore[attr-defined]
     forward.otherwise = otherwise    # type: ignore[attr-defined]  # the other kind of call's loaded forward
-    forward.outside_calls = 0    # type: ignore[attr-defined]  # steps at a batch or cache length the build does not run
-    forward.unmatched_calls = 0  # type: ignore[attr-defined]  # steps called otherwise than the build's
+    forward.outside_calls = 0    # type: ignore[attr-defined]  # calls at a batch or length the build does not run
+    forward.unmatched_calls = 0  # type: ignore[attr-defined]  # calls of its kind made otherwise than the build's
     return forward
 
 

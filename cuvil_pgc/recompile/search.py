@@ -32,8 +32,10 @@ These baselines are counted apart (``SearchResult.baselines_measured``, the plan
 reason. ``budget`` caps the other measurements, eager references, the
 composite plan and the records of earlier searches reused at the start included, so a second
 search of the same model measures only what the first one left (default: a quarter of the space,
-at least 2, one more when every candidate measured failed; the composite goes beyond it only when
-it is the one plan that beat eager);
+half for a decoding call's, at least 2, one more when every candidate measured failed; the
+composite goes beyond it only when it is the one plan that beat eager); a decoding call's
+candidates whose regions run only their captured sizes (torch.compile's, CUDA graphs') are not
+built;
 ``exhaustive=True`` measures everything (for comparison benchmarks).
 """
 
@@ -64,6 +66,7 @@ from cuvil_pgc.recompile.export_error import ExportError, exporter_of_reason
 from cuvil_pgc.recompile.features import add_rnn_time, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved
+from cuvil_pgc.recompile.other_shapes import BACKENDS as OTHER_SIZE_BACKENDS
 from cuvil_pgc.recompile.padding import padding_of
 from cuvil_pgc.recompile.realized import first_fallback
 from cuvil_pgc.recompile.records import RecordDB
@@ -199,7 +202,7 @@ class _Search:
         pending = self._reuse_records(pending)
         # records of earlier searches of this model count against the budget: what a search
         # already knows it does not pay for again, so a second search measures only what is left
-        self.budget = 10**9 if self.opt.exhaustive else (self.opt.budget or default_budget(len(space))) - self.reused
+        self.budget = 10**9 if self.opt.exhaustive else (self.opt.budget or default_budget(len(space), self.opt.sizes_vary)) - self.reused
         total = min(self.budget, len(pending) + self.measured)   # for the progress bar
         self._total = total
         stage(self.progress, "searching")
@@ -407,6 +410,12 @@ class _Search:
             why, status = self.inaccurate[cand.arithmetic_key], "accuracy_error"
         if why is None and cand.scope in self.runs_original:
             why, status = self.runs_original[cand.scope], "runs_original"
+        if why is None and self.opt.sizes_vary and cand.backend not in ("eager", *OTHER_SIZE_BACKENDS):
+            # one call of a generation at most: a prefill's torch.compile build ran none of a
+            # service's prompts. Its place in the space still counts for the budget, which the
+            # AOTInductor variants a decoding step wins with need (max-autotune: 1.4-1.7x ONNX Runtime)
+            why, status = (f"a {cand.backend} region runs only its captured sizes, and a decoding call's sizes change "
+                           "every call"), "not_measured"
         if why is None:
             return False
         self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), status,

@@ -29,6 +29,9 @@ class SearchOptions:
     deployed_race: bool = True
     #: the MODULE:FACTORY the model came from: that race then runs eager too (see build.recompile)
     model_ref: str | None = None
+    #: the call's sizes change from call to call (a decoding step's cache, a prefill's prompt): a
+    #: candidate whose region runs only its captured sizes is not built (see search._rejected_unbuilt)
+    sizes_vary: bool = False
 
 
 @dataclass
