@@ -109,6 +109,31 @@ def test_a_sliding_window_prefill_runs_the_prompts_its_window_keeps_whole():
     assert ran == [6, 14] and fast.forward.outside_calls == 1
 
 
+def test_a_prefill_built_without_a_mask_runs_calls_passing_one_of_all_ones():
+    """generate() leaves an all-ones mask out of an unpadded prompt's call, so the prefill captured
+    from it has none; a call of the model that passes one is the same call, a padded one is not."""
+    from cuvil_pgc.recompile import generate_step_call
+    from cuvil_pgc.recompile.cache_step import CacheStep, around_cache
+
+    model = make()
+    call = generate_step_call(model, torch.randint(3, 60, (1, 7)), step=0)
+    layout = around_cache(model, _positional(model, call))[2]
+    assert "attention_mask" not in call and len(layout.tensors) == 2      # the ids and the position ids
+    fast, ran = counted_build(model, CacheStep(model, layout))
+    ids = torch.randint(3, 60, (2, 9))
+    padded = torch.ones_like(ids)
+    padded[0, :2] = 0
+    with torch.no_grad():
+        for mask in (torch.ones_like(ids), padded):
+            empty = transformers.DynamicCache(config=model.config)
+            got = fast(ids, attention_mask=mask, cache=empty, use_cache=True, logits_to_keep=1)
+            want = model(ids, attention_mask=mask, cache=transformers.DynamicCache(config=model.config),
+                         use_cache=True, logits_to_keep=1)
+            torch.testing.assert_close(got.logits, want.logits)
+            assert got.past_key_values is empty and empty.get_seq_length() == 9
+    assert ran == [2] and fast.forward.unmatched_calls == 1       # the padded one: the model's own forward
+
+
 def test_a_prompt_longer_than_the_prefills_program_runs_runs_the_models_forward_said_once(caplog):
     """As a step at a cache its program does not run: the model's own forward at once (the region
     would run the original module after its checks), counted and said once."""

@@ -112,8 +112,9 @@ def as_built(bound: tuple[Any, ...], names: list[str], layout: Any, config: Any 
              flags: tuple[int, ...] | None = None) -> tuple[Any, ...] | None:
     """A call ``bound`` to the positions of ``layout`` (a :class:`~.cache_step.StepLayout`) with
     what it leaves out and the built call holds filled in as the model reads it left out: no
-    attention mask is one over every position
-    (``generate()`` drops an all-ones mask), and the ``position_ids`` of a call that pads nothing
+    attention mask is one over every position (``generate()`` drops an all-ones mask, and a mask of
+    all ones is left out where the build was made without one: a prefill's, as ``generate()``
+    calls it for unpadded prompts), and the ``position_ids`` of a call that pads nothing
     count on from the cache's length (a padded row counts along its mask, which ``generate()``
     does and passes); ``logits_to_keep`` as built where both keep every new token's logits; a
     Hugging Face output flag left None on one side and set to the model's ``config`` value on the
@@ -137,6 +138,9 @@ def as_built(bound: tuple[Any, ...], names: list[str], layout: Any, config: Any 
     at = built.index("attention_mask") if "attention_mask" in built else -1
     if at in layout.tensors and out[at] is None:
         out[at] = torch.ones(batch, past + new, dtype=torch.long, device=ids.device)
+    elif at >= 0 and at not in layout.tensors and layout.constants[at] is None and isinstance(out[at], torch.Tensor) \
+            and out[at].shape == (batch, past + new) and bool(out[at].all()):
+        out[at] = None      # built without one (generate() leaves an all-ones mask out): the same call
     at = built.index("position_ids") if "position_ids" in built else -1
     if at in layout.tensors and out[at] is None:
         mask = out[built.index("attention_mask")] if "attention_mask" in built else None
