@@ -36,30 +36,23 @@ from cuvil_pgc.recompile.object_outputs import first_difference, opened, structu
 log = logging.getLogger(__name__)
 
 
-def install(model: nn.Module, step: CacheStep, region: nn.Module, given: Any = None) -> nn.Module:
+def install(model: nn.Module, step: CacheStep, region: nn.Module, other: Any = None) -> nn.Module:
     """A copy of ``model`` (sharing its submodules, weights and config, as
     :func:`~.apply.apply_plan`'s) whose ``forward`` is :func:`decoding_forward` over ``region``
-    (the loaded build of ``step``); ``model`` itself runs as it did. Where ``given`` (what the
-    build was loaded onto) is such a copy running the other kind of call (a prefill's build where
-    ``step`` is a decoding step's, or the reverse), calls that are not ``step``'s run that build."""
+    (the loaded build of ``step``); ``model`` itself runs as it did. Calls that are not ``step``'s
+    run ``other`` (:func:`other_kind`: the loaded forward of the other kind of call, a prefill's
+    build where ``step`` is a decoding step's, or the reverse) where one is given."""
     import copy
 
     out = copy.copy(model)
     out._modules = dict(model._modules)        # as apply_plan's: a submodule set on the copy is the copy's
-    other = _other_kind(given, step.layout.prefill)
     if other is not None:       # anew, its own counters: not chained to a build of step's kind it ran beside
         other = decoding_forward(out, other.step, other.region)
     out.forward = decoding_forward(out, step, region, other)    # a function: nn.Module keeps it as an attribute
     return out
 
 
-def other_build(given: Any, step: CacheStep) -> Any:
-    """``given`` where it is a model :func:`install` made that runs the other kind of call than
-    ``step`` (a prefill's build where ``step`` is a decoding step's, or the reverse), else None."""
-    return given if _other_kind(given, step.layout.prefill) is not None else None
-
-
-def _other_kind(given: Any, prefill: bool) -> Callable[..., Any] | None:
+def other_kind(given: Any, prefill: bool) -> Callable[..., Any] | None:
     """The loaded forward in ``given`` (a model :func:`install` made, or any) that runs the other
     kind of call than ``prefill`` says, or None."""
     forward = getattr(given, "__dict__", {}).get("forward")

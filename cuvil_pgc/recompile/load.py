@@ -171,20 +171,20 @@ def _installed(model: Any, step: Any, region: Any, report: LoadReport, given: An
     """A copy of ``model`` running ``region`` (the loaded build of its decoding ``step``, or of its
     prefill) for those calls; where ``given`` (what the build was loaded onto) runs the other kind's
     build, the copy keeps it for the other calls."""
-    from cuvil_pgc.recompile.decoding_forward import install, other_build
+    from cuvil_pgc.recompile.decoding_forward import install, other_kind
 
-    kept = other_build(given, step)
-    if region is step:
-        return kept or model    # nothing of the step's call was replaced: the model as it was given
+    other = other_kind(given, step.layout.prefill)
+    if region is step:          # nothing of the step's call was replaced: the model as it was given
+        return given if other is not None else model
     kind = ("a prefill's build: generate()'s first call, with the cache still empty, runs the build"
             if step.layout.prefill else
             "a decoding step's build: a call passing a cache of the built structure (generate()'s steps after the "
             "first) runs the build")
-    other = ("the decoding steps run the build it was loaded onto" if step.layout.prefill else
-             "the prefill runs the build it was loaded onto") if kept is not None else \
+    rest = ("the decoding steps run the build it was loaded onto" if step.layout.prefill else
+            "the prefill runs the build it was loaded onto") if other is not None else \
         "other calls run the model's own forward"
-    report.notes.append(f"{kind}; {other}")
-    return install(model, step, region, given)
+    report.notes.append(f"{kind}; {rest}")
+    return install(model, step, region, other)
 
 
 def _check_threads(built: int, report: LoadReport, path: str) -> None:
