@@ -190,9 +190,9 @@ def input_objects_kept(inputs: tuple[Any, ...]) -> Any:
         if depth > 4 or id(value) in seen:
             return
         seen.add(id(value))
-        if type(value) in (list, dict):
+        if isinstance(value, list) or type(value) is dict:     # (a ModelOutput, a dict with attributes: below)
             items.append((value, value.copy()))
-            for item in (value if type(value) is list else value.values()):
+            for item in (value if isinstance(value, list) else value.values()):
                 walk(item, depth + 1)
         elif hasattr(value, "__dict__") and not isinstance(value, type) and not callable(value) \
                 and not any(c.__module__.split(".")[0] == "torch" for c in type(value).__mro__):   # tensors, modules
@@ -209,7 +209,7 @@ def input_objects_kept(inputs: tuple[Any, ...]) -> Any:
             vars(obj).clear()
             vars(obj).update(attributes)
         for held, copy in items:
-            if type(held) is list:
+            if isinstance(held, list):
                 held[:] = copy
             else:
                 held.clear()
