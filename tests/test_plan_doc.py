@@ -116,6 +116,34 @@ def test_a_pinned_plan_with_a_newer_knob_is_refused():
         _pinned(newer)
 
 
+def test_a_backend_or_precision_this_version_does_not_know_is_refused_not_built_as_torch_compile():
+    # apply realizes any backend it does not name as torch.compile: a pinned Candidate("", "onnxruntime")
+    # (ONNX Runtime is "ort") built and shipped torch.compile under the name onnxruntime
+    from cuvil_pgc.errors import ConfigError, RecompileError
+    from cuvil_pgc.recompile.build import _pinned
+    from cuvil_pgc.recompile.records import Record
+    from cuvil_pgc.recompile.search_records import refit_sample
+
+    with pytest.raises(ConfigError, match=r"unknown backend 'onnxruntime' for <model>.*ONNX Runtime is 'ort'"):
+        Candidate("", "onnxruntime")
+    with pytest.raises(ConfigError, match=r"unknown precision 'int8' for enc.*fp32, bf16, fp16"):
+        Candidate("enc", "ort", precision="int8")
+    newer = json.loads(json.dumps(FORMAT_1))
+    newer["choices"][0]["candidate"]["backend"] = "tvm"         # a newer cuvil-pgc's backend
+    with pytest.raises(PlanFormatError, match=r"the choice for 'enc' has a malformed candidate \(unknown backend 'tvm'"):
+        Plan.from_json(newer)
+    with pytest.raises(RecompileError, match="the pinned plan is not usable.*unknown backend 'tvm'"):
+        _pinned(newer)
+    with pytest.raises(ConfigError, match="unknown backend 'onnxruntime'"):
+        _pinned({"": {"scope": "", "backend": "onnxruntime"}})
+    scope = {"scope": "", "path": "", "bottleneck": "compute", "eager_us": 2.0}
+    record = Record("s", "<model>::tvm", "m", "i", "ok", median_us=1.0, eager_us=2.0,
+                    features={"probe": True, "candidate": {"scope": "", "backend": "tvm"}, "scope": scope})
+    assert refit_sample(record) is None          # an older or newer version's record is left out, not raised on
+    record.features["candidate"]["backend"] = "ort"
+    assert refit_sample(record) is not None
+
+
 def test_the_report_and_the_cli_show_the_runtime_baselines():
     from cuvil_pgc.viewer._run_sections import plan_section
     from cuvil_pgc.viewer.console_recompile import plan_view

@@ -24,9 +24,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cuvil_pgc.analyze import vocabulary
-from cuvil_pgc.recompile.runtimes import ORT_PROVIDERS, RUNTIME_BACKENDS
+from cuvil_pgc.errors import ConfigError
+from cuvil_pgc.recompile.runtimes import ORT_PROVIDERS, RUNTIME_BACKENDS, RUNTIMES
 
 BACKENDS = ("eager", "compile", "aoti", "cudagraphs", *RUNTIME_BACKENDS)
+PRECISIONS = ("fp32", "bf16", "fp16")
 OVERHEAD_LABELS = tuple(sorted(vocabulary.with_remedy("overhead")))   # launch_overhead, host_bound, ...
 WORK_LABELS = vocabulary.with_remedy("work")                            # memory_bandwidth, compute
 NO_REMEDY_LABELS = vocabulary.with_remedy("none")                       # idle, communication, setup
@@ -52,6 +54,18 @@ class Candidate:
     #: fields of a newer cuvil-pgc this version does not know, sorted (name, JSON text) pairs: kept
     #: so a round trip through this version does not drop them (a loader refuses to run them)
     extra: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        # a backend this version does not know would realize as torch.compile (apply's last case):
+        # a pinned plan naming one, or a newer cuvil-pgc's plan.json, is refused here instead
+        if self.backend not in BACKENDS:
+            titles = ", ".join(f"{r.title} is {name!r}" for name, r in RUNTIMES.items())
+            raise ConfigError(f"unknown backend {self.backend!r} for {self.scope or '<model>'}",
+                              fix=f"use one of {', '.join(BACKENDS)} ({titles}); a plan from a newer cuvil-pgc "
+                                  "needs that version")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r} for {self.scope or '<model>'}",
+                              fix=f"use one of {', '.join(PRECISIONS)}")
 
     @property
     def config(self) -> str:

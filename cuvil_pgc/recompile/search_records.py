@@ -87,7 +87,7 @@ def refit_sample(record: Record) -> tuple[Candidate, ScopeFeatures, float] | Non
     try:
         cand = Candidate.from_json(record.features["candidate"])
         feats = ScopeFeatures(**record.features["scope"])
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):   # ValueError: a backend or precision this version does not know
         return None
     if not record.median_us or not record.eager_us:
         return None
