@@ -13,7 +13,9 @@ count, greedy ``generate()`` of ``--new`` tokens after a prompt of ``--prompt`` 
   loaded with ``load_build`` as a service loads it;
 - with ``--prefill``, ``steps`` (that build alone) and ``build``: the same with the prefill's build
   (``recompile`` of ``generate()``'s first call, the prompt's, with the cache still empty) loaded
-  onto it, so that the prompt runs a build too.
+  onto it, so that the prompt runs a build too;
+- with ``--encoder`` (encoder-decoders), the encoder's build (``recompile(model.get_encoder(),
+  generate_encoder_call(...))``, the source's call) loaded onto ``build`` too.
 
 Every contender's tokens are checked against eager's. It prints each model's medians (ms per
 ``generate()``), the build over eager and over the faster of the two others, and their geometric
@@ -25,6 +27,7 @@ beside the build's plan.
     python benchmarks/decode_steps.py --models llama,gpt2 --capture 32 --prompt 6000 --new 16   # long contexts
     python benchmarks/decode_steps.py --models llama,gpt2 --prefill --capture 32 --prompt 2000  # the prompt's build too
     python benchmarks/decode_steps.py --models t5,bart --prompt 128    # encoder-decoders: 128 source tokens
+    python benchmarks/decode_steps.py --models t5,bart --prompt 512 --new 32 --encoder   # and the encoder's build
 
 For an encoder-decoder (``t5``, ``bart``) ``--prompt`` is the source's length, and the step built is
 the one ``generate()`` makes after ``--capture`` (default 4) decoder tokens, captured from its call.
@@ -111,20 +114,24 @@ def main() -> int:
                         "profile may hold steps of other lengths than it serves")
     p.add_argument("--prefill", action="store_true",
                    help="also build the prefill (at a prompt of --capture tokens) and load it onto the step's build")
+    p.add_argument("--encoder", action="store_true",
+                   help="encoder-decoders: also build the encoder (at a source of --prompt tokens) and load it onto "
+                        "the step's build")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
 
     import torch
 
-    from cuvil_pgc.recompile import load_build, recompile
+    from cuvil_pgc.recompile import generate_encoder_call, load_build, recompile
 
     torch.set_num_threads(args.threads)
     print(f"{args.layers} layers, width {args.width}, prompt {args.prompt}, {args.new} new tokens, the step built "
           f"at a cache of {args.capture or args.prompt} (an encoder-decoder's: {args.capture or 4} decoder tokens after "
           f"a source of {args.prompt}), "
           f"{args.threads} thread(s); ms per generate(), medians of {args.rounds} interleaved rounds")
-    steps_column = f" {'steps':>8}" if args.prefill else ""
+    layered = args.prefill or args.encoder          # builds loaded onto the step's: "steps" is that one alone
+    steps_column = f" {'steps':>8}" if layered else ""
     print(f"{'model':<8} {'eager':>8} {'compile':>8}{steps_column} {'build':>8} {'plan':<36} {'vs eager':>9} "
           f"{'vs best':>8}")
     over_eager, over_best = [], []
@@ -142,14 +149,22 @@ def main() -> int:
             compiled.generation_config.cache_implementation = "static"
             compiled.forward = torch.compile(compiled.forward)
             contenders = {"eager": model, "compile": compiled, "build": fast}
+            ids = torch.randint(3, 4096, (1, args.prompt))
+            built = fast
             if args.prefill:
                 first = recompile(copy.deepcopy(model), prefill_call(model, args.capture or args.prompt),
                                   threads=args.threads)
                 first.save(f"{tmp}/{name}-prefill.cuvilpkg")
                 plan += "; prefill " + "; ".join(f"{c.candidate.config}" for c in first.plan.choices)
-                contenders = {"eager": model, "compile": compiled, "steps": fast,
-                              "build": load_build(f"{tmp}/{name}-prefill.cuvilpkg", fast, allow_unsigned=True)}
-            ids = torch.randint(3, 4096, (1, args.prompt))
+                built = load_build(f"{tmp}/{name}-prefill.cuvilpkg", built, allow_unsigned=True)
+            if args.encoder and name in ENCODER_DECODERS:
+                source = generate_encoder_call(model, ids, attention_mask=torch.ones_like(ids))
+                encoder = recompile(copy.deepcopy(model).get_encoder(), source, threads=args.threads)
+                encoder.save(f"{tmp}/{name}-encoder.cuvilpkg")
+                plan += "; encoder " + "; ".join(f"{c.candidate.config}" for c in encoder.plan.choices)
+                built = load_build(f"{tmp}/{name}-encoder.cuvilpkg", built, allow_unsigned=True)
+            if layered:
+                contenders = {"eager": model, "compile": compiled, "steps": fast, "build": built}
 
             def generate(m: Any, ids: torch.Tensor = ids) -> torch.Tensor:
                 with torch.no_grad():
@@ -170,12 +185,12 @@ def main() -> int:
             vs_eager, vs_best = med["eager"] / med["build"], min(med["eager"], med["compile"]) / med["build"]
             over_eager.append(vs_eager)
             over_best.append(vs_best)
-            steps_ms = f" {med['steps']:>8.1f}" if args.prefill else ""
+            steps_ms = f" {med['steps']:>8.1f}" if layered else ""
             print(f"{name:<8} {med['eager']:>8.1f} {med['compile']:>8.1f}{steps_ms} {med['build']:>8.1f} "
                   f"{plan[:36]:<36} {vs_eager:>8.2f}x {vs_best:>7.2f}x")
-            if args.prefill:
+            if layered:
                 print(f"         plan: {plan}")
-            region, steps = fast.forward.region, (1 + args.rounds) * (args.new - 1) * (2 if args.prefill else 1)
+            region, steps = fast.forward.region, (1 + args.rounds) * (args.new - 1) * (2 if layered else 1)
             print(f"         the build's steps: {steps - fast.forward.outside_calls} of {steps} ran it; "
                   f"{fast.forward.outside_calls} were at a batch or cache length it does not run (the model's own forward), "
                   f"{getattr(region, 'fallback_calls', 0)} fell back inside it; cache lengths it runs: "
@@ -185,6 +200,9 @@ def main() -> int:
                 print(f"         the prefill's build: {1 + args.rounds - first_forward.outside_calls} of "
                       f"{1 + args.rounds} prompts ran it, {first_forward.region.fallback_calls} fell back inside it; "
                       f"sizes it runs: {getattr(getattr(first_forward.region, 'other_shapes', None), 'ranges', None)}")
+            if args.encoder and name in ENCODER_DECODERS:
+                print(f"         the encoder's build: {built.get_encoder().fallback_calls} of {1 + args.rounds} sources fell "
+                      f"back to the encoder's own forward")
             # one step alone, in the search's final race (in processes of their own where it ran
             # there): each whole-step plan raced, the step on each runtime at its defaults among
             # them (what an Optimum-style export of the step would run)

@@ -2,7 +2,8 @@
 
 ``recompile(model, example_inputs, traces, budget=...) -> Build`` (see :mod:`.build`),
 ``load_build(path_or_ref, model, fallback=...)``, ``compare`` (see :mod:`.compare`),
-``generate_step_call(model, input_ids, ...)`` (a decoding step's or a prefill's example call, see :mod:`.generate_calls`). Attributes load
+``generate_step_call(model, input_ids, ...)`` (a decoding step's or a prefill's example call, see :mod:`.generate_calls`),
+``generate_encoder_call(model, input_ids, ...)`` (an encoder-decoder's encoder's). Attributes load
 lazily so that importing the package stays cheap (no torch until a function is used).
 """
 
@@ -18,6 +19,7 @@ _LAZY = {
     "Plan": ("cuvil_pgc.recompile.plan_doc", "Plan"),
     "compare": ("cuvil_pgc.recompile.compare", "compare"),
     "generate_step_call": ("cuvil_pgc.recompile.generate_calls", "generate_step_call"),
+    "generate_encoder_call": ("cuvil_pgc.recompile.generate_calls", "generate_encoder_call"),
 }
 
 __all__ = list(_LAZY)

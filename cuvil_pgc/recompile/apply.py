@@ -431,11 +431,11 @@ def apply_plan(model: nn.Module, realized: dict[str, Realized]) -> nn.Module:
     out = copy.copy(model)
     out._modules = dict(model._modules)
     for scope, item in sorted(realized.items()):
-        _replace(out, scope, item.module)
+        replace_submodule(out, scope, item.module)
     return out
 
 
-def _replace(root: nn.Module, qualname: str, new: nn.Module) -> None:
+def replace_submodule(root: nn.Module, qualname: str, new: nn.Module) -> None:
     """Set ``root.<qualname>`` to ``new``, shallow-copying the modules on the way (others are shared)."""
     parts = qualname.split(".")
     parent = root

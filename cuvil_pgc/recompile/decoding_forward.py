@@ -35,20 +35,34 @@ from cuvil_pgc.recompile.object_outputs import first_difference, opened, structu
 
 log = logging.getLogger(__name__)
 
+#: the key, in the ``__dict__`` of a copy that a loaded build returned, of the model it was made from
+#: (see :func:`own_model`): not an attribute nn.Module would take for a submodule of the copy
+MODEL = "cuvil_model"
+
 
 def install(model: nn.Module, step: CacheStep, region: nn.Module, other: Any = None) -> nn.Module:
-    """A copy of ``model`` (sharing its submodules, weights and config, as
-    :func:`~.apply.apply_plan`'s) whose ``forward`` is :func:`decoding_forward` over ``region``
-    (the loaded build of ``step``); ``model`` itself runs as it did. Calls that are not ``step``'s
-    run ``other`` (:func:`other_kind`: the loaded forward of the other kind of call, a prefill's
-    build where ``step`` is a decoding step's, or the reverse) where one is given."""
-    import copy
-
-    out = copy.copy(model)
-    out._modules = dict(model._modules)        # as apply_plan's: a submodule set on the copy is the copy's
+    """A copy of ``model`` (the model ``step`` is of, or a copy of it a build returned: sharing its
+    submodules, weights and config, as :func:`~.apply.apply_plan`'s) whose ``forward`` is
+    :func:`decoding_forward` over ``region`` (the loaded build of ``step``); ``model`` itself runs
+    as it did. Calls that are not ``step``'s run ``other`` (:func:`other_kind`: the loaded forward
+    of the other kind of call, a prefill's build where ``step`` is a decoding step's, or the
+    reverse) where one is given."""
+    out = without_forward(model)
+    out.__dict__[MODEL] = step.model
     if other is not None:       # anew, its own counters: not chained to a build of step's kind it ran beside
         other = decoding_forward(out, other.step, other.region)
     out.forward = decoding_forward(out, step, region, other)    # a function: nn.Module keeps it as an attribute
+    return out
+
+
+def without_forward(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` without a loaded forward of its own (the class's runs), sharing its
+    submodules (a submodule set on the copy is the copy's, as :func:`~.apply.apply_plan`'s)."""
+    import copy
+
+    out = copy.copy(model)
+    out._modules = dict(model._modules)
+    out.__dict__.pop("forward", None)
     return out
 
 
@@ -64,10 +78,10 @@ def other_kind(given: Any, prefill: bool) -> Callable[..., Any] | None:
 
 
 def own_model(model: Any) -> Any:
-    """The model :func:`install` copied ``model`` from, or ``model`` where it is no such copy: a
-    build loaded onto what ``load_build`` returned applies to the model, not to the copy's forward."""
-    step = getattr(getattr(model, "__dict__", {}).get("forward"), "step", None)
-    return step.model if isinstance(step, CacheStep) else model
+    """The model a copy that ``load_build`` returned (:func:`install`'s, or
+    :func:`~.encoder_build.with_encoder`'s) was made from, or ``model`` where it is no such copy: a
+    build loaded onto such a copy is checked against, and built onto, the model itself."""
+    return getattr(model, "__dict__", {}).get(MODEL, model)
 
 
 def decoding_forward(model: nn.Module, step: CacheStep, region: nn.Module,

@@ -1,7 +1,8 @@
 """How ``generate()`` calls a model, for the decoding builds (:mod:`.cache_step`, :mod:`.decoding_forward`).
 
 A build of a decoding step or a prefill is made for the call ``generate()`` makes, and runs the calls
-it makes after: :func:`generate_step_call` captures one as made (a user's example call),
+it makes after: :func:`generate_step_call` captures one as made (a user's example call; for an
+encoder-decoder's encoder, :func:`generate_encoder_call`),
 :func:`as_generate_calls` completes an example call as ``generate()`` passes it (position ids
 counted along the mask, ``logits_to_keep``), and :func:`as_built` maps a later call onto the built
 one where they differ only in what the model reads alike (a mask of all ones left out, an output
@@ -78,6 +79,41 @@ def generate_step_call(model: nn.Module, *args: Any, step: int = 3, **generate_k
         raise ConfigError(f"generate() made {len(calls)} call(s) of the model, none for step {step}",
                           fix="ask for more new tokens, or an earlier step")
     return {k: v for k, v in calls[step].items() if k != "return_dict"}
+
+
+def generate_encoder_call(model: nn.Module, *args: Any, **generate_kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments of the call ``model.generate(*args, **generate_kwargs)`` makes of an
+    encoder-decoder's encoder (``model.get_encoder()``, once per ``generate()``: the source's call),
+    less the output flags it passes (the encoder's build reads them from the config, and calls
+    passing them run it): the example call for ``recompile(model.get_encoder(), call)``, whose
+    build ``load_build`` loads onto the model (see :mod:`.encoder_build`)."""
+    encoder = getattr(model, "get_encoder", lambda: None)()
+    if not isinstance(encoder, nn.Module) or encoder is model or not getattr(
+            getattr(model, "config", None), "is_encoder_decoder", False):
+        raise ConfigError(f"a {type(model).__name__} is not an encoder-decoder: generate() calls no encoder of its own",
+                          fix="pass a model whose config says is_encoder_decoder (T5, BART, Whisper ...)")
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    own = vars(encoder).get("forward")
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        calls.append((a, copy.deepcopy(kw)))
+        return forward(*a, **kw)
+    forward = encoder.forward
+    spy.__signature__ = inspect.signature(forward)     # type: ignore[attr-defined]  # generate() reads it
+    encoder.forward = spy
+    try:
+        with torch.no_grad():
+            model.generate(*args, **{"max_new_tokens": 1, "do_sample": False, **generate_kwargs})
+    finally:
+        if own is None:
+            del encoder.forward
+        else:
+            encoder.forward = own
+    if len(calls) != 1 or calls[0][0]:
+        raise ConfigError(f"generate() called the encoder {len(calls)} time(s), "
+                          f"{'by position' if calls and calls[0][0] else 'not once by keyword'}, where this captures "
+                          "one call by keyword", fix="give recompile the encoder's example call yourself")
+    return {k: v for k, v in calls[0][1].items() if k not in HF_OUTPUT_FLAGS}
 
 
 def as_generate_calls(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -123,17 +123,20 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool
           example_inputs: tuple[Any, ...] | None, stale: str, size_programs: int | None,
           size_examples: list[Any] | tuple[Any, ...] | None = None) -> Any:
     from cuvil_pgc.recompile.decoding_forward import own_model
+    from cuvil_pgc.recompile.encoder_build import encoder_of
     from cuvil_pgc.recompile.runtime_build import check_engines
     from cuvil_pgc.recompile.trust import open_trusted
 
-    given, model = model, own_model(model)    # what a decoding step's build returned: the model it was loaded onto
+    given, model = model, own_model(model)    # what a build returned: the model it was made from
     with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
         path = vb.path
         _check_environment(vb.manifest, path)
         plan = _read_plan(vb, path)
         check_engines(vb.manifest, plan, path)
         step = _decoding_step(plan, model, path)
-        check_model(vb.manifest, plan, step or model, path)
+        encoder = encoder_of(given, vb.manifest.model_class) if step is None else None
+        target = step if step is not None else encoder if encoder is not None else model
+        check_model(vb.manifest, plan, target, path)
         report = LoadReport(path=path, threads=vb.manifest.threads)
         _check_threads(vb.manifest.threads, report, path)
         report.cache_artifacts = _load_cache_artifacts(vb) if CACHE_MEMBER in vb.members() else "none"
@@ -142,18 +145,22 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool
             # once per generation, and a program of its own per length would only take the cores
             # from the steps while it compiles
             size_programs = 0
-        module = _apply_choices(vb, plan, step or model, report, path, stale, size_programs)
+        module = loaded = _apply_choices(vb, plan, target, report, path, stale, size_programs)
         if step is not None:
             module = _installed(model, step, module, report, given)
+        elif encoder is not None:
+            module = _with_encoder(given, encoder, module, report, path)
+    # what example_inputs and size_examples are the inputs of: the encoder's, for its build
+    served, served_model = (loaded, encoder) if encoder is not None else (module, model)
     if report.skipped:
         warnings.warn(f"cuvil-pgc: {path}: {len(report.skipped)} region(s) run eagerly: "
                       + "; ".join(report.skipped), RuntimeWarning, stacklevel=3)
     if example_inputs is not None:
         from cuvil_pgc._example_inputs import positional_inputs
 
-        _warm_up(module, positional_inputs(model, example_inputs), report)
+        _warm_up(served, positional_inputs(served_model, example_inputs), report)
     if size_examples is not None:
-        _compile_sizes(module, model, size_examples, report)
+        _compile_sizes(served, served_model, size_examples, report)
     module.cuvil_load_report = report
     return module
 
@@ -168,14 +175,15 @@ def _decoding_step(plan: Plan, model: Any, path: str) -> Any:
 
 
 def _installed(model: Any, step: Any, region: Any, report: LoadReport, given: Any) -> Any:
-    """A copy of ``model`` running ``region`` (the loaded build of its decoding ``step``, or of its
-    prefill) for those calls; where ``given`` (what the build was loaded onto) runs the other kind's
-    build, the copy keeps it for the other calls."""
-    from cuvil_pgc.recompile.decoding_forward import install, other_kind
+    """A copy of ``given`` (what the build was loaded onto: ``model``, or a copy of it a build
+    returned) running ``region`` (the loaded build of ``model``'s decoding ``step``, or of its
+    prefill) for those calls; where ``given`` runs the other kind's build, the copy keeps it for the
+    other calls, and an encoder's build it runs stays (:mod:`.encoder_build`)."""
+    from cuvil_pgc.recompile.decoding_forward import install, other_kind, without_forward
 
     other = other_kind(given, step.layout.prefill)
-    if region is step:          # nothing of the step's call was replaced: the model as it was given
-        return given if other is not None else model
+    if region is step:          # nothing of the step's call was replaced: the model as it was given, less its build of this kind
+        return given if other is not None or given is model else without_forward(given)
     kind = ("a prefill's build: generate()'s first call, with the cache still empty, runs the build"
             if step.layout.prefill else
             "a decoding step's build: a call passing a cache of the built structure (generate()'s steps after the "
@@ -184,7 +192,17 @@ def _installed(model: Any, step: Any, region: Any, report: LoadReport, given: An
             "the prefill runs the build it was loaded onto") if other is not None else \
         "other calls run the model's own forward"
     report.notes.append(f"{kind}; {rest}")
-    return install(model, step, region, other)
+    return install(given, step, region, other)
+
+
+def _with_encoder(given: Any, encoder: Any, loaded: Any, report: LoadReport, path: str) -> Any:
+    """A copy of ``given`` (an encoder-decoder) whose encoder is ``loaded``, the build of its
+    ``encoder`` (see :mod:`.encoder_build`)."""
+    from cuvil_pgc.recompile.encoder_build import with_encoder
+
+    report.notes.append(f"an encoder's build ({type(encoder).__name__}): generate() runs it on the source, the "
+                        "decoder runs as it did (its own forward, or the decoding builds it was loaded onto)")
+    return with_encoder(given, loaded, path)
 
 
 def _check_threads(built: int, report: LoadReport, path: str) -> None:
