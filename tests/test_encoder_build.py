@@ -10,10 +10,14 @@ import pytest
 import torch
 
 from cuvil_pgc.recompile import runtimes
+from tests._service import run_service
 
 transformers = pytest.importorskip("transformers")
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="onnxruntime not installed")
 
+
+FACTORY = '''
+import torch, transformers
 
 def make_bart():
     torch.manual_seed(0)
@@ -24,13 +28,16 @@ def make_bart():
                                      forced_bos_token_id=None, forced_eos_token_id=None)
     return transformers.BartForConditionalGeneration(config).eval()
 
-
-def source(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def source(batch, length, seed):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 60, (batch, length), generator=g)
     mask = torch.ones_like(ids)
     mask[0, length - 2:] = 0          # right-padded, as BART's tokenizer pads
     return ids, mask
+'''
+_scope: dict = {}
+exec(FACTORY, _scope)
+make_bart, source = _scope["make_bart"], _scope["source"]
 
 
 def test_the_encoders_call_is_captured_from_generate_without_its_output_flags():
@@ -98,6 +105,34 @@ def test_an_encoders_build_loads_onto_the_model_beside_the_steps_in_either_order
     for built in both:
         assert built.forward.region.fallback_calls == 0 and built.forward.outside_calls == 0
     assert model.get_encoder() is encoder and "forward" not in vars(model)
+
+    (tmp_path / "factory.py").write_text(FACTORY)        # a service process loads them, in both orders
+    result = run_service('''
+import json, sys, warnings
+import torch
+sys.path.insert(0, ".")
+from factory import make_bart, source
+from cuvil_pgc import load_build
+
+model, eager = make_bart(), make_bart()
+out = {}
+for order in (("encoder", "step"), ("step", "encoder")):
+    fast = model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in order:
+            fast = load_build(f"{name}.cuvilpkg", fast, allow_unsigned=True)
+    ids, mask = source(3, 11, 5)
+    kw = dict(attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False, num_beams=1)
+    with torch.no_grad():
+        same = bool(torch.equal(fast.generate(ids, **kw), eager.generate(ids, **kw)))
+    encoder = fast.get_encoder()
+    out["+".join(order)] = [same, type(encoder).__name__, encoder.fallback_calls, encoder.other_shape_calls,
+                            fast.forward.region.fallback_calls, type(model.get_encoder()).__name__]
+print(json.dumps(out))
+''', cwd=tmp_path)
+    for order in ("encoder+step", "step+encoder"):
+        assert result[order] == [True, "CompiledRegion", 0, 1, 0, "BartEncoder"], (order, result)
 
 
 def test_a_build_of_another_models_class_is_still_refused(tmp_path, build_env):
