@@ -639,7 +639,7 @@ def test_an_aoti_program_is_never_probed_with_sizes_it_named_apart_varying_alone
         seen.append(tuple(tuple(a.shape) for a in call))
         return model(*call)
 
-    fake = lambda *a, **k: (program, "first", [["", "s0"], ["", "s1"]], {})        # noqa: E731
+    fake = lambda *a, **k: (program, "first", [["", "s0"], ["", "s1"]], {}, {})        # noqa: E731
     monkeypatch.setattr(other_shapes, "aoti_program", fake)
     monkeypatch.setattr(other_shapes, "runtime_program", fake)
     from cuvil_pgc.recompile.apply import ScopeInputs
@@ -661,7 +661,7 @@ def test_a_size_that_cannot_change_alone_ties_the_sizes_captured_equal_that_coul
     up to the mask's captured length and the mask only down to it, so a call at any other length
     ran the original module. Both now vary together."""
     model, args = MaskAtLeast().eval(), (torch.randint(0, 9, (1, 16)), torch.ones(1, 16))
-    fake = lambda *a, **k: (model, "first", [["", "s0"], ["", "s1"]], {})        # noqa: E731
+    fake = lambda *a, **k: (model, "first", [["", "s0"], ["", "s1"]], {}, {})        # noqa: E731
     monkeypatch.setattr(other_shapes, "runtime_program", fake)
     from cuvil_pgc.recompile.apply import ScopeInputs
 
@@ -690,7 +690,7 @@ def test_a_size_that_changes_alone_but_fails_further_out_is_tried_with_its_partn
     def program(ids, mask):          # answers mismatched batches otherwise, beyond one apart
         return model(ids, mask) + (0.01 if ids.shape[0] > mask.shape[0] + 1 else 0.0)
 
-    fake = lambda *a, **k: (program, "first", [["s0", "s1"], ["s2", "s1"]], {})        # noqa: E731
+    fake = lambda *a, **k: (program, "first", [["s0", "s1"], ["s2", "s1"]], {}, {})        # noqa: E731
     monkeypatch.setattr(other_shapes, "runtime_program", fake)
     from cuvil_pgc.recompile.apply import ScopeInputs
 
@@ -712,7 +712,7 @@ def test_indices_into_a_tensor_sized_by_the_inputs_are_checked_against_the_calls
     model = Graph().eval()
     args = (torch.randn(20, 8), torch.randint(0, 20, (2, 40)))
     free = [["s0", ""], ["", "s1"]]
-    monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (model, "first", free, {1: {"s0"}}))
+    monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (model, "first", free, {1: {"s0"}}, {}))
     shapes = other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
                                              rtol=None, atol=None, sized=frozenset({1}))
     assert shapes.index_bounds == {1: ("s0",)}
@@ -722,7 +722,7 @@ def test_indices_into_a_tensor_sized_by_the_inputs_are_checked_against_the_calls
     edges[0, 3] = 30
     assert "input 1 holds an index outside 0-29" in shapes.misfit((torch.randn(30, 8), edges))
     assert shapes.fits((torch.randn(31, 8), edges))
-    monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (model, "first", free, {1: {"s0 - 1"}}))
+    monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (model, "first", free, {1: {"s0 - 1"}}, {}))
     with pytest.raises(other_shapes.OtherShapesError, match=r"input 1 indexes a tensor sized by the inputs .*\(s0 - 1\)"):
         other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
                                         rtol=None, atol=None, sized=frozenset({1}))

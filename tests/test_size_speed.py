@@ -88,7 +88,7 @@ def test_a_program_for_other_sizes_ends_its_range_where_it_times_slower(monkeypa
     from cuvil_pgc.recompile.apply import ScopeInputs
 
     model, args = Doubler().eval(), (torch.ones(2, 16),)
-    monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (model, "first", [["b", "n"]], {}))
+    monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (model, "first", [["b", "n"]], {}, {}))
     monkeypatch.setattr(size_speed, "timer", lambda program, original, args_at, rounds=5: _times(100))
     shapes = other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
                                              rtol=None, atol=None)
@@ -164,7 +164,7 @@ def test_a_dimension_the_module_names_is_checked_up_to_its_ceiling(monkeypatch, 
     def runner(x):
         checked.append(x.shape[1])
         return model(x)
-    monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (runner, "first", [["b", "n"]], {}))
+    monkeypatch.setattr(other_shapes, "runtime_program", lambda *a, **k: (runner, "first", [["b", "n"]], {}, {}))
     shapes = other_shapes.build_other_shapes(model, model, Candidate("", "ort"), ScopeInputs(args), key="k",
                                              rtol=None, atol=None)
     assert sorted(shapes.ranges.values()) == sorted([(1, size_probes.MIN_CEILING), (1, ceiling)])

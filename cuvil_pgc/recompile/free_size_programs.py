@@ -32,9 +32,10 @@ def batch_of_two(inputs: ScopeInputs) -> ScopeInputs | None:
                              for a in inputs.args))
 
 
-def runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any, example: Any,
-                    key: str) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]]]:
-    """(runner, first file, free dimensions, named index bounds) of the free-size ONNX export (at
+def runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: Any, example: Any, key: str
+                    ) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]], dict[str, tuple[int, int | None]]]:
+    """(runner, first file, free dimensions, named index bounds, no limits: the runtime checks the
+    sizes it is given itself, see :func:`aoti_program`) of the free-size ONNX export (at
     ``example``) on ONNX Runtime or OpenVINO."""
     with torch.no_grad():
         template = OutputTemplate.of(prepared(*inputs.args))
@@ -48,14 +49,15 @@ def runtime_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: A
         if not first.exists():
             convert_openvino(onnx_path, first)
         openvino_compiles(str(first), openvino_config(knobs_of(cand), cand.precision))
-    return program_runner(cand, str(first), template, module), str(first), free, index_bounds(str(onnx_path)).named
+    return program_runner(cand, str(first), template, module), str(first), free, index_bounds(str(onnx_path)).named, {}
 
 
-def aoti_program(prepared: nn.Module, cand: Any, inputs: Any, example: Any,
-                 key: str) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]]]:
-    """(runner, package, free dimensions, named index bounds) of the free-size ``torch.export`` (at
-    ``example``) as an AOTInductor package with the candidate's Inductor options (exporting again
-    is seconds; compiling is cached)."""
+def aoti_program(prepared: nn.Module, cand: Any, inputs: Any, example: Any, key: str
+                 ) -> tuple[Any, str, list[list[str]], dict[int, frozenset[str]], dict[str, tuple[int, int | None]]]:
+    """(runner, package, free dimensions, named index bounds, the sizes the program was exported
+    for: :func:`export_limits`) of the free-size ``torch.export`` (at ``example``) as an
+    AOTInductor package with the candidate's Inductor options (exporting again is seconds;
+    compiling is cached)."""
     from cuvil_pgc.recompile.aoti_outputs import TENSOR_OUTPUTS_KEY, TensorOutputs, aoti_output_template
     from cuvil_pgc.recompile.apply import export_program, package_aoti, program_key
 
@@ -64,6 +66,7 @@ def aoti_program(prepared: nn.Module, cand: Any, inputs: Any, example: Any,
         exported = export_program(prepared if template is None else TensorOutputs(prepared), example, free_sizes=True)
     from torch.export.graph_signature import InputKind, TensorArgument
 
+    limits = export_limits(exported)
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     free = [[size_name(d) for d in placeholders[spec.arg.name].meta["val"].shape]
             for spec in exported.graph_signature.input_specs     # not an input captured as None or a constant
@@ -72,7 +75,31 @@ def aoti_program(prepared: nn.Module, cand: Any, inputs: Any, example: Any,
     path = artifact_path(f"{key}|{program_key(cand)}{tensors}", "aoti-shapes", None, ".pt2")
     if not path.exists():
         package_aoti(exported, cand, str(path))
-    return AotiRunner(str(path), template is not None, template), str(path), free, program_index_bounds(exported).named
+    runner = AotiRunner(str(path), template is not None, template)
+    return runner, str(path), free, program_index_bounds(exported).named, limits
+
+
+def export_limits(exported: Any) -> dict[str, tuple[int, int | None]]:
+    """The smallest and largest size (None: no largest) an exported program's free sizes were
+    exported for, by name, where the export found tighter ones than its own: a lower bound of 2 is
+    ``torch.export``'s for every free size (0 and 1 it would specialize), not the model's, and the
+    probes check 1 as before (a program exported at a batch of two runs one request)."""
+    limits: dict[str, tuple[int, int | None]] = {}
+    for symbol, bounds in getattr(exported, "range_constraints", {}).items():
+        lo, hi = _finite(bounds.lower) or 0, _finite(bounds.upper)
+        if lo > 2 or hi is not None:
+            limits[str(symbol)] = (lo if lo > 2 else 0, hi)
+    return limits
+
+
+def _finite(bound: Any) -> int | None:
+    """A range bound as an int; None for an infinite one (``int_oo``, which ``int()`` cannot take)."""
+    if getattr(bound, "is_finite", True) is False:
+        return None
+    try:
+        return int(bound)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
 
 
 def size_name(dimension: Any) -> str:

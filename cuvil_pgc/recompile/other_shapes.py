@@ -52,6 +52,7 @@ from cuvil_pgc.recompile.size_probes import (
     compare,
     faster_ranges,
     shapes_text,
+    within_limits,
 )
 from cuvil_pgc.recompile.size_programs import SizePrograms, default_capacity
 
@@ -241,9 +242,9 @@ def _checked_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: 
 
     try:
         if cand.backend == "aoti":
-            runner, first, free, named = aoti_program(prepared, cand, inputs, example, key)
+            runner, first, free, named, limits = aoti_program(prepared, cand, inputs, example, key)
         else:
-            runner, first, free, named = runtime_program(module, prepared, cand, inputs, example, key)
+            runner, first, free, named, limits = runtime_program(module, prepared, cand, inputs, example, key)
     except (ExportError, OtherShapesError):
         raise
     except Exception as exc:
@@ -256,7 +257,7 @@ def _checked_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: 
     # check ends the process (std::terminate): it is never probed with sizes it named apart
     # varying alone (a Llama returning its cache accepted token ids one longer than their mask in
     # eager; the package aborted the recompile)
-    names, ranges, fixed = checked_sizes(runner, module, inputs.args, free, rtol, atol,
+    names, ranges, fixed = checked_sizes(within_limits(runner, free, limits), module, inputs.args, free, rtol, atol,
                                          alone_probes=cand.backend != "aoti", ceilings=ceilings_of(module, inputs.args))
     ranges, slower = faster_ranges(runner, module, inputs.args, names, ranges)
     bounds = {p: tuple(names[i][j] or int(inputs.args[i].shape[j]) for i, j in dims) for p, dims in where.items()}

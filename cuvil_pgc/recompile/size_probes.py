@@ -241,6 +241,29 @@ def compare(runner: Any, module: nn.Module, args: tuple[torch.Tensor, ...], rtol
     return True
 
 
+def within_limits(runner: Any, free: list[list[str]], limits: dict[str, tuple[int, int | None]]) -> Any:
+    """``runner`` refusing, before it runs, inputs with a size (named in ``free``) outside the
+    sizes ``limits`` says its program was exported for: an AOTInductor package does not check them,
+    and its kernels run outside them index past their buffers or divide by zero, which ends the
+    process (a MobileViT's program, exported for images of 57-144 pixels, ended the recompile with
+    "Floating point exception" at a probe of a smaller one, and with "double free or corruption"
+    at 32). The probes take such a size as one the program fails at, which bounds its range."""
+    if not limits:
+        return runner
+
+    def run(*args: Any) -> Any:
+        for t, names in zip(args, free, strict=True):
+            if not isinstance(t, torch.Tensor):
+                continue
+            for name, n in zip(names, t.shape, strict=True):
+                lo, hi = limits.get(name, (0, None))
+                if n < lo or hi is not None and n > hi:
+                    raise OtherShapesError(f"size {n} is outside the sizes {lo}-{'' if hi is None else hi} its "
+                                           "program was exported for")
+        return runner(*args)
+    return run
+
+
 def resized(args: tuple[torch.Tensor, ...], free: list[list[str]], new: dict[str, int]) -> tuple[torch.Tensor, ...]:
     """``args`` with the dimensions of the symbols in ``new`` at those sizes, values tiled or cropped."""
     out = []
