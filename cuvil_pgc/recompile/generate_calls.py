@@ -57,28 +57,12 @@ def generate_step_call(model: nn.Module, *args: Any, step: int = 3, **generate_k
     if step < 0:
         raise ConfigError(f"step={step}: generate()'s calls are counted from 0 (the prefill)",
                           fix="pass step=0 for the prefill, 1 or later for a decoding step")
-    calls: list[dict[str, Any]] = []
-    own = vars(model).get("forward")          # a forward the instance already has (a loaded build's) stays
-
-    def spy(*a: Any, **kw: Any) -> Any:
-        calls.append(copy.deepcopy(kw))
-        return forward(*a, **kw)
-    forward = model.forward
-    spy.__signature__ = inspect.signature(forward)     # type: ignore[attr-defined]  # generate() reads it
-    model.forward = spy
-    try:
-        with torch.no_grad():
-            model.generate(*args, **{"max_new_tokens": step + 1, "min_new_tokens": step + 1, "do_sample": False,
-                                     **generate_kwargs})
-    finally:
-        if own is None:
-            del model.forward
-        else:
-            model.forward = own
+    calls = _calls_made(model, model, args, {"max_new_tokens": step + 1, "min_new_tokens": step + 1,
+                                             "do_sample": False, **generate_kwargs})
     if len(calls) <= step:
         raise ConfigError(f"generate() made {len(calls)} call(s) of the model, none for step {step}",
                           fix="ask for more new tokens, or an earlier step")
-    return {k: v for k, v in calls[step].items() if k != "return_dict"}
+    return {k: v for k, v in calls[step][1].items() if k != "return_dict"}
 
 
 def generate_encoder_call(model: nn.Module, *args: Any, **generate_kwargs: Any) -> dict[str, Any]:
@@ -92,28 +76,36 @@ def generate_encoder_call(model: nn.Module, *args: Any, **generate_kwargs: Any) 
             getattr(model, "config", None), "is_encoder_decoder", False):
         raise ConfigError(f"a {type(model).__name__} is not an encoder-decoder: generate() calls no encoder of its own",
                           fix="pass a model whose config says is_encoder_decoder (T5, BART, Whisper ...)")
-    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-    own = vars(encoder).get("forward")
-
-    def spy(*a: Any, **kw: Any) -> Any:
-        calls.append((a, copy.deepcopy(kw)))
-        return forward(*a, **kw)
-    forward = encoder.forward
-    spy.__signature__ = inspect.signature(forward)     # type: ignore[attr-defined]  # generate() reads it
-    encoder.forward = spy
-    try:
-        with torch.no_grad():
-            model.generate(*args, **{"max_new_tokens": 1, "do_sample": False, **generate_kwargs})
-    finally:
-        if own is None:
-            del encoder.forward
-        else:
-            encoder.forward = own
+    calls = _calls_made(model, encoder, args, {"max_new_tokens": 1, "do_sample": False, **generate_kwargs})
     if len(calls) != 1 or calls[0][0]:
         raise ConfigError(f"generate() called the encoder {len(calls)} time(s), "
                           f"{'by position' if calls and calls[0][0] else 'not once by keyword'}, where this captures "
                           "one call by keyword", fix="give recompile the encoder's example call yourself")
     return {k: v for k, v in calls[0][1].items() if k not in HF_OUTPUT_FLAGS}
+
+
+def _calls_made(model: nn.Module, callee: nn.Module, args: tuple[Any, ...],
+                generate_kwargs: dict[str, Any]) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The calls (positional arguments, keyword arguments copied as passed) that
+    ``model.generate(*args, **generate_kwargs)`` makes of ``callee`` (the model, or its encoder)."""
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    own = vars(callee).get("forward")          # a forward the instance already has (a loaded build's) stays
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        calls.append((a, copy.deepcopy(kw)))
+        return forward(*a, **kw)
+    forward = callee.forward
+    spy.__signature__ = inspect.signature(forward)     # type: ignore[attr-defined]  # generate() reads it
+    callee.forward = spy
+    try:
+        with torch.no_grad():
+            model.generate(*args, **generate_kwargs)
+    finally:
+        if own is None:
+            del callee.forward
+        else:
+            callee.forward = own
+    return calls
 
 
 def as_generate_calls(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
