@@ -43,10 +43,12 @@ make_bart, source = _scope["make_bart"], _scope["source"]
 def test_the_encoders_call_is_captured_from_generate_without_its_output_flags():
     from cuvil_pgc.errors import ConfigError
     from cuvil_pgc.recompile import generate_encoder_call
+    from cuvil_pgc.recompile.generate_calls import SourceCall
 
     model = make_bart()
     ids, mask = source(2, 9, 0)
     call = generate_encoder_call(model, ids, attention_mask=mask)
+    assert isinstance(call, SourceCall)        # recompile gives it programs for other sources' sizes
     assert sorted(call) == ["attention_mask", "input_ids"]
     assert torch.equal(call["input_ids"], ids) and torch.equal(call["attention_mask"], mask)
     assert "forward" not in vars(model.get_encoder())          # the spy is gone
@@ -80,8 +82,9 @@ def test_an_encoders_build_loads_onto_the_model_beside_the_steps_in_either_order
     encoder = model.get_encoder()
     ids, mask = source(2, 9, 0)
     kw = dict(plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3)
-    recompile(encoder, generate_encoder_call(model, ids, attention_mask=mask), dynamic=True, **kw).save(
-        tmp_path / "encoder.cuvilpkg")
+    built = recompile(encoder, generate_encoder_call(model, ids, attention_mask=mask), **kw)
+    assert built.plan.choices[0].other_shapes          # sources of other sizes run it, without dynamic=True
+    built.save(tmp_path / "encoder.cuvilpkg")
     recompile(model, generate_step_call(model, ids, attention_mask=mask, step=3), **kw).save(tmp_path / "step.cuvilpkg")
 
     fast = _load(tmp_path / "encoder.cuvilpkg", model)

@@ -169,6 +169,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     from cuvil_pgc._progress import stage
     from cuvil_pgc.recompile.cache_step import around_cache
+    from cuvil_pgc.recompile.generate_calls import SourceCall
     from cuvil_pgc.recompile.stateless import check_stateless
 
     try:
@@ -179,8 +180,10 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     except Exception as exc:          # the user's model on their inputs, reported as such
         raise RecompileError(f"the model raised on its example inputs: {type(exc).__name__}: {one_line(exc, 300)}",
                              fix=inputs_hint(given, model, exc)) from exc
-    if step is not None and not dynamic:
+    source = isinstance(given, SourceCall)
+    if (step is not None or source) and not dynamic:
         log.warning("cuvil-pgc: the example call is %s: its regions get programs for other sizes (as --dynamic)",
+                    "an encoder's, whose source's length varies from call to call" if source else
                     "a prefill, whose prompt's length varies from call to call" if step.prefill else
                     "a decoding step, whose cache grows by a token every call")
         dynamic = True
@@ -194,7 +197,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     options = SearchOptions(budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol, device=device,
                             rounds=rounds, use_records=db is not None,
                             backends=tuple(backends) if backends else None, fixed=_pinned(plan),
-                            deployed_race=deployed_race, model_ref=model_ref, sizes_vary=step is not None)
+                            deployed_race=deployed_race, model_ref=model_ref, sizes_vary=step is not None or source)
     if calibrate and db is not None and plan is None:
         from cuvil_pgc.recompile.calibrate import calibrate_backends
 

@@ -39,7 +39,7 @@ Ranked = list[tuple[Candidate, float]]
 
 def default_budget(space_size: int, sizes_vary: bool = False) -> int:
     """A quarter of the space, at least :data:`MIN_BUDGET` measurements; half for a call whose
-    sizes vary (a decoding step's, a prefill's: :attr:`~.trials.SearchOptions.sizes_vary`). Such a
+    sizes vary (a decoding step's, a prefill's, an encoder's: :attr:`~.trials.SearchOptions.sizes_vary`). Such a
     call's whole is its one scope (its layers change the cache they are given), its build runs once
     per token of every generation, and with a quarter of GPT-2's step's 17 candidates the search
     measured ONNX Runtime and AOTInductor at their defaults and never AOTInductor's max-autotune,

@@ -29,7 +29,8 @@ class SearchOptions:
     deployed_race: bool = True
     #: the MODULE:FACTORY the model came from: that race then runs eager too (see build.recompile)
     model_ref: str | None = None
-    #: the call's sizes change from call to call (a decoding step's cache, a prefill's prompt): a
+    #: the call's sizes change from call to call (a decoding step's cache, a prefill's prompt, an
+    #: encoder's source: :class:`~.generate_calls.SourceCall`): a
     #: candidate whose region runs only its captured sizes is not built (see search._rejected_unbuilt)
     sizes_vary: bool = False
 
