@@ -24,11 +24,31 @@ _MULTIPLE_VALUES = re.compile(r"got multiple values for argument '(\w+)'")
 HF_OUTPUT_FLAGS = ("return_dict", "output_attentions", "output_hidden_states", "use_cache")
 
 
+class SizesVary:
+    """Marks example inputs whose sizes vary from call to call where nothing in them says so (an
+    encoder-decoder's source, see :func:`~cuvil_pgc.recompile.generate_calls.generate_encoder_call`):
+    ``recompile`` gives such a call's regions programs for other sizes. :func:`positional_inputs`
+    keeps the mark (the command line passes a factory's inputs on as positional ones)."""
+
+
+class SizesVaryCall(SizesVary, dict):  # type: ignore[type-arg]
+    """A keyword call whose sizes vary (see :class:`SizesVary`)."""
+
+
+class SizesVaryInputs(SizesVary, tuple):  # type: ignore[type-arg]
+    """Positional inputs whose sizes vary (see :class:`SizesVary`)."""
+
+
 def positional_inputs(model: Any, given: Any) -> tuple[Any, ...]:
     """The positional arguments ``model`` is called with for ``given``: a tuple as it is; a mapping
     whose keys all name parameters of ``model.forward`` in the forward's order, the parameters
     it skips before its last one at their defaults; anything else (one tensor, a list, a mapping
-    the forward takes whole) as the one argument."""
+    the forward takes whole) as the one argument. Inputs marked :class:`SizesVary` stay marked."""
+    inputs = _positional(model, given)
+    return SizesVaryInputs(inputs) if isinstance(given, SizesVary) and not isinstance(inputs, SizesVary) else inputs
+
+
+def _positional(model: Any, given: Any) -> tuple[Any, ...]:
     if isinstance(given, tuple):
         return given
     if isinstance(given, Mapping) and given and all(isinstance(k, str) for k in given):

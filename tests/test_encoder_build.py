@@ -41,14 +41,15 @@ make_bart, source = _scope["make_bart"], _scope["source"]
 
 
 def test_the_encoders_call_is_captured_from_generate_without_its_output_flags():
+    from cuvil_pgc._example_inputs import SizesVary, positional_inputs
     from cuvil_pgc.errors import ConfigError
     from cuvil_pgc.recompile import generate_encoder_call
-    from cuvil_pgc.recompile.generate_calls import SourceCall
 
     model = make_bart()
     ids, mask = source(2, 9, 0)
     call = generate_encoder_call(model, ids, attention_mask=mask)
-    assert isinstance(call, SourceCall)        # recompile gives it programs for other sources' sizes
+    assert isinstance(call, SizesVary)          # recompile gives it programs for other sources' sizes
+    assert isinstance(positional_inputs(model.get_encoder(), call), SizesVary)     # as the command line passes it
     assert sorted(call) == ["attention_mask", "input_ids"]
     assert torch.equal(call["input_ids"], ids) and torch.equal(call["attention_mask"], mask)
     assert "forward" not in vars(model.get_encoder())          # the spy is gone

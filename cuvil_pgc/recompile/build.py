@@ -149,7 +149,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
                calibrate: bool, deployed_race: bool, dynamic: bool, model_ref: str | None) -> Build:
     import torch
 
-    from cuvil_pgc._example_inputs import inputs_hint, positional_inputs
+    from cuvil_pgc._example_inputs import SizesVary, inputs_hint, positional_inputs
     from cuvil_pgc._structure import module_tree_digest
     from cuvil_pgc.recompile.manifest import current_fingerprint
     from cuvil_pgc.recompile.matching import structural_hash
@@ -169,7 +169,6 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     from cuvil_pgc._progress import stage
     from cuvil_pgc.recompile.cache_step import around_cache
-    from cuvil_pgc.recompile.generate_calls import SourceCall
     from cuvil_pgc.recompile.stateless import check_stateless
 
     try:
@@ -180,7 +179,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     except Exception as exc:          # the user's model on their inputs, reported as such
         raise RecompileError(f"the model raised on its example inputs: {type(exc).__name__}: {one_line(exc, 300)}",
                              fix=inputs_hint(given, model, exc)) from exc
-    source = isinstance(given, SourceCall)
+    source = isinstance(given, SizesVary)
     if (step is not None or source) and not dynamic:
         log.warning("cuvil-pgc: the example call is %s: its regions get programs for other sizes (as --dynamic)",
                     "an encoder's, whose source's length varies from call to call" if source else

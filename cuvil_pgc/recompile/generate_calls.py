@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS
+from cuvil_pgc._example_inputs import HF_OUTPUT_FLAGS, SizesVaryCall
 from cuvil_pgc.errors import ConfigError
 
 
@@ -65,20 +65,15 @@ def generate_step_call(model: nn.Module, *args: Any, step: int = 3, **generate_k
     return {k: v for k, v in calls[step][1].items() if k != "return_dict"}
 
 
-class SourceCall(dict):  # type: ignore[type-arg]
-    """An encoder's example call as :func:`generate_encoder_call` captured it: a source's length
-    varies from one ``generate()`` to the next, so ``recompile`` gives its regions programs for
-    other sizes (as ``dynamic=True``) and builds none that runs its captured sizes only, as for a
-    decoding call."""
-
-
-def generate_encoder_call(model: nn.Module, *args: Any, **generate_kwargs: Any) -> SourceCall:
+def generate_encoder_call(model: nn.Module, *args: Any, **generate_kwargs: Any) -> SizesVaryCall:
     """The keyword arguments of the call ``model.generate(*args, **generate_kwargs)`` makes of an
     encoder-decoder's encoder (``model.get_encoder()``, once per ``generate()``: the source's call),
     less the output flags it passes (the encoder's build reads them from the config, and calls
     passing them run it): the example call for ``recompile(model.get_encoder(), call)``, whose
-    build ``load_build`` loads onto the model (see :mod:`.encoder_build`), and which runs sources
-    of other lengths and batches (:class:`SourceCall`)."""
+    build ``load_build`` loads onto the model (see :mod:`.encoder_build`). A source's length varies
+    from one ``generate()`` to the next: the call is marked so (:class:`~cuvil_pgc._example_inputs.SizesVary`),
+    and ``recompile`` gives its regions programs for other sizes (as ``dynamic=True``) and builds
+    none that runs its captured sizes only, as for a decoding call."""
     encoder = getattr(model, "get_encoder", lambda: None)()
     if not isinstance(encoder, nn.Module) or encoder is model or not getattr(
             getattr(model, "config", None), "is_encoder_decoder", False):
@@ -89,7 +84,7 @@ def generate_encoder_call(model: nn.Module, *args: Any, **generate_kwargs: Any) 
         raise ConfigError(f"generate() called the encoder {len(calls)} time(s), "
                           f"{'by position' if calls and calls[0][0] else 'not once by keyword'}, where this captures "
                           "one call by keyword", fix="give recompile the encoder's example call yourself")
-    return SourceCall((k, v) for k, v in calls[0][1].items() if k not in HF_OUTPUT_FLAGS)
+    return SizesVaryCall((k, v) for k, v in calls[0][1].items() if k not in HF_OUTPUT_FLAGS)
 
 
 def _calls_made(model: nn.Module, callee: nn.Module, args: tuple[Any, ...],

@@ -30,7 +30,7 @@ class SearchOptions:
     #: the MODULE:FACTORY the model came from: that race then runs eager too (see build.recompile)
     model_ref: str | None = None
     #: the call's sizes change from call to call (a decoding step's cache, a prefill's prompt, an
-    #: encoder's source: :class:`~.generate_calls.SourceCall`): a
+    #: encoder's source: :class:`~cuvil_pgc._example_inputs.SizesVary`): a
     #: candidate whose region runs only its captured sizes is not built (see search._rejected_unbuilt)
     sizes_vary: bool = False
 
