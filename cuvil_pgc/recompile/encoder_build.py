@@ -22,6 +22,7 @@ from torch import nn
 from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile.apply import replace_submodule
 from cuvil_pgc.recompile.decoding_forward import MODEL, own_model
+from cuvil_pgc.recompile.generate_calls import encoder_module
 
 
 def encoder_of(given: Any, model_class: str | None) -> nn.Module | None:
@@ -29,16 +30,10 @@ def encoder_of(given: Any, model_class: str | None) -> nn.Module | None:
     model a loaded build's copy was made from), an encoder-decoder, where a build recompiled from a
     ``model_class`` is that encoder's; None for any other build."""
     model = own_model(given)
-    if not model_class or type(model).__qualname__ == model_class \
-            or not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+    if not model_class or type(model).__qualname__ == model_class:
         return None
-    try:
-        encoder = model.get_encoder()
-    except Exception:       # a model whose lookup raises has no encoder this can load onto
-        return None
-    if not isinstance(encoder, nn.Module) or encoder is model or type(encoder).__qualname__ != model_class:
-        return None
-    return encoder
+    encoder = encoder_module(model)
+    return encoder if encoder is not None and type(encoder).__qualname__ == model_class else None
 
 
 def with_encoder(given: nn.Module, loaded: nn.Module, path: str) -> nn.Module:

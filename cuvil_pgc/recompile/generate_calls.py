@@ -74,9 +74,8 @@ def generate_encoder_call(model: nn.Module, *args: Any, **generate_kwargs: Any) 
     from one ``generate()`` to the next: the call is marked so (:class:`~cuvil_pgc._example_inputs.SizesVary`),
     and ``recompile`` gives its regions programs for other sizes (as ``dynamic=True``) and builds
     none that runs its captured sizes only, as for a decoding call."""
-    encoder = getattr(model, "get_encoder", lambda: None)()
-    if not isinstance(encoder, nn.Module) or encoder is model or not getattr(
-            getattr(model, "config", None), "is_encoder_decoder", False):
+    encoder = encoder_module(model)
+    if encoder is None:
         raise ConfigError(f"a {type(model).__name__} is not an encoder-decoder: generate() calls no encoder of its own",
                           fix="pass a model whose config says is_encoder_decoder (T5, BART, Whisper ...)")
     calls = _calls_made(model, encoder, args, {"max_new_tokens": 1, "do_sample": False, **generate_kwargs})
@@ -85,6 +84,18 @@ def generate_encoder_call(model: nn.Module, *args: Any, **generate_kwargs: Any) 
                           f"{'by position' if calls and calls[0][0] else 'not once by keyword'}, where this captures "
                           "one call by keyword", fix="give recompile the encoder's example call yourself")
     return SizesVaryCall((k, v) for k, v in calls[0][1].items() if k not in HF_OUTPUT_FLAGS)
+
+
+def encoder_module(model: Any) -> nn.Module | None:
+    """The encoder ``generate()`` runs on the source (``model.get_encoder()``) where ``model`` is an
+    encoder-decoder, else None."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return None
+    try:
+        encoder = model.get_encoder()
+    except Exception:       # a model whose lookup raises has no encoder of its own to run
+        return None
+    return encoder if isinstance(encoder, nn.Module) and encoder is not model else None
 
 
 def _calls_made(model: nn.Module, callee: nn.Module, args: tuple[Any, ...],
