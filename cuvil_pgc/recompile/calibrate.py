@@ -12,6 +12,7 @@ probe records for this machine; costs one AOTInductor compile (~30 s on a small 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.matching import structural_hash
 from cuvil_pgc.recompile.measure import time_interleaved
-from cuvil_pgc.recompile.records import Record, RecordDB
+from cuvil_pgc.recompile.records import STARTED, UNFINISHED, Record, RecordDB, ended_its_process, this_process
 from cuvil_pgc.recompile.search_records import probe_features
 
 log = logging.getLogger(__name__)
@@ -45,22 +46,38 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
     configs = list(PROBE_CONFIGS) + ([Candidate("", "cudagraphs", mode="reduce-overhead")]
                                      if device.startswith("cuda") else [])
     configs += [Candidate("", backend) for backend in runtimes.available(device)]
-    todo = [c for c in configs if db.lookup(structure, measurement_key(c), machine_key, inputs.signature) is None]
+
+    def record(cand: Candidate, status: str, reason: str = "", **features: object) -> None:
+        db.add(Record(structure=structure, candidate=measurement_key(cand), machine=machine_key,
+                      inputs=inputs.signature, status=status, reason=reason, features=features))
+
+    todo = [c for c in configs if _to_measure(db.lookup(structure, measurement_key(c), machine_key, inputs.signature),
+                                              c, record)]
     if not todo:
         return 0
-    fns = {}
-    for cand in todo:
-        try:
-            module = realize(probe, cand, inputs, device=device, machine=machine_key).module
-            with torch.no_grad():
-                module(*inputs.args)
-            fns[cand.config] = (cand, module)
-        except Exception as exc:   # a backend that does not work here is simply not calibrated
-            log.info("calibration of %s failed: %s", cand.config, exc)
-    with torch.no_grad():
-        samples = time_interleaved({"eager": lambda: probe(*inputs.args),
-                                    **{k: (lambda m=m: m(*inputs.args)) for k, (_, m) in fns.items()}},
-                                   rounds=rounds)
+    fns, started = {}, []
+    try:
+        for cand in todo:
+            record(cand, STARTED, **this_process())     # replaced by its own record below
+            started.append(cand)
+            try:
+                module = realize(probe, cand, inputs, device=device, machine=machine_key).module
+                with torch.no_grad():
+                    module(*inputs.args)
+                fns[cand.config] = (cand, module)
+                record(cand, UNFINISHED)      # built, to be timed: a fault from here on is not its own
+            except Exception as exc:   # a backend that does not work here is not calibrated, and not tried again
+                log.info("calibration of %s failed: %s", cand.config, exc)
+                record(cand, "compile_error", f"{type(exc).__name__}: {exc}"[:500])
+            started.remove(cand)
+        with torch.no_grad():
+            samples = time_interleaved({"eager": lambda: probe(*inputs.args),
+                                        **{k: (lambda m=m: m(*inputs.args)) for k, (_, m) in fns.items()}},
+                                       rounds=rounds)
+    except BaseException:      # an interrupt: no fault of the probes, the next calibration measures them
+        for cand in started:
+            record(cand, UNFINISHED)
+        raise
     eager_us = samples["eager"].median_s * 1e6
     # on a GPU its three kernels of 8 elements take next to nothing: all of eager's time is the host's
     feats = ScopeFeatures(scope="", path="", bottleneck="launch_overhead", eager_us=eager_us, ops=3,
@@ -72,3 +89,17 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
                       status="ok", median_us=samples[key].median_s * 1e6, eager_us=eager_us,
                       features=probe_features(cand, feats)))
     return len(measured)
+
+
+def _to_measure(rec: Record | None, cand: Candidate, record: Callable[..., None]) -> bool:
+    """Whether the probe's record says to measure ``cand`` (none yet, or one left unfinished); a
+    probe left started by a process that ended is recorded as what ended it, said once, and not
+    measured again."""
+    if rec is None or rec.status == UNFINISHED:
+        return True
+    if ended_its_process(rec):
+        log.warning("cuvil-pgc: the %s backend is not calibrated on this machine: its probe ended the process of "
+                    "an earlier calibration (a native fault of the runtime, or the process was killed); `cuvil-pgc "
+                    "cache clear --kind records` measures it again", cand.backend)
+        record(cand, "compile_error", "its probe ended the process of an earlier calibration")
+    return False

@@ -10,6 +10,12 @@ module, program, machine and shapes give the same key, so a second search reuses
 instead of repeating it, and a changed program is measured afresh.
 Records of other modules on the same machine feed the cost models' refit (TVM MetaSchedule style).
 Unreadable lines are skipped (a crash mid-write leaves at most one partial line).
+
+A measurement is recorded as :data:`STARTED` before it begins and its own record replaces that one.
+A native fault of a runtime ends the measuring process without an exception to catch (OpenVINO's
+CPU plugin died with SIGFPE compiling a Gemma 2 at bf16; an AOTInductor package at sizes its export
+did not hold): the started record it leaves behind (:func:`ended_its_process`) tells the next search
+or calibration not to measure that again.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -25,6 +32,11 @@ from typing import Any
 
 CACHE_ENV = "CUVIL_CACHE_DIR"
 RECORDS_FILE = "records.jsonl"
+#: the status of a measurement that has begun and whose own record has not replaced this one yet
+STARTED = "started"
+#: the status of a started measurement its process left for a reason of its own (an interrupt, a
+#: search's error): a later process measures it again
+UNFINISHED = "unfinished"
 
 
 def cache_dir() -> Path:
@@ -97,6 +109,29 @@ class RecordDB:
                         if record is not None:
                             self._index[record.key] = record   # the latest measurement wins
         return self._index
+
+
+def this_process() -> dict[str, Any]:
+    """The ``features`` of a :data:`STARTED` record that :func:`ended_its_process` reads."""
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def ended_its_process(rec: Record) -> bool:
+    """Whether ``rec`` is a :data:`STARTED` record whose process has ended without the measurement's
+    own record: the measurement ended it. One of a process still running (another search now, on
+    this host: the records directory may be shared) is not."""
+    if rec.status != STARTED:
+        return False
+    pid = rec.features.get("pid")
+    if rec.features.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:      # another user's process (PermissionError): it runs
+        return False
+    return False
 
 
 def _parse(line: str) -> Record | None:

@@ -81,7 +81,7 @@ from cuvil_pgc.recompile.search_policy import (
     prediction_spread,
     untried_remedy,
 )
-from cuvil_pgc.recompile.search_records import SearchRecords
+from cuvil_pgc.recompile.search_records import ENDED_PROCESS, SearchRecords
 from cuvil_pgc.recompile.trials import SearchOptions, SearchResult, Trial
 
 if TYPE_CHECKING:
@@ -315,6 +315,8 @@ class _Search:
                 continue
             if rec.status == "compile_error" and rec.reason.startswith(ExportError.__name__):
                 self._note_unexportable(cand, rec.reason)
+            if rec.reason == ENDED_PROCESS:
+                log.warning("cuvil-pgc: %s is left out: %s", cand.key, ENDED_PROCESS)
             feats = self.features[cand.scope]
             self.records.restamp(rec, feats)
             ratio = rec.median_us / rec.eager_us if rec.status == "ok" and rec.eager_us and rec.median_us else None
@@ -336,6 +338,17 @@ class _Search:
             self.cost.refit(samples)
 
     def _measure_batch(self, scope: str, batch: list[tuple[Candidate, float]]) -> None:
+        """Build, check and time ``batch``, each candidate recorded as started until it is built and
+        checked (:meth:`.SearchRecords.started`): a native fault that ends this process meanwhile
+        leaves that record, and the next search rejects the candidate instead of dying on it again."""
+        try:
+            self._build_and_time(scope, batch)
+        except BaseException:      # an interrupt or an error of the search: no fault of the candidates
+            if self.records is not None:
+                self.records.leave()
+            raise
+
+    def _build_and_time(self, scope: str, batch: list[tuple[Candidate, float]]) -> None:
         module, inputs, feats = self._module(scope), self.scope_inputs[scope], self.features[scope]
         if scope not in self.runs_original and (hooked := hooked_inside(module)) is not None:
             self.runs_original[scope] = f"the build runs the original module here: {hook_reason(hooked)}"
@@ -353,11 +366,15 @@ class _Search:
             if self.progress:
                 total = max(getattr(self, "_total", 0), self.measured)
                 self.progress(self.measured - 1, total, f"candidate {self.measured} of {total}: building {cand.key}")
+            if self.records is not None:
+                self.records.started(cand)
             fn = self._build_checked(cand, module, inputs, scope, trial)
             if fn is not None:
                 contenders[cand.key] = fn
-            elif trial.status != "runs_original":    # a state of this process (a hook), not of the candidate
+            elif trial.status != "runs_original":
                 self._record(trial, scope, None)
+            if self.records is not None:      # built and checked, to be timed; or a state of this process (a hook)
+                self.records.leave(cand)
         if len(contenders) == 1:
             return
         new = [key for key in contenders if key != "eager"]

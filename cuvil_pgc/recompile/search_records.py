@@ -5,18 +5,29 @@ A record's ``features`` hold the measured candidate, the scope's features as the
 them (stamped with :data:`~.features.CENSUS_VERSION`) and the digest of the weights the accuracy
 guard checked; the calibration probe's records (:mod:`.calibrate`) are marked ``probe`` instead,
 and the backends' fixed costs are fitted from them alone (see :mod:`.cost_models`).
+
+A candidate is recorded as :data:`~.records.STARTED` before its build begins and as
+:data:`~.records.UNFINISHED` once it is built and checked; its own record follows when it is timed.
+A started one left by a process that ended rejects the candidate in the next search of the model,
+which goes on instead of dying on it again. (A fault while timing, after every program ran once,
+is not caught so: the next search measures the batch again.)
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cuvil_pgc.recompile.accuracy import GUARD_VERSION
 from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.features import CENSUS_VERSION
-from cuvil_pgc.recompile.records import Record, RecordDB
+from cuvil_pgc.recompile.records import STARTED, UNFINISHED, Record, RecordDB, ended_its_process, this_process
+
+#: the reason a later search gives for a candidate left :data:`STARTED`
+ENDED_PROCESS = ("it ended the process of an earlier search of this model on this machine while it was built "
+                 "or checked (a native fault of its runtime, or the process was killed); `cuvil-pgc cache "
+                 "clear --kind records` forgets this, with the machine's other measurements")
 
 
 @dataclass
@@ -31,17 +42,25 @@ class SearchRecords:
     settings: dict[str, str]             # scope -> settings digest (a record holds for these settings only)
     weights: dict[str, str]              # scope -> weights digest
     inputs: dict[str, ScopeInputs]       # scope -> captured inputs
+    #: candidates recorded as started whose own record has not been added yet, by key
+    open: dict[str, Candidate] = field(default_factory=dict)
 
     def reusable(self, cand: Candidate) -> Record | None:
         """The record of ``cand`` this search may reuse instead of measuring it; None also for an
         accuracy verdict reached with other weights (it holds for the weights it was checked with)
-        or by another version of the guard (:data:`~.accuracy.GUARD_VERSION`), and for garbage
-        outputs (:attr:`~.accuracy.AccuracyResult.garbage`: a fault that may not recur)."""
+        or by another version of the guard (:data:`~.accuracy.GUARD_VERSION`), for garbage
+        outputs (:attr:`~.accuracy.AccuracyResult.garbage`: a fault that may not recur) and for a
+        candidate left :data:`UNFINISHED`. A candidate left :data:`STARTED` comes back as a compile
+        error: :data:`ENDED_PROCESS`."""
         rec = self.db.lookup(self._structure(cand.scope), measurement_key(cand), self.machine,
                              self.inputs[cand.scope].signature)
-        if rec is None or (rec.status == "accuracy_error" and (rec.features.get("weights") != self.weights[cand.scope]
-                                                               or rec.features.get("guard", 1) != GUARD_VERSION
-                                                               or rec.features.get("fault"))):
+        if rec is None or rec.status == UNFINISHED:
+            return None
+        if rec.status == STARTED:     # another search that is building it now measures it, not this one
+            return replace(rec, status="compile_error", reason=ENDED_PROCESS) if ended_its_process(rec) else None
+        if rec.status == "accuracy_error" and (rec.features.get("weights") != self.weights[cand.scope]
+                                               or rec.features.get("guard", 1) != GUARD_VERSION
+                                               or rec.features.get("fault")):
             return None
         return rec
 
@@ -59,12 +78,31 @@ class SearchRecords:
     def add(self, trial: Any, feats: ScopeFeatures, eager_us: float | None) -> None:
         """Record a search trial (:class:`~.search.Trial`) of the scope ``feats`` describes."""
         cand, scope = trial.candidate, feats.scope
+        self.open.pop(cand.key, None)
         self.db.add(Record(
             structure=self._structure(scope), candidate=measurement_key(cand), machine=self.machine,
             inputs=self.inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
             eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
             features={"candidate": cand.to_json(), "scope": asdict(feats), "weights": self.weights[scope],
                       "census": CENSUS_VERSION, "guard": GUARD_VERSION, **({"fault": True} if trial.fault else {})}))
+
+    def started(self, cand: Candidate) -> None:
+        """Record that ``cand``'s build begins (:data:`STARTED`), before anything runs it."""
+        self.open[cand.key] = cand
+        self._mark(cand, STARTED)
+
+    def leave(self, cand: Candidate | None = None) -> None:
+        """Mark ``cand`` (None: every started candidate without its own record) :data:`UNFINISHED`:
+        it was built and checked, or this process stops measuring it for a reason of its own (an
+        interrupt, a hook), not a fault of the candidate."""
+        for left in [cand] if cand is not None else list(self.open.values()):
+            if self.open.pop(left.key, None) is not None:
+                self._mark(left, UNFINISHED)
+
+    def _mark(self, cand: Candidate, status: str) -> None:
+        self.db.add(Record(structure=self._structure(cand.scope), candidate=measurement_key(cand),
+                           machine=self.machine, inputs=self.inputs[cand.scope].signature, status=status,
+                           features={"candidate": cand.to_json(), **this_process()}))
 
     def refit_samples(self) -> list[tuple[Candidate, ScopeFeatures, float]]:
         """Refit samples from every measurement recorded on this machine."""

@@ -1,0 +1,183 @@
+"""A native fault of a runtime ends the searching process without an exception to catch (OpenVINO's
+CPU plugin died with SIGFPE compiling a Gemma 2 at bf16; an AOTInductor package at sizes its export
+did not hold). The candidate being built is recorded as started first, so the next search of the
+model rejects it with the reason and goes on, instead of dying on it again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile import runtimes
+from cuvil_pgc.recompile import search as search_mod
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.records import STARTED, UNFINISHED, RecordDB
+from cuvil_pgc.recompile.search_records import ENDED_PROCESS, SearchRecords
+from cuvil_pgc.recompile.trials import SearchOptions
+
+needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="needs onnxruntime")
+
+# a search whose builds are faked at realize(): the Nth build dies of SIGSEGV, as a runtime's native
+# fault ends the process; those before it build (as eager), those after fail with a Python exception
+SEARCH = """
+import json, os, signal, sys
+import torch
+from torch import nn
+from cuvil_pgc.recompile import search as search_mod
+from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.records import RecordDB
+from cuvil_pgc.recompile.trials import SearchOptions
+
+dies, records = int(sys.argv[1]), sys.argv[2]
+built, real = [], search_mod.realize
+
+def realize(module, cand, *args, **kwargs):
+    built.append(cand.key)
+    if len(built) == dies:
+        print(json.dumps({"dying": cand.key, "built": built[:-1]}), flush=True)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if len(built) < dies:
+        return real(module, Candidate(cand.scope), *args, **kwargs)
+    raise RuntimeError("not built in this test")
+
+search_mod.realize = realize
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+options = SearchOptions(budget=4, backends=("ort", "openvino"), rounds=3, deployed_race=False)
+result = search_mod.search(model, (torch.randn(2, 16),), None, options=options, records=RecordDB(records),
+                           machine_key="m")
+print(json.dumps({"built": built, "trials": {k: [t.status, t.reason, t.reused] for k, t in result.trials.items()}}))
+"""
+
+
+def _search_process(tmp_path, dies: int) -> subprocess.CompletedProcess:
+    script = tmp_path / "search.py"
+    script.write_text(SEARCH)
+    env = {**os.environ, "CUVIL_CACHE_DIR": str(tmp_path / "cache")}
+    return subprocess.run([sys.executable, str(script), str(dies), str(tmp_path / "records")], capture_output=True,
+                          text=True, timeout=300, env=env, check=False)
+
+
+@needs_ort
+@pytest.mark.skipif(not runtimes.check("openvino").ok, reason="needs openvino")
+@pytest.mark.slow
+def test_a_candidate_that_ended_the_search_s_process_is_rejected_by_the_next_search(tmp_path):
+    """The whole model on each runtime at its defaults is the first batch: the second dies, and the
+    first, built and checked before it, is not blamed."""
+    first = _search_process(tmp_path, 2)
+    assert first.returncode == -signal.SIGSEGV, first.stderr[-2000:]
+    crash = json.loads(first.stdout.splitlines()[-1])
+    dead, (innocent,) = crash["dying"], crash["built"]
+
+    second = _search_process(tmp_path, 0)
+    assert second.returncode == 0, second.stderr[-2000:]
+    report = json.loads(second.stdout.splitlines()[-1])
+    assert dead not in report["built"] and report["built"][0] == innocent, report
+    assert report["trials"][dead] == ["compile_error", ENDED_PROCESS, True]
+    assert f"cuvil-pgc: {dead} is left out: {ENDED_PROCESS}" in second.stderr
+    others = [v for k, v in report["trials"].items() if k in report["built"]]
+    assert others and all(v[:2] == ["compile_error", "RuntimeError: not built in this test"] for v in others)
+
+
+@pytest.fixture
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _search(tmp_path, realize):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    options = SearchOptions(budget=4, backends=("ort",), rounds=3, deployed_race=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(search_mod, "realize", realize)
+        return search_mod.search(model, (torch.randn(2, 16),), None, options=options,
+                                 records=RecordDB(tmp_path / "records"), machine_key="m")
+
+
+@needs_ort
+@pytest.mark.usefixtures("_cache")
+def test_an_interrupted_search_leaves_its_candidates_to_the_next_one(tmp_path):
+    """An interrupt (or the search's own error) is no fault of the candidate being built: the next
+    search builds it."""
+    built: list[str] = []
+
+    def interrupted(module, cand, *args, **kwargs):
+        built.append(cand.key)
+        raise KeyboardInterrupt
+
+    def failing(module, cand, *args, **kwargs):
+        built.append(cand.key)
+        raise RuntimeError("not built in this test")
+
+    with pytest.raises(KeyboardInterrupt):
+        _search(tmp_path, interrupted)
+    (first,) = built
+    # left unfinished, not started: a search in a later process (this one's ended) would take it for a crash
+    assert [r.status for r in RecordDB(tmp_path / "records")] == [UNFINISHED]
+    result = _search(tmp_path, failing)
+    assert built[1] == first and result.trials[first].status == "compile_error" and not result.trials[first].reused
+
+
+def test_a_started_record_of_a_running_process_is_not_taken_for_a_crash(tmp_path):
+    """Two searches of one model at once: the candidate the other is building now is measured here
+    too, not rejected; once its process has ended without its record, it is rejected."""
+    cand = Candidate("", "ort")
+    scope_inputs = {"": SimpleNamespace(signature="2x16")}
+
+    def view(db):
+        return SearchRecords(db, "m", {"": "s"}, {"": "t"}, {"": "w"}, scope_inputs)
+
+    view(RecordDB(tmp_path)).started(cand)         # by this process, which runs
+    assert view(RecordDB(tmp_path)).reusable(cand) is None
+    _started_by_an_ended_process(RecordDB(tmp_path))
+    again = view(RecordDB(tmp_path)).reusable(cand)
+    assert again is not None and (again.status, again.reason) == ("compile_error", ENDED_PROCESS)
+
+
+def _started_by_an_ended_process(db: RecordDB, *, status: str = STARTED, candidate: str = "") -> None:
+    """Make the database's records of ``status`` (and a ``candidate`` key starting so) started ones,
+    by a process that has ended."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           check=True)
+    for rec in [r for r in db if r.status == status and r.candidate.startswith(candidate)]:
+        db.add(replace(rec, status=STARTED, features={**rec.features, "pid": int(ended.stdout)}))
+
+
+def test_a_calibration_probe_that_ended_its_process_is_not_measured_again(tmp_path, monkeypatch, caplog):
+    """The calibration runs before every search until each backend's probe is recorded: a probe that
+    ended the process would end every recompile on the machine."""
+    from cuvil_pgc.recompile import calibrate
+
+    monkeypatch.setattr(calibrate, "PROBE_CONFIGS", (Candidate(""), Candidate("", "aoti")))
+    monkeypatch.setattr(calibrate.runtimes, "available", lambda device="cpu": ())
+    real, built, fate = calibrate.realize, [], {"aoti": KeyboardInterrupt}
+
+    def realize(module, cand, *args, **kwargs):
+        built.append(cand.backend)
+        if cand.backend in fate:
+            raise fate[cand.backend]
+        return real(module, cand, *args, **kwargs)
+
+    monkeypatch.setattr(calibrate, "realize", realize)
+    with pytest.raises(KeyboardInterrupt):
+        calibrate.calibrate_backends(RecordDB(tmp_path), "m", rounds=3)
+    assert [r.status for r in RecordDB(tmp_path)] == [UNFINISHED, UNFINISHED]    # no fault of the probes
+    # as a native fault of AOTInductor's build would have left them: started, by a process now ended
+    _started_by_an_ended_process(RecordDB(tmp_path), status=UNFINISHED, candidate="aoti")
+    built.clear()
+    fate["aoti"] = AssertionError("built again")
+    with caplog.at_level("WARNING", logger="cuvil_pgc.recompile.calibrate"):
+        assert calibrate.calibrate_backends(RecordDB(tmp_path), "m", rounds=3) == 1 and built == ["eager"]
+        assert calibrate.calibrate_backends(RecordDB(tmp_path), "m", rounds=3) == 0 and built == ["eager"]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("cuvil-pgc: the aoti backend is not calibrated on this machine: its "
+                                                 "probe ended the process of an earlier calibration"), said
