@@ -16,6 +16,7 @@ torch.profiler only, it drops Kineto's routine ``USDT:``/``STAGE:``/``INFO:`` li
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import re
@@ -87,6 +88,7 @@ def third_party_output(log_path: str, *, verbose: bool = False) -> Iterator[Capt
             stream.flush()
     saved_out, saved_err = os.dup(1), os.dup(2)
     terminal, opened = _terminal_stream()
+    traced = _trace_faults(terminal)
     log = open(log_path, "a", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -107,6 +109,7 @@ def third_party_output(log_path: str, *, verbose: bool = False) -> Iterator[Capt
             with contextlib.suppress(Exception):
                 stream.flush()
         sys.stdout, sys.stderr = old_streams
+        _untrace_faults(*traced)
         os.dup2(saved_out, 1)
         os.dup2(saved_err, 2)
         os.close(saved_out)
@@ -122,6 +125,28 @@ def log_path_for(build_path: str) -> str:
     """``out/model.cuvilpkg`` -> ``out/model.build.log`` (the log sits next to the build)."""
     stem, ext = os.path.splitext(build_path)
     return (stem if ext else build_path) + ".build.log"
+
+
+def _trace_faults(terminal: IO[str]) -> tuple[bool, bool]:
+    """Where a native fault ends the process meanwhile (a runtime's compiler dying with SIGSEGV or
+    SIGFPE), print the Python stack it happened in on the terminal (:mod:`faulthandler`): the
+    runtime's own words are in the log, and the shell says only "Segmentation fault". Returns
+    (whether it was enabled before, whether this enabled it)."""
+    was = faulthandler.is_enabled()
+    try:
+        faulthandler.enable(file=terminal)
+    except (AttributeError, OSError, ValueError):    # no file descriptor (a test runner's stream)
+        return was, False
+    return was, True
+
+
+def _untrace_faults(was: bool, enabled: bool) -> None:
+    if not enabled:
+        return
+    faulthandler.disable()          # before the terminal stream it writes to is closed
+    if was:
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            faulthandler.enable(file=sys.stderr)
 
 
 def _terminal_stream() -> tuple[IO[str], bool]:

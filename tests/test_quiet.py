@@ -117,3 +117,43 @@ def test_kineto_chatter_passes_other_lines_on(capfd):
         os.write(2, b"something the user's code said\n")
     err = capfd.readouterr().err
     assert "profiler_start" not in err and "something the user's code said" in err
+
+
+FAULTING = """
+import os, signal, sys
+from cuvil_pgc._quiet import third_party_output
+
+def building_a_candidate():
+    os.kill(os.getpid(), signal.SIGSEGV)      # as a runtime's compiler dies
+
+with third_party_output(sys.argv[1]):
+    print("a runtime's chatter")
+    building_a_candidate()
+"""
+
+
+def test_a_native_fault_meanwhile_prints_where_it_happened_on_the_terminal(tmp_path):
+    """The runtime's own words are in the log; the terminal got only the shell's "Segmentation
+    fault" until the Python stack went there too."""
+    import signal
+    import subprocess
+
+    log = tmp_path / "m.build.log"
+    done = subprocess.run([sys.executable, "-c", FAULTING, str(log)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == -signal.SIGSEGV, done.stderr
+    assert "Fatal Python error: Segmentation fault" in done.stderr and "building_a_candidate" in done.stderr
+    assert "a runtime's chatter" in log.read_text() and "chatter" not in done.stderr
+
+
+def test_the_fault_handler_is_left_as_it_was(tmp_path):
+    """Off again afterwards where it was off (the terminal stream it wrote to is closed)."""
+    import subprocess
+
+    code = ("import faulthandler, sys\nfrom cuvil_pgc._quiet import third_party_output\n"
+            "before = faulthandler.is_enabled()\n"
+            "with third_party_output(sys.argv[1]):\n    during = faulthandler.is_enabled()\n"
+            "print(before, during, faulthandler.is_enabled())")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.build.log")], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.split() == ["False", "True", "False"]
