@@ -431,8 +431,8 @@ class _Search:
             # one call of a generation at most: a prefill's torch.compile build ran none of a
             # service's prompts. Its place in the space still counts for the budget, which the
             # AOTInductor variants a decoding step wins with need (max-autotune: 1.4-1.7x ONNX Runtime)
-            why, status = (f"a {cand.backend} region runs only its captured sizes, and a decoding call's sizes change "
-                           "every call"), "not_measured"
+            why, status = (f"a {cand.backend} region runs only its captured sizes, and this call's sizes change from "
+                           "call to call (a decoding step's cache, a prompt's or a source's length)"), "not_measured"
         if why is None:
             return False
         self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), status,
