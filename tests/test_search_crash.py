@@ -29,22 +29,24 @@ needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="needs onnxr
 # a search whose builds are faked at realize(): the Nth build dies of SIGSEGV, as a runtime's native
 # fault ends the process; those before it build (as eager), those after fail with a Python exception
 SEARCH = """
-import json, os, signal, sys
+import json, os, signal, sys, time
 import torch
 from torch import nn
+from cuvil_pgc.cli._terminate import terminated_as_exit
 from cuvil_pgc.recompile import search as search_mod
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.trials import SearchOptions
 
-dies, records = int(sys.argv[1]), sys.argv[2]
+dies, records, how = int(sys.argv[1]), sys.argv[2], getattr(signal, sys.argv[3])
 built, real = [], search_mod.realize
 
 def realize(module, cand, *args, **kwargs):
     built.append(cand.key)
     if len(built) == dies:
         print(json.dumps({"dying": cand.key, "built": built[:-1]}), flush=True)
-        os.kill(os.getpid(), signal.SIGSEGV)
+        os.kill(os.getpid(), how)
+        time.sleep(60)
     if len(built) < dies:
         return real(module, Candidate(cand.scope), *args, **kwargs)
     raise RuntimeError("not built in this test")
@@ -53,18 +55,19 @@ search_mod.realize = realize
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
 options = SearchOptions(budget=4, backends=("ort", "openvino"), rounds=3, deployed_race=False)
-result = search_mod.search(model, (torch.randn(2, 16),), None, options=options, records=RecordDB(records),
-                           machine_key="m")
+with terminated_as_exit():          # as `cuvil-pgc recompile` runs the search
+    result = search_mod.search(model, (torch.randn(2, 16),), None, options=options, records=RecordDB(records),
+                               machine_key="m")
 print(json.dumps({"built": built, "trials": {k: [t.status, t.reason, t.reused] for k, t in result.trials.items()}}))
 """
 
 
-def _search_process(tmp_path, dies: int) -> subprocess.CompletedProcess:
+def _search_process(tmp_path, dies: int, how: str = "SIGSEGV") -> subprocess.CompletedProcess:
     script = tmp_path / "search.py"
     script.write_text(SEARCH)
     env = {**os.environ, "CUVIL_CACHE_DIR": str(tmp_path / "cache")}
-    return subprocess.run([sys.executable, str(script), str(dies), str(tmp_path / "records")], capture_output=True,
-                          text=True, timeout=300, env=env, check=False)
+    return subprocess.run([sys.executable, str(script), str(dies), str(tmp_path / "records"), how],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
 
 
 @needs_ort
@@ -86,6 +89,19 @@ def test_a_candidate_that_ended_the_search_s_process_is_rejected_by_the_next_sea
     assert f"cuvil-pgc: {dead} is left out: {ENDED_PROCESS}" in second.stderr
     others = [v for k, v in report["trials"].items() if k in report["built"]]
     assert others and all(v[:2] == ["compile_error", "RuntimeError: not built in this test"] for v in others)
+
+
+@needs_ort
+@pytest.mark.slow
+def test_a_search_ended_by_sigterm_leaves_its_candidate_to_the_next_search(tmp_path):
+    """SIGTERM (a `timeout`, a CI job's cancel) is no fault of the candidate being built: under
+    `cuvil-pgc recompile` it ends the search through Python, as Ctrl-C does."""
+    first = _search_process(tmp_path, 1, "SIGTERM")
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
+    stopped = json.loads(first.stdout.splitlines()[-1])["dying"]
+    second = _search_process(tmp_path, 0)
+    report = json.loads(second.stdout.splitlines()[-1])
+    assert report["built"][0] == stopped and report["trials"][stopped][1] != ENDED_PROCESS, report
 
 
 @pytest.fixture

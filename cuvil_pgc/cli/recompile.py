@@ -73,6 +73,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from cuvil_pgc._quiet import log_path_for, third_party_output
+        from cuvil_pgc.cli._terminate import terminated_as_exit
         from cuvil_pgc.viewer.progress import search_progress
 
         # the load before the search: other processes'. After it, the load average holds the
@@ -80,7 +81,7 @@ def register(app: typer.Typer) -> None:
         busy = busy_warnings("measured speedups")
         captured = None
         try:
-            with third_party_output(log_path_for(output), verbose=verbose) as captured:
+            with terminated_as_exit(), third_party_output(log_path_for(output), verbose=verbose) as captured:
                 with search_progress(quiet=quiet or as_json, console=Console(file=captured.terminal)) as progress:
                     build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol,
                                       atol=atol, device=device, progress=progress, backends=chosen,
