@@ -90,6 +90,10 @@ def test_a_candidate_that_ended_the_search_s_process_is_rejected_by_the_next_sea
     others = [v for k, v in report["trials"].items() if k in report["built"]]
     assert others and all(v[:2] == ["compile_error", "RuntimeError: not built in this test"] for v in others)
 
+    third = _search_process(tmp_path, 0)        # left out again, and said once, not at every search
+    report = json.loads(third.stdout.splitlines()[-1])
+    assert report["trials"][dead] == ["compile_error", ENDED_PROCESS, True] and "is left out" not in third.stderr
+
 
 @needs_ort
 @pytest.mark.slow

@@ -81,7 +81,7 @@ from cuvil_pgc.recompile.search_policy import (
     prediction_spread,
     untried_remedy,
 )
-from cuvil_pgc.recompile.search_records import ENDED_PROCESS, SearchRecords
+from cuvil_pgc.recompile.search_records import SearchRecords
 from cuvil_pgc.recompile.trials import SearchOptions, SearchResult, Trial
 
 if TYPE_CHECKING:
@@ -315,8 +315,6 @@ class _Search:
                 continue
             if rec.status == "compile_error" and rec.reason.startswith(ExportError.__name__):
                 self._note_unexportable(cand, rec.reason)
-            if rec.reason == ENDED_PROCESS:
-                log.warning("cuvil-pgc: %s is left out: %s", cand.key, ENDED_PROCESS)
             feats = self.features[cand.scope]
             self.records.restamp(rec, feats)
             ratio = rec.median_us / rec.eager_us if rec.status == "ok" and rec.eager_us and rec.median_us else None

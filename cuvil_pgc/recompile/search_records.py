@@ -15,6 +15,7 @@ is not caught so: the next search measures the batch again.)
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -23,6 +24,8 @@ from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.features import CENSUS_VERSION
 from cuvil_pgc.recompile.records import STARTED, UNFINISHED, Record, RecordDB, ended_its_process, this_process
+
+log = logging.getLogger(__name__)
 
 #: the reason a later search gives for a candidate left :data:`STARTED`
 ENDED_PROCESS = ("it ended the process of an earlier search of this model on this machine while it was built "
@@ -57,12 +60,21 @@ class SearchRecords:
         if rec is None or rec.status == UNFINISHED:
             return None
         if rec.status == STARTED:     # another search that is building it now measures it, not this one
-            return replace(rec, status="compile_error", reason=ENDED_PROCESS) if ended_its_process(rec) else None
+            return self._ended(cand, rec) if ended_its_process(rec) else None
         if rec.status == "accuracy_error" and (rec.features.get("weights") != self.weights[cand.scope]
                                                or rec.features.get("guard", 1) != GUARD_VERSION
                                                or rec.features.get("fault")):
             return None
         return rec
+
+    def _ended(self, cand: Candidate, rec: Record) -> Record:
+        """Record that ``cand`` ended an earlier search's process, as a compile error, and say so
+        (once: later searches reuse the compile error and its reason)."""
+        log.warning("cuvil-pgc: %s is left out: %s", cand.key, ENDED_PROCESS)
+        ended = replace(rec, status="compile_error", reason=ENDED_PROCESS,
+                        features={"candidate": cand.to_json(), "weights": self.weights[cand.scope]})
+        self.db.add(ended)
+        return ended
 
     def _structure(self, scope: str) -> str:
         """The key records of ``scope`` are stored under: its structure and its settings (a record
