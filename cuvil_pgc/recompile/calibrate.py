@@ -12,7 +12,7 @@ probe records for this machine; costs one AOTInductor compile (~30 s on a small 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -22,11 +22,13 @@ from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key, realize
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.matching import structural_hash
 from cuvil_pgc.recompile.measure import time_interleaved
-from cuvil_pgc.recompile.records import STARTED, UNFINISHED, Record, RecordDB, ended_its_process, this_process
+from cuvil_pgc.recompile.records import STARTED, Journal, Record, RecordDB
 from cuvil_pgc.recompile.search_records import probe_features
 
 log = logging.getLogger(__name__)
 
+#: the reason recorded for a probe that ended the process of an earlier calibration
+ENDED_PROBE = "its probe ended the process of an earlier calibration"
 PROBE_CONFIGS = (Candidate(""), Candidate("", "compile"), Candidate("", "compile", cpp_wrapper=True),
                  Candidate("", "aoti"))
 
@@ -47,36 +49,34 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
                                      if device.startswith("cuda") else [])
     configs += [Candidate("", backend) for backend in runtimes.available(device)]
 
-    def record(cand: Candidate, status: str, reason: str = "", **features: object) -> None:
-        db.add(Record(structure=structure, candidate=measurement_key(cand), machine=machine_key,
-                      inputs=inputs.signature, status=status, reason=reason, features=features))
+    journal = Journal(db)
 
-    todo = [c for c in configs if _to_measure(db.lookup(structure, measurement_key(c), machine_key, inputs.signature),
-                                              c, record)]
+    def mark(cand: Candidate) -> Record:
+        return Record(structure, measurement_key(cand), machine_key, inputs.signature, STARTED)
+
+    todo = [c for c in configs if journal.settled(db.lookup(*mark(c).key), ENDED_PROBE, _ended_warning(c)) is None]
     if not todo:
         return 0
-    fns, started = {}, []
+    fns = {}
     try:
         for cand in todo:
-            record(cand, STARTED, **this_process())     # replaced by its own record below
-            started.append(cand)
+            journal.started(mark(cand))     # replaced by its own record below
             try:
                 module = realize(probe, cand, inputs, device=device, machine=machine_key).module
                 with torch.no_grad():
                     module(*inputs.args)
                 fns[cand.config] = (cand, module)
-                record(cand, UNFINISHED)      # built, to be timed: a fault from here on is not its own
+                journal.leave(mark(cand).key)      # built, to be timed: a fault from here on is not its own
             except Exception as exc:   # a backend that does not work here is not calibrated, and not tried again
                 log.info("calibration of %s failed: %s", cand.config, exc)
-                record(cand, "compile_error", f"{type(exc).__name__}: {exc}"[:500])
-            started.remove(cand)
+                db.add(replace(mark(cand), status="compile_error", reason=f"{type(exc).__name__}: {exc}"[:500]))
+                journal.done(mark(cand).key)
         with torch.no_grad():
             samples = time_interleaved({"eager": lambda: probe(*inputs.args),
                                         **{k: (lambda m=m: m(*inputs.args)) for k, (_, m) in fns.items()}},
                                        rounds=rounds)
     except BaseException:      # an interrupt: no fault of the probes, the next calibration measures them
-        for cand in started:
-            record(cand, UNFINISHED)
+        journal.leave()
         raise
     eager_us = samples["eager"].median_s * 1e6
     # on a GPU its three kernels of 8 elements take next to nothing: all of eager's time is the host's
@@ -91,15 +91,7 @@ def calibrate_backends(db: RecordDB, machine_key: str, device: str = "cpu", roun
     return len(measured)
 
 
-def _to_measure(rec: Record | None, cand: Candidate, record: Callable[..., None]) -> bool:
-    """Whether the probe's record says to measure ``cand`` (none yet, or one left unfinished); a
-    probe left started by a process that ended is recorded as what ended it, said once, and not
-    measured again."""
-    if rec is None or rec.status == UNFINISHED:
-        return True
-    if ended_its_process(rec):
-        log.warning("cuvil-pgc: the %s backend is not calibrated on this machine: its probe ended the process of "
-                    "an earlier calibration (a native fault of the runtime, or the process was killed); `cuvil-pgc "
-                    "cache clear --kind records` measures it again", cand.backend)
-        record(cand, "compile_error", "its probe ended the process of an earlier calibration")
-    return False
+def _ended_warning(cand: Candidate) -> str:
+    return (f"cuvil-pgc: the {cand.backend} backend is not calibrated on this machine: its probe ended the process "
+            "of an earlier calibration (a native fault of the runtime, or the process was killed); `cuvil-pgc cache "
+            "clear --kind records` measures it again")

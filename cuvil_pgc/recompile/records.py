@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 CACHE_ENV = "CUVIL_CACHE_DIR"
 RECORDS_FILE = "records.jsonl"
@@ -132,6 +135,51 @@ def ended_its_process(rec: Record) -> bool:
     except OSError:      # another user's process (PermissionError): it runs
         return False
     return False
+
+
+@dataclass
+class Journal:
+    """The measurements this process has begun and not recorded yet, kept in the database so that
+    the next process can tell which one ended this one.
+
+    :meth:`started` records a measurement :data:`STARTED` before anything builds or runs it;
+    :meth:`leave` marks it :data:`UNFINISHED` once it is built and checked (a fault from there on is
+    not its own) or when this process stops for a reason of its own (an interrupt, an error);
+    :meth:`done` forgets it once its own record is added. :meth:`settled` reads a record back.
+    The search (:mod:`.search_records`) and the calibration (:mod:`.calibrate`) both keep one."""
+
+    db: RecordDB
+    #: by record key, the marks of measurements started and neither left nor recorded
+    open: dict[tuple[str, str, str, str], Record] = field(default_factory=dict)
+
+    def started(self, mark: Record) -> None:
+        """Record ``mark`` (its key and ``features``; its status is set here) as started by this process."""
+        self.open[mark.key] = mark
+        self.db.add(replace(mark, status=STARTED, features={**mark.features, **this_process()}))
+
+    def done(self, key: tuple[str, str, str, str]) -> None:
+        """The measurement of ``key`` has its own record now."""
+        self.open.pop(key, None)
+
+    def leave(self, key: tuple[str, str, str, str] | None = None) -> None:
+        """Mark the started measurement of ``key`` (None: every open one) :data:`UNFINISHED`."""
+        for k in [key] if key is not None else list(self.open):
+            if (mark := self.open.pop(k, None)) is not None:
+                self.db.add(replace(mark, status=UNFINISHED, created=time.time()))
+
+    def settled(self, rec: Record | None, reason: str, warning: str, **features: Any) -> Record | None:
+        """The record to go by instead of measuring: None for none, one left :data:`UNFINISHED`, or
+        one :data:`STARTED` by a process still running (it measures it; so does this one). A started
+        one whose process ended (:func:`ended_its_process`) becomes a ``compile_error`` with
+        ``reason`` and ``features``, recorded so that ``warning``, logged now, is said once."""
+        if rec is None or rec.status == UNFINISHED or (rec.status == STARTED and not ended_its_process(rec)):
+            return None
+        if rec.status != STARTED:
+            return rec
+        log.warning("%s", warning)
+        ended = replace(rec, status="compile_error", reason=reason, features=features, created=time.time())
+        self.db.add(ended)
+        return ended
 
 
 def _parse(line: str) -> Record | None:

@@ -15,7 +15,6 @@ is not caught so: the next search measures the batch again.)
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -23,11 +22,9 @@ from cuvil_pgc.recompile.accuracy import GUARD_VERSION
 from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.features import CENSUS_VERSION
-from cuvil_pgc.recompile.records import STARTED, UNFINISHED, Record, RecordDB, ended_its_process, this_process
+from cuvil_pgc.recompile.records import STARTED, Journal, Record, RecordDB
 
-log = logging.getLogger(__name__)
-
-#: the reason a later search gives for a candidate left :data:`STARTED`
+#: the reason a later search gives for a candidate left :data:`~.records.STARTED` by a process that ended
 ENDED_PROCESS = ("it ended the process of an earlier search of this model on this machine while it was built "
                  "or checked (a native fault of its runtime, or the process was killed); `cuvil-pgc cache "
                  "clear --kind records` forgets this, with the machine's other measurements")
@@ -45,36 +42,31 @@ class SearchRecords:
     settings: dict[str, str]             # scope -> settings digest (a record holds for these settings only)
     weights: dict[str, str]              # scope -> weights digest
     inputs: dict[str, ScopeInputs]       # scope -> captured inputs
-    #: candidates recorded as started whose own record has not been added yet, by key
-    open: dict[str, Candidate] = field(default_factory=dict)
+    #: the candidates started and not yet recorded (:class:`~.records.Journal`)
+    journal: Journal = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.journal = Journal(self.db)
 
     def reusable(self, cand: Candidate) -> Record | None:
         """The record of ``cand`` this search may reuse instead of measuring it; None also for an
         accuracy verdict reached with other weights (it holds for the weights it was checked with)
         or by another version of the guard (:data:`~.accuracy.GUARD_VERSION`), for garbage
         outputs (:attr:`~.accuracy.AccuracyResult.garbage`: a fault that may not recur) and for a
-        candidate left :data:`UNFINISHED`. A candidate left :data:`STARTED` comes back as a compile
-        error: :data:`ENDED_PROCESS`."""
-        rec = self.db.lookup(self._structure(cand.scope), measurement_key(cand), self.machine,
-                             self.inputs[cand.scope].signature)
-        if rec is None or rec.status == UNFINISHED:
-            return None
-        if rec.status == STARTED:     # another search that is building it now measures it, not this one
-            return self._ended(cand, rec) if ended_its_process(rec) else None
-        if rec.status == "accuracy_error" and (rec.features.get("weights") != self.weights[cand.scope]
-                                               or rec.features.get("guard", 1) != GUARD_VERSION
-                                               or rec.features.get("fault")):
+        candidate left unfinished or started by a running process. One left started by a process
+        that ended comes back as a compile error: :data:`ENDED_PROCESS` (:meth:`.Journal.settled`)."""
+        rec = self.journal.settled(self.db.lookup(*self._key(cand)), ENDED_PROCESS,
+                                   f"cuvil-pgc: {cand.key} is left out: {ENDED_PROCESS}",
+                                   candidate=cand.to_json(), weights=self.weights[cand.scope])
+        if rec is not None and rec.status == "accuracy_error" and (
+                rec.features.get("weights") != self.weights[cand.scope]
+                or rec.features.get("guard", 1) != GUARD_VERSION or rec.features.get("fault")):
             return None
         return rec
 
-    def _ended(self, cand: Candidate, rec: Record) -> Record:
-        """Record that ``cand`` ended an earlier search's process, as a compile error, and say so
-        (once: later searches reuse the compile error and its reason)."""
-        log.warning("cuvil-pgc: %s is left out: %s", cand.key, ENDED_PROCESS)
-        ended = replace(rec, status="compile_error", reason=ENDED_PROCESS,
-                        features={"candidate": cand.to_json(), "weights": self.weights[cand.scope]})
-        self.db.add(ended)
-        return ended
+    def _key(self, cand: Candidate) -> tuple[str, str, str, str]:
+        """The key of ``cand``'s record (:attr:`~.records.Record.key`)."""
+        return (self._structure(cand.scope), measurement_key(cand), self.machine, self.inputs[cand.scope].signature)
 
     def _structure(self, scope: str) -> str:
         """The key records of ``scope`` are stored under: its structure and its settings (a record
@@ -90,31 +82,22 @@ class SearchRecords:
     def add(self, trial: Any, feats: ScopeFeatures, eager_us: float | None) -> None:
         """Record a search trial (:class:`~.search.Trial`) of the scope ``feats`` describes."""
         cand, scope = trial.candidate, feats.scope
-        self.open.pop(cand.key, None)
+        self.journal.done(self._key(cand))
         self.db.add(Record(
-            structure=self._structure(scope), candidate=measurement_key(cand), machine=self.machine,
-            inputs=self.inputs[scope].signature, status=trial.status, median_us=trial.measured_us,
+            *self._key(cand), status=trial.status, median_us=trial.measured_us,
             eager_us=eager_us, predicted_us=trial.predicted_us, reason=trial.reason,
             features={"candidate": cand.to_json(), "scope": asdict(feats), "weights": self.weights[scope],
                       "census": CENSUS_VERSION, "guard": GUARD_VERSION, **({"fault": True} if trial.fault else {})}))
 
     def started(self, cand: Candidate) -> None:
-        """Record that ``cand``'s build begins (:data:`STARTED`), before anything runs it."""
-        self.open[cand.key] = cand
-        self._mark(cand, STARTED)
+        """Record that ``cand``'s build begins (:data:`~.records.STARTED`), before anything runs it."""
+        self.journal.started(Record(*self._key(cand), status=STARTED, features={"candidate": cand.to_json()}))
 
     def leave(self, cand: Candidate | None = None) -> None:
-        """Mark ``cand`` (None: every started candidate without its own record) :data:`UNFINISHED`:
-        it was built and checked, or this process stops measuring it for a reason of its own (an
-        interrupt, a hook), not a fault of the candidate."""
-        for left in [cand] if cand is not None else list(self.open.values()):
-            if self.open.pop(left.key, None) is not None:
-                self._mark(left, UNFINISHED)
-
-    def _mark(self, cand: Candidate, status: str) -> None:
-        self.db.add(Record(structure=self._structure(cand.scope), candidate=measurement_key(cand),
-                           machine=self.machine, inputs=self.inputs[cand.scope].signature, status=status,
-                           features={"candidate": cand.to_json(), **this_process()}))
+        """Mark ``cand`` (None: every started candidate without its own record)
+        :data:`~.records.UNFINISHED`: it was built and checked, or this process stops measuring it
+        for a reason of its own (an interrupt, a hook), not a fault of the candidate."""
+        self.journal.leave(self._key(cand) if cand is not None else None)
 
     def refit_samples(self) -> list[tuple[Candidate, ScopeFeatures, float]]:
         """Refit samples from every measurement recorded on this machine."""
