@@ -27,6 +27,10 @@ def register(app: typer.Typer) -> None:
         budget: int | None = typer.Option(
             None, "--budget", min=1,
             help="Most candidates to measure, records of earlier searches of this model included."),
+        time_budget: str | None = typer.Option(
+            None, "--time-budget", metavar="DURATION",
+            help="Begin no candidate's build after this long (90s, 20m, 1h; the one being built is finished), "
+                 "then build the best plan measured."),
         exhaustive: bool = typer.Option(False, "--exhaustive", help="Measure every candidate (slow)."),
         rtol: float | None = typer.Option(None, "--rtol", help="Accuracy guard rtol (default per dtype)."),
         atol: float | None = typer.Option(None, "--atol", help="Accuracy guard atol (default per dtype)."),
@@ -62,6 +66,7 @@ def register(app: typer.Typer) -> None:
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
             raise ConfigError(f"--device {device!r} is not cpu or cuda")
         chosen = _backends(backends)
+        seconds = _duration(time_budget, "--time-budget") if time_budget is not None else None
         threads = resolve_threads(threads)
         key = configured_signing_key(sign)
         if key is not None:     # an unusable key fails now, not after the search
@@ -86,7 +91,7 @@ def register(app: typer.Typer) -> None:
                     build = recompile(net, inputs, traces, budget=budget, exhaustive=exhaustive, rtol=rtol,
                                       atol=atol, device=device, progress=progress, backends=chosen,
                                       threads=threads, deployed_race=deployed_race, dynamic=dynamic,
-                                      model_ref=model)
+                                      model_ref=model, time_budget=seconds)
                 build.save(output, name=name or _build_name(model), version=version, signing_key=key)
         except BaseException:
             _log_note(captured)
@@ -176,6 +181,17 @@ def _backends(value: str | None) -> tuple[str, ...] | None:
     if unknown:
         raise ConfigError(f"--backends: unknown {', '.join(unknown)}", fix=f"choose from {', '.join(BACKENDS)}")
     return names
+
+
+def _duration(value: str, option: str) -> float:
+    """Seconds of ``90``, ``90s``, ``20m``, ``1.5h``."""
+    from cuvil_pgc.errors import ConfigError
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh]?)\s*", value.lower())
+    seconds = float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]] if match else 0.0
+    if seconds <= 0:
+        raise ConfigError(f"{option} {value!r} is not a positive duration", fix="give seconds or 90s, 20m, 1h")
+    return seconds
 
 
 def _build_name(spec: str) -> str:

@@ -89,7 +89,8 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
               atol: float | None = None, device: str = "cpu", records: Any = None, machine: Any = None,
               progress: Any = None, rounds: int = 25, backends: tuple[str, ...] | None = None,
               plan: Plan | dict[str, Any] | None = None, calibrate: bool = True, threads: int | None = None,
-              deployed_race: bool = True, dynamic: bool = False, model_ref: str | None = None) -> Build:
+              deployed_race: bool = True, dynamic: bool = False, model_ref: str | None = None,
+              time_budget: float | None = None) -> Build:
     """Search a plan for ``model`` guided by the profile in ``traces`` and build it.
 
     ``model`` is put in eval mode and moved to ``device`` in place; its weights are shared with the
@@ -102,6 +103,9 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
         budget: most candidates to measure, eager references and records of earlier searches of
             this model included (default: a quarter of the space, at least 2).
         exhaustive: measure every candidate (for comparisons; slow).
+        time_budget: seconds from now after which no candidate's build begins (the one being built
+            is finished, the runtimes' baselines are measured whatever it says); the plan is chosen
+            from what was measured by then, then raced and built as always, which takes longer.
         rtol, atol: accuracy-guard tolerances (default: per dtype, see :mod:`.accuracy`).
         records: a RecordDB, or False to neither read nor write records.
         backends: restrict the plan space to these backends (eager always stays).
@@ -130,6 +134,11 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
 
     from cuvil_pgc._threads import torch_threads
     from cuvil_pgc.recompile.ort_runner import measuring_in_process
+    from cuvil_pgc.recompile.search_policy import TimeBudget
+
+    if time_budget is not None and not time_budget > 0:
+        raise RecompileError(f"time_budget={time_budget!r} is not a positive number of seconds")
+    spend = TimeBudget(time_budget) if time_budget is not None else None
 
     # The search draws random inputs and Inductor's autotuning random tensors from torch's global
     # generator: a caller that seeded torch gets the same random numbers after a recompile as before.
@@ -138,7 +147,7 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
         build = _recompile(model, example_inputs, traces, analysis=analysis, budget=budget, exhaustive=exhaustive,
                            rtol=rtol, atol=atol, device=device, records=records, machine=machine,
                            progress=progress, rounds=rounds, backends=backends, plan=plan, calibrate=calibrate,
-                           deployed_race=deployed_race, dynamic=dynamic, model_ref=model_ref)
+                           deployed_race=deployed_race, dynamic=dynamic, model_ref=model_ref, time_budget=spend)
     build.threads = count
     return build
 
@@ -146,7 +155,8 @@ def recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any = None, *
 def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, analysis: Analysis | None, budget: int | None,
                exhaustive: bool, rtol: float | None, atol: float | None, device: str, records: Any,
                machine: Any, progress: Any, rounds: int, backends: tuple[str, ...] | None, plan: Plan | dict[str, Any] | None,
-               calibrate: bool, deployed_race: bool, dynamic: bool, model_ref: str | None) -> Build:
+               calibrate: bool, deployed_race: bool, dynamic: bool, model_ref: str | None,
+               time_budget: Any) -> Build:
     import torch
 
     from cuvil_pgc._example_inputs import SizesVary, inputs_hint, positional_inputs
@@ -196,7 +206,8 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     options = SearchOptions(budget=budget, exhaustive=exhaustive, rtol=rtol, atol=atol, device=device,
                             rounds=rounds, use_records=db is not None,
                             backends=tuple(backends) if backends else None, fixed=_pinned(plan),
-                            deployed_race=deployed_race, model_ref=model_ref, sizes_vary=step is not None or source)
+                            deployed_race=deployed_race, model_ref=model_ref, sizes_vary=step is not None or source,
+                            time_budget=time_budget)
     if calibrate and db is not None and plan is None:
         from cuvil_pgc.recompile.calibrate import calibrate_backends
 

@@ -78,6 +78,7 @@ from cuvil_pgc.recompile.search_policy import (
     batch_order,
     budget_cap,
     default_budget,
+    duration_text,
     prediction_spread,
     untried_remedy,
 )
@@ -110,6 +111,7 @@ class _Search:
         self.measured = self.reused = 0
         self.baselines_measured = 0          # runtime defaults measured outside the budget
         self.runtime_defaults: list[Candidate] = []
+        self._said_out_of_time = False
 
     # ------------------------------------------------------------------ preparation
     def prepare(self) -> list[Candidate]:
@@ -207,7 +209,7 @@ class _Search:
         self._total = total
         stage(self.progress, "searching")
         pending = self._measure_runtime_defaults(pending)
-        while pending and self.measured < self._cap():
+        while pending and self.measured < self._cap() and not self._out_of_time():
             self._refit()
             ranked = self.cost.rank(pending, self.features)
             if not self.opt.exhaustive and self.measured + self.reused >= MIN_EXPLORE:
@@ -226,8 +228,7 @@ class _Search:
             batch = batch_order([(c, p) for c, p in ranked if c.scope == scope], best,
                                 self.trials.values())[:min(BATCH, room)]
             self._measure_batch(scope, batch)
-            done = {c.key for c, _ in batch}
-            pending = [c for c in pending if c.key not in done and not self._rejected_unbuilt(c)]
+            pending = [c for c in pending if c.key not in self.trials and not self._rejected_unbuilt(c)]
             if not self.opt.exhaustive:   # a scope of the same structure and inputs (layers.1 after
                 pending = self._reuse_records(pending)   # layers.0) reuses these now
             if self.progress:
@@ -235,9 +236,11 @@ class _Search:
                 if show_best(self.progress, line):   # shown beside the next "building ..." message
                     line = f"{done} of {total} candidates measured"
                 self.progress(done, total, line)
+        unmeasured = (self.opt.time_budget.reason() if self._out_of_time()
+                      else "ranked below the measured candidates (budget)")
         for cand in pending:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]),
-                                          reason="ranked below the measured candidates (budget)")
+                                          reason=unmeasured)
         for cand, reason in self.left_out:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), reason=reason)
 
@@ -280,6 +283,15 @@ class _Search:
             why = (f"restricted away by backends={self.opt.backends}" if status.ok else status.reason)
             log.info("cuvil-pgc: %s at its defaults is not measured as a baseline: %s",
                      runtimes.RUNTIMES[backend].title, why)
+
+    def _out_of_time(self) -> bool:
+        """Whether the time budget is spent (it is said once, when it first is)."""
+        spent = self.opt.time_budget is not None and self.opt.time_budget.spent
+        if spent and not self._said_out_of_time:
+            self._said_out_of_time = True
+            log.warning("cuvil-pgc: the search's time budget (%s) is spent after %d measurement(s): the plan is "
+                        "chosen from what was measured", duration_text(self.opt.time_budget.seconds), self.measured)
+        return spent
 
     def _cap(self) -> int:
         """The most measurements now (:func:`~.search_policy.budget_cap`; a budget the user set is
@@ -358,6 +370,8 @@ class _Search:
         for cand, predicted in batch:
             if self._rejected_unbuilt(cand):
                 continue
+            if not is_runtime_default(cand) and self._out_of_time():
+                break     # the candidates not built stay pending
             trial = Trial(cand, predicted)
             self.trials[cand.key] = trial
             self.measured += 1

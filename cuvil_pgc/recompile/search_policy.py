@@ -9,6 +9,8 @@
   tried in the scope, else the best-ranked one-knob neighbour of the incumbent (:func:`batch_order`).
 - CUDA graphs on a scope the profile calls launch-bound stay worth trying, whatever the prediction,
   until one is measured there (:func:`untried_remedy`).
+- The time budget (``recompile --time-budget``): once it is spent no candidate's build begins; the
+  one being built is finished (:class:`TimeBudget`).
 
 Functions of the search's trials (anything with ``candidate``, ``status``, ``measured_us``,
 ``predicted_us`` and ``reused``), so each rule is tested on its own.
@@ -17,7 +19,9 @@ Functions of the search's trials (anything with ``candidate``, ``status``, ``mea
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from cuvil_pgc.recompile.candidates import OVERHEAD_LABELS, Candidate, ScopeFeatures
@@ -35,6 +39,35 @@ MIN_BUDGET = 2
 KNOBS = ("backend", "mode", "freezing", "cpp_wrapper", "rewrite", "channels_last", "precision", "knobs")
 
 Ranked = list[tuple[Candidate, float]]
+
+#: the clock a :class:`TimeBudget` reads (tests replace it)
+clock: Callable[[], float] = time.monotonic
+
+
+@dataclass(frozen=True)
+class TimeBudget:
+    """Wall-clock seconds a recompile may spend measuring candidates, counted from when it began
+    (its analysis and the machine's calibration included). A runtime's baselines are measured
+    whatever it says: they are what the build is raced against."""
+
+    seconds: float
+    start: float = field(default_factory=lambda: clock())
+
+    @property
+    def spent(self) -> bool:
+        return clock() - self.start >= self.seconds
+
+    def reason(self) -> str:
+        """The reason given to the candidates left unmeasured."""
+        return f"not measured: the search's time budget ({duration_text(self.seconds)}) was spent"
+
+
+def duration_text(seconds: float) -> str:
+    """``250 s``, ``20 min``, ``2 h``: the largest unit that gives a whole number."""
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
 
 
 def default_budget(space_size: int, sizes_vary: bool = False) -> int:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuvil_pgc.recompile.apply import ScopeInputs
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.matching import MatchResult
 from cuvil_pgc.recompile.realized import Realized
+
+if TYPE_CHECKING:
+    from cuvil_pgc.recompile.search_policy import TimeBudget
 
 
 @dataclass
@@ -33,6 +36,8 @@ class SearchOptions:
     #: encoder's source: :class:`~cuvil_pgc._example_inputs.SizesVary`): a
     #: candidate whose region runs only its captured sizes is not built (see search._rejected_unbuilt)
     sizes_vary: bool = False
+    #: once spent, no candidate's build begins (see search_policy)
+    time_budget: TimeBudget | None = None
 
 
 @dataclass
