@@ -139,3 +139,22 @@ def test_demo_warns_when_the_machine_is_busy(tmp_path, monkeypatch, light_demo, 
     monkeypatch.setattr(contention, "_read_loadavg", lambda: (1.0, 1))
     (quiet,) = light_demo.run_demo(str(tmp_path / "demo2"), quick=True, quiet=True)
     assert quiet.warnings == []
+
+
+def test_demo_takes_sigterm_as_an_exit(tmp_path, light_demo, monkeypatch):
+    """Its recompiles run as `cuvil-pgc recompile`'s do: SIGTERM raises SystemExit, so what the
+    search was building is left unfinished, not taken by the next search for a native fault."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    from cuvil_pgc.cli import app
+
+    handlers = []
+    monkeypatch.setattr(light_demo, "run_demo", lambda *a, **kw: handlers.append(signal.getsignal(signal.SIGTERM)) or [])
+    result = CliRunner().invoke(app, ["demo", "--quick", "-q", "-o", str(tmp_path / "demo")])
+    assert result.exit_code == 0, result.output
+    assert handlers and handlers[0] not in (signal.SIG_DFL, signal.SIG_IGN, None)
+    with pytest.raises(SystemExit) as exited:
+        handlers[0](signal.SIGTERM, None)
+    assert exited.value.code == 143

@@ -54,8 +54,11 @@ def register(app: typer.Typer) -> None:
                                      help="Print one JSON document (speedups, artifact paths); the rest goes to stderr."),
     ) -> None:
         """Run the whole loop on the bundled zoo: profile, analyze, report, recompile, compare."""
+        from cuvil_pgc.cli._terminate import terminated_as_exit
+
         started = time.perf_counter()
-        results = run_demo(output, quick=quick, threads=threads, quiet=quiet, verbose=verbose, as_json=as_json)
+        with terminated_as_exit():     # its recompiles leave what they were building unfinished, as recompile's do
+            results = run_demo(output, quick=quick, threads=threads, quiet=quiet, verbose=verbose, as_json=as_json)
         if as_json:
             emit_json(demo_json(output, results, time.perf_counter() - started))
 
