@@ -21,7 +21,7 @@ from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile import search as search_mod
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.records import STARTED, UNFINISHED, RecordDB
-from cuvil_pgc.recompile.search_records import ENDED_PROCESS, SearchRecords
+from cuvil_pgc.recompile.search_records import ENDED_PROCESS, ENDED_TIMING, SearchRecords
 from cuvil_pgc.recompile.trials import SearchOptions
 
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="needs onnxruntime")
@@ -39,7 +39,8 @@ from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.trials import SearchOptions
 
 dies, records, how = int(sys.argv[1]), sys.argv[2], getattr(signal, sys.argv[3])
-built, real = [], search_mod.realize
+dies_timed = sys.argv[4] if len(sys.argv) > 4 else None   # the candidate whose timing ends the process
+built, real, real_time = [], search_mod.realize, search_mod.time_interleaved
 
 def realize(module, cand, *args, **kwargs):
     built.append(cand.key)
@@ -51,7 +52,14 @@ def realize(module, cand, *args, **kwargs):
         return real(module, Candidate(cand.scope), *args, **kwargs)
     raise RuntimeError("not built in this test")
 
-search_mod.realize = realize
+def time_interleaved(contenders, **kwargs):
+    if dies_timed in contenders:
+        print(json.dumps({"dying": dies_timed, "timed": sorted(contenders), "built": built}), flush=True)
+        os.kill(os.getpid(), how)
+        time.sleep(60)
+    return real_time(contenders, **kwargs)
+
+search_mod.realize, search_mod.time_interleaved = realize, time_interleaved
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
 options = SearchOptions(budget=4, backends=("ort", "openvino"), rounds=3, deployed_race=False)
@@ -62,11 +70,13 @@ print(json.dumps({"built": built, "trials": {k: [t.status, t.reason, t.reused] f
 """
 
 
-def _search_process(tmp_path, dies: int, how: str = "SIGSEGV") -> subprocess.CompletedProcess:
+def _search_process(tmp_path, dies: int, how: str = "SIGSEGV", dies_timed: str | None = None
+                    ) -> subprocess.CompletedProcess:
     script = tmp_path / "search.py"
     script.write_text(SEARCH)
     env = {**os.environ, "CUVIL_CACHE_DIR": str(tmp_path / "cache")}
-    return subprocess.run([sys.executable, str(script), str(dies), str(tmp_path / "records"), how],
+    return subprocess.run([sys.executable, str(script), str(dies), str(tmp_path / "records"), how,
+                           *([dies_timed] if dies_timed else [])],
                           capture_output=True, text=True, timeout=300, env=env, check=False)
 
 
@@ -93,6 +103,32 @@ def test_a_candidate_that_ended_the_search_s_process_is_rejected_by_the_next_sea
     third = _search_process(tmp_path, 0)        # left out again, and said once, not at every search
     report = json.loads(third.stdout.splitlines()[-1])
     assert report["trials"][dead] == ["compile_error", ENDED_PROCESS, True] and "is left out" not in third.stderr
+
+
+@needs_ort
+@pytest.mark.skipif(not runtimes.check("openvino").ok, reason="needs openvino")
+@pytest.mark.slow
+def test_a_candidate_that_ended_the_process_while_timed_is_found_by_timing_each_alone(tmp_path):
+    """The runtimes' defaults are built (as eager here) and timed side by side; OpenVINO's timing
+    ends the process. Which one did is not known: the next search times each alone, and the one
+    that ends it again is left out by the search after, which reuses the others' times."""
+    dying = "<model>::openvino"
+    first = _search_process(tmp_path, 99, dies_timed=dying)
+    assert first.returncode == -signal.SIGSEGV, first.stderr[-2000:]
+    batch = json.loads(first.stdout.splitlines()[-1])["timed"]
+    assert dying in batch and "<model>::ort" in batch
+
+    second = _search_process(tmp_path, 99, dies_timed=dying)     # each alone: ort's time is recorded first
+    assert second.returncode == -signal.SIGSEGV, second.stderr[-2000:]
+    # the one new candidate, beside eager and the incumbent (ort, timed alone before it)
+    assert json.loads(second.stdout.splitlines()[-1])["timed"] == [dying, "<model>::ort", "eager"]
+
+    third = _search_process(tmp_path, 99, dies_timed=dying)
+    assert third.returncode == 0, third.stderr[-2000:]
+    report = json.loads(third.stdout.splitlines()[-1])
+    assert report["trials"][dying] == ["compile_error", ENDED_TIMING, True]
+    assert report["trials"]["<model>::ort"][0] == "ok" and report["trials"]["<model>::ort"][2] is True
+    assert f"cuvil-pgc: {dying} is left out: {ENDED_TIMING}" in third.stderr
 
 
 @needs_ort

@@ -349,10 +349,15 @@ class _Search:
 
     def _measure_batch(self, scope: str, batch: list[tuple[Candidate, float]]) -> None:
         """Build, check and time ``batch``, each candidate recorded as started until it is built and
-        checked (:meth:`.SearchRecords.started`): a native fault that ends this process meanwhile
-        leaves that record, and the next search rejects the candidate instead of dying on it again."""
+        checked, and again while the batch is timed (:meth:`.SearchRecords.started`,
+        :meth:`.SearchRecords.timing`): a native fault that ends this process meanwhile leaves that
+        record, and the next search rejects the candidate instead of dying on it again."""
+        suspects = self.records.suspects if self.records is not None and len(batch) > 1 else set()
+        alone = [[item] for item in batch if item[0].key in suspects]     # timed beside another when a fault struck
         try:
-            self._build_and_time(scope, batch)
+            for part in [*alone, [item for item in batch if item[0].key not in suspects]]:
+                if part:
+                    self._build_and_time(scope, part)
         except BaseException:      # an interrupt or an error of the search: no fault of the candidates
             if self.records is not None:
                 self.records.leave()
@@ -393,6 +398,8 @@ class _Search:
         incumbent = self._warm_incumbent(scope)
         if incumbent is not None:
             contenders[incumbent[0]] = incumbent[1]
+        if self.records is not None:      # a fault from here on is one of the new candidates'
+            self.records.timing([self.trials[key].candidate for key in new])
         with torch.no_grad():
             samples = time_interleaved(contenders, rounds=self.opt.rounds)
         eager = samples["eager"].median_s * 1e6

@@ -6,11 +6,13 @@ them (stamped with :data:`~.features.CENSUS_VERSION`) and the digest of the weig
 guard checked; the calibration probe's records (:mod:`.calibrate`) are marked ``probe`` instead,
 and the backends' fixed costs are fitted from them alone (see :mod:`.cost_models`).
 
-A candidate is recorded as :data:`~.records.STARTED` before its build begins and as
-:data:`~.records.UNFINISHED` once it is built and checked; its own record follows when it is timed.
+A candidate is recorded as :data:`~.records.STARTED` before its build begins, as
+:data:`~.records.UNFINISHED` once it is built and checked (so a fault building the next one of its
+batch is not blamed on it), started again while the batch is timed, and its own record follows.
 A started one left by a process that ended rejects the candidate in the next search of the model,
-which goes on instead of dying on it again. (A fault while timing, after every program ran once,
-is not caught so: the next search measures the batch again.)
+which goes on instead of dying on it again. A fault while a batch is timed cannot be told to be
+one new candidate's rather than another's: the next search times each alone (:attr:`SearchRecords.suspects`),
+and leaves out the one that ends the process so.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from cuvil_pgc.recompile.accuracy import GUARD_VERSION
 from cuvil_pgc.recompile.apply import ScopeInputs, measurement_key
 from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.features import CENSUS_VERSION
-from cuvil_pgc.recompile.records import STARTED, Journal, Record, RecordDB
+from cuvil_pgc.recompile.records import STARTED, Journal, Record, RecordDB, ended_its_process
 
 #: the reason a later search gives for a candidate left :data:`~.records.STARTED` by a process that ended
 ENDED_PROCESS = ("it ended the process of an earlier search of this model on this machine while it was built "
                  "or checked (a native fault of its runtime, or the process was killed); `cuvil-pgc cache "
                  "clear --kind records` forgets this, with the machine's other measurements")
+#: the reason for a candidate left started while it was timed, the batch's one new candidate
+ENDED_TIMING = ("it ended the process of an earlier search of this model on this machine while it was timed (a "
+                "native fault of its runtime, or the process was killed); `cuvil-pgc cache clear --kind records` "
+                "forgets this, with the machine's other measurements")
 
 
 @dataclass
@@ -45,6 +51,9 @@ class SearchRecords:
     #: the candidates started and not yet recorded (:class:`~.records.Journal`)
     journal: Journal = field(init=False)
 
+    #: candidates timed beside another new one when a process ended: each is timed alone next
+    suspects: set[str] = field(default_factory=set)
+
     def __post_init__(self) -> None:
         self.journal = Journal(self.db)
 
@@ -55,8 +64,13 @@ class SearchRecords:
         outputs (:attr:`~.accuracy.AccuracyResult.garbage`: a fault that may not recur) and for a
         candidate left unfinished or started by a running process. One left started by a process
         that ended comes back as a compile error: :data:`ENDED_PROCESS` (:meth:`.Journal.settled`)."""
-        rec = self.journal.settled(self.db.lookup(*self._key(cand)), ENDED_PROCESS,
-                                   f"cuvil-pgc: {cand.key} is left out: {ENDED_PROCESS}",
+        rec = self.db.lookup(*self._key(cand))
+        timed = rec is not None and rec.features.get("stage") == "timing"
+        if timed and not rec.features.get("alone") and ended_its_process(rec):     # which one ended it?
+            self.suspects.add(cand.key)
+            return None
+        why = ENDED_TIMING if timed else ENDED_PROCESS
+        rec = self.journal.settled(rec, why, f"cuvil-pgc: {cand.key} is left out: {why}",
                                    candidate=cand.to_json(), weights=self.weights[cand.scope])
         if rec is not None and rec.status == "accuracy_error" and (
                 rec.features.get("weights") != self.weights[cand.scope]
@@ -98,6 +112,14 @@ class SearchRecords:
         :data:`~.records.UNFINISHED`: it was built and checked, or this process stops measuring it
         for a reason of its own (an interrupt, a hook), not a fault of the candidate."""
         self.journal.leave(self._key(cand) if cand is not None else None)
+
+    def timing(self, cands: list[Candidate]) -> None:
+        """Record that ``cands``, built and checked, are timed now, side by side: a fault from here
+        until their own records is one of theirs. The next search times each :attr:`suspects` alone,
+        and one that ends the process so is left out (:data:`ENDED_TIMING`)."""
+        for cand in cands:
+            self.journal.started(Record(*self._key(cand), status=STARTED, features={
+                "candidate": cand.to_json(), "stage": "timing", "alone": len(cands) == 1}))
 
     def refit_samples(self) -> list[tuple[Candidate, ScopeFeatures, float]]:
         """Refit samples from every measurement recorded on this machine."""
