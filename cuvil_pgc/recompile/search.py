@@ -111,7 +111,7 @@ class _Search:
         self.measured = self.reused = 0
         self.baselines_measured = 0          # runtime defaults measured outside the budget
         self.runtime_defaults: list[Candidate] = []
-        self._said_out_of_time = False
+        self.stopped_by_time = False          # the time budget was found spent: no build began after
 
     # ------------------------------------------------------------------ preparation
     def prepare(self) -> list[Candidate]:
@@ -236,7 +236,7 @@ class _Search:
                 if show_best(self.progress, line):   # shown beside the next "building ..." message
                     line = f"{done} of {total} candidates measured"
                 self.progress(done, total, line)
-        unmeasured = (self.opt.time_budget.reason() if self._out_of_time()
+        unmeasured = (self.opt.time_budget.reason() if self.stopped_by_time
                       else "ranked below the measured candidates (budget)")
         for cand in pending:
             self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]),
@@ -287,8 +287,8 @@ class _Search:
     def _out_of_time(self) -> bool:
         """Whether the time budget is spent (it is said once, when it first is)."""
         spent = self.opt.time_budget is not None and self.opt.time_budget.spent
-        if spent and not self._said_out_of_time:
-            self._said_out_of_time = True
+        if spent and not self.stopped_by_time:
+            self.stopped_by_time = True
             log.warning("cuvil-pgc: the search's time budget (%s) is spent after %d measurement(s): the plan is "
                         "chosen from what was measured", duration_text(self.opt.time_budget.seconds), self.measured)
         return spent
