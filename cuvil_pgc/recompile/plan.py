@@ -3,7 +3,8 @@
 Per scope the fastest accurate measured trial wins. Plans then compete: the whole model as one
 compile boundary (its best trial, up to three runners-up measured within 20 % of it and the
 fastest trial of up to two other backends within 50 %: a search measures each candidate once, so
-near ties are decided again side by side; and every runtime at its defaults, what a user would
+near ties are decided again side by side, unless the search's time budget is spent; and every
+runtime at its defaults, what a user would
 deploy instead, however far behind the search measured it) and the *composite* of the best
 sub-region choices (disjoint regions, each compiled alone, the rest eager, predicted from their
 measured savings). All are rebuilt (AOTInductor packages come from the artifact cache), checked
@@ -143,7 +144,10 @@ def choose_plan(s: Any, result: Any) -> None:
     root = best.get("")
     if root is not None and not root.candidate.is_baseline:
         plans[root.candidate.key] = {"": root.candidate}     # named as measured: <model>::aoti+freezing
-        for cand in runners_up(s.trials, root) + other_backends(s.trials, root):
+        # near ties are raced again, each rebuilt (a detector's torch.compile: minutes), unless the
+        # search's time budget is spent
+        again = [] if getattr(s, "stopped_by_time", False) else runners_up(s.trials, root) + other_backends(s.trials, root)
+        for cand in again:
             plans.setdefault(cand.key, {"": cand})
         for baseline in passing_runtime_defaults(s.trials, getattr(s, "runtime_defaults", [])):
             name = next((k for k, p in plans.items() if p == {"": baseline}), baseline.key)
