@@ -9,7 +9,9 @@ generates, and the version of a built region's call it was timed through,
 module, program, machine and shapes give the same key, so a second search reuses the measurement
 instead of repeating it, and a changed program is measured afresh.
 Records of other modules on the same machine feed the cost models' refit (TVM MetaSchedule style).
-Unreadable lines are skipped (a crash mid-write leaves at most one partial line).
+Unreadable lines are skipped (a crash mid-write leaves at most one partial line). A file whose
+lines are mostly superseded is rewritten with the latest record per key when it is next read
+(:data:`COMPACT_AFTER`).
 
 A measurement is recorded as :data:`STARTED` before it begins and its own record replaces that one.
 A native fault of a runtime ends the measuring process without an exception to catch (OpenVINO's
@@ -25,16 +27,22 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cuvil_pgc._fsutil import write_atomic
+
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "CUVIL_CACHE_DIR"
 RECORDS_FILE = "records.jsonl"
+#: a records file is rewritten with its latest record per key when it is read with more lines than
+#: that superseded (the journal writes 3-4 per candidate) and more than it has live records
+COMPACT_AFTER = 5000
 #: the status of a measurement that has begun and whose own record has not replaced this one yet
 STARTED = "started"
 #: the status of a started measurement its process left for a reason of its own (an interrupt, a
@@ -93,25 +101,67 @@ class RecordDB:
 
         self.directory.mkdir(parents=True, exist_ok=True)
         line = json.dumps(asdict(record), sort_keys=True) + "\n"
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                fh.write(line)
-                fh.flush()
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        while True:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                try:
+                    if _replaced(fh, self.path):     # compacted while this waited for the lock
+                        continue
+                    fh.write(line)
+                    fh.flush()
+                    break
+                finally:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
         self._load()[record.key] = record
 
     def _load(self) -> dict[tuple[str, str, str, str], Record]:
         if self._index is None:
-            self._index = {}
-            if self.path.exists():
-                with open(self.path, encoding="utf-8") as fh:
-                    for line in fh:
-                        record = _parse(line)
-                        if record is not None:
-                            self._index[record.key] = record   # the latest measurement wins
+            self._index, lines = _read(self.path)
+            if lines - len(self._index) > max(COMPACT_AFTER, len(self._index)):
+                self._compact()
         return self._index
+
+    def _compact(self) -> None:
+        """Rewrite the file with its latest record per key, under the lock appenders take (one
+        that waited for it appends to the new file, see :meth:`add`). A directory this process
+        cannot write keeps its file as it is."""
+        import fcntl
+
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                try:
+                    if _replaced(fh, self.path):
+                        return
+                    self._index, _ = _read(self.path)       # with what others appended meanwhile
+                    text = "".join(json.dumps(asdict(r), sort_keys=True) + "\n" for r in self._index.values())
+                    write_atomic(self.path, text.encode(), mode=stat.S_IMODE(os.fstat(fh.fileno()).st_mode))
+                finally:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+        except OSError as exc:
+            log.debug("cuvil-pgc: the records file %s is not compacted: %s", self.path, exc)
+
+
+def _read(path: Path) -> tuple[dict[tuple[str, str, str, str], Record], int]:
+    """The latest record per key in ``path``, and how many lines it has."""
+    index: dict[tuple[str, str, str, str], Record] = {}
+    lines = 0
+    if path.exists():
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                lines += 1
+                record = _parse(line)
+                if record is not None:
+                    index[record.key] = record   # the latest measurement wins
+    return index, lines
+
+
+def _replaced(fh: Any, path: Path) -> bool:
+    """Whether ``path`` is no longer the file ``fh`` has open (a compaction replaced it)."""
+    try:
+        return os.fstat(fh.fileno()).st_ino != os.stat(path).st_ino
+    except FileNotFoundError:
+        return True
 
 
 def this_process() -> dict[str, Any]:
