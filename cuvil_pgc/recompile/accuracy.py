@@ -122,6 +122,25 @@ def admits_rounding(reference: Any, dtype: Any, *, rtol: float | None = None, at
     return check_outputs(reference, torch.utils._pytree.tree_map(rounded, reference), rtol=rtol, atol=atol).ok
 
 
+def low_precision_left_out(reference: Any, precision: str, dtype: Any, backend: str, blind: float | None, *,
+                           rtol: float | None = None, atol: float | None = None) -> str:
+    """Why a program computing in ``precision`` (``dtype``) on ``backend`` cannot pass the guard on
+    ``reference``, or could only pass a guard that cannot see ("" when it may): every floating
+    output lies within atol of 0 (``blind``, :func:`blind_scale`), or the tolerances reject even
+    the outputs rounded once to that precision (:func:`admits_rounding`). That holds for autocast
+    programs, whose outputs carry the rounding; not for OpenVINO, whose CPU plugin keeps its
+    outputs and the layers it deems sensitive in f32 (unseen dwcnn: bf16 passes the default guard
+    that the outputs rounded to bf16 fail), so only the guard can tell."""
+    if blind is not None:
+        return (f"not built: every floating output of this scope lies within the accuracy guard's atol of 0 "
+                f"(the largest is {blind:.2g}), so the guard would pass any answer, zeros too; lower --atol "
+                f"below the outputs' scale to let {precision} compete")
+    if backend == "openvino" or admits_rounding(reference, dtype, rtol=rtol, atol=atol):
+        return ""
+    return (f"not built: the accuracy guard's tolerances reject the eager outputs rounded once to "
+            f"{precision}; widen --rtol/--atol to try {precision}")
+
+
 def blind_scale(reference: Any, *, rtol: float | None = None, atol: float | None = None) -> float | None:
     """The largest magnitude among ``reference``'s floating values where the guard would pass
     zeros in their place (every one lies within ``atol`` of 0, so the guard cannot tell any answer

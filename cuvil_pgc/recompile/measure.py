@@ -126,19 +126,47 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = DEFA
     if len(names) < 2:
         settle_s = 0.0
     sync = sync or _cuda_sync()
-    for name in names:
-        for _ in range(warmup):
-            fns[name]()
-    counts = {name: inner or calibrate_inner(fns[name]) for name in names}
-    if inner is None:   # one common count keeps every contender's sample equally long-lived
-        counts = dict.fromkeys(names, max(1, min(counts.values())))
-    out = {name: Samples(name) for name in names}
-    orders = balanced_orders(len(names))
-    for r in range(rounds):
-        for i in orders[r % len(orders)]:
-            _settle(fns[names[i]], settle_s, sync)
-            out[names[i]].seconds.append(_one_sample(fns[names[i]], counts[names[i]], sync))
+    current = names[0] if names else ""
+    try:
+        for current in names:
+            for _ in range(warmup):
+                fns[current]()
+        counts = {}
+        for current in names:
+            counts[current] = inner or calibrate_inner(fns[current])
+        if inner is None:   # one common count keeps every contender's sample equally long-lived
+            counts = dict.fromkeys(names, max(1, min(counts.values())))
+        out = {name: Samples(name) for name in names}
+        orders = balanced_orders(len(names))
+        for r in range(rounds):
+            for i in orders[r % len(orders)]:
+                current = names[i]
+                _settle(fns[current], settle_s, sync)
+                out[current].seconds.append(_one_sample(fns[current], counts[current], sync))
+    except Exception as exc:
+        exc.cuvil_contender = current     # which one raised, for time_surviving
+        raise
     return out
+
+
+def time_surviving(fns: Mapping[str, Callable[[], Any]], *, keep: tuple[str, ...] = ("eager",),
+                   timer: Callable[..., dict[str, Samples]] | None = None,
+                   **options: Any) -> tuple[dict[str, Samples], dict[str, str]]:
+    """``timer`` (:func:`time_interleaved`), leaving out a contender that raises (a program that
+    passed its check call and fails at a later one) and timing the others again; returns the
+    samples and, by contender, why each left out failed. One in ``keep`` that raises (eager: the
+    model's own error) is raised."""
+    fns, failed = dict(fns), {}
+    while len(fns) > 0:
+        try:
+            return (timer or time_interleaved)(fns, **options), failed
+        except Exception as exc:
+            name = getattr(exc, "cuvil_contender", None)
+            if name in keep or name not in fns:
+                raise
+            failed[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+            del fns[name]
+    return {}, failed
 
 
 def _settle(fn: Callable[[], Any], seconds: float, sync: Callable[[], None] | None) -> None:

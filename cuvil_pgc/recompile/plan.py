@@ -38,7 +38,7 @@ from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import apply_plan, realize
 from cuvil_pgc.recompile.candidates import Candidate
-from cuvil_pgc.recompile.measure import ratio_ci, time_interleaved
+from cuvil_pgc.recompile.measure import ratio_ci, time_interleaved, time_surviving
 from cuvil_pgc.recompile.realized import Realized
 
 log = logging.getLogger(__name__)
@@ -188,8 +188,15 @@ def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], bui
     contenders = {"eager": s.model, **{name: module for name, (_, module) in built.items()}}
     args = s.inputs
     with torch.no_grad():
-        samples = time_interleaved({k: (lambda m=m: m(*args)) for k, m in contenders.items()},
-                                   rounds=max(s.opt.rounds, FINAL_RACE_ROUNDS))
+        samples, failed = time_surviving({k: (lambda m=m: m(*args)) for k, m in contenders.items()},
+                                         timer=time_interleaved, rounds=max(s.opt.rounds, FINAL_RACE_ROUNDS))
+    for name, why in failed.items():     # passed its check call, raised at a later one
+        log.warning("cuvil-pgc: plan %s is left out: it raised while raced, after its check call passed: %s",
+                    name, why)
+        del built[name]
+        if not allow_eager:
+            raise RecompileError(f"the pinned plan raised while it was timed, after its check call passed: {why}",
+                                 fix="pin another configuration or run the search")
     medians = {k: v.median_s * 1e6 for k, v in samples.items()}
     winner = _confident(min((k for k in medians if allow_eager or k != "eager"), key=medians.get), defaults, samples)
     if getattr(s.opt, "deployed_race", False):

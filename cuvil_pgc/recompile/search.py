@@ -52,7 +52,12 @@ from cuvil_pgc._progress import Progress, show_best, stage
 from cuvil_pgc._structure import recorded_writes, settings_digest, weights_digest, written_under
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
-from cuvil_pgc.recompile.accuracy import admits_rounding, blind_scale, check_outputs, float32_references
+from cuvil_pgc.recompile.accuracy import (
+    blind_scale,
+    check_outputs,
+    float32_references,
+    low_precision_left_out,
+)
 from cuvil_pgc.recompile.apply import LOW_PRECISION_DTYPES, ScopeInputs, capture_scope_inputs, realize
 from cuvil_pgc.recompile.candidates import (
     Candidate,
@@ -65,7 +70,7 @@ from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
 from cuvil_pgc.recompile.export_error import ExportError, exporter_of_reason
 from cuvil_pgc.recompile.features import add_rnn_time, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
-from cuvil_pgc.recompile.measure import median, time_interleaved
+from cuvil_pgc.recompile.measure import median, time_interleaved, time_surviving
 from cuvil_pgc.recompile.other_shapes import BACKENDS as OTHER_SIZE_BACKENDS
 from cuvil_pgc.recompile.padding import padding_of
 from cuvil_pgc.recompile.realized import first_fallback
@@ -159,30 +164,11 @@ class _Search:
             self.records = SearchRecords(self.db, self.machine_key, self.structures, self.settings, self.weights,
                                          self.scope_inputs)
         space = generate_space(chosen, self.opt.device, self.opt.backends)
-        why = {c.key: self._precision_left_out(c) for c in space if c.precision != "fp32"}
+        why = {c.key: low_precision_left_out(self.refs[c.scope], c.precision, LOW_PRECISION_DTYPES[c.precision],
+                                             c.backend, self.blind[c.scope], rtol=self.opt.rtol, atol=self.opt.atol)
+               for c in space if c.precision != "fp32"}
         self.left_out = [(c, why[c.key]) for c in space if why.get(c.key)]
         return [c for c in space if not why.get(c.key)]
-
-    def _precision_left_out(self, cand: Candidate) -> str:
-        """Why a low-precision candidate cannot pass the accuracy guard, or could only pass a guard
-        that cannot see ("" when it may): every floating output of the scope lies within atol of 0
-        (:func:`~.accuracy.blind_scale`), or the
-        tolerances reject even the scope's eager outputs rounded once to that precision. That holds
-        for autocast programs, whose outputs carry the rounding; not for OpenVINO, whose CPU plugin
-        keeps its outputs and the layers it deems sensitive in f32 (unseen dwcnn: bf16 passes the
-        default guard that the outputs rounded to bf16 fail), so only the guard can tell."""
-        scale = self.blind[cand.scope]
-        if scale is not None:
-            return (f"not built: every floating output of this scope lies within the accuracy guard's atol of 0 "
-                    f"(the largest is {scale:.2g}), so the guard would pass any answer, zeros too; lower --atol "
-                    f"below the outputs' scale to let {cand.precision} compete")
-        if cand.backend == "openvino":
-            return ""
-        low = LOW_PRECISION_DTYPES[cand.precision]
-        if admits_rounding(self.refs[cand.scope], low, rtol=self.opt.rtol, atol=self.opt.atol):
-            return ""
-        return (f"not built: the accuracy guard's tolerances reject the eager outputs rounded once to "
-                f"{cand.precision}; widen --rtol/--atol to try {cand.precision}")
 
     def _module(self, scope: str) -> Any:
         return self.modules[scope] if scope else self.model
@@ -401,7 +387,12 @@ class _Search:
         if self.records is not None:      # a fault from here on is one of the new candidates'
             self.records.timing([self.trials[key].candidate for key in new])
         with torch.no_grad():
-            samples = time_interleaved(contenders, rounds=self.opt.rounds)
+            samples, failed = time_surviving(contenders, timer=time_interleaved, rounds=self.opt.rounds)
+        for key, why in failed.items():
+            self._failed_timing(scope, key, why)
+        new = [key for key in new if key not in failed]
+        contenders = {key: fn for key, fn in contenders.items() if key not in failed}
+        incumbent = incumbent if incumbent is not None and incumbent[0] not in failed else None
         eager = samples["eager"].median_s * 1e6
         first = scope not in self.eager_runs
         self.eager_runs.setdefault(scope, []).append(eager)
@@ -421,8 +412,21 @@ class _Search:
             trial.measured_us = trial.ratio * feats.eager_us
             self._record(trial, scope, feats.eager_us)
         self._rescale(scope)
-        best = min((key for key in contenders if key != "eager"), key=lambda key: self.trials[key].ratio)
-        self.incumbents[scope] = (best, contenders[best])    # the fastest built so far, for the next runs
+        if len(contenders) > 1:
+            best = min((key for key in contenders if key != "eager"), key=lambda key: self.trials[key].ratio)
+            self.incumbents[scope] = (best, contenders[best])    # the fastest built so far, for the next runs
+
+    def _failed_timing(self, scope: str, key: str, why: str) -> None:
+        """``key``'s program passed its check call and raised at a later one, while timed: it is
+        rejected (the incumbent too, which an earlier batch measured), and the others were timed
+        without it (:func:`~.measure.time_surviving`)."""
+        trial = self.trials[key]
+        trial.status, trial.measured_us, trial.ratio = "compile_error", None, None
+        trial.reason = f"raised while it was timed, after its check call passed: {why}"
+        log.warning("cuvil-pgc: %s is left out: it %s", key, trial.reason)
+        if self.incumbents.get(scope, ("",))[0] == key:
+            del self.incumbents[scope]
+        self._record(trial, scope, None)
 
     def _note_unexportable(self, cand: Candidate, reason: str) -> None:
         """An exporter failed on ``cand``'s module (rewritten or not): remember why, once per scope."""
