@@ -1,7 +1,8 @@
 """Profile-guided plan search: rank candidates with the cost models, measure the best few.
 
 Contract of :func:`search`: it never crashes on a bad candidate. A candidate that fails to
-compile or export is rejected as ``compile_error``, one whose outputs differ from eager beyond
+compile or export, or raises at a later call while it is timed, is rejected as ``compile_error``,
+one whose outputs differ from eager beyond
 the tolerances as ``accuracy_error``, each with its reason; once an exporter (torch.export,
 torch.onnx.export, openvino.convert_model, torch_tensorrt.compile) fails on a scope's module, the
 scope's other candidates through that exporter (AOTInductor; ONNX Runtime and OpenVINO; ...) are
