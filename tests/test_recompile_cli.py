@@ -77,7 +77,7 @@ def test_recompile_cli_errors_are_one_line(tmp_path, capsys):
     assert done.value.code == 1 and len(err) == 1 and "nope.trace.json" in err[0]
 
 
-def test_recompile_cli_passes_dynamic_to_the_build(trace, tmp_path, monkeypatch, capsys):
+def test_recompile_cli_passes_its_options_to_the_build(trace, tmp_path, monkeypatch, capsys):
     from cuvil_pgc.errors import RecompileError
     from cuvil_pgc.recompile import build
 
@@ -88,8 +88,9 @@ def test_recompile_cli_passes_dynamic_to_the_build(trace, tmp_path, monkeypatch,
         raise RecompileError("stopped here by the test")
     monkeypatch.setattr(build, "recompile", fake_recompile)
     spec = f"{os.path.abspath(__file__)}:step"
-    for flags, dynamic in (([], False), (["--dynamic"], True)):
+    for flags, dynamic, seconds in (([], False, None), (["--dynamic"], True, None),
+                                    (["--time-budget", "20m"], False, 1200.0)):
         with pytest.raises(SystemExit):
             main(["recompile", trace, "--model", spec, "-o", str(tmp_path / "d.cuvilpkg"), "-q", *flags])
-        assert seen.pop("dynamic") is dynamic
+        assert seen.pop("dynamic") is dynamic and seen.pop("time_budget") == seconds
     assert "stopped here by the test" in capsys.readouterr().err
