@@ -248,3 +248,17 @@ def test_a_runtime_program_that_checks_its_computed_indices_makes_the_plan_forma
     written = Plan.from_json(doc).to_json()
     assert written["format"] == 5
     assert getattr(Plan.from_json(written).choices[0], where)["index_checks"] == "in-program"
+
+
+def test_a_search_stopped_by_its_time_budget_says_so_in_the_plan_the_report_and_the_cli():
+    from cuvil_pgc.viewer._run_sections import plan_section
+    from cuvil_pgc.viewer.console_recompile import plan_view
+
+    why = "the search's time budget (5 min) is spent after 16 measurement(s)"
+    plan = Plan.from_json({**json.loads(json.dumps(FORMAT_1)), "format": 2, "stopped": why})
+    assert plan.stopped == why and plan.to_json()["stopped"] == why
+    assert f"measured 7 of 24 candidates, 1 from records ({why})" in " ".join(plan_view(plan).caption.split())
+    assert f"stopped: {why}" in plan_section(plan, None, False).replace("&#x27;", "'")
+    unstopped = Plan.from_json(FORMAT_1)
+    assert unstopped.stopped == "" and "stopped" not in unstopped.to_json()      # absent when it did not stop
+    assert "stopped" not in plan_section(unstopped, None, False)

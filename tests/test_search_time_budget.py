@@ -69,6 +69,7 @@ def test_no_build_begins_once_the_time_is_spent(builds, caplog):
                                       if t.status == "ok" and not t.candidate.is_baseline}
     spent = [r for r in caplog.records if "time budget (150 s) is spent" in r.getMessage()]
     assert len(spent) == 1       # said once
+    assert result.stopped == "the search's time budget (150 s) is spent after 3 measurement(s)"    # eager's too
     # the plan measured is raced and built; its near ties (both builds are eager's here) are not
     # rebuilt to race again, as they are when the budget is not spent
     assert result.module is not None and len([k for k in result.final_medians_us if k.startswith("<model>::")]) == 1
@@ -82,6 +83,7 @@ def test_a_budget_not_spent_changes_nothing(builds):
     """With time to spare the candidate count stops the search, and says so."""
     result = _search(10**6, budget=3, backends=("compile",))
     assert builds and {t.reason for t in _unmeasured(result)} == {"ranked below the measured candidates (budget)"}
+    assert result.stopped == ""
     assert len([k for k in result.final_medians_us if k.startswith("<model>::")]) > 1     # the tie raced again
 
 

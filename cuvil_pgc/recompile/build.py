@@ -79,7 +79,8 @@ class Build:
                 "speedup_vs_eager": plan.speedup_vs_eager, "baseline_ms": plan.baseline_ms,
                 "plan_ms": plan.plan_ms, "stale": plan.stale, "runtime_defaults": plan.runtime_defaults,
                 "unloadable": plan.unloadable, "final_medians_ms": plan.final_medians_ms,
-                "deployed_medians_ms": plan.deployed_medians_ms, "threads": self.threads}
+                "deployed_medians_ms": plan.deployed_medians_ms, "threads": self.threads,
+                **({"stopped": plan.stopped} if plan.stopped else {})}
 
 
 # ----------------------------------------------------------------------------- recompile

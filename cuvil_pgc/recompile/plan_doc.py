@@ -14,7 +14,8 @@
      "measured_candidates", "reused_records", "space_size", "baseline_ms", "plan_ms", "speedup_vs_eager",
      "final_medians_ms", "deployed_medians_ms",
      "runtime_defaults": [{"config", "measured_ms", "status", "reason"}],
-     "unloadable": {plan: why a fresh process could not load and run it} (absent when empty)}
+     "unloadable": {plan: why a fresh process could not load and run it} (absent when empty),
+     "stopped": why the search stopped before its budget, e.g. its time budget (absent when it did not)}
 
 Format 1 (still read) is the same without ``runtime_defaults``, and its TensorRT choices carry the
 engine's GPU and TensorRT version in ``runtime`` (format 2 records them in the manifest, see
@@ -297,6 +298,8 @@ class Plan:
     runtime_defaults: list[dict[str, Any]] = field(default_factory=list)
     #: plans that won a race but did not ship: why a fresh process could not load and run them
     unloadable: dict[str, str] = field(default_factory=dict)
+    #: why the search stopped before its budget of measurements ("": it did not; ``recompile --time-budget``)
+    stopped: str = ""
     #: a decoding step's layout (:class:`~.cache_step.StepLayout`): the plan is for the model's call
     #: with its cache opened (empty: for the model's call as it is)
     cache_step: dict[str, Any] = field(default_factory=dict)
@@ -319,7 +322,7 @@ class Plan:
                              *([PREFILL_FORMAT] if (self.cache_step or {}).get("prefill") else [])])
         doc["choices"] = [c.to_json() for c in self.choices]
         doc["regions"] = [r.to_json() for r in self.regions]
-        for name in ("deployed_medians_ms", "unloadable", "cache_step"):    # added within format 2: absent when empty
+        for name in ("deployed_medians_ms", "unloadable", "cache_step", "stopped"):    # added within format 2: absent when empty
             if not doc[name]:
                 del doc[name]
         return _with_extra(doc, self.extra)
@@ -351,7 +354,8 @@ class Plan:
                    speedup_vs_eager=_number(known.get("speedup_vs_eager")), final_medians_ms=medians,
                    deployed_medians_ms=deployed, runtime_defaults=[d for d in _list(known.get("runtime_defaults")) if isinstance(d, dict)],
                    unloadable={_text(k): _text(v) for k, v in _dict(known.get("unloadable")).items()},
-                   cache_step=_dict(known.get("cache_step")), format=fmt, extra=extra)
+                   stopped=_text(known.get("stopped")), cache_step=_dict(known.get("cache_step")), format=fmt,
+                   extra=extra)
 
 
 # ----------------------------------------------------------------------------- from a search
@@ -393,6 +397,7 @@ def plan_document(result: Any, *, device: str, model_hash: str, rtol: float | No
         deployed_medians_ms={k: _ms(v) for k, v in getattr(result, "deployed_medians_us", {}).items()},
         runtime_defaults=[t.to_json() for t in getattr(result, "runtime_defaults", [])],
         unloadable=dict(getattr(result, "unloadable", {})),
+        stopped=getattr(result, "stopped", ""),
         cache_step=cache_step or {},
     )
 

@@ -276,9 +276,15 @@ class _Search:
         spent = self.opt.time_budget is not None and self.opt.time_budget.spent
         if spent and not self.stopped_by_time:
             self.stopped_by_time = True
-            log.warning("cuvil-pgc: the search's time budget (%s) is spent after %d measurement(s): the plan is "
-                        "chosen from what was measured", duration_text(self.opt.time_budget.seconds), self.measured)
+            log.warning("cuvil-pgc: %s: the plan is chosen from what was measured", self.stop_reason())
         return spent
+
+    def stop_reason(self) -> str:
+        """Why the search stopped early ("" when it did not)."""
+        if not self.stopped_by_time:
+            return ""
+        return (f"the search's time budget ({duration_text(self.opt.time_budget.seconds)}) is spent after "
+                f"{self.measured} measurement(s)")
 
     def _cap(self) -> int:
         """The most measurements now (:func:`~.search_policy.budget_cap`; a budget the user set is
@@ -585,7 +591,7 @@ def search(model: Any, example_inputs: tuple[Any, ...], analysis: Analysis | Non
                               weights=s.weights, measured=s.measured,
                               reused=s.reused, space_size=len(space), machine=machine_key,
                               runtime_defaults=[s.trials[c.key] for c in s.runtime_defaults if c.key in s.trials],
-                              baselines_measured=s.baselines_measured)
+                              baselines_measured=s.baselines_measured, stopped=s.stop_reason())
         torch._dynamo.reset()
         stage(progress, "racing the plan against eager")
         choose_plan(s, result)

@@ -85,6 +85,8 @@ class SearchResult:
     baselines_measured: int = 0
     #: plans that won a race but did not ship: why a fresh process could not load and run them
     unloadable: dict[str, str] = field(default_factory=dict)
+    #: why the search stopped before its budget of measurements ("": it did not)
+    stopped: str = ""
 
     @property
     def speedup(self) -> float:

@@ -150,7 +150,8 @@ def _plan_facts(plan: Plan, build: dict[str, Any]) -> list[tuple[str, str]]:
               ("Whole model", text(f"eager {fmt_ms(plan.baseline_ms)} → plan {fmt_ms(plan.plan_ms)}"
                                    + (f", speedup {speed:.2f}×" if speed is not None else ""))),
               ("Search", text(f"{plan.measured_candidates} candidates measured of a space of "
-                              f"{plan.space_size}, {plan.reused_records} reused records")),
+                              f"{plan.space_size}, {plan.reused_records} reused records"
+                              + (f"; stopped: {plan.stopped}" if plan.stopped else ""))),
               ("Accuracy tolerances", text(_tolerances(plan.tolerances)))]
     return pairs
 

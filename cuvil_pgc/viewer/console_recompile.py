@@ -33,7 +33,8 @@ def plan_view(plan: Plan, path: str | None = None) -> TableView:
     stale = ", ".join(str(s.get("path")) for s in plan.stale) or "none"
     caption = (f"whole model: eager {_ms(plan.baseline_ms)} ms → {_ms(plan.plan_ms)} ms "
                f"({fmt_speedup(plan.speedup_vs_eager)}); measured {plan.measured_candidates} of "
-               f"{plan.space_size} candidates, {plan.reused_records} from records; stale regions: {stale}"
+               f"{plan.space_size} candidates, {plan.reused_records} from records"
+               + (f" ({plan.stopped})" if plan.stopped else "") + f"; stale regions: {stale}"
                + _runtime_defaults(plan) + _final_race(plan) + _deployed(plan) + _unloadable(plan))
     return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
 
