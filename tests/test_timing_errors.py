@@ -6,6 +6,7 @@ with the candidate's exception."""
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -75,7 +76,7 @@ def _mlp():
 
 def test_the_search_rejects_a_candidate_that_raises_while_timed_and_goes_on(monkeypatch, caplog):
     """Every build is the scope's eager module; the whole model's first compile candidate raises
-    once the search times it."""
+    once the search times it (an exhaustive search: every candidate is built)."""
     timing, victim = [], []
     real = search_mod.realize
 
@@ -89,7 +90,7 @@ def test_the_search_rejects_a_candidate_that_raises_while_timed_and_goes_on(monk
     monkeypatch.setattr(search_mod, "realize", realize)
     _timed_as(search_mod, "search", timing, monkeypatch)
     model, inputs = _mlp()
-    options = SearchOptions(budget=4, backends=("compile",), rounds=3, deployed_race=False, use_records=False)
+    options = SearchOptions(exhaustive=True, backends=("compile",), rounds=3, deployed_race=False, use_records=False)
     with caplog.at_level(logging.WARNING, logger="cuvil_pgc"):
         result = search_mod.search(model, inputs, None, options=options)
     (key,) = victim
@@ -116,10 +117,15 @@ def test_the_final_race_leaves_out_a_plan_that_raises_while_raced(monkeypatch, c
 
     monkeypatch.setattr(plan, "realize", rebuild)
     _timed_as(plan, "race", timing, monkeypatch)
+    # the search times every build at half eager's time (its builds are eager's: real timings would
+    # leave it to chance whether a plan beats eager and races at all)
+    monkeypatch.setattr(search_mod, "time_interleaved", lambda fns, **kw: {
+        key: SimpleNamespace(median_s=1e-4 if key == "eager" else 5e-5) for key in fns})
     model, inputs = _mlp()
     options = SearchOptions(exhaustive=True, backends=("compile",), rounds=3, deployed_race=False, use_records=False)
     with caplog.at_level(logging.WARNING, logger="cuvil_pgc"):
         result = search_mod.search(model, inputs, None, options=options)
-    assert set(result.final_medians_us) == {"eager"} and result.choices == {} and result.module is model
+    raced = [line for line in caplog.text.splitlines() if "raised while raced" in line]
+    assert raced and set(result.final_medians_us) == {"eager"} and result.choices == {} and result.module is model
     assert "it raised while raced, after its check call passed: RuntimeError: failed while the race timed it" \
         in caplog.text
