@@ -99,12 +99,22 @@ def parse_size(text: str, name: str = CACHE_MAX_ENV) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration_seconds(text: str, units: str = "smhdw", bare: bool = False) -> float | None:
+    """``45m`` -> 2700.0: a number and one of ``units`` (seconds, minutes, hours, days, weeks), or
+    where ``bare`` a number alone, in seconds; None when ``text`` is not such a duration."""
+    m = re.fullmatch(rf"\s*(\d+(?:\.\d+)?)\s*([{units}]{'?' if bare else ''})\s*", text.lower())
+    return float(m.group(1)) * _SECONDS[m.group(2) or "s"] if m else None
+
+
 def parse_age(text: str) -> float:
     """``30d`` / ``12h`` / ``45m`` / ``90s`` -> seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
-    if not m:
+    seconds = duration_seconds(text)
+    if seconds is None:
         raise ConfigError(f"--older-than {text!r} is not an age", fix="write e.g. 30d, 12h or 45m")
-    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
+    return seconds
 
 
 def max_bytes() -> int:

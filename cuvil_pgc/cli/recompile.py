@@ -185,10 +185,10 @@ def _backends(value: str | None) -> tuple[str, ...] | None:
 
 def _duration(value: str, option: str) -> float:
     """Seconds of ``90``, ``90s``, ``20m``, ``1.5h``."""
+    from cuvil_pgc._cache import duration_seconds
     from cuvil_pgc.errors import ConfigError
 
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh]?)\s*", value.lower())
-    seconds = float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]] if match else 0.0
+    seconds = duration_seconds(value, "smh", bare=True) or 0.0
     if seconds <= 0:
         raise ConfigError(f"{option} {value!r} is not a positive duration", fix="give seconds or 90s, 20m, 1h")
     return seconds
