@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cuvil_pgc.recompile._stderr import first_line
+
 #: a sample should last at least this long so the timer's resolution does not matter, and not much
 #: longer: on a shared machine a short sample is less likely to contain a preemption
 MIN_SAMPLE_S = 0.0005
@@ -164,7 +166,7 @@ def time_surviving(fns: Mapping[str, Callable[[], Any]], *, keep: tuple[str, ...
             name = getattr(exc, "cuvil_contender", None)
             if name in keep or name not in fns:
                 raise
-            failed[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+            failed[name] = f"{type(exc).__name__}: {first_line(str(exc))}"
             del fns[name]
     return {}, failed
 

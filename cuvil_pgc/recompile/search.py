@@ -84,7 +84,6 @@ from cuvil_pgc.recompile.search_policy import (
     batch_order,
     budget_cap,
     default_budget,
-    duration_text,
     prediction_spread,
     untried_remedy,
 )
@@ -281,10 +280,7 @@ class _Search:
 
     def stop_reason(self) -> str:
         """Why the search stopped early ("" when it did not)."""
-        if not self.stopped_by_time:
-            return ""
-        return (f"the search's time budget ({duration_text(self.opt.time_budget.seconds)}) is spent after "
-                f"{self.measured} measurement(s)")
+        return self.opt.time_budget.stopped_after(self.measured) if self.stopped_by_time else ""
 
     def _cap(self) -> int:
         """The most measurements now (:func:`~.search_policy.budget_cap`; a budget the user set is

@@ -61,6 +61,10 @@ class TimeBudget:
         """The reason given to the candidates left unmeasured."""
         return f"not measured: the search's time budget ({duration_text(self.seconds)}) was spent"
 
+    def stopped_after(self, measured: int) -> str:
+        """Why the search stopped, once it has (:attr:`~.trials.SearchResult.stopped`)."""
+        return f"the search's time budget ({duration_text(self.seconds)}) is spent after {measured} measurement(s)"
+
 
 def duration_text(seconds: float) -> str:
     """``250 s``, ``20 min``, ``2 h``: the largest unit that gives a whole number."""
