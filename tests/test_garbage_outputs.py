@@ -66,7 +66,7 @@ def test_a_search_marks_garbage_and_the_next_search_checks_the_candidate_again(t
         built.append(cand.key)
         return Realized(Garbage(module) if cand.backend == "openvino" else module)
 
-    monkeypatch.setattr(search_mod, "realize", fake_realize)
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", fake_realize)
     monkeypatch.setattr(plan_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
     monkeypatch.setattr(runtimes, "openvino_native_bf16", lambda: False)
     db = RecordDB(tmp_path / "rec")

@@ -117,7 +117,7 @@ def test_the_search_keeps_a_candidate_that_differs_at_padded_positions_alone(mon
         def fake_realize(module, cand, inputs, where=where, **kw):
             return Realized(PadsItsOwnWay(module, where) if not cand.scope else module)
 
-        monkeypatch.setattr(search_mod, "realize", fake_realize)
+        monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", fake_realize)
         monkeypatch.setattr(plan_mod, "realize", fake_realize)
         options = SearchOptions(budget=2, backends=("ort",), rounds=3, deployed_race=False)
         result = search_mod.search(model, (x["input_ids"], x["attention_mask"]), None, options=options,

@@ -37,7 +37,7 @@ def _faked_search(monkeypatch, progress, budget: int) -> None:
     def fake_time(fns, rounds):
         return {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns}
 
-    monkeypatch.setattr(search_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", lambda module, cand, inputs, **kw: Realized(module))
     monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
     model, inputs = chain()
     search(model, inputs, Analysis(regions=[stats("model", "launch_overhead", module="Chain")]),

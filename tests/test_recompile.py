@@ -335,12 +335,11 @@ def test_guard_rejects_a_broken_rewrite_with_the_reason(tmp_path, monkeypatch):
 
 
 def test_compile_failure_is_rejected_not_raised(monkeypatch):
-    import cuvil_pgc.recompile.search as search_mod
 
     def explode(*a, **k):
         raise RuntimeError("inductor exploded\nmore")
 
-    monkeypatch.setattr(search_mod, "realize", explode)
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", explode)
     model, inputs = chain()
     an = Analysis(regions=[stats("model", "launch_overhead", module="Chain")])
     result = search(model, inputs, an, options=SearchOptions(budget=3, backends=("compile",), rounds=5),
@@ -487,7 +486,7 @@ def test_an_incumbent_that_fails_later_is_dropped_not_raised(monkeypatch):
             fn()
         return {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns}
 
-    monkeypatch.setattr(search_mod, "realize", realize)
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", realize)
     monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
     model, inputs = chain()
     an = Analysis(regions=[stats("model", "launch_overhead", module="Chain")])
@@ -666,7 +665,7 @@ def test_low_precision_candidates_are_built_only_where_the_tolerances_can_pass(m
     from cuvil_pgc.recompile.realized import Realized
 
     built = []
-    monkeypatch.setattr(search_mod, "realize",
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize",
                         lambda module, cand, inputs, **kw: built.append(cand.config) or Realized(module))
     monkeypatch.setattr(search_mod, "time_interleaved",
                         lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
@@ -944,7 +943,7 @@ def test_a_small_space_times_one_candidate_and_one_more_when_the_top_ranked_one_
             raise RuntimeError("this candidate does not compile")
         return Realized(module)
 
-    monkeypatch.setattr(search_mod, "realize", realize)
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", realize)
     monkeypatch.setattr(search_mod, "time_interleaved",
                         lambda fns, rounds: {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns})
     model, inputs = chain()
@@ -957,7 +956,7 @@ def test_a_small_space_times_one_candidate_and_one_more_when_the_top_ranked_one_
     def nothing_compiles(*args, **kwargs):
         raise RuntimeError("nothing compiles")
 
-    monkeypatch.setattr(search_mod, "realize", nothing_compiles)
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", nothing_compiles)
     with_budget = search(model, inputs, an, machine_key="m",
                          options=SearchOptions(budget=2, backends=("aoti",), rounds=5, deployed_race=False))
     assert with_budget.measured == 2           # a budget the user set is not stretched by a failure
@@ -1102,6 +1101,7 @@ def fake_builds_and_timing(monkeypatch, search_timing=None):
     for tests of what the search measures, in what order, and what it reuses, which compiling and
     timing for real would only slow down (an AOTInductor build and a final race of hundreds of
     rounds per search)."""
+    import cuvil_pgc.recompile.checked_build as checked_build
     import cuvil_pgc.recompile.plan as plan_mod
     import cuvil_pgc.recompile.search as search_mod
     from cuvil_pgc.recompile.measure import Samples
@@ -1110,7 +1110,7 @@ def fake_builds_and_timing(monkeypatch, search_timing=None):
     def half_of_eager(fns, rounds):
         return {k: Samples(k, [1e-3 if k == "eager" else 5e-4]) for k in fns}
 
-    for mod in (search_mod, plan_mod):
+    for mod in (checked_build, plan_mod):
         monkeypatch.setattr(mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
     monkeypatch.setattr(search_mod, "time_interleaved", search_timing or half_of_eager)
     monkeypatch.setattr(plan_mod, "time_interleaved", half_of_eager)

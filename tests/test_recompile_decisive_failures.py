@@ -57,7 +57,7 @@ def test_the_siblings_of_a_decisive_failure_are_not_built_and_the_rewrite_is(mon
         built.append(cand.key)
         return Realized(Off(module) if cand.backend == "openvino" and not cand.rewrite else module)
 
-    monkeypatch.setattr(search_mod, "realize", fake_realize)
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", fake_realize)
     monkeypatch.setattr(runtimes, "openvino_native_bf16", lambda: False)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv1d(4, 8, 3), nn.BatchNorm1d(8)).eval()      # a conv+BN fold: a rewrite

@@ -870,7 +870,6 @@ def test_the_search_measures_the_whole_model_on_each_runtime_at_its_defaults_fir
 def _faked_builds(monkeypatch) -> list[str]:
     """Builds faked at the seam (every candidate runs the eager module); the keys built, in order."""
     from cuvil_pgc.recompile import plan as plan_mod
-    from cuvil_pgc.recompile import search as search_mod
     from cuvil_pgc.recompile.realized import Realized
 
     built: list[str] = []
@@ -879,7 +878,7 @@ def _faked_builds(monkeypatch) -> list[str]:
         built.append(cand.key)
         return Realized(module)
 
-    monkeypatch.setattr(search_mod, "realize", fake_realize)
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", fake_realize)
     monkeypatch.setattr(plan_mod, "realize", lambda module, cand, inputs, **kw: Realized(module))
     return built
 
@@ -912,7 +911,7 @@ def test_openvino_in_bf16_is_a_runtime_default_where_the_cpu_runs_it_and_the_gua
         built.append(cand.key)
         return Realized(Rounded(module) if cand.precision == "bf16" else module)
 
-    monkeypatch.setattr(search_mod, "realize", fake_realize)
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", fake_realize)
     monkeypatch.setattr(plan_mod, "realize", fake_realize)      # the final plans: no AOTInductor compile
     monkeypatch.setattr(runtimes, "openvino_native_bf16", lambda: native)
     bf16 = "<model>::openvino+bf16"

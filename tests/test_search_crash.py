@@ -33,6 +33,7 @@ import json, os, signal, sys, time
 import torch
 from torch import nn
 from cuvil_pgc.cli._terminate import terminated_as_exit
+from cuvil_pgc.recompile import checked_build
 from cuvil_pgc.recompile import search as search_mod
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.records import RecordDB
@@ -40,7 +41,7 @@ from cuvil_pgc.recompile.trials import SearchOptions
 
 dies, records, how = int(sys.argv[1]), sys.argv[2], getattr(signal, sys.argv[3])
 dies_timed = sys.argv[4] if len(sys.argv) > 4 else None   # the candidate whose timing ends the process
-built, real, real_time = [], search_mod.realize, search_mod.time_interleaved
+built, real, real_time = [], checked_build.realize, search_mod.time_interleaved
 
 def realize(module, cand, *args, **kwargs):
     built.append(cand.key)
@@ -59,7 +60,7 @@ def time_interleaved(contenders, **kwargs):
         time.sleep(60)
     return real_time(contenders, **kwargs)
 
-search_mod.realize, search_mod.time_interleaved = realize, time_interleaved
+checked_build.realize, search_mod.time_interleaved = realize, time_interleaved
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
 options = SearchOptions(budget=4, backends=("ort", "openvino"), rounds=3, deployed_race=False)
@@ -154,7 +155,7 @@ def _search(tmp_path, realize):
     model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
     options = SearchOptions(budget=4, backends=("ort",), rounds=3, deployed_race=False)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(search_mod, "realize", realize)
+        mp.setattr("cuvil_pgc.recompile.checked_build.realize", realize)
         return search_mod.search(model, (torch.randn(2, 16),), None, options=options,
                                  records=RecordDB(tmp_path / "records"), machine_key="m")
 

@@ -42,6 +42,7 @@ def fake_measurements(monkeypatch, eager_ms: dict[str, float], ms: dict[str, flo
     """Builds cost nothing; a candidate ``scope::config`` takes ``ms`` (else ``other`` x its scope's
     eager time; ``final_ms`` overrides it in the final race); a whole plan takes the model's eager
     time less what its regions save."""
+    import cuvil_pgc.recompile.checked_build as checked_build
     import cuvil_pgc.recompile.plan as plan_mod
     import cuvil_pgc.recompile.search as search_mod
 
@@ -73,7 +74,7 @@ def fake_measurements(monkeypatch, eager_ms: dict[str, float], ms: dict[str, flo
     def final_race(fns, rounds=25, **kw):        # whole plans
         return {k: Samples(k, [(eager_ms[""] if k == "eager" else plan_time(fn)) / 1e3]) for k, fn in fns.items()}
 
-    for mod in (search_mod, plan_mod):
+    for mod in (checked_build, plan_mod):
         monkeypatch.setattr(mod, "realize", realize)
     monkeypatch.setattr(search_mod, "time_interleaved", search_batch)
     monkeypatch.setattr(plan_mod, "time_interleaved", final_race)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc.cli import main
-from cuvil_pgc.recompile import runtimes, search_policy
+from cuvil_pgc.recompile import checked_build, runtimes, search_policy
 from cuvil_pgc.recompile import search as search_mod
 from cuvil_pgc.recompile.candidates import Candidate, is_runtime_default
 from cuvil_pgc.recompile.search_policy import TimeBudget
@@ -37,7 +37,7 @@ def _unmeasured(result):
 def builds(monkeypatch):
     """Each build advances the fake clock by BUILD_S and builds the scope's eager module (fast);
     the search's timings are faked too: every build runs in half eager's time."""
-    now, built, real = [0.0], [], search_mod.realize
+    now, built, real = [0.0], [], checked_build.realize
     monkeypatch.setattr(search_policy, "clock", lambda: now[0])
     monkeypatch.setattr(search_mod, "time_interleaved", lambda contenders, **kw: {
         key: SimpleNamespace(median_s=1e-4 if key == "eager" else 5e-5) for key in contenders})
@@ -47,7 +47,7 @@ def builds(monkeypatch):
         now[0] += BUILD_S
         return real(module, Candidate(cand.scope), *args, **kwargs)
 
-    monkeypatch.setattr(search_mod, "realize", realize)
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", realize)
     return built
 
 

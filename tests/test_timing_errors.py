@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from cuvil_pgc.recompile import measure, plan
+from cuvil_pgc.recompile import checked_build, measure, plan
 from cuvil_pgc.recompile import search as search_mod
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.measure import time_surviving
@@ -78,7 +78,7 @@ def test_the_search_rejects_a_candidate_that_raises_while_timed_and_goes_on(monk
     """Every build is the scope's eager module; the whole model's first compile candidate raises
     once the search times it (an exhaustive search: every candidate is built)."""
     timing, victim = [], []
-    real = search_mod.realize
+    real = checked_build.realize
 
     def realize(module, cand, *args, **kwargs):
         built = real(module, Candidate(cand.scope), *args, **kwargs)
@@ -87,7 +87,7 @@ def test_the_search_rejects_a_candidate_that_raises_while_timed_and_goes_on(monk
             built.module = Raising(built.module, timing, "search")
         return built
 
-    monkeypatch.setattr(search_mod, "realize", realize)
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", realize)
     _timed_as(search_mod, "search", timing, monkeypatch)
     model, inputs = _mlp()
     options = SearchOptions(exhaustive=True, backends=("compile",), rounds=3, deployed_race=False, use_records=False)
@@ -106,8 +106,8 @@ def test_the_search_rejects_a_candidate_that_raises_while_timed_and_goes_on(monk
 def test_the_final_race_leaves_out_a_plan_that_raises_while_raced(monkeypatch, caplog):
     """Every build is the scope's eager module; the plan the search chose raises once the final race
     times it: the race goes on without it."""
-    timing, real = [], search_mod.realize
-    monkeypatch.setattr(search_mod, "realize",
+    timing, real = [], checked_build.realize
+    monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize",
                         lambda module, cand, *a, **kw: real(module, Candidate(cand.scope), *a, **kw))
 
     def rebuild(module, cand, *args, **kwargs):

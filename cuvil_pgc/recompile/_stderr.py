@@ -50,3 +50,8 @@ def first_line(text: str, limit: int = 300) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     line = next((ln for ln in lines if not _LOCATION_ONLY.match(ln)), lines[0] if lines else "")
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def exception_line(exc: BaseException, limit: int = 300) -> str:
+    """``RuntimeError: <its first line>``: an exception as a reason names it."""
+    return f"{type(exc).__name__}: {first_line(str(exc), limit)}"

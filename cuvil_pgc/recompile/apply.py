@@ -30,7 +30,7 @@ from torch import nn
 from cuvil_pgc._cache import enforce_limit, touch
 from cuvil_pgc._eval_mode import eval_mode
 from cuvil_pgc._structure import settings_digest, weights_digest
-from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile._stderr import exception_line
 from cuvil_pgc.recompile.aoti_outputs import (
     TENSOR_OUTPUTS_KEY,
     TensorOutputs,
@@ -356,7 +356,7 @@ def export_program(prepared: nn.Module, inputs: ScopeInputs, *, free_sizes: bool
         # wrongly at batch 2, and the LSTM step's corrupted the heap ("double free or corruption")
         return torch.export.export(_Positional(prepared), inputs.args, dynamic_shapes=dynamic)
     except Exception as exc:
-        raise ExportError(f"torch.export failed: {type(exc).__name__}: {first_line(str(exc))}"
+        raise ExportError(f"torch.export failed: {exception_line(exc)}"
                           f"{torch_export_note(prepared)}") from exc
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile._stderr import exception_line
 
 #: a sample should last at least this long so the timer's resolution does not matter, and not much
 #: longer: on a shared machine a short sample is less likely to contain a preemption
@@ -166,7 +166,7 @@ def time_surviving(fns: Mapping[str, Callable[[], Any]], *, keep: tuple[str, ...
             name = getattr(exc, "cuvil_contender", None)
             if name in keep or name not in fns:
                 raise
-            failed[name] = f"{type(exc).__name__}: {first_line(str(exc))}"
+            failed[name] = exception_line(exc)
             del fns[name]
     return {}, failed
 

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from cuvil_pgc._example_inputs import forward_parameters
-from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile._stderr import exception_line
 from cuvil_pgc.recompile.apply import ScopeInputs
 from cuvil_pgc.recompile.call_binding import CAPTURED_VALUES, bind_call, keyword_count
 from cuvil_pgc.recompile.free_size_programs import aoti_program, batch_of_two, program_runner, runtime_program
@@ -248,7 +248,7 @@ def _checked_program(module: nn.Module, prepared: nn.Module, cand: Any, inputs: 
     except (ExportError, OtherShapesError):
         raise
     except Exception as exc:
-        raise OtherShapesError(f"{type(exc).__name__}: {first_line(str(exc), 200)}") from exc
+        raise OtherShapesError(exception_line(exc, 200)) from exc
     if not any(name for sizes in free for name in sizes):
         raise OtherShapesError("the exporter fixed every input dimension (the program allows no other sizes)")
     free = _at_positions(inputs.args, free)

@@ -52,14 +52,9 @@ import torch
 from cuvil_pgc._progress import Progress, show_best, stage
 from cuvil_pgc._structure import recorded_writes, settings_digest, weights_digest, written_under
 from cuvil_pgc.errors import RecompileError
-from cuvil_pgc.recompile._stderr import Captured, first_line, native_stderr
-from cuvil_pgc.recompile.accuracy import (
-    blind_scale,
-    check_outputs,
-    float32_references,
-    low_precision_left_out,
-)
-from cuvil_pgc.recompile.apply import LOW_PRECISION_DTYPES, ScopeInputs, capture_scope_inputs, realize
+from cuvil_pgc.recompile._stderr import exception_line
+from cuvil_pgc.recompile.accuracy import blind_scale, float32_references, low_precision_left_out
+from cuvil_pgc.recompile.apply import LOW_PRECISION_DTYPES, capture_scope_inputs
 from cuvil_pgc.recompile.candidates import (
     Candidate,
     ScopeFeatures,
@@ -67,14 +62,13 @@ from cuvil_pgc.recompile.candidates import (
     generate_space,
     is_runtime_default,
 )
+from cuvil_pgc.recompile.checked_build import build_checked
 from cuvil_pgc.recompile.cost_models import MachineFigures, PlanCostModel
-from cuvil_pgc.recompile.export_error import ExportError, exporter_of_reason
+from cuvil_pgc.recompile.export_error import ExportError
 from cuvil_pgc.recompile.features import add_rnn_time, root_labels, scope_features
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved, time_surviving
-from cuvil_pgc.recompile.other_shapes import BACKENDS as OTHER_SIZE_BACKENDS
 from cuvil_pgc.recompile.padding import padding_of
-from cuvil_pgc.recompile.realized import first_fallback
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
 from cuvil_pgc.recompile.search_policy import (
@@ -88,6 +82,7 @@ from cuvil_pgc.recompile.search_policy import (
     untried_remedy,
 )
 from cuvil_pgc.recompile.search_records import SearchRecords
+from cuvil_pgc.recompile.search_rejections import Rejections
 from cuvil_pgc.recompile.trials import SearchOptions, SearchResult, Trial
 
 if TYPE_CHECKING:
@@ -110,9 +105,7 @@ class _Search:
         self.eager_runs: dict[str, list[float]] = {}   # scope -> eager medians (µs per call), one per run
         self.incumbents: dict[str, tuple[str, Callable[[], Any]]] = {}   # scope -> (trial key, built callable)
         self.left_out: list[tuple[Candidate, str]] = []   # candidates the guard cannot pass, with the reason
-        self.unexportable: dict[tuple[str, bool, str], str] = {}   # (scope, rewritten, exporter) -> why it failed
-        self.inaccurate: dict[str, str] = {}    # Candidate.arithmetic_key -> why its arithmetic fails the guard
-        self.runs_original: dict[str, str] = {}     # scope -> why its build regions run the original module here
+        self.rejections = Rejections(sizes_vary=options.sizes_vary)   # what this search showed would fail
         self.measured = self.reused = 0
         self.baselines_measured = 0          # runtime defaults measured outside the budget
         self.runtime_defaults: list[Candidate] = []
@@ -315,7 +308,7 @@ class _Search:
                 left.append(cand)
                 continue
             if rec.status == "compile_error" and rec.reason.startswith(ExportError.__name__):
-                self._note_unexportable(cand, rec.reason)
+                self.rejections.export_failed(cand, rec.reason)
             feats = self.features[cand.scope]
             self.records.restamp(rec, feats)
             ratio = rec.median_us / rec.eager_us if rec.status == "ok" and rec.eager_us and rec.median_us else None
@@ -354,8 +347,8 @@ class _Search:
 
     def _build_and_time(self, scope: str, batch: list[tuple[Candidate, float]]) -> None:
         module, inputs, feats = self._module(scope), self.scope_inputs[scope], self.features[scope]
-        if scope not in self.runs_original and (hooked := hooked_inside(module)) is not None:
-            self.runs_original[scope] = f"the build runs the original module here: {hook_reason(hooked)}"
+        if scope not in self.rejections.runs_original and (hooked := hooked_inside(module)) is not None:
+            self.rejections.original_runs(scope, f"the build runs the original module here: {hook_reason(hooked)}")
             log.warning("cuvil-pgc: %s gets no program: %s; remove the hook before recompile for a build of it "
                         "(a hook on a module outside it leaves it on its program)", scope or "<model>",
                         hook_reason(hooked))
@@ -374,11 +367,15 @@ class _Search:
                 self.progress(self.measured - 1, total, f"candidate {self.measured} of {total}: building {cand.key}")
             if self.records is not None:
                 self.records.started(cand)
-            fn = self._build_checked(cand, module, inputs, scope, trial)
-            if fn is not None:
-                contenders[cand.key] = fn
-            elif trial.status != "runs_original":
-                self._record(trial, scope, None)
+            built = build_checked(cand, module, inputs, self.refs[scope], self.opt, exact=self.exact.get(scope),
+                                  padding=self.padding, machine=self.machine_key, weights=self.weights[scope])
+            if built.call is not None:
+                contenders[cand.key] = built.call
+            else:
+                trial.status, trial.reason, trial.fault = built.status, built.reason, built.fault
+                self.rejections.learn(cand, built)
+                if built.status != "runs_original":     # a state of this process (a hook), not the candidate's
+                    self._record(trial, scope, None)
             if self.records is not None:      # built and checked, to be timed; or a state of this process (a hook)
                 self.records.leave(cand)
         if len(contenders) == 1:
@@ -431,36 +428,14 @@ class _Search:
             del self.incumbents[scope]
         self._record(trial, scope, None)
 
-    def _note_unexportable(self, cand: Candidate, reason: str) -> None:
-        """An exporter failed on ``cand``'s module (rewritten or not): remember why, once per scope."""
-        self.unexportable.setdefault((cand.scope, cand.rewrite, exporter_of_reason(reason)),
-                                     f"{cand.config} showed that {reason}")
-
     def _rejected_unbuilt(self, cand: Candidate) -> bool:
-        """Reject ``cand`` if this search already showed that it would fail: one of the exporters its
-        build runs failed on its module (its backend's options cannot change what the exporter sees),
-        or a candidate differing from it only in knobs that schedule the work failed the accuracy
-        guard decisively (:attr:`~.accuracy.AccuracyResult.decisive`), or a build of the same scope
-        ran the original module (a hook inside it, which no program calls). It goes into the trials with
-        that reason, not built and not counted against the budget, which is left for candidates
-        that may pass (a rewrite, another precision or backend). True when rejected."""
-        from cuvil_pgc.recompile.runtime_build import exporters
-
-        why = next((self.unexportable[k] for k in ((cand.scope, cand.rewrite, e) for e in exporters(cand.backend))
-                    if k in self.unexportable), None)
-        status = "compile_error"
-        if why is None and cand.arithmetic_key in self.inaccurate:
-            why, status = self.inaccurate[cand.arithmetic_key], "accuracy_error"
-        if why is None and cand.scope in self.runs_original:
-            why, status = self.runs_original[cand.scope], "runs_original"
-        if why is None and self.opt.sizes_vary and cand.backend not in ("eager", *OTHER_SIZE_BACKENDS):
-            # one call of a generation at most: a prefill's torch.compile build ran none of a
-            # service's prompts. Its place in the space still counts for the budget, which the
-            # AOTInductor variants a decoding step wins with need (max-autotune: 1.4-1.7x ONNX Runtime)
-            why, status = (f"a {cand.backend} region runs only its captured sizes, and this call's sizes change from "
-                           "call to call (a decoding step's cache, a prompt's or a source's length)"), "not_measured"
-        if why is None:
+        """Reject ``cand`` if this search already showed that it would fail (:class:`.Rejections`):
+        it goes into the trials with that reason, not built and not counted against the budget.
+        True when rejected."""
+        found = self.rejections.why_not_built(cand)
+        if found is None:
             return False
+        status, why = found
         self.trials[cand.key] = Trial(cand, self.cost.predict(cand, self.features[cand.scope]), status,
                                       reason=f"not built: {why}")
         return True
@@ -475,7 +450,7 @@ class _Search:
             with torch.no_grad():
                 incumbent[1]()
         except Exception as exc:
-            log.info("incumbent %s dropped: %s", incumbent[0], _reason(exc))
+            log.info("incumbent %s dropped: %s", incumbent[0], exception_line(exc))
             del self.incumbents[scope]
             return None
         return incumbent
@@ -496,45 +471,6 @@ class _Search:
         if trial is not None and trial.status == "not_measured":
             trial.status, trial.measured_us = "ok", self.features[scope].eager_us
             self.measured += 1
-
-    def _build_checked(self, cand: Candidate, module: Any, inputs: ScopeInputs, scope: str,
-                       trial: Trial) -> Callable[[], Any] | None:
-        native = Captured()
-        try:
-            realized = realize(module, cand, inputs, device=self.opt.device, machine=self.machine_key,
-                               weights=self.weights[scope])
-            # a failing AOTI kernel call reports on fd 2, then raises: keep its words for the reason
-            with native_stderr(native), torch.no_grad():
-                out = realized.module(*inputs.args, **inputs.kwargs)
-        except Exception as exc:    # any backend failure rejects the candidate, never the search
-            said = first_line(native.text)
-            trial.status, trial.reason = "compile_error", _reason(exc) + (f" (native: {said})" if said else "")
-            log.info("candidate %s rejected: %s", cand.key, trial.reason)
-            if isinstance(exc, ExportError):
-                self._note_unexportable(cand, trial.reason)
-            return None
-        if native.text.strip():
-            log.debug("candidate %s wrote to stderr: %s", cand.key, native.text.strip()[:2000])
-        check = check_outputs(self.refs[scope], out, rtol=self.opt.rtol, atol=self.opt.atol,
-                              exact=self.exact.get(scope), padding=self.padding)
-        if not check.ok:
-            trial.status, trial.reason, trial.fault = "accuracy_error", check.reason, check.garbage
-            if check.garbage:
-                trial.reason += (" (far outside the reference's range: a runtime fault more likely than rounding; "
-                                 "a later search checks it again)")
-            elif check.decisive:
-                self.inaccurate.setdefault(cand.arithmetic_key, f"{cand.config} failed the accuracy guard by "
-                                           f"{check.excess:.3g}x its tolerance ({check.reason}), and the knobs "
-                                           "between them only schedule the work")
-            return None
-        ran_eager = first_fallback(realized.module)
-        if ran_eager is not None:       # its figure would be eager's, its accuracy eager's
-            trial.status, trial.reason = "runs_original", f"the build runs the original module here: {ran_eager}"
-            log.info("candidate %s rejected: %s", cand.key, trial.reason)
-            self.runs_original.setdefault(scope, trial.reason)     # so would every other build of the scope
-            return None
-        fn = realized.module
-        return lambda: fn(*inputs.args, **inputs.kwargs)
 
     def _record(self, trial: Trial, scope: str, eager_us: float | None) -> None:
         if self.records is not None:
@@ -563,10 +499,6 @@ def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, Scope
             s.settings_skip[scope] = written_under(s.written, scope)
             s.settings[scope] = settings_digest(s._module(scope), s.settings_skip[scope])
     return out
-
-
-def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {first_line(str(exc))}"
 
 
 def search(model: Any, example_inputs: tuple[Any, ...], analysis: Analysis | None, *, options: SearchOptions | None = None,

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from cuvil_pgc.recompile._stderr import first_line
+from cuvil_pgc.recompile._stderr import exception_line
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class SizePrograms:
 
     def _refuse(self, key: tuple[Any, ...], exc: Exception) -> None:
         self._refused.add(key)
-        reason = f"{type(exc).__name__}: {first_line(str(exc), 200)}"
+        reason = exception_line(exc, 200)
         if len(self._refused) >= MAX_REFUSED:
             self.stopped = f"{len(self._refused)} sizes refused, the last: {reason}"
         if len(self._refused) == 1 or self.stopped:

@@ -34,7 +34,7 @@ class SearchOptions:
     model_ref: str | None = None
     #: the call's sizes change from call to call (a decoding step's cache, a prefill's prompt, an
     #: encoder's source: :class:`~cuvil_pgc._example_inputs.SizesVary`): a
-    #: candidate whose region runs only its captured sizes is not built (see search._rejected_unbuilt)
+    #: candidate whose region runs only its captured sizes is not built (see search_rejections)
     sizes_vary: bool = False
     #: once spent, no candidate's build begins (see search_policy)
     time_budget: TimeBudget | None = None
