@@ -40,8 +40,9 @@ from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.trials import SearchOptions
 
 dies, records, how = int(sys.argv[1]), sys.argv[2], getattr(signal, sys.argv[3])
-dies_timed = sys.argv[4] if len(sys.argv) > 4 else None   # the candidate whose timing ends the process
-built, real, real_time = [], checked_build.realize, search_mod.time_interleaved
+# the candidate whose timing ends the process; "again": any program's second timing (the incumbent's)
+dies_timed = sys.argv[4] if len(sys.argv) > 4 else None
+built, timings, real, real_time = [], [], checked_build.realize, search_mod.time_interleaved
 
 def realize(module, cand, *args, **kwargs):
     built.append(cand.key)
@@ -54,8 +55,11 @@ def realize(module, cand, *args, **kwargs):
     raise RuntimeError("not built in this test")
 
 def time_interleaved(contenders, **kwargs):
-    if dies_timed in contenders:
-        print(json.dumps({"dying": dies_timed, "timed": sorted(contenders), "built": built}), flush=True)
+    again = [k for k in contenders if k != "eager" and any(k in t for t in timings)]
+    timings.append(sorted(contenders))
+    dying = again[0] if dies_timed == "again" and again else dies_timed
+    if dying in contenders:
+        print(json.dumps({"dying": dying, "timed": sorted(contenders), "built": built}), flush=True)
         os.kill(os.getpid(), how)
         time.sleep(60)
     return real_time(contenders, **kwargs)
@@ -67,7 +71,7 @@ options = SearchOptions(budget=4, backends=("ort", "openvino"), rounds=3, deploy
 with terminated_as_exit():          # as `cuvil-pgc recompile` runs the search
     result = search_mod.search(model, (torch.randn(2, 16),), None, options=options, records=RecordDB(records),
                                machine_key="m")
-print(json.dumps({"built": built, "trials": {k: [t.status, t.reason, t.reused] for k, t in result.trials.items()}}))
+print(json.dumps({"built": built, "timings": timings, "trials": {k: [t.status, t.reason, t.reused] for k, t in result.trials.items()}}))
 """
 
 
@@ -121,8 +125,8 @@ def test_a_candidate_that_ended_the_process_while_timed_is_found_by_timing_each_
 
     second = _search_process(tmp_path, 99, dies_timed=dying)     # each alone: ort's time is recorded first
     assert second.returncode == -signal.SIGSEGV, second.stderr[-2000:]
-    # the one new candidate, beside eager and the incumbent (ort, timed alone before it)
-    assert json.loads(second.stdout.splitlines()[-1])["timed"] == [dying, "<model>::ort", "eager"]
+    # the suspect alone: beside eager, not beside the incumbent (ort, timed alone before it)
+    assert json.loads(second.stdout.splitlines()[-1])["timed"] == [dying, "eager"]
 
     third = _search_process(tmp_path, 99, dies_timed=dying)
     assert third.returncode == 0, third.stderr[-2000:]
@@ -130,6 +134,46 @@ def test_a_candidate_that_ended_the_process_while_timed_is_found_by_timing_each_
     assert report["trials"][dying] == ["compile_error", ENDED_TIMING, True]
     assert report["trials"]["<model>::ort"][0] == "ok" and report["trials"]["<model>::ort"][2] is True
     assert f"cuvil-pgc: {dying} is left out: {ENDED_TIMING}" in third.stderr
+
+
+@needs_ort
+@pytest.mark.skipif(not runtimes.check("openvino").ok, reason="needs openvino")
+@pytest.mark.slow
+def test_a_fault_while_the_incumbent_is_timed_beside_a_batch_is_not_blamed_on_the_batch(tmp_path):
+    """The incumbent (the faster runtime default) was timed once without a fault; the process ends
+    while it is timed again beside the next batch. It may be the incumbent's fault: the next search
+    measures it again, alone, and each of the batch's candidates alone, instead of reusing the
+    incumbent's time and leaving out the batch's."""
+    first = _search_process(tmp_path, 99, dies_timed="again")
+    assert first.returncode == -signal.SIGSEGV, first.stderr[-2000:]
+    crash = json.loads(first.stdout.splitlines()[-1])
+    incumbent, batch = crash["dying"], [k for k in crash["timed"] if k not in (crash["dying"], "eager")]
+    assert incumbent.startswith("<model>::") and batch, crash
+
+    second = _search_process(tmp_path, 99)
+    assert second.returncode == 0, second.stderr[-2000:]
+    report = json.loads(second.stdout.splitlines()[-1])
+    assert report["trials"][incumbent] == ["ok", "", False], report           # measured again, not reused
+    assert sorted([incumbent, "eager"]) in report["timings"], report["timings"]    # alone
+    for key in batch:      # not blamed; measured alone if the budget reached it
+        status, _, reused = report["trials"][key]
+        assert status in ("ok", "not_measured") and not reused, (key, report)
+        assert status != "ok" or sorted([key, "eager"]) in report["timings"], (key, report["timings"])
+    assert "is left out" not in second.stderr
+
+
+@needs_ort
+@pytest.mark.slow
+def test_a_search_without_a_fault_leaves_every_measurement_to_the_next(tmp_path):
+    """The incumbent's record, journaled while it is timed beside later batches, is its
+    measurement again once they are timed: the next search reuses everything and builds nothing."""
+    first = _search_process(tmp_path, 99)
+    assert first.returncode == 0, first.stderr[-2000:]
+    timings = json.loads(first.stdout.splitlines()[-1])["timings"]
+    assert any(len(t) > 2 for t in timings[2:]), timings        # a later batch was timed beside the incumbent
+    second = _search_process(tmp_path, 99)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert json.loads(second.stdout.splitlines()[-1])["built"] == []
 
 
 @needs_ort

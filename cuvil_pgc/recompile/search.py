@@ -333,19 +333,22 @@ class _Search:
         """Build, check and time ``batch``, each candidate recorded as started until it is built and
         checked, and again while the batch is timed (:meth:`.SearchRecords.started`,
         :meth:`.SearchRecords.timing`): a native fault that ends this process meanwhile leaves that
-        record, and the next search rejects the candidate instead of dying on it again."""
-        suspects = self.records.suspects if self.records is not None and len(batch) > 1 else set()
-        alone = [[item] for item in batch if item[0].key in suspects]     # timed beside another when a fault struck
+        record, and the next search rejects the candidate instead of dying on it again. A candidate
+        timed beside another when a process ended (:attr:`.SearchRecords.suspects`) is timed alone,
+        beside eager only, so that a fault now is its own."""
+        suspects = self.records.suspects if self.records is not None else set()
         try:
-            for part in [*alone, [item for item in batch if item[0].key not in suspects]]:
-                if part:
-                    self._build_and_time(scope, part)
+            for item in batch:
+                if item[0].key in suspects:
+                    self._build_and_time(scope, [item], alone=True)
+            if rest := [item for item in batch if item[0].key not in suspects]:
+                self._build_and_time(scope, rest)
         except BaseException:      # an interrupt or an error of the search: no fault of the candidates
             if self.records is not None:
                 self.records.leave()
             raise
 
-    def _build_and_time(self, scope: str, batch: list[tuple[Candidate, float]]) -> None:
+    def _build_and_time(self, scope: str, batch: list[tuple[Candidate, float]], alone: bool = False) -> None:
         module, inputs, feats = self._module(scope), self.scope_inputs[scope], self.features[scope]
         if scope not in self.rejections.runs_original and (hooked := hooked_inside(module)) is not None:
             self.rejections.original_runs(scope, f"the build runs the original module here: {hook_reason(hooked)}")
@@ -381,11 +384,11 @@ class _Search:
         if len(contenders) == 1:
             return
         new = [key for key in contenders if key != "eager"]
-        incumbent = self._warm_incumbent(scope)
-        if incumbent is not None:
+        incumbent = None if alone else self.incumbents.get(scope)
+        if self.records is not None:      # a fault from here on is one of these candidates', the incumbent's too
+            self.records.timing([self.trials[key].candidate for key in [*new, *([incumbent[0]] if incumbent else [])]])
+        if incumbent is not None and (incumbent := self._warm_incumbent(scope)) is not None:
             contenders[incumbent[0]] = incumbent[1]
-        if self.records is not None:      # a fault from here on is one of the new candidates'
-            self.records.timing([self.trials[key].candidate for key in new])
         with torch.no_grad():
             samples, failed = time_surviving(contenders, timer=time_interleaved, rounds=self.opt.rounds)
         for key, why in failed.items():
@@ -412,6 +415,8 @@ class _Search:
             trial.measured_us = trial.ratio * feats.eager_us
             self._record(trial, scope, feats.eager_us)
         self._rescale(scope)
+        if incumbent is not None:    # timed without a fault: its measurement stands again
+            self._record(self.trials[incumbent[0]], scope, feats.eager_us)
         if len(contenders) > 1:
             best = min((key for key in contenders if key != "eager"), key=lambda key: self.trials[key].ratio)
             self.incumbents[scope] = (best, contenders[best])    # the fastest built so far, for the next runs
@@ -452,6 +457,7 @@ class _Search:
         except Exception as exc:
             log.info("incumbent %s dropped: %s", incumbent[0], exception_line(exc))
             del self.incumbents[scope]
+            self._record(self.trials[incumbent[0]], scope, self.features[scope].eager_us)   # its measurement stands
             return None
         return incumbent
 

@@ -11,8 +11,10 @@ A candidate is recorded as :data:`~.records.STARTED` before its build begins, as
 batch is not blamed on it), started again while the batch is timed, and its own record follows.
 A started one left by a process that ended rejects the candidate in the next search of the model,
 which goes on instead of dying on it again. A fault while a batch is timed cannot be told to be
-one new candidate's rather than another's: the next search times each alone (:attr:`SearchRecords.suspects`),
-and leaves out the one that ends the process so.
+one candidate's rather than another's (the batch's new ones, or the incumbent timed beside them, which
+an earlier batch timed without a fault): the next search times each alone, beside eager only
+(:attr:`SearchRecords.suspects`), and leaves out the one that ends the process so. The incumbent's
+own record is written again once the batch is timed.
 """
 
 from __future__ import annotations
@@ -114,8 +116,8 @@ class SearchRecords:
         self.journal.leave(self._key(cand) if cand is not None else None)
 
     def timing(self, cands: list[Candidate]) -> None:
-        """Record that ``cands``, built and checked, are timed now, side by side: a fault from here
-        until their own records is one of theirs. The next search times each :attr:`suspects` alone,
+        """Record that ``cands``, built and checked (or the incumbent, measured before), are timed
+        now, side by side: a fault from here until their own records is one of theirs. The next search times each :attr:`suspects` alone,
         and one that ends the process so is left out (:data:`ENDED_TIMING`)."""
         for cand in cands:
             self.journal.started(Record(*self._key(cand), status=STARTED, features={
