@@ -48,7 +48,7 @@ from cuvil_pgc.recompile.realized import CALL_VERSION, CompiledRegion, Realized
 from cuvil_pgc.recompile.records import cache_dir
 from cuvil_pgc.recompile.rewrites import REWRITES_VERSION, apply_rewrites
 from cuvil_pgc.recompile.runtime_region import tensor_leaves
-from cuvil_pgc.recompile.stateless import object_state
+from cuvil_pgc.recompile.stateless import object_state, tensor_versions
 from cuvil_pgc.recompile.torchscript_onnx import torch_export_note
 
 log = logging.getLogger(__name__)
@@ -91,14 +91,18 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
     layers of ``nn.TransformerEncoder`` in inference with a padding mask get one, which has no
     sizes to export for, and which they take only on the fast path that the census turns off. Nor
     is a module whose call changes an object it is given (a Hugging Face decoder layer appending
-    to the cache; :func:`~.stateless.object_state`): no program reproduces that, and replaying its
-    captured call would append again. Nor is a module its caller runs under ``torch.autocast``:
+    to the cache; :func:`~.stateless.object_state`), or a tensor it is given in place (an activation
+    with ``inplace=True``; :func:`~.stateless.tensor_versions`): no program reproduces that, and
+    replaying its captured call would append again, or apply itself again to a tensor that other
+    scopes captured as their input (timm's stem SiLU ran again on the stages' input, and every
+    candidate of the stages failed the accuracy guard, off by up to 2). Nor is a module its caller runs under ``torch.autocast``:
     its call alone, replayed or exported, computes without the autocast (a bf16 input met a float32
     weight, and the search ended in an internal error)."""
     modules = dict(model.named_modules())
     captured: dict[str, ScopeInputs] = {"": ScopeInputs(tuple(example_inputs))}
     before: dict[str, dict[str, Any]] = {}      # scope -> its input objects' state as its first call began
     changes: dict[str, str] = {}                # scope -> the input object its first call changed
+    in_place: dict[str, str] = {}               # scope -> the input tensor its first call changed in place
     autocast: dict[str, str] = {}               # scope -> the autocast its first call ran under
     hooks = []
     for scope in scopes:
@@ -106,17 +110,22 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
             def pre(_m, args, kwargs, scope=scope):
                 if scope not in captured:
                     captured[scope] = ScopeInputs(tuple(args), dict(kwargs))
-                    before[scope] = object_state(args, kwargs)
+                    before[scope] = object_state(args, kwargs), tensor_versions(args, kwargs)
                     if (on := _autocast_on()) is not None:
                         autocast[scope] = on
 
             def post(_m, args, kwargs, _out, scope=scope):
-                state = before.pop(scope, None)
-                if state:
-                    now = object_state(args, kwargs)
-                    changed = [name for name, held in state.items() if now.get(name) != held]
-                    if changed:
-                        changes[scope] = changed[0]
+                if scope not in before:
+                    return
+                state, versions = before.pop(scope)
+                now = object_state(args, kwargs) if state else {}
+                changed = [name for name, held in state.items() if now.get(name) != held]
+                if changed:
+                    changes[scope] = changed[0]
+                overwritten = [name for name, version in tensor_versions(args, kwargs).items()
+                               if versions.get(name, version) != version]
+                if overwritten:
+                    in_place[scope] = overwritten[0]
             hooks.append(modules[scope].register_forward_pre_hook(pre, with_kwargs=True))
             hooks.append(modules[scope].register_forward_hook(post, with_kwargs=True))
     try:
@@ -130,13 +139,18 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
         log.warning("cuvil-pgc: %s change%s an object %s given (%s), which no program captured from one call "
                     "does: searched only as part of the module that makes the object", _listed(names),
                     "s" if len(names) == 1 else "", "it is" if len(names) == 1 else "they are", changes[names[0]])
+    if in_place:     # mostly an activation with inplace=True, which no program would speed up alone
+        names = sorted(in_place)
+        log.info("cuvil-pgc: %s change%s the tensor %s given in place (%s): searched only as part of a module "
+                 "around %s", _listed(names), "s" if len(names) == 1 else "", "it is" if len(names) == 1 else
+                 "they are", in_place[names[0]], "it" if len(names) == 1 else "them")
     if autocast:
         names = sorted(autocast)
         log.warning("cuvil-pgc: %s run%s under the %s its caller turns on, which a program of %s alone does not: "
                     "searched only as part of the module that turns it on", _listed(names),
                     "s" if len(names) == 1 else "", autocast[names[0]], "it" if len(names) == 1 else "each")
     return {scope: inputs for scope, inputs in captured.items()
-            if not scope or scope not in changes and scope not in autocast
+            if not scope or scope not in changes and scope not in in_place and scope not in autocast
             and not any(t.is_nested for t in tensor_leaves(inputs.args, inputs.kwargs))}
 
 

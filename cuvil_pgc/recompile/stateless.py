@@ -134,6 +134,20 @@ def object_state(args: tuple[Any, ...], kwargs: dict[str, Any], depth: int = 4) 
             for name, value in named for v in pytree.tree_leaves(value) if _is_object(v)}
 
 
+def tensor_versions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, int]:
+    """Per tensor among a call's arguments (``input 0``, a keyword's name; ``input 1[2]`` inside a
+    list or dict), its version counter, which a change in place bumps (an activation with
+    ``inplace=True`` applied to its input). An inference tensor has none and is left out."""
+    out = {}
+    named = [(f"input {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    for name, value in named:
+        leaves = [value] if isinstance(value, torch.Tensor) else pytree.tree_leaves(value)
+        for j, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor) and not leaf.is_inference():
+                out[name if leaf is value else f"{name}[{j}]"] = leaf._version
+    return out
+
+
 def _reach(v: Any, depth: int, seen: set[int]) -> Any:
     if isinstance(v, torch.Tensor):
         return id(v), tuple(v.shape), v._version
