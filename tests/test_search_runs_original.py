@@ -77,7 +77,7 @@ def test_hugging_face_output_capturing_hooks_inside_the_region_s_model_are_its_p
     transformers = pytest.importorskip("transformers")
     from cuvil_pgc.recompile import recompile
     from cuvil_pgc.recompile.candidates import Candidate
-    from cuvil_pgc.recompile.region_hooks import hooked_inside
+    from cuvil_pgc.recompile.region_hooks import hf_collector, hooked_inside
 
     class Hidden(nn.Module):
         def __init__(self, model):
@@ -95,9 +95,10 @@ def test_hugging_face_output_capturing_hooks_inside_the_region_s_model_are_its_p
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     with torch.no_grad():
         reference = model(**inputs)           # installs the hooks, as the profile's and recompile's calls do
-    if hooked_inside(model.model.encoder) is None:
+    if hf_collector(model.model.encoder) is None:
         pytest.skip("this transformers installs no output-capturing hooks")
     assert hooked_inside(model) is None and hooked_inside(model.model) is None
+    assert hf_collector(model) is None and hf_collector(model.model) is None     # their model is inside
     build = recompile(model, inputs, plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3,
                       calibrate=False)
     with torch.no_grad():
@@ -106,3 +107,85 @@ def test_hugging_face_output_capturing_hooks_inside_the_region_s_model_are_its_p
     assert len(out.hidden_states) == len(reference.hidden_states) == 3
     for a, b in zip(out.hidden_states, reference.hidden_states, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_region_below_a_hugging_face_model_runs_its_program_unless_the_call_collects_hidden_states():
+    """The encoder of a BERT carries the model's output-capturing hooks on its layers (wav2vec2's
+    encoder did after its first call): the region runs its program for a call that asks for no
+    hidden states, and the original module, whose layers the hooks collect, for one that asks."""
+    transformers = pytest.importorskip("transformers")
+    from cuvil_pgc.recompile import recompile
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.region_hooks import hf_collector, hooked_inside
+
+    class Asking(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.hidden = model, False
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=self.hidden)
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=100, max_position_embeddings=32)
+    model = Asking(transformers.BertModel(config).eval()).eval()
+    ids = torch.randint(1, 100, (1, 12))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    model.hidden = True
+    with torch.no_grad():
+        reference = model(**inputs)           # installs the hooks
+    model.hidden = False
+    if hf_collector(model.model.encoder) is None:
+        pytest.skip("this transformers installs no output-capturing hooks")
+    assert hooked_inside(model.model.encoder) is None
+    build = recompile(model, inputs, plan={"model.encoder": Candidate("model.encoder", "ort")}, records=False,
+                      deployed_race=False, rounds=3, calibrate=False)
+    region = build.module.model.encoder
+    with torch.no_grad():
+        plain = build.module(**inputs)
+        assert region.fallback_calls == 0                          # its program ran
+        torch.testing.assert_close(plain.last_hidden_state, reference.last_hidden_state)
+        build.module.hidden = True
+        asked = build.module(**inputs)
+    assert region.fallback_calls == 1
+    assert len(asked.hidden_states) == len(reference.hidden_states) == 3
+    for a, b in zip(asked.hidden_states, reference.hidden_states, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+
+def test_a_region_whose_layers_hugging_face_hooks_collect_for_a_model_outside_runs_its_original_module_then():
+    """A region called just as it was captured, by a model that passes its layers no flag, only the
+    collector (transformers 5's capture_outputs): its fast call would skip the hooks, so every call
+    asks whether the model's forward collects now."""
+    pytest.importorskip("transformers")
+    from transformers.utils.output_capturing import _active_collector, install_output_capuring_hook
+
+    from cuvil_pgc.recompile import recompile
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.region_hooks import COLLECTING
+
+    torch.manual_seed(0)
+    body = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    install_output_capuring_hook(body[0], "hidden_states", 0)
+    model, x = nn.Sequential(body, nn.Linear(8, 2)).eval(), torch.randn(3, 8)
+    build = recompile(model, (x,), plan={"0": Candidate("0", "ort")}, records=False, deployed_race=False, rounds=3,
+                      calibrate=False)
+    region = build.module[0]
+    with torch.no_grad():
+        for _ in range(3):
+            region(x)
+        assert region.fallback_calls == 0                   # nothing collects: its program
+        collected = {"hidden_states": []}
+        token = _active_collector.set(collected)
+        try:
+            out = region(x)
+        finally:
+            _active_collector.reset(token)
+        assert region.fallback_calls == 1 and region.first_fallback == COLLECTING
+        assert len(collected["hidden_states"]) == 2          # the layer's input and output, as eager collects
+        torch.testing.assert_close(collected["hidden_states"][1], body[0](x))
+        torch.testing.assert_close(out, body(x))
+        region(x)
+        assert region.fallback_calls == 1

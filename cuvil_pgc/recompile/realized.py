@@ -46,7 +46,7 @@ from cuvil_pgc.recompile.matching import input_signature
 from cuvil_pgc.recompile.onnx_index_checks import IndexCheckFailed
 from cuvil_pgc.recompile.other_size_calls import OtherSizeCalls
 from cuvil_pgc.recompile.recorded_calls import call_leaves, compiling, recorded
-from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
+from cuvil_pgc.recompile.region_hooks import COLLECTING, collecting, hf_collector, hook_reason, hooked_inside
 from cuvil_pgc.recompile.region_state import load_into_original, state_dict_as_original
 
 log = logging.getLogger("cuvil_pgc.recompile.apply")      # the name these warnings always had
@@ -121,6 +121,9 @@ class CompiledRegion(OtherSizeCalls, nn.Module):
         self.first_fallback: str | None = None
         #: torch's hook-handle counter when no module inside the region had a hook (-1: look again)
         self._hooks_seen = -1
+        #: transformers' collector, where Hugging Face hooks inside the region collect for a model
+        #: outside it (:func:`~.region_hooks.hf_collector`; None: none do), as of the last look
+        self._collector: Any = None
         #: torch's hook-handle counter when, besides, no hook was on the region itself or global
         #: (-1: look again; see :meth:`_quiet`)
         self._quiet_at = -1
@@ -220,7 +223,7 @@ class CompiledRegion(OtherSizeCalls, nn.Module):
         built, holds native state that cannot be copied, and rebuilding it would take the build's
         compile time again. Services copy a model to serve replicas or keep a reference copy."""
         for shared in (self._compiled, self._fast, self._lean, self._direct, self.other_shapes, self._keywords,
-                       self._free_lean):
+                       self._free_lean, self._collector):     # (transformers' collector: a ContextVar)
             memo[id(shared)] = shared
         clone = object.__new__(type(self))
         memo[id(self)] = clone
@@ -268,7 +271,7 @@ class CompiledRegion(OtherSizeCalls, nn.Module):
             return self.original(*args, **kwargs)
         if self.signature is None:
             why = recorded(args, kwargs) or (TRAINING if self.training else None)
-            if self._hooked() is None and why is None:
+            if self._held_by_hooks() is None and why is None:
                 return self._compiled(*args, **kwargs)
             return self._fall_back(args, kwargs, why)
         if kwargs and (self._spec is not None or not self._matches(args, kwargs)) \
@@ -398,9 +401,9 @@ class CompiledRegion(OtherSizeCalls, nn.Module):
         region in training mode (:data:`TRAINING`); and an index
         out of range (for a call of ``other_sizes``, the indices into tensors sized by the inputs
         are the program for other sizes' to check, against the call's own sizes)."""
-        hooked = self._hooked()
-        if hooked is not None:
-            return hook_reason(hooked)
+        held = self._held_by_hooks()
+        if held is not None:
+            return held
         # positional plain tensors (the usual call) are their own leaves: the pytree walk was about a
         # third of this wrapper's cost per call over a torch.compile program's (2-vCPU machine)
         leaves = call_leaves(args, kwargs)
@@ -441,7 +444,17 @@ class CompiledRegion(OtherSizeCalls, nn.Module):
         hooked = hooked_inside(self.original)
         if hooked is None:
             self.__dict__["_hooks_seen"] = RemovableHandle.next_id       # a plain int, as fallback_calls
+            self.__dict__["_collector"] = hf_collector(self.original)
         return hooked
+
+    def _held_by_hooks(self) -> str | None:
+        """Why hooks inside the region keep this call from its program (None: they do not): a
+        user's hook (:meth:`_hooked`), or Hugging Face's, collecting now for their model's forward."""
+        hooked = self._hooked()
+        if hooked is not None:
+            return hook_reason(hooked)
+        collector = self._collector
+        return COLLECTING if collector is not None and collecting(collector) else None
 
     def _quiet(self) -> bool:
         """Whether nothing hooks into this region's call: no hook of the user's inside it (see
@@ -451,9 +464,11 @@ class CompiledRegion(OtherSizeCalls, nn.Module):
         handle counter (``RemovableHandle.next_id``) moves: the lean path compares that one
         integer. Reading the nine hook registries on each call instead cost 2.5-3 µs of a
         0.27 ms OpenVINO call (the zoo's tiny BERT, in one process, interleaved: between a
-        runtime's inferences every line of Python runs on cold caches)."""
+        runtime's inferences every line of Python runs on cold caches). A region whose Hugging Face
+        hooks collect for a model outside it is never quiet: whether they collect is each call's."""
         if self._hooked() is not None or self._forward_hooks or self._forward_pre_hooks or self._backward_hooks \
-                or self._backward_pre_hooks or _forward or _forward_pre or _backward or _backward_pre or _always:
+                or self._backward_pre_hooks or _forward or _forward_pre or _backward or _backward_pre or _always \
+                or self._collector is not None:     # whether they collect is the call's: forward asks each time
             return False
         self.__dict__["_quiet_at"] = RemovableHandle.next_id        # a plain int, as fallback_calls
         return True

@@ -4,12 +4,15 @@ A build's programs (an AOTInductor package, an ONNX Runtime or OpenVINO graph) d
 forward hooks and forward-pre hooks registered on the modules inside a region: a region holding a
 user's hook runs its original module, so the hook runs (the search lists it as ``runs_original``,
 :class:`~.realized.CompiledRegion` checks again at run time). Torch's own hooks, and Hugging Face's
-output-capturing hooks whose model is inside the region (what they collect goes into the
-program's outputs), do not count.
+output-capturing hooks do not count: those whose model is inside the region collect into the
+program's outputs; those of a model outside it collect only while that model's forward asks for
+hidden states or attentions (:func:`hf_collector`), and the region runs its original module for
+those calls alone (:func:`collecting`).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torch import nn
@@ -17,14 +20,43 @@ from torch import nn
 
 def hooked_inside(module: nn.Module) -> str | None:
     """The first module inside ``module`` (itself included, as ``the original module``) with a
-    forward or forward-pre hook that is neither torch's own nor a Hugging Face output-capturing hook
-    whose model is inside ``module`` too (:func:`_captured_by_the_program`), or None."""
+    forward or forward-pre hook that is neither torch's own nor a Hugging Face output-capturing
+    hook, or None."""
     for name, inner in module.named_modules():
         for hooks in (inner._forward_pre_hooks, inner._forward_hooks):
-            if any(not _torch_own(hook) and not _captured_by_the_program(hook, module, name)
-                   for hook in hooks.values()):
+            if any(not _torch_own(hook) and not _hf_capturing(hook) for hook in hooks.values()):
                 return repr(name) if name else "the original module"
     return None
+
+
+def hf_collector(module: nn.Module) -> Any:
+    """Where Hugging Face output-capturing hooks inside ``module`` whose model is outside it find
+    what to collect into (transformers' ``_active_collector``), or None where there are none. Such
+    a hook does nothing unless its model's forward asked for hidden states or attentions; then the
+    region must run its original module, whose layers it hooks (:func:`collecting`)."""
+    for name, inner in module.named_modules():
+        for hooks in (inner._forward_pre_hooks, inner._forward_hooks):
+            if any(_hf_capturing(hook) and not _captured_by_the_program(hook, module, name) for hook in hooks.values()):
+                return getattr(sys.modules.get(HF_OUTPUT_CAPTURING), "_active_collector", None)
+    return None
+
+
+def collecting(collector: Any) -> bool:
+    """Whether the forward being run asks the hooks of ``collector`` for something (transformers
+    sets it to an empty dict for every call of a model that asks for nothing)."""
+    try:
+        return bool(collector.get())
+    except Exception:        # a transformers whose collector reads otherwise: as if it collected
+        return True
+
+
+#: why a region ran its original module for a call whose model collects its layers' outputs
+COLLECTING = ("the model's forward asked for hidden states or attentions, which Hugging Face hooks on the layers "
+              "inside the region collect: the original module runs them for such calls")
+
+
+def _hf_capturing(hook: Any) -> bool:
+    return getattr(hook, "__module__", None) == HF_OUTPUT_CAPTURING
 
 
 #: where transformers (5 and later) defines the hooks it installs on a model's layers the first time
@@ -38,7 +70,7 @@ def _captured_by_the_program(hook: Any, region: nn.Module, name: str) -> bool:
     unless its model's forward has a collector active, and whatever it collects goes into that
     forward's output: a program exported from the region traced it into its outputs. (Inside a
     region below the model, the collector belongs to a forward outside it, and the hook must run.)"""
-    if getattr(hook, "__module__", None) != HF_OUTPUT_CAPTURING:
+    if not _hf_capturing(hook):
         return False
     parts = name.split(".") if name else []
     for depth in range(len(parts) + 1):
