@@ -70,6 +70,26 @@ def test_a_build_that_ran_the_original_module_is_rejected_and_not_recorded(tmp_p
 
 
 @needs_ort
+class Asking(nn.Module):
+    """A service's call of a Hugging Face model, asking for hidden states or not (``hidden``)."""
+
+    def __init__(self, model, hidden):
+        super().__init__()
+        self.model, self.hidden = model, hidden
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=self.hidden)
+
+
+def _tiny_bert(transformers, hidden):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=100, max_position_embeddings=32)
+    ids = torch.randint(1, 100, (1, 12))
+    return Asking(transformers.BertModel(config).eval(), hidden).eval(), {"input_ids": ids,
+                                                                          "attention_mask": torch.ones_like(ids)}
+
+
 def test_hugging_face_output_capturing_hooks_inside_the_region_s_model_are_its_program_s_outputs():
     """transformers 5 hooks a model's layers on its first call with output_hidden_states; a region
     holding the whole model traced what they collect into its outputs, and runs its program. A
@@ -79,20 +99,7 @@ def test_hugging_face_output_capturing_hooks_inside_the_region_s_model_are_its_p
     from cuvil_pgc.recompile.candidates import Candidate
     from cuvil_pgc.recompile.region_hooks import hf_collector, hooked_inside
 
-    class Hidden(nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-
-    torch.manual_seed(0)
-    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=100, max_position_embeddings=32)
-    model = Hidden(transformers.BertModel(config).eval()).eval()
-    ids = torch.randint(1, 100, (1, 12))
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    model, inputs = _tiny_bert(transformers, hidden=True)
     with torch.no_grad():
         reference = model(**inputs)           # installs the hooks, as the profile's and recompile's calls do
     if hf_collector(model.model.encoder) is None:
@@ -118,21 +125,7 @@ def test_a_region_below_a_hugging_face_model_runs_its_program_unless_the_call_co
     from cuvil_pgc.recompile.candidates import Candidate
     from cuvil_pgc.recompile.region_hooks import hf_collector, hooked_inside
 
-    class Asking(nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model, self.hidden = model, False
-
-        def forward(self, input_ids, attention_mask):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=self.hidden)
-
-    torch.manual_seed(0)
-    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=100, max_position_embeddings=32)
-    model = Asking(transformers.BertModel(config).eval()).eval()
-    ids = torch.randint(1, 100, (1, 12))
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    model.hidden = True
+    model, inputs = _tiny_bert(transformers, hidden=True)
     with torch.no_grad():
         reference = model(**inputs)           # installs the hooks
     model.hidden = False
