@@ -182,3 +182,18 @@ def test_a_region_whose_layers_hugging_face_hooks_collect_for_a_model_outside_ru
         torch.testing.assert_close(out, body(x))
         region(x)
         assert region.fallback_calls == 1
+
+
+def test_a_transformers_that_keeps_its_collector_elsewhere_leaves_such_a_region_on_its_original_module(monkeypatch):
+    """Where this version of transformers' collector cannot be found, a call cannot be told not to
+    collect: the region runs its original module, as it did before it could tell."""
+    pytest.importorskip("transformers")
+    import transformers.utils.output_capturing as capturing
+
+    from cuvil_pgc.recompile.region_hooks import collecting, hf_collector
+
+    body = nn.Sequential(nn.Linear(4, 4))
+    capturing.install_output_capuring_hook(body[0], "hidden_states", 0)
+    assert not collecting(hf_collector(body))                  # found: nothing collects now
+    monkeypatch.delattr(capturing, "_active_collector")
+    assert collecting(hf_collector(body))

@@ -95,9 +95,9 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
     with ``inplace=True``; :func:`~.stateless.tensor_versions`): no program reproduces that, and
     replaying its captured call would append again, or apply itself again to a tensor that other
     scopes captured as their input (timm's stem SiLU ran again on the stages' input, and every
-    candidate of the stages failed the accuracy guard, off by up to 2). Nor is a module its caller runs under ``torch.autocast``:
-    its call alone, replayed or exported, computes without the autocast (a bf16 input met a float32
-    weight, and the search ended in an internal error)."""
+    candidate of the stages failed the accuracy guard, off by up to 2). Nor is a module its caller
+    runs under ``torch.autocast``: its call alone, replayed or exported, computes without the
+    autocast (a bf16 input met a float32 weight, and the search ended in an internal error)."""
     modules = dict(model.named_modules())
     captured: dict[str, ScopeInputs] = {"": ScopeInputs(tuple(example_inputs))}
     before: dict[str, dict[str, Any]] = {}      # scope -> its input objects' state as its first call began

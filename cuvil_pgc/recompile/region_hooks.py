@@ -37,8 +37,17 @@ def hf_collector(module: nn.Module) -> Any:
     for name, inner in module.named_modules():
         for hooks in (inner._forward_pre_hooks, inner._forward_hooks):
             if any(_hf_capturing(hook) and not _captured_by_the_program(hook, module, name) for hook in hooks.values()):
-                return getattr(sys.modules.get(HF_OUTPUT_CAPTURING), "_active_collector", None)
+                found = getattr(sys.modules.get(HF_OUTPUT_CAPTURING), "_active_collector", None)
+                return found if callable(getattr(found, "get", None)) else _Unreadable()
     return None
+
+
+class _Unreadable:
+    """The collector of a transformers that keeps it where this version does not look: every call
+    is taken to collect (:func:`collecting`), so the region runs its original module, as before."""
+
+    def get(self) -> Any:
+        raise LookupError("transformers' output collector is not where cuvil-pgc looks for it")
 
 
 def collecting(collector: Any) -> bool:
