@@ -196,4 +196,5 @@ def test_a_transformers_that_keeps_its_collector_elsewhere_leaves_such_a_region_
     capturing.install_output_capuring_hook(body[0], "hidden_states", 0)
     assert not collecting(hf_collector(body))                  # found: nothing collects now
     monkeypatch.delattr(capturing, "_active_collector")
-    assert collecting(hf_collector(body))
+    collector = hf_collector(body)
+    assert collector is not None and collecting(collector)
