@@ -349,3 +349,46 @@ def test_the_search_checks_a_module_after_an_in_place_activation_on_the_inputs_i
                       exhaustive=True, calibrate=False)
     body = [t for t in build.result.trials.values() if t.candidate.scope == "body" and t.candidate.backend == "ort"]
     assert body and all(t.status == "ok" for t in body), [(t.candidate.key, t.status, t.reason) for t in body]
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm, self.fc = nn.BatchNorm1d(width), nn.Linear(width, 4)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        return self.fc(self.norm(torch.cat(features, 1)))
+
+
+class Dense(nn.Module):
+    """torchvision's DenseNet block: each layer gets the list of the features so far, which the
+    block then extends with the layer's own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DenseLayer(4 * (i + 1)) for i in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.layers:
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+def test_a_list_its_caller_extends_after_the_call_is_captured_as_the_call_got_it():
+    """DenseNet-121's recompile ended in an internal error: the first layer's captured list held
+    every feature of the block by the time it was replayed ("running_mean should contain 256
+    elements not 64")."""
+    from cuvil_pgc.recompile.apply import capture_scope_inputs
+
+    torch.manual_seed(0)
+    model, x = Dense().eval(), torch.randn(2, 4)
+    scopes = capture_scope_inputs(model, (x,), ["layers.0", "layers.1"])
+    assert [len(scopes[s].args[0]) for s in ("layers.0", "layers.1")] == [1, 2]
+    with torch.no_grad():
+        out = model.layers[1](*scopes["layers.1"].args)
+    torch.testing.assert_close(out, model.layers[1]([x, model.layers[0]([x])]))
+    build = recompile(model, (x,), plan={"layers.0": Candidate("layers.0", "eager")}, records=False,
+                      deployed_race=False, rounds=3, calibrate=False)
+    with torch.no_grad():
+        torch.testing.assert_close(build.module(x), model(x))

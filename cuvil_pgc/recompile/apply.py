@@ -109,7 +109,7 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
         if scope and scope in modules and not isinstance(modules[scope], torch.jit.ScriptModule):
             def pre(_m, args, kwargs, scope=scope):
                 if scope not in captured:
-                    captured[scope] = ScopeInputs(tuple(args), dict(kwargs))
+                    captured[scope] = ScopeInputs(_as_called(tuple(args)), _as_called(dict(kwargs)))
                     before[scope] = object_state(args, kwargs), tensor_versions(args, kwargs)
                     if (on := _autocast_on()) is not None:
                         autocast[scope] = on
@@ -152,6 +152,21 @@ def capture_scope_inputs(model: nn.Module, example_inputs: tuple[Any, ...],
     return {scope: inputs for scope, inputs in captured.items()
             if not scope or scope not in changes and scope not in in_place and scope not in autocast
             and not any(t.is_nested for t in tensor_leaves(inputs.args, inputs.kwargs))}
+
+
+def _as_called(value: Any) -> Any:
+    """``value`` with its plain lists, tuples and dicts copied (their items are not): what a call
+    was given, whatever its caller adds to them afterwards. torchvision's DenseNet hands each layer
+    the list of the features so far, then appends the layer's own: the captured call, replayed,
+    concatenated one more and the search ended in an internal error ("running_mean should contain
+    256 elements not 64")."""
+    if type(value) is list:
+        return [_as_called(v) for v in value]
+    if type(value) is tuple:
+        return tuple(_as_called(v) for v in value)
+    if type(value) is dict:
+        return {k: _as_called(v) for k, v in value.items()}
+    return value
 
 
 def _listed(names: list[str]) -> str:
