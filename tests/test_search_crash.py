@@ -166,14 +166,14 @@ def test_a_fault_while_the_incumbent_is_timed_beside_a_batch_is_not_blamed_on_th
 @pytest.mark.slow
 def test_a_search_without_a_fault_leaves_every_measurement_to_the_next(tmp_path):
     """The incumbent's record, journaled while it is timed beside later batches, is its
-    measurement again once they are timed: the next search reuses everything and builds nothing."""
+    measurement again once they are timed: the next search builds none of what the first measured."""
     first = _search_process(tmp_path, 99)
     assert first.returncode == 0, first.stderr[-2000:]
-    timings = json.loads(first.stdout.splitlines()[-1])["timings"]
-    assert any(len(t) > 2 for t in timings[2:]), timings        # a later batch was timed beside the incumbent
+    report = json.loads(first.stdout.splitlines()[-1])
+    assert any(len(t) > 2 for t in report["timings"][2:]), report["timings"]    # a later batch, beside the incumbent
     second = _search_process(tmp_path, 99)
     assert second.returncode == 0, second.stderr[-2000:]
-    assert json.loads(second.stdout.splitlines()[-1])["built"] == []
+    assert not set(json.loads(second.stdout.splitlines()[-1])["built"]) & set(report["built"])
 
 
 @needs_ort
