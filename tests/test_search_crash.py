@@ -21,7 +21,7 @@ from cuvil_pgc.recompile import runtimes
 from cuvil_pgc.recompile import search as search_mod
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.records import STARTED, UNFINISHED, RecordDB
-from cuvil_pgc.recompile.search_records import ENDED_PROCESS, ENDED_TIMING, SearchRecords
+from cuvil_pgc.recompile.search_records import ENDED_PROCESS, ENDED_RACE, ENDED_TIMING, SearchRecords
 from cuvil_pgc.recompile.trials import SearchOptions
 
 needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="needs onnxruntime")
@@ -33,7 +33,7 @@ import json, os, signal, sys, time
 import torch
 from torch import nn
 from cuvil_pgc.cli._terminate import terminated_as_exit
-from cuvil_pgc.recompile import checked_build
+from cuvil_pgc.recompile import checked_build, plan
 from cuvil_pgc.recompile import search as search_mod
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.records import RecordDB
@@ -41,8 +41,10 @@ from cuvil_pgc.recompile.trials import SearchOptions
 
 dies, records, how = int(sys.argv[1]), sys.argv[2], getattr(signal, sys.argv[3])
 # the candidate whose timing ends the process; "again": any program's second timing (the incumbent's)
-dies_timed = sys.argv[4] if len(sys.argv) > 4 else None
-built, timings, real, real_time = [], [], checked_build.realize, search_mod.time_interleaved
+dies_timed = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "-" else None
+# the plan whose timing in the final race ends the process (the final race rebuilds every plan as eager)
+dies_raced = sys.argv[5] if len(sys.argv) > 5 else None
+built, timings, raced, real, real_time = [], [], [], checked_build.realize, search_mod.time_interleaved
 
 def realize(module, cand, *args, **kwargs):
     built.append(cand.key)
@@ -64,24 +66,34 @@ def time_interleaved(contenders, **kwargs):
         time.sleep(60)
     return real_time(contenders, **kwargs)
 
-checked_build.realize, search_mod.time_interleaved = realize, time_interleaved
+def race(contenders, **kwargs):
+    raced.append(sorted(contenders))
+    if dies_raced in contenders:
+        print(json.dumps({"dying": dies_raced, "raced": raced}), flush=True)
+        os.kill(os.getpid(), how)
+        time.sleep(60)
+    return real_time(contenders, **kwargs)
+
+checked_build.realize, search_mod.time_interleaved, plan.time_interleaved = realize, time_interleaved, race
+plan.realize = lambda module, cand, *args, **kwargs: real(module, Candidate(cand.scope), *args, **kwargs)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
 options = SearchOptions(budget=4, backends=("ort", "openvino"), rounds=3, deployed_race=False)
 with terminated_as_exit():          # as `cuvil-pgc recompile` runs the search
     result = search_mod.search(model, (torch.randn(2, 16),), None, options=options, records=RecordDB(records),
                                machine_key="m")
-print(json.dumps({"built": built, "timings": timings, "trials": {k: [t.status, t.reason, t.reused] for k, t in result.trials.items()}}))
+print(json.dumps({"built": built, "timings": timings, "raced": raced, "final": sorted(result.final_medians_us),
+                  "trials": {k: [t.status, t.reason, t.reused] for k, t in result.trials.items()}}))
 """
 
 
-def _search_process(tmp_path, dies: int, how: str = "SIGSEGV", dies_timed: str | None = None
-                    ) -> subprocess.CompletedProcess:
+def _search_process(tmp_path, dies: int, how: str = "SIGSEGV", dies_timed: str | None = None,
+                    dies_raced: str | None = None) -> subprocess.CompletedProcess:
     script = tmp_path / "search.py"
     script.write_text(SEARCH)
     env = {**os.environ, "CUVIL_CACHE_DIR": str(tmp_path / "cache")}
     return subprocess.run([sys.executable, str(script), str(dies), str(tmp_path / "records"), how,
-                           *([dies_timed] if dies_timed else [])],
+                           dies_timed or "-", *([dies_raced] if dies_raced else [])],
                           capture_output=True, text=True, timeout=300, env=env, check=False)
 
 
@@ -177,6 +189,36 @@ def test_a_search_without_a_fault_leaves_every_measurement_to_the_next(tmp_path)
 
 
 @needs_ort
+@pytest.mark.skipif(not runtimes.check("openvino").ok, reason="needs openvino")
+@pytest.mark.slow
+def test_a_plan_that_ended_the_process_in_the_final_race_is_found_by_racing_each_apart(tmp_path):
+    """The final race rebuilds the plans (every runtime's default among them) and times them side
+    by side; OpenVINO's plan ends the process there. Which plan did is not known: the next search
+    rebuilds and times each apart, beside eager only, and the search after leaves OpenVINO's out
+    and ships one of the others, as the searches after it do."""
+    dying = "<model>::openvino"
+    first = _search_process(tmp_path, 99, dies_raced=dying)
+    assert first.returncode == -signal.SIGSEGV, first.stderr[-2000:]
+    together = json.loads(first.stdout.splitlines()[-1])["raced"][-1]
+    assert dying in together and "<model>::ort" in together, together
+
+    second = _search_process(tmp_path, 99, dies_raced=dying)      # nothing measured again: the race, apart
+    assert second.returncode == -signal.SIGSEGV, second.stderr[-2000:]
+    crash = json.loads(second.stdout.splitlines()[-1])
+    assert crash["raced"][-1] == [dying, "eager"] and all(len(r) == 2 for r in crash["raced"]), crash
+
+    for _ in range(2):        # left out, and said; the others raced apart
+        third = _search_process(tmp_path, 99, dies_raced=dying)
+        assert third.returncode == 0, third.stderr[-2000:]
+        report = json.loads(third.stdout.splitlines()[-1])
+        assert report["raced"] and all(len(r) == 2 and dying not in r for r in report["raced"]), report["raced"]
+        assert ["<model>::ort", "eager"] in report["raced"], report["raced"]
+        assert report["final"] and dying not in report["final"], report
+        assert f"cuvil-pgc: plan {dying} is left out: {ENDED_RACE}" in third.stderr
+        assert not report["built"], report       # every measurement was reused
+
+
+@needs_ort
 @pytest.mark.slow
 def test_a_search_ended_by_sigterm_leaves_its_candidate_to_the_next_search(tmp_path):
     """SIGTERM (a `timeout`, a CI job's cancel) is no fault of the candidate being built: under
@@ -242,6 +284,30 @@ def test_a_started_record_of_a_running_process_is_not_taken_for_a_crash(tmp_path
     _started_by_an_ended_process(RecordDB(tmp_path))
     again = view(RecordDB(tmp_path)).reusable(cand)
     assert again is not None and (again.status, again.reason) == ("compile_error", ENDED_PROCESS)
+
+
+def test_a_final_race_is_raced_apart_once_one_ended_its_process_and_not_before(tmp_path):
+    """The final race's mark: a race this running process started, or one that ended, is no crash;
+    one that an ended process left started makes this and every later race of the model on this
+    machine race apart; a plan is left out only if its own part of such a race ended a process."""
+    plan = {"": Candidate("", "ort")}
+
+    def view():
+        return SearchRecords(RecordDB(tmp_path), "m", {"": "s"}, {"": "t"}, {"": "w"}, {"": SimpleNamespace(signature="2x16")})
+
+    view().race_started()
+    assert not view().races_apart()            # this process, still running
+    view().race_done(apart=False)
+    assert not view().races_apart()
+    view().race_started()
+    _started_by_an_ended_process(RecordDB(tmp_path))
+    assert view().races_apart()
+    view().plan_started(plan)
+    assert not view().plan_ended(plan)
+    _started_by_an_ended_process(RecordDB(tmp_path), candidate="final-race:")
+    assert view().plan_ended(plan) and not view().plan_ended({"": Candidate("", "openvino")})
+    view().race_done(apart=True)
+    assert view().races_apart()                # and at every later search
 
 
 def _started_by_an_ended_process(db: RecordDB, *, status: str = STARTED, candidate: str = "") -> None:

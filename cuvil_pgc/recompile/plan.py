@@ -38,8 +38,9 @@ from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import apply_plan, realize
 from cuvil_pgc.recompile.candidates import Candidate
-from cuvil_pgc.recompile.measure import ratio_ci, time_interleaved, time_surviving
+from cuvil_pgc.recompile.measure import Samples, ratio_ci, time_interleaved, time_surviving
 from cuvil_pgc.recompile.realized import Realized
+from cuvil_pgc.recompile.search_records import ENDED_RACE
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +132,24 @@ def _nested(a: str, b: str) -> bool:
 def choose_plan(s: Any, result: Any) -> None:
     """Fill ``result.choices/realized/module/baseline_us/plan_us`` (``s`` is the running search)."""
     if s.opt.fixed is not None:       # a pinned plan: build and time it, no race against eager
-        built = _build_plan(s, dict(s.opt.fixed))
-        if built is None:
-            raise RecompileError(f"the pinned plan {[c.key for c in s.opt.fixed.values()]} cannot be built "
-                                 "or fails the accuracy guard (see the warning above)",
-                                 fix="pin another configuration or run the search")
-        _final_race(s, result, {"pinned": dict(s.opt.fixed)}, {"pinned": built}, allow_eager=False)
-        return
+        plans, defaults = {"pinned": dict(s.opt.fixed)}, []
+    else:
+        plans, defaults = _plans(s, result)
+    try:
+        built, samples, left_out = _build_and_time(s, plans)
+    except BaseException:      # an interrupt or an error of the search: no fault of the plans
+        if getattr(s, "records", None) is not None:
+            s.records.leave()
+        raise
+    if s.opt.fixed is not None and "pinned" not in built:
+        why = left_out.get("pinned", "it cannot be built or fails the accuracy guard (see the warning above)")
+        raise RecompileError(f"the pinned plan {[c.key for c in s.opt.fixed.values()]} is left out: {why}",
+                             fix="pin another configuration or run the search")
+    _final_race(s, result, plans, built, samples, allow_eager=s.opt.fixed is None, defaults=defaults)
+
+
+def _plans(s: Any, result: Any) -> tuple[dict[str, dict[str, Candidate]], list[str]]:
+    """The plans the final race rebuilds, by name, and the names of those that are a runtime at its defaults."""
     best = best_per_scope(s.trials)
     plans: dict[str, dict[str, Candidate]] = {}
     defaults: list[str] = []          # the plans that are a runtime at its defaults
@@ -160,9 +172,71 @@ def choose_plan(s: Any, result: Any) -> None:
     if composite and room and (root is None or composite_us < root.measured_us * 1.05):
         plans["regions"] = composite
         result.measured += 1
-    built = {name: _build_plan(s, choices) for name, choices in plans.items()}
-    built = {name: b for name, b in built.items() if b is not None}
-    _final_race(s, result, plans, built, defaults=defaults)
+    return plans, defaults
+
+
+def _build_and_time(s: Any, plans: dict[str, dict[str, Candidate]]
+                    ) -> tuple[dict[str, Any], dict[str, Samples], dict[str, str]]:
+    """Rebuild ``plans`` and time them with eager, side by side; where a final race of this model
+    ended its process (a native fault: nothing to catch), each apart, beside eager only
+    (:meth:`.SearchRecords.races_apart`). Returns the plans built and timed, the samples, and why
+    each plan left out after its build was (said here)."""
+    records = getattr(s, "records", None)
+    if records is not None and records.races_apart():
+        built, samples, left_out = _build_and_time_apart(s, plans, records)
+    else:
+        if records is not None:
+            records.race_started()
+        built = {name: b for name, choices in plans.items() if (b := _build_plan(s, choices)) is not None}
+        samples, left_out = _time_with_eager(s, {name: module for name, (_, module) in built.items()})
+        if records is not None:
+            records.race_done(apart=False)
+    for name, why in left_out.items():
+        log.warning("cuvil-pgc: plan %s is left out: %s", name, why)
+        built.pop(name, None)
+    return built, samples, left_out
+
+
+def _build_and_time_apart(s: Any, plans: dict[str, dict[str, Candidate]], records: Any
+                          ) -> tuple[dict[str, Any], dict[str, Samples], dict[str, str]]:
+    """Each plan rebuilt and timed beside eager alone, marked started meanwhile: one that ends this
+    process is left out of the next search's race. The samples are pooled: eager's all together,
+    each plan's scaled by the ratio of all eager runs' median to its own run's."""
+    built, left_out, runs = {}, {}, {}
+    for name, choices in plans.items():
+        if records.plan_ended(choices):
+            left_out[name] = ENDED_RACE
+            continue
+        records.plan_started(choices)
+        if (b := _build_plan(s, choices)) is not None:
+            runs[name], failed = _time_with_eager(s, {name: b[1]})
+            left_out.update(failed)
+            if name not in failed:
+                built[name] = b
+        records.plan_done(choices)
+    records.race_done(apart=True)
+    if not runs:
+        return built, _time_with_eager(s, {})[0], left_out
+    eager = Samples("eager", [t for run in runs.values() for t in run["eager"].seconds])
+    samples = {"eager": eager}
+    for name, run in runs.items():
+        if name in built:
+            scale = eager.median_s / run["eager"].median_s
+            samples[name] = Samples(name, [t * scale for t in run[name].seconds])
+    return built, samples, left_out
+
+
+def _time_with_eager(s: Any, modules: dict[str, Any]) -> tuple[dict[str, Samples], dict[str, str]]:
+    """``modules`` timed interleaved with the model; returns the samples and, by name, why one that
+    raised (after its check call passed) is left out."""
+    if not modules and s.opt.fixed is not None:      # the pinned plan was not built: nothing to race
+        return {}, {}
+    contenders = {"eager": s.model, **modules}
+    args = s.inputs
+    with torch.no_grad():
+        samples, failed = time_surviving({k: (lambda m=m: m(*args)) for k, m in contenders.items()},
+                                         timer=time_interleaved, rounds=max(s.opt.rounds, FINAL_RACE_ROUNDS))
+    return samples, {name: f"it raised while raced, after its check call passed: {why}" for name, why in failed.items()}
 
 
 def _build_plan(s: Any, choices: dict[str, Candidate]) -> tuple[dict[str, Realized], Any] | None:
@@ -184,19 +258,8 @@ def _build_plan(s: Any, choices: dict[str, Candidate]) -> tuple[dict[str, Realiz
 
 
 def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], built: dict[str, Any],
-                allow_eager: bool = True, defaults: list[str] | tuple[str, ...] = ()) -> None:
-    contenders = {"eager": s.model, **{name: module for name, (_, module) in built.items()}}
-    args = s.inputs
-    with torch.no_grad():
-        samples, failed = time_surviving({k: (lambda m=m: m(*args)) for k, m in contenders.items()},
-                                         timer=time_interleaved, rounds=max(s.opt.rounds, FINAL_RACE_ROUNDS))
-    for name, why in failed.items():     # passed its check call, raised at a later one
-        log.warning("cuvil-pgc: plan %s is left out: it raised while raced, after its check call passed: %s",
-                    name, why)
-        del built[name]
-        if not allow_eager:
-            raise RecompileError(f"the pinned plan raised while it was timed, after its check call passed: {why}",
-                                 fix="pin another configuration or run the search")
+                samples: dict[str, Samples], allow_eager: bool = True, defaults: list[str] | tuple[str, ...] = ()) -> None:
+    """Decide the race of the plans ``built`` (and timed: ``samples``) and fill ``result``."""
     medians = {k: v.median_s * 1e6 for k, v in samples.items()}
     winner = _confident(min((k for k in medians if allow_eager or k != "eager"), key=medians.get), defaults, samples)
     if getattr(s.opt, "deployed_race", False):

@@ -15,10 +15,18 @@ one candidate's rather than another's (the batch's new ones, or the incumbent ti
 an earlier batch timed without a fault): the next search times each alone, beside eager only
 (:attr:`SearchRecords.suspects`), and leaves out the one that ends the process so. The incumbent's
 own record is written again once the batch is timed.
+
+The final race (:mod:`.plan`) rebuilds the chosen plans and times them side by side; it is marked
+started too (:meth:`SearchRecords.race_started`). A fault there (a plan's rebuild or its runtime
+while timed) cannot be told one plan's either: once a final race of the model ended its process,
+its final races on this machine rebuild and time each plan apart, beside eager only, each marked
+started (:meth:`SearchRecords.plan_started`), and a plan that ends the process so is left out of
+the next (:meth:`SearchRecords.plan_ended`).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -28,6 +36,8 @@ from cuvil_pgc.recompile.candidates import Candidate, ScopeFeatures
 from cuvil_pgc.recompile.features import CENSUS_VERSION
 from cuvil_pgc.recompile.records import STARTED, Journal, Record, RecordDB, ended_its_process
 
+log = logging.getLogger(__name__)
+
 #: the reason a later search gives for a candidate left :data:`~.records.STARTED` by a process that ended
 ENDED_PROCESS = ("it ended the process of an earlier search of this model on this machine while it was built "
                  "or checked (a native fault of its runtime, or the process was killed); `cuvil-pgc cache "
@@ -36,6 +46,14 @@ ENDED_PROCESS = ("it ended the process of an earlier search of this model on thi
 ENDED_TIMING = ("it ended the process of an earlier search of this model on this machine while it was timed (a "
                 "native fault of its runtime, or the process was killed); `cuvil-pgc cache clear --kind records` "
                 "forgets this, with the machine's other measurements")
+#: the reason for a plan left started while the final race rebuilt or timed it apart
+ENDED_RACE = ("it ended the process of an earlier search of this model on this machine while the final race "
+              "rebuilt or timed it (a native fault of its runtime, or the process was killed); `cuvil-pgc cache "
+              "clear --kind records` forgets this, with the machine's other measurements")
+#: the measurement key of the final race's marks (:meth:`SearchRecords.race_started`)
+FINAL_RACE = "final-race"
+#: the status of a final race's mark once the race (or a plan's part of it) is over
+RACED = "raced"
 
 
 @dataclass
@@ -122,6 +140,44 @@ class SearchRecords:
         for cand in cands:
             self.journal.started(Record(*self._key(cand), status=STARTED, features={
                 "candidate": cand.to_json(), "stage": "timing", "alone": len(cands) == 1}))
+
+    def races_apart(self) -> bool:
+        """Whether the final race times each plan apart: a final race of this model on this machine
+        ended its process (said here), or raced apart since because one did."""
+        rec = self.db.lookup(*self._race_key())
+        if rec is not None and ended_its_process(rec):
+            log.warning("cuvil-pgc: a final race of this model on this machine ended its process; its plans are "
+                        "rebuilt and timed apart, beside eager only, and one that ends the process is left out")
+            return True
+        return rec is not None and bool(rec.features.get("apart"))
+
+    def race_started(self) -> None:
+        """Record that the final race rebuilds and times its plans side by side now."""
+        self.journal.started(Record(*self._race_key(), status=STARTED))
+
+    def race_done(self, apart: bool) -> None:
+        """The final race is over; ``apart``: it timed each plan apart, as the model's later races will."""
+        self.journal.done(self._race_key())
+        self.db.add(Record(*self._race_key(), status=RACED, features={"apart": apart}))
+
+    def plan_ended(self, choices: dict[str, Candidate]) -> bool:
+        """Whether the plan of ``choices`` ended the process of an earlier final race that timed it apart."""
+        rec = self.db.lookup(*self._race_key(choices))
+        return rec is not None and ended_its_process(rec)
+
+    def plan_started(self, choices: dict[str, Candidate]) -> None:
+        """Record that the final race rebuilds and times the plan of ``choices`` apart now."""
+        self.journal.started(Record(*self._race_key(choices), status=STARTED))
+
+    def plan_done(self, choices: dict[str, Candidate]) -> None:
+        """The plan of ``choices`` was rebuilt and timed apart (or failed with an error of its own)."""
+        self.journal.done(self._race_key(choices))
+        self.db.add(Record(*self._race_key(choices), status=RACED))
+
+    def _race_key(self, choices: dict[str, Candidate] | None = None) -> tuple[str, str, str, str]:
+        """The key of the final race's mark, or of one plan's part of a race run apart."""
+        name = FINAL_RACE if choices is None else f"{FINAL_RACE}:{','.join(sorted(c.key for c in choices.values()))}"
+        return (self._structure(""), name, self.machine, self.inputs[""].signature)
 
     def refit_samples(self) -> list[tuple[Candidate, ScopeFeatures, float]]:
         """Refit samples from every measurement recorded on this machine."""
