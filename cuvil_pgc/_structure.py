@@ -106,7 +106,11 @@ def settings_digest(module: Any, skip: Iterable[str] = ()) -> str:
     value must not run a model with another (it would return the other model's numbers). Private
     attributes (``_parameters``, hooks, caches) and ``training`` are left out, and so are where and
     by which version a model or config was loaded (``name_or_path``, ``_name_or_path``): a service
-    loads the same checkpoint from another directory.
+    loads the same checkpoint from another directory. So are the tensors a dict attribute holds: a
+    cache that the forward fills from the weights, which a model's own state (parameters and
+    buffers) does not hold (timm's LeViT keeps its attention biases per device in one, empty on a
+    fresh model and after ``eval()``: a service that called its model once before loading the build
+    ran every region eagerly, "settings changed since the build").
     """
     h = hashlib.sha256(b"cuvil-settings 1\n")
     for name, key, value in _settings(module, skip):
@@ -214,9 +218,9 @@ def _setting(value: Any, depth: int = 0) -> str:
         if len(value) > 256:
             return f"{type(value).__name__}[{len(value)}] {hashlib.sha256(repr(value).encode()).hexdigest()[:16]}"
         return f"{type(value).__name__}(" + ", ".join(_setting(v, depth + 1) for v in value) + ")"
-    if isinstance(value, dict):
+    if isinstance(value, dict):     # its tensors are a cache its forward fills (see settings_digest)
         return "{" + ", ".join(f"{k!r}: {_setting(v, depth + 1)}" for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))
-                               if not (isinstance(k, str) and k.startswith(_SKIP))) + "}"
+                               if not (isinstance(k, str) and k.startswith(_SKIP)) and not isinstance(v, torch.Tensor)) + "}"
     if isinstance(value, torch.Tensor):
         if value.numel() > 4096 or value.device.type == "meta":
             return f"tensor{tuple(value.shape)} {value.dtype}"

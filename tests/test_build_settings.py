@@ -49,6 +49,33 @@ def test_the_settings_digest_tells_attribute_values_apart_and_ignores_private_st
     assert settings_digest(model) == before
 
 
+class BiasCache(nn.Module):
+    """As timm's LeViT attention: the forward keeps a tensor computed from the weights in a dict,
+    per device, which a fresh model (and ``eval()``) leaves empty."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale, self.bias_cache = scale, {}
+        self.biases, self.fc = nn.Parameter(torch.randn(4)), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if str(x.device) not in self.bias_cache:
+            self.bias_cache[str(x.device)] = self.biases * 2
+        return self.fc(x) * self.scale + self.bias_cache[str(x.device)]
+
+
+def test_tensors_a_forward_keeps_in_a_dict_are_no_settings():
+    torch.manual_seed(0)
+    model, x = BiasCache().eval(), torch.randn(2, 4)
+    fresh = settings_digest(model)
+    model(x)
+    assert model.bias_cache and settings_digest(model) == fresh
+    assert settings_digest(BiasCache(scale=2.0)) != fresh         # the module's other settings still count
+    mixed = BiasCache()
+    mixed.bias_cache = {"cpu": torch.ones(2), "mode": "fast"}
+    assert settings_digest(mixed) != fresh                         # a plain value in the dict is a setting
+
+
 def test_a_hugging_face_model_loaded_from_another_directory_keeps_its_settings():
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,

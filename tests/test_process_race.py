@@ -378,6 +378,7 @@ def test_the_final_race_sends_whole_model_plans_to_worker_processes():
     ran both (which one wins is the machine's business) and the winner is one of them."""
     from types import SimpleNamespace
 
+    from cuvil_pgc.recompile.plan import _final_race
     from cuvil_pgc.recompile.trials import SearchOptions, SearchResult
 
     model, inputs, cand, realized, scope_inputs = _realized_ort()
@@ -387,21 +388,13 @@ def test_the_final_race_sends_whole_model_plans_to_worker_processes():
     s = SimpleNamespace(model=model, inputs=inputs, scope_inputs={"": scope_inputs},
                         opt=SearchOptions(rounds=5, deployed_race=True))
     result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
-    _race(s, result, plans, built)   # eager may beat a tiny MLP
+    _final_race(s, result, plans, built, allow_eager=False, defaults=["<model>::ort"])   # eager may beat a tiny MLP
     assert set(result.deployed_medians_us) == {"model", "<model>::ort"}
     assert result.choices in (plans["model"], plans["<model>::ort"])
     s.opt.deployed_race = False
     result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
-    _race(s, result, plans, built)
+    _final_race(s, result, plans, built, allow_eager=False, defaults=["<model>::ort"])
     assert result.deployed_medians_us == {}
-
-
-def _race(s, result, plans, built):
-    """The final race of ``built`` (timed here, in this process) with eager left out of the winners."""
-    from cuvil_pgc.recompile.plan import _final_race, _time_with_eager
-
-    samples, _ = _time_with_eager(s, {name: module for name, (_, module) in built.items()})
-    _final_race(s, result, plans, built, samples, allow_eager=False, defaults=["<model>::ort"])
 
 
 def mlp_factory():
@@ -422,6 +415,7 @@ def test_eager_from_the_model_s_factory_races_in_processes_and_gives_the_build_s
     eager races in processes of its own beside the plans, and the build's figures come from there."""
     from types import SimpleNamespace
 
+    from cuvil_pgc.recompile.plan import _final_race
     from cuvil_pgc.recompile.trials import SearchOptions, SearchResult
 
     model, inputs, cand, realized, scope_inputs = _realized_ort()
@@ -431,7 +425,7 @@ def test_eager_from_the_model_s_factory_races_in_processes_and_gives_the_build_s
     s = SimpleNamespace(model=model, inputs=inputs, scope_inputs={"": scope_inputs},
                         opt=SearchOptions(rounds=5, deployed_race=True, model_ref="tests.test_process_race:mlp_factory"))
     result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
-    _race(s, result, plans, built)
+    _final_race(s, result, plans, built, allow_eager=False, defaults=["<model>::ort"])
     deployed = result.deployed_medians_us
     assert set(deployed) == {"model", "<model>::ort", "eager"}
     shipped = next(name for name in plans if plans[name] == result.choices)
@@ -440,7 +434,7 @@ def test_eager_from_the_model_s_factory_races_in_processes_and_gives_the_build_s
 
     s.opt.model_ref = "tests.test_process_race:other_weights_factory"     # not the model searched: its eager does not race
     result = SearchResult(trials={}, features={}, matches=None, scope_inputs={})
-    _race(s, result, plans, built)
+    _final_race(s, result, plans, built, allow_eager=False, defaults=["<model>::ort"])
     assert set(result.deployed_medians_us) == {"model", "<model>::ort"} and result.unloadable == {}
     assert result.baseline_us == result.final_medians_us["eager"]
 
