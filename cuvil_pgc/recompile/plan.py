@@ -135,17 +135,27 @@ def choose_plan(s: Any, result: Any) -> None:
         plans, defaults = {"pinned": dict(s.opt.fixed)}, []
     else:
         plans, defaults = _plans(s, result)
+    records = getattr(s, "records", None)
+    apart = records is not None and records.races_apart()
     try:
-        built, samples, left_out = _build_and_time(s, plans)
+        if apart:
+            built, samples, left_out = _build_and_time_apart(s, plans, records)
+        else:
+            if records is not None:
+                records.race_started()
+            built = {name: b for name, choices in plans.items() if (b := _build_plan(s, choices)) is not None}
+            samples, left_out = None, {}
+        if s.opt.fixed is not None and "pinned" not in built:
+            why = left_out.get("pinned", "it cannot be built or fails the accuracy guard (see the warning above)")
+            raise RecompileError(f"the pinned plan {[c.key for c in s.opt.fixed.values()]} is left out: {why}",
+                                 fix="pin another configuration or run the search")
+        _final_race(s, result, plans, built, samples=samples, allow_eager=s.opt.fixed is None, defaults=defaults)
     except BaseException:      # an interrupt or an error of the search: no fault of the plans
-        if getattr(s, "records", None) is not None:
-            s.records.leave()
+        if records is not None:
+            records.leave()
         raise
-    if s.opt.fixed is not None and "pinned" not in built:
-        why = left_out.get("pinned", "it cannot be built or fails the accuracy guard (see the warning above)")
-        raise RecompileError(f"the pinned plan {[c.key for c in s.opt.fixed.values()]} is left out: {why}",
-                             fix="pin another configuration or run the search")
-    _final_race(s, result, plans, built, samples, allow_eager=s.opt.fixed is None, defaults=defaults)
+    if records is not None and not apart:
+        records.race_done(apart=False)
 
 
 def _plans(s: Any, result: Any) -> tuple[dict[str, dict[str, Candidate]], list[str]]:
@@ -175,33 +185,13 @@ def _plans(s: Any, result: Any) -> tuple[dict[str, dict[str, Candidate]], list[s
     return plans, defaults
 
 
-def _build_and_time(s: Any, plans: dict[str, dict[str, Candidate]]
-                    ) -> tuple[dict[str, Any], dict[str, Samples], dict[str, str]]:
-    """Rebuild ``plans`` and time them with eager, side by side; where a final race of this model
-    ended its process (a native fault: nothing to catch), each apart, beside eager only
-    (:meth:`.SearchRecords.races_apart`). Returns the plans built and timed, the samples, and why
-    each plan left out after its build was (said here)."""
-    records = getattr(s, "records", None)
-    if records is not None and records.races_apart():
-        built, samples, left_out = _build_and_time_apart(s, plans, records)
-    else:
-        if records is not None:
-            records.race_started()
-        built = {name: b for name, choices in plans.items() if (b := _build_plan(s, choices)) is not None}
-        samples, left_out = _time_with_eager(s, {name: module for name, (_, module) in built.items()})
-        if records is not None:
-            records.race_done(apart=False)
-    for name, why in left_out.items():
-        log.warning("cuvil-pgc: plan %s is left out: %s", name, why)
-        built.pop(name, None)
-    return built, samples, left_out
-
-
 def _build_and_time_apart(s: Any, plans: dict[str, dict[str, Candidate]], records: Any
                           ) -> tuple[dict[str, Any], dict[str, Samples], dict[str, str]]:
-    """Each plan rebuilt and timed beside eager alone, marked started meanwhile: one that ends this
-    process is left out of the next search's race. The samples are pooled: eager's all together,
-    each plan's scaled by the ratio of all eager runs' median to its own run's."""
+    """Where a final race of this model ended its process (a native fault: nothing to catch,
+    :meth:`.SearchRecords.races_apart`): each plan rebuilt and timed beside eager alone, marked
+    started meanwhile, so that one that ends this process is left out of the next search's race.
+    Returns the plans built and timed, the samples (eager's pooled, each plan's scaled by the
+    ratio of all eager runs' median to its own run's) and why each plan left out was (said here)."""
     built, left_out, runs = {}, {}, {}
     for name, choices in plans.items():
         if records.plan_ended(choices):
@@ -215,6 +205,8 @@ def _build_and_time_apart(s: Any, plans: dict[str, dict[str, Candidate]], record
                 built[name] = b
         records.plan_done(choices)
     records.race_done(apart=True)
+    for name, why in left_out.items():
+        log.warning("cuvil-pgc: plan %s is left out: %s", name, why)
     if not runs:
         return built, _time_with_eager(s, {})[0], left_out
     eager = Samples("eager", [t for run in runs.values() for t in run["eager"].seconds])
@@ -229,7 +221,7 @@ def _build_and_time_apart(s: Any, plans: dict[str, dict[str, Candidate]], record
 def _time_with_eager(s: Any, modules: dict[str, Any]) -> tuple[dict[str, Samples], dict[str, str]]:
     """``modules`` timed interleaved with the model; returns the samples and, by name, why one that
     raised (after its check call passed) is left out."""
-    if not modules and s.opt.fixed is not None:      # the pinned plan was not built: nothing to race
+    if not modules and getattr(s.opt, "fixed", None) is not None:      # the pinned plan was not built
         return {}, {}
     contenders = {"eager": s.model, **modules}
     args = s.inputs
@@ -258,8 +250,18 @@ def _build_plan(s: Any, choices: dict[str, Candidate]) -> tuple[dict[str, Realiz
 
 
 def _final_race(s: Any, result: Any, plans: dict[str, dict[str, Candidate]], built: dict[str, Any],
-                samples: dict[str, Samples], allow_eager: bool = True, defaults: list[str] | tuple[str, ...] = ()) -> None:
-    """Decide the race of the plans ``built`` (and timed: ``samples``) and fill ``result``."""
+                allow_eager: bool = True, defaults: list[str] | tuple[str, ...] = (),
+                samples: dict[str, Samples] | None = None) -> None:
+    """Time the plans ``built`` with eager (unless ``samples`` holds their times, raced apart),
+    decide the race and fill ``result``."""
+    if samples is None:
+        samples, failed = _time_with_eager(s, {name: module for name, (_, module) in built.items()})
+        for name, why in failed.items():     # passed its check call, raised at a later one
+            log.warning("cuvil-pgc: plan %s is left out: %s", name, why)
+            del built[name]
+            if not allow_eager:
+                raise RecompileError(f"the pinned plan is left out: {why}",
+                                     fix="pin another configuration or run the search")
     medians = {k: v.median_s * 1e6 for k, v in samples.items()}
     winner = _confident(min((k for k in medians if allow_eager or k != "eager"), key=medians.get), defaults, samples)
     if getattr(s.opt, "deployed_race", False):
