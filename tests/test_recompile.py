@@ -659,6 +659,25 @@ def test_rounding_to_a_low_precision_is_admitted_only_by_tolerances_that_allow_i
     assert admits_rounding(DOut(torch.randn(4), {}), torch.bfloat16)      # not walked: admitted
 
 
+def test_a_reduced_precision_program_is_held_to_the_outputs_scale_not_to_an_absolute_atol():
+    """A randomly initialized timm FastViT answers 0.02 at most: bf16's rounding, 1e-4 there, is
+    within the float32 guard's atol of 1e-4, and OpenVINO's bf16 passed it. Held at the outputs'
+    scale, a reduced-precision program fails where its rounding would fail at scale 1; a float32
+    program keeps the absolute atol, and an atol the user gives is kept as given."""
+    from cuvil_pgc.recompile.accuracy import admits_rounding
+
+    torch.manual_seed(0)
+    small = torch.randn(8, 64) * 0.01
+    rounded = small.to(torch.bfloat16).float()
+    assert check_outputs(small, rounded).ok                       # a float32 program: absolute atol
+    verdict = check_outputs(small, rounded, reduced=True)
+    assert not verdict.ok and "atol=" in verdict.reason
+    assert check_outputs(small, rounded, reduced=True, atol=1e-4).ok      # the user's atol stands
+    assert not admits_rounding(small, torch.bfloat16)             # so the search does not build it
+    large = torch.randn(8, 64) * 100
+    assert check_outputs(large, large + 5e-5, reduced=True).ok    # at scale 1 and above: unchanged
+
+
 def test_low_precision_candidates_are_built_only_where_the_tolerances_can_pass(monkeypatch):
     import cuvil_pgc.recompile.search as search_mod
     from cuvil_pgc.recompile.measure import Samples

@@ -9,7 +9,11 @@ returns bf16 instead of fp32 is wrong). NaN is equal to NaN at the same place.
 
 Default tolerances (:data:`DEFAULT_TOLERANCES`, ``(rtol, atol)`` per reference dtype): float32
 allows 1e-4 so that Inductor's reordered reductions and fused math pass, while bf16/fp16 autocast
-of an fp32 model (errors around 1e-2) is rejected unless the caller widens ``rtol``/``atol``.
+of an fp32 model (errors around 1e-2) is rejected unless the caller widens ``rtol``/``atol``. For
+such a reduced-precision program (``reduced``) the default atol is taken at the scale of each
+output, times its largest magnitude where that is below 1: an absolute 1e-4 is 0.5% of the logits
+of a randomly initialized timm FastViT (0.02 at most), and OpenVINO's bf16 passed the float32 guard
+there, off by 1e-4, a build no user of a float32 model asked for.
 
 A model that computes in bf16 or fp16 itself (a service's ``model.to(torch.bfloat16)``) rounds
 every op's output, and a program that fuses ops rounds less: the two differ by eager's own error,
@@ -48,8 +52,9 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 
 
 #: bump when the guard accepts other outputs: a recorded accuracy verdict of another version is not
-#: reused (2: bf16/fp16 outputs held to the float32 result; 3: padded positions not compared)
-GUARD_VERSION = 3
+#: reused (2: bf16/fp16 outputs held to the float32 result; 3: padded positions not compared; 4: the
+#: atol of reduced-precision programs at the outputs' scale)
+GUARD_VERSION = 4
 #: reference dtypes held to the float32 result where it is known (see the module docstring)
 LOW_PRECISION = ("bfloat16", "float16")
 #: how much further from the float32 result than eager a low-precision output may be (PyTorch's
@@ -91,14 +96,16 @@ DECISIVE_EXCESS = 10.0
 
 
 def check_outputs(reference: Any, candidate: Any, *, rtol: float | None = None,
-                  atol: float | None = None, exact: Any = None, padding: Padding | None = None) -> AccuracyResult:
+                  atol: float | None = None, exact: Any = None, padding: Padding | None = None,
+                  reduced: bool = False) -> AccuracyResult:
     """Compare ``candidate`` with ``reference``; ``rtol``/``atol`` override the per-dtype defaults;
     ``exact``: the reference's float32 counterpart, for bf16/fp16 outputs; ``padding``: the
-    positions left out (see the module docstring)."""
+    positions left out; ``reduced``: the candidate computes in a lower precision than the
+    reference (see the module docstring)."""
     state = AccuracyResult(ok=True)
     try:
         _walk(reference, candidate, "output", state, rtol, atol, exact if rtol is None and atol is None else None,
-              padding)
+              padding, reduced and atol is None)
     except _Mismatch as exc:
         state.ok = False
         state.reason = str(exc)
@@ -119,7 +126,8 @@ def admits_rounding(reference: Any, dtype: Any, *, rtol: float | None = None, at
             return t.detach().to(dtype).to(t.dtype)
         return t
 
-    return check_outputs(reference, torch.utils._pytree.tree_map(rounded, reference), rtol=rtol, atol=atol).ok
+    return check_outputs(reference, torch.utils._pytree.tree_map(rounded, reference), rtol=rtol, atol=atol,
+                         reduced=True).ok
 
 
 def low_precision_left_out(reference: Any, precision: str, dtype: Any, backend: str, blind: float | None, *,
@@ -201,14 +209,14 @@ class _Mismatch(Exception):
 
 
 def _walk(ref: Any, out: Any, where: str, state: AccuracyResult, rtol: float | None, atol: float | None,
-          exact: Any = None, padding: Padding | None = None) -> None:
+          exact: Any = None, padding: Padding | None = None, scaled: bool = False) -> None:
     import torch
 
     if isinstance(ref, torch.Tensor):
         if not isinstance(out, torch.Tensor):
             raise _Mismatch(f"{where}: expected a tensor, got {type(out).__name__}")
         _compare_tensor(ref, out, where, state, rtol, atol, exact if isinstance(exact, torch.Tensor) else None,
-                        padding)
+                        padding, scaled)
     elif ref is None or isinstance(ref, (bool, int, float, complex, str)):
         _compare_scalar(ref, out, where, rtol, atol)
     elif isinstance(ref, dict):
@@ -216,17 +224,17 @@ def _walk(ref: Any, out: Any, where: str, state: AccuracyResult, rtol: float | N
             raise _Mismatch(f"{where}: dict keys differ")
         for key in ref:
             _walk(ref[key], out[key], f"{where}[{key!r}]", state, rtol, atol,
-                  exact.get(key) if isinstance(exact, dict) else None, padding)
+                  exact.get(key) if isinstance(exact, dict) else None, padding, scaled)
     elif isinstance(ref, (tuple, list)):
         if not isinstance(out, (tuple, list)) or len(ref) != len(out):
             got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else f"a {type(out).__name__}"
             raise _Mismatch(f"{where}: expected a {type(ref).__name__} of {len(ref)}, got {got}")
         parts = exact if isinstance(exact, (tuple, list)) and len(exact) == len(ref) else [None] * len(ref)
         for i, (r, o, x) in enumerate(zip(ref, out, parts, strict=True)):
-            _walk(r, o, f"{where}[{i}]", state, rtol, atol, x, padding)
+            _walk(r, o, f"{where}[{i}]", state, rtol, atol, x, padding, scaled)
     elif _has_fields(ref):
         _walk(_fields(ref, where), _fields(out, where), where, state, rtol, atol,
-              _fields(exact, where) if exact is not None and _has_fields(exact) else None, padding)
+              _fields(exact, where) if exact is not None and _has_fields(exact) else None, padding, scaled)
     else:
         _compare_value(ref, out, where)
 
@@ -267,7 +275,8 @@ def _compare_scalar(ref: Any, out: Any, where: str, rtol: float | None, atol: fl
 
 
 def _compare_tensor(ref: Any, out: Any, where: str, state: AccuracyResult, rtol: float | None,
-                    atol: float | None, exact: Any = None, padding: Padding | None = None) -> None:
+                    atol: float | None, exact: Any = None, padding: Padding | None = None,
+                    scaled: bool = False) -> None:
     import torch
 
     if tuple(ref.shape) != tuple(out.shape):
@@ -290,10 +299,12 @@ def _compare_tensor(ref: Any, out: Any, where: str, state: AccuracyResult, rtol:
     ref64, out64 = ref64.double(), out64.double()
     both_nan = torch.isnan(ref64) & torch.isnan(out64)
     diff = torch.where(both_nan, torch.zeros_like(ref64), (out64 - ref64).abs())
+    finite = ref64[torch.isfinite(ref64)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    if scaled and not _low_precision(ref):      # a reduced-precision program: atol at the outputs' scale
+        at *= min(1.0, scale)
     if ref64.numel():
-        finite = ref64[torch.isfinite(ref64)]
-        if finite.numel():
-            state.ref_scale = max(state.ref_scale, float(finite.abs().max()))
+        state.ref_scale = max(state.ref_scale, scale)
         worst = float(diff.max())
         state.max_abs_err = worst if math.isnan(worst) else max(state.max_abs_err, worst)
         state.max_rel_err = max(state.max_rel_err, float((diff / ref64.abs().clamp_min(1e-12)).max()))

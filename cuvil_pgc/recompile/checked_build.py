@@ -61,7 +61,8 @@ def build_checked(cand: Candidate, module: Any, inputs: ScopeInputs, ref: Any, o
         return CheckedBuild("compile_error", reason=reason, export_failed=isinstance(exc, ExportError))
     if native.text.strip():
         log.debug("candidate %s wrote to stderr: %s", cand.key, native.text.strip()[:2000])
-    check = check_outputs(ref, out, rtol=opt.rtol, atol=opt.atol, exact=exact, padding=padding)
+    check = check_outputs(ref, out, rtol=opt.rtol, atol=opt.atol, exact=exact, padding=padding,
+                          reduced=cand.precision != "fp32")
     if not check.ok:
         reason = check.reason
         if check.garbage:

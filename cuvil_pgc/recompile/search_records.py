@@ -80,7 +80,8 @@ class SearchRecords:
     def reusable(self, cand: Candidate) -> Record | None:
         """The record of ``cand`` this search may reuse instead of measuring it; None also for an
         accuracy verdict reached with other weights (it holds for the weights it was checked with)
-        or by another version of the guard (:data:`~.accuracy.GUARD_VERSION`), for garbage
+        or by another version of the guard (:data:`~.accuracy.GUARD_VERSION`; a reduced-precision
+        candidate's pass too), for garbage
         outputs (:attr:`~.accuracy.AccuracyResult.garbage`: a fault that may not recur) and for a
         candidate left unfinished or started by a running process. One left started by a process
         that ended comes back as a compile error: :data:`ENDED_PROCESS` (:meth:`.Journal.settled`)."""
@@ -95,6 +96,9 @@ class SearchRecords:
         if rec is not None and rec.status == "accuracy_error" and (
                 rec.features.get("weights") != self.weights[cand.scope]
                 or rec.features.get("guard", 1) != GUARD_VERSION or rec.features.get("fault")):
+            return None
+        if rec is not None and rec.status == "ok" and cand.precision != "fp32" \
+                and rec.features.get("guard", 1) != GUARD_VERSION:      # passed a guard that may be laxer
             return None
         return rec
 
