@@ -207,8 +207,8 @@ def _build_and_time_apart(s: Any, plans: dict[str, dict[str, Candidate]], record
     records.race_done(apart=True)
     for name, why in left_out.items():
         log.warning("cuvil-pgc: plan %s is left out: %s", name, why)
-    if not runs:
-        return built, _time_with_eager(s, {})[0], left_out
+    if not runs:        # eager alone, for the race to decide; a pinned plan left out has no race
+        return built, {} if getattr(s.opt, "fixed", None) is not None else _time_with_eager(s, {})[0], left_out
     eager = Samples("eager", [t for run in runs.values() for t in run["eager"].seconds])
     samples = {"eager": eager}
     for name, run in runs.items():
@@ -221,8 +221,6 @@ def _build_and_time_apart(s: Any, plans: dict[str, dict[str, Candidate]], record
 def _time_with_eager(s: Any, modules: dict[str, Any]) -> tuple[dict[str, Samples], dict[str, str]]:
     """``modules`` timed interleaved with the model; returns the samples and, by name, why one that
     raised (after its check call passed) is left out."""
-    if not modules and getattr(s.opt, "fixed", None) is not None:      # the pinned plan was not built
-        return {}, {}
     contenders = {"eager": s.model, **modules}
     args = s.inputs
     with torch.no_grad():
