@@ -5,7 +5,10 @@ the accuracy guard with "off by up to nan"."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,19 +18,60 @@ from cuvil_pgc.cli import main
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile import recompile, runtimes
 from cuvil_pgc.recompile.candidates import Candidate
-from cuvil_pgc.recompile.stateless import check_stateless
+from cuvil_pgc.recompile.stateless import check_stateless, holding
 from tests._profiled import record_trace
 
 
 class RunningSum(nn.Module):
+    """Its weights are its own: no submodule leaves its state alone to be searched."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.fc = nn.Linear(8, 8)
+        self.weight = nn.Parameter(torch.randn(8, 8))
         self.register_buffer("seen", torch.zeros(8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.seen.add_(x.sum(0))
-        return self.fc(x) + self.seen
+        return x @ self.weight + self.seen
+
+
+class StreamingNormalizer(nn.Module):
+    """Keeps a running mean of its inputs and counts its calls at inference (a streaming feature
+    normalizer, the counter assigned anew at each call); ``net`` leaves that state alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(16))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count = self.count + 1
+        self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.net(x - self.mean)
+
+
+class Tracker(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.zeros(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.add(self.total, x.sum(0), out=self.total)
+        return x - 0.1 * self.total
+
+
+class TrackedNet(nn.Module):
+    """The state is a submodule's (``track``); ``head`` beside it leaves it alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(16, 16)
+        self.track = Tracker()
+        self.head = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.track(self.stem(x)))
 
 
 class DoublesItsInput(nn.Module):
@@ -91,6 +135,11 @@ def running_sum():
     return RunningSum().eval(), (torch.randn(4, 8),)
 
 
+def streaming_normalizer():
+    torch.manual_seed(0)
+    return StreamingNormalizer().eval(), (torch.randn(8, 16),)
+
+
 @pytest.mark.usefixtures("build_env")
 @pytest.mark.parametrize("factory, named", [(running_sum, "buffer seen"),
                                             (lambda: (DoublesItsInput().eval(), (torch.randn(4, 8),)), "input 0")])
@@ -122,7 +171,7 @@ def test_a_buffer_assigned_anew_on_every_call_is_put_back():
 def test_a_nan_buffer_left_alone_is_not_a_change():
     model = RunningSum().eval()
     model.seen.fill_(float("nan"))
-    model.forward = lambda x: model.fc(x)        # reads nothing, changes nothing
+    model.forward = lambda x: x @ model.weight        # reads nothing, changes nothing
     check_stateless(model, (torch.randn(2, 8),))
 
 
@@ -136,6 +185,108 @@ def test_the_cli_says_it_in_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert done.value.code != 0 and "buffer seen" in err and "Traceback" not in err
     assert not (tmp_path / "b.cuvilpkg").exists()
+
+
+needs_ort = pytest.mark.skipif(not runtimes.check("ort").ok, reason="needs onnxruntime")
+
+
+@needs_ort
+@pytest.mark.usefixtures("build_env")
+def test_a_model_changing_its_own_buffers_stays_eager_and_its_submodules_are_searched(tmp_path, caplog):
+    """A streaming normalizer is not refused: its ``net`` leaves the running mean and the call
+    counter alone. The search builds candidates for ``net`` and none for the model, and leaves
+    the user's buffers as they were (the counter the same tensor, though the forward assigns anew)."""
+    model, inputs = streaming_normalizer()
+    trace = record_trace(model, inputs, tmp_path / "norm.trace.json")
+    model, inputs = streaming_normalizer()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    count = model.count
+    with caplog.at_level("WARNING", logger="cuvil_pgc.recompile"):
+        build = recompile(model, inputs, trace, records=False, backends=("ort",), rounds=3, deployed_race=False,
+                          exhaustive=True)     # (the cost models may predict no gain for so small a net)
+    assert "changes buffer mean, buffer count on every call: it stays eager" in caplog.text
+    built = {t.candidate.scope for t in build.result.trials.values() if not t.candidate.is_baseline}
+    assert "net" in built and "" not in built, build.result.trials.keys()
+    assert all(c.is_baseline for s, c in build.result.choices.items() if s == "")
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()) and model.count is count
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="cuvil_pgc.recompile"):     # no profile: nothing to search, said
+        bare = recompile(model, inputs, records=False, backends=("ort",), rounds=3, deployed_race=False)
+    assert all(t.candidate.is_baseline for t in bare.result.trials.values())
+    assert "without a profile no submodule is searched" in caplog.text
+
+
+SERVICE = """
+import json, sys
+import torch
+from cuvil_pgc import load_build
+sys.path.insert(0, sys.argv[3])
+from tests.test_recompile_stateless import streaming_normalizer
+eager, inputs = streaming_normalizer()
+model, _ = streaming_normalizer()
+built = load_build(sys.argv[1], model, pubkey=sys.argv[2])
+errors = []
+with torch.no_grad():
+    for i in range(3):
+        x = inputs[0] * (i + 1)
+        errors.append(float((built(x) - eager(x)).abs().max()))
+print(json.dumps({"errors": errors, "counts": [int(model.count), int(eager.count)], "regions":
+                  built.cuvil_load_report.runtime_regions, "mean": float((model.mean - eager.mean).abs().max())}))
+"""
+
+
+@needs_ort
+@pytest.mark.usefixtures("build_env")
+def test_the_build_of_a_model_changing_its_buffers_updates_them_as_eager_does_in_a_service(tmp_path, keys):
+    """``net`` pinned on ONNX Runtime: the plan passes the guard end to end (each of the search's
+    calls computes from the user's state, which it puts back first), and the signed build, loaded
+    onto a fresh model in a service, returns eager's outputs call after call, the model's forward
+    updating its buffers around ``net``'s program."""
+    model, inputs = streaming_normalizer()
+    build = recompile(model, inputs, records=False, plan={"net": Candidate("net", "ort")}, rounds=3,
+                      deployed_race=False)
+    path = build.save(tmp_path / "norm.cuvilpkg", signing_key=str(keys[0]))
+    script = tmp_path / "service.py"
+    script.write_text(SERVICE)
+    done = subprocess.run([sys.executable, str(script), str(path), str(keys[1]),
+                           os.path.dirname(os.path.dirname(os.path.abspath(__file__)))],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["regions"] == 1 and report["counts"] == [3, 3], report
+    assert max(report["errors"]) < 1e-5 and report["mean"] == 0.0, report
+
+
+@pytest.mark.usefixtures("build_env")
+def test_a_pinned_plan_running_a_module_that_changes_the_buffers_is_refused():
+    model, inputs = streaming_normalizer()
+    with pytest.raises(RecompileError, match="changes the model's buffers") as err:
+        recompile(model, inputs, records=False, plan={"": Candidate("", "compile")}, rounds=3)
+    assert "submodules whose calls leave the buffers alone" in err.value.fix
+
+
+def test_the_modules_whose_calls_change_a_buffer_are_kept_and_the_state_held_while_recompile_calls():
+    """The state is a submodule's: it and the model are kept eager, its siblings are not; while
+    held, every call starts from the state before recompile's calls, and leaving puts it back."""
+    torch.manual_seed(0)
+    model, x = TrackedNet().eval(), torch.randn(4, 16)
+    held = check_stateless(model, (x,))
+    assert held is not None and held.modules == {"", "track"}
+    assert [name for name, _, _ in held.buffers] == ["track.total"] and not model.track.total.any()
+    with torch.no_grad():
+        with holding(model, held):
+            first = model(x)
+            assert torch.equal(model.track.total, model.stem(x).sum(0))     # from zeros
+            assert torch.equal(model(x), first)                              # from zeros again
+        assert not model.track.total.any()
+        assert torch.equal(model(x), first) and not torch.equal(model(x), first)   # outside: the state is the user's
+
+
+def test_a_model_whose_only_weights_change_state_is_still_refused():
+    model, inputs = running_sum()
+    with pytest.raises(RecompileError, match="no submodule with weights leaves it alone"):
+        check_stateless(model, inputs)
 
 
 @pytest.mark.usefixtures("build_env")

@@ -180,11 +180,11 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     from cuvil_pgc._progress import stage
     from cuvil_pgc.recompile.cache_step import around_cache
-    from cuvil_pgc.recompile.stateless import check_stateless
+    from cuvil_pgc.recompile.stateless import check_stateless, holding
 
     try:
         model, example_inputs, step = around_cache(model, example_inputs)
-        check_stateless(model, example_inputs, rtol=rtol, atol=atol)
+        held = check_stateless(model, example_inputs, rtol=rtol, atol=atol)
     except CuvilError:
         raise
     except Exception as exc:          # the user's model on their inputs, reported as such
@@ -208,18 +208,19 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
                             rounds=rounds, use_records=db is not None,
                             backends=tuple(backends) if backends else None, fixed=_pinned(plan),
                             deployed_race=deployed_race, model_ref=model_ref, sizes_vary=step is not None or source,
-                            time_budget=time_budget)
+                            time_budget=time_budget, eager_scopes=held.modules if held else frozenset())
     if calibrate and db is not None and plan is None:
         from cuvil_pgc.recompile.calibrate import calibrate_backends
 
         stage(progress, "calibrating the backends")
         calibrate_backends(db, machine_key(fingerprint), device)
     _clear_cache_artifacts()
-    result = search(model, example_inputs, analysis, options=options, records=db,
-                    machine_key=machine_key(fingerprint), progress=progress)
-    if dynamic:
-        stage(progress, "exporting the runtime regions for other input sizes")
-        _add_other_shapes(result, device, rtol, atol)
+    with holding(model, held):     # a forward changing its buffers computes from the same state at each call
+        result = search(model, example_inputs, analysis, options=options, records=db,
+                        machine_key=machine_key(fingerprint), progress=progress)
+        if dynamic:
+            stage(progress, "exporting the runtime regions for other input sizes")
+            _add_other_shapes(result, device, rtol, atol)
     stage(progress, "writing the plan")
     artifacts, files, other_shapes = _artifact_members(result)
     model_hash = structural_hash(model)

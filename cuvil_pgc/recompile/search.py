@@ -145,8 +145,13 @@ class _Search:
         root = feats[""]
         root.eager_us, root.calls = root_us, 1.0
         root.labels = root_labels(self.analysis, self.matches.matched)
-        chosen = choose_scopes(root, [f for s, f in feats.items() if s and f.eager_us > 0],
+        kept = self.opt.eager_scopes
+        chosen = choose_scopes(root, [f for s, f in feats.items() if s and f.eager_us > 0 and s not in kept],
                                self.opt.max_subscopes)
+        if "" in kept and len(chosen) == 1:
+            log.warning("cuvil-pgc: the model stays eager, and %s: the build runs it as it is",
+                        "no submodule its profile times leaves its buffers alone" if subs else
+                        "without a profile no submodule is searched (cuvil-pgc profile times each one)")
         self.features = {f.scope: f for f in chosen}
         add_rnn_time(self.features, feats, self.modules)
         self.structures = {s: structural_hash(self._module(s)) for s in self.features}
@@ -156,7 +161,8 @@ class _Search:
         if self.db is not None:
             self.records = SearchRecords(self.db, self.machine_key, self.structures, self.settings, self.weights,
                                          self.scope_inputs)
-        space = generate_space(chosen, self.opt.device, self.opt.backends)
+        space = [c for c in generate_space(chosen, self.opt.device, self.opt.backends)
+                 if c.is_baseline or c.scope not in kept]
         why = {c.key: low_precision_left_out(self.refs[c.scope], c.precision, LOW_PRECISION_DTYPES[c.precision],
                                              c.backend, self.blind[c.scope], rtol=self.opt.rtol, atol=self.opt.atol)
                for c in space if c.precision != "fp32"}
@@ -488,7 +494,11 @@ def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, Scope
     from cuvil_pgc.recompile.features import scope_features
 
     out = {}
-    for scope in fixed:
+    for scope, cand in fixed.items():
+        if scope in s.opt.eager_scopes and not cand.is_baseline:
+            raise RecompileError(f"pinned plan runs {scope or 'the whole model'!r} on {cand.config}, but its call "
+                                 "changes the model's buffers, which no program reproduces",
+                                 fix="pin the submodules whose calls leave the buffers alone instead")
         if scope not in s.features:
             if scope not in s.modules:
                 raise RecompileError(f"pinned plan names {scope!r}, which is not a submodule of the model")

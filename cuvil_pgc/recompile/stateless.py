@@ -30,11 +30,24 @@ draws what eager drew: ONNX Runtime, OpenVINO and Inductor have random generator
 The search then measured every candidate and rejected each for "values off by up to 0.01", and
 shipped eager, without saying why. The two calls' outputs are compared with the search's own
 accuracy guard, so that such a model is refused up front, with the cause.
+
+A model whose forward changes only its own buffers (a streaming normalizer's running mean, a call
+counter) is not refused where it has submodules whose calls leave the state alone: no program can
+run the model, but those submodules can have programs, and the model's own forward stays eager
+around them, updating its buffers as it does today. :func:`check_stateless` then returns a
+:class:`HeldState`: the buffers with their values, and the modules whose calls change them (found
+by a call with a hook on every module), which recompile keeps eager; while it searches,
+:func:`holding` puts the buffers back before each of its calls of the model, so that every call
+computes from the state the user's model had (the accuracy guard compares calls made alike), and
+once more at the end, so the user's model is left as it was.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,14 +59,46 @@ from cuvil_pgc.recompile.object_outputs import openable
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class HeldState:
+    """The buffers a model's forward changes on every call, each as ``(name, the buffer, its value
+    before recompile's calls)``, and the modules whose calls change them (qualified names, ``""``
+    the model), which recompile keeps eager (see the module's docstring)."""
+
+    buffers: tuple[tuple[str, torch.Tensor, torch.Tensor], ...]
+    modules: frozenset[str]
+
+    def put_back(self, model: torch.nn.Module) -> None:
+        """Give each buffer its value from before recompile's calls (the same tensor, reattached
+        where the forward assigned another)."""
+        _put_back(model, {f"buffer {name}": t for name, t, _ in self.buffers},
+                  {f"buffer {name}": value for name, _, value in self.buffers})
+
+
+@contextmanager
+def holding(model: torch.nn.Module, held: HeldState | None) -> Iterator[None]:
+    """While in the block, put ``held``'s buffers back before each call of ``model``, and once more
+    on leaving it (nothing without ``held``)."""
+    if held is None:
+        yield
+        return
+    handle = model.register_forward_pre_hook(lambda *_: held.put_back(model))
+    try:
+        yield
+    finally:
+        handle.remove()
+        held.put_back(model)
+
+
 def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: float | None = None,
-                    atol: float | None = None) -> None:
+                    atol: float | None = None) -> HeldState | None:
     """Call ``model`` twice on ``inputs`` (no autograd): if the second call changes a buffer or an
     input tensor (the first may build a cache lazily, as eager's first call does), put back what
-    both calls changed and raise :class:`RecompileError` naming them. If instead its outputs differ
-    beyond the accuracy guard (``rtol``/``atol``, see :mod:`.accuracy`), and differ again on a
-    third call (a first call may warm something up), raise :class:`RecompileError`: the forward
-    draws random numbers."""
+    both calls changed and raise :class:`RecompileError` naming them, unless only buffers changed
+    and submodules whose calls leave them alone remain to be searched: then return the
+    :class:`HeldState`. If instead its outputs differ beyond the accuracy guard
+    (``rtol``/``atol``, see :mod:`.accuracy`), and differ again on a third call (a first call may
+    warm something up), raise :class:`RecompileError`: the forward draws random numbers."""
     containers = _containers(inputs, "input")
     original = _tracked(model, inputs)
     at_start = _values(original)
@@ -71,13 +116,10 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     changed += [name for name, state in settled_objects.items() if now_objects.get(name) != state]
     if not changed:
         _check_repeatable(model, inputs, first, second, rtol, atol)
-        return
-    with torch.no_grad():              # the user's buffers and example inputs as they were
-        for key, t in original.items():
-            t.copy_(at_start[key])
-            if key.startswith("buffer "):
-                owner, _, attr = key.removeprefix("buffer ").rpartition(".")
-                setattr(model.get_submodule(owner), attr, t)      # (a forward may have assigned a new one)
+        return None
+    buffers = [key.removeprefix("buffer ") for key in changed if key.startswith("buffer ")]
+    stateful = _changing_modules(model, inputs, buffers) if len(buffers) == len(changed) else frozenset()
+    _put_back(model, original, at_start)       # the user's buffers and example inputs as they were
     for obj, attributes in objects:
         vars(obj).clear()
         vars(obj).update(attributes)
@@ -89,13 +131,68 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
             fix="recompile the model's call without the object (a Hugging Face model's first call, which makes "
                 "its cache), or with a Hugging Face cache that holds the keys of earlier tokens: such a decoding "
                 "step is built with the cache opened into tensors, and generate() runs it once loaded")
+    named = f"{', '.join(changed[:4])}{' and more' if len(changed) > 4 else ''}"
+    searchable = [q for q, m in model.named_modules() if q and q not in stateful and next(m.parameters(), None) is not None]
+    if stateful and searchable:
+        held = HeldState(tuple((name, original[f"buffer {name}"], at_start[f"buffer {name}"]) for name in buffers),
+                         stateful)
+        with holding(model, held):
+            _check_repeatable(model, inputs, _call(model, inputs), _call(model, inputs), rtol, atol)
+        log.warning("cuvil-pgc: the model's forward changes %s on every call: it stays eager%s, and recompile "
+                    "searches the submodules whose calls leave that state alone (putting it back after each of "
+                    "its calls)", named, "" if stateful == {""} else
+                    f", with {', '.join(sorted(q for q in stateful if q)[:4])}")
+        return held
     raise RecompileError(
-        f"the model's forward changes {', '.join(changed[:4])}{' and more' if len(changed) > 4 else ''} on every "
-        "call; a build runs a program captured from one call, which changes nothing but its outputs, so it "
-        "cannot reproduce that state (recompile put back what its two calls to check this changed)",
+        f"the model's forward changes {named} on every call; a build runs a program captured from one call, which "
+        "changes nothing but its outputs, so it cannot reproduce that state, and no submodule with weights leaves "
+        "it alone (recompile put back what its two calls to check this changed)",
         fix="recompile a submodule whose forward leaves its buffers and inputs as it found them, or move the "
             "state out of the forward (clone an input before changing it; keep counters and caches outside the "
             "model)")
+
+
+def _put_back(model: torch.nn.Module, tensors: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
+    """Copy ``values`` into ``tensors`` (keyed as :func:`_tracked` keys them), reattaching each buffer
+    to its module (a forward may have assigned a new one)."""
+    for key, t in tensors.items():
+        with torch.no_grad(), torch.inference_mode(t.is_inference()):
+            t.copy_(values[key])
+        if key.startswith("buffer "):
+            owner, _, attr = key.removeprefix("buffer ").rpartition(".")
+            setattr(model.get_submodule(owner), attr, t)
+
+
+def _changing_modules(model: torch.nn.Module, inputs: tuple[Any, ...], buffers: list[str]) -> frozenset[str]:
+    """The qualified names of the modules whose calls change one of ``buffers`` (in place, or by
+    assigning another tensor): one more call, with a hook before and after each module's."""
+    def marks() -> list[Any]:
+        out = []
+        for name in buffers:
+            owner, _, attr = name.rpartition(".")
+            b = getattr(model.get_submodule(owner), attr, None)
+            inference = not isinstance(b, torch.Tensor) or b.is_inference()    # (no version counter)
+            out.append((id(b), b.detach().clone() if inference and b is not None else getattr(b, "_version", None)))
+        return out
+
+    def same(a: list[Any], b: list[Any]) -> bool:
+        return all(x[0] == y[0] and (_same(x[1], y[1]) if isinstance(x[1], torch.Tensor) else x[1] == y[1])
+                   for x, y in zip(a, b, strict=True))
+
+    before: dict[str, list[list[Any]]] = {}
+    changing: set[str] = set()
+    handles = []
+    for qualname, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(
+            lambda *_, q=qualname: before.setdefault(q, []).append(marks())))
+        handles.append(module.register_forward_hook(
+            lambda *_, q=qualname: None if same(before[q].pop(), marks()) else changing.add(q)))
+    try:
+        _call(model, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return frozenset(changing)
 
 
 #: what an input object holds that its call cannot change in place

@@ -38,6 +38,9 @@ class SearchOptions:
     sizes_vary: bool = False
     #: once spent, no candidate's build begins (see search_policy)
     time_budget: TimeBudget | None = None
+    #: modules kept eager, with no scope of their own: their calls change the model's buffers (see
+    #: stateless.HeldState; "" the whole model)
+    eager_scopes: frozenset[str] = frozenset()
 
 
 @dataclass
