@@ -222,11 +222,11 @@ def prepare_module(module: nn.Module, cand: Candidate, device: str) -> tuple[nn.
     applied: list[str] = []
     if cand.rewrite:
         module, applied = apply_rewrites(module)
-    elif cand.channels_last or cand.precision != "fp32":
+    elif cand.channels_last or cand.reduced:
         module = copy.deepcopy(module)
     if cand.channels_last:
         module = _ChannelsLast(module, device)
-    if cand.precision != "fp32" and cand.backend not in RUNTIME_BACKENDS:   # runtimes set their own precision
+    if cand.reduced and cand.backend not in RUNTIME_BACKENDS:   # runtimes set their own precision
         module = _Autocast(module, LOW_PRECISION_DTYPES[cand.precision], device.split(":")[0])
     return eval_mode(module), applied
 

@@ -77,9 +77,14 @@ class Candidate:
         parts += [f"{name}={value}" for name, value in self.extra]
         parts += [name for name, on in (("freezing", self.freezing), ("cpp_wrapper", self.cpp_wrapper),
                                         ("rewrite", self.rewrite), ("channels_last", self.channels_last)) if on]
-        if self.precision != "fp32":
+        if self.reduced:
             parts.append(self.precision)
         return "+".join(parts)
+
+    @property
+    def reduced(self) -> bool:
+        """Computes in bf16 or fp16 (the accuracy guard holds it to its outputs' scale)."""
+        return self.precision != "fp32"
 
     @property
     def is_baseline(self) -> bool:

@@ -62,7 +62,7 @@ def build_checked(cand: Candidate, module: Any, inputs: ScopeInputs, ref: Any, o
     if native.text.strip():
         log.debug("candidate %s wrote to stderr: %s", cand.key, native.text.strip()[:2000])
     check = check_outputs(ref, out, rtol=opt.rtol, atol=opt.atol, exact=exact, padding=padding,
-                          reduced=cand.precision != "fp32")
+                          reduced=cand.reduced)
     if not check.ok:
         reason = check.reason
         if check.garbage:

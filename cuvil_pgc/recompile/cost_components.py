@@ -170,7 +170,7 @@ class PrecisionCostModel:
     memory: FusionCostModel
 
     def predict(self, cand: Candidate, feats: ScopeFeatures) -> float:
-        if cand.precision == "fp32":
+        if not cand.reduced:
             return 1.0
         share = self.memory.memory_share(feats)
         low = self.machine.peak_low_flops

@@ -181,5 +181,5 @@ def _label_preference(cand: Candidate, feats: ScopeFeatures) -> int:
     if labels & set(OVERHEAD_LABELS):
         return 0 if cand.backend in ("aoti", "cudagraphs", *RUNTIME_BACKENDS) or cand.rewrite or cand.cpp_wrapper else 1
     if "compute" in labels:
-        return 0 if cand.mode != "default" or cand.freezing or cand.precision != "fp32" else 1
+        return 0 if cand.mode != "default" or cand.freezing or cand.reduced else 1
     return 0 if cand.backend != "eager" else 1

@@ -240,7 +240,7 @@ def _build_plan(s: Any, choices: dict[str, Candidate]) -> tuple[dict[str, Realiz
         log.warning("cuvil-pgc: plan %s could not be rebuilt (%s)", [c.key for c in choices.values()], exc)
         return None
     check = check_outputs(s.refs[""], out, rtol=s.opt.rtol, atol=s.opt.atol, exact=s.exact.get(""), padding=s.padding,
-                          reduced=any(c.precision != "fp32" for c in choices.values()))
+                          reduced=any(c.reduced for c in choices.values()))
     if not check.ok:
         log.warning("cuvil-pgc: plan %s fails the accuracy guard end to end: %s", [c.key for c in choices.values()],
                     check.reason)

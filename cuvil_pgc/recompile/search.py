@@ -165,7 +165,7 @@ class _Search:
                  if c.is_baseline or c.scope not in kept]
         why = {c.key: low_precision_left_out(self.refs[c.scope], c.precision, LOW_PRECISION_DTYPES[c.precision],
                                              c.backend, self.blind[c.scope], rtol=self.opt.rtol, atol=self.opt.atol)
-               for c in space if c.precision != "fp32"}
+               for c in space if c.reduced}
         self.left_out = [(c, why[c.key]) for c in space if why.get(c.key)]
         return [c for c in space if not why.get(c.key)]
 

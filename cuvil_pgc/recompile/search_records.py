@@ -97,7 +97,7 @@ class SearchRecords:
                 rec.features.get("weights") != self.weights[cand.scope]
                 or rec.features.get("guard", 1) != GUARD_VERSION or rec.features.get("fault")):
             return None
-        if rec is not None and rec.status == "ok" and cand.precision != "fp32" \
+        if rec is not None and rec.status == "ok" and cand.reduced \
                 and rec.features.get("guard", 1) != GUARD_VERSION:      # passed a guard that may be laxer
             return None
         return rec
