@@ -1074,11 +1074,13 @@ def test_a_region_plan_is_raced_beyond_the_budget_only_when_nothing_else_beat_ea
     assert "regions" not in raced and measured == 4
 
 
-def test_the_final_race_takes_many_more_rounds_than_a_search_batch(monkeypatch):
+def test_the_final_race_takes_many_more_rounds_than_a_search_batch(monkeypatch, short_final_race):
     from types import SimpleNamespace
 
     from cuvil_pgc.recompile import plan as plan_mod
     from cuvil_pgc.recompile.measure import Samples
+
+    monkeypatch.setattr(plan_mod, "FINAL_RACE_ROUNDS", short_final_race)     # the real count
 
     seen = {}
 
