@@ -61,6 +61,33 @@ def test_remove_restores_model_exactly():
     assert torch.equal(model(x), before_out)
 
 
+class _Named(torch.nn.Module):
+    """Returns its outputs by name, as a Hugging Face model traced with strict=False does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _model()
+        self.unused = torch.nn.Linear(4, 4)        # never called: its traced copy has no forward
+
+    def forward(self, x):
+        return {"out": self.body(x)}
+
+
+def test_a_torch_jit_loaded_model_gets_its_region_and_its_submodules_none(tmp_path):
+    """TorchScript calls a loaded model's submodules in C++, never through their Python forward
+    (a traced submodule that was never called has none): wrapping them made `cuvil-pgc profile`
+    end in an internal error (AttributeError: no attribute 'forward')."""
+    x = torch.randn(2, 8)
+    torch.jit.save(torch.jit.trace(_Named().eval(), (x,), strict=False), str(tmp_path / "named.pt"))
+    model = torch.jit.load(str(tmp_path / "named.pt")).eval()
+    expected, forward = model(x)["out"], model.__dict__.get("forward")
+    with instrument_module(model) as handle:
+        assert handle.paths == ["model"]
+        with profile(tmp_path / "m.trace.json", ops=False, compile=False, sample_hz=0, gpu="off") as s:
+            assert torch.equal(model(x)["out"], expected)
+    assert _region_paths(s.path) == ["model"] and model.__dict__.get("forward") is forward
+
+
 def test_user_instance_forward_is_wrapped_and_put_back(tmp_path):
     model = torch.nn.Linear(2, 2)
     calls = []

@@ -10,6 +10,10 @@ a module with any hook takes ``nn.Module``'s slow call path, which cost more tha
 (measured in benchmarks/profile_overhead.py). ``handle.remove()`` deletes those attributes (or puts
 back an instance ``forward`` the user had set) and leaves the model exactly as it was.
 
+A TorchScript module (``torch.jit.load``'s, or a scripted block in a Python model) gets its region,
+but its submodules do not: TorchScript calls them in C++, never through their Python ``forward``
+(which a traced submodule may not even have).
+
 With no session recording, each wrapper tests one global and calls the original forward; Dynamo
 traces it without a graph break, so a later ``torch.compile`` of the instrumented model neither
 breaks nor recompiles (tested with ``torch._dynamo`` counters).
@@ -76,10 +80,13 @@ def instrument_module(model: Any, depth: int | None = None, prefix: str = "model
         raise ConfigError(f"depth={depth} must be >= 0 or None")
     regions: dict[str, ProfileRegion] = {}
     patched: list[tuple[Any, Any]] = []
+    scripted: list[str] = []       # TorchScript modules: their submodules are called inside TorchScript
     for qualname, module in model.named_modules(prefix=prefix, remove_duplicate=True):
         level = qualname.count(".") - prefix.count(".")
-        if depth is not None and level > depth:
+        if depth is not None and level > depth or any(qualname.startswith(f"{s}.") for s in scripted):
             continue
+        if isinstance(module, torch.jit.ScriptModule):
+            scripted.append(qualname)
         region = ProfileRegion(qualname, module=type(module).__name__,
                                structure=structural_hash(module)[:SHORT])
         regions[qualname] = region
