@@ -188,6 +188,34 @@ def test_an_eager_model_calling_a_scripted_block_runs_on_a_runtime_in_a_service(
     assert report["keys"] == ["logits", "pooled"] and report["diff"] < 1e-4, report
 
 
+class Named(Tagger):
+    def forward(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:       # type: ignore[override]
+        logits, pooled = super().forward(ids)
+        return {"logits": logits, "pooled": pooled}
+
+
+def test_a_torchscript_model_returning_a_dict_runs_on_a_runtime(tmp_path, keys):
+    """A Hugging Face model traced with ``strict=False`` returns its outputs by name: the TorchScript
+    exporter has no ONNX for the dict ("Exporting the operator 'prim::DictConstruct' ... is not
+    supported"), so no runtime candidate of such a ``torch.jit.load``-ed model was built. It is
+    traced inside the output flattening, which reads the dict, and the loaded build returns one."""
+    from cuvil_pgc import load_build
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 500, (2, 16))
+    torch.jit.save(torch.jit.trace(Named().eval(), (ids,), strict=False), str(tmp_path / "named.pt"))
+    model = torch.jit.load(str(tmp_path / "named.pt")).eval()
+    build = recompile(model, (ids,), plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3)
+    path = build.save(tmp_path / "named.cuvilpkg", signing_key=str(keys[0]))
+    fast = load_build(path, torch.jit.load(str(tmp_path / "named.pt")).eval(), pubkey=str(keys[1]))
+    with torch.no_grad():
+        fast(ids)                  # (the first call learns the outputs' structure from the original module)
+        out, ref = fast(ids), model(ids)
+    assert fast.cuvil_load_report.applied == ["<model>: ort"] and fast.fallback_calls == 0
+    assert list(out) == ["logits", "pooled"]
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
 def test_the_export_leaves_the_user_s_torchscript_model_as_it_was(tmp_path, keys, saved):
     """The TorchScript exporter inlines calls in the graphs it is given, in place: exporting the
     user's ``torch.jit.load``-ed model itself rewrote its code, so its structural hash changed, and

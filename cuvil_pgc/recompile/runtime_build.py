@@ -48,7 +48,12 @@ from cuvil_pgc.recompile.ort_runner import OrtRunner
 from cuvil_pgc.recompile.output_template import OutputTemplate
 from cuvil_pgc.recompile.output_values import check_constant_outputs
 from cuvil_pgc.recompile.runtime_region import TensorRTRunner
-from cuvil_pgc.recompile.torchscript_onnx import export_torchscript, export_traced, scripted_submodule
+from cuvil_pgc.recompile.torchscript_onnx import (
+    export_torchscript,
+    export_traced,
+    returns_mapping,
+    scripted_submodule,
+)
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +154,10 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
                 else inputs.args
             # keyed by the wrapper's parameter: TensorOutputs.forward takes the region's arguments as *args
             dynamic = {"args": _free_dimensions(prepared, args)} if free_sizes else None
-            if isinstance(prepared, torch.jit.ScriptModule):   # torch.export refuses it
+            scripted = isinstance(prepared, torch.jit.ScriptModule)
+            if scripted and not (returns_mapping(prepared) and not inputs.kwargs):   # torch.export refuses it
                 export_torchscript(prepared, args, inputs.kwargs, tmp, OPSET, free_sizes=free_sizes)
-            elif scripted_submodule(prepared) is not None and not inputs.kwargs:     # or fails inside it
+            elif scripted or scripted_submodule(prepared) is not None and not inputs.kwargs:   # or fails inside it
                 export_traced(eval_mode(TensorOutputs(prepared)), args, tmp, OPSET, free_sizes=free_sizes)
             else:
                 program = torch.onnx.export(eval_mode(TensorOutputs(prepared)), args, kwargs=inputs.kwargs or None,

@@ -11,7 +11,8 @@ not match the region's captured signature and runs the original module.
 
 An eager model that calls a scripted submodule (``self.block = torch.jit.script(...)``) fails
 ``torch.export`` at that call; it is traced with ``torch.jit.trace``, which keeps the call, and
-the trace goes to the same exporter (:func:`export_traced`). Every export runs on a private copy
+the trace goes to the same exporter (:func:`export_traced`). So is a scripted module returning a
+dict (:func:`returns_mapping`). Every export runs on a private copy
 of the module, so the exporter's in-place passes never reach the user's model.
 """
 
@@ -69,6 +70,17 @@ def _private_copy(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
     torch.jit.save(module, buffer)
     buffer.seek(0)
     return torch.jit.load(buffer)
+
+
+def returns_mapping(module: torch.jit.ScriptModule) -> bool:
+    """Whether the scripted ``forward`` returns a dict, or a tuple or list holding one (a Hugging
+    Face model traced with ``strict=False`` returns its outputs by name): the TorchScript exporter
+    has no ONNX for ``prim::DictConstruct``, so such a module is traced inside the region's output
+    flattening instead (:func:`export_traced`), which reads the dict in Python."""
+    try:
+        return any("Dict[" in str(r.type) for r in module.forward.schema.returns)
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def scripted_submodule(module: torch.nn.Module) -> str | None:
