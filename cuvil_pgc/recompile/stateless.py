@@ -37,9 +37,9 @@ run the model, but those submodules can have programs, and the model's own forwa
 around them, updating its buffers as it does today. :func:`check_stateless` then returns a
 :class:`HeldState`: the buffers with their values, and the modules whose calls change them (found
 by a call with a hook on every module), which recompile keeps eager; while it searches,
-:func:`holding` puts the buffers back before each of its calls of the model, so that every call
-computes from the state the user's model had (the accuracy guard compares calls made alike), and
-once more at the end, so the user's model is left as it was.
+:func:`holding` puts the buffers back before and after each of its calls of the model, so that
+every call computes from the state the user's model had (the accuracy guard compares calls made
+alike), and once more at the end, so the user's model is left as it was.
 """
 
 from __future__ import annotations
@@ -77,16 +77,19 @@ class HeldState:
 
 @contextmanager
 def holding(model: torch.nn.Module, held: HeldState | None) -> Iterator[None]:
-    """While in the block, put ``held``'s buffers back before each call of ``model``, and once more
-    on leaving it (nothing without ``held``)."""
+    """While in the block, put ``held``'s buffers back before and after each call of ``model`` (a
+    copy of the model taken between calls, as the float32 reference of a bf16 model is, starts from
+    them too), and once more on leaving it (nothing without ``held``)."""
     if held is None:
         yield
         return
-    handle = model.register_forward_pre_hook(lambda *_: held.put_back(model))
+    handles = [model.register_forward_pre_hook(lambda *_: held.put_back(model)),
+               model.register_forward_hook(lambda *_: held.put_back(model), always_call=True)]
     try:
         yield
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         held.put_back(model)
 
 
