@@ -98,6 +98,13 @@ def inputs_hint(given: Any, model: Any = None, error: BaseException | None = Non
                     f"process that loads the build too: a build checks the config it was made with), leave "
                     f"{'it' if one else 'them'} out of the example inputs, and calls passing "
                     f"{', '.join(f'{k}={given[k]!r}' for k in configured)} run the build")
+        if others and params == {} and model is not None and _takes_var_keywords(model) \
+                and all(k.isidentifier() for k in given):
+            keys = list(given)
+            return (f"the forward takes its inputs as **kwargs ({', '.join(map(repr, keys[:4]))}), and a build is "
+                    "made for the inputs a call passes by position: wrap the model in a module that names them "
+                    f"(def forward(self, {', '.join(keys)}): return self.model({', '.join(f'{k}={k}' for k in keys)})) "
+                    "and build, load and call that module")
         if others and params and model is not None and _takes_var_keywords(model):
             named = [k for k in given if k in params]
             flags = ", ".join(f"{k}={given[k]!r}" if _is_flag(given[k]) else f"{k}=..." for k in given if k not in params)

@@ -129,6 +129,38 @@ def test_a_mapping_of_keyword_only_parameters_is_refused_with_a_wrapper_not_as_u
     assert "not among them" not in message
 
 
+class NamedFeatures(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.text, self.image = nn.Linear(3, 2), nn.Linear(4, 2)
+
+    def forward(self, **features):
+        return self.text(features["text"]) + self.image(features["image"])
+
+
+def test_a_forward_taking_only_kwargs_gets_the_wrapper_that_names_them():
+    """``forward(self, **features)``: the hint said to keep only the forward's parameters, which
+    names none; the fix is a wrapper whose forward names each feature, and that one builds."""
+    inputs = {"text": torch.randn(2, 3), "image": torch.randn(2, 4)}
+    with pytest.raises(RecompileError) as err:
+        recompile(NamedFeatures(), inputs, records=False, deployed_race=False, calibrate=False)
+    message = str(err.value)
+    assert "takes its inputs as **kwargs ('text', 'image')" in message, message
+    assert "def forward(self, text, image): return self.model(text=text, image=image)" in message
+
+    class Named(nn.Module):          # the wrapper the hint writes
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, text, image):
+            return self.model(text=text, image=image)
+
+    build = recompile(Named(NamedFeatures()), inputs, records=False, deployed_race=False, calibrate=False,
+                      backends=("eager",))
+    torch.testing.assert_close(build.module(**inputs), NamedFeatures.forward(build.module.model, **inputs))
+
+
 class SomeKeywordOnly(nn.Module):
     def __init__(self) -> None:
         super().__init__()
