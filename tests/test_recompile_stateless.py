@@ -459,6 +459,29 @@ def test_a_model_rewriting_its_weights_on_its_first_call_is_told_to_be_called_be
         torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+def test_an_embedding_with_max_norm_is_told_to_renormalize_its_table_once(caplog):
+    """``nn.Embedding(max_norm=...)`` renormalizes the rows each call looks up, in place: a service's
+    model called with other ids never matched the build's weights, and the old advice (call the model
+    once before load_build) did not help. The warning gives the fix, which keeps the outputs."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 8, max_norm=1.0), nn.Flatten(), nn.Linear(40, 2)).eval()
+    ids = torch.randint(0, 50, (3, 5))
+    with caplog.at_level("WARNING", logger="cuvil_pgc.recompile.stateless"):
+        check_stateless(model, (ids,))
+    said, = [r.getMessage() for r in caplog.records]
+    assert said.startswith("cuvil-pgc: 0 renormalizes the rows each call looks up in place (max_norm)"), said
+    assert "call the model once" not in said
+    other = torch.randint(0, 50, (3, 5))
+    with torch.no_grad():
+        expected = model(other)
+        model[0].weight.copy_(torch.renorm(model[0].weight, 2, 0, model[0].max_norm))    # the fix it gives
+        model[0].max_norm = None
+        torch.testing.assert_close(model(other), expected)
+    caplog.clear()
+    check_stateless(model, (ids,))
+    assert not caplog.records
+
+
 class InPlaceStem(nn.Module):
     """A stem ending in an activation applied in place, as timm's and torchvision's nets do: the
     activation's input is the tensor the next module gets."""

@@ -108,7 +108,7 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     objects = _saved_objects(inputs)
     versions = _weight_versions(model)
     first = _call(model, inputs)
-    _warn_rewritten_weights(versions, _weight_versions(model))
+    _warn_rewritten_weights(versions, _weight_versions(model), _renormed_embeddings(model))
     _check_containers(containers)
     settled = _values(_tracked(model, inputs))
     settled_objects = object_state(inputs, {})
@@ -322,11 +322,28 @@ def _weight_versions(model: torch.nn.Module) -> dict[str, int]:
     return {name: p._version for name, p in model.named_parameters()}
 
 
-def _warn_rewritten_weights(before: dict[str, int], after: dict[str, int]) -> None:
+def _renormed_embeddings(model: torch.nn.Module) -> list[str]:
+    """The names of the embeddings with ``max_norm``, which renormalize the rows a call looks up,
+    in place: each call with other ids changes the weights again."""
+    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Embedding) and m.max_norm is not None]
+
+
+def _warn_rewritten_weights(before: dict[str, int], after: dict[str, int], renormed: list[str]) -> None:
     """Say where a call rewrote weights in place (RWKV rescales its layers on its first call in eval
     mode): the build holds the weights as the call left them, and load_build applies it only to a
-    model whose weights match, so a service's fresh model ran eagerly ("weights changed")."""
+    model whose weights match, so a service's fresh model ran eagerly ("weights changed"). An
+    embedding with ``max_norm`` (``renormed``) rewrites the rows of every call's ids, so no model
+    called with other ids matches: its fix is to renormalize the whole table once."""
     names = [name for name, v in after.items() if before.get(name) != v]
+    renormed = [name for name in renormed if f"{name}.weight" in names]
+    if renormed:
+        log.warning("cuvil-pgc: %s renormalizes the rows each call looks up in place (max_norm), so the weights "
+                    "change with every call's ids and load_build finds them changed since the build (it runs the "
+                    "model eagerly): renormalize every row once and drop max_norm, which gives its outputs (to "
+                    "rounding) (with torch.no_grad(): emb.weight.copy_(torch.renorm(emb.weight, 2, 0, emb.max_norm)); "
+                    "emb.max_norm = None), in the model you recompile and in the one you load the build onto",
+                    ", ".join(renormed[:3]))
+        return
     if names:
         log.warning("cuvil-pgc: the model's first call changed its weights in place (%s%s): the build holds them "
                     "as that call left them, and load_build applies it to a model whose weights match: call the "
