@@ -199,10 +199,10 @@ def test_keyword_calls_bind_without_walking_the_parameters_once_seen(monkeypatch
     """Bound the long way (the forward's parameters walked, each keyword past the captured ones
     checked against its default), a keyword call cost 28 µs of a 2-layer BERT's 0.39 ms OpenVINO
     call: a call naming the captured positions, and the extras seen to bind before, binds at once."""
-    from cuvil_pgc.recompile import lean_call, realized
+    from cuvil_pgc.recompile import lean_call, lean_setup, realized
 
     if impl == "python":
-        monkeypatch.setattr(realized, "keyword_positions", lean_call.python_keyword_positions)
+        monkeypatch.setattr(lean_setup, "keyword_positions", lean_call.python_keyword_positions)
     elif not lean_call.ACCELERATED:
         pytest.skip("the C lean call is not built")
     torch.manual_seed(0)
