@@ -909,6 +909,26 @@ def test_matching_by_path_lists_stale_and_unmatched_regions():
     assert result.unmatched == ["preprocess"]
 
 
+def test_a_model_profiled_without_submodule_regions_has_its_root_matched(tmp_path):
+    """A ``torch.jit.load``-ed or ``torch.compile``-d model records its root region only (its
+    submodules run inside compiled code): the root was unmatched, so the search saw its bottleneck
+    as "unknown". A user's own dot-free region that is no module stays unmatched."""
+    from cuvil_pgc.recompile.build import _analyze
+    from tests._profiled import record_trace
+
+    x = torch.randn(2, 8)
+    torch.jit.save(torch.jit.trace(Small().eval(), (x,)), str(tmp_path / "small.pt"))
+    model = torch.jit.load(str(tmp_path / "small.pt")).eval()
+    analysis = _analyze([record_trace(model, (x,), tmp_path / "small.trace.json", calls=3)], None)
+    result = match_regions(analysis, model)
+    assert [m.qualname for m in result.matched] == [""] and not result.unmatched
+    assert result.by_qualname()[""].stats.bottleneck != "unknown"
+    alone = Analysis(regions=[stats("preprocess", "host_bound")])
+    assert match_regions(alone, Small()).unmatched == ["preprocess"]
+    other = Analysis(regions=[stats("model", "host_bound", module="Other")])       # another model's root
+    assert match_regions(other, Small()).foreign_profile()
+
+
 def test_a_profile_of_another_model_is_named_as_such():
     """Recompiling with another model's trace used to show only "stale regions" and bottleneck
     ``unknown``; the search warns that nothing of the profile fits, and says what to do."""

@@ -114,10 +114,15 @@ def match_regions(analysis: Analysis | None, model: Any) -> MatchResult:
 
 
 def _root_prefixes(analysis: Analysis | None) -> set[str]:
-    """Names of root regions: dot-free names whose children are named ``name.child``."""
+    """Names of root regions: dot-free names whose children are named ``name.child``, and a
+    top-level dot-free region that :func:`~cuvil_pgc.instrument.module.instrument_module` recorded
+    (its module in the evidence) without children: a TorchScript or ``torch.compile``-d model, whose
+    submodules get no regions, or a model without submodules. Without it, such a model's root was
+    unmatched and its bottleneck "unknown" to the search."""
     names = {region_module_name(r.path) for r in analysis.regions}
     dotted = {n.split(".", 1)[0] for n in names if "." in n}
-    return {n for n in names if "." not in n and n in dotted} | dotted
+    alone = {r.path for r in analysis.regions if "/" not in r.path and "." not in r.path and (r.evidence or {}).get("module")}
+    return {n for n in names if "." not in n and n in dotted} | dotted | alone
 
 
 def _qualname(name: str, roots: set[str]) -> str | None:
