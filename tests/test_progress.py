@@ -40,7 +40,8 @@ def _faked_search(monkeypatch, progress, budget: int) -> None:
     monkeypatch.setattr("cuvil_pgc.recompile.checked_build.realize", lambda module, cand, inputs, **kw: Realized(module))
     monkeypatch.setattr(search_mod, "time_interleaved", fake_time)
     model, inputs = chain()
-    search(model, inputs, Analysis(regions=[stats("model", "launch_overhead", module="Chain")]),
+    # (labeled compute: its space has three torch.compile candidates, enough for the batches below)
+    search(model, inputs, Analysis(regions=[stats("model", "compute", module="Chain")]),
            machine_key="m", progress=progress, options=SearchOptions(budget=budget, backends=("compile",), rounds=5,
                                                                                  deployed_race=False))
 
