@@ -154,11 +154,15 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
                 else inputs.args
             # keyed by the wrapper's parameter: TensorOutputs.forward takes the region's arguments as *args
             dynamic = {"args": _free_dimensions(prepared, args)} if free_sizes else None
+            # TorchScript: torch.export refuses a scripted module and fails inside a scripted block; a
+            # trace keeps the block's call and reads a scripted module's dict output in Python
             scripted = isinstance(prepared, torch.jit.ScriptModule)
-            if scripted and not (returns_mapping(prepared) and not inputs.kwargs):   # torch.export refuses it
-                export_torchscript(prepared, args, inputs.kwargs, tmp, OPSET, free_sizes=free_sizes)
-            elif scripted or scripted_submodule(prepared) is not None and not inputs.kwargs:   # or fails inside it
+            traced = not inputs.kwargs and (returns_mapping(prepared) if scripted
+                                            else scripted_submodule(prepared) is not None)
+            if traced:
                 export_traced(eval_mode(TensorOutputs(prepared)), args, tmp, OPSET, free_sizes=free_sizes)
+            elif scripted:
+                export_torchscript(prepared, args, inputs.kwargs, tmp, OPSET, free_sizes=free_sizes)
             else:
                 program = torch.onnx.export(eval_mode(TensorOutputs(prepared)), args, kwargs=inputs.kwargs or None,
                                             dynamo=True, opset_version=OPSET, optimize=True, verbose=False,
