@@ -174,8 +174,10 @@ def _changing_modules(model: torch.nn.Module, inputs: tuple[Any, ...], buffers: 
         for name in buffers:
             owner, _, attr = name.rpartition(".")
             b = getattr(model.get_submodule(owner), attr, None)
-            inference = not isinstance(b, torch.Tensor) or b.is_inference()    # (no version counter)
-            out.append((id(b), b.detach().clone() if inference and b is not None else getattr(b, "_version", None)))
+            if not isinstance(b, torch.Tensor):
+                out.append((id(b), None))
+            else:                            # an inference tensor has no version counter: its values
+                out.append((id(b), b.detach().clone() if b.is_inference() else b._version))
         return out
 
     def same(a: list[Any], b: list[Any]) -> bool:
