@@ -150,7 +150,8 @@ class _Search:
                                self.opt.max_subscopes)
         if "" in kept and len(chosen) == 1:
             log.warning("cuvil-pgc: the model stays eager, and %s: the build runs it as it is",
-                        "no submodule its profile times leaves its buffers alone" if subs else
+                        "no submodule that leaves its buffers alone takes enough of its profiled time to be "
+                        "searched" if subs else
                         "without a profile no submodule is searched (cuvil-pgc profile times each one)")
         self.features = {f.scope: f for f in chosen}
         add_rnn_time(self.features, feats, self.modules)
