@@ -5,10 +5,7 @@ the accuracy guard with "off by up to nan"."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +17,7 @@ from cuvil_pgc.recompile import recompile, runtimes
 from cuvil_pgc.recompile.candidates import Candidate
 from cuvil_pgc.recompile.stateless import check_stateless, holding
 from tests._profiled import record_trace
+from tests._service import run_service
 
 
 class RunningSum(nn.Module):
@@ -221,7 +219,6 @@ SERVICE = """
 import json, sys
 import torch
 from cuvil_pgc import load_build
-sys.path.insert(0, sys.argv[3])
 from tests.test_recompile_stateless import streaming_normalizer
 eager, inputs = streaming_normalizer()
 model, _ = streaming_normalizer()
@@ -247,13 +244,7 @@ def test_the_build_of_a_model_changing_its_buffers_updates_them_as_eager_does_in
     build = recompile(model, inputs, records=False, plan={"net": Candidate("net", "ort")}, rounds=3,
                       deployed_race=False)
     path = build.save(tmp_path / "norm.cuvilpkg", signing_key=str(keys[0]))
-    script = tmp_path / "service.py"
-    script.write_text(SERVICE)
-    done = subprocess.run([sys.executable, str(script), str(path), str(keys[1]),
-                           os.path.dirname(os.path.dirname(os.path.abspath(__file__)))],
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout.splitlines()[-1])
+    report = run_service(SERVICE, path, keys[1], cwd=tmp_path)
     assert report["regions"] == 1 and report["counts"] == [3, 3], report
     assert max(report["errors"]) < 1e-5 and report["mean"] == 0.0, report
 
