@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from cuvil_pgc._modelspec import load_model_spec
 from cuvil_pgc.errors import ModelSpecError
@@ -68,6 +69,21 @@ SOURCE = textwrap.dedent('''
 
     def fine():
         return nn.Linear(4, 2), [torch.randn(3, 4)][0]
+
+
+    class Counting(nn.Module):      # a streaming model: its forward assigns its counter anew
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(4)
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x):
+            self.calls = self.calls + 1
+            return self.bn(x)
+
+
+    def training_mode():            # the factory forgot .eval(): the call moves the running statistics
+        return Counting(), (torch.randn(8, 4) + 3,)
 ''')
 
 
@@ -88,6 +104,16 @@ def test_a_list_of_inputs_is_one_argument_and_the_error_says_to_return_a_tuple(m
     with pytest.raises(ModelSpecError, match=r"the model raised on its example inputs: TypeError") as err:
         load_model_spec(f"{models}:list_inputs")
     assert "example_inputs is a list" in str(err.value) and "tuple(inputs)" in str(err.value)
+
+
+def test_the_check_call_leaves_the_model_s_buffers_as_the_factory_made_them(models):
+    model, inputs = load_model_spec(f"{models}:training_mode")
+    fresh = model.bn.running_mean.clone()
+    assert model.training and model.bn.num_batches_tracked.item() == 0
+    assert torch.equal(model.bn.running_mean, torch.zeros(4)) and torch.equal(fresh, torch.zeros(4))
+    assert model.calls.item() == 0 and model.calls is model._buffers["calls"]
+    model(*inputs)                  # the model itself still updates them
+    assert model.calls.item() == 1 and model.bn.num_batches_tracked.item() == 1
 
 
 def test_a_dict_naming_the_forward_s_parameters_is_the_call_s_keywords(models):
