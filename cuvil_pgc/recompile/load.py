@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 FALLBACKS = ("error", "eager")
 #: what load_build does with regions that changed since the build
 STALE_POLICIES = ("eager", "error")
+#: said of changed weights where the model came in training mode, in which every call moves batch
+#: norm's running statistics (a service whose model forgot ``.eval()`` warmed it up before loading)
+TRAINED = ("; the model came in training mode, in which each call updates batch norm's running statistics: "
+           "call model.eval() before its first call")
 
 
 @dataclass
@@ -298,7 +302,8 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
                    size_programs: int | None) -> Any:
     from cuvil_pgc.recompile.apply import apply_plan
 
-    if getattr(model, "training", False):
+    training = bool(getattr(model, "training", False))
+    if training:
         report.notes.append("the model was in training mode: load_build put it in eval mode, which the build's "
                             "programs compute in (no dropout, batch norm's running statistics); model.train() "
                             "runs the original module")
@@ -306,7 +311,7 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
     modules = dict(model.named_modules())
     realized: dict[str, Any] = {}
     with _unpacked() as extract_dir:
-        _realize_choices(vb, plan, modules, realized, report, path, extract_dir, size_programs)
+        _realize_choices(vb, plan, modules, realized, report, path, extract_dir, size_programs, training)
     if report.skipped and stale == "error":
         raise BuildError(f"{len(report.skipped)} region(s) changed since the build: " + "; ".join(report.skipped),
                          path=path, fix="recompile this model version with `cuvil-pgc recompile`, or load with "
@@ -315,9 +320,9 @@ def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: st
 
 
 def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dict[str, Any], report: LoadReport,
-                     path: str, extract_dir: Path, size_programs: int | None) -> None:
+                     path: str, extract_dir: Path, size_programs: int | None, training: bool) -> None:
     """Each choice's region, its verified files unpacked into ``extract_dir`` (or skipped, with the
-    reason in ``report``)."""
+    reason in ``report``); ``training``: the model came in training mode."""
     from cuvil_pgc._structure import changed_settings, settings_by_name, settings_digest, weights_digest
     from cuvil_pgc.recompile.apply import realize
     from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS
@@ -344,7 +349,7 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
                                   "artifact holds the build's weights); running it eagerly (a checkpoint loaded "
                                   "after load_build is not seen here: load it into the model first, or recompile; "
                                   "a model whose first call rewrites its weights, as RWKV's does: call it once "
-                                  "before load_build)")
+                                  "before load_build)" + (TRAINED if training else ""))
             continue
         if cand.backend in artifact_backends and choice.settings not in (None, settings_digest(module,
                                                                                          choice.settings_skip or ())):
