@@ -262,3 +262,25 @@ def test_a_search_stopped_by_its_time_budget_says_so_in_the_plan_the_report_and_
     unstopped = Plan.from_json(FORMAT_1)
     assert unstopped.stopped == "" and "stopped" not in unstopped.to_json()      # absent when it did not stop
     assert "stopped" not in plan_section(unstopped, None, False)
+
+
+def test_the_cli_says_why_a_region_kept_eager():
+    """One failure per exporter, as the candidate that ran it recorded it (its siblings' "not built:
+    ... showed that" are left out), long ones cut; a region whose plan compiled says nothing."""
+    from cuvil_pgc.viewer.console_recompile import FAILURE_CHARS, plan_view
+
+    doc = json.loads(json.dumps(FORMAT_1))
+    doc["regions"][0]["alternatives"] = [
+        {"config": "eager", "status": "ok"},
+        {"config": "aoti", "status": "compile_error", "reason": "ExportError: torch.export failed (packed): boom"},
+        {"config": "aoti+freezing", "status": "compile_error", "reason": "not built: aoti showed that boom"},
+        {"config": "ort", "status": "compile_error", "reason": "ExportError: torch.onnx.export failed: " + "x" * 500},
+        {"config": "openvino", "status": "compile_error", "reason": "not built: ort showed that ..."},
+        {"config": "compile", "status": "accuracy_error", "reason": "outputs differ"}]
+    caption = plan_view(Plan.from_json(doc)).caption
+    kept = caption.split("; kept eager: ", 1)[1]
+    assert kept.startswith("model (torch.export failed (packed): boom; torch.onnx.export failed: xxx")
+    assert "not built" not in kept and "outputs differ" not in kept
+    assert len(kept) < 2 * FAILURE_CHARS + 20 and kept.endswith("...)")
+    doc["regions"][0]["chosen"] = "aoti"
+    assert "kept eager" not in plan_view(Plan.from_json(doc)).caption

@@ -35,7 +35,8 @@ def plan_view(plan: Plan, path: str | None = None) -> TableView:
                f"({fmt_speedup(plan.speedup_vs_eager)}); measured {plan.measured_candidates} of "
                f"{plan.space_size} candidates, {plan.reused_records} from records"
                + (f" ({plan.stopped})" if plan.stopped else "") + f"; stale regions: {stale}"
-               + _runtime_defaults(plan) + _final_race(plan) + _deployed(plan) + _unloadable(plan))
+               + _runtime_defaults(plan) + _final_race(plan) + _deployed(plan) + _unloadable(plan)
+               + _kept_eager(plan))
     return TableView(f"recompile plan{f' → {path}' if path else ''}", columns, rows, caption)
 
 
@@ -59,6 +60,31 @@ def _unloadable(plan: Plan) -> str:
     """``; not shipped: <model>::aoti+freezing (a process of its own that loaded it crashed ...)``."""
     parts = [f"{name} ({why})" for name, why in plan.unloadable.items()]
     return f"; not shipped, a fresh process could not load them: {', '.join(parts)}" if parts else ""
+
+
+#: the most characters of one failure :func:`_kept_eager` shows (the plan and the report keep it whole)
+FAILURE_CHARS = 300
+
+
+def _kept_eager(plan: Plan) -> str:
+    """``; kept eager: <model> (torch.export failed: ...; torch.onnx.export failed: ...)``: why a
+    region whose plan is eager had no compiled program, one failure per exporter (or build) as its
+    candidates record it (the rest of them say "not built: ... showed that"); a user saw ``eager
+    1.00x`` and nine rejections with the reasons in plan.json alone."""
+    parts = []
+    for r in plan.regions:
+        if r.chosen != "eager":
+            continue
+        seen: dict[str, str] = {}
+        for a in r.alternatives:
+            reason = str(a.get("reason") or "")
+            if a.get("status") == "compile_error" and reason and not reason.startswith("not built:"):
+                reason = reason.removeprefix("ExportError: ")
+                seen.setdefault(reason.split(" failed", 1)[0] if " failed" in reason else reason, reason)
+        if seen:
+            shown = [w if len(w) <= FAILURE_CHARS else w[:FAILURE_CHARS - 3] + "..." for w in seen.values()]
+            parts.append(f"{display_path(r.path)} ({'; '.join(shown)})")
+    return f"; kept eager: {', '.join(parts)}" if parts else ""
 
 
 def _runtime_defaults(plan: Plan) -> str:
