@@ -274,12 +274,14 @@ def test_the_cli_says_why_a_region_kept_eager():
         {"config": "eager", "status": "ok"},
         {"config": "aoti", "status": "compile_error", "reason": "ExportError: torch.export failed (packed): boom"},
         {"config": "aoti+freezing", "status": "compile_error", "reason": "not built: aoti showed that boom"},
-        {"config": "ort", "status": "compile_error", "reason": "ExportError: torch.onnx.export failed: " + "x" * 500},
+        {"config": "ort", "status": "compile_error",
+         "reason": "ExportError: torch.onnx.export failed (packed): " + "x" * 500},
         {"config": "openvino", "status": "compile_error", "reason": "not built: ort showed that ..."},
         {"config": "compile", "status": "accuracy_error", "reason": "outputs differ"}]
     caption = plan_view(Plan.from_json(doc)).caption
     kept = caption.split("; kept eager: ", 1)[1]
-    assert kept.startswith("model (torch.export failed (packed): boom; torch.onnx.export failed: xxx")
+    # the cause both exporters name is told once
+    assert kept.startswith("model (torch.export failed (packed): boom; torch.onnx.export failed (as above): xxx")
     assert "not built" not in kept and "outputs differ" not in kept
     assert len(kept) < 2 * FAILURE_CHARS + 20 and kept.endswith("...)")
     doc["regions"][0]["chosen"] = "aoti"

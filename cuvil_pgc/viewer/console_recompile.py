@@ -82,9 +82,29 @@ def _kept_eager(plan: Plan) -> str:
                 reason = reason.removeprefix("ExportError: ")
                 seen.setdefault(reason.split(" failed", 1)[0] if " failed" in reason else reason, reason)
         if seen:
-            shown = [w if len(w) <= FAILURE_CHARS else w[:FAILURE_CHARS - 3] + "..." for w in seen.values()]
+            shown, notes = [], set()
+            for why in seen.values():
+                note = _cause_note(why)          # one cause told for every exporter: told once
+                if note and note in notes:
+                    why = why.replace(note, "(as above)", 1)
+                notes.add(note)
+                shown.append(why if len(why) <= FAILURE_CHARS else why[:FAILURE_CHARS - 3] + "...")
             parts.append(f"{display_path(r.path)} ({'; '.join(shown)})")
     return f"; kept eager: {', '.join(parts)}" if parts else ""
+
+
+def _cause_note(reason: str) -> str:
+    """The parenthesis right after ``... failed`` in a failure (the cause cuvil-pgc names before the
+    exporter's own message, as :func:`~cuvil_pgc.recompile.export_error.quantized_note`), or ""."""
+    start = reason.find(" failed (")
+    if start < 0:
+        return ""
+    depth, i = 0, start + len(" failed ")
+    for j in range(i, len(reason)):
+        depth += {"(": 1, ")": -1}.get(reason[j], 0)
+        if depth == 0:
+            return reason[i:j + 1]
+    return ""
 
 
 def _runtime_defaults(plan: Plan) -> str:
