@@ -44,3 +44,19 @@ def test_the_onnx_export_s_failure_on_packed_weights_says_why_first(tmp_path):
     with pytest.raises(ExportError, match=r"^torch.onnx.export failed \(the region holds torch.ao quantized "
                                           r"modules \(Linear\)"):
         export_onnx(dynamic_int8(), ScopeInputs((torch.randn(4, 8),)), tmp_path / "q.onnx", 1)
+
+
+def test_the_rejection_keeps_the_exporter_s_own_message_after_the_named_cause():
+    """The search's rejection of the candidate (what plan.json and the CLI show) has room for the
+    exporter's message after the cause: cut at 300 characters, it read ``AttributeError: __torch__...``."""
+    from cuvil_pgc.recompile.candidates import Candidate
+    from cuvil_pgc.recompile.checked_build import build_checked
+    from cuvil_pgc.recompile.search import SearchOptions
+
+    model, x = dynamic_int8(), torch.randn(4, 8)
+    with torch.no_grad():
+        ref = model(x)
+    built = build_checked(Candidate("", "aoti"), model, ScopeInputs((x,)), ref, SearchOptions(), exact=None,
+                          padding=None, machine="m", weights="w")
+    assert built.status == "compile_error" and built.export_failed
+    assert "prepare_pt2e" in built.reason and "__obj_flatten__" in built.reason

@@ -56,7 +56,9 @@ def build_checked(cand: Candidate, module: Any, inputs: ScopeInputs, ref: Any, o
             out = realized.module(*inputs.args, **inputs.kwargs)
     except Exception as exc:    # any backend failure rejects the candidate, never the search
         said = first_line(native.text)
-        reason = exception_line(exc) + (f" (native: {said})" if said else "")
+        # an ExportError's message is composed already (the exporter, the cause cuvil-pgc names, the
+        # exporter's own first line, cut): not cut again, where the named cause took the room
+        reason = exception_line(exc, 800 if isinstance(exc, ExportError) else 300) + (f" (native: {said})" if said else "")
         log.info("candidate %s rejected: %s", cand.key, reason)
         return CheckedBuild("compile_error", reason=reason, export_failed=isinstance(exc, ExportError))
     if native.text.strip():

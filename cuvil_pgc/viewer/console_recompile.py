@@ -88,7 +88,8 @@ def _kept_eager(plan: Plan) -> str:
                 if note and note in notes:
                     why = why.replace(note, "(as above)", 1)
                 notes.add(note)
-                shown.append(why if len(why) <= FAILURE_CHARS else why[:FAILURE_CHARS - 3] + "...")
+                limit = FAILURE_CHARS + len(note if note in why else "")      # the cause is never cut
+                shown.append(why if len(why) <= limit else why[:limit - 3] + "...")
             parts.append(f"{display_path(r.path)} ({'; '.join(shown)})")
     return f"; kept eager: {', '.join(parts)}" if parts else ""
 
