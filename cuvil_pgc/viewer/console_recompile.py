@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuvil_pgc.recompile.export_error import ExportError, exporter_of_reason
 from cuvil_pgc.recompile.plan_doc import Plan, region_speedup
 from cuvil_pgc.trace.schema import display_path
 from cuvil_pgc.viewer.formats import fastest_first
@@ -79,8 +80,7 @@ def _kept_eager(plan: Plan) -> str:
         for a in r.alternatives:
             reason = str(a.get("reason") or "")
             if a.get("status") == "compile_error" and reason and not reason.startswith("not built:"):
-                reason = reason.removeprefix("ExportError: ")
-                seen.setdefault(reason.split(" failed", 1)[0] if " failed" in reason else reason, reason)
+                seen.setdefault(exporter_of_reason(reason), reason.removeprefix(f"{ExportError.__name__}: "))
         if seen:
             shown, notes = [], set()
             for why in seen.values():
