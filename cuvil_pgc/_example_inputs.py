@@ -142,6 +142,22 @@ def forward_parameters(model: Any) -> list[tuple[str, Any]] | None:
     return out
 
 
+def number_inputs(model: Any, inputs: tuple[Any, ...]) -> list[tuple[str, int | float]]:
+    """(name, value) of each positional input that is a Python number (an int or a float, not a
+    bool) other than its parameter's default (``input N`` where the forward does not name it). A
+    build's programs hold such a number as the constant it was captured with, so calls passing
+    another value run the original module; one left at its default is what calls that omit it pass."""
+    params = forward_parameters(model) or []
+    out = []
+    for i, value in enumerate(inputs):
+        if type(value) not in (int, float):
+            continue
+        name, default = params[i] if i < len(params) else (f"input {i}", inspect.Parameter.empty)
+        if default is inspect.Parameter.empty or type(default) is not type(value) or default != value:
+            out.append((name, value))
+    return out
+
+
 def _keyword_only(model: Any) -> set[str]:
     """The names of ``model.forward``'s keyword-only parameters (after a ``*``)."""
     return {p.name for p in _signature(model) or () if p.kind is inspect.Parameter.KEYWORD_ONLY}

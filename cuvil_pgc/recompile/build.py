@@ -160,7 +160,7 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
                time_budget: Any) -> Build:
     import torch
 
-    from cuvil_pgc._example_inputs import SizesVary, inputs_hint, positional_inputs
+    from cuvil_pgc._example_inputs import SizesVary, inputs_hint, number_inputs, positional_inputs
     from cuvil_pgc._structure import module_tree_digest
     from cuvil_pgc.recompile.manifest import current_fingerprint
     from cuvil_pgc.recompile.matching import structural_hash
@@ -176,6 +176,15 @@ def _recompile(model: Any, example_inputs: tuple[Any, ...], traces: Any, *, anal
         log.warning("cuvil-pgc: the model is in training mode: the recompile puts it in eval mode, which builds "
                     "compute in (no dropout, batch norm's running statistics); a profile recorded in training "
                     "mode timed work the build does not do: call model.eval() before profiling")
+    numbers = number_inputs(model, example_inputs)
+    if numbers:
+        shown = ", ".join(f"{name}={value!r}" for name, value in numbers)
+        log.warning("cuvil-pgc: the example inputs pass %s as a Python number, which the build's programs hold as "
+                    "a constant: calls with another value run the original module. Where the forward computes with "
+                    "it as with a tensor (t * freqs, logits / temperature), pass it as a 0-d tensor (%s) in the "
+                    "example inputs and in the calls, and every value runs the program; a number that sets sizes "
+                    "or steers control flow stays a number", shown,
+                    ", ".join(f"torch.tensor({value!r})" for _, value in numbers))
     model = eval_mode(model).to(device)
     example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     from cuvil_pgc._progress import stage

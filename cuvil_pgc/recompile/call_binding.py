@@ -77,7 +77,10 @@ def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ``sizes_refused``: why a build made for other sizes has no program for them (None: it was not
     made for them)."""
     if spec is None:
-        return "the call's inputs differ from the captured ones (types, shapes, dtypes or keyword arguments)"
+        return ("the call's inputs differ from the captured ones (types, shapes, dtypes, keyword arguments, or the "
+                "value of a Python number, which the program holds as a constant: a number the forward computes "
+                "with as with a tensor runs the program at every value where the build is made and called with it "
+                "as a 0-d tensor)")
     if kwargs:
         captured = {name for name, _ in (params or [])[:len(spec)]}
         past = sorted(k for k in kwargs if params and k not in captured)
@@ -90,6 +93,9 @@ def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any]
         return f"{len(args)} positional inputs, built for {len(spec)}"
     for i, (a, (shape, dtype, device, strides)) in enumerate(zip(args, spec, strict=True)):
         if not isinstance(a, torch.Tensor):
+            if type(a) in (int, float) and shape == ():
+                return (f"input {i} is the Python {type(a).__name__} {a!r}, built for a 0-d tensor: pass "
+                        f"torch.tensor({a!r}, dtype={dtype}), which runs the program at any value")
             return f"input {i} is a {type(a).__name__}, built for a tensor"
         if a.dtype != dtype or a.device != device:
             return f"input {i} is {a.dtype} on {a.device}, built for {dtype} on {device}"
