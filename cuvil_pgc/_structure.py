@@ -87,11 +87,33 @@ def weights_digest(module: Any) -> str:
 
 
 def _tensor_bytes(t: Any) -> bytes:
-    """A tensor's values as raw bytes (on the CPU, contiguous)."""
+    """A tensor's values as raw bytes (on the CPU, contiguous); a sparse tensor's, those of its
+    parts (:func:`strided_parts`)."""
     import torch
 
+    if t.layout is not torch.strided:
+        return b"".join(_tensor_bytes(part) for part in strided_parts(t))
     data = t.detach().to("cpu").contiguous()
     return data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
+
+
+def strided_parts(t: Any) -> list[Any]:
+    """The dense tensors that hold ``t``'s values: ``[t]`` for a strided tensor; a sparse one's
+    indices and values (COO coalesced; CSR, CSC, BSR and BSC by their compressed and plain
+    indices), which value reads (``bytes``, ``torch.equal``) cannot take whole: a GCN holding its
+    adjacency as a sparse buffer failed recompile's first check with "Could not run 'aten::equal'
+    with arguments from the 'SparseCPU' backend"."""
+    import torch
+
+    t = t.detach()
+    if t.layout is torch.strided:
+        return [t]
+    if t.layout is torch.sparse_coo:
+        t = t.coalesce()
+        return [t.indices(), t.values()]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    return [t.ccol_indices(), t.row_indices(), t.values()]      # sparse_csc, sparse_bsc
 
 
 def settings_digest(module: Any, skip: Iterable[str] = ()) -> str:

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from cuvil_pgc._structure import strided_parts
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.object_outputs import openable
 
@@ -379,9 +380,13 @@ def _call(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Any:
 
 
 def _same(now: torch.Tensor, before: torch.Tensor) -> bool:
-    """Bit-for-bit the same values (NaN where NaN was: an untouched buffer of NaNs is unchanged)."""
-    if now.shape != before.shape or now.dtype != before.dtype:
+    """Bit-for-bit the same values (NaN where NaN was: an untouched buffer of NaNs is unchanged); a
+    sparse tensor's, part by part (:func:`~cuvil_pgc._structure.strided_parts`)."""
+    if now.shape != before.shape or now.dtype != before.dtype or now.layout != before.layout:
         return False
+    if now.layout is not torch.strided:
+        parts, were = strided_parts(now), strided_parts(before)
+        return len(parts) == len(were) and all(_same(a, b) for a, b in zip(parts, were, strict=True))
     if torch.equal(now, before):
         return True
     if now.is_floating_point() or now.is_complex():
