@@ -78,9 +78,9 @@ def spec_misfit(spec: Spec | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     made for them)."""
     if spec is None:
         return ("the call's inputs differ from the captured ones (types, shapes, dtypes, keyword arguments, or the "
-                "value of a Python number, which the program holds as a constant: a number the forward computes "
-                "with as with a tensor runs the program at every value where the build is made and called with it "
-                "as a 0-d tensor)")
+                "value of a Python number, string or flag, which the program holds as a constant; a number the "
+                "forward computes with as with a tensor runs the program at every value where the build is made "
+                "and called with it as a 0-d tensor)")
     if kwargs:
         captured = {name for name, _ in (params or [])[:len(spec)]}
         past = sorted(k for k in kwargs if params and k not in captured)
