@@ -111,7 +111,6 @@ def test_wrong_types_inside_args(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("field,value,problem", [
-    ("dur", -1.5, "-1.5 duration"),
     ("ts", -3.0, "-3.0 timestamp"),
     ("dur", "NaN", "not valid JSON"),           # what Python's json.dumps writes for nan
     ("ts", "Infinity", "not valid JSON"),
@@ -127,6 +126,18 @@ def test_negative_nan_inf_times(tmp_path: Path, field: str, value, problem: str)
     err = _fails(_write(tmp_path, "t.json", text), problem)
     if problem.endswith(("duration", "timestamp")):
         assert "event #1" in str(err) and "'bad'" in str(err)
+
+
+def test_a_negative_duration_is_read_as_zero_and_counted(tmp_path: Path) -> None:
+    """torch.profiler writes ``dur: -1`` for a CPU event still running when the profile stopped
+    (pytorch/pytorch#150131): refused, the whole trace was; read as 0 µs, the reader says how many."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "ok", "ts": 1.0, "dur": 1.0},
+              {"ph": "X", "cat": "cpu_op", "name": "unfinished", "ts": 2.0, "dur": -1},
+              {"ph": "X", "cat": "cpu_op", "name": "also", "ts": 3.0, "dur": -1.5}]
+    trace = load_trace(_write(tmp_path, "t.json", json.dumps({"traceEvents": events})))
+    assert sorted(trace.events["dur"].tolist()) == [0.0, 0.0, 1.0]
+    said = [w for s in trace.sources for w in s.warnings]
+    assert any(w.startswith("2 complete (X) events have a negative duration (dur): read as 0 µs") for w in said), said
 
 
 def test_x_event_without_timestamp(tmp_path: Path) -> None:

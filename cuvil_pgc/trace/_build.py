@@ -44,6 +44,7 @@ from cuvil_pgc.trace import _args as A
 from cuvil_pgc.trace import _ours, _region_tree
 from cuvil_pgc.trace._clock import FileClock, kineto_us_clock, needs_exact
 from cuvil_pgc.trace._decode import Document, Event, KinetoDocument, KinetoEvent
+from cuvil_pgc.trace._repairs import UNSTAMPED, clip_overruns, drop_unstamped, overrun_note
 from cuvil_pgc.trace._side_events import FLOW_KINDS, add_names, counter_columns, id_column, link_flows
 from cuvil_pgc.trace.columns import StringTable, float_column
 from cuvil_pgc.trace.schema import CAT_PROFILER_RANGE, CAT_TO_KIND, MAX_TIME_US, Kind
@@ -93,6 +94,7 @@ class Events:
         self.meta: list[Any] = []
         self.flows: list[Any] = []
         self.skipped: dict[str, int] = {}
+        self.left_out: set[int] = set()        # ids of X events a repair left out (:mod:`._repairs`)
         if len(self.xs) == len(events):
             return
         by_phase = {"C": self.counters, "M": self.meta, "s": self.flows, "f": self.flows, "t": self.flows}
@@ -109,7 +111,7 @@ class Events:
         """Index in traceEvents of the k-th event of phase ``ph`` (error messages only)."""
         seen = -1
         for i, e in enumerate(self.all):
-            if e.ph == ph:
+            if e.ph == ph and id(e) not in self.left_out:
                 seen += 1
                 if seen == k:
                     return i
@@ -127,6 +129,8 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
     only when a Kineto file's µs carry fractions a float64 cannot hold (``_clock.needs_exact``).
     """
     evs = Events(doc.trace_events)
+    if fmt == "kineto":
+        drop_unstamped(evs)
     exact = None
     row_ts = _row_ts(evs.xs) if fmt == "kineto" and exact_ns is not None else None
     if row_ts is not None and needs_exact(row_ts, NS_FLOOR):
@@ -142,6 +146,7 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
     xs = evs.xs
     cols, other_cats = basic_columns(xs, fmt, strings)
     clock = _times(cols, xs, evs, path, fmt, row_ts)
+    overruns = clip_overruns(cols) if fmt == "kineto" else (0, 0.0)
     if fmt == "kineto":
         args, given, paths = kineto_args(xs, cols), np.zeros(len(xs), bool), None
     else:
@@ -162,6 +167,8 @@ def build_source(doc: Document | KinetoDocument, fmt: str, strings: StringTable,
     elif clock.origin_ns is not None:
         src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
     src.warnings = skipped_notes(evs, other_cats)
+    if overruns[0]:
+        src.warnings.append(overrun_note(*overruns))
     src.notes.extend(src.warnings)
     return src
 
@@ -213,12 +220,19 @@ def profiler_ranges(xs: list[KinetoEvent], raw_events: Callable[[], list[Event]]
 def skipped_notes(evs: Events, other_cats: dict[str, int]) -> list[str]:
     """What the reader did not analyse, with counts (the user must never lose events silently)."""
     notes = []
-    phases = {ph: n for ph, n in evs.skipped.items() if ph != NO_DURATION}
+    phases = {ph: n for ph, n in evs.skipped.items() if ph not in (NO_DURATION, NEGATIVE_DURATION, UNSTAMPED)}
     if phases:
         notes.append("ignored events of phase " + ", ".join(
             f"{ph or '(none)'!r} x{n}" for ph, n in sorted(phases.items())))
     if evs.skipped.get(NO_DURATION):
         notes.append(f"{evs.skipped[NO_DURATION]:,} complete (X) events have no duration (dur): read as 0 µs")
+    if evs.skipped.get(NEGATIVE_DURATION):
+        notes.append(f"{evs.skipped[NEGATIVE_DURATION]:,} complete (X) events have a negative duration (dur): read "
+                     "as 0 µs (torch.profiler writes -1 for an event still running when the profile stopped)")
+    if evs.skipped.get(UNSTAMPED):
+        notes.append(f"{evs.skipped[UNSTAMPED]:,} events at ts 0 with no duration, in a trace whose other events "
+                     "are stamped on an absolute clock, were left out (Kineto writes activities it has no "
+                     "timestamps for so)")
     ranges = other_cats.pop(CAT_PROFILER_RANGE, 0)
     if ranges:
         notes.append(f"{ranges:,} {CAT_PROFILER_RANGE} events (CUPTI range-profiler kernels: hardware counters "
@@ -297,16 +311,25 @@ def _interned(values: list[str], strings: StringTable) -> list[int]:
 
 #: the key of ``skipped`` that counts X events without a ``dur`` (not a phase)
 NO_DURATION = "X without dur"
+#: the key of ``skipped`` that counts X events with a negative ``dur`` (not a phase)
+NEGATIVE_DURATION = "X with negative dur"
 
 
 def durations(xs: list[Event], skipped: dict[str, int]) -> np.ndarray:
     """The ``dur`` column: an X event without one lasts 0 µs (as Chrome's viewer draws it), counted
-    in ``skipped[NO_DURATION]`` so the reader says how many."""
+    in ``skipped[NO_DURATION]`` so the reader says how many; so does one with a negative ``dur``,
+    counted in ``skipped[NEGATIVE_DURATION]``: torch.profiler writes ``-1`` for a CPU event still
+    running when the profile stopped (pytorch/pytorch#150131), and Kineto wrote negative ones from
+    zero end times (pytorch/kineto#646), so real traces hold them; refused, the whole trace was."""
     dur = float_column([e.dur for e in xs])
     missing = np.isnan(dur)
     if missing.any():
         dur[missing] = 0.0
         skipped[NO_DURATION] = skipped.get(NO_DURATION, 0) + int(missing.sum())
+    negative = np.isfinite(dur) & (dur < 0)            # -inf is damage, refused with the rest
+    if negative.any():
+        dur[negative] = 0.0
+        skipped[NEGATIVE_DURATION] = skipped.get(NEGATIVE_DURATION, 0) + int(negative.sum())
     return dur
 
 
