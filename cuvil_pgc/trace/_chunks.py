@@ -33,6 +33,7 @@ from cuvil_pgc.trace._build import (
 )
 from cuvil_pgc.trace._clock import FileClock, kineto_us_clock, needs_exact
 from cuvil_pgc.trace._decode import Event, KinetoEvent
+from cuvil_pgc.trace._repairs import clip_overruns, drop_unstamped, overrun_note
 from cuvil_pgc.trace._side_events import add_names, counter_columns, link_flows
 from cuvil_pgc.trace.columns import StringTable, float_column
 from cuvil_pgc.trace.schema import CAT_PROFILER_RANGE, MAX_TIME_US
@@ -85,6 +86,7 @@ class ChunkPart:
 def chunk_part(events: list[KinetoEvent], raw_events: Callable[[], list[Event]], strings: StringTable) -> ChunkPart:
     """Columns of one chunk of a streamed Kineto file (see :func:`build_kineto_chunks`)."""
     evs = Events(events)
+    drop_unstamped(evs)
     rest = _Collected()
     if evs.counters:      # typed args drop counter series: read them raw, as copies
         rest.counters = [msgspec.structs.replace(e, args=copied_raw(e.args)) for e in raw_events() if e.ph == "C"]
@@ -150,6 +152,7 @@ def assemble_chunks(parts_in: Iterable[ChunkPart], strings: StringTable, path: s
     for col in (cols["ts"], cols["dur"]):
         if (~np.isfinite(col) | (col < 0) | (col > MAX_TIME_US)).any():
             raise StreamFallback("bad times")
+    overruns = clip_overruns(cols)
     link_flows(cols, rest, strings, clock)
     src = SourceColumns(cols=cols, args=args, region_path=None, region_given=np.zeros(len(cols["ts"]), bool),
                         counters=counter_columns(rest, strings, path, clock), origin_ns=clock.origin_ns,
@@ -158,5 +161,7 @@ def assemble_chunks(parts_in: Iterable[ChunkPart], strings: StringTable, path: s
     if clock.origin_ns is not None:
         src.notes.append("timestamps are Unix nanoseconds; converted to µs (exactly, from the earliest event)")
     src.warnings = skipped_notes(rest, other_cats)
+    if overruns[0]:
+        src.warnings.append(overrun_note(*overruns))
     src.notes.extend(src.warnings)
     return src
