@@ -105,12 +105,15 @@ def _stream_cols(*spans, tid=None):
             "ts": np.array([a for a, _ in spans], float), "dur": np.array([b - a for a, b in spans], float)}
 
 
-def test_only_an_event_holding_two_later_ones_of_its_stream_is_cut():
-    pdl = _stream_cols((0, 10), (5, 15), (15, 20), (20, 30))   # the next kernel starts early (PDL): kept
-    assert clip_overruns(pdl) == (0, 0.0) and pdl["dur"].tolist() == [10, 10, 5, 10]
-    one = _stream_cols((0, 18), (5, 15), (15, 20))             # holds one later event whole: kept
+def test_only_an_event_holding_two_later_ones_of_its_stream_for_seconds_is_cut():
+    s = 1e6                                                    # µs
+    pdl = _stream_cols((0, 10 * s), (5 * s, 15 * s), (15 * s, 20 * s), (20 * s, 30 * s))   # PDL: kept
+    assert clip_overruns(pdl) == (0, 0.0) and pdl["dur"].tolist() == [10 * s, 10 * s, 5 * s, 10 * s]
+    one = _stream_cols((0, 18 * s), (5 * s, 15 * s), (15 * s, 20 * s))         # holds one later event whole: kept
     assert clip_overruns(one) == (0, 0.0)
-    broken = _stream_cols((0, 100), (10, 20), (30, 40), (50, 60))
-    assert clip_overruns(broken) == (1, 90.0) and broken["dur"].tolist() == [10, 10, 10, 10]
-    apart = _stream_cols((0, 100), (10, 20), (30, 40), (50, 60), tid=[7, 8, 9, 10])   # other streams
-    assert clip_overruns(apart) == (0, 0.0)
+    broken = _stream_cols((0, 100 * s), (10 * s, 20 * s), (30 * s, 40 * s), (50 * s, 60 * s))
+    assert clip_overruns(broken) == (1, 90 * s) and broken["dur"].tolist() == [10 * s] * 4
+    apart = _stream_cols((0, 100 * s), (10 * s, 20 * s), (30 * s, 40 * s), (50 * s, 60 * s), tid=[7, 8, 9, 10])
+    assert clip_overruns(apart) == (0, 0.0)                    # other streams
+    branch = _stream_cols((0, 2000), (10, 20), (30, 40), (50, 60))    # a graph's parallel branch, 2 ms: kept
+    assert clip_overruns(branch) == (0, 0.0)

@@ -9,9 +9,12 @@
 - **Overrunning stream events**: work on one GPU stream runs in order, yet traces hold kernels and
   copies whose end runs seconds past later events on their stream (seven such events made 62% of
   the GPU time of a 55,423-kernel trace in AMD-AGI/Hyperloom#1116). :func:`clip_overruns` cuts an
-  event that holds two later events of its stream (``(pid, tid)``) whole at the next one's start.
-  Overlapping the next one is left alone: with programmatic dependent launch the next kernel
-  starts before the previous one ends, and only waits for it.
+  event that holds two later events of its stream (``(pid, tid)``) whole and runs more than
+  :data:`OVERRUN_MIN_US` past the next one's start at that start. Overlapping the next one is left
+  alone: with programmatic dependent launch the next kernel starts before the previous one ends,
+  and only waits for it; so is holding later work for less than a second: a CUDA graph's parallel
+  branches may be reported on the stream it was launched on (a graph-captured all-reduce beside
+  the compute it overlaps).
 
 Both are said in the source's warnings with their counts (:func:`~._build.skipped_notes`).
 """
@@ -27,6 +30,8 @@ from cuvil_pgc.trace.schema import Kind
 #: a trace whose earliest stamped event is past this many µs counts on an absolute clock (Unix
 #: time, or time since boot after 1000 s), so ``ts: 0`` there is no time at all
 ABSOLUTE_CLOCK_US = 1e9
+#: how far past the next event's start (µs) an event holding later work must run to be cut
+OVERRUN_MIN_US = 1e6
 #: the key of ``Events.skipped`` counting the events :func:`drop_unstamped` left out (not a phase)
 UNSTAMPED = "X at ts 0"
 #: the kinds of row that run in order on a GPU stream
@@ -50,8 +55,9 @@ def drop_unstamped(evs: Any) -> None:
 
 def clip_overruns(cols: dict[str, np.ndarray]) -> tuple[int, float]:
     """Cut each stream event of ``cols`` (µs ``ts``/``dur``) that holds two later events of its
-    ``(pid, tid)`` whole (they start and end before it ends) at the next one's start; returns (how
-    many, the largest overrun past that start, µs)."""
+    ``(pid, tid)`` whole (they start and end before it ends) and runs more than
+    :data:`OVERRUN_MIN_US` past the next one's start at that start; returns (how many, the largest
+    overrun past that start, µs)."""
     rows = np.flatnonzero(np.isin(cols["kind"], STREAM_KINDS))
     if len(rows) < 3:
         return 0, 0.0
@@ -68,6 +74,8 @@ def clip_overruns(cols: dict[str, np.ndarray]) -> tuple[int, float]:
     later_min[:-1] = np.minimum.accumulate(lifted[::-1])[::-1][1:]
     later_min[-1] = np.iinfo(np.int64).max
     holding = np.flatnonzero(later_min < lifted)              # holds one later event whole: rare
+    holding = holding[holding + 1 < len(ts)]
+    holding = holding[end[holding] - ts[holding + 1] > OVERRUN_MIN_US]
     hit = [i for i in holding if _holds_two(i, ts, end, stream)]
     if not hit:
         return 0, 0.0
