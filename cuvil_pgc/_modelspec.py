@@ -86,8 +86,11 @@ def buffers_kept(model: Any) -> Any:
 
     def put_back() -> None:
         for owner, name, t, value in saved:
-            with torch.no_grad(), torch.inference_mode(t.is_inference()):
-                t.copy_(value)
+            if t.shape != value.shape or t.dtype != value.dtype:
+                t = value                # resized in place by the call: the saved copy takes its place
+            else:
+                with torch.no_grad(), torch.inference_mode(t.is_inference()):
+                    t.copy_(value)
             if owner._buffers.get(name) is not t:
                 owner._buffers[name] = t
     return put_back

@@ -84,6 +84,20 @@ SOURCE = textwrap.dedent('''
 
     def training_mode():            # the factory forgot .eval(): the call moves the running statistics
         return Counting(), (torch.randn(8, 4) + 3,)
+
+
+    class Growing(nn.Module):       # a cache its first call grows in place
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(2))
+
+        def forward(self, x):
+            self.cache.resize_(x.shape[0]).fill_(1.0)
+            return x + self.cache[:, None]
+
+
+    def growing():
+        return Growing(), (torch.randn(5, 3),)
 ''')
 
 
@@ -114,6 +128,12 @@ def test_the_check_call_leaves_the_model_s_buffers_as_the_factory_made_them(mode
     assert model.calls.item() == 0 and model.calls is model._buffers["calls"]
     model(*inputs)                  # the model itself still updates them
     assert model.calls.item() == 1 and model.bn.num_batches_tracked.item() == 1
+
+
+def test_a_buffer_the_check_call_resized_in_place_is_put_back_whole(models):
+    model, inputs = load_model_spec(f"{models}:growing")
+    assert torch.equal(model.cache, torch.zeros(2))
+    assert model(*inputs).shape == (5, 3)
 
 
 def test_a_dict_naming_the_forward_s_parameters_is_the_call_s_keywords(models):
