@@ -286,3 +286,15 @@ def test_the_cli_says_why_a_region_kept_eager():
     assert len(kept) < 2 * FAILURE_CHARS + 20 and kept.endswith("...)")
     doc["regions"][0]["chosen"] = "aoti"
     assert "kept eager" not in plan_view(Plan.from_json(doc)).caption
+
+
+def test_the_report_shows_an_alternative_s_reason_past_the_cause_cuvil_pgc_names():
+    """An export failure leads with the cause cuvil-pgc names (a quantized module's note is about 230
+    characters): cut at 200, the report showed the note alone, not the exporter's message after it."""
+    from cuvil_pgc.viewer._run_sections import REASON_CHARS, plan_section
+
+    doc = json.loads(json.dumps(FORMAT_1))
+    reason = "ExportError: torch.export failed (" + "n" * 240 + "): AttributeError: packed params"
+    doc["regions"][0]["alternatives"] = [{"config": "aoti", "status": "compile_error", "reason": reason}]
+    assert len(reason) < REASON_CHARS
+    assert "AttributeError: packed params" in plan_section(Plan.from_json(doc), None, False)

@@ -186,6 +186,11 @@ def _plan_table(regions: list[PlanRegion]) -> str:
                  num_cols=(3, 4, 5, 6, 7))
 
 
+#: the most characters of one alternative's reason the report shows: an export failure leads with the
+#: cause cuvil-pgc names (a quantized module's note is about 230 characters) before the exporter's own
+REASON_CHARS = 500
+
+
 def _alternatives(alts: list[dict[str, Any]], region: PlanRegion) -> str:
     """``measured / rejected`` as the CLI counts them, with every alternative in a details list."""
     if not alts:
@@ -194,7 +199,7 @@ def _alternatives(alts: list[dict[str, Any]], region: PlanRegion) -> str:
     items = []
     for a in alts[:MAX_LIST_ITEMS]:
         line = (f"{a.get('config', '?')}: {a.get('status', '?')}, predicted {fmt_ms(a.get('predicted_ms'))}, "
-                f"measured {fmt_ms(a.get('measured_ms'))}" + (f" — {clip(a['reason'], 200)}" if a.get("reason") else ""))
+                f"measured {fmt_ms(a.get('measured_ms'))}" + (f" — {clip(a['reason'], REASON_CHARS)}" if a.get("reason") else ""))
         items.append(f"<li>{text(line)}</li>")
     more = f"<li>{text(f'… {len(alts) - MAX_LIST_ITEMS} more')}</li>" if len(alts) > MAX_LIST_ITEMS else ""
     summary = f"{tried} / {rejected}" + (f" ({len(alts)} considered)" if len(alts) != tried else "")
