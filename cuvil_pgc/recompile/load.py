@@ -132,6 +132,7 @@ def _load(source: Any, model: Any, store: Any, pubkey: Any, allow_unsigned: bool
     from cuvil_pgc.recompile.trust import open_trusted
 
     given, model = model, own_model(model)    # what a build returned: the model it was made from
+    _check_materialized(model, source)
     with open_trusted(source, store=store, pubkey=pubkey, allow_unsigned=allow_unsigned) as vb:
         path = vb.path
         _check_environment(vb.manifest, path)
@@ -296,6 +297,27 @@ def _load_cache_artifacts(vb: Any) -> str:
     except Exception as exc:
         return f"unusable: {type(exc).__name__}: {exc}"
     return "loaded" if info is not None else "unusable: torch could not deserialize them (other torch version?)"
+
+
+def _check_materialized(model: Any, source: Any) -> None:
+    """Refuse a model whose lazy modules (``nn.LazyLinear``, ``LazyConv2d``) have not been called
+    yet: until its first call a lazy module has no weights (torch raised "Can't access the shape
+    of an uninitialized parameter" from deep in the load, reported as a build that "could not be
+    loaded", to be rebuilt), and one given its checkpoint still has its lazy class and no input
+    size (``in_features`` 0), which the build, made from a called one, does not match."""
+    import torch
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    if not isinstance(model, torch.nn.Module):
+        return
+    lazy = [name or "<model>" for name, m in model.named_modules() if isinstance(m, LazyModuleMixin)]
+    if lazy:
+        raise BuildError(f"the model's lazy modules have not been called yet ({', '.join(lazy[:3])}"
+                         f"{', ...' if len(lazy) > 3 else ''}): a lazy module takes its weights' shapes, its "
+                         "class and its input size from its first call, and the build was made from a model "
+                         "that had been called", path=os.fspath(source),
+                         fix="load the model's checkpoint into it and call it once on an example input, then "
+                             "load_build")
 
 
 def _apply_choices(vb: Any, plan: Plan, model: Any, report: LoadReport, path: str, stale: str,

@@ -321,8 +321,11 @@ def _tracked(model: torch.nn.Module, inputs: tuple[Any, ...]) -> dict[str, torch
 
 
 def _weight_versions(model: torch.nn.Module) -> dict[str, int]:
-    """Each parameter's version counter, which an in-place change moves (no copy of the weights)."""
-    return {name: p._version for name, p in model.named_parameters()}
+    """Each parameter's version counter, which an in-place change moves (no copy of the weights);
+    a lazy module's weights not made yet are left out (their first call makes them, and rewrites
+    nothing)."""
+    return {name: p._version for name, p in model.named_parameters()
+            if not isinstance(p, torch.nn.parameter.UninitializedParameter)}
 
 
 def _renormed_embeddings(model: torch.nn.Module) -> list[str]:
@@ -337,7 +340,7 @@ def _warn_rewritten_weights(before: dict[str, int], after: dict[str, int], renor
     model whose weights match, so a service's fresh model ran eagerly ("weights changed"). An
     embedding with ``max_norm`` (``renormed``) rewrites the rows of every call's ids, so no model
     called with other ids matches: its fix is to renormalize the whole table once."""
-    names = [name for name, v in after.items() if before.get(name) != v]
+    names = [name for name, v in after.items() if name in before and before[name] != v]
     renormed = [name for name in renormed if f"{name}.weight" in names]
     if renormed:
         log.warning("cuvil-pgc: %s renormalizes the rows each call looks up in place (max_norm), so the weights "
