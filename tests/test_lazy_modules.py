@@ -48,3 +48,34 @@ def test_load_build_onto_unmade_lazy_weights_names_them_and_the_fix(tmp_path, ke
     assert fast.cuvil_load_report.applied == ["<model>: ort"]
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x))
+
+
+class OwnLazy(torch.nn.modules.lazy.LazyModuleMixin, nn.Module):
+    """A lazy module of the user's with no class to become: lazy still after its first call."""
+
+    cls_to_become = None
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.parameter.UninitializedParameter()
+
+    def initialize_parameters(self, x):
+        if self.has_uninitialized_params():
+            with torch.no_grad():
+                self.weight.materialize((x.shape[-1],))
+                self.weight.fill_(0.5)
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def test_a_called_lazy_module_without_a_class_to_become_loads(tmp_path, keys):
+    pytest.importorskip("onnxruntime")
+    model, x = OwnLazy().eval(), torch.randn(3, 4)
+    build = recompile(model, (x,), plan={"": Candidate("", "ort")}, records=False, deployed_race=False, rounds=3)
+    path = build.save(tmp_path / "o.cuvilpkg", signing_key=str(keys[0]))
+    served = OwnLazy().eval()
+    with torch.no_grad():
+        served(x)
+    assert isinstance(served, torch.nn.modules.lazy.LazyModuleMixin)
+    assert load_build(path, served, pubkey=str(keys[1])).cuvil_load_report.applied == ["<model>: ort"]

@@ -310,7 +310,10 @@ def _check_materialized(model: Any, source: Any) -> None:
 
     if not isinstance(model, torch.nn.Module):
         return
-    lazy = [name or "<model>" for name, m in model.named_modules() if isinstance(m, LazyModuleMixin)]
+    # a call removes the hook that finishes it (a lazy class of the user's without a class to
+    # become stays lazy after it)
+    lazy = [name or "<model>" for name, m in model.named_modules()
+            if isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook")]
     if lazy:
         raise BuildError(f"the model's lazy modules have not been called yet ({', '.join(lazy[:3])}"
                          f"{', ...' if len(lazy) > 3 else ''}): a lazy module takes its weights' shapes, its "
