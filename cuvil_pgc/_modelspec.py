@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from cuvil_pgc._buffers import buffers_kept
 from cuvil_pgc._example_inputs import input_objects_kept, inputs_hint, positional_inputs
 from cuvil_pgc.errors import ConfigError, ModelSpecError, one_line
 
@@ -68,32 +69,6 @@ def _call_once(spec: str, model: Any, inputs: tuple[Any, ...], given: Any) -> No
     finally:
         restore()
         put_back()
-
-
-def buffers_kept(model: Any) -> Any:
-    """A function that gives each buffer of ``model`` (an ``nn.Module``; nothing otherwise) its value
-    from now, in the tensor it is now (reattached where a call assigned another). A check call
-    must leave the model as the factory made it: in training mode it moved batch norm's running
-    statistics (a model whose factory forgot ``.eval()``), and a streaming model's forward moves its
-    counters, so the searching process's eager model computed otherwise than the same factory's
-    model in the race's worker process, and eager's race there was refused."""
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        return lambda: None
-    saved = [(owner, name, t, t.detach().clone()) for owner in model.modules()
-             for name, t in owner._buffers.items() if t is not None]
-
-    def put_back() -> None:
-        for owner, name, t, value in saved:
-            if t.shape != value.shape or t.dtype != value.dtype:
-                t = value                # resized in place by the call: the saved copy takes its place
-            else:
-                with torch.no_grad(), torch.inference_mode(t.is_inference()):
-                    t.copy_(value)
-            if owner._buffers.get(name) is not t:
-                owner._buffers[name] = t
-    return put_back
 
 
 def _one_line(exc: BaseException) -> str:

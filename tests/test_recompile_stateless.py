@@ -275,6 +275,35 @@ def test_the_modules_whose_calls_change_a_buffer_are_kept_and_the_state_held_whi
         assert torch.equal(model(x), first) and not torch.equal(model(x), first)   # outside: the state is the user's
 
 
+class GrowingLog(nn.Module):
+    """A forward that grows its log buffer in place by a row each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(8, 8)
+        self.register_buffer("log", torch.zeros(1, 8))
+
+    def forward(self, x):
+        y = self.net(x)
+        n = self.log.shape[0]
+        self.log.resize_(n + 1, 8)[n] = y.detach().mean(0)
+        return y
+
+
+def test_a_buffer_resized_in_place_by_each_call_is_put_back_whole():
+    """Putting the buffers back copied into the resized tensor and raised (a size mismatch, reported
+    as the user's model raising): the value before the calls now takes the resized tensor's place."""
+    torch.manual_seed(0)
+    model, x = GrowingLog().eval(), torch.randn(4, 8)
+    held = check_stateless(model, (x,))
+    assert held is not None and held.modules == {""}
+    assert model.log.shape == (1, 8) and not model.log.any()
+    with torch.no_grad(), holding(model, held):
+        model(x)
+        model(x)
+    assert model.log.shape == (1, 8) and not model.log.any()
+
+
 def test_a_model_whose_only_weights_change_state_is_still_refused():
     model, inputs = running_sum()
     with pytest.raises(RecompileError, match="no submodule with weights leaves it alone"):

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from cuvil_pgc._buffers import restore_buffer
 from cuvil_pgc._structure import strided_parts
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.object_outputs import openable
@@ -157,14 +158,16 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
 
 
 def _put_back(model: torch.nn.Module, tensors: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
-    """Copy ``values`` into ``tensors`` (keyed as :func:`_tracked` keys them), reattaching each buffer
-    to its module (a forward may have assigned a new one)."""
+    """Copy ``values`` into ``tensors`` (keyed as :func:`_tracked` keys them); each buffer as
+    :func:`~cuvil_pgc._buffers.restore_buffer` does (reattached where a forward assigned a new one,
+    replaced where it resized it in place)."""
     for key, t in tensors.items():
-        with torch.no_grad(), torch.inference_mode(t.is_inference()):
-            t.copy_(values[key])
         if key.startswith("buffer "):
             owner, _, attr = key.removeprefix("buffer ").rpartition(".")
-            setattr(model.get_submodule(owner), attr, t)
+            restore_buffer(model.get_submodule(owner), attr, t, values[key])
+        else:
+            with torch.no_grad(), torch.inference_mode(t.is_inference()):
+                t.copy_(values[key])
 
 
 def _changing_modules(model: torch.nn.Module, inputs: tuple[Any, ...], buffers: list[str]) -> frozenset[str]:
