@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cuvil_pgc.trace import _stream, load_trace, reader
 from cuvil_pgc.trace._repairs import clip_overruns
 from cuvil_pgc.trace.schema import Kind
+from tests.test_stream import _load as load_streamed_or_whole
 
 TRACE = Path(__file__).resolve().parent / "data" / "kineto_resnet50" / \
     "resnet50_num_workers_0_worker0.1623143089861.pt.trace.json.gz"
@@ -34,15 +34,7 @@ def _doc() -> dict:
 def _load(doc: dict, tmp_path: Path, monkeypatch, streamed: bool):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
-    with monkeypatch.context() as m:
-        m.setenv("CUVIL_READ_WORKERS", "0")
-        m.setattr(_stream, "STREAM_MIN_BYTES", 0 if streamed else 1 << 62)
-        used = []
-        real = reader._load_streamed
-        m.setattr(reader, "_load_streamed", lambda *a: used.append(real(*a)) or used[-1])
-        trace = load_trace(path)
-    assert (used[0] is not None) == streamed
-    return trace
+    return load_streamed_or_whole(path, monkeypatch, streamed, chunk=1 << 20)
 
 
 def _kernels(trace) -> tuple[int, float, float]:
