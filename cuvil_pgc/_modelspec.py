@@ -81,7 +81,7 @@ def _import(module_ref: str):
         path = os.path.abspath(module_ref)
         if not os.path.isfile(path):
             raise ModelSpecError(f"model file {module_ref} does not exist", path=module_ref)
-        return _import_file(path, module_ref)
+        return import_file(path, module_ref)
     try:
         return importlib.import_module(module_ref)
     except ModuleNotFoundError as exc:
@@ -101,7 +101,7 @@ def _import_raised(module_ref: str, exc: BaseException) -> ModelSpecError:
     return ModelSpecError(f"importing {module_ref} raised {_one_line(exc)}", fix=fix)
 
 
-def _import_file(path: str, module_ref: str):
+def import_file(path: str, module_ref: str):
     """Import a .py file under the dotted name a program would import it by, where it has one.
 
     ``shop/ranker.py`` inside package ``shop`` (an ``__init__.py`` beside it) is imported as

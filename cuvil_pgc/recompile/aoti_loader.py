@@ -29,10 +29,12 @@ the captured positional tensors without parsing its call spec each time.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 
+from cuvil_pgc.errors import BuildError
 from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
 from cuvil_pgc.recompile.output_template import OutputTemplate
 
@@ -49,16 +51,33 @@ def load_aoti_package(path: str) -> Any:
     init_amx = getattr(torch.cpu, "_init_amx", None)
     if init_amx is not None:          # False, and nothing asked, where the CPU has no AMX
         init_amx()
-    parts = _direct_parts()
-    if parts is not None:
-        loader_class, compiled_class = parts
-        try:
-            loader = loader_class(path, MODEL_NAME, False, 1, -1)  # single-threaded off, 1 runner, current device
-        except TypeError:         # pybind refused the arguments: another torch's signature
-            pass
-        else:
-            return compiled_class(loader)
-    return torch._inductor.aoti_load_package(path)
+    try:
+        parts = _direct_parts()
+        if parts is not None:
+            loader_class, compiled_class = parts
+            try:
+                loader = loader_class(path, MODEL_NAME, False, 1, -1)  # single-threaded off, 1 runner, current device
+            except TypeError:         # pybind refused the arguments: another torch's signature
+                pass
+            else:
+                return compiled_class(loader)
+        return torch._inductor.aoti_load_package(path)
+    except RuntimeError as exc:
+        if (op := _undefined_operator(str(exc))) is None:
+            raise
+        raise BuildError(f"the build's AOTInductor program calls the custom operator {op}, which this process has "
+                         "not defined", fix=f"import the module whose torch.library.custom_op defines {op} before "
+                         "loading the build, as the process that made it had") from exc
+
+
+_UNDEFINED_OPERATOR = re.compile(r"Could not find schema for (\S+?)\.?(?:\s|$)")
+
+
+def _undefined_operator(message: str) -> str | None:
+    """The operator an AOTInductor loader's error says this process has not defined (its proxy
+    executor looks the schema of each custom operator up when the package loads), or None."""
+    match = _UNDEFINED_OPERATOR.search(message)
+    return match.group(1) if match else None
 
 
 def _direct_parts() -> tuple[Any, Any] | None:

@@ -129,10 +129,48 @@ def fresh_process_failures(specs: dict[str, dict[str, Any]], inputs: dict[str, t
 
 def _write_spec(path: str, spec: dict[str, Any], name: str, data: str, reference: Any) -> str:
     """The worker's file at ``path``: ``spec``, under ``name`` in the inputs file ``data``, with the
-    modules of its output's classes (``reference``, see :func:`_output_modules`); returns ``path``."""
+    modules of its output's classes (``reference``, see :func:`_output_modules`) and, for an
+    AOTInductor package, those defining Python custom operators (:func:`custom_op_modules`);
+    returns ``path``."""
+    ops = custom_op_modules() if spec.get("candidate", {}).get("backend") == "aoti" else []
     with open(path, "w") as f:
-        json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(reference)}, f)
+        json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(reference), "op_modules": ops}, f)
     return path
+
+
+def custom_op_modules() -> list[list[str | None]]:
+    """``[module, file]`` of each module outside torch that defined an operator with
+    ``torch.library.custom_op`` in this process (the model's own file, a library of kernels).
+
+    An AOTInductor package calls such an operator through torch's dispatcher, which knows it only
+    in a process that ran its definition: a worker loading the package without it failed ("Could
+    not find schema for mylib::soft_clip"), and the plan, 1.5x faster than eager, was refused as
+    one no fresh process could load, though a service loads a build after importing its model's
+    code. Operators defined in ``__main__`` are left out (importing a script runs it)."""
+    opdefs = getattr(getattr(torch, "_library", None), "custom_ops", None)
+    out: dict[str, str | None] = {}
+    for opdef in list(getattr(opdefs, "OPDEFS", {}).values()):
+        name = getattr(getattr(opdef, "_init_fn", None), "__module__", None)
+        if isinstance(name, str) and name.split(".")[0] not in ("torch", "__main__") and name not in out:
+            out[name] = getattr(sys.modules.get(name), "__file__", None)
+    return [[name, out[name]] for name in sorted(out)]
+
+
+def import_op_modules(modules: list[list[str | None]]) -> None:
+    """Import the modules :func:`custom_op_modules` named in the searching process, as a service
+    imports its model's code: by file where the module has one (:func:`~cuvil_pgc._modelspec.import_file`,
+    under the name a program imports it by), else by name. One that fails is left out: the plan
+    then fails on its operator, as it would where the service lacks it."""
+    from cuvil_pgc._modelspec import import_file
+
+    for name, path in modules:
+        try:
+            if path and path.endswith(".py") and os.path.isfile(path):
+                import_file(path, path)
+            elif name:
+                importlib.import_module(name)
+        except Exception:
+            pass
 
 
 def _output_modules(output: Any) -> list[str]:
@@ -212,6 +250,7 @@ def main(argv: list[str]) -> int:
             importlib.import_module(name)
         except ImportError:
             pass                   # the runtimes' plans then return their tensors as a tuple (see _flat)
+    import_op_modules(spec.get("op_modules", []))
     data = torch.load(spec["inputs"], weights_only=True)
     args = tuple(data["args"])
     module = _eager_model(spec["model_ref"]) if spec.get("model_ref") else region(spec)

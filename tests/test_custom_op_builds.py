@@ -1,0 +1,138 @@
+"""Models calling a Python custom operator (``torch.library.custom_op``): an AOTInductor package
+calls it through torch's dispatcher, so a process loading the package needs the operator defined.
+The search's worker processes define it as a service does, by importing the module that defined it;
+a service that loads the build first is told which operator to define, not to rebuild."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from cuvil_pgc.errors import BuildError
+from cuvil_pgc.recompile import aoti_loader
+from cuvil_pgc.recompile.candidates import Candidate
+
+OPS = textwrap.dedent('''
+    import torch
+
+    @torch.library.custom_op("cuviltest_ops::soft_clip", mutates_args=())
+    def soft_clip(x: torch.Tensor, limit: float) -> torch.Tensor:
+        return limit * torch.tanh(x / limit)
+
+    @soft_clip.register_fake
+    def _(x, limit):
+        return torch.empty_like(x)
+''')
+
+MODEL = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Clipped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            from cuviltest_clip_ops import soft_clip      # the kernels load on first use
+            return self.b(soft_clip(self.a(x), 2.0))
+
+    def factory():
+        torch.manual_seed(0)
+        return Clipped().eval(), (torch.randn(3, 16),)
+''')
+
+SERVICE = textwrap.dedent('''
+    import sys
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    if sys.argv[3] == "define":
+        import cuviltest_clip_ops            # noqa: F401  the service imports its kernels first
+    from cuviltest_clip_model import factory
+    from cuvil_pgc import load_build
+    from cuvil_pgc.errors import BuildError
+    model, inputs = factory()
+    try:
+        built = load_build(sys.argv[2], model, pubkey=sys.argv[4])
+    except BuildError as exc:
+        print("REFUSED", exc)
+        sys.exit(0)
+    with torch.no_grad():
+        print("RAN", built.fallback_calls, float((built(*inputs) - model(*inputs)).abs().max()))
+''')
+
+
+@pytest.fixture
+def clip_model(tmp_path):
+    """The model's factory, its module imported from files in ``tmp_path`` as a service imports
+    them (the operator's module only once the model is called)."""
+    (tmp_path / "cuviltest_clip_ops.py").write_text(OPS)
+    (tmp_path / "cuviltest_clip_model.py").write_text(MODEL)
+    from cuvil_pgc._modelspec import import_file
+
+    module = import_file(str(tmp_path / "cuviltest_clip_model.py"), "cuviltest_clip_model.py")
+    model, inputs = module.factory()
+    with torch.no_grad():
+        model(*inputs)           # defines the operator in this process, as the profiled run did
+    return model, inputs
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_an_aoti_build_calling_a_custom_operator_loads_where_the_operator_is_defined(clip_model, tmp_path, keys):
+    from cuvil_pgc.recompile.apply import ScopeInputs, realize
+    from cuvil_pgc.recompile.build import recompile
+    from cuvil_pgc.recompile.standalone import custom_op_modules, fresh_process_failures, standalone_spec
+
+    model, inputs = clip_model
+    assert ["cuviltest_clip_ops", str(tmp_path / "cuviltest_clip_ops.py")] in custom_op_modules()
+    cand = Candidate("", "aoti")
+    realized = realize(model, cand, ScopeInputs(inputs))
+    with torch.no_grad():
+        reference = model(*inputs)
+    spec = standalone_spec(cand, realized, ScopeInputs(inputs), "cpu", check=True)
+    # the search's check that the plan loads in a process that did not build it (it failed on the
+    # operator's schema, and the 1.5x plan was refused as unloadable)
+    assert fresh_process_failures({"aoti": spec}, {"aoti": inputs}, {"aoti": reference}) == {}
+
+    build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, records=False, deployed_race=False, rounds=3)
+    assert [c.candidate.backend for c in build.plan.choices] == ["aoti"]
+    path = build.save(tmp_path / "clip.cuvilpkg", signing_key=str(keys[0]))
+    service = tmp_path / "service.py"
+    service.write_text(SERVICE)
+
+    def serve(how: str) -> str:
+        proc = subprocess.run([sys.executable, str(service), str(tmp_path), str(path), how, str(keys[1])],
+                              capture_output=True, text=True, timeout=300, env=dict(os.environ))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    ran = serve("define")
+    assert ran.startswith("RAN 0 ") and float(ran.split()[-1]) < 1e-5, ran
+    refused = serve("load first")       # the kernels not imported yet: told which operator, not to rebuild
+    assert refused.startswith(f"REFUSED {path}: ") and "cuviltest_ops::soft_clip" in refused, refused
+    assert "torch.library.custom_op" in refused and "rebuild" not in refused, refused
+
+
+def test_a_package_loader_missing_an_operator_raises_a_build_error_naming_it(monkeypatch):
+    """torch's loader raises a RuntimeError whose first line names the operator; the fix is in
+    the user's process, so it becomes a BuildError saying what to import."""
+    class Loader:
+        def __init__(self, *args):
+            raise RuntimeError("Could not find schema for mylib::soft_clip. Custom operators created via "
+                               "torch.library.custom_op cannot be run via AOTI without Python environment.")
+
+    monkeypatch.setattr(aoti_loader, "_direct_parts", lambda: (Loader, None))
+    with pytest.raises(BuildError, match=r"custom operator mylib::soft_clip, which this process has not defined"):
+        aoti_loader.load_aoti_package("model.pt2")
+
+    class Broken:
+        def __init__(self, *args):
+            raise RuntimeError("PytorchStreamReader failed reading zip archive")
+
+    monkeypatch.setattr(aoti_loader, "_direct_parts", lambda: (Broken, None))
+    with pytest.raises(RuntimeError, match="zip archive"):          # any other failure stays as it was
+        aoti_loader.load_aoti_package("model.pt2")
