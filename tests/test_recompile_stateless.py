@@ -121,11 +121,12 @@ class DiffersOnlyOnItsFirstCall(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.fc = nn.Linear(8, 4)
-        self.calls = 0            # a Python counter, not a buffer: no state the check looks at
+        self.warmed = False       # set by the first call, the same after every later one: not state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        return self.fc(x) + (1.0 if self.calls == 1 else 0.0)
+        out = self.fc(x) + (0.0 if self.warmed else 1.0)
+        self.warmed = True
+        return out
 
 
 def running_sum():
@@ -323,8 +324,8 @@ def test_a_forward_that_draws_random_numbers_is_refused_up_front_with_the_cause(
 
 def test_outputs_that_differ_only_on_the_first_call_are_not_random():
     model = DiffersOnlyOnItsFirstCall().eval()
-    check_stateless(model, (torch.randn(2, 8),))
-    assert model.calls == 3
+    assert check_stateless(model, (torch.randn(2, 8),)) is None
+    assert model.warmed
 
 
 class AddsToItsFeatures(nn.Module):
@@ -595,3 +596,79 @@ def test_a_list_its_caller_extends_after_the_call_is_captured_as_the_call_got_it
                       deployed_race=False, rounds=3, calibrate=False)
     with torch.no_grad():
         torch.testing.assert_close(build.module(x), model(x))
+
+
+class CountingNormalizer(nn.Module):
+    """Counts its calls in a Python attribute, as a service's metrics read it, and keeps the last
+    batch size (the same each call: no state); ``net`` leaves both alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls, self.last_batch = 0, None
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.last_batch = x.shape[0]
+        return self.net(x)
+
+
+def counting_normalizer():
+    torch.manual_seed(0)
+    return CountingNormalizer().eval(), (torch.randn(8, 16),)
+
+
+def test_a_python_counter_the_forward_advances_is_state_held_and_put_back():
+    """A whole-model program held the count as a constant: the loaded build's counter stood still.
+    The counter is state like a buffer: the model stays eager around ``net``, recompile's calls
+    leave the count where the user's model had it."""
+    model, inputs = counting_normalizer()
+    model.calls = 7
+    held = check_stateless(model, inputs)
+    assert held is not None and held.modules == {""} and held.attributes == (("calls", 7),)
+    assert model.calls == 7          # (last_batch, the same on every call, is not held)
+    with torch.no_grad():
+        with holding(model, held):
+            model(*inputs)
+            model(*inputs)
+            assert model.calls == 7
+        model(*inputs)
+    assert model.calls == 8
+
+
+@pytest.mark.usefixtures("build_env")
+def test_a_pinned_whole_model_plan_of_a_counting_forward_is_refused():
+    model, inputs = counting_normalizer()
+    with pytest.raises(RecompileError, match="a call counter"):
+        recompile(model, inputs, records=False, plan={"": Candidate("", "compile")}, rounds=3)
+    assert model.calls == 0
+
+
+COUNTING_SERVICE = """
+import json, sys
+import torch
+from cuvil_pgc import load_build
+from tests.test_recompile_stateless import counting_normalizer
+model, inputs = counting_normalizer()
+built = load_build(sys.argv[1], model, pubkey=sys.argv[2])
+with torch.no_grad():
+    for _ in range(3):
+        built(*inputs)
+print(json.dumps({"calls": built.calls, "regions": built.cuvil_load_report.runtime_regions}))
+"""
+
+
+@needs_ort
+@pytest.mark.usefixtures("build_env")
+def test_a_loaded_build_of_a_counting_model_counts_its_calls_in_a_service(tmp_path, keys):
+    """The search builds ``net`` and no whole-model program, and the service's counter counts."""
+    model, inputs = counting_normalizer()
+    trace = record_trace(model, inputs, tmp_path / "count.trace.json")
+    model, inputs = counting_normalizer()
+    build = recompile(model, inputs, trace, records=False, backends=("ort",), rounds=3, deployed_race=False,
+                      exhaustive=True)
+    built = {t.candidate.scope for t in build.result.trials.values() if not t.candidate.is_baseline}
+    assert "net" in built and "" not in built, build.result.trials.keys()
+    path = build.save(tmp_path / "count.cuvilpkg", signing_key=str(keys[0]))
+    report = run_service(COUNTING_SERVICE, path, keys[1], cwd=tmp_path)
+    assert report == {"calls": 3, "regions": 1}, report

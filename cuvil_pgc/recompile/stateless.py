@@ -32,7 +32,8 @@ shipped eager, without saying why. The two calls' outputs are compared with the 
 accuracy guard, so that such a model is refused up front, with the cause.
 
 A model whose forward changes only its own buffers (a streaming normalizer's running mean, a call
-counter) is not refused where it has submodules whose calls leave the state alone: no program can
+counter) or the numbers its modules hold as Python attributes (``self.calls += 1``:
+:func:`python_attributes`) is not refused where it has submodules whose calls leave the state alone: no program can
 run the model, but those submodules can have programs, and the model's own forward stays eager
 around them, updating its buffers as it does today. :func:`check_stateless` then returns a
 :class:`HeldState`: the buffers with their values, and the modules whose calls change them (found
@@ -45,7 +46,7 @@ alike), and once more at the end, so the user's model is left as it was.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -64,17 +65,20 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class HeldState:
     """The buffers a model's forward changes on every call, each as ``(name, the buffer, its value
-    before recompile's calls)``, and the modules whose calls change them (qualified names, ``""``
-    the model), which recompile keeps eager (see the module's docstring)."""
+    before recompile's calls)``, the modules whose calls change them (qualified names, ``""``
+    the model), which recompile keeps eager (see the module's docstring), and the modules' Python
+    attributes those calls change (a call counter), each as ``(name, its value before)``."""
 
     buffers: tuple[tuple[str, torch.Tensor, torch.Tensor], ...]
     modules: frozenset[str]
+    attributes: tuple[tuple[str, Any], ...] = ()
 
     def put_back(self, model: torch.nn.Module) -> None:
         """Give each buffer its value from before recompile's calls (the same tensor, reattached
-        where the forward assigned another)."""
+        where the forward assigned another), and each attribute."""
         _put_back(model, {f"buffer {name}": t for name, t, _ in self.buffers},
                   {f"buffer {name}": value for name, _, value in self.buffers})
+        _put_back_attributes(model, dict(self.attributes))
 
 
 @contextmanager
@@ -97,8 +101,8 @@ def holding(model: torch.nn.Module, held: HeldState | None) -> Iterator[None]:
 
 def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: float | None = None,
                     atol: float | None = None) -> HeldState | None:
-    """Call ``model`` twice on ``inputs`` (no autograd): if the second call changes a buffer or an
-    input tensor (the first may build a cache lazily, as eager's first call does), put back what
+    """Call ``model`` twice on ``inputs`` (no autograd): if the second call changes a buffer, a
+    module's number attribute or an input tensor (the first may build a cache lazily, as eager's first call does), put back what
     both calls changed and raise :class:`RecompileError` naming them, unless only buffers changed
     and submodules whose calls leave them alone remain to be searched: then return the
     :class:`HeldState`. If instead its outputs differ beyond the accuracy guard
@@ -107,6 +111,7 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     containers = _containers(inputs, "input")
     original = _tracked(model, inputs)
     at_start = _values(original)
+    attributes_at_start = python_attributes(model)
     objects = _saved_objects(inputs)
     versions = _weight_versions(model)
     first = _call(model, inputs)
@@ -114,17 +119,25 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     _check_containers(containers)
     settled = _values(_tracked(model, inputs))
     settled_objects = object_state(inputs, {})
+    settled_attributes = python_attributes(model)
     second = _call(model, inputs)
     now = _tracked(model, inputs)
     changed = [key for key, t in now.items() if key not in settled or not _same(t, settled[key])]
+    attributes = [key for key, v in python_attributes(model).items()
+                  if key not in settled_attributes or not _same_value(v, settled_attributes[key])]
+    changed += [f"attribute {key}" for key in attributes]
     now_objects = object_state(inputs, {})
     changed += [name for name, state in settled_objects.items() if now_objects.get(name) != state]
     if not changed:
         _check_repeatable(model, inputs, first, second, rtol, atol)
         return None
     buffers = [key.removeprefix("buffer ") for key in changed if key.startswith("buffer ")]
-    stateful = _changing_modules(model, inputs, buffers) if len(buffers) == len(changed) else frozenset()
+    stateful = _changing_modules(model, inputs, buffers, attributes) \
+        if len(buffers) + len(attributes) == len(changed) else frozenset()
     _put_back(model, original, at_start)       # the user's buffers and example inputs as they were
+    held_attributes = {key: attributes_at_start.get(key, _ABSENT) for key in attributes}
+    _put_back_attributes(model, {key: attributes_at_start.get(key, _ABSENT) for key, v in python_attributes(model).items()
+                                 if key not in attributes_at_start or not _same_value(v, attributes_at_start[key])})
     for obj, attributes in objects:
         vars(obj).clear()
         vars(obj).update(attributes)
@@ -140,7 +153,7 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     searchable = [q for q, m in model.named_modules() if q and q not in stateful and next(m.parameters(), None) is not None]
     if stateful and searchable:
         held = HeldState(tuple((name, original[f"buffer {name}"], at_start[f"buffer {name}"]) for name in buffers),
-                         stateful)
+                         stateful, tuple(held_attributes.items()))
         with holding(model, held):
             _check_repeatable(model, inputs, _call(model, inputs), _call(model, inputs), rtol, atol)
         log.warning("cuvil-pgc: the model's forward changes %s on every call: it stays eager%s, and recompile "
@@ -170,11 +183,14 @@ def _put_back(model: torch.nn.Module, tensors: dict[str, torch.Tensor], values: 
                 t.copy_(values[key])
 
 
-def _changing_modules(model: torch.nn.Module, inputs: tuple[Any, ...], buffers: list[str]) -> frozenset[str]:
+def _changing_modules(model: torch.nn.Module, inputs: tuple[Any, ...], buffers: list[str],
+                      attributes: Sequence[str] = ()) -> frozenset[str]:
     """The qualified names of the modules whose calls change one of ``buffers`` (in place, or by
-    assigning another tensor): one more call, with a hook before and after each module's."""
+    assigning another tensor) or of the Python ``attributes`` (:func:`python_attributes`): one
+    more call, with a hook before and after each module's."""
     def marks() -> list[Any]:
-        out = []
+        out = [(0, vars(model.get_submodule(key.rpartition(".")[0])).get(key.rpartition(".")[2], _ABSENT))
+               for key in attributes]
         for name in buffers:
             owner, _, attr = name.rpartition(".")
             b = getattr(model.get_submodule(owner), attr, None)
@@ -185,7 +201,7 @@ def _changing_modules(model: torch.nn.Module, inputs: tuple[Any, ...], buffers: 
         return out
 
     def same(a: list[Any], b: list[Any]) -> bool:
-        return all(x[0] == y[0] and (_same(x[1], y[1]) if isinstance(x[1], torch.Tensor) else x[1] == y[1])
+        return all(x[0] == y[0] and (_same(x[1], y[1]) if isinstance(x[1], torch.Tensor) else _same_value(x[1], y[1]))
                    for x, y in zip(a, b, strict=True))
 
     before: dict[str, list[list[Any]]] = {}
@@ -202,6 +218,36 @@ def _changing_modules(model: torch.nn.Module, inputs: tuple[Any, ...], buffers: 
         for handle in handles:
             handle.remove()
     return frozenset(changing)
+
+
+#: a module's Python attributes whose changes are state (:func:`python_attributes`)
+_SCALARS = (type(None), bool, int, float, complex, str)
+#: an attribute the module did not have
+_ABSENT = object()
+
+
+def python_attributes(model: torch.nn.Module) -> dict[str, Any]:
+    """The numbers, strings and Nones the modules of ``model`` hold as Python attributes, by
+    qualified name (``calls``, ``head.seen``; ``training`` left out). A forward that counts its calls
+    (``self.calls += 1``) changes one every call: no program does (torch.export holds the count as
+    a constant), and a loaded build's counter stood still, silently, while the service read it."""
+    return {f"{qualname}.{key}" if qualname else key: value for qualname, module in model.named_modules()
+            for key, value in vars(module).items() if type(value) in _SCALARS and key != "training"}
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return a == b or a != a and b != b      # NaN where NaN was
+
+
+def _put_back_attributes(model: torch.nn.Module, values: dict[str, Any]) -> None:
+    """Set each attribute (qualified name) to its value in ``values``, removing one it did not have."""
+    for key, value in values.items():
+        owner, _, attr = key.rpartition(".")
+        module = model.get_submodule(owner)
+        if value is _ABSENT:
+            vars(module).pop(attr, None)
+        else:
+            setattr(module, attr, value)
 
 
 #: what an input object holds that its call cannot change in place
