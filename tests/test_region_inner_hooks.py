@@ -67,6 +67,18 @@ def test_a_hook_on_the_model_itself_or_a_pre_hook_counts_too(built):
     assert fast.fallback_calls == 1
 
 
+def test_a_hook_on_the_module_the_build_put_in_place_runs_around_its_program(built):
+    """What recompile tells a service whose model carries a monitoring hook: registered on the
+    loaded model instead, the hooks run (changing input and output, as in eager) around the program."""
+    model, fast, x = built
+    seen = []
+    fast.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    fast.register_forward_hook(lambda m, args, out: seen.append(out.shape) or out + 1)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x * 2) + 1)
+    assert seen == [torch.Size([2, 4])] and fast.fallback_calls == 0
+
+
 def test_torch_s_own_hooks_inside_the_region_leave_it_on_its_program():
     """The old weight_norm recomputes its weight in a forward pre-hook: part of the model the
     program was exported from, so the region keeps running its program."""

@@ -23,10 +23,10 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def _search(tmp_path):
+def _search(tmp_path, on_the_model: bool = False):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
-    model[0].register_forward_hook(lambda m, args, out: None)      # a user's hook inside the model
+    (model if on_the_model else model[0]).register_forward_hook(lambda m, args, out: None)   # a user's hook
     db = RecordDB(tmp_path / "rec")
     options = SearchOptions(budget=4, backends=("ort",), rounds=3, deployed_race=False)
     result = search_mod.search(model, (torch.randn(2, 16),), None, options=options, records=db, machine_key="m")
@@ -54,6 +54,17 @@ def test_a_scope_with_a_hook_inside_gets_no_build_and_says_why(tmp_path, caplog)
     assert ort and all(t.status == "not_measured" or (t.status == "runs_original" and t.reason.startswith(
         "not built: " + WHY)) for t in ort), ort
     assert any(t.status == "runs_original" for t in ort)
+
+
+@needs_ort
+def test_a_hook_on_the_scope_itself_is_told_where_it_runs_around_the_program(tmp_path, caplog):
+    """A service's monitoring hook on its model: registered on the model load_build returns, it
+    runs around the build's program (tests/test_region_inner_hooks.py); said, beside removing it."""
+    with caplog.at_level("WARNING", logger="cuvil_pgc.recompile.search"):
+        _search(tmp_path, on_the_model=True)
+    said = [r.getMessage() for r in caplog.records if "gets no program" in r.getMessage()]
+    assert len(said) == 1 and "registered on the original module" in said[0], said
+    assert "registered, after load_build, on the module load_build returns in its place" in said[0], said
 
 
 @needs_ort

@@ -25,8 +25,12 @@ def hooked_inside(module: nn.Module) -> str | None:
     for name, inner in module.named_modules():
         for hooks in (inner._forward_pre_hooks, inner._forward_hooks):
             if any(not _torch_own(hook) and not _hf_capturing(hook) for hook in hooks.values()):
-                return repr(name) if name else "the original module"
+                return repr(name) if name else ORIGINAL
     return None
+
+
+#: what :func:`hooked_inside` answers for a hook on the module itself
+ORIGINAL = "the original module"
 
 
 def hf_collector(module: nn.Module) -> Any:

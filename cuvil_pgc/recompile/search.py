@@ -70,7 +70,7 @@ from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_
 from cuvil_pgc.recompile.measure import median, time_interleaved, time_surviving
 from cuvil_pgc.recompile.padding import padding_of
 from cuvil_pgc.recompile.records import RecordDB
-from cuvil_pgc.recompile.region_hooks import hook_reason, hooked_inside
+from cuvil_pgc.recompile.region_hooks import ORIGINAL, hook_reason, hooked_inside
 from cuvil_pgc.recompile.search_policy import (
     BATCH,
     MIN_EXPLORE,
@@ -360,8 +360,8 @@ class _Search:
         if scope not in self.rejections.runs_original and (hooked := hooked_inside(module)) is not None:
             self.rejections.original_runs(scope, f"the build runs the original module here: {hook_reason(hooked)}")
             log.warning("cuvil-pgc: %s gets no program: %s; remove the hook before recompile for a build of it "
-                        "(a hook on a module outside it leaves it on its program)", scope or "<model>",
-                        hook_reason(hooked))
+                        "(a hook on a module outside it leaves it on its program%s)", scope or "<model>",
+                        hook_reason(hooked), ONE_OF_ITS_OWN if hooked == ORIGINAL else "")
         torch._dynamo.reset()     # earlier batches' graphs are garbage; keep the recompile limit free
         contenders: dict[str, Callable[[], Any]] = {"eager": lambda: module(*inputs.args, **inputs.kwargs)}
         for cand, predicted in batch:
@@ -488,6 +488,11 @@ class _Search:
     def _record(self, trial: Trial, scope: str, eager_us: float | None) -> None:
         if self.records is not None:
             self.records.add(trial, self.features[scope], eager_us)
+
+
+#: the hint for a hook on a scope's own module: a service keeps it by registering it after loading
+ONE_OF_ITS_OWN = (", and so does one registered, after load_build, on the module load_build returns in its place: "
+                  "a service's monitoring hook runs around the program there")
 
 
 def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, ScopeFeatures]:
