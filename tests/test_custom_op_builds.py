@@ -136,3 +136,29 @@ def test_a_package_loader_missing_an_operator_raises_a_build_error_naming_it(mon
     monkeypatch.setattr(aoti_loader, "_direct_parts", lambda: (Broken, None))
     with pytest.raises(RuntimeError, match="zip archive"):          # any other failure stays as it was
         aoti_loader.load_aoti_package("model.pt2")
+
+
+def test_an_aoti_worker_loads_the_operator_libraries_the_searching_process_loaded(tmp_path, monkeypatch):
+    """A service's C++ kernels (``TORCH_LIBRARY``, loaded with ``torch.ops.load_library``) are called
+    by an AOTInductor package as Python custom operators are: its worker loads them first."""
+    import json
+
+    from cuvil_pgc.recompile import standalone
+
+    library = tmp_path / "libkernels.so"
+    library.write_bytes(b"")
+    monkeypatch.setattr(torch.ops, "loaded_libraries", {str(library)})
+    for backend, expected in (("aoti", [str(library)]), ("ort", [])):
+        path = standalone._write_spec(str(tmp_path / f"{backend}.json"), {"candidate": {"backend": backend}},
+                                      "plan", "inputs.pt", torch.zeros(1))
+        assert json.loads(open(path).read())["op_libraries"] == expected
+
+    loaded = []
+
+    def load_library(path):
+        loaded.append(path)
+        raise OSError("undefined symbol")          # a library that fails to load is left out
+
+    monkeypatch.setattr(torch.ops, "load_library", load_library)
+    standalone.load_op_libraries([str(library), str(tmp_path / "gone.so")])
+    assert loaded == [str(library)]

@@ -130,11 +130,13 @@ def fresh_process_failures(specs: dict[str, dict[str, Any]], inputs: dict[str, t
 def _write_spec(path: str, spec: dict[str, Any], name: str, data: str, reference: Any) -> str:
     """The worker's file at ``path``: ``spec``, under ``name`` in the inputs file ``data``, with the
     modules of its output's classes (``reference``, see :func:`_output_modules`) and, for an
-    AOTInductor package, those defining Python custom operators (:func:`custom_op_modules`);
-    returns ``path``."""
-    ops = custom_op_modules() if spec.get("candidate", {}).get("backend") == "aoti" else []
+    AOTInductor package, the operator libraries and the modules defining Python custom operators
+    this process has (:func:`load_op_libraries`, :func:`custom_op_modules`); returns ``path``."""
+    aoti = spec.get("candidate", {}).get("backend") == "aoti"
     with open(path, "w") as f:
-        json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(reference), "op_modules": ops}, f)
+        json.dump({**spec, "plan": name, "inputs": data, "imports": _output_modules(reference),
+                   "op_libraries": sorted(getattr(torch.ops, "loaded_libraries", ())) if aoti else [],
+                   "op_modules": custom_op_modules() if aoti else []}, f)
     return path
 
 
@@ -154,6 +156,18 @@ def custom_op_modules() -> list[list[str | None]]:
         if isinstance(name, str) and name.split(".")[0] not in ("torch", "__main__") and name not in out:
             out[name] = getattr(sys.modules.get(name), "__file__", None)
     return [[name, out[name]] for name in sorted(out)]
+
+
+def load_op_libraries(paths: list[str]) -> None:
+    """Load the operator libraries the searching process loaded (``torch.ops.load_library``: a
+    service's C++ kernels, registered with ``TORCH_LIBRARY``), which an AOTInductor package calls
+    as it calls Python custom operators (see :func:`custom_op_modules`); one that fails is left out."""
+    for path in paths:
+        try:
+            if os.path.isfile(path):
+                torch.ops.load_library(path)
+        except Exception:
+            pass
 
 
 def import_op_modules(modules: list[list[str | None]]) -> None:
@@ -250,6 +264,7 @@ def main(argv: list[str]) -> int:
             importlib.import_module(name)
         except ImportError:
             pass                   # the runtimes' plans then return their tensors as a tuple (see _flat)
+    load_op_libraries(spec.get("op_libraries", []))
     import_op_modules(spec.get("op_modules", []))
     data = torch.load(spec["inputs"], weights_only=True)
     args = tuple(data["args"])
