@@ -33,8 +33,8 @@ accuracy guard, so that such a model is refused up front, with the cause.
 
 A model whose forward changes only its own buffers (a streaming normalizer's running mean, a call
 counter) or the numbers its modules hold as Python attributes (``self.calls += 1``:
-:func:`python_attributes`) is not refused where it has submodules whose calls leave the state alone: no program can
-run the model, but those submodules can have programs, and the model's own forward stays eager
+:func:`python_attributes`) is not refused where it has submodules whose calls leave the state
+alone: no program can run the model, but those submodules can have programs, and the model's own forward stays eager
 around them, updating its buffers as it does today. :func:`check_stateless` then returns a
 :class:`HeldState`: the buffers with their values, and the modules whose calls change them (found
 by a call with a hook on every module), which recompile keeps eager; while it searches,
@@ -102,9 +102,10 @@ def holding(model: torch.nn.Module, held: HeldState | None) -> Iterator[None]:
 def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: float | None = None,
                     atol: float | None = None) -> HeldState | None:
     """Call ``model`` twice on ``inputs`` (no autograd): if the second call changes a buffer, a
-    module's number attribute or an input tensor (the first may build a cache lazily, as eager's first call does), put back what
-    both calls changed and raise :class:`RecompileError` naming them, unless only buffers changed
-    and submodules whose calls leave them alone remain to be searched: then return the
+    number a module holds (:func:`python_attributes`) or an input tensor (the first may build a
+    cache lazily, as eager's first call does), put back what both calls changed and raise
+    :class:`RecompileError` naming them, unless only buffers and such numbers changed and
+    submodules whose calls leave them alone remain to be searched: then return the
     :class:`HeldState`. If instead its outputs differ beyond the accuracy guard
     (``rtol``/``atol``, see :mod:`.accuracy`), and differ again on a third call (a first call may
     warm something up), raise :class:`RecompileError`: the forward draws random numbers."""
@@ -123,19 +124,18 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     second = _call(model, inputs)
     now = _tracked(model, inputs)
     changed = [key for key, t in now.items() if key not in settled or not _same(t, settled[key])]
-    attributes = [key for key, v in python_attributes(model).items()
-                  if key not in settled_attributes or not _same_value(v, settled_attributes[key])]
-    changed += [f"attribute {key}" for key in attributes]
+    counters = [key for key, v in python_attributes(model).items()
+                if key not in settled_attributes or not _same_value(v, settled_attributes[key])]
+    changed += [f"attribute {key}" for key in counters]
     now_objects = object_state(inputs, {})
     changed += [name for name, state in settled_objects.items() if now_objects.get(name) != state]
     if not changed:
         _check_repeatable(model, inputs, first, second, rtol, atol)
         return None
     buffers = [key.removeprefix("buffer ") for key in changed if key.startswith("buffer ")]
-    stateful = _changing_modules(model, inputs, buffers, attributes) \
-        if len(buffers) + len(attributes) == len(changed) else frozenset()
+    stateful = _changing_modules(model, inputs, buffers, counters) \
+        if len(buffers) + len(counters) == len(changed) else frozenset()
     _put_back(model, original, at_start)       # the user's buffers and example inputs as they were
-    held_attributes = {key: attributes_at_start.get(key, _ABSENT) for key in attributes}
     _put_back_attributes(model, {key: attributes_at_start.get(key, _ABSENT) for key, v in python_attributes(model).items()
                                  if key not in attributes_at_start or not _same_value(v, attributes_at_start[key])})
     for obj, attributes in objects:
@@ -153,7 +153,7 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     searchable = [q for q, m in model.named_modules() if q and q not in stateful and next(m.parameters(), None) is not None]
     if stateful and searchable:
         held = HeldState(tuple((name, original[f"buffer {name}"], at_start[f"buffer {name}"]) for name in buffers),
-                         stateful, tuple(held_attributes.items()))
+                         stateful, tuple((key, attributes_at_start.get(key, _ABSENT)) for key in counters))
         with holding(model, held):
             _check_repeatable(model, inputs, _call(model, inputs), _call(model, inputs), rtol, atol)
         log.warning("cuvil-pgc: the model's forward changes %s on every call: it stays eager%s, and recompile "
