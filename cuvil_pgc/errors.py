@@ -19,6 +19,14 @@ class CuvilError(Exception):
         self.fix = fix
         super().__init__(self._message())
 
+    def located(self, path: str | os.PathLike[str]) -> CuvilError:
+        """This error, named by ``path`` where it names no file yet (raised about a part of the
+        file the caller was reading: a member of a build's package)."""
+        if self.path is None:
+            self.path = os.fspath(path)
+            self.args = (self._message(),)
+        return self
+
     def _message(self) -> str:
         where = f"{self.path}: " if self.path else ""
         tail = f" ({self.fix})" if self.fix else ""

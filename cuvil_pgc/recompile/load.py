@@ -111,9 +111,7 @@ def load_build(path_or_ref: str | os.PathLike[str], model: Any, *, fallback: str
     except Exception as exc:      # every failure of loading: refused builds, dlopen, deep JSON ...
         if fallback == "error":
             if isinstance(exc, CuvilError):
-                if exc.path is None:      # raised about a member of the package: named by the package
-                    exc.path = os.fspath(path_or_ref)
-                    exc.args = (exc._message(),)
+                exc.located(path_or_ref)      # one raised about a member of the package: named by it
                 raise
             raise BuildError(f"the build could not be loaded ({type(exc).__name__}: {one_line(exc)})",
                              path=os.fspath(path_or_ref),
