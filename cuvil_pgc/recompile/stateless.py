@@ -34,8 +34,8 @@ accuracy guard, so that such a model is refused up front, with the cause.
 A model whose forward changes only its own buffers (a streaming normalizer's running mean, a call
 counter) or the numbers its modules hold as Python attributes (``self.calls += 1``:
 :func:`python_attributes`) is not refused where it has submodules whose calls leave the state
-alone: no program can run the model, but those submodules can have programs, and the model's own forward stays eager
-around them, updating its buffers as it does today. :func:`check_stateless` then returns a
+alone: no program can run the model, but those submodules can have programs, and the model's own
+forward stays eager around them, updating its state as it does today. :func:`check_stateless` then returns a
 :class:`HeldState`: the buffers with their values, and the modules whose calls change them (found
 by a call with a hook on every module), which recompile keeps eager; while it searches,
 :func:`holding` puts the buffers back before and after each of its calls of the model, so that
@@ -124,8 +124,7 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     second = _call(model, inputs)
     now = _tracked(model, inputs)
     changed = [key for key, t in now.items() if key not in settled or not _same(t, settled[key])]
-    counters = [key for key, v in python_attributes(model).items()
-                if key not in settled_attributes or not _same_value(v, settled_attributes[key])]
+    counters = _changed_attributes(model, settled_attributes)
     changed += [f"attribute {key}" for key in counters]
     now_objects = object_state(inputs, {})
     changed += [name for name, state in settled_objects.items() if now_objects.get(name) != state]
@@ -136,8 +135,8 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     stateful = _changing_modules(model, inputs, buffers, counters) \
         if len(buffers) + len(counters) == len(changed) else frozenset()
     _put_back(model, original, at_start)       # the user's buffers and example inputs as they were
-    _put_back_attributes(model, {key: attributes_at_start.get(key, _ABSENT) for key, v in python_attributes(model).items()
-                                 if key not in attributes_at_start or not _same_value(v, attributes_at_start[key])})
+    _put_back_attributes(model, {key: attributes_at_start.get(key, _ABSENT)
+                                 for key in _changed_attributes(model, attributes_at_start)})
     for obj, attributes in objects:
         vars(obj).clear()
         vars(obj).update(attributes)
@@ -176,8 +175,7 @@ def _put_back(model: torch.nn.Module, tensors: dict[str, torch.Tensor], values: 
     replaced where it resized it in place)."""
     for key, t in tensors.items():
         if key.startswith("buffer "):
-            owner, _, attr = key.removeprefix("buffer ").rpartition(".")
-            restore_buffer(model.get_submodule(owner), attr, t, values[key])
+            restore_buffer(*_owner(model, key.removeprefix("buffer ")), t, values[key])
         else:
             with torch.no_grad(), torch.inference_mode(t.is_inference()):
                 t.copy_(values[key])
@@ -188,12 +186,12 @@ def _changing_modules(model: torch.nn.Module, inputs: tuple[Any, ...], buffers: 
     """The qualified names of the modules whose calls change one of ``buffers`` (in place, or by
     assigning another tensor) or of the Python ``attributes`` (:func:`python_attributes`): one
     more call, with a hook before and after each module's."""
+    owners = [_owner(model, key) for key in attributes]
+
     def marks() -> list[Any]:
-        out = [(0, vars(model.get_submodule(key.rpartition(".")[0])).get(key.rpartition(".")[2], _ABSENT))
-               for key in attributes]
+        out = [(0, vars(owner).get(attr, _ABSENT)) for owner, attr in owners]
         for name in buffers:
-            owner, _, attr = name.rpartition(".")
-            b = getattr(model.get_submodule(owner), attr, None)
+            b = getattr(*_owner(model, name), None)
             if not isinstance(b, torch.Tensor):
                 out.append((id(b), None))
             else:                            # an inference tensor has no version counter: its values
@@ -235,15 +233,26 @@ def python_attributes(model: torch.nn.Module) -> dict[str, Any]:
             for key, value in vars(module).items() if type(value) in _SCALARS and key != "training"}
 
 
+def _changed_attributes(model: torch.nn.Module, before: dict[str, Any]) -> list[str]:
+    """The keys of :func:`python_attributes` whose values differ from ``before`` (or are new)."""
+    return [key for key, value in python_attributes(model).items()
+            if key not in before or not _same_value(value, before[key])]
+
+
 def _same_value(a: Any, b: Any) -> bool:
     return a == b or a != a and b != b      # NaN where NaN was
+
+
+def _owner(model: torch.nn.Module, key: str) -> tuple[torch.nn.Module, str]:
+    """The module holding the attribute or buffer ``key`` (a qualified name), and its own name."""
+    owner, _, attr = key.rpartition(".")
+    return model.get_submodule(owner), attr
 
 
 def _put_back_attributes(model: torch.nn.Module, values: dict[str, Any]) -> None:
     """Set each attribute (qualified name) to its value in ``values``, removing one it did not have."""
     for key, value in values.items():
-        owner, _, attr = key.rpartition(".")
-        module = model.get_submodule(owner)
+        module, attr = _owner(model, key)
         if value is _ABSENT:
             vars(module).pop(attr, None)
         else:
