@@ -162,3 +162,61 @@ def test_an_aoti_worker_loads_the_operator_libraries_the_searching_process_loade
     monkeypatch.setattr(torch.ops, "load_library", load_library)
     standalone.load_op_libraries([str(library), str(tmp_path / "gone.so")])
     assert loaded == [str(library)]
+
+
+LIBRARY_OPS = textwrap.dedent('''
+    import torch
+
+    lib = torch.library.Library("cuviltest_legacy", "DEF")
+    lib.define("clip3(Tensor x) -> Tensor")
+    lib.impl("clip3", lambda x: 3.0 * torch.tanh(x / 3.0), "CPU")
+    lib.impl("clip3", lambda x: torch.empty_like(x), "Meta")
+''')
+
+DEFINED_OPS = textwrap.dedent('''
+    import torch
+
+    torch.library.define("cuviltest_defined::twice", "(Tensor x) -> Tensor")
+
+    @torch.library.impl("cuviltest_defined::twice", "cpu")
+    def twice(x):
+        return x * 2
+
+    @torch.library.register_fake("cuviltest_defined::twice")
+    def _(x):
+        return torch.empty_like(x)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("build_env")
+def test_an_aoti_worker_defines_operators_made_with_a_library_or_torch_library_define(tmp_path):
+    """Older kernels libraries define operators with ``torch.library.Library("ns", "DEF")`` or
+    ``torch.library.define`` + ``register_fake``, which torch records by the file that made them,
+    not in ``custom_op``'s table: their AOTInductor plan (1.7x over eager) was refused as one no fresh
+    process loads, because the worker had not imported that file."""
+    from cuvil_pgc._modelspec import import_file
+    from cuvil_pgc.recompile.apply import ScopeInputs, realize
+    from cuvil_pgc.recompile.standalone import custom_op_modules, fresh_process_failures, standalone_spec
+
+    for name, source in (("cuviltest_library_ops", LIBRARY_OPS), ("cuviltest_defined_ops", DEFINED_OPS)):
+        (tmp_path / f"{name}.py").write_text(source)
+        import_file(str(tmp_path / f"{name}.py"), f"{name}.py")
+        assert [name, str(tmp_path / f"{name}.py")] in custom_op_modules()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            return torch.ops.cuviltest_defined.twice(torch.ops.cuviltest_legacy.clip3(self.a(x)))
+
+    torch.manual_seed(0)
+    model, inputs = Net().eval(), (torch.randn(3, 16),)
+    cand = Candidate("", "aoti")
+    realized = realize(model, cand, ScopeInputs(inputs))
+    with torch.no_grad():
+        reference = model(*inputs)
+    spec = standalone_spec(cand, realized, ScopeInputs(inputs), "cpu", check=True)
+    assert fresh_process_failures({"aoti": spec}, {"aoti": inputs}, {"aoti": reference}) == {}

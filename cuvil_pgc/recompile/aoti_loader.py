@@ -66,8 +66,8 @@ def load_aoti_package(path: str) -> Any:
         if (op := _undefined_operator(str(exc))) is None:
             raise
         raise BuildError(f"the build's AOTInductor program calls the custom operator {op}, which this process has "
-                         "not defined", fix=f"import the module whose torch.library.custom_op defines {op}, or load "
-                         "the library that registers it (torch.ops.load_library), before loading the build, as the "
+                         "not defined", fix=f"import the module that defines {op} (its torch.library.custom_op or "
+                         "Library), or load the library that registers it (torch.ops.load_library), before loading the build, as the "
                          "process that made it had") from exc
 
 

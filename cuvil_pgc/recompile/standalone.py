@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -123,7 +124,8 @@ def fresh_process_failures(specs: dict[str, dict[str, Any]], inputs: dict[str, t
                                   "as a deployment loading the build would")
             elif proc.returncode:
                 last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-                failures[name] = f"a process of its own could not load and run it: {last[:300]}"
+                last = last if len(last) <= 600 else last[:599] + "…"     # whole, where it is an error's message
+                failures[name] = f"a process of its own could not load and run it: {last}"
     return failures
 
 
@@ -141,8 +143,10 @@ def _write_spec(path: str, spec: dict[str, Any], name: str, data: str, reference
 
 
 def custom_op_modules() -> list[list[str | None]]:
-    """``[module, file]`` of each module outside torch that defined an operator with
-    ``torch.library.custom_op`` in this process (the model's own file, a library of kernels).
+    """``[module, file]`` of each module outside torch that defined a Python operator in this
+    process (the model's own file, a library of kernels): with ``torch.library.custom_op``, with a
+    ``torch.library.Library("ns", "DEF")`` and its ``define``/``impl``, or with
+    ``torch.library.define`` and a ``register_fake``.
 
     An AOTInductor package calls such an operator through torch's dispatcher, which knows it only
     in a process that ran its definition: a worker loading the package without it failed ("Could
@@ -150,12 +154,35 @@ def custom_op_modules() -> list[list[str | None]]:
     one no fresh process could load, though a service loads a build after importing its model's
     code. Operators defined in ``__main__`` are left out (importing a script runs it)."""
     opdefs = getattr(getattr(torch, "_library", None), "custom_ops", None)
-    out: dict[str, str | None] = {}
-    for opdef in list(getattr(opdefs, "OPDEFS", {}).values()):
-        name = getattr(getattr(opdef, "_init_fn", None), "__module__", None)
-        if isinstance(name, str) and name.split(".")[0] not in ("torch", "__main__") and name not in out:
-            out[name] = getattr(sys.modules.get(name), "__file__", None)
+    names = [getattr(getattr(opdef, "_init_fn", None), "__module__", None)
+             for opdef in list(getattr(opdefs, "OPDEFS", {}).values())]
+    by_file = {os.path.realpath(path): name for name, module in list(sys.modules.items())
+               if isinstance(path := getattr(module, "__file__", None), str)}
+    names += [by_file.get(os.path.realpath(path)) for path in _operator_files()]
+    out = {name: getattr(sys.modules.get(name), "__file__", None) for name in names
+           if isinstance(name, str) and name.split(".")[0] not in ("torch", "__main__")}
     return [[name, out[name]] for name in sorted(out)]
+
+
+def _operator_files() -> set[str]:
+    """The Python files outside torch that registered an operator's schema or kernels with the
+    dispatcher (a ``Library`` records the file that made it: ``torch._C._dispatch_dump`` shows
+    "registered at FILE:LINE") or its fake (``torch.library.register_fake``: the kernel's source,
+    where ``torch.library.define`` left torch's own file in the dispatcher)."""
+    torch_dir = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+    sources: list[str] = []
+    try:
+        for op in torch._C._dispatch_get_all_op_names():
+            if not op.startswith("aten::"):
+                sources += re.findall(r"registered at (.+?\.py):\d+", torch._C._dispatch_dump(op))
+        registry = torch._library.simple_registry.singleton
+        for entry in list(getattr(registry, "_data", {}).values()):
+            for kernel in getattr(getattr(entry, "fake_impl", None), "kernels", ()) or ():
+                sources.append(str(getattr(kernel, "source", "")).rsplit(":", 1)[0])
+    except (AttributeError, RuntimeError):     # another torch's internals: the custom_op ones only
+        pass
+    return {path for path in sources if path.endswith(".py") and os.path.isfile(path)
+            and not os.path.realpath(path).startswith(torch_dir)}
 
 
 def load_op_libraries(paths: list[str]) -> None:
