@@ -18,8 +18,9 @@ def restore_buffer(owner: Any, name: str, t: Any, value: Any) -> None:
     else:
         with torch.no_grad(), torch.inference_mode(t.is_inference()):
             t.copy_(value)
-    if owner._buffers.get(name) is not t:
-        owner._buffers[name] = t
+    buffers = owner._buffers        # a TorchScript module's is a wrapper without ``get``
+    if name not in buffers or buffers[name] is not t:
+        buffers[name] = t
 
 
 def buffers_kept(model: Any) -> Any:

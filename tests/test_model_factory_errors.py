@@ -98,6 +98,21 @@ SOURCE = textwrap.dedent('''
 
     def growing():
         return Growing(), (torch.randn(5, 3),)
+
+
+    class Counted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x):
+            self.calls.add_(1)
+            return self.fc(x)
+
+
+    def scripted():                 # a TorchScript model, as a service loads one with torch.jit.load
+        return torch.jit.script(Counted().eval()), (torch.randn(3, 4),)
 ''')
 
 
@@ -128,6 +143,15 @@ def test_the_check_call_leaves_the_model_s_buffers_as_the_factory_made_them(mode
     assert model.calls.item() == 0 and model.calls is model._buffers["calls"]
     model(*inputs)                  # the model itself still updates them
     assert model.calls.item() == 1 and model.bn.num_batches_tracked.item() == 1
+
+
+def test_the_check_call_puts_back_a_torchscript_model_s_buffers(models):
+    """A TorchScript module's ``_buffers`` is torch.jit's wrapper, without ``get``: the check call's
+    put-back raised into every profile of a model loaded with ``torch.jit.load`` that had a buffer."""
+    model, inputs = load_model_spec(f"{models}:scripted")
+    assert isinstance(model, torch.jit.ScriptModule) and model.calls.item() == 0
+    model(*inputs)
+    assert model.calls.item() == 1
 
 
 def test_a_buffer_the_check_call_resized_in_place_is_put_back_whole(models):
