@@ -39,7 +39,7 @@ from cuvil_pgc.recompile.aoti_outputs import (
 )
 from cuvil_pgc.recompile.candidates import RUNTIME_BACKENDS, Candidate
 from cuvil_pgc.recompile.cxx_runtime import share_cxx_runtime
-from cuvil_pgc.recompile.export_error import ExportError, quantized_note
+from cuvil_pgc.recompile.export_error import ExportError, data_dependent_note, quantized_note
 from cuvil_pgc.recompile.index_bounds import IndexBounds
 from cuvil_pgc.recompile.matching import input_signature, structural_hash
 from cuvil_pgc.recompile.object_outputs import OUTPUTS_VERSION
@@ -385,7 +385,7 @@ def export_program(prepared: nn.Module, inputs: ScopeInputs, *, free_sizes: bool
         # wrongly at batch 2, and the LSTM step's corrupted the heap ("double free or corruption")
         return torch.export.export(_Positional(prepared), inputs.args, dynamic_shapes=dynamic)
     except Exception as exc:
-        raise ExportError(f"torch.export failed{quantized_note(prepared)}: {exception_line(exc)}"
+        raise ExportError(f"torch.export failed{quantized_note(prepared)}{data_dependent_note(exc)}: {exception_line(exc)}"
                           f"{torch_export_note(prepared)}") from exc
 
 

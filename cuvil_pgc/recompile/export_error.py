@@ -4,6 +4,7 @@ reject the candidate's siblings without building them."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -43,3 +44,42 @@ def quantized_note(module: Any) -> str:
     return (f" (the region holds torch.ao quantized modules ({listed}), whose packed weights no exporter takes: "
             "quantize it with the PT2E flow (torchao's prepare_pt2e/convert_pt2e), whose quantize and dequantize "
             "ops torch.export and torch.onnx.export capture)")
+
+
+#: torch.export's account of the user's line whose call raised (after "The following call raised this error:")
+_RAISING_CALL = re.compile(r'The following call raised this error:\s*\n\s*File "([^"]+)", line (\d+), in \S+\s*\n\s*(.+)')
+
+
+class TracedDecision(RuntimeError):
+    """torch.jit.trace saw Python code turn a tensor into a Python value (a bool, a number, a
+    list) at ``where`` (``path:line (`code`)``): its trace keeps the one path that value took as a
+    constant, which answers the captured inputs right and others wrong."""
+
+    def __init__(self, where: str):
+        super().__init__(f"torch.jit.trace would keep the path the captured inputs took at {where.split(' (')[0]} "
+                         "as a constant")
+        self.where = where
+
+
+def data_dependent_note(exc: BaseException) -> str:
+    """What to add to an export failure where the module's Python code decides on a tensor's value
+    (``if h.mean() > 0.25:``, ``int(n)`` as a size): torch.export's own first line reads "Could not
+    guard on data-dependent expression Eq(u0, 1)", which names neither the line nor the fix. The
+    line is the one torch.export says raised, where it says so (or the :class:`TracedDecision`'s).
+    Empty for any other failure."""
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:          # the ONNX exporter wraps torch.export's error
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    traced = next((e for e in seen if isinstance(e, TracedDecision)), None)
+    found = [e for e in seen if type(e).__name__ == "GuardOnDataDependentSymNode"
+             or "Could not guard on data-dependent expression" in str(e)]
+    if traced is None and not found:
+        return ""
+    match = None if traced is not None else _RAISING_CALL.search(str(found[0]))
+    where = f"at {traced.where} " if traced is not None else \
+        f"at {match.group(1)}:{match.group(2)} (`{' '.join(match.group(3).split())}`) " if match else ""
+    sizes = " (or on a size: torch.jit.trace, which exports a region calling TorchScript, hands sizes out as " \
+        "tensors)" if traced is not None else ""
+    return (f" (the code {where}decides on a tensor's value in Python{sizes}, which an exporter cannot capture as "
+            "one program: keep the decision in tensors (torch.where, torch.cond), or move that code out of the region)")

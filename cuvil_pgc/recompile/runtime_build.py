@@ -141,7 +141,7 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
     with ``free_sizes`` every dimension of the positional tensor inputs is left to the exporter
     (``Dim.AUTO``: free where the program allows other sizes, fixed where it does not)."""
     from cuvil_pgc.recompile.aoti_outputs import TensorOutputs
-    from cuvil_pgc.recompile.export_error import ExportError, quantized_note
+    from cuvil_pgc.recompile.export_error import ExportError, data_dependent_note, quantized_note
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -175,7 +175,8 @@ def export_onnx(prepared: nn.Module, inputs: Any, path: Path, outputs: int, *, f
         graph = onnx.load(str(tmp), load_external_data=False).graph
     except Exception as exc:
         tmp.unlink(missing_ok=True)
-        raise ExportError(f"torch.onnx.export failed{quantized_note(prepared)}: {_why(exc)}") from exc
+        raise ExportError(f"torch.onnx.export failed{quantized_note(prepared)}{data_dependent_note(exc)}: "
+                          f"{_why(exc)}") from exc
     initializers = {i.name for i in graph.initializer}
     graph_inputs = [i for i in graph.input if i.name not in initializers]
     from cuvil_pgc.recompile.runtime_region import tensor_leaves

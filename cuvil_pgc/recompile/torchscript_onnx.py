@@ -19,11 +19,18 @@ of the module, so the exporter's in-place passes never reach the user's model.
 from __future__ import annotations
 
 import io
+import linecache
+import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from cuvil_pgc.recompile.export_error import TracedDecision
+
+#: the start of torch.jit.trace's warning where a tensor becomes a Python bool, float, int, number or list
+_PYTHON_VALUE = "Converting a tensor to a Python "
 #: schema types whose values become constants of the graph
 _NUMBER_TYPES = {"float": float, "int": int, "bool": bool}
 
@@ -110,8 +117,28 @@ def export_traced(module: torch.nn.Module, args: tuple[Any, ...], path: Path, op
     outputs come in the order the runner's template expects. (The TorchScript exporter traces an
     eager module itself too, but its trace does not find the scripted submodules: "Tried to trace
     ... but it is not part of the active trace".)"""
-    traced = torch.jit.trace(module, args, strict=False, check_trace=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", torch.jit.TracerWarning)
+        traced = torch.jit.trace(module, args, strict=False, check_trace=False)
+    if (where := python_value_taken(caught)) is not None:
+        raise TracedDecision(where)
     export_torchscript(traced, args, {}, path, opset, free_sizes=free_sizes)
+
+
+def python_value_taken(caught: list[warnings.WarningMessage]) -> str | None:
+    """Where (``path:line (`code`)``) code outside torch turned a tensor into a Python value while
+    torch.jit.trace traced it ("Converting a tensor to a Python boolean might cause the trace to be
+    incorrect"), or None. An eager model calling a scripted block with ``if h.mean() > 0.25:`` in
+    its own forward was traced down one branch, its ONNX Runtime build passed the accuracy guard on
+    the captured inputs and answered inputs taking the other branch wrongly (2.3 off). torch's own
+    modules take such values from sizes (a shape check in multi-head attention, in the RNNs), which
+    a trace at the captured sizes keeps rightly; the user's code is refused either way."""
+    torch_dir = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+    for w in caught:
+        if issubclass(w.category, torch.jit.TracerWarning) and str(w.message).startswith(_PYTHON_VALUE) \
+                and not os.path.realpath(w.filename).startswith(torch_dir):
+            return f"{w.filename}:{w.lineno} (`{' '.join(linecache.getline(w.filename, w.lineno).split())}`)"
+    return None
 
 
 def bound_arguments(params: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:

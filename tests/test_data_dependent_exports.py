@@ -1,0 +1,81 @@
+"""A forward that decides on a tensor's value in Python (``if h.mean() > 0.25:``) has no one
+program: torch.export refuses it with "Could not guard on data-dependent expression Eq(u0, 1)",
+which names neither the line nor the fix, and torch.jit.trace (which exports a region calling
+TorchScript) kept the branch the captured inputs took: the ONNX Runtime build passed the accuracy
+guard on them and answered inputs taking the other branch 2.3 off. The rejection names the line;
+the trace is refused."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+from cuvil_pgc.recompile.apply import ScopeInputs, export_program
+from cuvil_pgc.recompile.export_error import ExportError, TracedDecision, data_dependent_note
+
+
+class Branching(nn.Module):
+    def __init__(self, scripted: bool = False, rnn: bool = False):
+        super().__init__()
+        inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.inner = torch.jit.script(inner) if scripted else inner
+        self.rnn = nn.GRU(8, 8, batch_first=True) if rnn else None
+        self.b = nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.inner(x)
+        if self.rnn is not None:
+            return self.b(self.rnn(h)[0])          # torch's GRU checks its sizes in Python
+        if h.mean() > 0.25:
+            return self.b(h)
+        return self.b(-h)
+
+
+BRANCH_LINE = next(i for i, line in enumerate(inspect.getsource(Branching).splitlines())
+                   if "if h.mean() > 0.25:" in line) + inspect.getsourcelines(Branching)[1]
+
+
+def model(**kw):
+    torch.manual_seed(0)
+    return Branching(**kw).eval(), torch.randn(2, 4, 8)
+
+
+def test_torch_export_s_failure_names_the_line_that_decides():
+    net, x = model()
+    with pytest.raises(ExportError) as info:
+        export_program(net, ScopeInputs((x,)))
+    message = str(info.value)
+    assert message.startswith(f"torch.export failed (the code at {__file__}:{BRANCH_LINE} (`if h.mean() > 0.25:`) "
+                              "decides on a tensor's value in Python"), message
+    assert "torch.where, torch.cond" in message and "Could not guard on data-dependent" in message
+
+
+def test_a_trace_that_would_keep_one_branch_is_refused(tmp_path):
+    pytest.importorskip("onnx")
+    from cuvil_pgc.recompile.runtime_build import export_onnx
+
+    net, x = model(scripted=True)
+    with pytest.raises(ExportError) as info:
+        export_onnx(net, ScopeInputs((x,)), tmp_path / "m.onnx", 1)
+    message = str(info.value)
+    assert f"the code at {__file__}:{BRANCH_LINE} (`if h.mean() > 0.25:`)" in message, message
+    assert isinstance(info.value.__cause__, TracedDecision) and not (tmp_path / "m.onnx").exists()
+
+
+def test_sizes_torch_s_own_modules_check_in_python_do_not_refuse_a_trace(tmp_path):
+    pytest.importorskip("onnx")
+    from cuvil_pgc.recompile.runtime_build import export_onnx
+
+    net, x = model(scripted=True, rnn=True)
+    export_onnx(net, ScopeInputs((x,)), tmp_path / "m.onnx", 1)
+    assert (tmp_path / "m.onnx").exists()
+
+
+def test_the_note_is_empty_for_other_failures():
+    assert data_dependent_note(RuntimeError("Unsupported operator aten::foo")) == ""
+    wrapped = RuntimeError("Failed to export the model with torch.export")
+    wrapped.__cause__ = RuntimeError("Could not guard on data-dependent expression Eq(u0, 1)")
+    assert data_dependent_note(wrapped).startswith(" (the code decides on a tensor's value in Python")
