@@ -55,6 +55,7 @@ from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile._stderr import exception_line
 from cuvil_pgc.recompile.accuracy import blind_scale, float32_references, low_precision_left_out
 from cuvil_pgc.recompile.apply import LOW_PRECISION_DTYPES, capture_scope_inputs
+from cuvil_pgc.recompile.call_binding import payload_input
 from cuvil_pgc.recompile.candidates import (
     Candidate,
     ScopeFeatures,
@@ -362,6 +363,13 @@ class _Search:
             log.warning("cuvil-pgc: %s gets no program: %s; remove the hook before recompile for a build of it "
                         "(a hook on a module outside it leaves it on its program%s)", scope or "<model>",
                         hook_reason(hooked), ONE_OF_ITS_OWN if hooked == ORIGINAL else "")
+        if scope not in self.rejections.runs_original and (payload := payload_input(inputs.args, inputs.kwargs)):
+            self.rejections.original_runs(scope, f"the build runs the original module here: the region takes {payload}, "
+                                          "a request's data in Python values, which a program would hold as constants "
+                                          "and answer for the captured request alone")
+            log.warning("cuvil-pgc: %s gets no program: it takes %s, which a program would hold as constants "
+                        "(pass it as tensors for a program of it; the modules it calls with tensors get theirs)",
+                        scope or "<model>", payload)
         torch._dynamo.reset()     # earlier batches' graphs are garbage; keep the recompile limit free
         contenders: dict[str, Callable[[], Any]] = {"eager": lambda: module(*inputs.args, **inputs.kwargs)}
         for cand, predicted in batch:
@@ -521,6 +529,12 @@ def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, Scope
             s.weights[scope] = weights_digest(s._module(scope))
             s.settings_skip[scope] = written_under(s.written, scope)
             s.settings[scope] = settings_digest(s._module(scope), s.settings_skip[scope])
+        inputs = s.scope_inputs.get(scope)
+        if inputs is not None and not cand.is_baseline and (payload := payload_input(inputs.args, inputs.kwargs)):
+            raise RecompileError(f"pinned plan runs {scope or 'the whole model'!r} on {cand.config}, but it takes "
+                                 f"{payload}, a request's data in Python values, which its program would hold as "
+                                 "constants and answer for the captured request alone",
+                                 fix="pin the modules it calls with tensors instead, or pass the data as tensors")
     return out
 
 
