@@ -79,3 +79,13 @@ def test_the_note_is_empty_for_other_failures():
     wrapped = RuntimeError("Failed to export the model with torch.export")
     wrapped.__cause__ = RuntimeError("Could not guard on data-dependent expression Eq(u0, 1)")
     assert data_dependent_note(wrapped).startswith(" (the code decides on a tensor's value in Python")
+
+
+def test_a_decision_inside_torch_s_own_code_names_no_line_of_ours():
+    """An LSTM called with a packed sequence decides on its batch sizes inside torch: torch.export
+    reports the outermost frame outside torch, the region's output wrapper of cuvil-pgc's own."""
+    import cuvil_pgc.recompile.aoti_outputs as ours
+
+    error = RuntimeError("Could not guard on data-dependent expression Eq(u32, 1)\n\nThe following call raised "
+                         f'this error:\n  File "{ours.__file__}", line 44, in forward\n    return tuple(...)\n')
+    assert data_dependent_note(error).startswith(" (the code decides on a tensor's value in Python")

@@ -4,7 +4,9 @@ reject the candidate's siblings without building them."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from typing import Any
 
 
@@ -77,9 +79,19 @@ def data_dependent_note(exc: BaseException) -> str:
     if traced is None and not found:
         return ""
     match = None if traced is not None else _RAISING_CALL.search(str(found[0]))
+    if match and _not_the_users(match.group(1)):    # a wrapper of ours calling torch's code (an LSTM on a packed sequence)
+        match = None
     where = f"at {traced.where} " if traced is not None else \
         f"at {match.group(1)}:{match.group(2)} (`{' '.join(match.group(3).split())}`) " if match else ""
     sizes = " (or on a size: torch.jit.trace, which exports a region calling TorchScript, hands sizes out as " \
         "tensors)" if traced is not None else ""
     return (f" (the code {where}decides on a tensor's value in Python{sizes}, which an exporter cannot capture as "
             "one program: keep the decision in tensors (torch.where, torch.cond), or move that code out of the region)")
+
+
+def _not_the_users(path: str) -> bool:
+    """Whether ``path`` is torch's or cuvil-pgc's own code, which a user cannot change."""
+    import torch
+
+    own = [os.path.dirname(os.path.realpath(m.__file__)) + os.sep for m in (torch, sys.modules["cuvil_pgc"])]
+    return os.path.realpath(path).startswith(tuple(own))
