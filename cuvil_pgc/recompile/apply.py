@@ -351,9 +351,24 @@ def _compile_aoti(prepared: nn.Module, cand: Candidate, inputs: ScopeInputs, pat
         bounds = program_index_bounds(exported)
         if why := unchecked_reason(bounds):
             raise ExportError(why)
+        if cand.freezing and cand.mode.startswith("max-autotune") and data_dependent_sizes(exported):
+            raise RuntimeError("AOTInductor's max-autotune with freezing corrupts memory on a program whose sizes "
+                               "depend on the data (a boolean mask, torch.nonzero): with torch 2.13 and 2.14 the "
+                               "process died building it (\"corrupted size vs. prev_size\") or its program returned "
+                               "the wrong number of rows; the same program without freezing is built")
         package_aoti(exported, cand, path)
     Path(_bounds_path(path)).write_text(json.dumps(bounds.to_record()))
     return bounds
+
+
+def data_dependent_sizes(exported: Any) -> bool:
+    """Whether a value of the exported program has a size only its data decides (an unbacked
+    symbol: the rows a boolean mask keeps, ``torch.nonzero``)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(free_unbacked_symbols(leaf) for node in exported.graph.nodes
+               for leaf in torch.utils._pytree.tree_leaves(node.meta.get("val"))
+               if isinstance(leaf, (torch.Tensor, torch.SymInt)))
 
 
 def _bounds_path(package: str) -> str:
