@@ -120,6 +120,17 @@ def test_columns_are_dropped_by_rank_identifiers_never():
     assert [c.key for c in fitted_columns(view, 50, wide=True)] == ["id", "a", "b", "c"]
 
 
+def test_square_brackets_in_a_table_are_text_not_markup():
+    """An exporter's reason quoting the user's code (`torch.cat([a, b], -1)`) lost the brackets'
+    contents: rich read them as markup."""
+    view = TableView("plan → out[1].cuvilpkg", [Column("id", "identifier", identifier=True)],
+                     [{"id": "layers[0]"}], caption="kept eager: model (the code at m.py:13 (`torch.cat([a, b], -1)`))")
+    out = io.StringIO()
+    print_view(view, Console(file=out, width=120, color_system=None))
+    text = "".join(out.getvalue().split())        # the caption wraps at the table's width
+    assert "torch.cat([a,b],-1)" in text and "layers[0]" in text and "out[1].cuvilpkg" in text, text
+
+
 def _plan(path: str) -> Plan:
     alternatives = [{"status": "ok"}, {"status": "rejected"}, {"status": "not_measured"}]
     region = {"path": path, "bottleneck": "launch_overhead", "chosen": "compile:max-autotune-no-cudagraphs",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from rich.console import Group
+from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -103,15 +104,18 @@ def render_view(view: TableView, width: int, wide: bool = False,
     if stacked:
         columns = _readd(view, columns, stacked, width)
     caption = "\n".join(x for x in (view.caption, hidden_note(view, columns, elsewhere)) if x) or None
-    table = Table(title=view.title, title_justify="left", caption=caption, caption_justify="left",
-                  show_edge=False)
+    # the text is the user's and the tools' (an exporter's reason quoting `torch.cat([a, b], -1)`),
+    # not rich markup, which dropped the brackets' contents
+    table = Table(title=view.title and escape(view.title), title_justify="left",
+                  caption=caption and escape(caption), caption_justify="left", show_edge=False)
     shown = [c for c in columns if c.key not in stacked]
     for c in shown:
         below = [s.header for s in columns if stacked.get(s.key) == c.key]
         table.add_column(" / ".join([c.header, *below]), justify=c.justify, no_wrap=not c.identifier,
                          overflow="fold" if c.identifier else "ellipsis")
     for row in view.rows:
-        cells = dict(zip((c.key for c in columns), view.cells(row, columns), strict=True))
+        cells = dict(zip((c.key for c in columns), (escape(x) if isinstance(x, str) else x
+                                                    for x in view.cells(row, columns)), strict=True))
         for key, under in stacked.items():   # indented on every line it wraps to
             cells[under] = Group(cells[under], Padding(cells[key], (0, 0, 0, 2)))
         table.add_row(*(cells[c.key] for c in shown))
