@@ -89,3 +89,19 @@ def test_a_decision_inside_torch_s_own_code_names_no_line_of_ours():
     error = RuntimeError("Could not guard on data-dependent expression Eq(u32, 1)\n\nThe following call raised "
                          f'this error:\n  File "{ours.__file__}", line 44, in forward\n    return tuple(...)\n')
     assert data_dependent_note(error).startswith(" (the code decides on a tensor's value in Python")
+
+
+class KeptRows(nn.Module):
+    def forward(self, x):
+        kept = x[x.sum(-1) > 0]
+        return torch.cat([kept, kept.roll(1, 0)], -1)
+
+
+def test_a_guard_on_a_size_the_data_decides_gets_torch_export_s_suggested_check():
+    """torch.roll of the rows a mask keeps asks whether there are any: no branch of the user's,
+    a fact torch.export can be told (its message suggests the torch._check calls, past its first line)."""
+    with pytest.raises(ExportError) as info:
+        export_program(KeptRows(), ScopeInputs((torch.randn(6, 4),)))
+    message = str(info.value)
+    assert "(`return torch.cat([kept, kept.roll(1, 0)], -1)`) needs a fact about a size its data decides" in message
+    assert "`torch._check((4*kept.shape[0]) != 0)`" in message, message
