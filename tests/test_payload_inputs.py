@@ -21,12 +21,13 @@ from cuvil_pgc.recompile.trials import SearchOptions
 @pytest.mark.parametrize(("args", "kwargs", "found"), [
     ((["the quick fox", "a dog"],), {}, "text ('the quick fox')"),
     (("a whole sentence",), {}, "text ('a whole sentence')"),
-    ((torch.zeros(2), {"query": "abc"}), {}, "text ('abc')"),
+    ((torch.zeros(2), {"query": "x" * 40}), {}, "text ('" + "x" * 40 + "')"),
     ((b"\x89PNG",), {}, "bytes (4)"),
-    (([[101, 2054], [101, 2003]],), {}, "Python numbers in nested sequences"),
-    ((list(range(40)),), {}, "a list of 40 Python numbers"),
+    (([[101, 2054, 2003] * 6, [101, 2003] * 9],), {}, "36 Python numbers in a list"),
+    ((list(range(40)),), {}, "40 Python numbers in a list"),
     ((torch.zeros(2), "mean"), {"mode": "bilinear", "return_dict": True}, None),     # flags
     ((torch.zeros(2), [7, 7], (3, 3), torch.Size([2, 3])), {"scale": 0.5}, None),    # configuration
+    (({"0": torch.zeros(1)}, [torch.zeros(1)], ["0", "1", "2", "pool"], [(800, 1216), (800, 1088)]), {}, None),
 ])
 def test_a_request_s_data_in_python_values_is_told_from_flags_and_sizes(args, kwargs, found):
     assert payload_input(args, kwargs) == found
