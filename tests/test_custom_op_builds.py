@@ -65,6 +65,20 @@ SERVICE = textwrap.dedent('''
 ''')
 
 
+def fresh_worker_failures(model, inputs) -> dict[str, str]:
+    """What the search's worker check says of ``model``'s AOTInductor plan: a process that did not
+    build it loads it and answers ``inputs`` as this one does (empty: it does)."""
+    from cuvil_pgc.recompile.apply import ScopeInputs, realize
+    from cuvil_pgc.recompile.standalone import fresh_process_failures, standalone_spec
+
+    cand = Candidate("", "aoti")
+    realized = realize(model, cand, ScopeInputs(inputs))
+    with torch.no_grad():
+        reference = model(*inputs)
+    spec = standalone_spec(cand, realized, ScopeInputs(inputs), "cpu", check=True)
+    return fresh_process_failures({"aoti": spec}, {"aoti": inputs}, {"aoti": reference})
+
+
 @pytest.fixture
 def clip_model(tmp_path):
     """The model's factory, its module imported from files in ``tmp_path`` as a service imports
@@ -83,20 +97,14 @@ def clip_model(tmp_path):
 @pytest.mark.slow
 @pytest.mark.usefixtures("build_env")
 def test_an_aoti_build_calling_a_custom_operator_loads_where_the_operator_is_defined(clip_model, tmp_path, keys):
-    from cuvil_pgc.recompile.apply import ScopeInputs, realize
     from cuvil_pgc.recompile.build import recompile
-    from cuvil_pgc.recompile.standalone import custom_op_modules, fresh_process_failures, standalone_spec
+    from cuvil_pgc.recompile.standalone import custom_op_modules
 
     model, inputs = clip_model
     assert ["cuviltest_clip_ops", str(tmp_path / "cuviltest_clip_ops.py")] in custom_op_modules()
-    cand = Candidate("", "aoti")
-    realized = realize(model, cand, ScopeInputs(inputs))
-    with torch.no_grad():
-        reference = model(*inputs)
-    spec = standalone_spec(cand, realized, ScopeInputs(inputs), "cpu", check=True)
     # the search's check that the plan loads in a process that did not build it (it failed on the
     # operator's schema, and the 1.5x plan was refused as unloadable)
-    assert fresh_process_failures({"aoti": spec}, {"aoti": inputs}, {"aoti": reference}) == {}
+    assert fresh_worker_failures(model, inputs) == {}
 
     build = recompile(model, inputs, plan={"": Candidate("", "aoti")}, records=False, deployed_race=False, rounds=3)
     assert [c.candidate.backend for c in build.plan.choices] == ["aoti"]
@@ -196,8 +204,7 @@ def test_an_aoti_worker_defines_operators_made_with_a_library_or_torch_library_d
     not in ``custom_op``'s table: their AOTInductor plan (1.7x over eager) was refused as one no fresh
     process loads, because the worker had not imported that file."""
     from cuvil_pgc._modelspec import import_file
-    from cuvil_pgc.recompile.apply import ScopeInputs, realize
-    from cuvil_pgc.recompile.standalone import custom_op_modules, fresh_process_failures, standalone_spec
+    from cuvil_pgc.recompile.standalone import custom_op_modules
 
     for name, source in (("cuviltest_library_ops", LIBRARY_OPS), ("cuviltest_defined_ops", DEFINED_OPS)):
         (tmp_path / f"{name}.py").write_text(source)
@@ -214,9 +221,4 @@ def test_an_aoti_worker_defines_operators_made_with_a_library_or_torch_library_d
 
     torch.manual_seed(0)
     model, inputs = Net().eval(), (torch.randn(3, 16),)
-    cand = Candidate("", "aoti")
-    realized = realize(model, cand, ScopeInputs(inputs))
-    with torch.no_grad():
-        reference = model(*inputs)
-    spec = standalone_spec(cand, realized, ScopeInputs(inputs), "cpu", check=True)
-    assert fresh_process_failures({"aoti": spec}, {"aoti": inputs}, {"aoti": reference}) == {}
+    assert fresh_worker_failures(model, inputs) == {}
