@@ -18,17 +18,22 @@ from cuvil_pgc.recompile.export_error import ExportError, TracedDecision, data_d
 
 
 class Branching(nn.Module):
-    def __init__(self, scripted: bool = False, rnn: bool = False):
+    def __init__(self, scripted: bool = False, rnn: bool = False, sizes: bool = False):
         super().__init__()
         inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
         self.inner = torch.jit.script(inner) if scripted else inner
         self.rnn = nn.GRU(8, 8, batch_first=True) if rnn else None
+        self.sizes = sizes
         self.b = nn.Linear(8, 2)
 
     def forward(self, x):
         h = self.inner(x)
         if self.rnn is not None:
             return self.b(self.rnn(h)[0])          # torch's GRU checks its sizes in Python
+        if self.sizes:                             # the tracer hands these out as tensors and warns
+            if h.shape[1] > 3:
+                h = h[:, : int(h.shape[1] / 2)].repeat(1, 2, 1)
+            return self.b(h)
         if h.mean() > 0.25:
             return self.b(h)
         return self.b(-h)
@@ -65,11 +70,14 @@ def test_a_trace_that_would_keep_one_branch_is_refused(tmp_path):
     assert isinstance(info.value.__cause__, TracedDecision) and not (tmp_path / "m.onnx").exists()
 
 
-def test_sizes_torch_s_own_modules_check_in_python_do_not_refuse_a_trace(tmp_path):
+@pytest.mark.parametrize("kind", ["rnn", "sizes"])
+def test_decisions_on_sizes_do_not_refuse_a_trace(tmp_path, kind):
+    """torch's GRU checks its sizes in Python, and so may the user's code: the tracer warns for
+    both as for a value, but a trace at the captured sizes keeps them rightly."""
     pytest.importorskip("onnx")
     from cuvil_pgc.recompile.runtime_build import export_onnx
 
-    net, x = model(scripted=True, rnn=True)
+    net, x = model(scripted=True, **{kind: True})
     export_onnx(net, ScopeInputs((x,)), tmp_path / "m.onnx", 1)
     assert (tmp_path / "m.onnx").exists()
 
@@ -105,3 +113,4 @@ def test_a_guard_on_a_size_the_data_decides_gets_torch_export_s_suggested_check(
     message = str(info.value)
     assert "(`return torch.cat([kept, kept.roll(1, 0)], -1)`) needs a fact about a size its data decides" in message
     assert "`torch._check((4*kept.shape[0]) != 0)`" in message, message
+

@@ -87,15 +87,13 @@ def data_dependent_note(exc: BaseException) -> str:
         match = None
     where = f"at {traced.where} " if traced is not None else \
         f"at {match.group(1)}:{match.group(2)} (`{' '.join(match.group(3).split())}`) " if match else ""
-    sizes = " (or on a size: torch.jit.trace, which exports a region calling TorchScript, hands sizes out as " \
-        "tensors)" if traced is not None else ""
     checks = [] if traced is not None else _SUGGESTED_CHECK.findall(str(found[0]))
     if checks:          # torch.export asks for a fact about a size the data decides (the rows torch.unique keeps)
         listed = " or ".join(f"`{c.strip()}`" for c in checks[:2])
         return (f" (the code {where}needs a fact about a size its data decides, which the exporter cannot assume: "
                 f"state it before that line with torch.export's suggestion, {listed}, or move that code out of the "
                 "region)")
-    return (f" (the code {where}decides on a tensor's value in Python{sizes}, which an exporter cannot capture as "
+    return (f" (the code {where}decides on a tensor's value in Python, which an exporter cannot capture as "
             "one program: keep the decision in tensors (torch.where, torch.cond), or move that code out of the region)")
 
 

@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import io
 import linecache
-import os
-import warnings
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from cuvil_pgc.recompile.export_error import TracedDecision
 
-#: the start of torch.jit.trace's warning where a tensor becomes a Python bool, float, int, number or list
-_PYTHON_VALUE = "Converting a tensor to a Python "
 #: schema types whose values become constants of the graph
 _NUMBER_TYPES = {"float": float, "int": int, "bool": bool}
 
@@ -117,28 +115,49 @@ def export_traced(module: torch.nn.Module, args: tuple[Any, ...], path: Path, op
     outputs come in the order the runner's template expects. (The TorchScript exporter traces an
     eager module itself too, but its trace does not find the scripted submodules: "Tried to trace
     ... but it is not part of the active trace".)"""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", torch.jit.TracerWarning)
-        traced = torch.jit.trace(module, args, strict=False, check_trace=False)
-    if (where := python_value_taken(caught)) is not None:
+    if (where := python_value_taken(module, args)) is not None:
         raise TracedDecision(where)
+    traced = torch.jit.trace(module, args, strict=False, check_trace=False)
     export_torchscript(traced, args, {}, path, opset, free_sizes=free_sizes)
 
 
-def python_value_taken(caught: list[warnings.WarningMessage]) -> str | None:
-    """Where (``path:line (`code`)``) code outside torch turned a tensor into a Python value while
-    torch.jit.trace traced it ("Converting a tensor to a Python boolean might cause the trace to be
-    incorrect"), or None. An eager model calling a scripted block with ``if h.mean() > 0.25:`` in
-    its own forward was traced down one branch, its ONNX Runtime build passed the accuracy guard on
-    the captured inputs and answered inputs taking the other branch wrongly (2.3 off). torch's own
-    modules take such values from sizes (a shape check in multi-head attention, in the RNNs), which
-    a trace at the captured sizes keeps rightly; the user's code is refused either way."""
-    torch_dir = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
-    for w in caught:
-        if issubclass(w.category, torch.jit.TracerWarning) and str(w.message).startswith(_PYTHON_VALUE) \
-                and not os.path.realpath(w.filename).startswith(torch_dir):
-            return f"{w.filename}:{w.lineno} (`{' '.join(linecache.getline(w.filename, w.lineno).split())}`)"
-    return None
+#: the tensor methods that hand a tensor's value to Python
+_TO_PYTHON = frozenset({"__bool__", "__int__", "__float__", "__index__", "__complex__", "item", "tolist"})
+
+
+class _PythonValues(TorchFunctionMode):
+    """Notes the first line that turns a tensor into a Python value (past torch's dispatch to it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.where: str | None = None
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.where is None and getattr(func, "__name__", "") in _TO_PYTHON:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename.endswith(("torch/overrides.py", "torch/_tensor.py")):
+                frame = frame.f_back
+            name = frame.f_code.co_filename if frame is not None else ""
+            if name:
+                code = " ".join(linecache.getline(name, frame.f_lineno).split())
+                self.where = f"{name}:{frame.f_lineno} (`{code}`)"
+        return func(*args, **(kwargs or {}))
+
+
+def python_value_taken(module: torch.nn.Module, args: tuple[Any, ...]) -> str | None:
+    """Where (``path:line (`code`)``) code turns a tensor into a Python value (a bool, a
+    number, a list) in an eager call of ``module``, or None. torch.jit.trace keeps the path such a
+    value took as a constant: an eager model calling a scripted block with ``if h.mean() > 0.25:``
+    in its own forward was traced down one branch, its ONNX Runtime build passed the accuracy guard
+    on the captured inputs and answered inputs taking the other branch wrongly (2.3 off). Asked in
+    eager, not of the tracer's warnings: the tracer hands sizes out as tensors too and warns alike
+    for ``if x.shape[1] > 3:`` (as for torch's own RNNs checking their inputs), which a trace at the
+    captured sizes keeps rightly; in eager a size is an int. A decision in a library's code is kept
+    by the trace as one in the user's is, so it refuses the trace too."""
+    values = _PythonValues()
+    with torch.no_grad(), values:
+        module(*args)
+    return values.where
 
 
 def bound_arguments(params: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
