@@ -44,17 +44,10 @@ def payload_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
             return f"{type(value).__name__} ({len(value)})"
         if isinstance(value, str) and (len(value) > CONFIG_CHARS or any(c.isspace() for c in value)):
             return f"text ({value[:40]!r})"
-        if isinstance(value, (list, tuple, dict)) and not isinstance(value, torch.Size):
-            return next((found for v in (value.values() if isinstance(value, dict) else value)
-                         if (found := text(v)) is not None), None)
-        return None
+        return next((found for v in _held(value) if (found := text(v)) is not None), None)
 
     def numbers(value: Any) -> int:
-        if type(value) in (int, float):
-            return 1
-        if isinstance(value, (list, tuple, dict)) and not isinstance(value, torch.Size):
-            return sum(numbers(v) for v in (value.values() if isinstance(value, dict) else value))
-        return 0
+        return 1 if type(value) in (int, float) else sum(numbers(v) for v in _held(value))
 
     for value in (*args, *kwargs.values()):
         if (found := text(value)) is not None:
@@ -62,6 +55,14 @@ def payload_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         if (count := numbers(value)) > CONFIG_NUMBERS:
             return f"{count} Python numbers in a {type(value).__name__}"
     return None
+
+
+def _held(value: Any) -> Any:
+    """The values a list, tuple or dict holds (a ``torch.Size`` is a size, not a container); none
+    for anything else."""
+    if isinstance(value, dict):
+        return value.values()
+    return value if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size) else ()
 
 
 #: per positional tensor input: (shape, dtype, device, strides)
