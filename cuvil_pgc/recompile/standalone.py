@@ -156,9 +156,10 @@ def custom_op_modules() -> list[list[str | None]]:
     opdefs = getattr(getattr(torch, "_library", None), "custom_ops", None)
     names = [getattr(getattr(opdef, "_init_fn", None), "__module__", None)
              for opdef in list(getattr(opdefs, "OPDEFS", {}).values())]
-    by_file = {os.path.realpath(path): name for name, module in list(sys.modules.items())
-               if isinstance(path := getattr(module, "__file__", None), str)}
-    names += [by_file.get(os.path.realpath(path)) for path in _operator_files()]
+    if files := _operator_files():         # most processes have none: no walk over every module
+        by_file = {os.path.realpath(path): name for name, module in list(sys.modules.items())
+                   if isinstance(path := getattr(module, "__file__", None), str)}
+        names += [by_file.get(os.path.realpath(path)) for path in files]
     out = {name: getattr(sys.modules.get(name), "__file__", None) for name in names
            if isinstance(name, str) and name.split(".")[0] not in ("torch", "__main__")}
     return [[name, out[name]] for name in sorted(out)]
