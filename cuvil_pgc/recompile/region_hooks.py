@@ -31,6 +31,9 @@ def hooked_inside(module: nn.Module) -> str | None:
 
 #: what :func:`hooked_inside` answers for a hook on the module itself
 ORIGINAL = "the original module"
+#: the hint for such a hook: a service keeps it by registering it after loading
+ONE_OF_ITS_OWN = (", and so does one registered, after load_build, on the module load_build returns in its place: "
+                  "a service's monitoring hook runs around the program there")
 
 
 def hf_collector(module: nn.Module) -> Any:

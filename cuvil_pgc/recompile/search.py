@@ -71,7 +71,7 @@ from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_
 from cuvil_pgc.recompile.measure import median, time_interleaved, time_surviving
 from cuvil_pgc.recompile.padding import padding_of
 from cuvil_pgc.recompile.records import RecordDB
-from cuvil_pgc.recompile.region_hooks import ORIGINAL, hook_reason, hooked_inside
+from cuvil_pgc.recompile.region_hooks import ONE_OF_ITS_OWN, ORIGINAL, hook_reason, hooked_inside
 from cuvil_pgc.recompile.search_policy import (
     BATCH,
     MIN_EXPLORE,
@@ -496,11 +496,6 @@ class _Search:
     def _record(self, trial: Trial, scope: str, eager_us: float | None) -> None:
         if self.records is not None:
             self.records.add(trial, self.features[scope], eager_us)
-
-
-#: the hint for a hook on a scope's own module: a service keeps it by registering it after loading
-ONE_OF_ITS_OWN = (", and so does one registered, after load_build, on the module load_build returns in its place: "
-                  "a service's monitoring hook runs around the program there")
 
 
 def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, ScopeFeatures]:
