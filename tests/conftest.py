@@ -3,6 +3,9 @@ are skipped where torch sees no CUDA device."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
 
 import pytest
@@ -17,6 +20,23 @@ def _cuda_available() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    """Each xdist worker compiles into an Inductor cache of its own. Inductor keys an AOTInductor
+    build's directory by the graph's code, so two workers packaging the same model at once shared
+    one directory, and one zipped the other's half-written files: a CI run failed once loading such
+    a package ("json parse error ... empty input"). A cache set by the environment is kept."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        config._inductor_cache = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(
+            prefix=f"cuvil-inductor-{worker}-")
+
+
+def pytest_unconfigure(config):
+    made = getattr(config, "_inductor_cache", None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
