@@ -107,14 +107,16 @@ class Reassigns(nn.Module):
 
 
 class NoisyAtInference(nn.Module):
-    """Adds noise in its forward whatever the mode, as a sampled latent or noise injection does."""
+    """Adds noise in its forward whatever the mode, as a sampled latent or noise injection does, and
+    holds its weights itself: no submodule with weights draws none (tests/test_random_draws.py has
+    the models that have one)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.fc = nn.Linear(8, 4)
+        self.weight = nn.Parameter(torch.randn(4, 8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x + 0.01 * torch.randn_like(x))
+        return (x + 0.01 * torch.randn_like(x)) @ self.weight.T
 
 
 class DiffersOnlyOnItsFirstCall(nn.Module):
@@ -255,7 +257,8 @@ def test_a_pinned_plan_running_a_module_that_changes_the_buffers_is_refused():
     model, inputs = streaming_normalizer()
     with pytest.raises(RecompileError, match="changes the model's buffers") as err:
         recompile(model, inputs, records=False, plan={"": Candidate("", "compile")}, rounds=3)
-    assert "submodules whose calls leave the buffers alone" in err.value.fix
+    assert "submodules whose calls leave the buffers, those numbers and torch's random generators alone" \
+        in err.value.fix
 
 
 def test_the_modules_whose_calls_change_a_buffer_are_kept_and_the_state_held_while_recompile_calls():
@@ -318,6 +321,7 @@ def test_a_forward_that_draws_random_numbers_is_refused_up_front_with_the_cause(
     with pytest.raises(RecompileError) as err:
         recompile(model, inputs, records=False, backends=("eager", "aoti"))
     assert "draws random numbers" in str(err.value) and "off by up to" in str(err.value)
+    assert "no submodule with weights draws none" in str(err.value)
     assert "outside the model" in err.value.fix
     check_stateless(model, inputs, rtol=1.0, atol=1.0)       # noise the caller's tolerances accept
 

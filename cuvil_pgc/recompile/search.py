@@ -506,9 +506,10 @@ def _pinned_features(s: _Search, fixed: dict[str, Candidate]) -> dict[str, Scope
     for scope, cand in fixed.items():
         if scope in s.opt.eager_scopes and not cand.is_baseline:
             raise RecompileError(f"pinned plan runs {scope or 'the whole model'!r} on {cand.config}, but its call "
-                                 "changes the model's buffers (or the numbers its modules hold, a call counter), "
-                                 "which no program reproduces",
-                                 fix="pin the submodules whose calls leave the buffers alone instead, and those numbers")
+                                 "changes the model's buffers (or the numbers its modules hold, a call counter) or "
+                                 "draws random numbers, which no program reproduces",
+                                 fix="pin the submodules whose calls leave the buffers, those numbers and torch's "
+                                     "random generators alone instead")
         if scope not in s.features:
             if scope not in s.modules:
                 raise RecompileError(f"pinned plan names {scope!r}, which is not a submodule of the model")

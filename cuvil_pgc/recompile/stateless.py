@@ -49,7 +49,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch.utils import _pytree as pytree
@@ -58,6 +58,12 @@ from cuvil_pgc._buffers import restore_buffer
 from cuvil_pgc._structure import strided_parts
 from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.object_outputs import openable
+from cuvil_pgc.recompile.random_draws import (
+    GeneratorState,
+    drawing_modules,
+    generator_state,
+    put_back_generators,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +78,17 @@ class HeldState:
     buffers: tuple[tuple[str, torch.Tensor, torch.Tensor], ...]
     modules: frozenset[str]
     attributes: tuple[tuple[str, Any], ...] = ()
+    #: the random generators' state, where the modules kept eager draw random numbers
+    generators: GeneratorState | None = None
 
     def put_back(self, model: torch.nn.Module) -> None:
         """Give each buffer its value from before recompile's calls (the same tensor, reattached
-        where the forward assigned another), and each attribute."""
+        where the forward assigned another), each attribute, and the generators their state."""
         _put_back(model, {f"buffer {name}": t for name, t, _ in self.buffers},
                   {f"buffer {name}": value for name, _, value in self.buffers})
         _put_back_attributes(model, dict(self.attributes))
+        if self.generators is not None:
+            put_back_generators(self.generators)
 
 
 @contextmanager
@@ -129,8 +139,7 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     now_objects = object_state(inputs, {})
     changed += [name for name, state in settled_objects.items() if now_objects.get(name) != state]
     if not changed:
-        _check_repeatable(model, inputs, first, second, rtol, atol)
-        return None
+        return None if _repeats(model, inputs, first, second, rtol, atol) else _held_draws(model, inputs, rtol, atol)
     buffers = [key.removeprefix("buffer ") for key in changed if key.startswith("buffer ")]
     stateful = _changing_modules(model, inputs, buffers, counters) \
         if len(buffers) + len(counters) == len(changed) else frozenset()
@@ -154,7 +163,8 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
         held = HeldState(tuple((name, original[f"buffer {name}"], at_start[f"buffer {name}"]) for name in buffers),
                          stateful, tuple((key, attributes_at_start.get(key, _ABSENT)) for key in counters))
         with holding(model, held):
-            _check_repeatable(model, inputs, _call(model, inputs), _call(model, inputs), rtol, atol)
+            if not _repeats(model, inputs, _call(model, inputs), _call(model, inputs), rtol, atol):
+                _random_error(model, inputs, rtol, atol)
         log.warning("cuvil-pgc: the model's forward changes %s on every call: it stays eager%s, and recompile "
                     "searches the submodules whose calls leave that state alone (putting it back after each of "
                     "its calls)", named, "" if stateful == {""} else
@@ -418,21 +428,55 @@ def _values(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key: t.detach().clone() for key, t in tensors.items()}
 
 
-def _check_repeatable(model: torch.nn.Module, inputs: tuple[Any, ...], first: Any, second: Any,
-                      rtol: float | None, atol: float | None) -> None:
+def _repeats(model: torch.nn.Module, inputs: tuple[Any, ...], first: Any, second: Any, rtol: float | None,
+             atol: float | None) -> bool:
+    """Whether two calls' outputs agree within the accuracy guard (or the second and a third do: a
+    first call may warm something up)."""
     from cuvil_pgc.recompile.accuracy import check_outputs
 
-    if check_outputs(first, second, rtol=rtol, atol=atol).ok:
-        return
-    check = check_outputs(second, _call(model, inputs), rtol=rtol, atol=atol)
-    if check.ok:
-        return
+    return check_outputs(first, second, rtol=rtol, atol=atol).ok or \
+        check_outputs(second, _call(model, inputs), rtol=rtol, atol=atol).ok
+
+
+def _held_draws(model: torch.nn.Module, inputs: tuple[Any, ...], rtol: float | None,
+                atol: float | None) -> HeldState:
+    """The state to hold for a forward whose outputs differ from call to call: the modules that draw
+    random numbers (:mod:`.random_draws`) stay eager and the generators' state is held, where
+    submodules with weights that draw none remain to be searched and the outputs then repeat; else
+    raise :class:`RecompileError` (see :func:`_random_error`)."""
+    try:
+        drawing = drawing_modules(model, lambda: model(*inputs))
+    except Exception:             # the user's model under a dispatch mode: refused as before
+        drawing = frozenset()
+    searchable = [q for q, m in model.named_modules()
+                  if q and q not in drawing and next(m.parameters(), None) is not None]
+    if drawing and searchable:
+        held = HeldState((), drawing, (), generator_state())
+        with holding(model, held):
+            repeats = _repeats(model, inputs, _call(model, inputs), _call(model, inputs), rtol, atol)
+        if repeats:
+            log.warning("cuvil-pgc: the model's forward draws random numbers%s: %s eager, drawing as %s, and "
+                        "recompile searches the submodules that draw none (starting each of its calls from the "
+                        "same random state, so that eager's draws repeat)",
+                        f" (in {', '.join(sorted(q for q in drawing if q)[:4])})" if drawing - {""} else "",
+                        "they stay" if drawing - {""} else "it stays", "they do" if drawing - {""} else "it does")
+            return held
+    _random_error(model, inputs, rtol, atol)
+
+
+def _random_error(model: torch.nn.Module, inputs: tuple[Any, ...], rtol: float | None, atol: float | None) -> NoReturn:
+    from cuvil_pgc.recompile.accuracy import check_outputs
+
+    check = check_outputs(_call(model, inputs), _call(model, inputs), rtol=rtol, atol=atol)
     raise RecompileError(
         f"the model's outputs differ between calls on the same inputs ({check.reason}): its forward draws "
         "random numbers (noise, a sampled latent, torch.multinomial, dropout that eval() does not switch off), "
-        "and no build draws the numbers eager draws, so every candidate would fail the accuracy guard",
-        fix="draw the random numbers outside the model and pass them in as an input, or recompile a submodule "
-            "whose forward is deterministic; widen rtol/atol only if differences this large are acceptable")
+        "and no build draws the numbers eager draws, so every candidate would fail the accuracy guard; no "
+        "submodule with weights draws none from torch's own generators",
+        fix="draw the random numbers outside the model and pass them in as an input, or draw them in a module "
+            "apart from the ones that compute (as a VAE samples its latent between encoder and decoder), from "
+            "torch's generator rather than one the model holds; widen rtol/atol only if differences this large "
+            "are acceptable")
 
 
 def _call(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Any:
