@@ -21,6 +21,7 @@ from cuvil_pgc.recompile._stderr import Captured, exception_line, first_line, na
 from cuvil_pgc.recompile.accuracy import AccuracyResult, check_outputs
 from cuvil_pgc.recompile.apply import ScopeInputs, realize
 from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.dispatch_state import kept
 from cuvil_pgc.recompile.export_error import ExportError
 from cuvil_pgc.recompile.realized import first_fallback
 
@@ -51,9 +52,10 @@ def build_checked(cand: Candidate, module: Any, inputs: ScopeInputs, ref: Any, o
     (eager's outputs; ``exact``: their float32 form for a model computing in bf16/fp16)."""
     native = Captured()
     try:
-        realized = realize(module, cand, inputs, device=opt.device, machine=machine, weights=weights)
-        with native_stderr(native), torch.no_grad():
-            out = realized.module(*inputs.args, **inputs.kwargs)
+        with kept(f"candidate {cand.key}"):
+            realized = realize(module, cand, inputs, device=opt.device, machine=machine, weights=weights)
+            with native_stderr(native), torch.no_grad():
+                out = realized.module(*inputs.args, **inputs.kwargs)
     except Exception as exc:    # any backend failure rejects the candidate, never the search
         said = first_line(native.text)
         # an ExportError's message is composed already (the exporter, the cause cuvil-pgc names, the

@@ -158,10 +158,13 @@ def time_surviving(fns: Mapping[str, Callable[[], Any]], *, keep: tuple[str, ...
     passed its check call and fails at a later one) and timing the others again; returns the
     samples and, by contender, why each left out failed. One in ``keep`` that raises (eager: the
     model's own error) is raised."""
+    from cuvil_pgc.recompile.dispatch_state import kept
+
     fns, failed = dict(fns), {}
     while len(fns) > 0:
         try:
-            return (timer or time_interleaved)(fns, **options), failed
+            with kept("a timed contender"):
+                return (timer or time_interleaved)(fns, **options), failed
         except Exception as exc:
             name = getattr(exc, "cuvil_contender", None)
             if name in keep or name not in fns:

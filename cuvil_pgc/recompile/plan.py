@@ -38,6 +38,7 @@ from cuvil_pgc.errors import RecompileError
 from cuvil_pgc.recompile.accuracy import check_outputs
 from cuvil_pgc.recompile.apply import apply_plan, realize
 from cuvil_pgc.recompile.candidates import Candidate
+from cuvil_pgc.recompile.dispatch_state import kept
 from cuvil_pgc.recompile.measure import Samples, ratio_ci, time_interleaved, time_surviving
 from cuvil_pgc.recompile.realized import Realized
 from cuvil_pgc.recompile.search_records import ENDED_RACE
@@ -231,11 +232,13 @@ def _time_with_eager(s: Any, modules: dict[str, Any]) -> tuple[dict[str, Samples
 
 def _build_plan(s: Any, choices: dict[str, Candidate]) -> tuple[dict[str, Realized], Any] | None:
     try:
-        realized = {scope: realize(s._module(scope), cand, s.scope_inputs[scope], device=s.opt.device,
-                                   machine=s.machine_key, weights=s.weights[scope]) for scope, cand in choices.items()}
-        module = apply_plan(s.model, realized)
-        with torch.no_grad():
-            out = module(*s.inputs)
+        with kept(f"plan {[c.key for c in choices.values()]}"):
+            realized = {scope: realize(s._module(scope), cand, s.scope_inputs[scope], device=s.opt.device,
+                                       machine=s.machine_key, weights=s.weights[scope])
+                        for scope, cand in choices.items()}
+            module = apply_plan(s.model, realized)
+            with torch.no_grad():
+                out = module(*s.inputs)
     except Exception as exc:   # the plan could not be rebuilt: it loses the race
         log.warning("cuvil-pgc: plan %s could not be rebuilt (%s)", [c.key for c in choices.values()], exc)
         return None
