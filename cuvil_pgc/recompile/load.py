@@ -409,6 +409,8 @@ def _realize_choices(vb: Any, plan: Plan, modules: dict[str, Any], realized: dic
             realized[scope] = _realize_lazy(module, cand, plan.device, choice, path)
             report.compiled_regions += cand.backend != "eager"
         region = getattr(realized.get(scope), "module", None)
+        if hasattr(region, "watch_settings"):      # a setting set after load runs the original module
+            region.watch_settings(choice.settings_skip or ())
         other = getattr(region, "other_shapes", None)
         if choice.other_sizes_refused is not None and region is not None and other is None:
             region.other_sizes_refused = choice.other_sizes_refused

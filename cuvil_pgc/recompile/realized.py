@@ -138,9 +138,58 @@ class CompiledRegion(LeanSetup, OtherSizeCalls, nn.Module):
         self._keywords: tuple[tuple[str, ...], tuple[Any, ...]] | None = None
         self._extras: dict[str, Any] = {}
         self.weights_changed = False    # weights loaded since the build differ from the ones it was built with
+        #: the first setting inside the region set, since the build was loaded, to another value than
+        #: it had then (``temperature``; see :mod:`.setting_watch`): it runs the original module
+        self.settings_stale: str | None = None
+        self._watch: Any = None         # its :class:`~.setting_watch.Watch`, once watched
+        self._paused: tuple[Any, Any] = (None, None)     # the fast paths while settings_stale
         self.register_state_dict_post_hook(state_dict_as_original)
         self.register_load_state_dict_pre_hook(load_into_original)
         self._quiet()                   # the first call may take the lean path
+        self.__dict__["_forwarding"] = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """An attribute the region does not have, and its original module does, is set there: the
+        caller's code sets a region as the module it replaced (``model.temperature = 2.5``), as it
+        reads it (:meth:`__getattr__`), and the setting watch then runs the original module."""
+        original = self.__dict__.get("_modules", {}).get("original")
+        if self.__dict__.get("_forwarding") and name not in self.__dict__ and name != "training" \
+                and original is not None and not hasattr(type(self), name) and hasattr(original, name):
+            setattr(original, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def watch_settings(self, skip: Any = ()) -> None:
+        """Run the original module while a setting inside the region differs from the one it had
+        now (:mod:`.setting_watch`); ``skip``: the attributes its forward writes."""
+        from cuvil_pgc.recompile.setting_watch import watch_region
+
+        self.__dict__["_watch"] = watch_region(self, self.original, skip)
+
+    def settings_changed(self, path: str | None) -> None:
+        """The setting watch's report: ``path`` set to another value (the region runs the original
+        module until it is set back), or None: every setting is as it was at load."""
+        if path is not None and self.settings_stale is None:
+            self.__dict__["_paused"], self.__dict__["_lean"], self.__dict__["_direct"] = \
+                (self._lean, self._direct), None, None
+            log.warning("cuvil-pgc: %s: %s was set to another value than the build was made with (its program holds "
+                        "that one): the original module runs until it is set back; recompile for the new value",
+                        self.plan_config, path)
+        elif path is None and self.settings_stale is not None:
+            self.__dict__["_lean"], self.__dict__["_direct"] = self._paused
+            self.__dict__["_paused"] = (None, None)
+        self.__dict__["settings_stale"] = path
+
+    def _original(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The original module's call; what it writes into its modules is not a setting changed."""
+        watch = self._watch
+        if watch is None:
+            return self.original(*args, **kwargs)
+        watch.running += 1
+        try:
+            return self.original(*args, **kwargs)
+        finally:
+            watch.running -= 1
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """For exactly the captured tensors, when nothing hooks into this module or traces it: the
@@ -216,13 +265,15 @@ class CompiledRegion(LeanSetup, OtherSizeCalls, nn.Module):
         program: a runtime session, an AOTInductor runner or a compiled module is read-only once
         built, holds native state that cannot be copied, and rebuilding it would take the build's
         compile time again. Services copy a model to serve replicas or keep a reference copy."""
-        for shared in (self._compiled, self._fast, self._lean, self._direct, self.other_shapes, self._keywords,
-                       self._free_lean, self._collector):     # (transformers' collector: a ContextVar)
+        for shared in (self._compiled, self._fast, self._lean, self._direct, *self._paused, self.other_shapes,
+                       self._keywords, self._free_lean, self._collector):     # (transformers' collector: a ContextVar)
             memo[id(shared)] = shared
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         for key, value in self.__dict__.items():
             clone.__dict__[key] = copy.deepcopy(value, memo)
+        if self._watch is not None:                    # the copy's modules are watched for the copy
+            clone.watch_settings(self._watch.skip)
         return clone
 
     def __copy__(self) -> CompiledRegion:
@@ -261,8 +312,8 @@ class CompiledRegion(LeanSetup, OtherSizeCalls, nn.Module):
         return self._compiled
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.weights_changed:
-            return self.original(*args, **kwargs)
+        if self.weights_changed or self.settings_stale is not None:
+            return self._original(args, kwargs)
         if self.signature is None:
             why = recorded(args, kwargs) or (TRAINING if self.training else None)
             if self._held_by_hooks() is None and why is None:
@@ -393,7 +444,7 @@ class CompiledRegion(LeanSetup, OtherSizeCalls, nn.Module):
             self.__dict__["first_fallback"] = why or self._misfit(args, kwargs)
             log.warning("cuvil-pgc: %s runs the original module: %s (further calls that do not fit are counted "
                         "in fallback_calls)", self.plan_config, self.first_fallback)
-        return self.original(*args, **kwargs)
+        return self._original(args, kwargs)
 
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         """A keyword call as the positional call the build was captured with (``model(input_ids=ids,
