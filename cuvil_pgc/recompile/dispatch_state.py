@@ -23,9 +23,14 @@ import torch
 
 log = logging.getLogger(__name__)
 
+#: torch's calls for the thread's dispatch state (private: a torch without one leaves it unchecked)
+_READ_WRITE = ("_dispatch_tls_local_include_set", "_dispatch_tls_local_exclude_set", "_dispatch_is_alias_key",
+               "_dispatch_tls_is_dispatch_key_included", "_dispatch_tls_set_dispatch_key_included",
+               "_dispatch_tls_is_dispatch_key_excluded", "_dispatch_tls_set_dispatch_key_excluded")
 #: the runtime keys (an alias key such as Autograd stands for others: a set "has" it through them)
 _KEYS = tuple(k for k in torch._C.DispatchKey.__members__.values()
-              if k.name != "Undefined" and not torch._C._dispatch_is_alias_key(k))
+              if k.name != "Undefined" and not torch._C._dispatch_is_alias_key(k)) \
+    if all(hasattr(torch._C, name) for name in _READ_WRITE) else ()
 
 
 def _state() -> tuple[frozenset[str], frozenset[str], bool]:
@@ -38,6 +43,9 @@ def _state() -> tuple[frozenset[str], frozenset[str], bool]:
 def kept(what: str) -> Iterator[None]:
     """Run the block, then put the thread's dispatch keys and grad mode back where it changed them
     (``what``, the candidate, names it in the log)."""
+    if not _KEYS:
+        yield
+        return
     before = _state()
     try:
         yield
