@@ -132,6 +132,23 @@ def test_a_copy_of_a_loaded_build_watches_its_own_modules(tmp_path, keys):
     assert built.temperature == 1.0 and _agrees(built, eager, x)
 
 
+def test_a_build_loaded_again_onto_the_same_model_leaves_no_watch_of_the_one_before(tmp_path, keys):
+    """A service reloading a build (a new release) onto the model it keeps: the regions gone, their
+    watches go with the next load, and the new region follows the settings."""
+    import gc
+
+    from cuvil_pgc.recompile.setting_watch import _WATCHED
+
+    built, eager, x, path = _built(calibrated, "", tmp_path, keys)
+    model = _region(built).original
+    del built
+    gc.collect()
+    again = load_build(path, model, pubkey=str(keys[1]))
+    assert len(_WATCHED[id(model)][1]) == 1
+    again.temperature = eager.temperature = 2.0
+    assert _region(again).settings_stale == "temperature" and _agrees(again, eager, x)
+
+
 SERVICE = """
 import json, sys
 import torch

@@ -83,6 +83,7 @@ def watch_region(region: Any, original: nn.Module, skip: Iterable[str] = ()) -> 
         if entry is None or entry[0]() is not module:
             entry = (weakref.ref(module, lambda _, key=id(module): _WATCHED.pop(key, None)), [])
             _WATCHED[id(module)] = entry
+        entry[1][:] = [w for w in entry[1] if w.region() is not None]     # builds loaded before and gone
         entry[1].append(watch)
     return watch
 
