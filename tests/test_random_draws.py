@@ -152,3 +152,37 @@ def test_a_loaded_build_draws_as_eager_does_around_its_programs_in_a_service(tmp
     report = run_service(SERVICE, path, keys[1], cwd=tmp_path)
     assert report["regions"] == 2 and report["distinct"] == 3, report
     assert max(report["errors"]) < 1e-5, report
+
+
+class Attending(nn.Module):
+    """Dropout layers in eval mode and attention through scaled_dot_product_attention: operators
+    tagged as drawing random numbers that draw none here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape                 # (batch, heads, tokens, head size): the fused CPU kernel's
+        q, k, v = self.qkv(x).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.drop(y.transpose(1, 2).reshape(b, t, 16))
+
+
+class NoisyAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = Attending()
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.attn(x) + 0.1 * torch.randn_like(x))
+
+
+def test_dropout_in_eval_mode_and_attention_without_dropout_draw_nothing():
+    torch.manual_seed(0)
+    model = NoisyAttention().eval()
+    assert drawing_modules(model, lambda: model(torch.randn(2, 5, 16))) == {""}
+    model.attn.drop.train()             # dropout on: it draws
+    assert drawing_modules(model, lambda: model(torch.randn(2, 5, 16))) == {"", "attn", "attn.drop"}

@@ -4,8 +4,8 @@ A forward that draws from torch's random generators (a VAE's sampled latent, a T
 dropout left on) returns other outputs on every call, and no program draws what eager draws. Where
 the draws happen outside the modules that carry the work (the latent sampled between an encoder and
 a decoder), those modules can still have programs: :func:`drawing_modules` names the modules whose
-calls draw (every module whose call an operator tagged ``nondeterministic_seeded`` runs inside), which
-recompile keeps eager, and :func:`generator_state` / :func:`put_back_generators` let the search start
+calls draw (every module inside whose call an operator moves a generator's state), which recompile
+keeps eager, and :func:`generator_state` / :func:`put_back_generators` let the search start
 each of its calls of the model from the same generator state, so that eager's draws repeat and the
 accuracy guard compares calls that drew alike.
 """
@@ -35,16 +35,29 @@ def put_back_generators(state: GeneratorState) -> None:
 
 
 class _Draws(TorchDispatchMode):
-    """Records the modules being called when an operator that draws random numbers runs."""
+    """Records the modules being called when an operator draws random numbers: one tagged
+    ``nondeterministic_seeded`` that moves a generator's state. The tag alone says that it may: every
+    dropout and ``scaled_dot_product_attention`` carry it, and in eval mode (or at ``dropout_p=0``)
+    draw nothing, which marked every attention layer of a ViTMAE as drawing."""
 
     def __init__(self, calling: list[str], drawing: set[str]) -> None:
         super().__init__()
         self.calling, self.drawing = calling, drawing
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+        if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+            return func(*args, **(kwargs or {}))
+        before = generator_state()
+        out = func(*args, **(kwargs or {}))
+        if not _same_state(before, generator_state()):
             self.drawing.update(self.calling)
-        return func(*args, **(kwargs or {}))
+        return out
+
+
+def _same_state(a: GeneratorState, b: GeneratorState) -> bool:
+    (cpu_a, cuda_a), (cpu_b, cuda_b) = a, b
+    return torch.equal(cpu_a, cpu_b) and (cuda_a is None) == (cuda_b is None) and \
+        (cuda_a is None or all(torch.equal(x, y) for x, y in zip(cuda_a, cuda_b, strict=True)))
 
 
 def drawing_modules(model: torch.nn.Module, call: Any) -> frozenset[str]:
