@@ -100,6 +100,17 @@ def test_a_temperature_set_on_the_loaded_model_runs_the_original_until_it_is_set
     assert _agrees(built, eager, x)
 
 
+def test_weights_loaded_while_a_setting_differs_keep_the_original_once_it_is_set_back(tmp_path, keys):
+    built, eager, x, _ = _built(calibrated, "", tmp_path, keys)
+    built.temperature = eager.temperature = 2.5
+    with torch.no_grad():
+        for p in eager.parameters():
+            p.add_(0.1)
+    built.load_state_dict(eager.state_dict())
+    built.temperature = eager.temperature = 1.0
+    assert _region(built).settings_stale is None and _agrees(built, eager, x)
+
+
 def test_a_private_flag_a_context_manager_sets_and_resets_is_followed(tmp_path, keys):
     built, eager, x, _ = _built(calibrated, "", tmp_path, keys)
     region = _region(built)

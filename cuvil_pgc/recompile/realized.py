@@ -176,7 +176,8 @@ class CompiledRegion(LeanSetup, OtherSizeCalls, nn.Module):
                         "that one): the original module runs until it is set back; recompile for the new value",
                         self.plan_config, path)
         elif path is None and self.settings_stale is not None:
-            self.__dict__["_lean"], self.__dict__["_direct"] = self._paused
+            if not self.weights_changed:          # (weights loaded meanwhile: the original module from now on)
+                self.__dict__["_lean"], self.__dict__["_direct"] = self._paused
             self.__dict__["_paused"] = (None, None)
         self.__dict__["settings_stale"] = path
 
