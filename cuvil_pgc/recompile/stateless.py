@@ -49,7 +49,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 from torch.utils import _pytree as pytree
@@ -64,6 +64,9 @@ from cuvil_pgc.recompile.random_draws import (
     generator_state,
     put_back_generators,
 )
+
+if TYPE_CHECKING:
+    from cuvil_pgc.recompile.accuracy import AccuracyResult
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +142,8 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
     now_objects = object_state(inputs, {})
     changed += [name for name, state in settled_objects.items() if now_objects.get(name) != state]
     if not changed:
-        return None if _repeats(model, inputs, first, second, rtol, atol) else _held_draws(model, inputs, rtol, atol)
+        check = _repeat_check(model, inputs, first, second, rtol, atol)
+        return None if check.ok else _held_draws(model, inputs, check, rtol, atol)
     buffers = [key.removeprefix("buffer ") for key in changed if key.startswith("buffer ")]
     stateful = _changing_modules(model, inputs, buffers, counters) \
         if len(buffers) + len(counters) == len(changed) else frozenset()
@@ -158,13 +162,13 @@ def check_stateless(model: torch.nn.Module, inputs: tuple[Any, ...], *, rtol: fl
                 "its cache), or with a Hugging Face cache that holds the keys of earlier tokens: such a decoding "
                 "step is built with the cache opened into tensors, and generate() runs it once loaded")
     named = f"{', '.join(changed[:4])}{' and more' if len(changed) > 4 else ''}"
-    searchable = [q for q, m in model.named_modules() if q and q not in stateful and next(m.parameters(), None) is not None]
-    if stateful and searchable:
+    if stateful and _searchable(model, stateful):
         held = HeldState(tuple((name, original[f"buffer {name}"], at_start[f"buffer {name}"]) for name in buffers),
                          stateful, tuple((key, attributes_at_start.get(key, _ABSENT)) for key in counters))
         with holding(model, held):
-            if not _repeats(model, inputs, _call(model, inputs), _call(model, inputs), rtol, atol):
-                _random_error(model, inputs, rtol, atol)
+            check = _repeat_check(model, inputs, _call(model, inputs), _call(model, inputs), rtol, atol)
+        if not check.ok:
+            _random_error(check)
         log.warning("cuvil-pgc: the model's forward changes %s on every call: it stays eager%s, and recompile "
                     "searches the submodules whose calls leave that state alone (putting it back after each of "
                     "its calls)", named, "" if stateful == {""} else
@@ -428,46 +432,47 @@ def _values(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key: t.detach().clone() for key, t in tensors.items()}
 
 
-def _repeats(model: torch.nn.Module, inputs: tuple[Any, ...], first: Any, second: Any, rtol: float | None,
-             atol: float | None) -> bool:
-    """Whether two calls' outputs agree within the accuracy guard (or the second and a third do: a
-    first call may warm something up)."""
+def _repeat_check(model: torch.nn.Module, inputs: tuple[Any, ...], first: Any, second: Any, rtol: float | None,
+                  atol: float | None) -> AccuracyResult:
+    """The accuracy guard's verdict on two calls' outputs, or, where they differ, on the second's
+    and a third's (a first call may warm something up)."""
     from cuvil_pgc.recompile.accuracy import check_outputs
 
-    return check_outputs(first, second, rtol=rtol, atol=atol).ok or \
-        check_outputs(second, _call(model, inputs), rtol=rtol, atol=atol).ok
+    check = check_outputs(first, second, rtol=rtol, atol=atol)
+    return check if check.ok else check_outputs(second, _call(model, inputs), rtol=rtol, atol=atol)
 
 
-def _held_draws(model: torch.nn.Module, inputs: tuple[Any, ...], rtol: float | None,
+def _searchable(model: torch.nn.Module, kept: frozenset[str]) -> bool:
+    """Whether a submodule with weights remains to be searched besides the modules ``kept`` eager."""
+    return any(q and q not in kept and next(m.parameters(), None) is not None for q, m in model.named_modules())
+
+
+def _held_draws(model: torch.nn.Module, inputs: tuple[Any, ...], check: AccuracyResult, rtol: float | None,
                 atol: float | None) -> HeldState:
-    """The state to hold for a forward whose outputs differ from call to call: the modules that draw
-    random numbers (:mod:`.random_draws`) stay eager and the generators' state is held, where
-    submodules with weights that draw none remain to be searched and the outputs then repeat; else
-    raise :class:`RecompileError` (see :func:`_random_error`)."""
+    """The state to hold for a forward whose outputs differ from call to call (``check``, the
+    guard's verdict): the modules that draw random numbers (:mod:`.random_draws`) stay eager and the
+    generators' state is held, where submodules with weights that draw none remain to be searched
+    and the outputs then repeat; else raise :class:`RecompileError` (see :func:`_random_error`)."""
     try:
         drawing = drawing_modules(model, lambda: model(*inputs))
     except Exception:             # the user's model under a dispatch mode: refused as before
         drawing = frozenset()
-    searchable = [q for q, m in model.named_modules()
-                  if q and q not in drawing and next(m.parameters(), None) is not None]
-    if drawing and searchable:
+    if drawing and _searchable(model, drawing):
         held = HeldState((), drawing, (), generator_state())
         with holding(model, held):
-            repeats = _repeats(model, inputs, _call(model, inputs), _call(model, inputs), rtol, atol)
-        if repeats:
+            check = _repeat_check(model, inputs, _call(model, inputs), _call(model, inputs), rtol, atol)
+        if check.ok:
             log.warning("cuvil-pgc: the model's forward draws random numbers%s: %s eager, drawing as %s, and "
                         "recompile searches the submodules that draw none (starting each of its calls from the "
                         "same random state, so that eager's draws repeat)",
                         f" (in {', '.join(sorted(q for q in drawing if q)[:4])})" if drawing - {""} else "",
                         "they stay" if drawing - {""} else "it stays", "they do" if drawing - {""} else "it does")
             return held
-    _random_error(model, inputs, rtol, atol)
+    _random_error(check)
 
 
-def _random_error(model: torch.nn.Module, inputs: tuple[Any, ...], rtol: float | None, atol: float | None) -> NoReturn:
-    from cuvil_pgc.recompile.accuracy import check_outputs
-
-    check = check_outputs(_call(model, inputs), _call(model, inputs), rtol=rtol, atol=atol)
+def _random_error(check: AccuracyResult) -> NoReturn:
+    """Refuse a forward whose outputs differ between calls (``check``, the guard's verdict)."""
     raise RecompileError(
         f"the model's outputs differ between calls on the same inputs ({check.reason}): its forward draws "
         "random numbers (noise, a sampled latent, torch.multinomial, dropout that eval() does not switch off), "
