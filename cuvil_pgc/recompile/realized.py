@@ -267,13 +267,14 @@ class CompiledRegion(LeanSetup, OtherSizeCalls, nn.Module):
         built, holds native state that cannot be copied, and rebuilding it would take the build's
         compile time again. Services copy a model to serve replicas or keep a reference copy."""
         for shared in (self._compiled, self._fast, self._lean, self._direct, *self._paused, self.other_shapes,
-                       self._keywords, self._free_lean, self._collector):     # (transformers' collector: a ContextVar)
+                       self._keywords, self._free_lean, self._collector,    # (transformers' collector: a ContextVar)
+                       self._watch):                   # (replaced below: the copy's modules watched for the copy)
             memo[id(shared)] = shared
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         for key, value in self.__dict__.items():
             clone.__dict__[key] = copy.deepcopy(value, memo)
-        if self._watch is not None:                    # the copy's modules are watched for the copy
+        if self._watch is not None:
             clone.watch_settings(self._watch.skip)
         return clone
 

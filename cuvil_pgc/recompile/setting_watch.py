@@ -65,19 +65,13 @@ class Watch:
             return
         region.settings_changed(path if self.changed else None)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Watch:
-        """A copied region (``CompiledRegion.__deepcopy__``) gets a watch of its own copy: see there."""
-        return self
-
 
 def watch_region(region: Any, original: nn.Module, skip: Iterable[str] = ()) -> Watch:
     """Watch the modules inside ``region`` (its ``original`` tree); ``skip``: the attributes, as
     ``submodule.name`` paths from ``original``, that its forward writes. Returns the watch."""
-    names: dict[int, str] = {}
-    for name, module in original.named_modules():
-        names.setdefault(id(module), name)
-    watch = Watch(region, names, frozenset(skip))
-    for module in {id(m): m for m in original.modules()}.values():
+    tree = list(original.named_modules())          # each module once, by its first name
+    watch = Watch(region, {id(module): name for name, module in tree}, frozenset(skip))
+    for _, module in tree:
         _patch(type(module))
         entry = _WATCHED.get(id(module))
         if entry is None or entry[0]() is not module:
@@ -86,13 +80,6 @@ def watch_region(region: Any, original: nn.Module, skip: Iterable[str] = ()) -> 
         entry[1][:] = [w for w in entry[1] if w.region() is not None]     # builds loaded before and gone
         entry[1].append(watch)
     return watch
-
-
-def unwatch(watch: Watch) -> None:
-    """Stop ``watch`` (a region that no longer runs its program: its watch is another's now)."""
-    for _, watches in list(_WATCHED.values()):
-        if watch in watches:
-            watches.remove(watch)
 
 
 def _patch(cls: type) -> None:
