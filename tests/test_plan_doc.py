@@ -284,6 +284,13 @@ def test_the_cli_says_why_a_region_kept_eager():
     assert kept.startswith("model (torch.export failed (packed): boom; torch.onnx.export failed (as above): xxx")
     assert "not built" not in kept and "outputs differ" not in kept
     assert len(kept) < 2 * FAILURE_CHARS + 20 and kept.endswith("...)")
+    # submodules that failed as the model did are named with it, the reasons told once
+    doc["regions"] += [{**doc["regions"][0], "path": f"model/model.{name}", "scope": name} for name in ("0", "2")]
+    doc["regions"][2]["alternatives"] = doc["regions"][2]["alternatives"][:2]
+    kept = plan_view(Plan.from_json(doc)).caption.split("; kept eager: ", 1)[1]
+    assert kept.startswith("model, model.0 (torch.export failed (packed): boom; torch.onnx.export failed")
+    assert kept.count("torch.onnx.export failed") == 1 and kept.endswith("), model.2 (torch.export failed (packed): boom)")
+    doc["regions"] = doc["regions"][:1]
     doc["regions"][0]["chosen"] = "aoti"
     assert "kept eager" not in plan_view(Plan.from_json(doc)).caption
 

@@ -71,8 +71,9 @@ def _kept_eager(plan: Plan) -> str:
     """``; kept eager: <model> (torch.export failed: ...; torch.onnx.export failed: ...)``: why a
     region whose plan is eager had no compiled program, one failure per exporter (or build) as its
     candidates record it (the rest of them say "not built: ... showed that"); a user saw ``eager
-    1.00x`` and nine rejections with the reasons in plan.json alone."""
-    parts = []
+    1.00x`` and nine rejections with the reasons in plan.json alone. Regions that failed alike (a
+    quantized model's every submodule) are named together before their reasons, told once."""
+    regions_by_why: dict[str, list[str]] = {}
     for r in plan.regions:
         if r.chosen != "eager":
             continue
@@ -90,7 +91,8 @@ def _kept_eager(plan: Plan) -> str:
                 notes.add(note)
                 limit = FAILURE_CHARS + len(note if note in why else "")      # the cause is never cut
                 shown.append(why if len(why) <= limit else why[:limit - 3] + "...")
-            parts.append(f"{display_path(r.path)} ({'; '.join(shown)})")
+            regions_by_why.setdefault("; ".join(shown), []).append(display_path(r.path))
+    parts = [f"{', '.join(paths)} ({why})" for why, paths in regions_by_why.items()]
     return f"; kept eager: {', '.join(parts)}" if parts else ""
 
 
