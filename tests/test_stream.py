@@ -98,6 +98,33 @@ def test_damaged_streamed_file_reports_like_a_whole_one(tmp_path: Path, monkeypa
     assert str(whole.value) == str(streamed.value) and "truncated" in str(streamed.value)
 
 
+def test_an_array_of_blanks_is_read_whole_before_the_stream_gathers_it(tmp_path: Path, monkeypatch) -> None:
+    """A gzip of 12 MB holding 12 GB of blanks inside its event array: the stream gathered blocks
+    looking for an event boundary, copying all it held at each (hours); past ``MAX_EVENT_BYTES``
+    without one it gives the file to the whole-file reader, whose size limit (`analyze` said so in
+    7 s) or its "no events" names it."""
+    path = tmp_path / "blank.json"
+    path.write_text('{"traceEvents":[' + " " * 200_000 + "]}")
+    whole = _view(_load(path, monkeypatch, False))
+    read: list[int] = []
+    real = _stream._blocks
+
+    def counted(*args):
+        for block in real(*args):
+            read.append(len(block))
+            yield block
+
+    with monkeypatch.context() as m:
+        m.setenv("CUVIL_READ_WORKERS", "0")
+        m.setattr(_stream, "STREAM_MIN_BYTES", 0)
+        m.setattr(_stream, "CHUNK_BYTES", 1000)
+        m.setattr(_stream, "MAX_EVENT_BYTES", 5000)
+        m.setattr(_stream, "_blocks", counted)
+        streamed = _view(load_trace(path))
+    assert whole["source"] == streamed["source"] and whole["name"] == streamed["name"] == []
+    assert 5 <= len(read) <= 8         # gathered just past the limit, not to the file's end (200 blocks)
+
+
 _PARALLEL_CHILD = """
 import pickle, sys
 from cuvil_pgc.trace import _parallel, _stream, load_trace

@@ -34,6 +34,10 @@ from cuvil_pgc.trace._input import max_trace_bytes
 STREAM_MIN_BYTES = 64 << 20
 CHUNK_BYTES = 16 << 20
 HEAD_LIMIT = 16 << 20        # the metadata before "traceEvents" is a few kB; beyond this, read it whole
+#: Bytes without an event boundary after which the file is read whole (whose reader names what it
+#: holds, or its size limit): gathering on, each block appended would copy all before it, and a
+#: file of 12 GB of blanks in its array (a 12 MB gzip) took hours instead of ending at the limit.
+MAX_EVENT_BYTES = 4 * CHUNK_BYTES
 _ARRAY_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _OURS = re.compile(rb'"cuvil_session"|"cuvil"\s*:|"cuvil_summary"')
 _EVENTS = msgspec.json.Decoder(list[KinetoEvent])
@@ -134,6 +138,8 @@ def stream_kineto(path: str, min_bytes: int | None = None) -> tuple[Callable[[],
             decoded, rest = _cut(rest)
             if decoded is not None:
                 yield decoded
+            elif len(rest) > MAX_EVENT_BYTES:     # no profiler writes such an event: read it whole
+                raise StreamFallback(f"no event boundary in {len(rest):,} bytes")
         state["tail"], events, raw = decode_tail(rest)
         yield events, raw
 
