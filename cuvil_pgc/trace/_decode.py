@@ -24,6 +24,7 @@ import msgspec
 from cuvil_pgc.errors import TraceError
 from cuvil_pgc.trace._args import NO_ARGS, Int64, KinetoArgs
 from cuvil_pgc.trace._input import RawInput
+from cuvil_pgc.trace.other_formats import HEAD_BYTES, json_not_a_trace
 from cuvil_pgc.trace.schema import META_DROPPED_EVENT, META_SESSION_EVENT, PARTIAL_SUFFIX
 
 _NO_RAW = msgspec.Raw(b"")
@@ -171,6 +172,9 @@ def exact_ns_times(raw: RawInput) -> list[int | None] | None:
 def _validation_error(raw: RawInput, exc: msgspec.ValidationError) -> TraceError:
     text = str(exc)
     if "missing required field `traceEvents`" in text:
+        other = json_not_a_trace(raw.path, raw.data[:HEAD_BYTES])
+        if other is not None:
+            return other
         return TraceError("is JSON but has no `traceEvents` list, so it is not a Chrome/Kineto trace",
                           path=raw.path, fix="pass a trace written by cuvil-pgc or torch.profiler")
     if text.startswith("Expected `object`, got") and " - at `" not in text:

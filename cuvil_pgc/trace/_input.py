@@ -26,6 +26,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from cuvil_pgc.errors import TraceError
+from cuvil_pgc.trace.other_formats import HEAD_BYTES, not_a_trace
 from cuvil_pgc.trace.schema import PARTIAL_SUFFIX
 
 ENV_MAX_TRACE_BYTES = "CUVIL_MAX_TRACE_BYTES"
@@ -109,8 +110,12 @@ def read_bytes(path: str, partial: bool) -> RawInput:
     cap = max_trace_bytes()
     try:
         with open(path, "rb") as f:
-            head = f.read(2)
+            first = f.read(HEAD_BYTES)
             f.seek(0)
+            other = not_a_trace(path, first)
+            if other is not None:
+                raise other
+            head = first[:2]
             if head == _GZIP_MAGIC:
                 raw = RawInput(path, b"", partial)
                 raw.data = _gunzip(f, path, cap, partial, raw.notes)
