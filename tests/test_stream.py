@@ -17,6 +17,7 @@ from tests.test_kineto_generations import GEN, RESNET_FILES
 from tests.test_reader_invariants import DATA
 
 CASES = [DATA / "kineto_gpu" / "gpu_two_regions.json", DATA / "kineto_cpu" / "cpu_annotated.json.gz",
+         DATA / "kineto_cpu" / "with_stack.json.gz",       # module calls as regions (test_profiler_module_regions)
          GEN / "torch18_capitalised.json", GEN / "ns_flows.json", GEN / "profiler_range.json",
          GEN / "gpu_figures.json", *RESNET_FILES[:1],
          DATA / "kineto_real" / "kineto_h100_cuda_sync.json"]     # rebased µs (trace._clock)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cuvil_pgc._structure import structural_hash  # noqa: F401  (re-exported: recompile's name for it)
+from cuvil_pgc.recompile.profiler_modules import profiled_qualname
 
 if TYPE_CHECKING:
     from cuvil_pgc.analyze.analysis import Analysis
@@ -83,10 +84,11 @@ def region_module_name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def match_regions(analysis: Analysis | None, model: Any) -> MatchResult:
+def match_regions(analysis: Analysis | None, model: Any, call_names: dict[str, str] | None = None) -> MatchResult:
     """Map the analysis' regions to ``model``'s submodules by module path and structure; a model
     that holds the profiled one at ``model.profiled_path`` (a decoding step's
-    :class:`~.cache_step.CacheStep`) is matched from there."""
+    :class:`~.cache_step.CacheStep`) is matched from there. ``call_names``
+    (:func:`~.profiler_modules.module_call_names`) maps torch.profiler's module regions too."""
     modules = dict(model.named_modules())
     roots = _root_prefixes(analysis)
     inside = getattr(model, "profiled_path", "")
@@ -94,6 +96,8 @@ def match_regions(analysis: Analysis | None, model: Any) -> MatchResult:
     for stats in analysis.regions:
         name = region_module_name(stats.path)
         qualname = _qualname(name, roots)
+        if qualname is None and call_names:
+            qualname = profiled_qualname(stats.path, call_names)
         if qualname is None:
             result.unmatched.append(stats.path)
             continue

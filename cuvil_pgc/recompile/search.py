@@ -70,6 +70,7 @@ from cuvil_pgc.recompile.features import add_rnn_time, root_labels, scope_featur
 from cuvil_pgc.recompile.matching import MatchResult, match_regions, structural_hash
 from cuvil_pgc.recompile.measure import median, time_interleaved, time_surviving
 from cuvil_pgc.recompile.padding import padding_of
+from cuvil_pgc.recompile.profiler_modules import module_call_names, numbered_regions
 from cuvil_pgc.recompile.records import RecordDB
 from cuvil_pgc.recompile.region_hooks import ONE_OF_ITS_OWN, ORIGINAL, hook_reason, hooked_inside
 from cuvil_pgc.recompile.search_policy import (
@@ -114,7 +115,8 @@ class _Search:
 
     # ------------------------------------------------------------------ preparation
     def prepare(self) -> list[Candidate]:
-        self.matches = match_regions(self.analysis, self.model) if self.analysis is not None else MatchResult()
+        self.matches = match_regions(self.analysis, self.model, self._call_names()) if self.analysis is not None \
+            else MatchResult()
         if (foreign := self.matches.foreign_profile()) is not None:
             warnings.warn(foreign, RuntimeWarning, stacklevel=2)
         by_q = self.matches.by_qualname()
@@ -170,6 +172,12 @@ class _Search:
                for c in space if c.reduced}
         self.left_out = [(c, why[c.key]) for c in space if why.get(c.key)]
         return [c for c in space if not why.get(c.key)]
+
+    def _call_names(self) -> dict[str, str] | None:
+        """torch.profiler's names of the model's module calls, where the profile has such regions."""
+        if not numbered_regions([r.path for r in self.analysis.regions]):
+            return None
+        return module_call_names(self.model, self.inputs)
 
     def _module(self, scope: str) -> Any:
         return self.modules[scope] if scope else self.model

@@ -47,7 +47,14 @@ from cuvil_pgc.trace._decode import Document, Event, KinetoDocument, KinetoEvent
 from cuvil_pgc.trace._repairs import UNSTAMPED, clip_overruns, drop_unstamped, overrun_note
 from cuvil_pgc.trace._side_events import FLOW_KINDS, add_names, counter_columns, id_column, link_flows
 from cuvil_pgc.trace.columns import StringTable, float_column
-from cuvil_pgc.trace.schema import CAT_PROFILER_RANGE, CAT_TO_KIND, MAX_TIME_US, Kind
+from cuvil_pgc.trace.schema import (
+    CAT_PROFILER_RANGE,
+    CAT_PYTHON_FUNCTION,
+    CAT_TO_KIND,
+    MAX_TIME_US,
+    MODULE_CALL_PREFIX,
+    Kind,
+)
 
 _EMPTY = msgspec.Raw(b"{}")
 _KINETO_KIND = dict(CAT_TO_KIND)
@@ -263,6 +270,8 @@ def basic_columns(xs: list[Event], fmt: str, strings: StringTable) -> tuple[dict
         legacy = (codes == code_of[""]) & np.array([e.pid == LEGACY_CPU_PID for e in xs], dtype=bool)
         kind[legacy] = Kind.CPU_OP
         codes = np.where(legacy, -1, codes)
+    if fmt == "kineto" and CAT_PYTHON_FUNCTION in code_of:
+        codes = _module_calls_are_regions(xs, kind, codes, code_of[CAT_PYTHON_FUNCTION])
     per_code = np.bincount(codes[codes >= 0], minlength=len(distinct))
     other_cats = {c: int(per_code[i]) for i, c in enumerate(distinct) if kind_of_code[i] == other and per_code[i]}
     cols = {
@@ -393,6 +402,18 @@ def kineto_args(xs: list[KinetoEvent], cols: dict[str, np.ndarray]) -> A.RowArgs
         code_of = {c: i for i, c in enumerate(distinct)}
         args.put(others, [A.CatArgs(c) for c in distinct], np.array([code_of[c] for c in cats], dtype=np.int64))
     return args
+
+
+def _module_calls_are_regions(xs: list[Event], kind: np.ndarray, codes: np.ndarray, code: int) -> np.ndarray:
+    """torch.profiler's module calls (``python_function`` rows named ``nn.Module: ...``, see
+    ``schema``) become region rows, in place in ``kind``; the codes with theirs taken out of the
+    counts of other events."""
+    rows = np.nonzero(codes == code)[0]
+    calls = rows[np.array([xs[r].name.startswith(MODULE_CALL_PREFIX) for r in rows.tolist()], dtype=bool)]
+    kind[calls] = Kind.REGION
+    codes = codes.copy()
+    codes[calls] = -1
+    return codes
 
 
 def _shared_op_args(op_args: list[A.KinetoArgs]) -> tuple[np.ndarray, list[A.KinetoArgs]]:

@@ -29,7 +29,7 @@ import numpy as np
 from cuvil_pgc.trace._build import SourceColumns
 from cuvil_pgc.trace.attribution import RegionIndex
 from cuvil_pgc.trace.columns import StringTable
-from cuvil_pgc.trace.schema import Kind
+from cuvil_pgc.trace.schema import MODULE_CALL_PREFIX, Kind
 
 _HOST = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.COMPILE, Kind.OTHER], dtype=np.uint8)
 _GPU = np.array([Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.uint8)
@@ -86,8 +86,9 @@ def _steps_are_regions(cols, strings: StringTable) -> None:
 
 
 def region_name(name: str) -> str:
-    """The path component of a region row named ``name`` (``ProfilerStep#7`` → ``ProfilerStep``)."""
-    return STEP_PATH if _STEP.match(name) else name
+    """The path component of a region row named ``name`` (``ProfilerStep#7`` → ``ProfilerStep``,
+    ``nn.Module: Linear_1`` → ``Linear_1``)."""
+    return STEP_PATH if _STEP.match(name) else name.removeprefix(MODULE_CALL_PREFIX)
 
 
 def _attribute_other_threads(cols, lane: np.ndarray, reg: np.ndarray, given: np.ndarray) -> None:

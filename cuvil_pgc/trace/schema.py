@@ -111,6 +111,13 @@ CAT_TO_KIND: dict[str, Kind] = {
 # synthesises (it splits the profiling span evenly between the ranges) and whose args hold the
 # hardware counters of one kernel each.
 CAT_GPU_ANNOTATION = "gpu_user_annotation"
+
+# torch.profiler's ``with_stack=True`` records every nn.Module call as a ``python_function`` event
+# named ``nn.Module: <Class>_<n>`` (``n`` counts the instances of that class): in a Kineto file,
+# these are regions (paths ``Sequential_0/Linear_1``), as the TensorBoard plugin's module view reads
+# them; the other Python functions stay other events.
+CAT_PYTHON_FUNCTION = "python_function"
+MODULE_CALL_PREFIX = "nn.Module: "
 CAT_PROFILER_RANGE = "cuda_profiler_range"
 
 # Keys of the top-level `cuvil` metadata object.
