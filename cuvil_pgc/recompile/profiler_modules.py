@@ -8,7 +8,7 @@ same way (``{"M_0": "", "Linear_0": "b", "Sequential_0": "blk", "Linear_1": "blk
 :func:`profiled_qualname` maps a region path with it, where every component from the first numbered
 module on is named and each is a submodule of the one before (``ProfilerStep/M_0/Sequential_0/
 Linear_1`` → ``blk.0``): a run that first called the modules in another order than the profiled one
-(a branch taken on other data) fails that check for the regions it renumbers, which are then stale.
+(a branch taken on other data) fails that check for the regions it renumbers, which are left unmatched.
 """
 
 from __future__ import annotations
