@@ -75,6 +75,7 @@ def test_module_call_names_number_each_class_in_first_call_order() -> None:
     assert profiled_qualname("Calls_0", CALLED) == ""
     assert profiled_qualname("Calls_0/Linear_1/Linear_0", CALLED) is None     # b is not inside blk.0
     assert profiled_qualname("Calls_0/Other_0", CALLED) is None
+    assert profiled_qualname("Calls_0/my range/Linear_1", CALLED) == "blk.0"    # a record_function in forward
     assert profiled_qualname("preprocess", CALLED) is None
 
 

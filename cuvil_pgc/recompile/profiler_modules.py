@@ -5,8 +5,9 @@ A trace recorded with ``torch.profiler.profile(with_stack=True)`` names each mod
 numbering the instances of each class in the order the profiled run first called them.
 :func:`module_call_names` runs the model once with a hook on every submodule and numbers them the
 same way (``{"M_0": "", "Linear_0": "b", "Sequential_0": "blk", "Linear_1": "blk.0"}``);
-:func:`profiled_qualname` maps a region path with it, where every component from the first numbered
-module on is named and each is a submodule of the one before (``ProfilerStep/M_0/Sequential_0/
+:func:`profiled_qualname` maps a region path with it, where every numbered component from the first
+named module on is named and each is a submodule of the one before (a user's ranges between them
+are passed over) (``ProfilerStep/M_0/Sequential_0/
 Linear_1`` → ``blk.0``): a run that first called the modules in another order than the profiled one
 (a branch taken on other data) fails that check for the regions it renumbers, which are left unmatched.
 """
@@ -63,6 +64,8 @@ def profiled_qualname(path: str, names: dict[str, str]) -> str | None:
     qualname = names[parts[first]]
     for part in parts[first + 1:]:
         inner = names.get(part)
+        if inner is None and not _NUMBERED.match(part):
+            continue          # a record_function range inside a module's forward
         if inner is None or not _inside(inner, qualname):
             return None
         qualname = inner
