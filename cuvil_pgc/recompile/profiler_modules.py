@@ -5,11 +5,11 @@ A trace recorded with ``torch.profiler.profile(with_stack=True)`` names each mod
 numbering the instances of each class in the order the profiled run first called them.
 :func:`module_call_names` runs the model once with a hook on every submodule and numbers them the
 same way (``{"M_0": "", "Linear_0": "b", "Sequential_0": "blk", "Linear_1": "blk.0"}``);
-:func:`profiled_qualname` maps a region path with it, where every numbered component from the first
-named module on is named and each is a submodule of the one before (a user's ranges between them
-are passed over) (``ProfilerStep/M_0/Sequential_0/
-Linear_1`` → ``blk.0``): a run that first called the modules in another order than the profiled one
-(a branch taken on other data) fails that check for the regions it renumbers, which are left unmatched.
+:func:`profiled_qualname` maps a region path with it where every numbered component from the
+first named module on is named, each a submodule of the one before, a user's ranges between them
+passed over (``ProfilerStep/M_0/Sequential_0/Linear_1`` → ``blk.0``). A run that first called the
+modules in another order than the profiled one (a branch taken on other data) fails that check
+for the regions it renumbers, which are left unmatched.
 """
 
 from __future__ import annotations
