@@ -142,6 +142,24 @@ def test_doctor_lists_each_runtime_and_the_extra_that_installs_a_missing_one(mon
         runtimes.reset()
 
 
+def test_recompile_says_which_runtimes_a_base_install_left_out_of_the_search(monkeypatch, capsys):
+    """A `pip install cuvil-pgc` without extras searched torch's backends alone and said nothing."""
+    from cuvil_pgc.cli.recompile import _missing_runtimes_note
+
+    monkeypatch.setitem(sys.modules, "openvino", None)     # import openvino now raises ImportError
+    runtimes.reset()
+    try:
+        left_out = {s.backend for s in runtimes.unusable("cpu")}
+        assert "openvino" in left_out and "tensorrt" not in left_out      # TensorRT runs on GPUs only
+        _missing_runtimes_note("cpu")
+        out = " ".join(capsys.readouterr().out.split())
+        assert "not in the search" in out and "OpenVINO (openvino is not importable" in out
+        assert "pip install 'cuvil-pgc[openvino]'" in out and "Torch-TensorRT" not in out     # a GPU runtime
+        assert "openvino" not in {s.backend for s in runtimes.unusable("cuda")}      # a CPU runtime
+    finally:
+        runtimes.reset()
+
+
 # -- regions on a runtime ---------------------------------------------------------------------------
 @pytest.mark.slow   # one ONNX export (~5-20 s on a shared 2-core machine)
 @needs_ort

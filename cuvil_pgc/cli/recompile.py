@@ -112,6 +112,8 @@ def register(app: typer.Typer) -> None:
             f"measured at {threads} torch thread(s){' (torch default here)' if is_default else ''}, "
             "recorded in the build: load_build warns in a process that runs another count "
             "(--threads N: the deployment's)")
+        if chosen is None:
+            _missing_runtimes_note(device)
         _log_note(captured)
         print_warnings(busy)
 
@@ -159,6 +161,18 @@ def register(app: typer.Typer) -> None:
 
         Console().print(compare_table(result))
         print_warnings(result["warnings"])
+
+
+def _missing_runtimes_note(device: str) -> None:
+    """Which runtimes the search left out because they cannot run here, and the fix for each: a
+    base install searched torch's backends alone and said nothing of it."""
+    from cuvil_pgc.recompile.runtimes import RUNTIMES, unusable
+    from cuvil_pgc.viewer.notes import print_note
+
+    missing = unusable(device)
+    if missing:
+        print_note("note: not in the search, as they cannot run here: " + "; ".join(
+            f"{RUNTIMES[s.backend].title} ({s.reason}: {s.fix})" for s in missing))
 
 
 def _log_note(captured: Any) -> None:

@@ -103,6 +103,13 @@ def available(device: str = "cpu") -> tuple[str, ...]:
     return tuple(b for b in RUNTIME_BACKENDS if check(b, device).ok)
 
 
+def unusable(device: str = "cpu") -> list[RuntimeStatus]:
+    """The runtimes that run regions on ``device``'s kind but cannot here (a package missing, or
+    ONNX Runtime's CPU package on a GPU machine), each with its fix."""
+    kind = device.split(":")[0]
+    return [status for b in RUNTIME_BACKENDS if kind in RUNTIMES[b].devices and not (status := check(b, device)).ok]
+
+
 def version(backend: str) -> str:
     """The runtime's version string (its first module's ``__version__``); "" when not importable."""
     status = _import_status(backend)
