@@ -5,6 +5,7 @@ model's submodules by the order the profiled run first called each class's insta
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,24 @@ def test_module_calls_are_regions_with_their_operators(stack_trace: str) -> None
                                                                "Calls_0/Linear_2"}
     other = [w for w in trace.sources[0].warnings if "python_function" in w]
     assert other and all("nn.Module" not in w for w in other)     # the rest of the stack: other events
+
+
+def test_a_gpu_kernel_belongs_to_the_module_call_that_launched_it(tmp_path: Path) -> None:
+    """On a GPU trace the kernel is found through its launch's correlation id, as for annotations."""
+    def x(cat, name, ts, dur, tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+    events = [x("python_function", "nn.Module: Net_0", 0, 100), x("python_function", "nn.Module: Linear_0", 10, 40),
+              x("cpu_op", "aten::addmm", 12, 30), x("cuda_runtime", "cudaLaunchKernel", 15, 5, correlation=7),
+              x("python_function", "torch/nn/modules/linear.py(125): forward", 11, 35),
+              x("kernel", "gemm_kernel", 30, 20, tid=7, correlation=7, device=0, stream=7)]
+    path = tmp_path / "gpu_stack.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = load_trace(str(path))
+    ev, strings = trace.events, trace.strings
+    kernel = ev["kind"] == Kind.KERNEL
+    assert [strings[int(r)] for r in ev["region"][kernel]] == ["Net_0/Linear_0"]
+    assert sorted(strings[int(r)] for r in ev["region"][ev["kind"] == Kind.REGION]) == ["Net_0", "Net_0/Linear_0"]
 
 
 def test_module_call_names_number_each_class_in_first_call_order() -> None:
