@@ -74,10 +74,12 @@ def test_a_pickle_is_named_and_never_unpickled(tmp_path: Path) -> None:
 
 def test_a_json_trace_named_like_another_format_is_read(tmp_path: Path) -> None:
     """The suffix alone names a format only where the file does not start as JSON."""
-    path = tmp_path / "renamed.pftrace"
-    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1,
-                                                 "dur": 2, "pid": 1, "tid": 1}]}))
-    assert len(load_trace(str(path)).events["ts"]) == 1
+    text = json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2,
+                                        "pid": 1, "tid": 1}]})
+    (tmp_path / "renamed.pftrace").write_text(text)
+    (tmp_path / "zipped.nsys-rep").write_bytes(gzip.compress(text.encode()))
+    for name in ("renamed.pftrace", "zipped.nsys-rep"):
+        assert len(load_trace(str(tmp_path / name)).events["ts"]) == 1
 
 
 def test_the_cli_names_an_nsight_database(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ _SUFFIXES: dict[str, str] = {
     ".perfetto-trace": "a Perfetto protobuf trace",
 }
 _PICKLE_PROTOCOLS = range(2, 6)
+_GZIP = b"\x1f\x8b"            # a gzipped JSON trace, whatever its name
 
 #: How many of a file's first bytes the checks look at.
 HEAD_BYTES = 4096
@@ -52,7 +53,7 @@ def not_a_trace(path: str, head: bytes) -> TraceError | None:
         return TraceError("is a Python pickle (a memory snapshot or a torch.save file?), which cuvil-pgc cannot analyse and "
                           "does not load (unpickling runs code the file names)", path=path, fix=RECORD)
     for suffix, what in _SUFFIXES.items():
-        if path.lower().endswith(suffix) and head.lstrip()[:1] not in (b"{", b"["):
+        if path.lower().endswith(suffix) and head.lstrip()[:1] not in (b"{", b"[") and not head.startswith(_GZIP):
             return TraceError(f"is {what}, which cuvil-pgc cannot analyse", path=path, fix=RECORD)
     return None
 
