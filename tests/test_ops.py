@@ -57,6 +57,13 @@ def test_region_keeps_the_subtree_and_group_by_shape_splits_rows():
 
     with pytest.raises(ConfigError, match="no operators inside region"):
         operator_stats(trace, region="model.zzz")
+    # a module call of a torch.profiler trace is named by itself, wherever it sits, with what runs inside it
+    stack = build_trace([region("Net_0/Enc_0/Layer_1", 0.0, 50.0), region("Net_0/Enc_0/Layer_1/Linear_3", 5.0, 20.0),
+                         region("Net_0/Layer_10", 60.0, 20.0),
+                         op("aten::mm", 8.0, 10.0), op("aten::relu", 30.0, 5.0), op("aten::mm", 62.0, 10.0)])
+    assert sorted((r.name, r.calls) for r in operator_stats(stack, region="Layer_1")) == [("aten::mm", 1),
+                                                                                         ("aten::relu", 1)]
+    assert [(r.name, r.calls) for r in operator_stats(stack, region="Linear_3")] == [("aten::mm", 1)]
     with pytest.raises(ConfigError, match="--sort"):
         operator_stats(trace, sort="flops")
 
