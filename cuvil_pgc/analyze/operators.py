@@ -211,7 +211,7 @@ def _in_region(trace: Trace, ops: np.ndarray, region: str) -> np.ndarray:
                 wanted[code] = True
     if not wanted:
         raise ConfigError(f"no operators inside region {region!r}",
-                          fix="give a path as `cuvil-pgc summary` prints it, e.g. model.layer1")
+                          fix="give a path as `cuvil-pgc summary` prints it, e.g. model.layer1, or one component of it")
     return np.isin(regions, list(wanted))
 
 

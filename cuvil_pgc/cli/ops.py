@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
         traces: list[str] = typer.Argument(..., metavar="TRACE...", help="Trace files (ours or torch.profiler), or directories or globs of them."),
         sort: str = typer.Option("self_cpu", "--sort", help="self_cpu | total_cpu | self_device | device | calls"),
         group_by_shape: bool = typer.Option(False, "--group-by-shape", help="One row per operator and input shapes."),
-        region: str | None = typer.Option(None, "--region", help="Only operators inside this region (and below)."),
+        region: str | None = typer.Option(None, "--region", help="Only operators inside this region (and below): its path as summary prints it, or one component of it."),
         top: int = typer.Option(30, "--top", min=1, help="Rows to show (JSON and CSV: all)."),
         json_out: bool = typer.Option(False, "--json", help="Print the table as one JSON document."),
         csv_out: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
