@@ -206,8 +206,8 @@ def _in_region(trace: Trace, ops: np.ndarray, region: str) -> np.ndarray:
         if path is None:
             continue
         for form in (path, display_path(path)):
-            if form == region or form.startswith(region + "/") or re.fullmatch(re.escape(region) + r"[/.].*", form) \
-                    or f"/{region}/" in f"{form}/":      # a component inside the path (torch.profiler's BertLayer_0)
+            # the path, a head of it, or components inside it (torch.profiler's BertLayer_0), or a dotted child
+            if f"/{region}/" in f"/{form}/" or re.fullmatch(re.escape(region) + r"[/.].*", form):
                 wanted[code] = True
     if not wanted:
         raise ConfigError(f"no operators inside region {region!r}",
